@@ -1,0 +1,137 @@
+# ckpt — build, test, demo. `make help` lists the targets.
+#
+# Sources are found by wildcard: a new .c file in common/, storage/, workers/
+# or service/ joins the binary; a new tests/unit/test_*.c becomes a cmocka
+# test program. BUILD may be set to build in another folder (helpers and CI
+# building side by side), SAN=1 builds with ASan+UBSan.
+
+PREFIX  ?= /usr/local
+DESTDIR ?=
+BUILD   ?= build
+SAN     ?= 0
+CC      ?= cc
+
+DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
+	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
+	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
+	libzstd-dev zstd python3 python3-numpy curl ca-certificates
+
+PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto
+PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lopenblas -lpthread -lm
+
+WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
+CSTD    := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64
+INCS    := -I. -I/usr/include/openblas
+ifeq ($(SAN),1)
+  OPT   := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+else
+  OPT   := -O2 -g
+endif
+CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(INCS) $(PKG_CFLAGS) $(CFLAGS)
+LDFLAGS_ALL = $(OPT) $(LDFLAGS)
+
+LIB_SRCS  := $(wildcard common/*.c storage/*.c workers/*.c)
+SVC_SRCS  := $(wildcard service/*.c service/cmd/*.c)
+TEST_SRCS := $(wildcard tests/unit/test_*.c)
+TEST_SUPPORT := $(wildcard tests/support/*.c)
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
+SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
+TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+
+.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install clean format lib check-deps
+
+all: $(BUILD)/ckpt
+
+help:
+	@echo "make deps     install the Debian packages the build and tests need (root)"
+	@echo "make          build $(BUILD)/ckpt"
+	@echo "make test     build with ASan+UBSan and run every test"
+	@echo "make demo     generate a model and run the pipeline on it"
+	@echo "make bench    run the benchmarks in bench/"
+	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
+	@echo "make lib      build $(BUILD)/libckpt.a and $(BUILD)/libckpt.so"
+	@echo "make install  install to \$$DESTDIR\$$PREFIX"
+	@echo "make format   clang-format every source file"
+
+# deps: install only what is missing; as non-root, print the command instead.
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then echo "deps: all packages present"; \
+	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing$$missing"; \
+	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	else echo "deps: missing$$missing"; echo "run: sudo apt-get update && sudo apt-get install -y$$missing"; exit 1; fi
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/libckpt.a: $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/ckpt: $(SVC_OBJS) $(BUILD)/libckpt.a
+	$(CC) $(LDFLAGS_ALL) -o $@ $(SVC_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(SUP_OBJS) $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(SUP_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS) -lcmocka
+
+lib: $(BUILD)/libckpt.a
+	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a
+	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
+
+# test: sanitizer build in build/san, unit tests, end-to-end tests, a short fuzz run.
+test: deps
+	$(MAKE) BUILD=build/san SAN=1 build/san/ckpt $(patsubst $(BUILD)/%,build/san/%,$(TEST_BINS))
+	$(MAKE) BUILD=build/san SAN=1 unit e2e
+	$(MAKE) fuzz-short
+
+unit: $(TEST_BINS)
+	@set -e; fail=0; for t in $(TEST_BINS); do \
+	  echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || fail=1; \
+	done; exit $$fail
+
+e2e: $(BUILD)/ckpt
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) tests/e2e/run.sh
+
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD := build/fuzz
+FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(LIB_SRCS)
+	@mkdir -p $(dir $@)
+	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(LIB_SRCS) $(PKG_LIBS)
+
+fuzz: deps $(FUZZ_BINS)
+	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
+	  echo "== $$n for $(FUZZ_SECONDS)s"; \
+	  $$f -max_total_time=$(FUZZ_SECONDS) -max_len=65536 $(FUZZ_BUILD)/corpus-$$n tests/fuzz/corpus/$$n || exit 1; done
+
+fuzz-short:
+	$(MAKE) fuzz FUZZ_SECONDS=10
+
+demo: deps all
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) ./demo.sh
+
+bench: all
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) bench/run.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	install -m 0755 $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/ckpt
+	if [ -f docs/ckpt.1 ]; then install -m 0644 docs/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1; fi
+	if [ -f deploy/systemd/ckpt.service ]; then install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
+	  install -m 0644 deploy/systemd/ckpt.service $(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service; fi
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h')
+
+clean:
+	rm -rf build build-*
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

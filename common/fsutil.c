@@ -1,0 +1,327 @@
+/* fsutil.c — atomic files and directories, full reads and writes. See fsutil.h. */
+#include "common/fsutil.h"
+
+#include "common/error.h"
+#include "common/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+char *ckpt_path_join(const char *a, const char *b)
+{
+    size_t la = strlen(a);
+    if (la && a[la - 1] == '/') return ckpt_sprintf("%s%s", a, b);
+    return ckpt_sprintf("%s/%s", a, b);
+}
+
+const char *ckpt_basename(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+static char *dirname_of(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    if (!s) return ckpt_strdup(".");
+    if (s == path) return ckpt_strdup("/");
+    return ckpt_strndup(path, (size_t)(s - path));
+}
+
+int ckpt_atomic_open(ckpt_atomic_file *af, const char *path)
+{
+    memset(af, 0, sizeof *af);
+    af->fd = -1;
+    char *dir = dirname_of(path);
+    if (!dir) return CKPT_ENOMEM;
+    af->path = ckpt_strdup(path);
+    af->tmp_path = ckpt_sprintf("%s/.%s.tmp-XXXXXX", dir, ckpt_basename(path));
+    free(dir);
+    if (!af->path || !af->tmp_path) {
+        ckpt_atomic_abort(af);
+        return CKPT_ENOMEM;
+    }
+    af->fd = mkostemp(af->tmp_path, O_CLOEXEC);
+    if (af->fd < 0) {
+        int rc = ckpt_error_sys("%s: cannot create temporary file", path);
+        free(af->tmp_path);
+        af->tmp_path = NULL;
+        ckpt_atomic_abort(af);
+        return rc;
+    }
+    fchmod(af->fd, 0644);
+    return 0;
+}
+
+int ckpt_atomic_commit(ckpt_atomic_file *af)
+{
+    int rc = 0;
+    if (fsync(af->fd) < 0) rc = ckpt_error_sys("%s: fsync", af->path);
+    if (close(af->fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", af->path);
+    af->fd = -1;
+    if (!rc && rename(af->tmp_path, af->path) < 0) rc = ckpt_error_sys("%s: rename", af->path);
+    if (!rc) rc = ckpt_fsync_parent(af->path);
+    if (rc) {
+        ckpt_atomic_abort(af);
+        return rc;
+    }
+    free(af->path);
+    free(af->tmp_path);
+    af->path = af->tmp_path = NULL;
+    return 0;
+}
+
+void ckpt_atomic_abort(ckpt_atomic_file *af)
+{
+    if (af->fd >= 0) close(af->fd);
+    if (af->tmp_path) unlink(af->tmp_path);
+    free(af->path);
+    free(af->tmp_path);
+    af->fd = -1;
+    af->path = af->tmp_path = NULL;
+}
+
+int ckpt_write_file_atomic(const char *path, const void *buf, size_t len)
+{
+    ckpt_atomic_file af;
+    int rc = ckpt_atomic_open(&af, path);
+    if (rc) return rc;
+    rc = ckpt_write_full(af.fd, buf, len, path);
+    if (rc) {
+        ckpt_atomic_abort(&af);
+        return rc;
+    }
+    return ckpt_atomic_commit(&af);
+}
+
+int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *what)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t n = pread(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return ckpt_error_sys("%s: read at offset %llu", what, (unsigned long long)off);
+        }
+        if (n == 0)
+            return ckpt_error_set(CKPT_EINVAL, "%s: unexpected end of file at offset %llu", what,
+                                  (unsigned long long)off);
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return 0;
+}
+
+int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *what)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return ckpt_error_sys("%s: write at offset %llu", what, (unsigned long long)off);
+        }
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return 0;
+}
+
+int ckpt_write_full(int fd, const void *buf, size_t len, const char *what)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return ckpt_error_sys("%s: write", what);
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int ckpt_read_file(const char *path, size_t max, char **out, size_t *out_len)
+{
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) return ckpt_error_set(CKPT_ENOTFOUND, "%s: no such file", path);
+        return ckpt_error_sys("%s: open", path);
+    }
+    struct stat st;
+    if (fstat(fd, &st) < 0) {
+        int rc = ckpt_error_sys("%s: stat", path);
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return ckpt_error_set(CKPT_EINVAL, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        return ckpt_error_set(CKPT_ELIMIT, "%s: file is %lld bytes, limit is %zu", path,
+                              (long long)st.st_size, max);
+    }
+    size_t len = (size_t)st.st_size;
+    char *buf = ckpt_malloc(len + 1);
+    if (!buf) {
+        close(fd);
+        return CKPT_ENOMEM;
+    }
+    int rc = ckpt_pread_full(fd, buf, len, 0, path);
+    close(fd);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    buf[len] = '\0';
+    *out = buf;
+    if (out_len) *out_len = len;
+    return 0;
+}
+
+int ckpt_copy_range(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off, uint64_t len,
+                    const char *what)
+{
+    loff_t io = (loff_t)in_off, oo = (loff_t)out_off;
+    while (len) {
+        size_t chunk = len > (1u << 30) ? (1u << 30) : (size_t)len;
+        ssize_t n = copy_file_range(in_fd, &io, out_fd, &oo, chunk, 0);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break; /* fall back below: EXDEV, ENOSYS, EINVAL, or short source */
+        len -= (uint64_t)n;
+    }
+    if (!len) return 0;
+    /* Fallback: buffered copy. */
+    size_t bufsz = 1u << 20;
+    char *buf = ckpt_malloc(bufsz);
+    if (!buf) return CKPT_ENOMEM;
+    int rc = 0;
+    while (len && !rc) {
+        size_t chunk = len > bufsz ? bufsz : (size_t)len;
+        rc = ckpt_pread_full(in_fd, buf, chunk, (uint64_t)io, what);
+        if (!rc) rc = ckpt_pwrite_full(out_fd, buf, chunk, (uint64_t)oo, what);
+        io += (loff_t)chunk;
+        oo += (loff_t)chunk;
+        len -= chunk;
+    }
+    free(buf);
+    return rc;
+}
+
+int ckpt_mkdir_p(const char *path, unsigned mode)
+{
+    char tmp[PATH_MAX];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof tmp) return ckpt_error_set(CKPT_EINVAL, "bad directory path '%s'", path);
+    memcpy(tmp, path, n + 1);
+    for (char *p = tmp + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(tmp, mode) < 0 && errno != EEXIST) return ckpt_error_sys("%s: mkdir", tmp);
+        *p = '/';
+    }
+    if (mkdir(tmp, mode) < 0 && errno != EEXIST) return ckpt_error_sys("%s: mkdir", tmp);
+    if (!ckpt_is_dir(tmp)) return ckpt_error_set(CKPT_EEXIST, "%s: exists and is not a directory", tmp);
+    return 0;
+}
+
+int ckpt_fsync_dir(const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ckpt_error_sys("%s: open directory", dir);
+    int rc = 0;
+    if (fsync(fd) < 0 && errno != EINVAL) rc = ckpt_error_sys("%s: fsync directory", dir);
+    close(fd);
+    return rc;
+}
+
+int ckpt_fsync_parent(const char *path)
+{
+    char *dir = dirname_of(path);
+    if (!dir) return CKPT_ENOMEM;
+    int rc = ckpt_fsync_dir(dir);
+    free(dir);
+    return rc;
+}
+
+int ckpt_tmpdir_create(const char *target, char **out)
+{
+    size_t n = strlen(target);
+    while (n > 1 && target[n - 1] == '/') n--;
+    char *t = ckpt_sprintf("%.*s.tmp-XXXXXX", (int)n, target);
+    if (!t) return CKPT_ENOMEM;
+    if (!mkdtemp(t)) {
+        int rc = ckpt_error_sys("%s: cannot create temporary directory", t);
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+int ckpt_dir_commit(const char *tmp, const char *target)
+{
+    if (ckpt_is_dir(target) && ckpt_dir_is_empty_or_missing(target)) rmdir(target);
+    if (rename(tmp, target) < 0) return ckpt_error_sys("%s: rename into place", target);
+    return ckpt_fsync_parent(target);
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    if (remove(path) < 0 && errno != ENOENT) return -1;
+    return 0;
+}
+
+int ckpt_rm_rf(const char *path)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0) return errno == ENOENT ? 0 : ckpt_error_sys("%s: stat", path);
+    if (!S_ISDIR(st.st_mode)) return unlink(path) < 0 ? ckpt_error_sys("%s: unlink", path) : 0;
+    if (nftw(path, rm_one, 32, FTW_DEPTH | FTW_PHYS) < 0) return ckpt_error_sys("%s: remove", path);
+    return 0;
+}
+
+bool ckpt_dir_is_empty_or_missing(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d) return errno == ENOENT;
+    struct dirent *e;
+    bool empty = true;
+    while ((e = readdir(d))) {
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            empty = false;
+            break;
+        }
+    }
+    closedir(d);
+    return empty;
+}
+
+bool ckpt_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool ckpt_exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}

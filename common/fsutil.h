@@ -1,0 +1,72 @@
+/*
+ * fsutil.h — files that appear complete or not at all, and I/O that finishes.
+ *
+ * The durability protocol (DESIGN.md): a thing becomes visible only when it is
+ * complete. For one file:
+ *
+ *   ckpt_atomic_file af;
+ *   if (ckpt_atomic_open(&af, "/dst/model.safetensors") < 0) ...   // creates /dst/.model.safetensors.tmp-XXXXXX
+ *   ... write af.fd with ckpt_pwrite_full / ckpt_write_full ...
+ *   if (ckpt_atomic_commit(&af) < 0) ...   // fsync, rename over the target, fsync the directory
+ *   // or, on any failure: ckpt_atomic_abort(&af);                // unlink the temp file
+ *
+ * For a whole directory: write everything into a sibling "DST.tmp-XXXXXX"
+ * made by ckpt_tmpdir_create(), fsync its files, then ckpt_dir_commit() renames
+ * it into place and fsyncs the parent. A failure removes the temp directory
+ * with ckpt_rm_rf(). Temp names start with the target name and contain
+ * ".tmp-", so leftovers of a killed process are recognisable for cleanup.
+ */
+#ifndef CKPT_COMMON_FSUTIL_H
+#define CKPT_COMMON_FSUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+typedef struct {
+    int fd;
+    char *path;     /* final name */
+    char *tmp_path; /* temp name in the same directory */
+} ckpt_atomic_file;
+
+int ckpt_atomic_open(ckpt_atomic_file *af, const char *path);
+int ckpt_atomic_commit(ckpt_atomic_file *af);
+void ckpt_atomic_abort(ckpt_atomic_file *af);
+/* Writes buf to path atomically (open, write, commit). */
+int ckpt_write_file_atomic(const char *path, const void *buf, size_t len);
+
+/* Read or write exactly len bytes (retrying short transfers and EINTR).
+ * Errors name `what` (usually the path). A read past EOF is CKPT_EINVAL. */
+int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *what);
+int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *what);
+int ckpt_write_full(int fd, const void *buf, size_t len, const char *what);
+
+/* Reads a whole file of at most max bytes into a NUL-terminated buffer. */
+int ckpt_read_file(const char *path, size_t max, char **out, size_t *out_len);
+
+/* Copies len bytes between files, in-kernel where possible (copy_file_range). */
+int ckpt_copy_range(int in_fd, uint64_t in_off, int out_fd, uint64_t out_off, uint64_t len,
+                    const char *what);
+
+int ckpt_mkdir_p(const char *path, unsigned mode);
+int ckpt_fsync_dir(const char *dir);
+/* fsync the parent directory of path. */
+int ckpt_fsync_parent(const char *path);
+/* Creates "<target>.tmp-XXXXXX" beside target; *out is malloc'd. */
+int ckpt_tmpdir_create(const char *target, char **out);
+/* Renames tmp onto target (which must not exist, or must be an empty dir
+ * when replace_empty is set) and fsyncs the parent. */
+int ckpt_dir_commit(const char *tmp, const char *target);
+/* Removes a file or directory tree; missing is fine. */
+int ckpt_rm_rf(const char *path);
+/* True when path is a directory with no entries, or does not exist. */
+bool ckpt_dir_is_empty_or_missing(const char *path);
+bool ckpt_is_dir(const char *path);
+bool ckpt_exists(const char *path);
+/* Joins two path pieces with one '/'. malloc'd; NULL (error set) on failure. */
+char *ckpt_path_join(const char *a, const char *b);
+/* The last component of a path (pointer into path). */
+const char *ckpt_basename(const char *path);
+
+#endif

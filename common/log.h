@@ -1,0 +1,34 @@
+/*
+ * log.h — messages for people. ckpt_info/ckpt_warn go to stderr (stdout is
+ * for data: ids, JSON, tar streams). Progress is drawn as a bar when stderr is
+ * a terminal and as occasional plain lines otherwise.
+ */
+#ifndef CKPT_COMMON_LOG_H
+#define CKPT_COMMON_LOG_H
+
+#include <stdint.h>
+
+typedef enum { CKPT_LOG_QUIET = 0, CKPT_LOG_INFO = 1, CKPT_LOG_DEBUG = 2 } ckpt_log_level;
+
+void ckpt_log_set_level(ckpt_log_level level);
+ckpt_log_level ckpt_log_get_level(void);
+void ckpt_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void ckpt_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Progress of one long task: call update as often as you like; it redraws at
+ * most every 100 ms on a TTY and every 5 s (or 10% step) otherwise. */
+typedef struct {
+    const char *label;
+    uint64_t total;
+    uint64_t done;
+    double started, last_draw;
+    int last_pct;
+    int tty;
+} ckpt_progress;
+
+void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total);
+void ckpt_progress_update(ckpt_progress *p, uint64_t done);
+void ckpt_progress_finish(ckpt_progress *p);
+
+#endif

@@ -1,0 +1,144 @@
+/* util.c — allocation wrappers and number parsing used everywhere. */
+#include "common/util.h"
+
+#include "common/error.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void *ckpt_malloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p) ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *ckpt_calloc(size_t count, size_t size)
+{
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
+
+void *ckpt_realloc(void *p, size_t n)
+{
+    void *q = realloc(p, n ? n : 1);
+    if (!q) ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu bytes", n);
+    return q;
+}
+
+char *ckpt_strdup(const char *s)
+{
+    return ckpt_strndup(s, strlen(s));
+}
+
+char *ckpt_strndup(const char *s, size_t n)
+{
+    char *p = ckpt_malloc(n + 1);
+    if (!p) return NULL;
+    memcpy(p, s, n);
+    p[n] = '\0';
+    return p;
+}
+
+char *ckpt_sprintf(const char *fmt, ...)
+{
+    va_list ap;
+    char *out = NULL;
+    va_start(ap, fmt);
+    int n = vasprintf(&out, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        ckpt_error_set(CKPT_ENOMEM, "out of memory formatting a string");
+        return NULL;
+    }
+    return out;
+}
+
+int ckpt_grow(void *arr_ptr, size_t *cap, size_t need, size_t elem)
+{
+    void **arr = arr_ptr;
+    if (need <= *cap) return 0;
+    size_t ncap = *cap ? *cap : 8;
+    while (ncap < need) {
+        if (ncap > SIZE_MAX / 2) return ckpt_error_set(CKPT_ENOMEM, "array too large");
+        ncap *= 2;
+    }
+    uint64_t bytes;
+    if (!ckpt_mul(ncap, elem, &bytes) || bytes > SIZE_MAX)
+        return ckpt_error_set(CKPT_ENOMEM, "array too large");
+    void *p = ckpt_realloc(*arr, (size_t)bytes);
+    if (!p) return CKPT_ENOMEM;
+    *arr = p;
+    *cap = ncap;
+    return 0;
+}
+
+int ckpt_parse_u64(const char *s, uint64_t *out)
+{
+    if (!s || !*s || !isdigit((unsigned char)*s))
+        return ckpt_error_set(CKPT_EINVAL, "'%s' is not a non-negative integer", s ? s : "");
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end) return ckpt_error_set(CKPT_EINVAL, "'%s' is not a non-negative integer", s);
+    *out = v;
+    return 0;
+}
+
+int ckpt_parse_size(const char *s, uint64_t *out)
+{
+    static const struct {
+        const char *suffix;
+        double mult;
+    } units[] = {
+        {"", 1},          {"B", 1},          {"KB", 1e3},          {"MB", 1e6},
+        {"GB", 1e9},      {"TB", 1e12},      {"KIB", 1024.0},      {"MIB", 1048576.0},
+        {"GIB", 1073741824.0}, {"TIB", 1099511627776.0}, {"K", 1e3}, {"M", 1e6}, {"G", 1e9},
+    };
+    if (!s || !*s || !(isdigit((unsigned char)*s) || *s == '.'))
+        return ckpt_error_set(CKPT_EINVAL, "'%s' is not a size (examples: 5GB, 500MB, 2GiB)", s ? s : "");
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || v < 0) return ckpt_error_set(CKPT_EINVAL, "'%s' is not a size", s);
+    char suf[8];
+    size_t n = strlen(end);
+    if (n >= sizeof suf) return ckpt_error_set(CKPT_EINVAL, "'%s': unknown size unit", s);
+    for (size_t i = 0; i <= n; i++) suf[i] = (char)toupper((unsigned char)end[i]);
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(units); i++) {
+        if (strcmp(suf, units[i].suffix) == 0) {
+            double b = v * units[i].mult;
+            if (b >= 18446744073709551615.0) return ckpt_error_set(CKPT_ELIMIT, "'%s': size too large", s);
+            *out = (uint64_t)b;
+            return 0;
+        }
+    }
+    return ckpt_error_set(CKPT_EINVAL, "'%s': unknown size unit (use B, KB, MB, GB, KiB, MiB, GiB)", s);
+}
+
+const char *ckpt_format_size(uint64_t bytes, char *buf, size_t len)
+{
+    static const char *names[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)bytes;
+    size_t u = 0;
+    while (v >= 1024.0 && u + 1 < CKPT_ARRAY_LEN(names)) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+    else snprintf(buf, len, "%.2f %s", v, names[u]);
+    return buf;
+}
+
+double ckpt_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}

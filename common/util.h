@@ -1,0 +1,49 @@
+/*
+ * util.h — checked arithmetic, allocation that reports, and size parsing.
+ *
+ * Every size computed from outside input goes through ckpt_mul/ckpt_add so an
+ * overflow becomes an error instead of a short allocation.
+ */
+#ifndef CKPT_COMMON_UTIL_H
+#define CKPT_COMMON_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CKPT_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+
+/* *out = a * b; returns false on overflow. */
+static inline bool ckpt_mul(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool ckpt_add(uint64_t a, uint64_t b, uint64_t *out)
+{
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* malloc/calloc/realloc/strdup that set the error message on failure. */
+void *ckpt_malloc(size_t n);
+void *ckpt_calloc(size_t count, size_t size);
+void *ckpt_realloc(void *p, size_t n);
+char *ckpt_strdup(const char *s);
+char *ckpt_strndup(const char *s, size_t n);
+/* asprintf into a fresh string; NULL (error set) on failure. */
+char *ckpt_sprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Grows *arr (element size elem) so it holds at least need elements. */
+int ckpt_grow(void *arr_ptr, size_t *cap, size_t need, size_t elem);
+
+/* Parses "5GB", "500MB", "1.5GiB", "4096" (bytes). Decimal units are powers of
+ * 1000 as in Hugging Face's max_shard_size; *iB are powers of 1024. */
+int ckpt_parse_size(const char *s, uint64_t *out);
+/* Formats bytes as "1.50 GiB" into buf. */
+const char *ckpt_format_size(uint64_t bytes, char *buf, size_t len);
+/* Parses a non-negative decimal integer that fits in uint64 (whole string). */
+int ckpt_parse_u64(const char *s, uint64_t *out);
+
+/* Monotonic seconds. */
+double ckpt_now(void);
+
+#endif

@@ -1,0 +1,36 @@
+/*
+ * cli.h — the command table and what every command shares.
+ *
+ * Each command is `int cmd_<name>(int argc, char **argv)` in its own file
+ * service/cmd_<name>.c (git's builtin/ shape); argv[0] is the command name.
+ * Exit status: 0 success, 1 a failure the command explains on stderr
+ * (CLI_FAIL), 2 bad usage (CLI_USAGE). `--help` prints the command's help to
+ * stdout and exits 0.
+ */
+#ifndef CKPT_SERVICE_CLI_H
+#define CKPT_SERVICE_CLI_H
+
+#include <stdbool.h>
+
+#define CLI_OK 0
+#define CLI_FAIL 1
+#define CLI_USAGE 2
+
+typedef struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *summary;
+} cli_command;
+
+/* Prints "ckpt <cmd>: <msg>" plus "see 'ckpt <cmd> --help'" to stderr; returns CLI_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints "ckpt: <ckpt_error_last()>" to stderr; returns CLI_FAIL. */
+int cli_fail(void);
+/* True when argv holds --help or -h (before a "--"). */
+bool cli_wants_help(int argc, char **argv);
+
+/* Commands. */
+int cmd_inspect(int argc, char **argv);
+int cmd_gen_model(int argc, char **argv);
+
+#endif

@@ -1,0 +1,76 @@
+/* main.c — `ckpt <command> [args]`: the command table and dispatch. */
+#include "service/cli.h"
+
+#include "common/error.h"
+#include "common/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const cli_command commands[] = {
+    {"inspect", cmd_inspect, "list the tensors of a safetensors file or checkpoint directory"},
+    {"gen-model", cmd_gen_model, "write a synthetic Hugging Face checkpoint (llama, qwen2, mixtral, qwen3-moe)"},
+};
+
+int cli_usage_error(const char *cmd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "ckpt %s: ", cmd);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\nsee 'ckpt %s --help'\n", cmd);
+    va_end(ap);
+    return CLI_USAGE;
+}
+
+int cli_fail(void)
+{
+    fprintf(stderr, "ckpt: %s\n", ckpt_error_last());
+    return CLI_FAIL;
+}
+
+bool cli_wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--")) break;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return true;
+    }
+    return false;
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: ckpt <command> [options]\n\n"
+                 "ckpt converts Hugging Face checkpoints between layouts (experts stacked,\n"
+                 "Q/K/V and gate/up fused, tensor-parallel shards with padding) and back.\n\n"
+                 "commands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].summary);
+    fprintf(out, "\n'ckpt <command> --help' explains a command.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return CLI_USAGE;
+    }
+    const char *name = argv[1];
+    if (!strcmp(name, "--help") || !strcmp(name, "-h") || !strcmp(name, "help")) {
+        usage(stdout);
+        return CLI_OK;
+    }
+    if (!strcmp(name, "--version")) {
+        printf("ckpt 0.1.0\n");
+        return CLI_OK;
+    }
+    const char *quiet = getenv("CKPT_QUIET");
+    if (quiet && *quiet && strcmp(quiet, "0")) ckpt_log_set_level(CKPT_LOG_QUIET);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(commands[i].name, name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "ckpt: '%s' is not a command\n", name);
+    usage(stderr);
+    return CLI_USAGE;
+}
