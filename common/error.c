@@ -39,7 +39,13 @@ int ckpt_error_prefix(int code, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     memcpy(old, error_msg, sizeof old);
-    snprintf(error_msg, sizeof error_msg, "%s: %s", prefix, old);
+    /* Built by hand: snprintf("%s: %s") into a buffer of the same size trips -Wformat-truncation. */
+    size_t pl = strnlen(prefix, sizeof error_msg - 3), ol = strnlen(old, sizeof old);
+    if (pl + 2 + ol >= sizeof error_msg) ol = sizeof error_msg - 3 - pl;
+    memcpy(error_msg, prefix, pl);
+    memcpy(error_msg + pl, ": ", 2);
+    memcpy(error_msg + pl + 2, old, ol);
+    error_msg[pl + 2 + ol] = '\0';
     return code;
 }
 

@@ -4,6 +4,7 @@
 #include "common/util.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -88,7 +89,10 @@ void ckpt_progress_update(ckpt_progress *p, uint64_t done)
     if (log_level < CKPT_LOG_INFO) return;
     double now = ckpt_now();
     int pct = p->total ? (int)(100.0 * (double)done / (double)p->total) : 100;
-    if (p->tty ? now - p->last_draw >= 0.1 : (now - p->last_draw >= 5.0 || pct / 10 > p->last_pct / 10)) {
+    /* Plain lines (logs, CI) only for work that lasts: first after 2 s, then every 5 s. */
+    bool due = p->tty ? now - p->last_draw >= 0.1
+                      : now - p->started >= 2.0 && (now - p->last_draw >= 5.0 || p->last_pct < 0);
+    if (due) {
         p->last_draw = now;
         p->last_pct = pct;
         draw(p, 0);

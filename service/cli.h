@@ -32,5 +32,8 @@ bool cli_wants_help(int argc, char **argv);
 /* Commands. */
 int cmd_inspect(int argc, char **argv);
 int cmd_gen_model(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_convert(int argc, char **argv);
+int cmd_consolidate(int argc, char **argv);
 
 #endif

@@ -12,6 +12,9 @@
 static const cli_command commands[] = {
     {"inspect", cmd_inspect, "list the tensors of a safetensors file or checkpoint directory"},
     {"gen-model", cmd_gen_model, "write a synthetic Hugging Face checkpoint (llama, qwen2, mixtral, qwen3-moe)"},
+    {"plan", cmd_plan, "show what a conversion would write, from headers and config.json only"},
+    {"convert", cmd_convert, "convert a checkpoint into a layout (neuron, fused, easydel, hf; --tp N)"},
+    {"consolidate", cmd_consolidate, "rebuild the original checkpoint from a converted one"},
 };
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)

@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define ST_MAX_HEADER 100000000ULL /* spec: N above this is HeaderTooLarge */
 #define ST_MAX_TENSORS 1000000     /* tensors in one file */
@@ -111,5 +112,14 @@ void st_layout_free(st_layout *l);
  * tensor->offset of fd. */
 typedef int (*st_fill_fn)(void *ctx, const st_out_tensor *t, int fd, const char *path);
 int st_write_file(const char *path, const st_layout *l, st_fill_fn fill, void *ctx);
+
+/* Writes s to out as a JSON string literal. ascii_only false: serde_json's
+ * escaping, as in safetensors headers (\" \\ \b \f \n \r \t, other control
+ * characters as lowercase \u00xx, everything else raw UTF-8, '/' unescaped).
+ * ascii_only true: Python json.dumps' default (ensure_ascii), as in index
+ * files: additionally DEL and every non-ASCII character as lowercase \uxxxx,
+ * surrogate pairs above U+FFFF. CKPT_EINVAL when s is not valid UTF-8.
+ * (Added beside the header's original API for ckpt_index_render.) */
+int st_json_put_string(FILE *out, const char *s, bool ascii_only);
 
 #endif

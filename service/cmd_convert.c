@@ -1,0 +1,242 @@
+/*
+ * cmd_convert.c — the offline transform commands: `ckpt plan`, `ckpt convert`
+ * and `ckpt consolidate`. They share the layout options, parsed once here.
+ */
+#include "service/cli.h"
+
+#include "common/error.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "workers/convert.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char layout_options_help[] =
+    "layout options:\n"
+    "  --layout L              neuron | fused | easydel | hf (see docs/rules.md)\n"
+    "  --tp N                  tensor-parallel size: N rank folders tp_rank_00..; sizes that do\n"
+    "                          not divide are padded with zeros (default 1)\n"
+    "  --kv-size-multiplier M  neuron: replicate KV heads M times (default tp / gcd(kv_heads, tp))\n"
+    "  --dtype D               cast floating tensors to bf16, f16 or f32 (lossy when narrowing)\n"
+    "  --max-shard-size SIZE   largest output file, e.g. 5GB (default), 500MB, 2GiB\n"
+    "  --rules FILE            use a rules document instead of a preset (ckpt plan --print-rules\n"
+    "                          prints the one a preset makes)\n"
+    "  --threads N             copy threads (default 2)\n";
+
+enum { OPT_LAYOUT = 256, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS, OPT_FORCE, OPT_JSON,
+       OPT_PRINT_RULES, OPT_NO_HASH, OPT_PARTS, OPT_QUIET };
+
+static const struct option long_opts[] = {
+    {"layout", required_argument, 0, OPT_LAYOUT},
+    {"tp", required_argument, 0, OPT_TP},
+    {"kv-size-multiplier", required_argument, 0, OPT_KV},
+    {"dtype", required_argument, 0, OPT_DTYPE},
+    {"max-shard-size", required_argument, 0, OPT_SHARD},
+    {"rules", required_argument, 0, OPT_RULES},
+    {"threads", required_argument, 0, OPT_THREADS},
+    {"force", no_argument, 0, OPT_FORCE},
+    {"json", no_argument, 0, OPT_JSON},
+    {"print-rules", no_argument, 0, OPT_PRINT_RULES},
+    {"no-hash", no_argument, 0, OPT_NO_HASH},
+    {"parts", no_argument, 0, OPT_PARTS},
+    {"quiet", no_argument, 0, OPT_QUIET},
+    {0, 0, 0, 0},
+};
+
+typedef struct {
+    convert_opts co;
+    bool json, print_rules, parts;
+    int npos;
+    char *pos[2];
+} cli_args;
+
+/* Parses argv; `allowed` lists the option ids this command takes. Returns
+ * CLI_OK or CLI_USAGE (message printed). */
+static int parse_args(const char *cmd, int argc, char **argv, const int *allowed, cli_args *a)
+{
+    memset(a, 0, sizeof *a);
+    optind = 0; /* 0, not 1: fully reinitialises GNU getopt, which permutes options and operands */
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
+        bool ok = false;
+        for (const int *p = allowed; *p; p++) ok |= *p == c;
+        if (c == '?' || !ok) return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        uint64_t v;
+        switch (c) {
+        case OPT_LAYOUT: a->co.layout = optarg; break;
+        case OPT_TP:
+            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > PLAN_MAX_TP)
+                return cli_usage_error(cmd, "--tp must be a number from 1 to %d", PLAN_MAX_TP);
+            a->co.tp = (int)v;
+            break;
+        case OPT_KV:
+            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > PLAN_MAX_TP)
+                return cli_usage_error(cmd, "--kv-size-multiplier must be a number from 1 to %d", PLAN_MAX_TP);
+            a->co.kv_size_multiplier = (int64_t)v;
+            break;
+        case OPT_DTYPE: a->co.dtype = optarg; break;
+        case OPT_SHARD:
+            if (ckpt_parse_size(optarg, &a->co.max_shard_size) < 0 || a->co.max_shard_size == 0)
+                return cli_usage_error(cmd, "--max-shard-size: %s", ckpt_error_last());
+            break;
+        case OPT_RULES: a->co.rules_file = optarg; break;
+        case OPT_THREADS:
+            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > EXEC_MAX_THREADS)
+                return cli_usage_error(cmd, "--threads must be a number from 1 to %d", EXEC_MAX_THREADS);
+            a->co.threads = (int)v;
+            break;
+        case OPT_FORCE: a->co.force = true; break;
+        case OPT_JSON: a->json = true; break;
+        case OPT_PRINT_RULES: a->print_rules = true; break;
+        case OPT_NO_HASH: a->co.no_hash = true; break;
+        case OPT_PARTS: a->parts = true; break;
+        case OPT_QUIET: a->co.quiet = true; break;
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (a->npos == 2) return cli_usage_error(cmd, "too many arguments");
+        a->pos[a->npos++] = argv[i];
+    }
+    if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->co.quiet = true;
+    return CLI_OK;
+}
+
+static int print_json(const json_t *j)
+{
+    char *s = cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!s) return cli_fail();
+    puts(s);
+    free(s);
+    return CLI_OK;
+}
+
+static void print_plan_text(const convert_plan *cp)
+{
+    char b1[32];
+    printf("layout %s, tp %d, %zu output tensors in %zu files, %s%s\n", cp->layout_name, cp->tp, cp->set.n,
+           cp->exec.nfiles, ckpt_format_size(exec_plan_bytes(&cp->exec), b1, sizeof b1),
+           cp->result.lossy ? " (lossy: narrowing cast)" : "");
+    for (size_t f = 0; f < cp->exec.nfiles; f++) {
+        const exec_file *ef = &cp->exec.files[f];
+        printf("%s\n", ef->rel);
+        for (size_t i = 0; i < ef->layout.ntensors; i++) {
+            const st_out_tensor *ot = &ef->layout.tensors[i];
+            const plan_tensor *t = ef->tensors[ot->user];
+            char shape[128], size[32];
+            size_t zero = 0;
+            for (size_t p = 0; p < t->nparts; p++) zero += t->parts[p].src == PLAN_ZERO;
+            printf("  %-60s %-5s %-22s %10s  %zu part%s%s\n", t->name, ckpt_dtype_name(t->dtype),
+                   plan_shape_str(t->ndim, t->shape, shape, sizeof shape), ckpt_format_size(ot->nbytes, size, sizeof size),
+                   t->nparts, t->nparts == 1 ? "" : "s", zero ? " (padded)" : "");
+        }
+    }
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt plan SRC --layout L [--tp N] [options] [--json [--parts]] [--print-rules]\n\n"
+               "Shows what `ckpt convert` would write, reading only the safetensors headers and\n"
+               "config.json of SRC: every output file and tensor with dtype, shape and size.\n"
+               "Errors (a missing tensor, heads that cannot be split, a bad rule) appear here,\n"
+               "before a byte is written.\n\n%s"
+               "output:\n"
+               "  --json          the plan as JSON (add --parts for every tensor's source pieces)\n"
+               "  --print-rules   print the rules document the preset produced; feed it back\n"
+               "                  with --rules FILE to get the same output\n\n"
+               "example:\n  ckpt plan ./Llama-3-8B --layout neuron --tp 8\n",
+               layout_options_help);
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_LAYOUT, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_JSON,
+                                  OPT_PRINT_RULES, OPT_PARTS, OPT_QUIET, 0};
+    cli_args a;
+    int u = parse_args("plan", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("plan", "expected one source checkpoint");
+    if (!a.co.layout && !a.co.rules_file) return cli_usage_error("plan", "--layout or --rules is required");
+    convert_plan cp;
+    if (convert_plan_build(&cp, a.pos[0], &a.co) < 0) return cli_fail();
+    int rc = CLI_OK;
+    if (a.print_rules) {
+        rc = print_json(cp.rules.doc);
+    } else if (a.json) {
+        json_t *j = convert_plan_json(&cp, a.parts);
+        rc = j ? print_json(j) : cli_fail();
+        json_decref(j);
+    } else {
+        print_plan_text(&cp);
+    }
+    convert_plan_free(&cp);
+    return rc;
+}
+
+int cmd_convert(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt convert SRC DST --layout L [--tp N] [options] [--force]\n\n"
+               "Converts the Hugging Face checkpoint SRC (a folder with config.json and\n"
+               "model.safetensors or shards + index) into a layout, streaming tensor bytes with\n"
+               "bounded memory. DST holds config.json, ckpt-layout.json (how every tensor was\n"
+               "made, enough for `ckpt consolidate`) and the weights: in DST for --tp 1, in\n"
+               "DST/tp_rank_00 .. for --tp N. DST appears only when complete.\n\n%s"
+               "  --force                 replace a non-empty DST\n"
+               "  --no-hash               do not record the sha256 of the source files\n\n"
+               "examples:\n"
+               "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
+               "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n",
+               layout_options_help);
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_LAYOUT, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS,
+                                  OPT_FORCE, OPT_NO_HASH, OPT_QUIET, 0};
+    cli_args a;
+    int u = parse_args("convert", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 2) return cli_usage_error("convert", "expected SRC and DST");
+    if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
+    convert_plan cp;
+    double t0 = ckpt_now();
+    if (convert_plan_build(&cp, a.pos[0], &a.co) < 0) return cli_fail();
+    uint64_t bytes = exec_plan_bytes(&cp.exec);
+    if (convert_write(&cp, a.pos[1], &a.co) < 0) {
+        convert_plan_free(&cp);
+        return cli_fail();
+    }
+    char b[32];
+    ckpt_info("converted %s -> %s: layout %s, %zu tensors in %zu files, %s in %.2f s%s", a.pos[0], a.pos[1],
+              cp.layout_name, cp.set.n, cp.exec.nfiles, ckpt_format_size(bytes, b, sizeof b), ckpt_now() - t0,
+              cp.result.lossy ? " (lossy cast: consolidation will not be byte-exact)" : "");
+    convert_plan_free(&cp);
+    return CLI_OK;
+}
+
+int cmd_consolidate(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt consolidate SRC DST [--threads N] [--force]\n\n"
+               "Rebuilds the original Hugging Face checkpoint from the output of `ckpt convert`\n"
+               "using only its shard files and ckpt-layout.json: fused tensors split, GQA head\n"
+               "permutations undone, KV replicas and padding dropped, shards concatenated,\n"
+               "experts unstacked. Replicated tensors are checked equal on every rank. Without\n"
+               "a narrowing cast the files are byte-identical to the source.\n\n"
+               "example:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_THREADS, OPT_FORCE, OPT_QUIET, 0};
+    cli_args a;
+    int u = parse_args("consolidate", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 2) return cli_usage_error("consolidate", "expected SRC and DST");
+    consolidate_opts o = {.threads = a.co.threads, .force = a.co.force, .quiet = a.co.quiet};
+    double t0 = ckpt_now();
+    if (consolidate_run(a.pos[0], a.pos[1], &o) < 0) return cli_fail();
+    ckpt_info("consolidated %s -> %s in %.2f s%s", a.pos[0], a.pos[1], ckpt_now() - t0,
+              o.lossy ? " (the layout used a narrowing cast: values are rounded, not byte-identical)" : "");
+    return CLI_OK;
+}

@@ -1,0 +1,494 @@
+/*
+ * test_common.c — the pieces of common/ everyone relies on: size and integer
+ * parsing, atomic files and directories, recursive removal, sha256 and the
+ * error-message convention.
+ *
+ * File tests run in a fresh directory under $TMPDIR (or /tmp) that the
+ * fixture removes, and check that no ".tmp-" leftovers remain.
+ */
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/sha256.h"
+#include "common/util.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+/* ---- fixture: a scratch directory per test ---- */
+
+static int scratch_setup(void **state)
+{
+    const char *base = getenv("TMPDIR");
+    char *tmpl = ckpt_sprintf("%s/ckpt-test-common-XXXXXX", base && *base ? base : "/tmp");
+    if (!tmpl || !mkdtemp(tmpl)) {
+        free(tmpl);
+        return -1;
+    }
+    *state = tmpl;
+    return 0;
+}
+
+static int scratch_teardown(void **state)
+{
+    char *dir = *state;
+    int rc = ckpt_rm_rf(dir);
+    free(dir);
+    return rc;
+}
+
+/* Number of entries in dir (excluding . and ..); counts names containing
+ * ".tmp-" into *tmp_count when it is not NULL. */
+static int count_entries(const char *dir, int *tmp_count)
+{
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0, tmp = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        n++;
+        if (strstr(e->d_name, ".tmp-")) tmp++;
+    }
+    closedir(d);
+    if (tmp_count) *tmp_count = tmp;
+    return n;
+}
+
+static char *join(const char *a, const char *b)
+{
+    char *p = ckpt_path_join(a, b);
+    assert_non_null(p);
+    return p;
+}
+
+static void write_plain(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    assert_int_equal(fputs(text, f) >= 0, 1);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void assert_file_is(const char *path, const char *text)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(ckpt_read_file(path, 1 << 20, &buf, &len), 0);
+    assert_int_equal(len, strlen(text));
+    assert_string_equal(buf, text);
+    free(buf);
+}
+
+/* ---- parsing ---- */
+
+static void test_parse_size(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *s;
+        uint64_t want;
+    } ok[] = {
+        {"5GB", 5000000000ull},
+        {"500MB", 500000000ull},
+        {"2GiB", 2147483648ull},
+        {"4096", 4096},
+        {"0", 0},
+        {"10KB", 10000},
+        {"1KiB", 1024},
+        {"3MiB", 3145728},
+        {"1TB", 1000000000000ull},
+        {"1TiB", 1ull << 40},
+        {"1.5GiB", 1610612736ull},
+        {"5gb", 5000000000ull},
+        {"2gib", 2147483648ull},
+        {"7B", 7},
+        {"2G", 2000000000ull},
+        {"0.5KB", 500},
+    };
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(ok); i++) {
+        uint64_t v = 0;
+        if (ckpt_parse_size(ok[i].s, &v) != 0)
+            fail_msg("'%s' rejected: %s", ok[i].s, ckpt_error_last());
+        if (v != ok[i].want)
+            fail_msg("'%s' -> %llu, want %llu", ok[i].s, (unsigned long long)v,
+                     (unsigned long long)ok[i].want);
+    }
+    static const char *bad_unit[] = {"5XB", "5 GB", "5GBs", "5PB", "12 ", "5GB5", "5gigabytes"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(bad_unit); i++) {
+        uint64_t v = 12345;
+        if (ckpt_parse_size(bad_unit[i], &v) != CKPT_EINVAL)
+            fail_msg("'%s' accepted as %llu", bad_unit[i], (unsigned long long)v);
+        assert_int_equal(v, 12345);
+    }
+    static const char *junk[] = {"", "GB", "abc", "-5GB", " 5GB", "+5GB", "x5"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(junk); i++) {
+        uint64_t v = 12345;
+        if (ckpt_parse_size(junk[i], &v) != CKPT_EINVAL)
+            fail_msg("'%s' accepted as %llu", junk[i], (unsigned long long)v);
+        assert_int_equal(v, 12345);
+    }
+    uint64_t v;
+    assert_int_equal(ckpt_parse_size(NULL, &v), CKPT_EINVAL);
+    assert_int_equal(ckpt_parse_size("99999999TB", &v), CKPT_ELIMIT);
+}
+
+static void test_parse_u64(void **state)
+{
+    (void)state;
+    uint64_t v = 1;
+    assert_int_equal(ckpt_parse_u64("0", &v), 0);
+    assert_int_equal(v, 0);
+    assert_int_equal(ckpt_parse_u64("42", &v), 0);
+    assert_int_equal(v, 42);
+    assert_int_equal(ckpt_parse_u64("007", &v), 0);
+    assert_int_equal(v, 7);
+    assert_int_equal(ckpt_parse_u64("18446744073709551615", &v), 0);
+    assert_true(v == UINT64_MAX);
+    static const char *bad[] = {"",
+                                "-1",
+                                "+1",
+                                " 1",
+                                "1 ",
+                                "1x",
+                                "0x10",
+                                "1.5",
+                                "1e3",
+                                "18446744073709551616",
+                                "99999999999999999999999"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(bad); i++) {
+        v = 77;
+        if (ckpt_parse_u64(bad[i], &v) != CKPT_EINVAL)
+            fail_msg("'%s' accepted as %llu", bad[i], (unsigned long long)v);
+        assert_int_equal(v, 77);
+    }
+    assert_int_equal(ckpt_parse_u64(NULL, &v), CKPT_EINVAL);
+}
+
+/* ---- atomic files ---- */
+
+static void test_atomic_commit(void **state)
+{
+    const char *dir = *state;
+    char *path = join(dir, "model.safetensors");
+    ckpt_atomic_file af;
+    assert_int_equal(ckpt_atomic_open(&af, path), 0);
+    assert_true(af.fd >= 0);
+    /* The temp file sits beside the target, recognisable by name. */
+    assert_non_null(strstr(af.tmp_path, ".tmp-"));
+    assert_non_null(strstr(af.tmp_path, "model.safetensors"));
+    assert_true(ckpt_exists(af.tmp_path));
+    assert_int_equal(ckpt_write_full(af.fd, "hello ", 6, path), 0);
+    assert_int_equal(ckpt_pwrite_full(af.fd, "world", 5, 6, path), 0);
+    assert_false(ckpt_exists(path)); /* invisible until committed */
+    char *tmp_copy = ckpt_strdup(af.tmp_path);
+    assert_int_equal(ckpt_atomic_commit(&af), 0);
+    assert_true(ckpt_exists(path));
+    assert_false(ckpt_exists(tmp_copy));
+    assert_file_is(path, "hello world");
+    int tmp = -1;
+    assert_int_equal(count_entries(dir, &tmp), 1);
+    assert_int_equal(tmp, 0);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0644);
+
+    /* Committing again replaces the old content in one step. */
+    assert_int_equal(ckpt_write_file_atomic(path, "second", 6), 0);
+    assert_file_is(path, "second");
+    assert_int_equal(count_entries(dir, &tmp), 1);
+    assert_int_equal(tmp, 0);
+    free(tmp_copy);
+    free(path);
+}
+
+static void test_atomic_abort(void **state)
+{
+    const char *dir = *state;
+    char *path = join(dir, "out.bin");
+    ckpt_atomic_file af;
+    assert_int_equal(ckpt_atomic_open(&af, path), 0);
+    assert_int_equal(ckpt_write_full(af.fd, "partial", 7, path), 0);
+    assert_int_equal(count_entries(dir, NULL), 1); /* the temp file */
+    ckpt_atomic_abort(&af);
+    assert_int_equal(af.fd, -1);
+    assert_null(af.tmp_path);
+    assert_false(ckpt_exists(path));
+    assert_int_equal(count_entries(dir, NULL), 0);
+
+    /* Aborting over an existing file leaves that file alone. */
+    assert_int_equal(ckpt_write_file_atomic(path, "keep", 4), 0);
+    assert_int_equal(ckpt_atomic_open(&af, path), 0);
+    assert_int_equal(ckpt_write_full(af.fd, "discard", 7, path), 0);
+    ckpt_atomic_abort(&af);
+    assert_file_is(path, "keep");
+    int tmp = -1;
+    assert_int_equal(count_entries(dir, &tmp), 1);
+    assert_int_equal(tmp, 0);
+    free(path);
+}
+
+static void test_atomic_open_missing_dir(void **state)
+{
+    const char *dir = *state;
+    char *path = join(dir, "no/such/dir/file");
+    ckpt_atomic_file af;
+    assert_true(ckpt_atomic_open(&af, path) < 0);
+    assert_int_equal(af.fd, -1);
+    assert_null(af.path);
+    assert_null(af.tmp_path);
+    assert_non_null(strstr(ckpt_error_last(), path));
+    free(path);
+}
+
+static void test_read_file_limits(void **state)
+{
+    const char *dir = *state;
+    char *path = join(dir, "f.txt");
+    write_plain(path, "0123456789");
+    char *buf = NULL;
+    size_t len = 0;
+    assert_int_equal(ckpt_read_file(path, 10, &buf, &len), 0);
+    assert_int_equal(len, 10);
+    free(buf);
+    assert_int_equal(ckpt_read_file(path, 9, &buf, &len), CKPT_ELIMIT);
+    assert_null(buf);
+    char *missing = join(dir, "missing");
+    assert_int_equal(ckpt_read_file(missing, 10, &buf, &len), CKPT_ENOTFOUND);
+    assert_int_equal(ckpt_read_file(dir, 10, &buf, &len), CKPT_EINVAL); /* a directory */
+    free(missing);
+    free(path);
+}
+
+/* ---- directories ---- */
+
+static void test_tmpdir_commit(void **state)
+{
+    const char *dir = *state;
+    char *target = join(dir, "out");
+    char *tmp = NULL;
+    assert_int_equal(ckpt_tmpdir_create(target, &tmp), 0);
+    assert_non_null(tmp);
+    assert_true(strncmp(tmp, target, strlen(target)) == 0);
+    assert_non_null(strstr(tmp + strlen(target), ".tmp-"));
+    assert_true(ckpt_is_dir(tmp));
+    assert_false(ckpt_exists(target));
+    char *inner = join(tmp, "config.json");
+    assert_int_equal(ckpt_write_file_atomic(inner, "{}", 2), 0);
+    assert_int_equal(ckpt_dir_commit(tmp, target), 0);
+    assert_false(ckpt_exists(tmp));
+    assert_true(ckpt_is_dir(target));
+    char *moved = join(target, "config.json");
+    assert_file_is(moved, "{}");
+    int tmpn = -1;
+    assert_int_equal(count_entries(dir, &tmpn), 1);
+    assert_int_equal(tmpn, 0);
+    free(moved);
+    free(inner);
+    free(tmp);
+
+    /* A trailing slash on the target does not put the temp inside it. */
+    char *target2 = join(dir, "out2/");
+    assert_int_equal(ckpt_tmpdir_create(target2, &tmp), 0);
+    assert_true(strncmp(tmp, target2, strlen(target2) - 1) == 0);
+    assert_non_null(strstr(tmp, "out2.tmp-"));
+    /* Committing onto an existing empty directory replaces it. */
+    char *target2_clean = join(dir, "out2");
+    assert_int_equal(mkdir(target2_clean, 0755), 0);
+    assert_int_equal(ckpt_dir_commit(tmp, target2_clean), 0);
+    assert_true(ckpt_is_dir(target2_clean));
+    assert_false(ckpt_exists(tmp));
+    free(tmp);
+
+    /* Committing onto a non-empty directory fails and leaves both alone. */
+    assert_int_equal(ckpt_tmpdir_create(target, &tmp), 0);
+    assert_true(ckpt_dir_commit(tmp, target) < 0);
+    assert_non_null(strstr(ckpt_error_last(), target));
+    assert_true(ckpt_is_dir(tmp));
+    char *still = join(target, "config.json");
+    assert_file_is(still, "{}");
+    assert_int_equal(ckpt_rm_rf(tmp), 0);
+    assert_int_equal(count_entries(dir, &tmpn), 2);
+    assert_int_equal(tmpn, 0);
+    free(still);
+    free(tmp);
+    free(target2_clean);
+    free(target2);
+    free(target);
+}
+
+static void test_rm_rf(void **state)
+{
+    const char *dir = *state;
+    char *top = join(dir, "tree");
+    char *deep = join(top, "a/b/c");
+    assert_int_equal(ckpt_mkdir_p(deep, 0755), 0);
+    assert_int_equal(ckpt_mkdir_p(deep, 0755), 0); /* existing is fine */
+    char *f1 = join(deep, "x"), *f2 = join(top, "y"), *link = join(top, "a/ln");
+    write_plain(f1, "1");
+    write_plain(f2, "2");
+    /* A symlink to outside the tree is removed, not followed. */
+    char *outside = join(dir, "outside");
+    write_plain(outside, "keep");
+    assert_int_equal(symlink(outside, link), 0);
+    assert_int_equal(ckpt_rm_rf(top), 0);
+    assert_false(ckpt_exists(top));
+    assert_file_is(outside, "keep");
+    /* Missing is fine; a plain file is removed. */
+    assert_int_equal(ckpt_rm_rf(top), 0);
+    assert_int_equal(ckpt_rm_rf(outside), 0);
+    assert_false(ckpt_exists(outside));
+    assert_int_equal(count_entries(dir, NULL), 0);
+    assert_true(ckpt_dir_is_empty_or_missing(dir));
+    assert_true(ckpt_dir_is_empty_or_missing(top));
+    free(outside);
+    free(link);
+    free(f2);
+    free(f1);
+    free(deep);
+    free(top);
+}
+
+/* ---- sha256 ---- */
+
+#define SHA_EMPTY "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+#define SHA_ABC "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+/* FIPS 180-2 two-block vector. */
+#define SHA_448 "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"
+#define MSG_448 "abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"
+
+static void test_sha256_vectors(void **state)
+{
+    (void)state;
+    char hex[65];
+    assert_int_equal(ckpt_sha256_buf_hex("", 0, hex), 0);
+    assert_string_equal(hex, SHA_EMPTY);
+    assert_int_equal(ckpt_sha256_buf_hex("abc", 3, hex), 0);
+    assert_string_equal(hex, SHA_ABC);
+    assert_int_equal(ckpt_sha256_buf_hex(MSG_448, strlen(MSG_448), hex), 0);
+    assert_string_equal(hex, SHA_448);
+
+    /* Streaming in uneven pieces gives the same digest. */
+    ckpt_sha256 h;
+    assert_int_equal(ckpt_sha256_init(&h), 0);
+    const char *m = MSG_448;
+    size_t len = strlen(m), cuts[] = {0, 1, 7, 30, len};
+    for (size_t i = 0; i + 1 < CKPT_ARRAY_LEN(cuts); i++)
+        assert_int_equal(ckpt_sha256_update(&h, m + cuts[i], cuts[i + 1] - cuts[i]), 0);
+    assert_int_equal(ckpt_sha256_final_hex(&h, hex), 0);
+    assert_string_equal(hex, SHA_448);
+    assert_null(h.ctx);
+}
+
+static void test_sha256_files(void **state)
+{
+    const char *dir = *state;
+    char *path = join(dir, "data");
+    assert_int_equal(ckpt_write_file_atomic(path, "xxabcyy", 7), 0);
+    char hex[65];
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(ckpt_sha256_fd_range_hex(fd, 2, 3, hex, path), 0);
+    assert_string_equal(hex, SHA_ABC);
+    assert_int_equal(ckpt_sha256_fd_range_hex(fd, 7, 0, hex, path), 0);
+    assert_string_equal(hex, SHA_EMPTY);
+    /* A range past the end is an error, not a short hash. */
+    assert_true(ckpt_sha256_fd_range_hex(fd, 5, 10, hex, path) < 0);
+    close(fd);
+    assert_int_equal(ckpt_write_file_atomic(path, "abc", 3), 0);
+    assert_int_equal(ckpt_sha256_file_hex(path, hex), 0);
+    assert_string_equal(hex, SHA_ABC);
+    char *missing = join(dir, "missing");
+    assert_true(ckpt_sha256_file_hex(missing, hex) < 0);
+    free(missing);
+    free(path);
+}
+
+/* ---- errors ---- */
+
+static void test_error_convention(void **state)
+{
+    (void)state;
+    ckpt_error_clear();
+    assert_string_equal(ckpt_error_last(), "");
+    assert_int_equal(ckpt_error_set(CKPT_EINVAL, "tensor '%s' begins at %d", "x", 1024),
+                     CKPT_EINVAL);
+    assert_string_equal(ckpt_error_last(), "tensor 'x' begins at 1024");
+    /* Prefixes stack outermost first and pass the code through. */
+    assert_int_equal(ckpt_error_prefix(CKPT_EINVAL, "InvalidOffset"), CKPT_EINVAL);
+    assert_int_equal(ckpt_error_prefix(CKPT_ELIMIT, "%s", "model-00002-of-00004.safetensors"),
+                     CKPT_ELIMIT);
+    assert_string_equal(
+        ckpt_error_last(),
+        "model-00002-of-00004.safetensors: InvalidOffset: tensor 'x' begins at 1024");
+    /* A prefix longer than the buffer is cut, not overflowed. */
+    char longp[5000];
+    memset(longp, 'p', sizeof longp - 1);
+    longp[sizeof longp - 1] = '\0';
+    assert_int_equal(ckpt_error_prefix(CKPT_EIO, "%s", longp), CKPT_EIO);
+    assert_true(strlen(ckpt_error_last()) < sizeof longp);
+    assert_true(ckpt_error_last()[0] == 'p');
+
+    errno = ENOENT;
+    assert_int_equal(ckpt_error_sys("open %s", "/nope"), CKPT_EIO);
+    assert_non_null(strstr(ckpt_error_last(), "open /nope: "));
+    assert_non_null(strstr(ckpt_error_last(), strerror(ENOENT)));
+    assert_int_equal(errno, ENOENT); /* preserved for the caller */
+    errno = ENOMEM;
+    assert_int_equal(ckpt_error_sys("alloc"), CKPT_ENOMEM);
+
+    assert_string_equal(ckpt_code_name(CKPT_OK), "ok");
+    assert_string_equal(ckpt_code_name(CKPT_EINVAL), "invalid input");
+    assert_string_equal(ckpt_code_name(CKPT_ELIMIT), "limit exceeded");
+    assert_string_equal(ckpt_code_name(-1000), "error");
+    ckpt_error_clear();
+    assert_string_equal(ckpt_error_last(), "");
+}
+
+static void test_checked_arithmetic(void **state)
+{
+    (void)state;
+    uint64_t r;
+    assert_true(ckpt_mul(1ull << 32, 1ull << 31, &r));
+    assert_int_equal(r, 1ull << 63);
+    assert_false(ckpt_mul(1ull << 32, 1ull << 32, &r));
+    assert_true(ckpt_add(UINT64_MAX - 1, 1, &r));
+    assert_false(ckpt_add(UINT64_MAX, 1, &r));
+    char buf[32];
+    assert_string_equal(ckpt_format_size(512, buf, sizeof buf), "512 B");
+    assert_string_equal(ckpt_format_size(3ull << 30, buf, sizeof buf), "3.00 GiB");
+    char *p = join("a/", "b");
+    assert_string_equal(p, "a/b");
+    free(p);
+    p = join("a", "b");
+    assert_string_equal(p, "a/b");
+    free(p);
+    assert_string_equal(ckpt_basename("/x/y/z.json"), "z.json");
+    assert_string_equal(ckpt_basename("z.json"), "z.json");
+}
+
+#define SCRATCH_TEST(fn) cmocka_unit_test_setup_teardown(fn, scratch_setup, scratch_teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parse_size),          cmocka_unit_test(test_parse_u64),
+        SCRATCH_TEST(test_atomic_commit),           SCRATCH_TEST(test_atomic_abort),
+        SCRATCH_TEST(test_atomic_open_missing_dir), SCRATCH_TEST(test_read_file_limits),
+        SCRATCH_TEST(test_tmpdir_commit),           SCRATCH_TEST(test_rm_rf),
+        cmocka_unit_test(test_sha256_vectors),      SCRATCH_TEST(test_sha256_files),
+        cmocka_unit_test(test_error_convention),    cmocka_unit_test(test_checked_arithmetic),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

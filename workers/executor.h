@@ -1,0 +1,66 @@
+/*
+ * executor.h — writes the files of a plan by streaming the parts of every
+ * output tensor from the source files, with bounded memory.
+ *
+ * How bytes move:
+ *   - A tensor whose parts are each one contiguous byte range of a source of
+ *     the same dtype (replicated tensors, column-parallel slices, fused
+ *     blocks) is copied in the kernel with copy_file_range; zero padding is
+ *     left as the zeros of a file extended with ftruncate.
+ *   - Any other tensor (row-parallel slices, transposes, casts) is built in
+ *     slabs of at most EXEC_SLAB_BYTES: contiguous runs of output rows, or
+ *     tiles of the last two axes when a part is transposed. Each slab reads
+ *     the source bands it needs with pread (at most EXEC_BAND_BYTES at a
+ *     time), gathers and converts in memory, and writes with pwrite.
+ *   - Threads (default 2) take whole tensors from a shared queue; each holds
+ *     one slab and one band buffer, so peak memory is about
+ *     threads x (EXEC_SLAB_BYTES + EXEC_BAND_BYTES) whatever the checkpoint.
+ *
+ * Output files are created in out_dir (normally a temporary directory that
+ * the caller renames into place), headers first, then tensor bytes, then
+ * fsync. Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * parts that must hold equal bytes; a difference is an error naming the
+ * tensor and the check's `what`.
+ */
+#ifndef CKPT_WORKERS_EXECUTOR_H
+#define CKPT_WORKERS_EXECUTOR_H
+
+#include "storage/safetensors.h"
+#include "workers/plan.h"
+
+#define EXEC_SLAB_BYTES (8u << 20)
+#define EXEC_BAND_BYTES (16u << 20)
+#define EXEC_MAX_THREADS 64
+
+typedef struct {
+    char *rel;             /* path relative to the output directory */
+    st_layout layout;      /* header and offsets; tensors[i].user indexes `tensors` */
+    plan_tensor **tensors; /* not owned */
+    size_t ntensors;
+} exec_file;
+
+typedef struct {
+    size_t nsrc_paths;
+    char **src_paths;     /* source files; plan_source.file indexes these */
+    plan_source *sources; /* plan_part.src indexes these */
+    size_t nsources;
+    exec_file *files;
+    size_t nfiles;
+} exec_plan;
+
+typedef struct {
+    int threads;       /* 0: 2 */
+    bool hash_sources; /* compute sha256 of every source file meanwhile */
+    char (*source_sha256)[65]; /* out: nsrc_paths entries when hash_sources */
+    bool quiet;        /* no progress lines */
+    const char *label; /* progress label */
+    bool no_fsync;     /* tests of the executor alone */
+} exec_opts;
+
+int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
+
+/* Bytes of tensor data the plan writes (sum over files). */
+uint64_t exec_plan_bytes(const exec_plan *p);
+void exec_plan_free(exec_plan *p);
+
+#endif
