@@ -37,7 +37,8 @@ TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+SCHEMA_SQL := $(sort $(wildcard schema/[0-9]*.sql))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o
 SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
@@ -70,6 +71,14 @@ deps:
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -MMD -MP -c $< -o $@
+
+$(BUILD)/gen/schema.c: $(SCHEMA_SQL) schema/embed.sh
+	@mkdir -p $(dir $@)
+	sh schema/embed.sh $@ $(SCHEMA_SQL)
+
+$(BUILD)/obj/gen/schema.o: $(BUILD)/gen/schema.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
 $(BUILD)/libckpt.a: $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -106,7 +115,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 # The harnesses exercise storage/ (which uses only common/), so only those are
 # compiled in: sources are linked whole, and an unrelated half-written file in
 # workers/ must not break the fuzz build. UB aborts so libFuzzer records it.
-FUZZ_LIB_SRCS := $(wildcard common/*.c storage/*.c)
+FUZZ_LIB_SRCS := $(wildcard common/*.c) storage/dtype.c storage/safetensors.c storage/checkpoint.c
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h storage/*.h)
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(PKG_LIBS)

@@ -269,6 +269,7 @@ int ckpt_tmpdir_create(const char *target, char **out)
         free(t);
         return rc;
     }
+    chmod(t, 0755); /* mkdtemp makes 0700; the renamed result is an ordinary directory */
     *out = t;
     return 0;
 }

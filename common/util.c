@@ -115,7 +115,7 @@ int ckpt_parse_size(const char *s, uint64_t *out)
         if (strcmp(suf, units[i].suffix) == 0) {
             double b = v * units[i].mult;
             if (b >= 18446744073709551615.0) return ckpt_error_set(CKPT_ELIMIT, "'%s': size too large", s);
-            *out = (uint64_t)b;
+            *out = (uint64_t)(b + 0.5); /* round: 1.001KB is 1001 bytes, not 1000.9999 */
             return 0;
         }
     }

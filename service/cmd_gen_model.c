@@ -20,41 +20,41 @@
 
 static void help(void)
 {
-    printf(
-        "usage: ckpt gen-model ARCH OUT_DIR [--scale S] [--layers N] [--dtype bf16|f16|f32]\n"
-        "                      [--shard-mb M] [--seed K]\n"
-        "\n"
-        "Writes a synthetic Hugging Face checkpoint into OUT_DIR: config.json and the\n"
-        "weights as model.safetensors, or as model-0000i-of-0000n.safetensors shards with\n"
-        "model.safetensors.index.json when they exceed --shard-mb. Tensor names, shapes\n"
-        "and head structure are those of the real model; the values are random (std 0.02,\n"
-        "norm weights near 1.0), different in every tensor, and the same for the same\n"
-        "seed. No network is needed. OUT_DIR must not exist or be empty; it appears only\n"
-        "when complete.\n"
-        "\n"
-        "ARCH:\n"
-        "  llama       Llama-3-8B: hidden 4096, 32 heads, 8 KV heads, 32 layers\n"
-        "  qwen2       Qwen2-0.5B: hidden 896, 14 heads, 2 KV heads, q/k/v biases, tied\n"
-        "              embeddings (no lm_head.weight), 24 layers\n"
-        "  mixtral     Mixtral-8x7B: 8 experts (block_sparse_moe.experts.E.w1/w2/w3)\n"
-        "  qwen3-moe   Qwen3-30B-A3B: 128 experts (mlp.experts.E.gate_proj/up_proj/\n"
-        "              down_proj), q_norm/k_norm, 48 layers\n"
-        "\n"
-        "options:\n"
-        "  --scale S     divide the widths (head_dim, intermediate sizes, vocab, hence\n"
-        "                hidden) by S, rounding down, at least 1; head and expert counts\n"
-        "                stay real, so GQA ratios and TP padding cases do too (default 1)\n"
-        "  --layers N    number of decoder layers (default: the model's own)\n"
-        "  --dtype D     bf16 (default), f16 or f32\n"
-        "  --shard-mb M  largest shard, in MB of tensor bytes (1 MB = 1,000,000 bytes;\n"
-        "                fractions allowed; default 5000 as Hugging Face's 5GB; 0 = one file)\n"
-        "  --seed K      seed for the values (default 0)\n"
-        "\n"
-        "A summary line (tensors, files, bytes) goes to stderr.\n"
-        "\n"
-        "example:\n"
-        "  ckpt gen-model qwen2 /tmp/qwen2-tiny --scale 8 --layers 2\n"
-        "  ckpt inspect /tmp/qwen2-tiny\n");
+    printf("usage: ckpt gen-model ARCH OUT_DIR [--scale S] [--layers N] [--dtype bf16|f16|f32]\n"
+           "                      [--shard-mb M] [--seed K]\n"
+           "\n"
+           "Writes a synthetic Hugging Face checkpoint into OUT_DIR: config.json and the\n"
+           "weights as model.safetensors, or as model-0000i-of-0000n.safetensors shards with\n"
+           "model.safetensors.index.json when they exceed --shard-mb. Tensor names, shapes\n"
+           "and head structure are those of the real model; the values are random (std 0.02,\n"
+           "norm weights near 1.0), different in every tensor, and the same for the same\n"
+           "seed. No network is needed. OUT_DIR must not exist or be empty; it appears only\n"
+           "when complete.\n"
+           "\n"
+           "ARCH:\n"
+           "  llama       Llama-3-8B: hidden 4096, 32 heads, 8 KV heads, 32 layers\n"
+           "  qwen2       Qwen2-0.5B: hidden 896, 14 heads, 2 KV heads, q/k/v biases, tied\n"
+           "              embeddings (no lm_head.weight), 24 layers\n"
+           "  mixtral     Mixtral-8x7B: 8 experts (block_sparse_moe.experts.E.w1/w2/w3)\n"
+           "  qwen3-moe   Qwen3-30B-A3B: 128 experts (mlp.experts.E.gate_proj/up_proj/\n"
+           "              down_proj), q_norm/k_norm, 48 layers\n"
+           "\n"
+           "options:\n"
+           "  --scale S     divide the widths (head_dim, intermediate sizes, vocab, hence\n"
+           "                hidden) by S, rounding down, at least 1; head and expert counts\n"
+           "                stay real, so GQA ratios and TP padding cases do too (default 1:\n"
+           "                the real size, e.g. 16 GB for llama in bf16; tests use 8 to 32)\n"
+           "  --layers N    number of decoder layers (default: the model's own)\n"
+           "  --dtype D     bf16 (default), f16 or f32\n"
+           "  --shard-mb M  largest shard, in MB of tensor bytes (1 MB = 1,000,000 bytes;\n"
+           "                fractions allowed; default 5000 as Hugging Face's 5GB; 0 = one file)\n"
+           "  --seed K      seed for the values (default 0)\n"
+           "\n"
+           "A summary line (tensors, files, bytes) goes to stderr.\n"
+           "\n"
+           "example:\n"
+           "  ckpt gen-model qwen2 /tmp/qwen2-tiny --scale 8 --layers 2\n"
+           "  ckpt inspect /tmp/qwen2-tiny\n");
 }
 
 /* --shard-mb: a decimal number of megabytes, into bytes. */
@@ -108,8 +108,7 @@ int cmd_gen_model(int argc, char **argv)
     while ((opt = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
         switch (opt) {
         case OPT_SCALE:
-            if (ckpt_parse_u64(optarg, &o.scale) < 0 || o.scale < 1 ||
-                o.scale > GENMODEL_MAX_SCALE)
+            if (ckpt_parse_u64(optarg, &o.scale) < 0 || o.scale < 1 || o.scale > GENMODEL_MAX_SCALE)
                 return cli_usage_error(cmd, "--scale wants an integer from 1 to %u, not '%s'",
                                        GENMODEL_MAX_SCALE, optarg);
             break;
@@ -125,8 +124,10 @@ int cmd_gen_model(int argc, char **argv)
             break;
         case OPT_SHARD_MB:
             if (parse_shard_mb(optarg, &o.max_shard_size) < 0)
-                return cli_usage_error(cmd, "--shard-mb wants a number of MB (e.g. 500 or 0.5), "
-                                            "not '%s'", optarg);
+                return cli_usage_error(cmd,
+                                       "--shard-mb wants a number of MB (e.g. 500 or 0.5), "
+                                       "not '%s'",
+                                       optarg);
             break;
         case OPT_SEED:
             if (ckpt_parse_u64(optarg, &o.seed) < 0)

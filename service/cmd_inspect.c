@@ -56,13 +56,14 @@ static const char *shape_str(const st_tensor *t, char *buf, size_t len)
     return buf;
 }
 
-/* s with control characters as \xNN, so a hostile name cannot drive the
+/* s with control characters as \xNN, so a hostile tensor or shard name cannot drive the
  * terminal: s itself when it has none, else a copy in *owned (caller frees). */
 static const char *printable(const char *s, char **owned)
 {
     *owned = NULL;
     const char *p = s;
-    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f) p++;
+    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f)
+        p++;
     if (!*p) return s;
     size_t len = strlen(s);
     char *out = ckpt_malloc(4 * len + 1), *o = out;
@@ -95,11 +96,13 @@ static int print_text(const ckpt_checkpoint *c)
            "file");
     for (size_t i = 0; i < c->ntensors; i++) {
         const st_tensor *t = c->tensors[i].t;
+        char *owned_file;
         printf("%-*s  %-11s  %-*s  %10s  %s\n", name_w, printable(t->name, &owned),
                ckpt_dtype_name(t->dtype), shape_w, shape_str(t, shape, sizeof shape),
                ckpt_format_size(t->nbytes, human, sizeof human),
-               ckpt_basename(c->files[c->tensors[i].file].path));
+               printable(ckpt_basename(c->files[c->tensors[i].file].path), &owned_file));
         free(owned);
+        free(owned_file);
     }
     printf("%zu tensors in %zu file%s, %llu bytes (%s)\n", c->ntensors, c->nfiles,
            c->nfiles == 1 ? "" : "s", (unsigned long long)c->total_size,
@@ -137,10 +140,9 @@ static json_t *checkpoint_json(const ckpt_checkpoint *c)
     bool ok = files && tensors && meta;
     for (size_t i = 0; ok && i < c->nfiles; i++) {
         const st_file *f = &c->files[i];
-        ok = !json_array_append_new(files, json_pack("{s:s, s:o, s:o}", "path",
-                                                     ckpt_basename(f->path), "size",
-                                                     json_u64(f->file_size), "tensors",
-                                                     json_u64(f->ntensors)));
+        ok = !json_array_append_new(
+            files, json_pack("{s:s, s:o, s:o}", "path", ckpt_basename(f->path), "size",
+                             json_u64(f->file_size), "tensors", json_u64(f->ntensors)));
     }
     for (size_t i = 0; ok && i < c->ntensors; i++)
         ok = !json_array_append_new(tensors, tensor_json(c, &c->tensors[i]));

@@ -30,7 +30,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...)
 
 int cli_fail(void)
 {
-    fprintf(stderr, "ckpt: %s\n", ckpt_error_last());
+    /* One line whatever the message holds: names from hostile files may carry control characters. */
+    fputs("ckpt: ", stderr);
+    for (const unsigned char *p = (const unsigned char *)ckpt_error_last(); *p; p++) {
+        if (*p < 0x20 || *p == 0x7f) fprintf(stderr, "\\x%02x", *p);
+        else fputc(*p, stderr);
+    }
+    fputc('\n', stderr);
     return CLI_FAIL;
 }
 

@@ -66,10 +66,13 @@ void ckpt_index_free(ckpt_index *ix);
 bool ckpt_shard_name_safe(const char *name);
 
 /* Splits sizes[0..n) into shards: shard_of[i] gets the shard number (0-based),
- * *nshards the count. max_shard_size 0 means one shard. */
+ * *nshards the count. max_shard_size 0 means one shard; n == 0 gives one
+ * (empty) shard, as save_pretrained writes one file. */
 int ckpt_shard_assign(const uint64_t *sizes, size_t n, uint64_t max_shard_size, size_t *shard_of,
                       size_t *nshards);
-/* "model-00001-of-00005.safetensors" (or "model.safetensors" when n == 1). malloc'd. */
+/* "model-00001-of-00005.safetensors" (or "model.safetensors" when n == 1). malloc'd.
+ * i is 0-based, as ckpt_shard_assign numbers shards; the name counts from 1.
+ * NULL (error set) when i >= n. */
 char *ckpt_shard_name(const char *prefix, size_t i, size_t n);
 /* Renders {"metadata":{"total_size":N},"weight_map":{...sorted...}} as
  * Hugging Face writes it (indent 2, keys sorted, trailing newline). malloc'd. */

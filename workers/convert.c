@@ -169,6 +169,7 @@ int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o)
         if (!rc) rc = plan_set_push(&cp->set, &t);
     }
     if (!rc) rc = rules_apply(&cp->rules, &cp->set, &cp->result);
+    for (size_t i = 0; !rc && i < cp->set.n; i++) plan_tensor_coalesce(&cp->set.t[i]);
     if (!rc) {
         cp->tp = cp->rules.tp;
         for (size_t i = 0; i < cp->set.n && !rc; i++) {

@@ -43,6 +43,8 @@ typedef struct {
     bool norm_topk_prob;
 } arch_spec;
 
+/* A table reads better than clang-format's one field per line. */
+// clang-format off
 static const arch_spec arch_specs[] = {
     {.arch = "llama", .model_type = "llama", .architecture = "LlamaForCausalLM",
      .heads = 32, .kv_heads = 8, .head_dim = 128, .intermediate = 14336, .vocab = 128256,
@@ -63,13 +65,7 @@ static const arch_spec arch_specs[] = {
      .rope_theta = 1000000.0, .qk_norm = true, .moe = GENMODEL_MOE_QWEN3, .experts = 128,
      .experts_per_tok = 8, .norm_topk_prob = true},
 };
-
-static const char *const arch_names[] = {"llama", "qwen2", "mixtral", "qwen3-moe", NULL};
-
-const char *const *genmodel_arch_names(void)
-{
-    return arch_names;
-}
+// clang-format on
 
 static const arch_spec *arch_find(const char *name)
 {
@@ -130,9 +126,9 @@ int genmodel_config_get(genmodel_config *c, const genmodel_opts *o)
     c->moe = a->moe;
     c->num_experts = a->experts;
     c->num_experts_per_tok = a->experts_per_tok;
-    c->moe_intermediate_size =
-        a->moe_intermediate ? scaled(a->moe_intermediate, o->scale) : c->intermediate_size;
-    if (a->moe == GENMODEL_DENSE) c->moe_intermediate_size = 0;
+    if (a->moe != GENMODEL_DENSE) /* mixtral's experts are intermediate_size wide */
+        c->moe_intermediate_size =
+            a->moe_intermediate ? scaled(a->moe_intermediate, o->scale) : c->intermediate_size;
     c->norm_topk_prob = a->norm_topk_prob;
     c->dtype = o->dtype;
     return 0;
@@ -145,12 +141,12 @@ typedef struct {
     size_t n, cap;
 } tensor_list;
 
-static int list_add(tensor_list *l, genmodel_init init, uint64_t d0, uint64_t d1,
-                    const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static int list_add(tensor_list *l, genmodel_init init, uint64_t d0, uint64_t d1, const char *fmt,
+                    ...) __attribute__((format(printf, 5, 6)));
 
 /* Adds one tensor; d1 == 0 makes it 1-D [d0]. */
-static int list_add(tensor_list *l, genmodel_init init, uint64_t d0, uint64_t d1,
-                    const char *fmt, ...)
+static int list_add(tensor_list *l, genmodel_init init, uint64_t d0, uint64_t d1, const char *fmt,
+                    ...)
 {
     int rc = ckpt_grow(&l->t, &l->cap, l->n + 1, sizeof *l->t);
     if (rc) return rc;
@@ -181,7 +177,8 @@ typedef struct {
     bool out;
 } mlp_proj;
 
-static const mlp_proj dense_projs[3] = {{"gate_proj", false}, {"up_proj", false}, {"down_proj", true}};
+static const mlp_proj dense_projs[3] = {
+    {"gate_proj", false}, {"up_proj", false}, {"down_proj", true}};
 static const mlp_proj mixtral_projs[3] = {{"w1", false}, {"w2", true}, {"w3", false}};
 
 static int add_mlp(tensor_list *l, const char *prefix, const mlp_proj *projs, uint64_t width,
@@ -276,7 +273,8 @@ int genmodel_tensors(const genmodel_config *c, genmodel_tensor **out, size_t *n)
 
 void genmodel_tensors_free(genmodel_tensor *t, size_t n)
 {
-    for (size_t i = 0; t && i < n; i++) free(t[i].name);
+    for (size_t i = 0; t && i < n; i++)
+        free(t[i].name);
     free(t);
 }
 
@@ -311,8 +309,7 @@ static inline float draw(uint64_t word, unsigned half, float mean, float unit)
     return mean + (float)sum * unit;
 }
 
-void genmodel_values(uint64_t seed, const genmodel_tensor *t, uint64_t first, size_t n,
-                     float *out)
+void genmodel_values(uint64_t seed, const genmodel_tensor *t, uint64_t first, size_t n, float *out)
 {
     const float unit = (float)(INIT_STD * 1.7320508075688772 / 256.0);
     const float mean = t->init == GENMODEL_INIT_NORM ? 1.0f : 0.0f;
@@ -342,12 +339,14 @@ typedef struct {
     unsigned elem_size;
     float *values; /* CHUNK_ELEMS floats */
     void *bytes;   /* CHUNK_ELEMS elements of dtype */
+    uint64_t written;
+    ckpt_progress progress;
 } fill_ctx;
 
 /* st_write_file callback: tensor t->user, generated and written chunk by chunk. */
 static int fill_tensor(void *vctx, const st_out_tensor *t, int fd, const char *path)
 {
-    const fill_ctx *fc = vctx;
+    fill_ctx *fc = vctx;
     const genmodel_tensor *gt = &fc->tensors[t->user];
     assert(t->nbytes == gt->numel * fc->elem_size);
     for (uint64_t done = 0; done < gt->numel;) {
@@ -358,6 +357,8 @@ static int fill_tensor(void *vctx, const st_out_tensor *t, int fd, const char *p
                                   t->offset + done * fc->elem_size, path);
         if (rc) return rc;
         done += n;
+        fc->written += n * fc->elem_size;
+        ckpt_progress_update(&fc->progress, fc->written);
     }
     return 0;
 }
@@ -393,7 +394,8 @@ static json_t *json_sorted_copy(json_t *obj)
     json_t *v;
     json_object_foreach(obj, k, v) keys[i++] = k;
     qsort(keys, n, sizeof *keys, cmp_str);
-    for (i = 0; i < n; i++) json_object_set(out, keys[i], json_object_get(obj, keys[i]));
+    for (i = 0; i < n; i++)
+        json_object_set(out, keys[i], json_object_get(obj, keys[i]));
     free(keys);
     return out;
 }
@@ -408,10 +410,8 @@ static json_t *config_json(const genmodel_config *c)
     json_object_set_new(o, "hidden_act", json_string("silu"));
     json_object_set_new(o, "hidden_size", json_integer((json_int_t)c->hidden_size));
     json_object_set_new(o, "intermediate_size", json_integer((json_int_t)c->intermediate_size));
-    json_object_set_new(o, "num_attention_heads",
-                        json_integer((json_int_t)c->num_attention_heads));
-    json_object_set_new(o, "num_key_value_heads",
-                        json_integer((json_int_t)c->num_key_value_heads));
+    json_object_set_new(o, "num_attention_heads", json_integer((json_int_t)c->num_attention_heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer((json_int_t)c->num_key_value_heads));
     json_object_set_new(o, "head_dim", json_integer((json_int_t)c->head_dim));
     json_object_set_new(o, "num_hidden_layers", json_integer((json_int_t)c->num_hidden_layers));
     json_object_set_new(o, "vocab_size", json_integer((json_int_t)c->vocab_size));
@@ -456,9 +456,9 @@ typedef struct {
     genmodel_config cfg;
     genmodel_tensor *tensors;
     size_t ntensors;
-    uint64_t *sizes;   /* bytes of each tensor */
-    size_t *shard_of;  /* shard of each tensor */
-    size_t *order;     /* tensor indexes grouped by shard, HF order within a shard */
+    uint64_t *sizes;  /* bytes of each tensor */
+    size_t *shard_of; /* shard of each tensor */
+    size_t *order;    /* tensor indexes grouped by shard, HF order within a shard */
     size_t nshards;
     char **shard_names;
     uint64_t total_bytes;
@@ -471,7 +471,8 @@ static void job_free(gen_job *j)
     free(j->sizes);
     free(j->shard_of);
     free(j->order);
-    for (size_t s = 0; j->shard_names && s < j->nshards; s++) free(j->shard_names[s]);
+    for (size_t s = 0; j->shard_names && s < j->nshards; s++)
+        free(j->shard_names[s]);
     free(j->shard_names);
     free(j->fill.values);
     free(j->fill.bytes);
@@ -491,8 +492,7 @@ static int job_plan(gen_job *j, const genmodel_opts *o)
     for (size_t i = 0; i < j->ntensors; i++) {
         if (!ckpt_mul(j->tensors[i].numel, elem, &j->sizes[i]) ||
             !ckpt_add(j->total_bytes, j->sizes[i], &j->total_bytes))
-            return ckpt_error_set(CKPT_ELIMIT, "%s: checkpoint size overflows",
-                                  j->tensors[i].name);
+            return ckpt_error_set(CKPT_ELIMIT, "%s: checkpoint size overflows", j->tensors[i].name);
     }
     rc = ckpt_shard_assign(j->sizes, j->ntensors, o->max_shard_size, j->shard_of, &j->nshards);
     if (rc) return rc;
@@ -504,9 +504,12 @@ static int job_plan(gen_job *j, const genmodel_opts *o)
         free(start);
         return CKPT_ENOMEM;
     }
-    for (size_t i = 0; i < j->ntensors; i++) start[j->shard_of[i] + 1]++;
-    for (size_t s = 0; s < j->nshards; s++) start[s + 1] += start[s];
-    for (size_t i = 0; i < j->ntensors; i++) j->order[start[j->shard_of[i]]++] = i;
+    for (size_t i = 0; i < j->ntensors; i++)
+        start[j->shard_of[i] + 1]++;
+    for (size_t s = 0; s < j->nshards; s++)
+        start[s + 1] += start[s];
+    for (size_t i = 0; i < j->ntensors; i++)
+        j->order[start[j->shard_of[i]]++] = i;
     free(start);
     for (size_t s = 0; s < j->nshards; s++)
         if (!(j->shard_names[s] = ckpt_shard_name("model", s, j->nshards))) return CKPT_ENOMEM;
@@ -565,7 +568,10 @@ static int job_write(gen_job *j, const genmodel_opts *o, const char *dir)
     if (!j->fill.values || !j->fill.bytes) return CKPT_ENOMEM;
     int rc = write_config(&j->cfg, dir);
     size_t pos = 0;
-    for (size_t s = 0; !rc && s < j->nshards; s++) rc = write_shard(j, s, &pos, dir);
+    ckpt_progress_start(&j->fill.progress, "gen-model", j->total_bytes);
+    for (size_t s = 0; !rc && s < j->nshards; s++)
+        rc = write_shard(j, s, &pos, dir);
+    if (!rc) ckpt_progress_finish(&j->fill.progress);
     if (!rc && j->nshards > 1) rc = write_index(j, dir);
     return rc;
 }
@@ -587,11 +593,11 @@ int genmodel_write(const genmodel_opts *o, const char *out_dir)
         rc = ckpt_error_prefix(rc, "gen-model %s", out_dir);
     } else {
         char human[32];
-        ckpt_info("gen-model: %s: %zu tensors, %zu file%s, %llu bytes (%s) of %s in %s",
-                  j.cfg.arch, j.ntensors, j.nshards, j.nshards == 1 ? "" : "s",
+        ckpt_info("gen-model: %s: %zu tensors, %zu file%s, %llu bytes (%s) of %s in %s", j.cfg.arch,
+                  j.ntensors, j.nshards, j.nshards == 1 ? "" : "s",
                   (unsigned long long)j.total_bytes,
-                  ckpt_format_size(j.total_bytes, human, sizeof human),
-                  ckpt_dtype_name(o->dtype), out_dir);
+                  ckpt_format_size(j.total_bytes, human, sizeof human), ckpt_dtype_name(o->dtype),
+                  out_dir);
     }
     free(tmp);
     job_free(&j);

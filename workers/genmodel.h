@@ -108,8 +108,6 @@ typedef struct {
 
 /* The defaults: scale 1, the architecture's layers, bf16, 5 GB shards, seed 0. */
 void genmodel_opts_init(genmodel_opts *o, const char *arch);
-/* The architectures' canonical names, NULL-terminated (for help texts). */
-const char *const *genmodel_arch_names(void);
 
 /* Resolves o into *c; CKPT_EINVAL naming the option when o is out of range. */
 int genmodel_config_get(genmodel_config *c, const genmodel_opts *o);
@@ -118,8 +116,7 @@ int genmodel_config_get(genmodel_config *c, const genmodel_opts *o);
 int genmodel_tensors(const genmodel_config *c, genmodel_tensor **out, size_t *n);
 void genmodel_tensors_free(genmodel_tensor *t, size_t n);
 /* Elements [first, first + n) of tensor t's values for seed, as float. */
-void genmodel_values(uint64_t seed, const genmodel_tensor *t, uint64_t first, size_t n,
-                     float *out);
+void genmodel_values(uint64_t seed, const genmodel_tensor *t, uint64_t first, size_t n, float *out);
 
 /* Writes the checkpoint described by o into out_dir (created; must not exist
  * or be empty) and prints a one-line summary to the info log. */

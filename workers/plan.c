@@ -267,6 +267,39 @@ int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis)
     return 0;
 }
 
+/* True when b continues a along tensor axis k, with everything else equal. */
+static bool part_continues(const plan_part *a, const plan_part *b, int ndim, int k)
+{
+    if (a->src != b->src || b->lo[k] != a->lo[k] + a->ext[k]) return false;
+    for (int j = 0; j < ndim; j++) {
+        if (a->axis_map[j] != b->axis_map[j]) return false;
+        if (j != k && (a->lo[j] != b->lo[j] || a->ext[j] != b->ext[j])) return false;
+    }
+    if (a->src == PLAN_ZERO) return true;
+    for (int s = 0; s < PLAN_MAX_DIM; s++) {
+        uint64_t want = a->src_lo[s];
+        if (a->axis_map[k] == s) want += a->ext[k];
+        if (b->src_lo[s] != want) return false;
+    }
+    return a->axis_map[k] >= 0;
+}
+
+void plan_tensor_coalesce(plan_tensor *t)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < t->nparts; i++) {
+        bool merged = false;
+        for (int k = 0; w > 0 && k < t->ndim && !merged; k++) {
+            if (part_continues(&t->parts[w - 1], &t->parts[i], t->ndim, k)) {
+                t->parts[w - 1].ext[k] += t->parts[i].ext[k];
+                merged = true;
+            }
+        }
+        if (!merged) t->parts[w++] = t->parts[i];
+    }
+    t->nparts = w;
+}
+
 int plan_tensor_note(plan_tensor *t, json_t *desc)
 {
     if (!desc) return ckpt_error_set(CKPT_ENOMEM, "out of memory");

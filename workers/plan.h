@@ -107,6 +107,10 @@ int plan_tensor_stack(plan_tensor *out, plan_tensor *const *ins, size_t n);
 int plan_tensor_transpose(plan_tensor *out, const plan_tensor *in, int a, int b);
 /* Removes axis (which must have length 1). */
 int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis);
+/* Merges parts that continue each other along one axis in both the tensor
+ * and the source (adjacent heads, neighbouring blocks), so the executor makes
+ * fewer, larger copies. The bytes described do not change. */
+void plan_tensor_coalesce(plan_tensor *t);
 /* Appends a rule description to t->meta["transforms"]. Steals `desc`. */
 int plan_tensor_note(plan_tensor *t, json_t *desc);
 

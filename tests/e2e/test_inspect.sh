@@ -137,7 +137,7 @@ check_checkpoint() {
     local d="$work/$name"
     expect_status 0 "$ckpt" gen-model "$arch" "$d" --scale "$scale" --layers 2 "$@"
     grep -q "tensors" "$work/err" || fail "$name: no summary line on stderr"
-    ! ls "$work" | grep -q '\.tmp-' || fail "$name: a temporary directory was left behind"
+    ! compgen -G "$work/*.tmp-*" >/dev/null || fail "$name: a temporary directory was left behind"
     $dump "$d" >"$d.dump.json"
     "$ckpt" inspect --json "$d" >"$d.inspect.json" || fail "$name: inspect --json failed"
     diff <($dump --canon "$d.dump.json") <($dump --canon "$d.inspect.json") >"$work/diff" ||
@@ -171,9 +171,9 @@ check_checkpoint qwen3-moe-f32 several 16 qwen3-moe --dtype f32 --shard-mb 3
 check_checkpoint qwen3-moe-single one 32 qwen3-moe
 
 # One shard opened on its own, and the index file as PATH.
-shard=$(ls "$work/llama-sharded" | grep -- '-00002-of-' | head -n 1)
-expect_status 0 "$ckpt" inspect --json "$work/llama-sharded/$shard"
-$dump "$work/llama-sharded/$shard" >"$work/one.json"
+shards=("$work"/llama-sharded/model-00002-of-*.safetensors)
+expect_status 0 "$ckpt" inspect --json "${shards[0]}"
+$dump "${shards[0]}" >"$work/one.json"
 cp "$work/out" "$work/one.inspect.json"
 diff <($dump --canon "$work/one.json") <($dump --canon "$work/one.inspect.json") >/dev/null ||
     fail "single shard: inspect and st_dump.py disagree"
@@ -189,7 +189,7 @@ cmp -s "$work/mixtral-sharded/model-00001-of-"*.safetensors "$work/again/model-0
     fail "different seeds, same bytes"
 expect_status 1 "$ckpt" gen-model qwen2 "$work/again" --scale 8 --layers 1
 grep -q "not empty" "$work/err" || fail "non-empty OUT_DIR: unclear error $(cat "$work/err")"
-rm -rf "$work"/*
+rm -rf "${work:?}"/*
 
 # ---- 3. hostile files ----
 mkdir "$work/hostile"

@@ -1,0 +1,499 @@
+/* store.c — CKPT_HOME, blobs with leases, checkpoint records and refs (see store.h). */
+#include "storage/store.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/sha256.h"
+#include "common/util.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* The start time of this process (clock ticks since boot), against pid reuse. */
+static int64_t self_start_time(void)
+{
+    static int64_t cached = -1;
+    if (cached >= 0) return cached;
+    cached = 0;
+    char buf[1024];
+    FILE *f = fopen("/proc/self/stat", "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (!p) return 0;
+    long long v = 0;
+    /* Fields after ")": state(3) ... starttime is field 22. */
+    int field = 2;
+    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
+        if (++field == 22) {
+            v = atoll(tok);
+            break;
+        }
+    }
+    cached = v;
+    return cached;
+}
+
+int store_open(ckpt_store *s, const char *home)
+{
+    memset(s, 0, sizeof *s);
+    const char *env = getenv("CKPT_HOME"), *xdg = getenv("XDG_DATA_HOME"), *h = getenv("HOME");
+    if (home && *home) s->home = ckpt_strdup(home);
+    else if (env && *env) s->home = ckpt_strdup(env);
+    else if (xdg && *xdg) s->home = ckpt_sprintf("%s/ckpt", xdg);
+    else if (h && *h) s->home = ckpt_sprintf("%s/.local/share/ckpt", h);
+    else return ckpt_error_set(CKPT_EINVAL, "no CKPT_HOME, XDG_DATA_HOME or HOME: pass --home DIR");
+    if (!s->home) return CKPT_ENOMEM;
+    s->blob_dir = ckpt_path_join(s->home, "blobs");
+    s->tmp_dir = ckpt_path_join(s->home, "tmp");
+    char *db = ckpt_path_join(s->home, "ckpt.db");
+    int rc = s->blob_dir && s->tmp_dir && db ? 0 : CKPT_ENOMEM;
+    if (!rc) rc = ckpt_mkdir_p(s->blob_dir, 0755);
+    if (!rc) rc = ckpt_mkdir_p(s->tmp_dir, 0755);
+    if (!rc) rc = catalog_open(&s->cat, db);
+    free(db);
+    if (rc) store_close(s);
+    return rc;
+}
+
+void store_close(ckpt_store *s)
+{
+    catalog_close(&s->cat);
+    free(s->home);
+    free(s->blob_dir);
+    free(s->tmp_dir);
+    memset(s, 0, sizeof *s);
+}
+
+char *store_blob_path(const ckpt_store *s, const char *sha)
+{
+    return ckpt_sprintf("%s/%.2s/%s", s->blob_dir, sha, sha + 2);
+}
+
+/* ---- blobs ---- */
+
+int store_blob_begin(ckpt_store *s, store_blob_writer *w)
+{
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
+    w->tmp_path = ckpt_sprintf("%s/blob-%d-%lld-XXXXXX", s->tmp_dir, (int)getpid(), (long long)self_start_time());
+    if (!w->tmp_path) return CKPT_ENOMEM;
+    w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
+    if (w->fd < 0) {
+        int rc = ckpt_error_sys("%s: create", w->tmp_path);
+        free(w->tmp_path);
+        w->tmp_path = NULL;
+        return rc;
+    }
+    ckpt_sha256 *h = ckpt_malloc(sizeof *h);
+    int rc = h ? ckpt_sha256_init(h) : CKPT_ENOMEM;
+    w->hash = h;
+    if (rc) store_blob_abort(w);
+    return rc;
+}
+
+int store_blob_write(store_blob_writer *w, const void *buf, size_t len)
+{
+    int rc = ckpt_sha256_update(w->hash, buf, len);
+    if (!rc) rc = ckpt_pwrite_full(w->fd, buf, len, w->size, w->tmp_path);
+    w->size += len;
+    return rc;
+}
+
+int store_blob_end(store_blob_writer *w)
+{
+    int rc = ckpt_sha256_final_hex(w->hash, w->sha256);
+    free(w->hash);
+    w->hash = NULL;
+    return rc;
+}
+
+void store_blob_abort(store_blob_writer *w)
+{
+    if (w->hash) {
+        ckpt_sha256_free(w->hash);
+        free(w->hash);
+    }
+    if (w->fd >= 0) close(w->fd);
+    if (w->tmp_path) unlink(w->tmp_path);
+    free(w->tmp_path);
+    memset(w, 0, sizeof *w);
+    w->fd = -1;
+}
+
+static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_begin(&s->cat);
+    if (rc) return rc;
+    rc = catalog_prepare(&s->cat, &st, "INSERT OR IGNORE INTO blob_leases(blob, pid, start_time) VALUES (?, ?, ?)");
+    for (size_t i = 0; !rc && i < n; i++) {
+        sqlite3_bind_text(st, 1, ws[i].sha256, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(st, 2, getpid());
+        sqlite3_bind_int64(st, 3, self_start_time());
+        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "lease blob");
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    if (rc) {
+        catalog_rollback(&s->cat);
+        return rc;
+    }
+    return catalog_commit(&s->cat);
+}
+
+int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
+{
+    if (n == 0) return 0;
+    /* One filesystem sync makes every temp durable before any is renamed. */
+    int rc = 0;
+    if (syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
+    if (!rc) rc = lease(s, ws, n);
+    for (size_t i = 0; !rc && i < n; i++) {
+        char *dst = store_blob_path(s, ws[i].sha256);
+        char *dir = ckpt_sprintf("%s/%.2s", s->blob_dir, ws[i].sha256);
+        if (!dst || !dir) rc = CKPT_ENOMEM;
+        if (!rc) rc = ckpt_mkdir_p(dir, 0755);
+        struct stat st;
+        if (!rc && stat(dst, &st) == 0 && (uint64_t)st.st_size == ws[i].size) {
+            unlink(ws[i].tmp_path); /* the same bytes are stored already */
+        } else if (!rc && rename(ws[i].tmp_path, dst) < 0) {
+            rc = ckpt_error_sys("%s: publish blob", dst);
+        }
+        free(dst);
+        free(dir);
+    }
+    if (!rc && syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
+    for (size_t i = 0; i < n; i++) {
+        if (ws[i].fd >= 0) close(ws[i].fd);
+        if (rc && ws[i].tmp_path) unlink(ws[i].tmp_path);
+        free(ws[i].tmp_path);
+        ws[i].tmp_path = NULL;
+        ws[i].fd = -1;
+    }
+    return rc;
+}
+
+int store_leases_release(ckpt_store *s)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, getpid());
+    sqlite3_bind_int64(st, 2, self_start_time());
+    if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "release leases");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* ---- checkpoint records ---- */
+
+void store_ckpt_rec_free(store_ckpt_rec *r)
+{
+    for (size_t f = 0; f < r->nfiles; f++) {
+        store_file_rec *fr = &r->files[f];
+        free(fr->path);
+        free(fr->blob);
+        free(fr->header);
+        for (size_t i = 0; i < fr->ntensors; i++) {
+            free(fr->tensors[i].name);
+            free(fr->tensors[i].blob);
+            free(fr->tensors[i].recipe);
+        }
+        free(fr->tensors);
+    }
+    free(r->files);
+    r->files = NULL;
+    r->nfiles = r->cap = 0;
+}
+
+static int step_done(catalog *c, sqlite3_stmt *st, const char *what)
+{
+    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : catalog_error(c, what);
+    sqlite3_reset(st);
+    sqlite3_clear_bindings(st);
+    return rc;
+}
+
+static int add_blob_ref(catalog *c, sqlite3_stmt *st, int64_t id, const char *blob)
+{
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_text(st, 2, blob, -1, SQLITE_STATIC);
+    return step_done(c, st, "record blob reference");
+}
+
+/* Every "blob" a recipe names. */
+static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char *recipe)
+{
+    json_error_t err;
+    json_t *j = json_loads(recipe, 0, &err);
+    if (!json_is_array(j)) {
+        json_decref(j);
+        return ckpt_error_set(CKPT_EINVAL, "bad recipe JSON: %s", err.text);
+    }
+    size_t i;
+    json_t *p;
+    int rc = 0;
+    json_array_foreach(j, i, p)
+    {
+        const char *b = json_string_value(json_object_get(p, "blob"));
+        if (b && !rc) rc = add_blob_ref(c, st, id, b);
+    }
+    json_decref(j);
+    return rc;
+}
+
+int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st,
+                             "INSERT INTO refs(repo, name, checkpoint_id, updated_at) VALUES (?, ?, ?, ?) "
+                             "ON CONFLICT(repo, name) DO UPDATE SET checkpoint_id = excluded.checkpoint_id, "
+                             "updated_at = excluded.updated_at");
+    if (rc) return rc;
+    sqlite3_bind_text(st, 1, repo, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 3, id);
+    sqlite3_bind_int64(st, 4, (int64_t)time(NULL));
+    rc = step_done(&s->cat, st, "set ref");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id)
+{
+    catalog *c = &s->cat;
+    sqlite3_stmt *ins_ck = NULL, *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
+    int rc = catalog_begin(c);
+    if (rc) return rc;
+    uint64_t total = 0;
+    for (size_t f = 0; f < r->nfiles; f++) total += r->files[f].size;
+    if (!rc) rc = catalog_prepare(c, &ins_ck,
+                                  "INSERT INTO checkpoints(repo, revision, commit_sha, layout, source_id, lossy, "
+                                  "total_size, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+    if (!rc) rc = catalog_prepare(c, &ins_file,
+                                  "INSERT INTO files(checkpoint_id, path, size, sha256, blob, header) VALUES (?, ?, ?, ?, ?, ?)");
+    if (!rc) rc = catalog_prepare(c, &ins_tensor,
+                                  "INSERT INTO tensors(checkpoint_id, path, name, blob, recipe) VALUES (?, ?, ?, ?, ?)");
+    if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT OR IGNORE INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?)");
+    if (!rc) {
+        sqlite3_bind_text(ins_ck, 1, r->repo, -1, SQLITE_STATIC);
+        sqlite3_bind_text(ins_ck, 2, r->revision, -1, SQLITE_STATIC);
+        sqlite3_bind_text(ins_ck, 3, r->commit, -1, SQLITE_STATIC);
+        sqlite3_bind_text(ins_ck, 4, r->layout ? r->layout : "", -1, SQLITE_STATIC);
+        if (r->source_id) sqlite3_bind_int64(ins_ck, 5, r->source_id);
+        else sqlite3_bind_null(ins_ck, 5);
+        sqlite3_bind_int(ins_ck, 6, r->lossy);
+        sqlite3_bind_int64(ins_ck, 7, (int64_t)total);
+        sqlite3_bind_int64(ins_ck, 8, (int64_t)time(NULL));
+        rc = step_done(c, ins_ck, "insert checkpoint");
+        *id = sqlite3_last_insert_rowid(c->db);
+    }
+    for (size_t f = 0; !rc && f < r->nfiles; f++) {
+        const store_file_rec *fr = &r->files[f];
+        sqlite3_bind_int64(ins_file, 1, *id);
+        sqlite3_bind_text(ins_file, 2, fr->path, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(ins_file, 3, (int64_t)fr->size);
+        sqlite3_bind_text(ins_file, 4, fr->sha256, -1, SQLITE_STATIC);
+        if (fr->blob) sqlite3_bind_text(ins_file, 5, fr->blob, -1, SQLITE_STATIC);
+        if (fr->header) sqlite3_bind_blob(ins_file, 6, fr->header, (int)fr->header_len, SQLITE_STATIC);
+        rc = step_done(c, ins_file, "insert file");
+        if (!rc && fr->blob) rc = add_blob_ref(c, ins_ref, *id, fr->blob);
+        for (size_t i = 0; !rc && i < fr->ntensors; i++) {
+            const store_tensor_rec *t = &fr->tensors[i];
+            sqlite3_bind_int64(ins_tensor, 1, *id);
+            sqlite3_bind_text(ins_tensor, 2, fr->path, -1, SQLITE_STATIC);
+            sqlite3_bind_text(ins_tensor, 3, t->name, -1, SQLITE_STATIC);
+            if (t->blob) sqlite3_bind_text(ins_tensor, 4, t->blob, -1, SQLITE_STATIC);
+            if (t->recipe) sqlite3_bind_text(ins_tensor, 5, t->recipe, -1, SQLITE_STATIC);
+            rc = step_done(c, ins_tensor, "insert tensor");
+            if (!rc && t->blob) rc = add_blob_ref(c, ins_ref, *id, t->blob);
+            if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, *id, t->recipe);
+        }
+    }
+    sqlite3_finalize(ins_ck);
+    sqlite3_finalize(ins_file);
+    sqlite3_finalize(ins_tensor);
+    sqlite3_finalize(ins_ref);
+    if (!rc && !(r->layout && *r->layout)) rc = store_set_ref(s, r->repo, r->revision, *id);
+    if (!rc) rc = store_leases_release(s);
+    if (rc) {
+        catalog_rollback(c);
+        return rc;
+    }
+    return catalog_commit(c);
+}
+
+int store_find(ckpt_store *s, const char *repo, const char *commit, const char *layout, int64_t *id)
+{
+    sqlite3_stmt *st;
+    *id = 0;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT id FROM checkpoints WHERE repo = ? AND commit_sha = ? AND layout = ?");
+    if (rc) return rc;
+    sqlite3_bind_text(st, 1, repo, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, commit, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, layout ? layout : "", -1, SQLITE_STATIC);
+    int step = sqlite3_step(st);
+    if (step == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
+    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "find checkpoint");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+/* ---- refs ---- */
+
+int store_repo_name_check(const char *repo)
+{
+    size_t n = strlen(repo), slashes = 0;
+    bool ok = n > 2 && n <= 200 && repo[0] != '/' && repo[n - 1] != '/' && !strstr(repo, "..");
+    for (size_t i = 0; ok && i < n; i++) {
+        unsigned char ch = (unsigned char)repo[i];
+        if (ch == '/') slashes++;
+        else ok = isalnum(ch) || ch == '-' || ch == '_' || ch == '.';
+    }
+    if (!ok || slashes != 1)
+        return ckpt_error_set(CKPT_EINVAL, "'%s' is not a repo name of the form ORG/NAME (letters, digits, - _ .)", repo);
+    return 0;
+}
+
+int store_ref_parse(const char *ref, char **repo, char **rev, char **layout)
+{
+    *repo = *rev = *layout = NULL;
+    const char *at = strchr(ref, '@');
+    const char *colon = strchr(at ? at : ref, ':');
+    size_t rl = at ? (size_t)(at - ref) : colon ? (size_t)(colon - ref) : strlen(ref);
+    *repo = ckpt_strndup(ref, rl);
+    if (at) *rev = colon ? ckpt_strndup(at + 1, (size_t)(colon - at - 1)) : ckpt_strdup(at + 1);
+    if (colon) *layout = ckpt_strdup(colon + 1);
+    int rc = *repo && (!at || *rev) && (!colon || *layout) ? 0 : CKPT_ENOMEM;
+    if (!rc) rc = store_repo_name_check(*repo);
+    if (!rc && ((*rev && !**rev) || (*layout && !**layout)))
+        rc = ckpt_error_set(CKPT_EINVAL, "'%s': empty revision or layout in the ref (REPO@REV:LAYOUT)", ref);
+    if (rc) {
+        free(*repo);
+        free(*rev);
+        free(*layout);
+        *repo = *rev = *layout = NULL;
+    }
+    return rc;
+}
+
+static char *col_dup(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return ckpt_strdup(t ? (const char *)t : "");
+}
+
+#define CKPT_COLUMNS "c.id, c.repo, c.revision, c.commit_sha, c.layout, c.source_id, c.lossy, c.total_size, c.created_at"
+
+static int read_ckpt(sqlite3_stmt *st, store_ckpt *out)
+{
+    memset(out, 0, sizeof *out);
+    out->id = sqlite3_column_int64(st, 0);
+    out->repo = col_dup(st, 1);
+    out->revision = col_dup(st, 2);
+    out->commit = col_dup(st, 3);
+    out->layout = col_dup(st, 4);
+    out->source_id = sqlite3_column_int64(st, 5);
+    out->lossy = sqlite3_column_int(st, 6) != 0;
+    out->total_size = sqlite3_column_int64(st, 7);
+    out->created_at = sqlite3_column_int64(st, 8);
+    if (!out->repo || !out->revision || !out->commit || !out->layout) {
+        store_ckpt_free(out);
+        return CKPT_ENOMEM;
+    }
+    return 0;
+}
+
+/* Runs a query returning checkpoint rows; takes the first. 1 found, 0 none. */
+static int query_one(ckpt_store *s, const char *sql, const char *a, const char *b, const char *c3, store_ckpt *out)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, sql);
+    if (rc) return rc;
+    const char *args[] = {a, b, c3};
+    for (int i = 0; i < 3; i++)
+        if (args[i]) sqlite3_bind_text(st, i + 1, args[i], -1, SQLITE_STATIC);
+    int step = sqlite3_step(st);
+    if (step == SQLITE_ROW) rc = read_ckpt(st, out) ? CKPT_ENOMEM : 1;
+    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "resolve ref");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out)
+{
+    char *repo, *rev, *layout;
+    int rc = store_ref_parse(ref, &repo, &rev, &layout);
+    if (rc) return rc;
+    const char *lay = layout ? layout : "";
+    store_ckpt orig;
+    memset(&orig, 0, sizeof orig);
+    /* The original: by ref name, then by commit (or unique prefix), else the newest. */
+    if (rev) {
+        rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM refs r JOIN checkpoints c ON c.id = r.checkpoint_id "
+                          "WHERE r.repo = ?1 AND r.name = ?2",
+                       repo, rev, NULL, &orig);
+        if (rc == 0)
+            rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.layout = '' AND "
+                              "(c.commit_sha = ?2 OR (length(?2) >= 7 AND substr(c.commit_sha, 1, length(?2)) = ?2)) "
+                              "ORDER BY c.id DESC",
+                           repo, rev, NULL, &orig);
+    } else {
+        rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.layout = '' ORDER BY c.id DESC",
+                       repo, NULL, NULL, &orig);
+    }
+    if (rc == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "'%s': no such checkpoint in the store (see ckpt ls)", ref);
+    if (rc == 1 && !*lay) {
+        *out = orig;
+        memset(&orig, 0, sizeof orig);
+        rc = 0;
+    } else if (rc == 1) {
+        rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.commit_sha = ?2 AND c.layout = ?3",
+                       repo, orig.commit, lay, out);
+        if (rc == 0)
+            rc = ckpt_error_set(CKPT_ENOTFOUND, "'%s': %s@%s has no layout '%s' (convert it with ckpt convert %s@%s --layout ...)",
+                                ref, repo, orig.revision, lay, repo, orig.revision);
+        if (rc == 1) rc = 0;
+    }
+    store_ckpt_free(&orig);
+    free(repo);
+    free(rev);
+    free(layout);
+    return rc;
+}
+
+int store_get(ckpt_store *s, int64_t id, store_ckpt *out)
+{
+    char idtext[32];
+    snprintf(idtext, sizeof idtext, "%lld", (long long)id);
+    int rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.id = CAST(?1 AS INTEGER)", idtext, NULL,
+                       NULL, out);
+    if (rc == 0) return ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld is gone", (long long)id);
+    return rc == 1 ? 0 : rc;
+}
+
+char *store_ckpt_ref(const store_ckpt *c)
+{
+    if (c->layout && *c->layout) return ckpt_sprintf("%s@%s:%s", c->repo, c->revision, c->layout);
+    return ckpt_sprintf("%s@%s", c->repo, c->revision);
+}
+
+void store_ckpt_free(store_ckpt *c)
+{
+    free(c->repo);
+    free(c->revision);
+    free(c->commit);
+    free(c->layout);
+    memset(c, 0, sizeof *c);
+}

@@ -1,0 +1,134 @@
+/*
+ * store.h — the content-addressed store under CKPT_HOME.
+ *
+ *   CKPT_HOME/ckpt.db          the catalog (catalog.h, schema/)
+ *   CKPT_HOME/blobs/ab/cdef..  blobs: tensor bytes or whole files, named by sha256
+ *   CKPT_HOME/tmp/             staging: blobs being written, pulls being assembled
+ *
+ * Durability: a blob is written to tmp/, its sha256 leased in the catalog
+ * (blob_leases, so a concurrent gc keeps it), made durable (syncfs), renamed
+ * into blobs/ and the directory synced; only then does one catalog
+ * transaction make the checkpoint visible and drop the leases. A process
+ * killed at any point leaves either nothing visible or a complete
+ * checkpoint; what it leaves in tmp/ and blobs/ is found by gc (leases and
+ * temp names carry the writer's pid and start time).
+ *
+ * Refs: "REPO@REV" names an original (REV a branch/tag name given at import,
+ * or a commit, or a unique commit prefix); "REPO@REV:LAYOUT" a converted one.
+ * Without @REV the newest checkpoint of the repo is meant.
+ */
+#ifndef CKPT_STORAGE_STORE_H
+#define CKPT_STORAGE_STORE_H
+
+#include "storage/catalog.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_MAX_FILES 100000
+#define STORE_MAX_PATH 1024
+
+typedef struct {
+    char *home;
+    char *blob_dir;
+    char *tmp_dir;
+    catalog cat;
+} ckpt_store;
+
+typedef struct {
+    int64_t id;
+    char *repo, *revision, *commit, *layout;
+    int64_t source_id; /* 0 when none */
+    bool lossy;
+    int64_t total_size, created_at;
+} store_ckpt;
+
+/* home NULL: $CKPT_HOME, else $XDG_DATA_HOME/ckpt, else ~/.local/share/ckpt. */
+int store_open(ckpt_store *s, const char *home);
+void store_close(ckpt_store *s);
+/* blobs/ab/cdef...; malloc'd. */
+char *store_blob_path(const ckpt_store *s, const char *sha256);
+
+/* ---- writing blobs ---- */
+
+/* A blob being written: bytes go to fd (a temp file in tmp/), hash alongside. */
+typedef struct {
+    int fd;
+    char *tmp_path;
+    void *hash; /* ckpt_sha256 */
+    uint64_t size;
+    char sha256[65];
+} store_blob_writer;
+
+int store_blob_begin(ckpt_store *s, store_blob_writer *w);
+int store_blob_write(store_blob_writer *w, const void *buf, size_t len);
+/* Finishes the hash; the temp file stays until store_blobs_publish. */
+int store_blob_end(store_blob_writer *w);
+void store_blob_abort(store_blob_writer *w);
+
+/* Publishes finished blobs: leases their names, syncs the temp files, renames
+ * them into blobs/ (dropping a temp whose blob already exists), syncs. The
+ * writers are closed and freed. */
+int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n);
+/* Drops this process's leases (after the checkpoint committed or on failure). */
+int store_leases_release(ckpt_store *s);
+
+/* ---- checkpoints ---- */
+
+/* A checkpoint as the catalog records it, ready to commit. */
+typedef struct {
+    char *name;
+    char *blob;   /* sha256 of the bytes, or NULL */
+    char *recipe; /* JSON parts over blobs, or NULL */
+} store_tensor_rec;
+
+typedef struct {
+    char *path;
+    uint64_t size;
+    char sha256[65];
+    char *blob;      /* whole-file blob (not safetensors) */
+    uint8_t *header; /* safetensors: exact header bytes */
+    size_t header_len;
+    size_t ntensors, cap;
+    store_tensor_rec *tensors;
+} store_file_rec;
+
+typedef struct {
+    const char *repo, *revision, *commit, *layout;
+    int64_t source_id;
+    bool lossy;
+    size_t nfiles, cap;
+    store_file_rec *files;
+} store_ckpt_rec;
+
+void store_ckpt_rec_free(store_ckpt_rec *r);
+/* Inserts the checkpoint, its files, tensors and blob references, points the
+ * ref (repo, revision) at it and drops this process's leases, in one
+ * transaction. The blobs must be published already. */
+int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id);
+/* The id of (repo, commit, layout), or 0. */
+int store_find(ckpt_store *s, const char *repo, const char *commit, const char *layout, int64_t *id);
+/* Points ref (repo, name) at id. */
+int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id);
+
+typedef struct {
+    const char *repo;     /* ORG/NAME */
+    const char *revision; /* NULL: "main" */
+    bool quiet;
+} store_import_opts;
+
+/* Imports a Hugging Face directory; *existed when the same content was there. */
+int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed);
+
+/* Splits "REPO[@REV][:LAYOUT]"; pieces malloc'd (rev/layout NULL when absent). */
+int store_ref_parse(const char *ref, char **repo, char **rev, char **layout);
+int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out);
+int store_get(ckpt_store *s, int64_t id, store_ckpt *out);
+/* "repo@revision" or "repo@revision:layout"; malloc'd. */
+char *store_ckpt_ref(const store_ckpt *c);
+void store_ckpt_free(store_ckpt *c);
+/* Checks "ORG/NAME": safe characters, one slash. */
+int store_repo_name_check(const char *repo);
+
+#endif
