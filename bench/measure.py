@@ -1,40 +1,76 @@
 #!/usr/bin/python3
 """measure.py — run one command, report its wall time and peak RSS.
 
-    bench/measure.py [--out FILE] CMD [ARG...]
+    bench/measure.py [--out FILE] [--log FILE] CMD [ARG...]
 
-Runs CMD (no shell; wrap in `sh -c '...'` for pipelines), waits for it and
-prints one line `WALL_SECONDS PEAK_RSS_MIB EXIT_STATUS` to FILE (default
-stderr). Peak RSS is getrusage(RUSAGE_CHILDREN).ru_maxrss: the largest
-resident set of any process in the command's tree that was waited for, i.e.
-what `/usr/bin/time -f %M` reports, without needing that package. The
-command's own stdout/stderr pass through; the exit status is CMD's.
+Runs CMD (no shell; wrap in `sh -c '...'` for a pipeline), waits for it and
+writes one line `WALL_SECONDS PEAK_RSS_MIB EXIT_STATUS HOW` to FILE (default
+stderr). With --log, CMD's stdout and stderr go to that file instead of
+passing through. The exit status is CMD's.
+
+Peak RSS is the largest resident set of any process of the command's tree
+(what `/usr/bin/time -f %M` reports). When /usr/bin/time exists, the command
+runs under it and its %M is used (HOW = "time"): a small C program, so its
+own pages add about 1 MiB at most. Without it, the figure is
+getrusage(RUSAGE_CHILDREN).ru_maxrss (HOW = "rusage"); the kernel then
+counts this interpreter's own resident pages at the fork/exec (about 10
+MiB), so small figures are floored there.
 """
 import os
 import resource
 import subprocess
 import sys
+import tempfile
 import time
+
+GNU_TIME = "/usr/bin/time"
 
 
 def main(argv):
-    out = None
-    if len(argv) >= 2 and argv[0] == "--out":
-        out, argv = argv[1], argv[2:]
+    out = log = None
+    while len(argv) >= 2 and argv[0] in ("--out", "--log"):
+        if argv[0] == "--out":
+            out = argv[1]
+        else:
+            log = argv[1]
+        argv = argv[2:]
     if not argv:
         sys.stderr.write(__doc__)
         return 2
+    use_time = os.access(GNU_TIME, os.X_OK)
+    tfile = None
+    cmd = argv
+    if use_time:
+        fd, tfile = tempfile.mkstemp(prefix="measure-", suffix=".txt")
+        os.close(fd)
+        cmd = [GNU_TIME, "-f", "%M", "-o", tfile] + argv
+    logf = open(log, "wb") if log else None
     t0 = time.monotonic()
     try:
-        rc = subprocess.call(argv)
+        rc = subprocess.call(cmd, stdout=logf, stderr=logf)
     except OSError as e:
-        sys.stderr.write("measure.py: cannot run %s: %s\n" % (argv[0], e))
+        sys.stderr.write("measure.py: cannot run %s: %s\n" % (cmd[0], e))
         return 127
+    finally:
+        if logf:
+            logf.close()
     wall = time.monotonic() - t0
     if rc < 0:  # killed by a signal, as a shell reports it
         rc = 128 - rc
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
-    line = "%.3f %.1f %d\n" % (wall, peak_kib / 1024.0, rc)
+    peak_kib = None
+    if tfile:
+        try:
+            with open(tfile) as f:
+                lines = [l.strip() for l in f if l.strip()]
+            peak_kib = int(lines[-1])  # earlier lines: "Command exited with non-zero status N"
+        except (OSError, ValueError, IndexError):
+            peak_kib = None
+        os.unlink(tfile)
+    how = "time"
+    if peak_kib is None:
+        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
+        how = "rusage"
+    line = "%.3f %.1f %d %s\n" % (wall, peak_kib / 1024.0, rc, how)
     if out:
         with open(out, "w") as f:
             f.write(line)

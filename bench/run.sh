@@ -49,6 +49,8 @@ cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else r
 trap cleanup EXIT
 
 CKPT() { "$CKPT_BIN" "$@"; }
+# quietly CMD...: runs CMD, showing its output only when it fails.
+quietly() { "$@" >"$WORK/log.txt" 2>&1 || { cat "$WORK/log.txt" >&2; die "failed: $*"; }; }
 warm() { find "$@" -type f -exec cat {} + >/dev/null; }
 bytes_of() { find "$@" -type f -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }
 
@@ -61,9 +63,13 @@ measure() {
     local key=$1 label=$2
     shift 2
     sync
-    "$PY" "$HERE/measure.py" --out "$WORK/measure.txt" "$@" || die "'$label' failed"
-    local wall rss rc
-    read -r wall rss rc <"$WORK/measure.txt"
+    if ! "$PY" "$HERE/measure.py" --out "$WORK/measure.txt" --log "$WORK/log.txt" "$@"; then
+        cat "$WORK/log.txt" >&2
+        die "'$label' failed"
+    fi
+    local wall rss rc how
+    read -r wall rss rc how <"$WORK/measure.txt"
+    RSS_HOW=$how
     WALL[$key]=$wall
     RSS[$key]=$rss
     LABEL[$key]=$label
@@ -79,9 +85,10 @@ echo "== checking that bench/neuron_convert.py writes the same tensors as ckpt (
 for spec in "llama 16" "qwen2 8"; do
     set -- $spec
     d=$WORK/check-$1
-    CKPT gen-model "$1" "$d/src" --scale "$2" --layers 2 --shard-mb 2 2>/dev/null
-    CKPT convert "$d/src" "$d/ckpt" --layout neuron --tp "$TP" --quiet 2>/dev/null
-    "$PY" "$HERE/neuron_convert.py" "$d/src" "$d/py" --tp "$TP"
+    mkdir -p "$d"
+    quietly "$CKPT_BIN" gen-model "$1" "$d/src" --scale "$2" --layers 2 --shard-mb 2
+    quietly "$CKPT_BIN" convert "$d/src" "$d/ckpt" --layout neuron --tp "$TP" --quiet
+    quietly "$PY" "$HERE/neuron_convert.py" "$d/src" "$d/py" --tp "$TP"
     if ! out=$("$PY" "$HERE/neuron_convert.py" --check "$d/py" "$d/ckpt"); then
         echo "$out"
         die "the Python baseline does not match ckpt for $1; its timing would mean nothing"
@@ -168,6 +175,7 @@ r=$(ratio "${WALL[python]}" "${WALL[convert]}");      row "python / convert" "$r
 r=$(ratio "${WALL[pysync]}" "${WALL[convert]}");      row "(python + fsync) / convert" "$r" ">= 3" "$(verdict "$r" ">=" 3)"
 row "convert peak RSS MiB" "${RSS[convert]}" "< 256" "$(verdict "${RSS[convert]}" "<" 256)"
 row "consolidate peak RSS MiB" "${RSS[consolidate]}" "< 256" "$(verdict "${RSS[consolidate]}" "<" 256)"
+echo "(peak RSS from $([ "$RSS_HOW" = time ] && echo "/usr/bin/time %M" || echo "getrusage, floored at the ~10 MiB of the python wrapper")); ckpt fsyncs its output, so the fsync rows are the like-for-like baselines"
 echo
 if [ "$same" = yes ]; then
     echo "consolidated checkpoint: every file byte-identical to the source (cmp)"

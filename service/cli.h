@@ -35,5 +35,9 @@ int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_consolidate(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_ls(int argc, char **argv);
+int cmd_show(int argc, char **argv);
+int cmd_pull(int argc, char **argv);
 
 #endif

@@ -15,6 +15,10 @@ static const cli_command commands[] = {
     {"plan", cmd_plan, "show what a conversion would write, from headers and config.json only"},
     {"convert", cmd_convert, "convert a checkpoint into a layout (neuron, fused, easydel, hf; --tp N)"},
     {"consolidate", cmd_consolidate, "rebuild the original checkpoint from a converted one"},
+    {"import", cmd_import, "store a local checkpoint folder or tar archive"},
+    {"ls", cmd_ls, "list stored checkpoints"},
+    {"show", cmd_show, "show a stored checkpoint's files"},
+    {"pull", cmd_pull, "write a stored checkpoint (or one rank, or its consolidated form) to a folder or tar"},
 };
 
 int cli_usage_error(const char *cmd, const char *fmt, ...)

@@ -1,0 +1,350 @@
+/*
+ * cmd_store.c — the store commands: `ckpt import`, `ckpt ls`, `ckpt show`,
+ * `ckpt pull`. Each takes --home DIR (default $CKPT_HOME, then
+ * $XDG_DATA_HOME/ckpt, then ~/.local/share/ckpt).
+ */
+#include "service/cli.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "storage/archive.h"
+#include "storage/store.h"
+#include "workers/convert.h"
+#include "workers/materialize.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { OPT_HOME = 300, OPT_REPO, OPT_JSON, OPT_OUT, OPT_RANK, OPT_FORMAT, OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET };
+
+static const struct option store_opts[] = {
+    {"home", required_argument, 0, OPT_HOME},     {"repo", required_argument, 0, OPT_REPO},
+    {"json", no_argument, 0, OPT_JSON},           {"output", required_argument, 0, OPT_OUT},
+    {"rank", required_argument, 0, OPT_RANK},     {"format", required_argument, 0, OPT_FORMAT},
+    {"force", no_argument, 0, OPT_FORCE},         {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
+    {"quiet", no_argument, 0, OPT_QUIET},         {0, 0, 0, 0},
+};
+
+typedef struct {
+    const char *home, *repo, *out, *format;
+    int rank;
+    bool json, force, consolidated, quiet;
+    int npos;
+    char *pos[2];
+} store_args;
+
+static int parse(const char *cmd, int argc, char **argv, const int *allowed, store_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->rank = -1;
+    optind = 0;
+    opterr = 0;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:", store_opts, NULL)) != -1) {
+        if (c == 'o') c = OPT_OUT;
+        bool ok = false;
+        for (const int *p = allowed; *p; p++) ok |= *p == c;
+        if (c == '?' || !ok) return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        uint64_t v;
+        switch (c) {
+        case OPT_HOME: a->home = optarg; break;
+        case OPT_REPO: a->repo = optarg; break;
+        case OPT_JSON: a->json = true; break;
+        case OPT_OUT: a->out = optarg; break;
+        case OPT_RANK:
+            if (ckpt_parse_u64(optarg, &v) < 0 || v >= 1024) return cli_usage_error(cmd, "--rank must be a number from 0 to 1023");
+            a->rank = (int)v;
+            break;
+        case OPT_FORMAT: a->format = optarg; break;
+        case OPT_FORCE: a->force = true; break;
+        case OPT_CONSOLIDATED: a->consolidated = true; break;
+        case OPT_QUIET: a->quiet = true; break;
+        }
+    }
+    for (int i = optind; i < argc; i++) {
+        if (a->npos == 2) return cli_usage_error(cmd, "too many arguments");
+        a->pos[a->npos++] = argv[i];
+    }
+    if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->quiet = true;
+    return CLI_OK;
+}
+
+static json_t *ckpt_json(const store_ckpt *c)
+{
+    char *ref = store_ckpt_ref(c);
+    json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:I,s:b,s:I}", "id", (json_int_t)c->id, "ref", ref ? ref : "",
+                          "repo", c->repo, "revision", c->revision, "commit", c->commit, "layout", c->layout,
+                          "total_size", (json_int_t)c->total_size, "lossy", c->lossy, "created_at",
+                          (json_int_t)c->created_at);
+    free(ref);
+    return j;
+}
+
+static int print_json(json_t *j)
+{
+    char *s = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!s) return cli_fail();
+    puts(s);
+    free(s);
+    return CLI_OK;
+}
+
+int cmd_import(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt import DIR|ARCHIVE --repo ORG/NAME[@REV] [--home DIR] [--json]\n\n"
+               "Stores a local Hugging Face checkpoint folder (or a .tar, .tar.gz or .tar.zst of\n"
+               "one). Every tensor is stored once, named by its sha256; other files are stored\n"
+               "whole. REV (default main) names this import; the newest import wins for a name.\n"
+               "Importing the same content again stores nothing new. Prints the ref.\n\n"
+               "example:\n  ckpt import ./Qwen2-0.5B --repo Qwen/Qwen2-0.5B@main\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_REPO, OPT_JSON, OPT_QUIET, 0};
+    store_args a;
+    int u = parse("import", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("import", "expected one folder or archive to import");
+    if (!a.repo) return cli_usage_error("import", "--repo ORG/NAME[@REV] is required");
+    char *repo = ckpt_strdup(a.repo), *at = repo ? strchr(repo, '@') : NULL;
+    if (!repo) return cli_fail();
+    if (at) *at++ = '\0';
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) {
+        free(repo);
+        return cli_fail();
+    }
+    char *staged = NULL;
+    const char *dir = a.pos[0];
+    int rc = 0;
+    if (!ckpt_is_dir(dir)) {
+        rc = ckpt_archive_extract(dir, s.tmp_dir, &staged);
+        dir = staged;
+    }
+    store_ckpt c;
+    bool existed = false;
+    store_import_opts io = {.repo = repo, .revision = at, .quiet = a.quiet};
+    if (!rc) rc = store_import_dir(&s, dir, &io, &c, &existed);
+    if (staged) {
+        ckpt_rm_rf(staged);
+        free(staged);
+    }
+    int ret = CLI_OK;
+    if (rc) {
+        ret = cli_fail();
+    } else {
+        char *ref = store_ckpt_ref(&c), size[32];
+        if (a.json) print_json(ckpt_json(&c));
+        else printf("%s\n", ref);
+        ckpt_info("%s %s (commit %.12s, %s)", existed ? "already stored:" : "imported", ref, c.commit,
+                  ckpt_format_size((uint64_t)c.total_size, size, sizeof size));
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    store_close(&s);
+    free(repo);
+    return ret;
+}
+
+int cmd_ls(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
+               "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
+               "size, creation time.\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
+    store_args a;
+    int u = parse("ls", argc, argv, allowed, &a);
+    if (u) return u;
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s.cat, &st,
+                             "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY repo, commit_sha, layout");
+    json_t *list = json_array();
+    if (!rc && a.npos) sqlite3_bind_text(st, 1, a.pos[0], -1, SQLITE_STATIC);
+    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+        store_ckpt c;
+        if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
+        if (a.json) {
+            json_array_append_new(list, ckpt_json(&c));
+        } else {
+            char *ref = store_ckpt_ref(&c), size[32], when[32];
+            time_t t = (time_t)c.created_at;
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
+            printf("%-60s %.12s %12s  %s\n", ref ? ref : "?", c.commit,
+                   ckpt_format_size((uint64_t)c.total_size, size, sizeof size), when);
+            free(ref);
+        }
+        store_ckpt_free(&c);
+    }
+    if (!rc) sqlite3_finalize(st);
+    int ret = rc ? cli_fail() : a.json ? print_json(json_incref(list)) : CLI_OK;
+    json_decref(list);
+    store_close(&s);
+    return ret;
+}
+
+int cmd_show(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt show REF [--home DIR] [--json]\n\n"
+               "Shows a stored checkpoint: its files (size, sha256), tensors per file, and for a\n"
+               "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
+    store_args a;
+    int u = parse("show", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("show", "expected one REF");
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    store_ckpt c;
+    int rc = store_resolve(&s, a.pos[0], &c);
+    if (rc) {
+        store_close(&s);
+        return cli_fail();
+    }
+    json_t *j = ckpt_json(&c), *files = json_array();
+    sqlite3_stmt *st;
+    rc = catalog_prepare(&s.cat, &st,
+                         "SELECT f.path, f.size, f.sha256, f.blob IS NULL, (SELECT count(*) FROM tensors t WHERE "
+                         "t.checkpoint_id = f.checkpoint_id AND t.path = f.path), (SELECT count(*) FROM tensors t "
+                         "WHERE t.checkpoint_id = f.checkpoint_id AND t.path = f.path AND t.recipe IS NOT NULL) "
+                         "FROM files f WHERE f.checkpoint_id = ? ORDER BY f.path");
+    if (!rc) {
+        sqlite3_bind_int64(st, 1, c.id);
+        while (sqlite3_step(st) == SQLITE_ROW)
+            json_array_append_new(files, json_pack("{s:s,s:I,s:s,s:b,s:I,s:I}", "path", sqlite3_column_text(st, 0),
+                                                   "size", (json_int_t)sqlite3_column_int64(st, 1), "sha256",
+                                                   sqlite3_column_text(st, 2), "safetensors", sqlite3_column_int(st, 3),
+                                                   "tensors", (json_int_t)sqlite3_column_int64(st, 4), "recipes",
+                                                   (json_int_t)sqlite3_column_int64(st, 5)));
+        sqlite3_finalize(st);
+    }
+    json_object_set_new(j, "files", files);
+    if (c.source_id) {
+        store_ckpt src;
+        if (store_get(&s, c.source_id, &src) == 0) {
+            char *ref = store_ckpt_ref(&src);
+            json_object_set_new(j, "source", json_string(ref ? ref : ""));
+            free(ref);
+            store_ckpt_free(&src);
+        }
+    }
+    int ret = CLI_OK;
+    if (rc) ret = cli_fail();
+    else if (a.json) ret = print_json(json_incref(j));
+    else {
+        char size[32];
+        printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n", json_string_value(json_object_get(j, "ref")), c.commit,
+               *c.layout ? c.layout : "(original)", ckpt_format_size((uint64_t)c.total_size, size, sizeof size),
+               c.lossy ? " (lossy cast)" : "");
+        if (json_object_get(j, "source")) printf("  source %s\n", json_string_value(json_object_get(j, "source")));
+        size_t i;
+        json_t *f;
+        json_array_foreach(files, i, f)
+        {
+            printf("  %-50s %12s  %.16s  %lld tensors%s\n", json_string_value(json_object_get(f, "path")),
+                   ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size, sizeof size),
+                   json_string_value(json_object_get(f, "sha256")),
+                   (long long)json_integer_value(json_object_get(f, "tensors")),
+                   json_integer_value(json_object_get(f, "recipes")) ? " (recipes)" : "");
+        }
+    }
+    json_decref(j);
+    store_ckpt_free(&c);
+    store_close(&s);
+    return ret;
+}
+
+int cmd_pull(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt pull REF -o DIR|- [--rank R] [--consolidated] [--format dir|tar|tar.zst]\n"
+               "                [--force] [--home DIR]\n\n"
+               "Writes a stored checkpoint out. Every file is rebuilt from its blobs (or from the\n"
+               "recipe a converted layout keeps) and its sha256 checked against the catalog\n"
+               "before DIR appears; a damaged store fails instead of writing bad bytes.\n\n"
+               "  -o DIR          destination folder (must be empty unless --force); '-' streams a\n"
+               "                  tar to standard output\n"
+               "  --rank R        of a tensor-parallel layout, only rank R's folder (at DIR's root)\n"
+               "                  plus config.json and ckpt-layout.json\n"
+               "  --consolidated  of a converted layout: the original layout rebuilt from it\n"
+               "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n\n"
+               "examples:\n  ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --rank 3 -o ./rank3\n"
+               "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_OUT, OPT_RANK, OPT_FORMAT, OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET, 0};
+    store_args a;
+    int u = parse("pull", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("pull", "expected one REF");
+    if (!a.out) return cli_usage_error("pull", "-o DIR (or -o - for a tar stream) is required");
+    const char *fmt = a.format ? a.format : (!strcmp(a.out, "-") ? "tar" : "dir");
+    if (strcmp(fmt, "dir") && strcmp(fmt, "tar") && strcmp(fmt, "tar.zst"))
+        return cli_usage_error("pull", "--format must be dir, tar or tar.zst");
+    if (!strcmp(fmt, "dir") && !strcmp(a.out, "-")) return cli_usage_error("pull", "-o - needs --format tar or tar.zst");
+    if (a.consolidated && a.rank >= 0) return cli_usage_error("pull", "--consolidated and --rank exclude each other");
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    store_ckpt c;
+    int rc = store_resolve(&s, a.pos[0], &c);
+    if (rc) {
+        store_close(&s);
+        return cli_fail();
+    }
+    if (a.consolidated && !*c.layout) {
+        store_ckpt_free(&c);
+        store_close(&s);
+        return cli_usage_error("pull", "--consolidated applies to a converted layout (REF:LAYOUT)");
+    }
+    /* Directories are assembled in place; archives and consolidation go through a staging folder. */
+    bool staged = strcmp(fmt, "dir") || a.consolidated;
+    char *stage = NULL;
+    if (staged) {
+        char *base = ckpt_path_join(s.tmp_dir, "pull");
+        rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
+        free(base);
+    }
+    materialize_opts mo = {.rank = a.rank, .force = a.force || staged, .quiet = a.quiet};
+    if (!rc) rc = store_materialize(&s, &c, staged ? stage : a.out, &mo);
+    if (!rc && a.consolidated) {
+        consolidate_opts co = {.quiet = a.quiet, .force = a.force};
+        if (!strcmp(fmt, "dir")) {
+            rc = consolidate_run(stage, a.out, &co);
+        } else {
+            char *cons = ckpt_sprintf("%s.consolidated", stage);
+            rc = cons ? consolidate_run(stage, cons, &co) : CKPT_ENOMEM;
+            ckpt_rm_rf(stage);
+            free(stage);
+            stage = cons;
+        }
+    }
+    if (!rc && strcmp(fmt, "dir")) rc = ckpt_archive_write_tree(stage, a.out, !strcmp(fmt, "tar.zst"));
+    if (stage) {
+        ckpt_rm_rf(stage);
+        free(stage);
+    }
+    int ret = rc ? cli_fail() : CLI_OK;
+    if (!rc && strcmp(a.out, "-")) {
+        char *ref = store_ckpt_ref(&c);
+        ckpt_info("pulled %s%s%s -> %s", ref ? ref : "", a.consolidated ? " (consolidated)" : "",
+                  a.rank >= 0 ? " (one rank)" : "", a.out);
+        free(ref);
+    }
+    store_ckpt_free(&c);
+    store_close(&s);
+    return ret;
+}

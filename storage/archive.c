@@ -1,0 +1,197 @@
+/* archive.c — tar in and out with libarchive (see archive.h). */
+#include "storage/archive.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/util.h"
+
+#include <archive.h>
+#include <archive_entry.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ARCHIVE_BLOCK (1u << 20)
+
+static bool entry_name_safe(const char *name)
+{
+    if (!*name || name[0] == '/' || strlen(name) > 4096) return false;
+    for (const char *p = name; *p;) {
+        const char *slash = strchr(p, '/');
+        size_t n = slash ? (size_t)(slash - p) : strlen(p);
+        if ((n == 2 && !strncmp(p, "..", 2))) return false;
+        if (!slash) break;
+        p = slash + 1;
+    }
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        if (*p < 0x20) return false;
+    return true;
+}
+
+int ckpt_archive_extract(const char *archive_path, const char *tmp_dir, char **out)
+{
+    *out = NULL;
+    char *base = ckpt_path_join(tmp_dir, "import");
+    int rc = base ? ckpt_tmpdir_create(base, out) : CKPT_ENOMEM;
+    free(base);
+    if (rc) return rc;
+    struct archive *a = archive_read_new();
+    archive_read_support_filter_all(a);
+    archive_read_support_format_tar(a);
+    if (archive_read_open_filename(a, archive_path, ARCHIVE_BLOCK) != ARCHIVE_OK)
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: not a readable tar archive: %s", archive_path, archive_error_string(a));
+    struct archive_entry *e;
+    size_t count = 0;
+    uint64_t total = 0;
+    char *buf = rc ? NULL : ckpt_malloc(ARCHIVE_BLOCK);
+    if (!rc && !buf) rc = CKPT_ENOMEM;
+    while (!rc) {
+        int r = archive_read_next_header(a, &e);
+        if (r == ARCHIVE_EOF) break;
+        if (r != ARCHIVE_OK) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: %s", archive_path, archive_error_string(a));
+            break;
+        }
+        const char *name = archive_entry_pathname(e);
+        while (name && name[0] == '.' && name[1] == '/') name += 2;
+        if (!name || !*name || !strcmp(name, ".")) continue;
+        if (++count > ARCHIVE_MAX_ENTRIES) {
+            rc = ckpt_error_set(CKPT_ELIMIT, "%s: more than %d entries", archive_path, ARCHIVE_MAX_ENTRIES);
+            break;
+        }
+        if (!entry_name_safe(name)) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: unsafe entry name '%s'", archive_path, name);
+            break;
+        }
+        mode_t type = archive_entry_filetype(e);
+        char *path = ckpt_path_join(*out, name);
+        if (!path) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        if (type == AE_IFDIR) {
+            rc = ckpt_mkdir_p(path, 0755);
+        } else if (type == AE_IFREG) {
+            char *slash = strrchr(path, '/');
+            *slash = 0;
+            rc = ckpt_mkdir_p(path, 0755);
+            *slash = '/';
+            int fd = rc ? -1 : open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+            if (!rc && fd < 0) rc = ckpt_error_sys("%s: create", path);
+            while (!rc) {
+                la_ssize_t n = archive_read_data(a, buf, ARCHIVE_BLOCK);
+                if (n < 0) rc = ckpt_error_set(CKPT_EINVAL, "%s: %s", archive_path, archive_error_string(a));
+                if (n <= 0) break;
+                total += (uint64_t)n;
+                if (total > ARCHIVE_MAX_BYTES) rc = ckpt_error_set(CKPT_ELIMIT, "%s: archive too large", archive_path);
+                else rc = ckpt_write_full(fd, buf, (size_t)n, path);
+            }
+            if (fd >= 0) close(fd);
+        } else {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: entry '%s' is not a file or folder (links are refused)", archive_path, name);
+        }
+        free(path);
+    }
+    free(buf);
+    archive_read_free(a);
+    if (rc) {
+        ckpt_rm_rf(*out);
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+typedef struct {
+    char **v;
+    size_t n, cap;
+} name_list;
+
+static int list_tree(const char *root, const char *rel, name_list *nl)
+{
+    char *dir = *rel ? ckpt_path_join(root, rel) : ckpt_strdup(root);
+    DIR *d = dir ? opendir(dir) : NULL;
+    int rc = d ? 0 : dir ? ckpt_error_sys("%s: open directory", dir) : CKPT_ENOMEM;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char *r = *rel ? ckpt_sprintf("%s/%s", rel, e->d_name) : ckpt_strdup(e->d_name);
+        char *full = r ? ckpt_path_join(root, r) : NULL;
+        if (!full) {
+            free(r);
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        if (ckpt_is_dir(full)) {
+            rc = list_tree(root, r, nl);
+            free(r);
+        } else if (!(rc = ckpt_grow(&nl->v, &nl->cap, nl->n + 1, sizeof *nl->v))) {
+            nl->v[nl->n++] = r;
+        } else {
+            free(r);
+        }
+        free(full);
+    }
+    if (d) closedir(d);
+    free(dir);
+    return rc;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
+{
+    name_list nl = {0};
+    int rc = list_tree(dir, "", &nl);
+    if (!rc) qsort(nl.v, nl.n, sizeof *nl.v, cmp_str);
+    struct archive *a = archive_write_new();
+    archive_write_set_format_pax_restricted(a);
+    if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
+        rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
+    bool to_stdout = !strcmp(out, "-");
+    if (!rc && (to_stdout ? archive_write_open_fd(a, 1) : archive_write_open_filename(a, out)) != ARCHIVE_OK)
+        rc = ckpt_error_set(CKPT_EIO, "%s: %s", to_stdout ? "standard output" : out, archive_error_string(a));
+    char *buf = rc ? NULL : ckpt_malloc(ARCHIVE_BLOCK);
+    if (!rc && !buf) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < nl.n; i++) {
+        char *path = ckpt_path_join(dir, nl.v[i]);
+        int fd = path ? open(path, O_RDONLY | O_CLOEXEC) : -1;
+        struct stat st;
+        if (fd < 0 || fstat(fd, &st) < 0) {
+            rc = path ? ckpt_error_sys("%s: open", path) : CKPT_ENOMEM;
+        } else {
+            struct archive_entry *e = archive_entry_new();
+            archive_entry_set_pathname(e, nl.v[i]);
+            archive_entry_set_size(e, st.st_size);
+            archive_entry_set_filetype(e, AE_IFREG);
+            archive_entry_set_perm(e, 0644);
+            archive_entry_set_mtime(e, st.st_mtime, 0);
+            if (archive_write_header(a, e) != ARCHIVE_OK)
+                rc = ckpt_error_set(CKPT_EIO, "%s: %s", nl.v[i], archive_error_string(a));
+            while (!rc) {
+                ssize_t n = read(fd, buf, ARCHIVE_BLOCK);
+                if (n < 0) rc = ckpt_error_sys("%s: read", path);
+                if (n <= 0) break;
+                if (archive_write_data(a, buf, (size_t)n) != n)
+                    rc = ckpt_error_set(CKPT_EIO, "writing the archive: %s", archive_error_string(a));
+            }
+            archive_entry_free(e);
+        }
+        if (fd >= 0) close(fd);
+        free(path);
+    }
+    if (archive_write_close(a) != ARCHIVE_OK && !rc)
+        rc = ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
+    archive_write_free(a);
+    free(buf);
+    for (size_t i = 0; i < nl.n; i++) free(nl.v[i]);
+    free(nl.v);
+    if (rc && !to_stdout) unlink(out);
+    return rc;
+}

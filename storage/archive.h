@@ -1,0 +1,23 @@
+/*
+ * archive.h — tar streams through libarchive: checkpoints in (.tar, .tar.gz,
+ * .tar.zst) and out (tar, tar.zst to a file or standard output).
+ *
+ * Extraction refuses entries that would land outside the staging folder
+ * (absolute paths, "..", links), keeps only regular files and folders, and
+ * limits the entry count and total size.
+ */
+#ifndef CKPT_STORAGE_ARCHIVE_H
+#define CKPT_STORAGE_ARCHIVE_H
+
+#include <stdbool.h>
+
+#define ARCHIVE_MAX_ENTRIES 100000
+#define ARCHIVE_MAX_BYTES (4ULL << 40)
+
+/* Extracts archive_path into a new folder under tmp_dir; *out is malloc'd. */
+int ckpt_archive_extract(const char *archive_path, const char *tmp_dir, char **out);
+/* Writes the files under dir as a tar (zstd-compressed when zstd) to out
+ * ("-" for standard output); names are relative to dir, sorted. */
+int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd);
+
+#endif

@@ -1,0 +1,345 @@
+/* materialize.c — stored checkpoint -> directory (see materialize.h). */
+#include "workers/materialize.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/sha256.h"
+#include "common/util.h"
+#include "workers/convert.h"
+#include "workers/executor.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    char *path, *out_rel, *blob, sha256[65];
+    uint64_t size;
+    uint8_t *header;
+    size_t header_len;
+} stored_file;
+
+typedef struct {
+    ckpt_store *s;
+    int64_t id;
+    stored_file *files;
+    size_t nfiles, cap;
+    exec_plan exec;
+    plan_tensor *tensors; /* owned, one per output tensor */
+    size_t ntensors, tcap;
+} pull_state;
+
+static char *col(sqlite3_stmt *st, int i)
+{
+    const unsigned char *t = sqlite3_column_text(st, i);
+    return t ? ckpt_strdup((const char *)t) : NULL;
+}
+
+/* Where a stored path goes in the output, or NULL when the rank filter drops it. */
+static char *output_rel(const char *path, int rank)
+{
+    if (rank < 0) return ckpt_strdup(path);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
+    if (!strncmp(path, prefix, strlen(prefix))) return ckpt_strdup(path + strlen(prefix));
+    if (strchr(path, '/')) return NULL;
+    return ckpt_strdup(path);
+}
+
+static int load_files(pull_state *ps, int rank)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&ps->s->cat, &st,
+                             "SELECT path, size, sha256, blob, header FROM files WHERE checkpoint_id = ? ORDER BY path");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, ps->id);
+    int step;
+    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *path = (const char *)sqlite3_column_text(st, 0);
+        if (!path || !ckpt_shard_name_safe(path)) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: unsafe file path in checkpoint %lld", (long long)ps->id);
+            break;
+        }
+        char *rel = output_rel(path, rank);
+        if (!rel) continue;
+        if ((rc = ckpt_grow(&ps->files, &ps->cap, ps->nfiles + 1, sizeof *ps->files))) {
+            free(rel);
+            break;
+        }
+        stored_file *f = &ps->files[ps->nfiles++];
+        memset(f, 0, sizeof *f);
+        f->out_rel = rel;
+        f->path = col(st, 0);
+        f->size = (uint64_t)sqlite3_column_int64(st, 1);
+        snprintf(f->sha256, sizeof f->sha256, "%s", (const char *)sqlite3_column_text(st, 2));
+        f->blob = col(st, 3);
+        int hl = sqlite3_column_bytes(st, 4);
+        if (hl > 0) {
+            f->header = ckpt_malloc((size_t)hl);
+            if (!f->header) rc = CKPT_ENOMEM;
+            else memcpy(f->header, sqlite3_column_blob(st, 4), (size_t)hl);
+            f->header_len = (size_t)hl;
+        }
+    }
+    if (!rc && step != SQLITE_DONE) rc = catalog_error(&ps->s->cat, "read files");
+    sqlite3_finalize(st);
+    if (!rc && ps->nfiles == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "nothing to pull (no files for rank %d)", rank);
+    return rc;
+}
+
+/* A source for (blob, dtype, shape): the blob file is the source file, the tensor starts at 0. */
+static int add_source(pull_state *ps, const char *blob, ckpt_dtype dt, int ndim, const uint64_t *shape, int32_t *idx)
+{
+    exec_plan *p = &ps->exec;
+    size_t pi;
+    for (pi = p->nsrc_paths; pi > 0; pi--) /* recent first: a tensor's parts share blobs */
+        if (strstr(p->src_paths[pi - 1], blob)) break;
+    if (pi == 0) {
+        char **np = ckpt_realloc(p->src_paths, (p->nsrc_paths + 1) * sizeof *np);
+        if (!np) return CKPT_ENOMEM;
+        p->src_paths = np;
+        if (!(p->src_paths[p->nsrc_paths] = store_blob_path(ps->s, blob))) return CKPT_ENOMEM;
+        pi = ++p->nsrc_paths;
+    }
+    plan_source *ns = ckpt_realloc(p->sources, (p->nsources + 1) * sizeof *ns);
+    if (!ns) return CKPT_ENOMEM;
+    p->sources = ns;
+    plan_source *src = &p->sources[p->nsources];
+    memset(src, 0, sizeof *src);
+    if (!(src->name = ckpt_strdup(blob))) return CKPT_ENOMEM;
+    src->file = pi - 1;
+    src->dtype = dt;
+    src->ndim = ndim;
+    memcpy(src->shape, shape, (size_t)ndim * sizeof *shape);
+    int rc = ckpt_dtype_nbytes(dt, ndim, shape, &src->nbytes);
+    if (rc) return rc;
+    *idx = (int32_t)p->nsources++;
+    return 0;
+}
+
+static int recipe_tensor(pull_state *ps, plan_tensor *t, const char *recipe, const char *what)
+{
+    json_t *j;
+    int rc = cj_load_buf(&j, recipe, strlen(recipe), what);
+    if (rc) return rc;
+    size_t i;
+    json_t *jp;
+    json_array_foreach(j, i, jp)
+    {
+        if (rc) break;
+        plan_part p;
+        if (json_is_true(json_object_get(jp, "zero"))) {
+            rc = plan_part_from_json(&p, jp, t->ndim, 0, what);
+            if (!rc) rc = plan_tensor_add_part(t, &p);
+            continue;
+        }
+        const char *blob = json_string_value(json_object_get(jp, "blob"));
+        const char *dts = json_string_value(json_object_get(jp, "dtype"));
+        ckpt_dtype dt;
+        int ndim = (int)json_array_size(json_object_get(jp, "shape"));
+        uint64_t shape[PLAN_MAX_DIM];
+        if (!blob || strlen(blob) != 64 || !dts || ckpt_dtype_from_name(dts, &dt) < 0 || ndim > PLAN_MAX_DIM) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part", what);
+            break;
+        }
+        for (int k = 0; k < ndim; k++) shape[k] = (uint64_t)json_integer_value(json_array_get(json_object_get(jp, "shape"), (size_t)k));
+        int32_t idx;
+        rc = plan_part_from_json(&p, jp, t->ndim, ndim, what);
+        if (!rc) rc = add_source(ps, blob, dt, ndim, shape, &idx);
+        if (!rc) {
+            p.src = idx;
+            rc = plan_tensor_add_part(t, &p);
+        }
+    }
+    json_decref(j);
+    return rc;
+}
+
+static int plan_file(pull_state *ps, stored_file *f, exec_file *ef)
+{
+    st_file sf;
+    int rc = st_parse(&sf, f->path, f->header, f->header_len, f->size);
+    if (rc) return ckpt_error_prefix(CKPT_ECORRUPT, "stored header");
+    st_layout_init(&ef->layout);
+    ef->rel = ckpt_strdup(f->out_rel);
+    ef->layout.header = ckpt_malloc(f->header_len);
+    ef->layout.tensors = ckpt_calloc(sf.ntensors + 1, sizeof *ef->layout.tensors);
+    ef->tensors = ckpt_calloc(sf.ntensors + 1, sizeof *ef->tensors);
+    if (!ef->rel || !ef->layout.header || !ef->layout.tensors || !ef->tensors) rc = CKPT_ENOMEM;
+    if (!rc) {
+        memcpy(ef->layout.header, f->header, f->header_len);
+        ef->layout.header_len = f->header_len;
+        ef->layout.file_size = f->size;
+        ef->layout.finished = true;
+    }
+    sqlite3_stmt *st = NULL;
+    if (!rc) rc = catalog_prepare(&ps->s->cat, &st,
+                                  "SELECT blob, recipe FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
+    for (size_t i = 0; !rc && i < sf.ntensors; i++) {
+        const st_tensor *t = &sf.tensors[i];
+        st_out_tensor *ot = &ef->layout.tensors[i];
+        ot->name = ckpt_strdup(t->name);
+        ot->dtype = t->dtype;
+        ot->ndim = t->ndim;
+        memcpy(ot->shape, t->shape, sizeof ot->shape);
+        ot->nbytes = t->nbytes;
+        ot->offset = t->offset;
+        ot->user = i;
+        ef->layout.ntensors++;
+        plan_tensor *pt = &ps->tensors[ps->ntensors++];
+        memset(pt, 0, sizeof *pt);
+        pt->name = ckpt_strdup(t->name);
+        pt->dtype = t->dtype;
+        pt->ndim = t->ndim;
+        memcpy(pt->shape, t->shape, (size_t)t->ndim * sizeof *t->shape);
+        ef->tensors[i] = pt;
+        ef->ntensors++;
+        if (!ot->name || !pt->name) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        sqlite3_bind_int64(st, 1, ps->id);
+        sqlite3_bind_text(st, 2, f->path, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 3, t->name, -1, SQLITE_STATIC);
+        if (sqlite3_step(st) != SQLITE_ROW) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no record", f->path, t->name);
+            break;
+        }
+        const char *blob = (const char *)sqlite3_column_text(st, 0), *recipe = (const char *)sqlite3_column_text(st, 1);
+        char what[512];
+        snprintf(what, sizeof what, "catalog: %s: tensor '%s'", f->path, t->name);
+        if (blob) {
+            int32_t idx;
+            rc = add_source(ps, blob, t->dtype, t->ndim, t->shape, &idx);
+            if (!rc && t->nbytes) {
+                plan_part p;
+                memset(&p, 0, sizeof p);
+                p.src = idx;
+                for (int k = 0; k < t->ndim; k++) {
+                    p.axis_map[k] = (int8_t)k;
+                    p.ext[k] = t->shape[k];
+                }
+                rc = plan_tensor_add_part(pt, &p);
+            }
+        } else if (recipe) {
+            rc = recipe_tensor(ps, pt, recipe, what);
+        } else {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: neither blob nor recipe", what);
+        }
+        sqlite3_reset(st);
+    }
+    sqlite3_finalize(st);
+    st_close(&sf);
+    return rc;
+}
+
+static int check_blobs_exist(pull_state *ps)
+{
+    for (size_t i = 0; i < ps->exec.nsrc_paths; i++)
+        if (access(ps->exec.src_paths[i], R_OK) < 0)
+            return ckpt_error_set(CKPT_ECORRUPT, "blob %s is missing from the store (run ckpt verify)",
+                                  ckpt_basename(ps->exec.src_paths[i]));
+    return 0;
+}
+
+static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
+{
+    char *src = store_blob_path(ps->s, f->blob), *dst = ckpt_path_join(tmp, f->out_rel);
+    int rc = src && dst ? 0 : CKPT_ENOMEM;
+    char *slash = dst ? strrchr(dst, '/') : NULL;
+    if (!rc && slash) {
+        *slash = 0;
+        rc = ckpt_mkdir_p(dst, 0755);
+        *slash = '/';
+    }
+    int in = rc ? -1 : open(src, O_RDONLY | O_CLOEXEC);
+    if (!rc && in < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob %s (file %s) is missing from the store", f->blob, f->path);
+    int out = rc ? -1 : open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (!rc && out < 0) rc = ckpt_error_sys("%s: create", dst);
+    if (!rc) rc = ckpt_copy_range(in, 0, out, 0, f->size, src);
+    if (!rc && fsync(out) < 0) rc = ckpt_error_sys("%s: fsync", dst);
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    free(src);
+    free(dst);
+    return rc;
+}
+
+static int verify_written(pull_state *ps, const char *tmp)
+{
+    for (size_t i = 0; i < ps->nfiles; i++) {
+        stored_file *f = &ps->files[i];
+        char *path = ckpt_path_join(tmp, f->out_rel);
+        char hex[65];
+        int rc = path ? ckpt_sha256_file_hex(path, hex) : CKPT_ENOMEM;
+        free(path);
+        if (rc) return rc;
+        if (strcmp(hex, f->sha256))
+            return ckpt_error_set(CKPT_ECORRUPT,
+                                  "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
+                                  "(run ckpt verify); nothing was written",
+                                  f->path, hex, f->sha256);
+    }
+    return 0;
+}
+
+static void pull_free(pull_state *ps)
+{
+    for (size_t i = 0; i < ps->nfiles; i++) {
+        free(ps->files[i].path);
+        free(ps->files[i].out_rel);
+        free(ps->files[i].blob);
+        free(ps->files[i].header);
+    }
+    free(ps->files);
+    for (size_t i = 0; i < ps->ntensors; i++) plan_tensor_free(&ps->tensors[i]);
+    free(ps->tensors);
+    exec_plan_free(&ps->exec);
+}
+
+int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
+{
+    pull_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.s = s;
+    ps.id = c->id;
+    int rc = load_files(&ps, o->rank);
+    size_t total_tensors = 0;
+    for (size_t i = 0; !rc && i < ps.nfiles; i++) {
+        if (!ps.files[i].header) continue;
+        st_file sf;
+        if (st_parse(&sf, ps.files[i].path, ps.files[i].header, ps.files[i].header_len, ps.files[i].size) < 0) {
+            rc = ckpt_error_prefix(CKPT_ECORRUPT, "stored header");
+            break;
+        }
+        total_tensors += sf.ntensors;
+        st_close(&sf);
+    }
+    if (!rc) {
+        ps.tensors = ckpt_calloc(total_tensors + 1, sizeof *ps.tensors);
+        ps.exec.files = ckpt_calloc(ps.nfiles + 1, sizeof *ps.exec.files);
+        if (!ps.tensors || !ps.exec.files) rc = CKPT_ENOMEM;
+    }
+    for (size_t i = 0; !rc && i < ps.nfiles; i++) {
+        if (!ps.files[i].header) continue;
+        rc = plan_file(&ps, &ps.files[i], &ps.exec.files[ps.exec.nfiles++]);
+    }
+    if (!rc) rc = check_blobs_exist(&ps);
+    char *tmp = NULL;
+    if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (!rc) {
+        exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "pull"};
+        rc = exec_run(&ps.exec, tmp, &eo);
+        for (size_t i = 0; !rc && i < ps.nfiles; i++)
+            if (!ps.files[i].header) rc = copy_plain(&ps, &ps.files[i], tmp);
+        if (!rc) rc = verify_written(&ps, tmp);
+        if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+        if (rc) ckpt_rm_rf(tmp);
+        free(tmp);
+    }
+    pull_free(&ps);
+    return rc;
+}

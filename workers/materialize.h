@@ -1,0 +1,25 @@
+/*
+ * materialize.h — turn a stored checkpoint back into files.
+ *
+ * Safetensors files are assembled by the executor: the stored header is
+ * written as it is, and each tensor is streamed from its blob or assembled
+ * from its recipe's parts. Other files are copied from their blobs. Every
+ * written file is hashed and compared with the catalog's sha256 before the
+ * destination appears, so a damaged blob fails the pull instead of
+ * producing bad bytes.
+ */
+#ifndef CKPT_WORKERS_MATERIALIZE_H
+#define CKPT_WORKERS_MATERIALIZE_H
+
+#include "storage/store.h"
+
+typedef struct {
+    int rank;      /* -1: all files; else only tp_rank_RR/ (written at the root) and top-level files */
+    bool force;    /* replace a non-empty destination */
+    bool quiet;
+    int threads;
+} materialize_opts;
+
+int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o);
+
+#endif
