@@ -48,7 +48,9 @@ static int get_int(const json_t *obj, const char *key, int64_t *out, const char 
         *out = json_integer_value(v);
         return 0;
     }
-    if (json_is_real(v) && json_real_value(v) == (double)(int64_t)json_real_value(v)) {
+    double d = json_is_real(v) ? json_real_value(v) : 0.5;
+    /* Range first: converting an out-of-range double to int64 is undefined. */
+    if (json_is_real(v) && d >= -9.2e18 && d <= 9.2e18 && d == (double)(int64_t)d) {
         *out = (int64_t)json_real_value(v);
         return 0;
     }
@@ -112,19 +114,27 @@ char *cj_dumps(const json_t *v, size_t flags)
     return s;
 }
 
-int cj_write_file(const char *path, const json_t *v)
+char *cj_render(const json_t *v)
 {
     char *s = cj_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (!s) return CKPT_ENOMEM;
+    if (!s) return NULL;
     size_t n = strlen(s);
     char *t = realloc(s, n + 2);
     if (!t) {
         free(s);
-        return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+        ckpt_error_set(CKPT_ENOMEM, "out of memory");
+        return NULL;
     }
     t[n] = '\n';
     t[n + 1] = 0;
-    int rc = ckpt_write_file_atomic(path, t, n + 1);
+    return t;
+}
+
+int cj_write_file(const char *path, const json_t *v)
+{
+    char *t = cj_render(v);
+    if (!t) return CKPT_ENOMEM;
+    int rc = ckpt_write_file_atomic(path, t, strlen(t));
     free(t);
     return rc;
 }

@@ -22,7 +22,9 @@ int cj_int_opt(const json_t *obj, const char *key, int64_t *out, const char *wha
 int cj_bool_opt(const json_t *obj, const char *key, bool *out, const char *what);
 int cj_str_opt(const json_t *obj, const char *key, const char **out, const char *what);
 int cj_num_opt(const json_t *obj, const char *key, double *out, const char *what);
-/* Writes JSON (indent 2, trailing newline) atomically to path. */
+/* JSON text as files hold it: indent 2, keys in insertion order, trailing newline. malloc'd. */
+char *cj_render(const json_t *v);
+/* Writes cj_render(v) atomically to path. */
 int cj_write_file(const char *path, const json_t *v);
 /* json_dumps with a reported error; caller frees. */
 char *cj_dumps(const json_t *v, size_t flags);

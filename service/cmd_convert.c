@@ -8,7 +8,10 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "common/fsutil.h"
+#include "storage/store.h"
 #include "workers/convert.h"
+#include "workers/store_convert.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -28,7 +31,7 @@ static const char layout_options_help[] =
     "  --threads N             copy threads (default 2)\n";
 
 enum { OPT_LAYOUT = 256, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS, OPT_FORCE, OPT_JSON,
-       OPT_PRINT_RULES, OPT_NO_HASH, OPT_PARTS, OPT_QUIET };
+       OPT_PRINT_RULES, OPT_NO_HASH, OPT_PARTS, OPT_QUIET, OPT_HOME };
 
 static const struct option long_opts[] = {
     {"layout", required_argument, 0, OPT_LAYOUT},
@@ -44,11 +47,13 @@ static const struct option long_opts[] = {
     {"no-hash", no_argument, 0, OPT_NO_HASH},
     {"parts", no_argument, 0, OPT_PARTS},
     {"quiet", no_argument, 0, OPT_QUIET},
+    {"home", required_argument, 0, OPT_HOME},
     {0, 0, 0, 0},
 };
 
 typedef struct {
     convert_opts co;
+    const char *home;
     bool json, print_rules, parts;
     int npos;
     char *pos[2];
@@ -96,6 +101,7 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         case OPT_NO_HASH: a->co.no_hash = true; break;
         case OPT_PARTS: a->parts = true; break;
         case OPT_QUIET: a->co.quiet = true; break;
+        case OPT_HOME: a->home = optarg; break;
         }
     }
     for (int i = optind; i < argc; i++) {
@@ -176,10 +182,32 @@ int cmd_plan(int argc, char **argv)
     return rc;
 }
 
+/* `ckpt convert REF --layout L`: a new layout inside the store, as recipes. */
+static int convert_in_store(cli_args *a)
+{
+    ckpt_store s;
+    if (store_open(&s, a->home) < 0) return cli_fail();
+    store_ckpt out;
+    bool existed = false;
+    int rc = store_convert(&s, a->pos[0], &a->co, &out, &existed);
+    if (rc) {
+        store_close(&s);
+        return cli_fail();
+    }
+    char *ref = store_ckpt_ref(&out);
+    printf("%s\n", ref ? ref : "");
+    ckpt_info("%s %s", existed ? "already stored:" : "converted in the store:", ref ? ref : "");
+    free(ref);
+    store_ckpt_free(&out);
+    store_close(&s);
+    return CLI_OK;
+}
+
 int cmd_convert(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt convert SRC DST --layout L [--tp N] [options] [--force]\n\n"
+        printf("usage: ckpt convert SRC DST --layout L [--tp N] [options] [--force]\n"
+               "       ckpt convert REF --layout L [--tp N] [options] [--home DIR]\n\n"
                "Converts the Hugging Face checkpoint SRC (a folder with config.json and\n"
                "model.safetensors or shards + index) into a layout, streaming tensor bytes with\n"
                "bounded memory. DST holds config.json, ckpt-layout.json (how every tensor was\n"
@@ -187,6 +215,9 @@ int cmd_convert(int argc, char **argv)
                "DST/tp_rank_00 .. for --tp N. DST appears only when complete.\n\n%s"
                "  --force                 replace a non-empty DST\n"
                "  --no-hash               do not record the sha256 of the source files\n\n"
+               "With a stored REF (ORG/NAME[@REV], see ckpt ls) instead of folders, the layout\n"
+               "is made inside the store as REF:LAYOUT (e.g. :neuron-tp8): recipes over the\n"
+               "original's tensors, almost no new bytes. Converting again prints the existing ref.\n\n"
                "examples:\n"
                "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
                "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n",
@@ -194,11 +225,15 @@ int cmd_convert(int argc, char **argv)
         return CLI_OK;
     }
     static const int allowed[] = {OPT_LAYOUT, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS,
-                                  OPT_FORCE, OPT_NO_HASH, OPT_QUIET, 0};
+                                  OPT_FORCE, OPT_NO_HASH, OPT_QUIET, OPT_HOME, 0};
     cli_args a;
     int u = parse_args("convert", argc, argv, allowed, &a);
     if (u) return u;
-    if (a.npos != 2) return cli_usage_error("convert", "expected SRC and DST");
+    if (a.npos == 1 && !ckpt_is_dir(a.pos[0])) {
+        if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
+        return convert_in_store(&a);
+    }
+    if (a.npos != 2) return cli_usage_error("convert", "expected SRC DST (folders), or REF (a stored checkpoint)");
     if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
     convert_plan cp;
     double t0 = ckpt_now();

@@ -390,26 +390,42 @@ const ckpt_tensor_ref *ckpt_checkpoint_find(const ckpt_checkpoint *c, const char
 /* transformers' shard_checkpoint: walk in order; start a new shard when the
  * current one is not empty and the tensor would take it past the limit. No
  * tensors still make one (empty) shard, as save_pretrained writes one file. */
+/* huggingface_hub's split_torch_state_dict_into_shards: a tensor larger than
+ * the limit gets a shard of its own at once, while the shard being filled
+ * stays open; the open shard closes when the next tensor would pass the limit. */
 int ckpt_shard_assign(const uint64_t *sizes, size_t n, uint64_t max_shard_size, size_t *shard_of,
                       size_t *nshards)
 {
-    size_t shard = 0;
+    size_t *pending = ckpt_calloc(n + 1, sizeof *pending);
+    if (!pending) return CKPT_ENOMEM;
+    size_t count = 0, npending = 0;
     uint64_t current = 0;
-    for (size_t i = 0; i < n; i++) {
+    int rc = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
         uint64_t next;
-        bool over = !ckpt_add(current, sizes[i], &next) || next > max_shard_size;
-        if (max_shard_size && i > 0 && over) {
-            shard++;
-            next = sizes[i];
+        bool fits = ckpt_add(current, sizes[i], &next) && next <= max_shard_size;
+        if (max_shard_size && sizes[i] > max_shard_size) {
+            shard_of[i] = count++;
+        } else {
+            if (max_shard_size && !fits && npending) {
+                for (size_t k = 0; k < npending; k++) shard_of[pending[k]] = count;
+                count++;
+                npending = 0;
+                next = sizes[i];
+            }
+            pending[npending++] = i;
+            current = next;
         }
-        if (shard >= CKPT_MAX_SHARDS)
-            return ckpt_error_set(CKPT_ELIMIT, "more than %d shards; raise the shard size",
-                                  CKPT_MAX_SHARDS);
-        shard_of[i] = shard;
-        current = next;
+        if (count >= CKPT_MAX_SHARDS)
+            rc = ckpt_error_set(CKPT_ELIMIT, "more than %d shards; raise the shard size", CKPT_MAX_SHARDS);
     }
-    *nshards = shard + 1;
-    return 0;
+    if (!rc && (npending || count == 0)) {
+        for (size_t k = 0; k < npending; k++) shard_of[pending[k]] = count;
+        count++;
+    }
+    free(pending);
+    *nshards = count;
+    return rc;
 }
 
 char *ckpt_shard_name(const char *prefix, size_t i, size_t n)
@@ -474,4 +490,25 @@ char *ckpt_index_render(uint64_t total_size, size_t n, char *const *names, char 
         return NULL;
     }
     return buf;
+}
+
+int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+{
+    memset(c, 0, sizeof *c);
+    c->path = ckpt_strdup(label);
+    c->dir = ckpt_strdup(label);
+    c->files = ckpt_calloc(nfiles + 1, sizeof *c->files);
+    if (!c->path || !c->dir || !c->files) {
+        for (size_t i = 0; i < nfiles; i++) st_close(&files[i]);
+        ckpt_checkpoint_close(c);
+        return CKPT_ENOMEM;
+    }
+    for (size_t i = 0; i < nfiles; i++) {
+        c->files[c->nfiles++] = files[i];
+        memset(&files[i], 0, sizeof files[i]);
+        files[i].fd = -1;
+    }
+    int rc = checkpoint_collect(c, label);
+    if (rc) ckpt_checkpoint_close(c);
+    return rc;
 }

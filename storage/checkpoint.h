@@ -45,6 +45,10 @@ typedef struct {
 int ckpt_checkpoint_open(ckpt_checkpoint *c, const char *path);
 int ckpt_checkpoint_open_prefix(ckpt_checkpoint *c, const char *dir, const char *prefix);
 void ckpt_checkpoint_close(ckpt_checkpoint *c);
+/* A checkpoint made of files parsed already (st_parse of stored headers):
+ * takes ownership of files[0..n) and indexes their tensors; `label` stands in
+ * for the folder in messages. */
+int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles);
 /* Finds a tensor by name (binary search) or NULL. */
 const ckpt_tensor_ref *ckpt_checkpoint_find(const ckpt_checkpoint *c, const char *name);
 

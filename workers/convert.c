@@ -109,16 +109,6 @@ int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, 
     return rc;
 }
 
-static int load_config(convert_plan *cp)
-{
-    char *path = ckpt_path_join(cp->src_dir, "config.json");
-    if (!path) return CKPT_ENOMEM;
-    int rc = 0;
-    if (ckpt_exists(path)) rc = cj_load_file(&cp->config, path, CONVERT_CONFIG_MAX_BYTES);
-    free(path);
-    return rc;
-}
-
 static int build_rules(convert_plan *cp, const convert_opts *o)
 {
     if (o->rules_file) {
@@ -152,14 +142,20 @@ static int build_folders(convert_plan *cp, uint64_t max_shard)
     return rc;
 }
 
-int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o)
+int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *src_dir, json_t *config,
+                            const char *index_name, const char *index_text, const convert_opts *o)
 {
     memset(cp, 0, sizeof *cp);
-    int rc = ckpt_checkpoint_open(&cp->src, src);
-    if (rc) return rc;
-    cp->src_dir = ckpt_strdup(cp->src.dir);
-    if (!cp->src_dir) rc = CKPT_ENOMEM;
-    if (!rc) rc = load_config(cp);
+    cp->src = *src;
+    memset(src, 0, sizeof *src);
+    cp->config = config;
+    cp->src_dir = ckpt_strdup(src_dir);
+    int rc = cp->src_dir ? 0 : CKPT_ENOMEM;
+    if (!rc && index_text) {
+        cp->index_name = ckpt_strdup(index_name);
+        cp->index_text = ckpt_strdup(index_text);
+        if (!cp->index_name || !cp->index_text) rc = CKPT_ENOMEM;
+    }
     if (!rc) rc = build_rules(cp, o);
     size_t first = 0;
     if (!rc) rc = convert_add_sources(&cp->exec, &cp->src, &first);
@@ -185,6 +181,34 @@ int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o)
     return rc;
 }
 
+int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o)
+{
+    ckpt_checkpoint c;
+    memset(cp, 0, sizeof *cp);
+    int rc = ckpt_checkpoint_open(&c, src);
+    if (rc) return rc;
+    json_t *config = NULL;
+    char *cfg_path = ckpt_path_join(c.dir, "config.json"), *index_text = NULL;
+    if (!cfg_path) rc = CKPT_ENOMEM;
+    else if (ckpt_exists(cfg_path)) rc = cj_load_file(&config, cfg_path, CONVERT_CONFIG_MAX_BYTES);
+    free(cfg_path);
+    if (!rc && c.index_path) rc = ckpt_read_file(c.index_path, CKPT_INDEX_MAX_BYTES, &index_text, NULL);
+    char *dir = rc ? NULL : ckpt_strdup(c.dir);
+    if (!rc && !dir) rc = CKPT_ENOMEM;
+    if (rc) {
+        json_decref(config);
+        ckpt_checkpoint_close(&c);
+        return rc;
+    }
+    const char *index_name = c.index_path ? ckpt_basename(c.index_path) : NULL;
+    char *name_copy = index_name ? ckpt_strdup(index_name) : NULL;
+    rc = convert_plan_build_from(cp, &c, dir, config, name_copy, index_text, o);
+    free(name_copy);
+    free(index_text);
+    free(dir);
+    return rc;
+}
+
 json_t *convert_plan_json(const convert_plan *cp, bool with_parts)
 {
     return layout_meta_build(cp, NULL, with_parts);
@@ -200,6 +224,8 @@ void convert_plan_free(convert_plan *cp)
     plan_set_free(&cp->set);
     exec_plan_free(&cp->exec);
     free(cp->layout_name);
+    free(cp->index_name);
+    free(cp->index_text);
     for (size_t i = 0; i < cp->nfolders; i++) {
         free(cp->folder_dirs ? cp->folder_dirs[i] : NULL);
         free(cp->index_texts ? cp->index_texts[i] : NULL);

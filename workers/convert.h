@@ -60,12 +60,18 @@ typedef struct {
     exec_plan exec;
     int tp;
     char *layout_name;
+    char *index_name; /* the source's index file name and text, or NULL */
+    char *index_text;
     size_t nfolders;
     char **folder_dirs;  /* "" or "tp_rank_03" */
     char **index_texts;  /* index JSON per folder, NULL when the folder has one file */
 } convert_plan;
 
 int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o);
+/* Plans from a checkpoint opened already (taken over, like config and the
+ * index text, which may be NULL); src_dir is where side files come from. */
+int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *src_dir, json_t *config,
+                            const char *index_name, const char *index_text, const convert_opts *o);
 /* The plan as JSON: layout, files, and per tensor dtype, shape, parts (with_parts) and metadata. */
 json_t *convert_plan_json(const convert_plan *cp, bool with_parts);
 int convert_write(convert_plan *cp, const char *dst, const convert_opts *o);

@@ -33,14 +33,9 @@ static json_t *source_json(const convert_plan *cp, char (*hashes)[65])
         json_array_append_new(files, jf);
     }
     json_t *src = json_pack("{s:o}", "files", files);
-    if (src && c->index_path) {
-        char *text = NULL;
-        size_t len = 0;
-        if (ckpt_read_file(c->index_path, CKPT_INDEX_MAX_BYTES, &text, &len) == 0) {
-            json_object_set_new(src, "index_name", json_string(ckpt_basename(c->index_path)));
-            json_object_set_new(src, "index", json_stringn(text, len));
-            free(text);
-        }
+    if (src && cp->index_text) {
+        json_object_set_new(src, "index_name", json_string(cp->index_name));
+        json_object_set_new(src, "index", json_string(cp->index_text));
     }
     return src;
 }

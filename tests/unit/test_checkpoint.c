@@ -436,9 +436,10 @@ static void test_shard_assign(void **state)
     check_assign(even, 5, 0, (const size_t[]){0, 0, 0, 0, 0}, 1); /* no limit */
     check_assign(even, 5, 100, (const size_t[]){0, 0, 0, 0, 0}, 1);
     check_assign(even, 5, 7, (const size_t[]){0, 1, 2, 3, 4}, 5);
-    /* A tensor larger than the limit sits alone; what follows starts anew. */
+    /* A tensor larger than the limit gets a shard of its own at once and the
+     * open shard goes on filling (huggingface_hub's split_torch_state_dict_into_shards). */
     const uint64_t big[] = {1, 100, 1, 1};
-    check_assign(big, 4, 10, (const size_t[]){0, 1, 2, 2}, 3);
+    check_assign(big, 4, 10, (const size_t[]){1, 0, 1, 1}, 2);
     const uint64_t first_big[] = {100, 1};
     check_assign(first_big, 2, 10, (const size_t[]){0, 1}, 2);
     /* Exactly the limit fits; zero-size tensors join the current shard. */

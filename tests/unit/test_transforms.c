@@ -1,0 +1,974 @@
+/*
+ * test_transforms.c — the transform engine on tiny checkpoints, against
+ * spec/transforms.md: rules (workers/rules.c, rule_gqa.c), presets, the
+ * planner and executor (convert.c, executor.c), ckpt-layout.json
+ * (layout_meta.c) and consolidation (consolidate.c).
+ *
+ * Every source tensor is written with the real safetensors writer and holds
+ * values that say where they come from: element (row, col) of the tensor
+ * with tag `id` is id*1e6 + row*1000 + col, where col is the index on the
+ * last axis and row the flat index over the others (exact in F32 for ids up
+ * to 15, and in I32). A converted tensor is read back and each block of it
+ * is checked to hold exactly the source rows or columns the spec names, or
+ * zero bytes for padding, so a permuted head or a misplaced pad shows up
+ * with its position.
+ *
+ * Covered: the GQA examples of spec §4 on every rank, query-head padding of
+ * §5 (Qwen2's 14/2 heads on tp 4 and 8), tp_split padding and strides, fused
+ * linears under tp, expert stacking order and its inverse, rename, drop,
+ * transpose, cast, the neuron preset's dense and expert layouts, the
+ * metadata of ckpt-layout.json, the --print-rules round trip, plan-time
+ * errors (naming rule and tensor, leaving no DST), a full disk, and executor
+ * edge cases (scalars, empty tensors, a tensor larger than the slab and band
+ * buffers). Conversions are consolidated back and compared byte for byte.
+ *
+ * Each test works in a fresh directory under $TMPDIR (or /tmp).
+ */
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "common/util.h"
+#include "storage/checkpoint.h"
+#include "storage/dtype.h"
+#include "workers/convert.h"
+#include "workers/presets.h"
+
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#define ID_SCALE 1000000
+#define ROW_SCALE 1000
+#define SHAPE(...) ((const uint64_t[]){__VA_ARGS__})
+#define NEEDLES(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* ---- fixture ---- */
+
+typedef struct {
+    char root[512];
+    char src[600], dst[600], dst2[600], back[600], rules[600];
+} fixture;
+
+static int fx_setup(void **state)
+{
+    fixture *fx = calloc(1, sizeof *fx);
+    const char *base = getenv("TMPDIR");
+    if (!fx) return -1;
+    snprintf(fx->root, sizeof fx->root, "%s/ckpt-test-transforms-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(fx->root)) {
+        free(fx);
+        return -1;
+    }
+    snprintf(fx->src, sizeof fx->src, "%s/src", fx->root);
+    snprintf(fx->dst, sizeof fx->dst, "%s/dst", fx->root);
+    snprintf(fx->dst2, sizeof fx->dst2, "%s/dst2", fx->root);
+    snprintf(fx->back, sizeof fx->back, "%s/back", fx->root);
+    snprintf(fx->rules, sizeof fx->rules, "%s/rules.json", fx->root);
+    *state = fx;
+    return 0;
+}
+
+static int fx_teardown(void **state)
+{
+    fixture *fx = *state;
+    int rc = ckpt_rm_rf(fx->root);
+    free(fx);
+    return rc;
+}
+
+/* Removes the outputs of a conversion so the next one starts clean. */
+static void fx_clear_outputs(fixture *fx)
+{
+    const char *dirs[] = {fx->dst, fx->dst2, fx->back};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(dirs); i++) assert_int_equal(ckpt_rm_rf(dirs[i]), 0);
+}
+
+static void assert_contains(const char *haystack, const char *needle)
+{
+    if (!strstr(haystack, needle)) fail_msg("message \"%s\" lacks \"%s\"", haystack, needle);
+}
+
+/* Writes text to path with every ' turned into ", so JSON reads cleanly in C. */
+static void write_json_text(const char *path, const char *text)
+{
+    char *s = ckpt_strdup(text);
+    assert_non_null(s);
+    for (char *p = s; *p; p++)
+        if (*p == '\'') *p = '"';
+    assert_int_equal(ckpt_write_file_atomic(path, s, strlen(s)), 0);
+    free(s);
+}
+
+static json_t *parse_json_text(const char *text)
+{
+    char *s = ckpt_strdup(text);
+    assert_non_null(s);
+    for (char *p = s; *p; p++)
+        if (*p == '\'') *p = '"';
+    json_error_t err;
+    json_t *j = json_loads(s, 0, &err);
+    if (!j) fail_msg("bad JSON in the test: %s: %s", err.text, s);
+    free(s);
+    return j;
+}
+
+/* ---- source checkpoints ---- */
+
+typedef struct {
+    const char *name;
+    ckpt_dtype dtype;
+    int ndim;
+    uint64_t shape[3];
+    int64_t id;          /* value tag */
+    uint64_t row_stride; /* value step per row; 0: ROW_SCALE */
+} src_tensor;
+
+static uint64_t src_cols(const src_tensor *s)
+{
+    return s->ndim ? s->shape[s->ndim - 1] : 1;
+}
+
+static uint64_t src_rows(const src_tensor *s)
+{
+    uint64_t n = 1;
+    for (int k = 0; k + 1 < s->ndim; k++) n *= s->shape[k];
+    return n;
+}
+
+static int64_t src_value(const src_tensor *s, uint64_t row, uint64_t col)
+{
+    uint64_t stride = s->row_stride ? s->row_stride : ROW_SCALE;
+    return s->id * ID_SCALE + (int64_t)(row * stride + col);
+}
+
+static void store_value(ckpt_dtype dt, uint8_t *dst, int64_t v)
+{
+    switch (dt) {
+    case CKPT_DT_F32: {
+        float f = (float)v;
+        memcpy(dst, &f, 4);
+        break;
+    }
+    case CKPT_DT_I32: {
+        int32_t i = (int32_t)v;
+        memcpy(dst, &i, 4);
+        break;
+    }
+    default:
+        fail_msg("test tensors are F32 or I32, not %s", ckpt_dtype_name(dt));
+    }
+}
+
+static double load_value(ckpt_dtype dt, const uint8_t *p)
+{
+    switch (dt) {
+    case CKPT_DT_F32: {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    case CKPT_DT_F64: {
+        double d;
+        memcpy(&d, p, 8);
+        return d;
+    }
+    case CKPT_DT_I32: {
+        int32_t i;
+        memcpy(&i, p, 4);
+        return i;
+    }
+    case CKPT_DT_BF16: {
+        uint16_t h;
+        memcpy(&h, p, 2);
+        return ckpt_bf16_to_f32(h);
+    }
+    default:
+        fail_msg("cannot read %s values", ckpt_dtype_name(dt));
+    }
+    return 0;
+}
+
+/* st_write_file callback: writes the values of tensor specs[t->user]. */
+static int fill_values(void *ctx, const st_out_tensor *t, int fd, const char *path)
+{
+    const src_tensor *s = &((const src_tensor *)ctx)[t->user];
+    size_t es = ckpt_dtype_size(s->dtype);
+    uint64_t cols = src_cols(s), n = t->nbytes / es;
+    enum { CHUNK = 65536 };
+    uint8_t *buf = malloc(CHUNK * es);
+    assert_non_null(buf);
+    int rc = 0;
+    for (uint64_t first = 0; !rc && first < n; first += CHUNK) {
+        uint64_t m = n - first < CHUNK ? n - first : CHUNK;
+        for (uint64_t i = 0; i < m; i++) store_value(s->dtype, buf + i * es, src_value(s, (first + i) / cols, (first + i) % cols));
+        rc = ckpt_pwrite_full(fd, buf, m * es, t->offset + first * es, path);
+    }
+    free(buf);
+    return rc;
+}
+
+/* Writes dir/model.safetensors holding specs (with {"format":"pt"}, as
+ * save_pretrained does) and, when config is not NULL, dir/config.json. */
+static void make_checkpoint(const char *dir, const src_tensor *specs, size_t n, const char *config)
+{
+    assert_int_equal(ckpt_mkdir_p(dir, 0755), 0);
+    st_layout l;
+    st_layout_init(&l);
+    for (size_t i = 0; i < n; i++) {
+        const src_tensor *s = &specs[i];
+        if (s->dtype == CKPT_DT_F32 && src_rows(s) && src_cols(s))
+            assert_true(src_value(s, src_rows(s) - 1, src_cols(s) - 1) < (1 << 24)); /* exact in F32 */
+        if (st_layout_add(&l, s->name, s->dtype, s->ndim, s->shape, i)) fail_msg("%s", ckpt_error_last());
+    }
+    assert_int_equal(st_layout_set_meta(&l, "format", "pt"), 0);
+    assert_int_equal(st_layout_finish(&l), 0);
+    char *path = ckpt_path_join(dir, "model.safetensors");
+    assert_non_null(path);
+    if (st_write_file(path, &l, fill_values, (void *)specs)) fail_msg("%s", ckpt_error_last());
+    free(path);
+    st_layout_free(&l);
+    if (config) {
+        char *cfg = ckpt_path_join(dir, "config.json");
+        assert_non_null(cfg);
+        write_json_text(cfg, config);
+        free(cfg);
+    }
+}
+
+/* ---- reading converted tensors ---- */
+
+/* A converted tensor, seen as 2-D: rows = all axes but the last, cols = the last. */
+typedef struct {
+    char name[256];
+    ckpt_dtype dtype;
+    int ndim;
+    uint64_t shape[PLAN_MAX_DIM];
+    uint64_t rows, cols;
+    uint8_t *raw;
+    size_t nbytes;
+} view;
+
+/* The folder of rank `rank` (-1: the output has no rank folders). malloc'd. */
+static char *rank_dir(const char *dst, int rank)
+{
+    char *d = rank < 0 ? ckpt_strdup(dst) : ckpt_sprintf("%s/tp_rank_%02d", dst, rank);
+    assert_non_null(d);
+    return d;
+}
+
+/* Reads tensor `name` of rank `rank`; false when that folder has no such tensor. */
+static bool try_load(view *v, const char *dst, int rank, const char *name)
+{
+    memset(v, 0, sizeof *v);
+    char *dir = rank_dir(dst, rank);
+    ckpt_checkpoint c;
+    if (ckpt_checkpoint_open(&c, dir)) fail_msg("%s", ckpt_error_last());
+    free(dir);
+    const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&c, name);
+    if (!ref) {
+        ckpt_checkpoint_close(&c);
+        return false;
+    }
+    const st_tensor *t = ref->t;
+    snprintf(v->name, sizeof v->name, "%s (rank %d)", name, rank);
+    v->dtype = t->dtype;
+    v->ndim = t->ndim;
+    memcpy(v->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+    v->rows = 1;
+    for (int k = 0; k + 1 < t->ndim; k++) v->rows *= t->shape[k];
+    v->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
+    v->nbytes = (size_t)t->nbytes;
+    v->raw = malloc(v->nbytes + 1);
+    assert_non_null(v->raw);
+    if (st_read_tensor(&c.files[ref->file], t, v->raw)) fail_msg("%s", ckpt_error_last());
+    ckpt_checkpoint_close(&c);
+    return true;
+}
+
+static view load(const char *dst, int rank, const char *name)
+{
+    view v;
+    if (!try_load(&v, dst, rank, name)) fail_msg("%s: rank %d has no tensor '%s'", dst, rank, name);
+    return v;
+}
+
+static void view_free(view *v)
+{
+    free(v->raw);
+    v->raw = NULL;
+}
+
+static void expect_absent(const char *dst, int rank, const char *name)
+{
+    view v;
+    if (try_load(&v, dst, rank, name)) {
+        view_free(&v);
+        fail_msg("%s: rank %d still has tensor '%s'", dst, rank, name);
+    }
+}
+
+static void expect_shape(const view *v, ckpt_dtype dt, int ndim, const uint64_t *shape)
+{
+    char got[128], want[128];
+    plan_shape_str(v->ndim, v->shape, got, sizeof got);
+    plan_shape_str(ndim, shape, want, sizeof want);
+    if (v->dtype != dt || strcmp(got, want))
+        fail_msg("%s is %s %s, expected %s %s", v->name, ckpt_dtype_name(v->dtype), got, ckpt_dtype_name(dt), want);
+}
+
+/* Checks v[r0 + i][c0 + j] for i < nr, j < nc against the source s: s[sr0 + i][sc0 + j],
+ * or s[sr0 + j][sc0 + i] when transposed, or all-zero bytes when s is NULL. */
+static void expect_block(const view *v, uint64_t r0, uint64_t c0, uint64_t nr, uint64_t nc, const src_tensor *s,
+                         uint64_t sr0, uint64_t sc0, bool transposed)
+{
+    if (r0 + nr > v->rows || c0 + nc > v->cols)
+        fail_msg("%s: block [%llu+%llu, %llu+%llu] lies outside [%llu, %llu]", v->name, (unsigned long long)r0,
+                 (unsigned long long)nr, (unsigned long long)c0, (unsigned long long)nc, (unsigned long long)v->rows,
+                 (unsigned long long)v->cols);
+    size_t es = ckpt_dtype_size(v->dtype);
+    for (uint64_t i = 0; i < nr; i++) {
+        for (uint64_t j = 0; j < nc; j++) {
+            uint64_t r = r0 + i, c = c0 + j;
+            const uint8_t *p = v->raw + (r * v->cols + c) * es;
+            if (!s) {
+                for (size_t b = 0; b < es; b++)
+                    if (p[b])
+                        fail_msg("%s[%llu][%llu] should be padding (all bits zero), is %g", v->name,
+                                 (unsigned long long)r, (unsigned long long)c, load_value(v->dtype, p));
+                continue;
+            }
+            uint64_t sr = transposed ? sr0 + j : sr0 + i, sc = transposed ? sc0 + i : sc0 + j;
+            double want = (double)src_value(s, sr, sc), got = load_value(v->dtype, p);
+            if (got != want)
+                fail_msg("%s[%llu][%llu] is %.10g, expected %.10g (%s row %llu col %llu)", v->name,
+                         (unsigned long long)r, (unsigned long long)c, got, want, s->name, (unsigned long long)sr,
+                         (unsigned long long)sc);
+        }
+    }
+}
+
+/* Rows r0.. of v are rows sr0.. of s (or zeros), all columns. */
+static void expect_rows(const view *v, uint64_t r0, uint64_t n, const src_tensor *s, uint64_t sr0)
+{
+    expect_block(v, r0, 0, n, v->cols, s, sr0, 0, false);
+}
+
+/* Columns c0.. of v are columns sc0.. of s (or zeros), all rows. */
+static void expect_cols(const view *v, uint64_t c0, uint64_t n, const src_tensor *s, uint64_t sc0)
+{
+    expect_block(v, 0, c0, v->rows, n, s, 0, sc0, false);
+}
+
+/* Along axis 0 (rows) or 1 (columns) of v from `at` on: block i is head
+ * heads[i] of s (hd rows or columns), or zeros when heads[i] is -1. */
+static void expect_heads(const view *v, int axis, uint64_t at, const int *heads, size_t n, uint64_t hd,
+                         const src_tensor *s)
+{
+    for (size_t i = 0; i < n; i++) {
+        const src_tensor *from = heads[i] < 0 ? NULL : s;
+        uint64_t first = heads[i] < 0 ? 0 : (uint64_t)heads[i] * hd;
+        if (axis == 0) expect_rows(v, at + i * hd, hd, from, first);
+        else expect_cols(v, at + i * hd, hd, from, first);
+    }
+}
+
+/* Rank r's share of s split on axis 0 (rows) or 1 (columns) as spec §5 says:
+ * padded with zeros to a multiple of pad_multiple, cut into tp*stride
+ * pieces, pieces r, r+tp, ... concatenated; expected in v from `at` on along
+ * that axis. Returns the length the share takes. */
+static uint64_t expect_split(const view *v, int axis, uint64_t at, const src_tensor *s, uint64_t tp, uint64_t stride,
+                             uint64_t pad_multiple, uint64_t r)
+{
+    uint64_t len = axis == 0 ? src_rows(s) : src_cols(s);
+    uint64_t padded = (len + pad_multiple - 1) / pad_multiple * pad_multiple, piece = padded / (tp * stride);
+    uint64_t pos = at;
+    for (uint64_t k = 0; k < stride; k++) {
+        for (uint64_t i = 0; i < piece; i++, pos++) {
+            uint64_t idx = (r + k * tp) * piece + i;
+            const src_tensor *from = idx < len ? s : NULL;
+            if (axis == 0) expect_rows(v, pos, 1, from, idx);
+            else expect_cols(v, pos, 1, from, idx);
+        }
+    }
+    return pos - at;
+}
+
+/* The whole of s, unchanged, as v. */
+static void expect_whole(const view *v, const src_tensor *s)
+{
+    expect_shape(v, s->dtype, s->ndim, s->shape);
+    expect_rows(v, 0, v->rows, s, 0);
+}
+
+/* ---- running conversions ---- */
+
+static convert_opts preset(const char *layout, int tp)
+{
+    return (convert_opts){.layout = layout, .tp = tp};
+}
+
+static void convert_ok(const char *src, const char *dst, convert_opts o)
+{
+    o.quiet = true;
+    convert_plan cp;
+    if (convert_plan_build(&cp, src, &o)) fail_msg("planning %s: %s", src, ckpt_error_last());
+    if (convert_write(&cp, dst, &o)) fail_msg("converting %s into %s: %s", src, dst, ckpt_error_last());
+    convert_plan_free(&cp);
+}
+
+/* Converts fx->src into dst with the rules document `text` (' for "). */
+static void convert_with_rules(fixture *fx, const char *dst, const char *text)
+{
+    write_json_text(fx->rules, text);
+    convert_ok(fx->src, dst, (convert_opts){.rules_file = fx->rules});
+}
+
+/* Consolidates src into dst; returns the lossy flag. */
+static bool consolidate_ok(const char *src, const char *dst)
+{
+    consolidate_opts o = {.quiet = true};
+    if (consolidate_run(src, dst, &o)) fail_msg("consolidating %s: %s", src, ckpt_error_last());
+    return o.lossy;
+}
+
+static int name_filter(const struct dirent *e)
+{
+    return strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+}
+
+static void expect_files_equal(const char *a, const char *b)
+{
+    char *ba, *bb;
+    size_t la, lb;
+    if (ckpt_read_file(a, 1u << 30, &ba, &la) || ckpt_read_file(b, 1u << 30, &bb, &lb))
+        fail_msg("%s", ckpt_error_last());
+    if (la != lb || memcmp(ba, bb, la)) fail_msg("%s and %s differ (%zu and %zu bytes)", a, b, la, lb);
+    free(ba);
+    free(bb);
+}
+
+/* Every file under a has a byte-identical twin under b, and b has nothing more. */
+static void expect_trees_equal(const char *a, const char *b)
+{
+    struct dirent **la, **lb;
+    int na = scandir(a, &la, name_filter, alphasort), nb = scandir(b, &lb, name_filter, alphasort);
+    if (na < 0 || nb < 0) fail_msg("cannot list %s or %s", a, b);
+    for (int i = 0; i < na || i < nb; i++) {
+        const char *x = i < na ? la[i]->d_name : "(nothing)", *y = i < nb ? lb[i]->d_name : "(nothing)";
+        if (strcmp(x, y)) fail_msg("%s holds %s where %s holds %s", a, x, b, y);
+        char *pa = ckpt_path_join(a, x), *pb = ckpt_path_join(b, y);
+        assert_true(pa && pb);
+        if (ckpt_is_dir(pa)) {
+            expect_trees_equal(pa, pb);
+        } else {
+            expect_files_equal(pa, pb);
+        }
+        free(pa);
+        free(pb);
+    }
+    for (int i = 0; i < na; i++) free(la[i]);
+    for (int i = 0; i < nb; i++) free(lb[i]);
+    free(la);
+    free(lb);
+}
+
+/* Consolidates dst into fx->back and expects the source files back, byte for byte. */
+static void expect_round_trip(fixture *fx, const char *dst)
+{
+    assert_int_equal(ckpt_rm_rf(fx->back), 0);
+    assert_false(consolidate_ok(dst, fx->back));
+    expect_trees_equal(fx->src, fx->back);
+}
+
+/* Neither dst nor a dst.tmp-* sibling exists. */
+static void expect_no_dst(const char *dst)
+{
+    if (ckpt_exists(dst)) fail_msg("%s exists after a failed conversion", dst);
+    char *parent = ckpt_strdup(dst);
+    assert_non_null(parent);
+    *strrchr(parent, '/') = '\0';
+    char *prefix = ckpt_sprintf("%s.tmp-", ckpt_basename(dst));
+    assert_non_null(prefix);
+    DIR *d = opendir(parent);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, prefix, strlen(prefix))) fail_msg("%s/%s was left behind", parent, e->d_name);
+    closedir(d);
+    free(prefix);
+    free(parent);
+}
+
+/* Converting src into dst must fail (at plan time when at_plan) with a
+ * message holding every needle, and leave no DST behind. The same calls as
+ * `ckpt convert`: plan, then write only when planning succeeded. */
+static void expect_convert_error(const char *src, const char *dst, convert_opts o, bool at_plan,
+                                 const char *const *needles)
+{
+    o.quiet = true;
+    convert_plan cp;
+    int rc = convert_plan_build(&cp, src, &o);
+    if (rc == 0) {
+        if (at_plan) {
+            convert_plan_free(&cp);
+            fail_msg("planning succeeded; expected an error naming '%s'", needles[0]);
+        }
+        rc = convert_write(&cp, dst, &o);
+        convert_plan_free(&cp);
+        if (rc == 0) fail_msg("conversion succeeded; expected an error naming '%s'", needles[0]);
+    }
+    for (size_t i = 0; needles[i]; i++) assert_contains(ckpt_error_last(), needles[i]);
+    expect_no_dst(dst);
+}
+
+/* ---- ckpt-layout.json ---- */
+
+static json_t *load_layout(const char *dst)
+{
+    char *path = ckpt_path_join(dst, CONVERT_LAYOUT_FILE);
+    json_t *j;
+    if (!path || cj_load_file(&j, path, CONVERT_LAYOUT_MAX_BYTES)) fail_msg("%s", ckpt_error_last());
+    free(path);
+    return j;
+}
+
+/* The "tensors" entry of name on rank (-1: the entry with "rank": null). */
+static json_t *layout_entry(const json_t *layout, const char *name, int rank)
+{
+    size_t i;
+    json_t *e;
+    json_array_foreach(json_object_get(layout, "tensors"), i, e)
+    {
+        json_t *r = json_object_get(e, "rank");
+        bool same_rank = rank < 0 ? json_is_null(r) : json_integer_value(r) == rank;
+        if (same_rank && !strcmp(json_string_value(json_object_get(e, "name")), name)) return e;
+    }
+    fail_msg("ckpt-layout.json lists no tensor '%s' of rank %d", name, rank);
+    return NULL;
+}
+
+/* got equals the JSON text want (' for "), or the test fails showing both. */
+static void expect_json(const json_t *got, const char *want_text, const char *what)
+{
+    json_t *want = parse_json_text(want_text);
+    if (!got || !json_equal((json_t *)got, want)) {
+        char *g = got ? json_dumps(got, JSON_COMPACT) : NULL, *w = json_dumps(want, JSON_COMPACT);
+        fail_msg("%s is %s, expected %s", what, g ? g : "(missing)", w);
+    }
+    json_decref(want);
+}
+
+/* The optimum-neuron "parameters" entry of a split tensor. */
+static void expect_parameter(const json_t *layout, const char *name, int dim, int stride, int tp)
+{
+    char want[256];
+    snprintf(want, sizeof want,
+             "{'tensor_model_parallel': true, 'partition_dim': %d, 'partition_stride': %d, 'num_partitions': %d}", dim,
+             stride, tp);
+    expect_json(json_object_get(json_object_get(layout, "parameters"), name), want, name);
+}
+
+/* ---- attention models (spec §4) ---- */
+
+#define ATTN "model.layers.0.self_attn."
+enum { Q, K, V, O, QB, KB, VB };
+
+typedef struct {
+    int heads, kv, hd, hidden;
+    bool bias;
+    src_tensor t[7];
+    size_t n;
+    char config[512];
+} attn_model;
+
+/* q/k/v/o weights (ids 1-4) and, with bias, q/k/v biases (ids 5-7), F32. */
+static void attn_model_init(attn_model *m, int heads, int kv, int hd, int hidden, bool bias)
+{
+    memset(m, 0, sizeof *m);
+    m->heads = heads;
+    m->kv = kv;
+    m->hd = hd;
+    m->hidden = hidden;
+    m->bias = bias;
+    uint64_t qd = (uint64_t)(heads * hd), kd = (uint64_t)(kv * hd), h = (uint64_t)hidden;
+    m->t[Q] = (src_tensor){ATTN "q_proj.weight", CKPT_DT_F32, 2, {qd, h}, 1, 0};
+    m->t[K] = (src_tensor){ATTN "k_proj.weight", CKPT_DT_F32, 2, {kd, h}, 2, 0};
+    m->t[V] = (src_tensor){ATTN "v_proj.weight", CKPT_DT_F32, 2, {kd, h}, 3, 0};
+    m->t[O] = (src_tensor){ATTN "o_proj.weight", CKPT_DT_F32, 2, {h, qd}, 4, 0};
+    m->t[QB] = (src_tensor){ATTN "q_proj.bias", CKPT_DT_F32, 1, {qd}, 5, 0};
+    m->t[KB] = (src_tensor){ATTN "k_proj.bias", CKPT_DT_F32, 1, {kd}, 6, 0};
+    m->t[VB] = (src_tensor){ATTN "v_proj.bias", CKPT_DT_F32, 1, {kd}, 7, 0};
+    m->n = bias ? 7 : 4;
+    snprintf(m->config, sizeof m->config,
+             "{'model_type': 'llama', 'num_attention_heads': %d, 'num_key_value_heads': %d, 'head_dim': %d, "
+             "'hidden_size': %d}",
+             heads, kv, hd, hidden);
+}
+
+/* Writes the model into dir, leaving out tensor `skip` (-1: none). */
+static void attn_model_write(const attn_model *m, const char *dir, int skip)
+{
+    src_tensor t[7];
+    size_t n = 0;
+    for (size_t i = 0; i < m->n; i++)
+        if ((int)i != skip) t[n++] = m->t[i];
+    make_checkpoint(dir, t, n, m->config);
+}
+
+/* Rank `rank` of a neuron layout holds, for query heads q[0..nq) and KV heads
+ * kv[0..nkv): qkv = [Q heads; K heads; V heads], o_proj = the Q heads' columns,
+ * and (with bias) the bias likewise; the unfused tensors are gone. */
+static void expect_gqa_rank(const attn_model *m, const char *dst, int rank, const int *q, size_t nq, const int *kv,
+                            size_t nkv)
+{
+    uint64_t hd = (uint64_t)m->hd, h = (uint64_t)m->hidden;
+    view qkv = load(dst, rank, ATTN "qkv_proj.weight_qkv");
+    expect_shape(&qkv, CKPT_DT_F32, 2, SHAPE((nq + 2 * nkv) * hd, h));
+    expect_heads(&qkv, 0, 0, q, nq, hd, &m->t[Q]);
+    expect_heads(&qkv, 0, nq * hd, kv, nkv, hd, &m->t[K]);
+    expect_heads(&qkv, 0, (nq + nkv) * hd, kv, nkv, hd, &m->t[V]);
+    view_free(&qkv);
+    view o = load(dst, rank, ATTN "o_proj.weight");
+    expect_shape(&o, CKPT_DT_F32, 2, SHAPE(h, nq * hd));
+    expect_heads(&o, 1, 0, q, nq, hd, &m->t[O]);
+    view_free(&o);
+    if (m->bias) {
+        view b = load(dst, rank, ATTN "qkv_proj.bias_qkv");
+        expect_shape(&b, CKPT_DT_F32, 1, SHAPE((nq + 2 * nkv) * hd));
+        expect_heads(&b, 1, 0, q, nq, hd, &m->t[QB]);
+        expect_heads(&b, 1, nq * hd, kv, nkv, hd, &m->t[KB]);
+        expect_heads(&b, 1, (nq + nkv) * hd, kv, nkv, hd, &m->t[VB]);
+        view_free(&b);
+    }
+    for (size_t i = 0; i < m->n; i++)
+        if (i != O) expect_absent(dst, rank, m->t[i].name);
+}
+
+/* Every rank r of tp: q heads q[r*nq ..], KV heads kv[r*nkv ..]. */
+static void expect_gqa_ranks(const attn_model *m, const char *dst, int tp, const int *q, size_t nq, const int *kv,
+                             size_t nkv)
+{
+    for (int r = 0; r < tp; r++)
+        expect_gqa_rank(m, dst, tp > 1 ? r : -1, q + (size_t)r * nq, nq, kv + (size_t)r * nkv, nkv);
+}
+
+/* ---- GQA (spec §4) ---- */
+
+static void test_gqa_worked_example_tp4(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 8, 2, 4, 16, false);
+    attn_model_write(&m, fx->src, -1);
+    convert_ok(fx->src, fx->dst, preset("neuron", 4));
+    /* m = 2, kpr = 1, G = 4, gpr = 2 */
+    static const int q[4][2] = {{0, 1}, {4, 5}, {2, 3}, {6, 7}}, kv[4][1] = {{0}, {1}, {0}, {1}};
+    expect_gqa_ranks(&m, fx->dst, 4, &q[0][0], 2, &kv[0][0], 1);
+    /* The spec's own words: rank 1's qkv is q rows 16..23, k rows 4..7, v rows
+     * 4..7, shape [16, 16]; rank 1's o_proj is columns 16..23. */
+    view v = load(fx->dst, 1, ATTN "qkv_proj.weight_qkv");
+    expect_shape(&v, CKPT_DT_F32, 2, SHAPE(16, 16));
+    expect_rows(&v, 0, 8, &m.t[Q], 16);
+    expect_rows(&v, 8, 4, &m.t[K], 4);
+    expect_rows(&v, 12, 4, &m.t[V], 4);
+    view_free(&v);
+    view o = load(fx->dst, 1, ATTN "o_proj.weight");
+    expect_shape(&o, CKPT_DT_F32, 2, SHAPE(16, 8));
+    expect_cols(&o, 0, 8, &m.t[O], 16);
+    view_free(&o);
+    expect_round_trip(fx, fx->dst);
+}
+
+static void test_gqa_second_example_tp8(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 32, 4, 2, 8, false);
+    attn_model_write(&m, fx->src, -1);
+    /* The spec's m = 4 (kpr = 2, gpr = 2); r0..r2 are its list, the rest follow its formula. */
+    convert_opts o = preset("neuron", 8);
+    o.kv_size_multiplier = 4;
+    convert_ok(fx->src, fx->dst, o);
+    static const int q4[8][4] = {{0, 1, 8, 9},     {16, 17, 24, 25}, {2, 3, 10, 11},   {18, 19, 26, 27},
+                                 {4, 5, 12, 13},   {20, 21, 28, 29}, {6, 7, 14, 15},   {22, 23, 30, 31}};
+    static const int kv4[8][2] = {{0, 1}, {2, 3}, {0, 1}, {2, 3}, {0, 1}, {2, 3}, {0, 1}, {2, 3}};
+    expect_gqa_ranks(&m, fx->dst, 8, &q4[0][0], 4, &kv4[0][0], 2);
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(json_object_get(layout_entry(layout, ATTN "qkv_proj.weight_qkv", 1), "gqa"),
+                                "kv_size_multiplier"),
+                "4", "kv_size_multiplier");
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+
+    /* The default m = tp / gcd(KV, tp) = 2: kpr = 1, gpr = 4. */
+    convert_ok(fx->src, fx->dst2, preset("neuron", 8));
+    static const int q2[8][4] = {{0, 1, 2, 3},     {8, 9, 10, 11},   {16, 17, 18, 19}, {24, 25, 26, 27},
+                                 {4, 5, 6, 7},     {12, 13, 14, 15}, {20, 21, 22, 23}, {28, 29, 30, 31}};
+    static const int kv2[8][1] = {{0}, {1}, {2}, {3}, {0}, {1}, {2}, {3}};
+    expect_gqa_ranks(&m, fx->dst2, 8, &q2[0][0], 4, &kv2[0][0], 1);
+    expect_round_trip(fx, fx->dst2);
+}
+
+/* m = 1 (KV divisible by tp) is a plain contiguous split; fused: false keeps
+ * q, k and v as three tensors per rank. */
+static void test_gqa_contiguous_and_unfused(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 8, 4, 2, 4, false);
+    attn_model_write(&m, fx->src, -1);
+    convert_ok(fx->src, fx->dst, preset("neuron", 4));
+    static const int q[4][2] = {{0, 1}, {2, 3}, {4, 5}, {6, 7}}, kv[4][1] = {{0}, {1}, {2}, {3}};
+    expect_gqa_ranks(&m, fx->dst, 4, &q[0][0], 2, &kv[0][0], 1);
+    expect_round_trip(fx, fx->dst);
+
+    convert_with_rules(fx, fx->dst2,
+                       "{'tp': 4, 'rules': [{'op': 'fuse_qkv_gqa', 'pattern': '^(.*[.]self_attn)[.]q_proj[.]weight$', "
+                       "'num_attention_heads': 8, 'num_key_value_heads': 4, 'head_dim': 2, 'fused': false}]}");
+    for (int r = 0; r < 4; r++) {
+        const int *proj_heads[] = {[Q] = q[r], [K] = kv[r], [V] = kv[r], [O] = q[r]};
+        for (int p = Q; p <= O; p++) {
+            view v = load(fx->dst2, r, m.t[p].name);
+            size_t n = p == Q || p == O ? 2 : 1;
+            expect_heads(&v, p == O ? 1 : 0, 0, proj_heads[p], n, 2, &m.t[p]);
+            view_free(&v);
+        }
+        expect_absent(fx->dst2, r, ATTN "qkv_proj.weight_qkv");
+    }
+    expect_round_trip(fx, fx->dst2);
+}
+
+/* Qwen2-0.5B's 14 query heads over 2 KV heads: each KV group gets zero query
+ * heads at its end, o_proj zero columns to match, and consolidation strips
+ * them. */
+static void test_gqa_head_padding(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 14, 2, 2, 8, true);
+    attn_model_write(&m, fx->src, -1);
+
+    /* tp 8: m = 4, G = 7 padded to 8, kpr = 1, gpr = 2. */
+    static const int q8[8][2] = {{0, 1}, {7, 8}, {2, 3}, {9, 10}, {4, 5}, {11, 12}, {6, -1}, {13, -1}};
+    static const int kv8[8][1] = {{0}, {1}, {0}, {1}, {0}, {1}, {0}, {1}};
+    convert_ok(fx->src, fx->dst, preset("neuron", 8));
+    expect_gqa_ranks(&m, fx->dst, 8, &q8[0][0], 2, &kv8[0][0], 1);
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(layout_entry(layout, ATTN "o_proj.weight", 7), "gqa"),
+                "{'num_attention_heads': 14, 'num_key_value_heads': 2, 'kv_size_multiplier': 4, 'head_dim': 2, "
+                "'padded_num_attention_heads': 16, 'q_heads': [13, -1], 'kv_heads': [1], 'fused': true}",
+                "gqa of rank 7's o_proj");
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+
+    /* tp 4: m = 2, G = 7 padded to 8, kpr = 1, gpr = 4. */
+    static const int q4[4][4] = {{0, 1, 2, 3}, {7, 8, 9, 10}, {4, 5, 6, -1}, {11, 12, 13, -1}};
+    static const int kv4[4][1] = {{0}, {1}, {0}, {1}};
+    convert_ok(fx->src, fx->dst2, preset("neuron", 4));
+    expect_gqa_ranks(&m, fx->dst2, 4, &q4[0][0], 4, &kv4[0][0], 1);
+    expect_round_trip(fx, fx->dst2);
+}
+
+/* ---- tp_split, fuse (spec §3, §5) ---- */
+
+static void test_tp_split_padding(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"embed.weight", CKPT_DT_I32, 2, {10, 3}, 1, 0},
+        {"row.weight", CKPT_DT_I32, 2, {3, 10}, 2, 0},
+        {"norm.weight", CKPT_DT_I32, 1, {3}, 3, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst,
+                       "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^embed[.]weight$', 'axis': 0},"
+                       "{'op': 'tp_split', 'pattern': '^row[.]weight$', 'axis': 1}]}");
+    for (int r = 0; r < 4; r++) {
+        view e = load(fx->dst, r, "embed.weight"), w = load(fx->dst, r, "row.weight"), n = load(fx->dst, r, "norm.weight");
+        expect_shape(&e, CKPT_DT_I32, 2, SHAPE(3, 3));
+        expect_split(&e, 0, 0, &t[0], 4, 1, 4, (uint64_t)r);
+        expect_shape(&w, CKPT_DT_I32, 2, SHAPE(3, 3));
+        expect_split(&w, 1, 0, &t[1], 4, 1, 4, (uint64_t)r);
+        expect_whole(&n, &t[2]);
+        if (r == 3) { /* vocabulary 10 padded to 12: row 9, then two zero rows */
+            expect_rows(&e, 0, 1, &t[0], 9);
+            expect_rows(&e, 1, 2, NULL, 0);
+            expect_cols(&w, 0, 1, &t[1], 9);
+            expect_cols(&w, 1, 2, NULL, 0);
+        }
+        view_free(&e);
+        view_free(&w);
+        view_free(&n);
+    }
+    json_t *layout = load_layout(fx->dst);
+    expect_parameter(layout, "embed.weight", 0, 1, 4);
+    expect_parameter(layout, "row.weight", 1, 1, 4);
+    assert_null(json_object_get(json_object_get(layout, "parameters"), "norm.weight"));
+    expect_json(json_object_get(layout_entry(layout, "embed.weight", 3), "padding"),
+                "{'axis': 0, 'original': 10, 'padded': 12}", "padding of embed.weight");
+    expect_json(json_object_get(layout_entry(layout, "row.weight", 0), "padding"),
+                "{'axis': 1, 'original': 10, 'padded': 12}", "padding of row.weight");
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+}
+
+/* stride s: tp*s equal pieces, rank r takes r, r+tp, ... (Megatron order). */
+static void test_tp_split_stride(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"even.weight", CKPT_DT_I32, 2, {16, 2}, 1, 0},
+        {"odd.weight", CKPT_DT_I32, 2, {13, 2}, 2, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst,
+                       "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^even', 'stride': 2},"
+                       "{'op': 'tp_split', 'pattern': '^odd', 'stride': 2, 'pad_multiple': 8}]}");
+    for (int r = 0; r < 4; r++) {
+        view e = load(fx->dst, r, "even.weight"), o = load(fx->dst, r, "odd.weight");
+        expect_shape(&e, CKPT_DT_I32, 2, SHAPE(4, 2));
+        expect_split(&e, 0, 0, &t[0], 4, 2, 4, (uint64_t)r);
+        expect_shape(&o, CKPT_DT_I32, 2, SHAPE(4, 2));
+        expect_split(&o, 0, 0, &t[1], 4, 2, 8, (uint64_t)r);
+        if (r == 0) { /* pieces 0 and 4: rows 0, 1, 8, 9 */
+            expect_rows(&e, 0, 2, &t[0], 0);
+            expect_rows(&e, 2, 2, &t[0], 8);
+        }
+        if (r == 2) { /* pieces 2 and 6 of 13 rows padded to 16: rows 4, 5, 12, zero */
+            expect_rows(&o, 0, 2, &t[1], 4);
+            expect_rows(&o, 2, 1, &t[1], 12);
+            expect_rows(&o, 3, 1, NULL, 0);
+        }
+        view_free(&e);
+        view_free(&o);
+    }
+    json_t *layout = load_layout(fx->dst);
+    expect_parameter(layout, "even.weight", 0, 2, 4);
+    expect_json(json_object_get(layout_entry(layout, "odd.weight", 1), "padding"),
+                "{'axis': 0, 'original': 13, 'padded': 16}", "padding of odd.weight");
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+}
+
+/* fuse with tp: fused_r = [W1 block r; W2 block r], blocks of d/tp rows,
+ * each member padded on its own; without tp, [W1; W2]. */
+static void test_fuse(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"a.gate_proj.weight", CKPT_DT_I32, 2, {4, 3}, 1, 0},
+        {"a.up_proj.weight", CKPT_DT_I32, 2, {8, 3}, 2, 0},
+        {"b.gate_proj.weight", CKPT_DT_I32, 2, {5, 3}, 3, 0},
+        {"b.up_proj.weight", CKPT_DT_I32, 2, {5, 3}, 4, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst,
+                       "{'tp': 2, 'rules': [{'op': 'fuse', 'pattern': '^(.*)[.](gate_proj|up_proj)[.]weight$', "
+                       "'members': ['gate_proj', 'up_proj'], 'output': '$1.gate_up_proj.weight', 'tp': 2}]}");
+    for (int r = 0; r < 2; r++) {
+        view a = load(fx->dst, r, "a.gate_up_proj.weight"), b = load(fx->dst, r, "b.gate_up_proj.weight");
+        expect_shape(&a, CKPT_DT_I32, 2, SHAPE(6, 3));
+        expect_rows(&a, 0, 2, &t[0], 2 * (uint64_t)r);
+        expect_rows(&a, 2, 4, &t[1], 4 * (uint64_t)r);
+        expect_shape(&b, CKPT_DT_I32, 2, SHAPE(6, 3));
+        uint64_t at = expect_split(&b, 0, 0, &t[2], 2, 1, 2, (uint64_t)r);
+        expect_split(&b, 0, at, &t[3], 2, 1, 2, (uint64_t)r);
+        view_free(&a);
+        view_free(&b);
+        for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) expect_absent(fx->dst, r, t[i].name);
+    }
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(layout_entry(layout, "a.gate_up_proj.weight", 1), "fused"),
+                "{'members': ['a.gate_proj.weight', 'a.up_proj.weight'], 'original_dims': [4, 8], "
+                "'padded_dims': [4, 8], 'axis': 0}",
+                "fused of a.gate_up_proj.weight");
+    expect_json(json_object_get(json_object_get(layout_entry(layout, "b.gate_up_proj.weight", 0), "fused"),
+                                "padded_dims"),
+                "[6, 6]", "padded_dims of b.gate_up_proj.weight");
+    expect_parameter(layout, "a.gate_up_proj.weight", 0, 1, 2);
+    bool spec_found = false;
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(layout, "model_weight_transformation_specs"), i, s)
+    {
+        if (strcmp(json_string_value(json_object_get(s, "fused_linear_name")), "a.gate_up_proj.weight")) continue;
+        expect_json(s,
+                    "{'type': 'FusedLinearsSpec', 'fused_linear_name': 'a.gate_up_proj.weight', 'linear_names': "
+                    "['a.gate_proj.weight', 'a.up_proj.weight'], 'original_dims': [4, 8], 'fuse_axis': 0}",
+                    "FusedLinearsSpec");
+        spec_found = true;
+    }
+    assert_true(spec_found);
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+
+    convert_with_rules(fx, fx->dst2,
+                       "{'rules': [{'op': 'fuse', 'pattern': '^(.*)[.](gate_proj|up_proj)[.]weight$', "
+                       "'members': ['gate_proj', 'up_proj'], 'output': '$1.gate_up_proj.weight'}]}");
+    view a = load(fx->dst2, -1, "a.gate_up_proj.weight");
+    expect_shape(&a, CKPT_DT_I32, 2, SHAPE(12, 3));
+    expect_rows(&a, 0, 4, &t[0], 0);
+    expect_rows(&a, 4, 8, &t[1], 0);
+    view_free(&a);
+    expect_round_trip(fx, fx->dst2);
+}
+
+/* ---- experts (spec §2) ---- */
+
+#define NEXPERTS 11
+static const char *const expert_names[NEXPERTS] = {
+    "moe.experts.0.w.weight", "moe.experts.1.w.weight", "moe.experts.2.w.weight", "moe.experts.3.w.weight",
+    "moe.experts.4.w.weight", "moe.experts.5.w.weight", "moe.experts.6.w.weight", "moe.experts.7.w.weight",
+    "moe.experts.8.w.weight", "moe.experts.9.w.weight", "moe.experts.10.w.weight"};
+
+/* Experts 0..10 of [2, 3], ids 10 + e (so "experts.10" sorts before "experts.2" by name). */
+static void make_experts(const char *dir, src_tensor *t)
+{
+    for (int e = 0; e < NEXPERTS; e++) t[e] = (src_tensor){expert_names[e], CKPT_DT_I32, 2, {2, 3}, 10 + e, 0};
+    make_checkpoint(dir, t, NEXPERTS, NULL);
+}
+
+#define STACK_RULE(extra)                                                                                          \
+    "{'op': 'stack_experts', 'pattern': '^(.*)[.]experts[.]([0-9]+)[.](w)[.]weight$', 'expert_group': 2, "         \
+    "'output': '$1.experts.$3.weight'" extra "}"
+
+static void test_stack_experts_order(void **state)
+{
+    fixture *fx = *state;
+    src_tensor t[NEXPERTS];
+    make_experts(fx->src, t);
+    convert_with_rules(fx, fx->dst, "{'rules': [" STACK_RULE("") "]}");
+    view v = load(fx->dst, -1, "moe.experts.w.weight");
+    expect_shape(&v, CKPT_DT_I32, 3, SHAPE(NEXPERTS, 2, 3));
+    for (uint64_t e = 0; e < NEXPERTS; e++) expect_rows(&v, 2 * e, 2, &t[e], 0);
+    view_free(&v);
+    json_t *layout = load_layout(fx->dst);
+    json_t *members = json_object_get(json_object_get(layout_entry(layout, "moe.experts.w.weight", -1), "experts"),
+                                      "members");
+    assert_int_equal(json_array_size(members), NEXPERTS);
+    for (size_t e = 0; e < NEXPERTS; e++)
+        assert_string_equal(json_string_value(json_array_get(members, e)), expert_names[e]);
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+
+    /* transpose_last2: [E, in, out], expert e's [out, in] transposed. */
+    convert_with_rules(fx, fx->dst2, "{'rules': [" STACK_RULE(", 'transpose_last2': true") "]}");
+    v = load(fx->dst2, -1, "moe.experts.w.weight");
+    expect_shape(&v, CKPT_DT_I32, 3, SHAPE(NEXPERTS, 3, 2));
+    for (uint64_t e = 0; e < NEXPERTS; e++) expect_block(&v, 3 * e, 0, 3, 2, &t[e], 0, 0, true);
+    view_free(&v);
+    expect_round_trip(fx, fx->dst2);
+}
+
