@@ -39,5 +39,9 @@ int cmd_import(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_show(int argc, char **argv);
 int cmd_pull(int argc, char **argv);
+int cmd_rm(int argc, char **argv);
+int cmd_gc(int argc, char **argv);
+int cmd_du(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 
 #endif

@@ -21,20 +21,22 @@
 #include <string.h>
 #include <time.h>
 
-enum { OPT_HOME = 300, OPT_REPO, OPT_JSON, OPT_OUT, OPT_RANK, OPT_FORMAT, OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET };
+enum { OPT_HOME = 300, OPT_REPO, OPT_JSON, OPT_OUT, OPT_RANK, OPT_FORMAT, OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET,
+       OPT_DRY_RUN };
 
 static const struct option store_opts[] = {
     {"home", required_argument, 0, OPT_HOME},     {"repo", required_argument, 0, OPT_REPO},
     {"json", no_argument, 0, OPT_JSON},           {"output", required_argument, 0, OPT_OUT},
     {"rank", required_argument, 0, OPT_RANK},     {"format", required_argument, 0, OPT_FORMAT},
     {"force", no_argument, 0, OPT_FORCE},         {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
-    {"quiet", no_argument, 0, OPT_QUIET},         {0, 0, 0, 0},
+    {"quiet", no_argument, 0, OPT_QUIET},         {"dry-run", no_argument, 0, OPT_DRY_RUN},
+    {0, 0, 0, 0},
 };
 
 typedef struct {
     const char *home, *repo, *out, *format;
     int rank;
-    bool json, force, consolidated, quiet;
+    bool json, force, consolidated, quiet, dry_run;
     int npos;
     char *pos[2];
 } store_args;
@@ -65,6 +67,7 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sto
         case OPT_FORCE: a->force = true; break;
         case OPT_CONSOLIDATED: a->consolidated = true; break;
         case OPT_QUIET: a->quiet = true; break;
+        case OPT_DRY_RUN: a->dry_run = true; break;
         }
     }
     for (int i = optind; i < argc; i++) {
@@ -125,7 +128,9 @@ int cmd_import(int argc, char **argv)
     const char *dir = a.pos[0];
     int rc = 0;
     if (!ckpt_is_dir(dir)) {
-        rc = ckpt_archive_extract(dir, s.tmp_dir, &staged);
+        char *base = store_tmp_base(&s, "import");
+        rc = base ? ckpt_archive_extract(dir, base, &staged) : CKPT_ENOMEM;
+        free(base);
         dir = staged;
     }
     store_ckpt c;
@@ -314,7 +319,7 @@ int cmd_pull(int argc, char **argv)
     bool staged = strcmp(fmt, "dir") || a.consolidated;
     char *stage = NULL;
     if (staged) {
-        char *base = ckpt_path_join(s.tmp_dir, "pull");
+        char *base = store_tmp_base(&s, "pull");
         rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
         free(base);
     }
@@ -347,4 +352,160 @@ int cmd_pull(int argc, char **argv)
     store_ckpt_free(&c);
     store_close(&s);
     return ret;
+}
+
+int cmd_rm(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt rm REF [--home DIR]\n\n"
+               "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
+               "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, 0};
+    store_args a;
+    int u = parse("rm", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("rm", "expected one REF");
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    store_ckpt c;
+    int rc = store_resolve(&s, a.pos[0], &c);
+    if (!rc) {
+        rc = store_rm(&s, &c);
+        char *ref = store_ckpt_ref(&c);
+        if (!rc) ckpt_info("removed %s; run ckpt gc to free its space", ref ? ref : "");
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    store_close(&s);
+    return rc ? cli_fail() : CLI_OK;
+}
+
+int cmd_gc(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt gc [--dry-run] [--home DIR] [--json]\n\n"
+               "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
+               "writes (temp files of processes that are gone). Blobs that a running import\n"
+               "has leased are kept. --dry-run only counts.\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_DRY_RUN, OPT_JSON, 0};
+    store_args a;
+    int u = parse("gc", argc, argv, allowed, &a);
+    if (u) return u;
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    store_gc_result r;
+    int rc = store_gc(&s, a.dry_run, &r);
+    store_close(&s);
+    if (rc) return cli_fail();
+    char b[32];
+    if (a.json)
+        return print_json(json_pack("{s:b,s:I,s:I,s:I,s:I}", "dry_run", a.dry_run, "blobs_removed",
+                                    (json_int_t)r.blobs_removed, "bytes_freed", (json_int_t)r.bytes_freed,
+                                    "temps_removed", (json_int_t)r.temps_removed, "leases_dropped",
+                                    (json_int_t)r.leases_dropped));
+    printf("%s %llu blobs (%s), %llu leftovers of interrupted writes, %llu stale leases\n",
+           a.dry_run ? "would remove" : "removed", (unsigned long long)r.blobs_removed,
+           ckpt_format_size(r.bytes_freed, b, sizeof b), (unsigned long long)r.temps_removed,
+           (unsigned long long)r.leases_dropped);
+    return CLI_OK;
+}
+
+int cmd_du(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt du [--home DIR] [--json]\n\n"
+               "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
+               "against physical bytes of the blobs on disk, and the deduplication ratio.\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
+    store_args a;
+    int u = parse("du", argc, argv, allowed, &a);
+    if (u) return u;
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    store_du_result r;
+    int rc = store_du(&s, &r);
+    store_close(&s);
+    if (rc) return cli_fail();
+    double ratio = r.physical ? (double)r.logical / (double)r.physical : 0.0;
+    if (a.json)
+        return print_json(json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r.checkpoints, "logical_bytes",
+                                    (json_int_t)r.logical, "physical_bytes", (json_int_t)r.physical, "blobs",
+                                    (json_int_t)r.blobs, "catalog_bytes", (json_int_t)r.db_bytes, "dedup_ratio", ratio));
+    char l[32], p[32], d[32];
+    printf("%llu checkpoints, logical %s, physical %s in %llu blobs (+ catalog %s), dedup ratio %.2f\n",
+           (unsigned long long)r.checkpoints, ckpt_format_size(r.logical, l, sizeof l),
+           ckpt_format_size(r.physical, p, sizeof p), (unsigned long long)r.blobs,
+           ckpt_format_size(r.db_bytes, d, sizeof d), ratio);
+    return CLI_OK;
+}
+
+static void print_line(void *ctx, const char *line)
+{
+    (void)ctx;
+    printf("%s\n", line);
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt verify [REF] [--home DIR]\n\n"
+               "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
+               "and checks its sha256 against the catalog. Names each damaged blob with the\n"
+               "checkpoints and files it breaks. Exit 1 if anything is damaged.\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {OPT_HOME, OPT_QUIET, 0};
+    store_args a;
+    int u = parse("verify", argc, argv, allowed, &a);
+    if (u) return u;
+    ckpt_store s;
+    if (store_open(&s, a.home) < 0) return cli_fail();
+    int64_t only = 0;
+    store_ckpt c;
+    int rc = 0;
+    if (a.npos == 1) {
+        if ((rc = store_resolve(&s, a.pos[0], &c)) == 0) {
+            only = c.id;
+            store_ckpt_free(&c);
+        }
+    }
+    uint64_t damaged = 0, broken_files = 0, checked = 0;
+    if (!rc) rc = store_verify_blobs(&s, only, print_line, NULL, &damaged);
+    /* Rebuild every file of every checkpoint in scope and compare sha256. */
+    sqlite3_stmt *st = NULL;
+    if (!rc && !damaged) rc = catalog_prepare(&s.cat, &st, "SELECT id FROM checkpoints WHERE ?1 = 0 OR id = ?1 ORDER BY id");
+    if (st) sqlite3_bind_int64(st, 1, only);
+    while (!rc && st && sqlite3_step(st) == SQLITE_ROW) {
+        if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
+        char *base = store_tmp_base(&s, "verify"), *tmp = NULL;
+        rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
+        materialize_opts mo = {.rank = -1, .force = true, .quiet = true};
+        if (!rc && store_materialize(&s, &c, tmp, &mo) < 0) {
+            char *ref = store_ckpt_ref(&c);
+            printf("%s: %s\n", ref ? ref : "?", ckpt_error_last());
+            free(ref);
+            broken_files++;
+        }
+        checked++;
+        if (tmp) ckpt_rm_rf(tmp);
+        free(tmp);
+        free(base);
+        store_ckpt_free(&c);
+    }
+    sqlite3_finalize(st);
+    store_close(&s);
+    if (rc) return cli_fail();
+    if (damaged || broken_files) {
+        fprintf(stderr, "ckpt: verify: %llu damaged blobs, %llu checkpoints that do not rebuild\n",
+                (unsigned long long)damaged, (unsigned long long)broken_files);
+        return CLI_FAIL;
+    }
+    ckpt_info("verify: clean (%llu checkpoints rebuilt and checked)", (unsigned long long)checked);
+    return CLI_OK;
 }

@@ -18,6 +18,10 @@ static const cli_command commands[] = {
     {"import", cmd_import, "store a local checkpoint folder or tar archive"},
     {"ls", cmd_ls, "list stored checkpoints"},
     {"show", cmd_show, "show a stored checkpoint's files"},
+    {"rm", cmd_rm, "remove a stored checkpoint (gc frees its bytes)"},
+    {"gc", cmd_gc, "delete unreferenced blobs and leftovers of interrupted writes"},
+    {"du", cmd_du, "logical vs physical bytes of the store, dedup ratio"},
+    {"verify", cmd_verify, "re-hash blobs and rebuild files; name what is damaged"},
     {"pull", cmd_pull, "write a stored checkpoint (or one rank, or its consolidated form) to a folder or tar"},
 };
 

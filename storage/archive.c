@@ -31,12 +31,10 @@ static bool entry_name_safe(const char *name)
     return true;
 }
 
-int ckpt_archive_extract(const char *archive_path, const char *tmp_dir, char **out)
+int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **out)
 {
     *out = NULL;
-    char *base = ckpt_path_join(tmp_dir, "import");
-    int rc = base ? ckpt_tmpdir_create(base, out) : CKPT_ENOMEM;
-    free(base);
+    int rc = ckpt_tmpdir_create(tmp_base, out);
     if (rc) return rc;
     struct archive *a = archive_read_new();
     archive_read_support_filter_all(a);

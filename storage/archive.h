@@ -14,8 +14,8 @@
 #define ARCHIVE_MAX_ENTRIES 100000
 #define ARCHIVE_MAX_BYTES (4ULL << 40)
 
-/* Extracts archive_path into a new folder under tmp_dir; *out is malloc'd. */
-int ckpt_archive_extract(const char *archive_path, const char *tmp_dir, char **out);
+/* Extracts archive_path into a new folder "<tmp_base>.tmp-XXXXXX"; *out is malloc'd. */
+int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **out);
 /* Writes the files under dir as a tar (zstd-compressed when zstd) to out
  * ("-" for standard output); names are relative to dir, sorted. */
 int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd);

@@ -17,30 +17,30 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The start time of this process (clock ticks since boot), against pid reuse. */
-static int64_t self_start_time(void)
+int64_t store_proc_start_time(int pid)
 {
-    static int64_t cached = -1;
-    if (cached >= 0) return cached;
-    cached = 0;
-    char buf[1024];
-    FILE *f = fopen("/proc/self/stat", "r");
-    if (!f) return 0;
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (!f) return -1;
     size_t n = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
-    if (!p) return 0;
-    long long v = 0;
-    /* Fields after ")": state(3) ... starttime is field 22. */
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p) return -1;
+    /* Fields after ")" start at 3 (state); the start time is field 22. */
     int field = 2;
-    for (char *tok = strtok(p + 1, " "); tok; tok = strtok(NULL, " ")) {
-        if (++field == 22) {
-            v = atoll(tok);
-            break;
-        }
-    }
-    cached = v;
+    char *save = NULL;
+    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
+        if (++field == 22) return atoll(tok);
+    return -1;
+}
+
+/* The start time of this process, against pid reuse in leases and temp names. */
+static int64_t self_start_time(void)
+{
+    static int64_t cached = -1;
+    if (cached < 0) cached = store_proc_start_time((int)getpid());
     return cached;
 }
 
@@ -75,6 +75,11 @@ void store_close(ckpt_store *s)
     memset(s, 0, sizeof *s);
 }
 
+char *store_tmp_base(const ckpt_store *s, const char *kind)
+{
+    return ckpt_sprintf("%s/%s-%d-%lld", s->tmp_dir, kind, (int)getpid(), (long long)self_start_time());
+}
+
 char *store_blob_path(const ckpt_store *s, const char *sha)
 {
     return ckpt_sprintf("%s/%.2s/%s", s->blob_dir, sha, sha + 2);
@@ -86,7 +91,9 @@ int store_blob_begin(ckpt_store *s, store_blob_writer *w)
 {
     memset(w, 0, sizeof *w);
     w->fd = -1;
-    w->tmp_path = ckpt_sprintf("%s/blob-%d-%lld-XXXXXX", s->tmp_dir, (int)getpid(), (long long)self_start_time());
+    char *base = store_tmp_base(s, "blob");
+    w->tmp_path = base ? ckpt_sprintf("%s-XXXXXX", base) : NULL;
+    free(base);
     if (!w->tmp_path) return CKPT_ENOMEM;
     w->fd = mkostemp(w->tmp_path, O_CLOEXEC);
     if (w->fd < 0) {
@@ -452,6 +459,19 @@ int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out)
     } else {
         rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.layout = '' ORDER BY c.id DESC",
                        repo, NULL, NULL, &orig);
+    }
+    if (rc == 0 && *lay) {
+        /* The original may be gone (ckpt rm) while its layout stays. */
+        rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.layout = ?3 AND "
+                          "(?2 IS NULL OR c.revision = ?2 OR c.commit_sha = ?2 OR "
+                          "(length(?2) >= 7 AND substr(c.commit_sha, 1, length(?2)) = ?2)) ORDER BY c.id DESC",
+                       repo, rev, lay, out);
+        if (rc == 1) {
+            free(repo);
+            free(rev);
+            free(layout);
+            return 0;
+        }
     }
     if (rc == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "'%s': no such checkpoint in the store (see ckpt ls)", ref);
     if (rc == 1 && !*lay) {

@@ -47,6 +47,9 @@ typedef struct {
 /* home NULL: $CKPT_HOME, else $XDG_DATA_HOME/ckpt, else ~/.local/share/ckpt. */
 int store_open(ckpt_store *s, const char *home);
 void store_close(ckpt_store *s);
+/* "<tmp>/<kind>-<pid>-<start time>": a base for temp names that gc can tell
+ * apart from a live process's work. malloc'd. */
+char *store_tmp_base(const ckpt_store *s, const char *kind);
 /* blobs/ab/cdef...; malloc'd. */
 char *store_blob_path(const ckpt_store *s, const char *sha256);
 
@@ -130,5 +133,35 @@ char *store_ckpt_ref(const store_ckpt *c);
 void store_ckpt_free(store_ckpt *c);
 /* Checks "ORG/NAME": safe characters, one slash. */
 int store_repo_name_check(const char *repo);
+
+/* ---- maintenance (store_maint.c) ---- */
+
+/* Start time (clock ticks after boot) of process pid, or -1 when it is gone. */
+int64_t store_proc_start_time(int pid);
+
+typedef struct {
+    uint64_t blobs_removed, bytes_freed, temps_removed, leases_dropped;
+} store_gc_result;
+
+/* Deletes blobs no checkpoint references and nobody leases, leftovers of
+ * killed writers in tmp/, and stale leases; dry_run only counts. */
+int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res);
+
+typedef struct {
+    uint64_t logical;  /* bytes of every file of every checkpoint */
+    uint64_t physical; /* bytes of the blob files on disk */
+    uint64_t blobs, checkpoints, db_bytes;
+} store_du_result;
+
+int store_du(ckpt_store *s, store_du_result *res);
+/* Removes a checkpoint from the catalog (its blobs go at the next gc). */
+int store_rm(ckpt_store *s, const store_ckpt *c);
+
+/* Called by store_verify for each problem found (a line for people). */
+typedef void (*store_verify_report)(void *ctx, const char *line);
+/* Re-hashes the blobs of one checkpoint (id != 0) or of all, and reports each
+ * damaged or missing blob with the checkpoints and files it breaks. *damaged
+ * counts them. Rebuilding files is the caller's (materialize). */
+int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, void *ctx, uint64_t *damaged);
 
 #endif

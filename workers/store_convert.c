@@ -224,7 +224,7 @@ static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const con
         p->sources[i].file = i;
         p->sources[i].offset = 0;
     }
-    char *base = ckpt_path_join(s->tmp_dir, "convert"), *tmp = NULL;
+    char *base = store_tmp_base(s, "convert"), *tmp = NULL;
     int rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
     free(base);
     if (rc) return rc;
