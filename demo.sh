@@ -41,10 +41,47 @@ step "Generate a small Qwen2-0.5B-shaped checkpoint (real tensor names and heads
     gen-model qwen2 "$MODEL" --scale 8 --layers 2
 ls -l "$MODEL" | sed 1d
 
-step "List its tensors: name, dtype, shape, size, file" \
+export CKPT_HOME=$WORK/home
+
+step --head 12 "List its tensors: name, dtype, shape, size, file" \
     inspect "$MODEL"
 
-step --head 24 "The same as JSON, with each tensor's absolute byte offset in its file" \
-    inspect --json "$MODEL"
+step --head 20 "Plan the neuron layout for 8-way tensor parallelism (headers only; 14 query heads pad to 16)" \
+    plan "$MODEL" --layout neuron --tp 8
+
+step "Convert: fused QKV with GQA replication, gate/up fused, row/column slices, vocab padding" \
+    convert "$MODEL" "$WORK/neuron-tp8" --layout neuron --tp 8
+ls "$WORK/neuron-tp8"
+
+step "Consolidate the 8 rank folders back into the original layout, from the shards and ckpt-layout.json alone" \
+    consolidate "$WORK/neuron-tp8" "$WORK/restored"
+
+echo
+echo "== check: the consolidated files are byte-identical to the originals"
+for f in "$MODEL"/*; do
+    cmp "$f" "$WORK/restored/$(basename "$f")"
+    echo "   identical: $(basename "$f")  $(sha256sum <"$f" | cut -c1-16)"
+done
+
+step "Store it: every tensor once, named by its sha256" \
+    import "$MODEL" --repo demo/qwen2-tiny@main
+
+step "Convert inside the store: the layout is recipes over the same blobs" \
+    convert demo/qwen2-tiny@main --layout neuron --tp 8
+
+step "What the store holds" ls
+
+step "Logical vs physical bytes: the converted layout costs almost nothing" du
+
+step "Pull rank 3 of the converted layout (rebuilt from recipes, sha256 checked)" \
+    pull demo/qwen2-tiny@main:neuron-tp8 --rank 3 -o "$WORK/rank3"
+cmp "$WORK/rank3/model.safetensors" "$WORK/neuron-tp8/tp_rank_03/model.safetensors"
+echo "   rank 3 equals the offline conversion's tp_rank_03"
+
+step "Pull the consolidated form of the converted layout" \
+    pull demo/qwen2-tiny@main:neuron-tp8 --consolidated -o "$WORK/from-store"
+diff -r "$MODEL" "$WORK/from-store" && echo "   identical to the original checkpoint"
+
+step "Verify: re-hash every blob, rebuild every file, compare with the catalog" verify
 
 printf '\n== done: %d steps; %s removed\n' "$n" "$WORK"

@@ -36,6 +36,7 @@
 #include "workers/presets.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -972,3 +973,677 @@ static void test_stack_experts_order(void **state)
     expect_round_trip(fx, fx->dst2);
 }
 
+static void test_unstack_experts(void **state)
+{
+    fixture *fx = *state;
+    /* A stacked [E, out, in] source becomes per-expert tensors. */
+    const src_tensor stacked = {"s.experts.w.weight", CKPT_DT_I32, 3, {3, 2, 4}, 1, 0};
+    make_checkpoint(fx->src, &stacked, 1, NULL);
+    convert_with_rules(fx, fx->dst,
+                       "{'rules': [{'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "
+                       "'output': '$1.experts.{e}.w.weight'}]}");
+    convert_with_rules(fx, fx->dst2,
+                       "{'rules': [{'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "
+                       "'output': '$1.experts.{e}.w.weight', 'transpose_last2': true}]}");
+    for (uint64_t e = 0; e < 3; e++) {
+        char name[64];
+        snprintf(name, sizeof name, "s.experts.%llu.w.weight", (unsigned long long)e);
+        view v = load(fx->dst, -1, name), vt = load(fx->dst2, -1, name);
+        expect_shape(&v, CKPT_DT_I32, 2, SHAPE(2, 4));
+        expect_rows(&v, 0, 2, &stacked, 2 * e);
+        expect_shape(&vt, CKPT_DT_I32, 2, SHAPE(4, 2));
+        expect_block(&vt, 0, 0, 4, 2, &stacked, 2 * e, 0, true);
+        view_free(&v);
+        view_free(&vt);
+    }
+    expect_absent(fx->dst, -1, stacked.name);
+    expect_round_trip(fx, fx->dst);
+    expect_round_trip(fx, fx->dst2);
+
+    /* Stacking then unstacking, with and without transposes, gives back the source file. */
+    fx_clear_outputs(fx);
+    assert_int_equal(ckpt_rm_rf(fx->src), 0);
+    src_tensor t[NEXPERTS];
+    make_experts(fx->src, t);
+    const char *docs[] = {
+        "{'rules': [" STACK_RULE("") ", {'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "
+                                     "'output': '$1.experts.{e}.w.weight'}]}",
+        "{'rules': [" STACK_RULE(", 'transpose_last2': true") ", {'op': 'unstack_experts', 'pattern': "
+                                                              "'^(.*)[.]experts[.]w[.]weight$', 'output': "
+                                                              "'$1.experts.{e}.w.weight', 'transpose_last2': true}]}",
+    };
+    char *src_file = ckpt_path_join(fx->src, "model.safetensors"), *dst_file = ckpt_path_join(fx->dst, "model.safetensors");
+    assert_true(src_file && dst_file);
+    for (size_t d = 0; d < CKPT_ARRAY_LEN(docs); d++) {
+        assert_int_equal(ckpt_rm_rf(fx->dst), 0);
+        convert_with_rules(fx, fx->dst, docs[d]);
+        expect_files_equal(src_file, dst_file);
+    }
+    free(src_file);
+    free(dst_file);
+}
+
+/* ---- rename, drop, transpose, cast (spec §1, §6) ---- */
+
+static void test_rename_drop_transpose(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"model.layers.0.attn.w.weight", CKPT_DT_I32, 2, {2, 3}, 1, 0},
+        {"model.layers.12.attn.w.weight", CKPT_DT_I32, 2, {2, 3}, 2, 0},
+        {"model.rotary.inv_freq", CKPT_DT_I32, 1, {4}, 3, 0},
+        {"head.weight", CKPT_DT_I32, 2, {3, 5}, 4, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst,
+                       "{'rules': [{'op': 'rename', 'pattern': '^model[.]layers[.]([0-9]+)[.]attn[.](.*)$', "
+                       "'replacement': 'blocks.$1.$2'}, {'op': 'drop', 'pattern': '^model[.]rotary[.]'}, "
+                       "{'op': 'transpose', 'pattern': '^head[.]weight$', 'replacement': 'head.kernel'}]}");
+    view b0 = load(fx->dst, -1, "blocks.0.w.weight"), b12 = load(fx->dst, -1, "blocks.12.w.weight");
+    expect_shape(&b0, CKPT_DT_I32, 2, t[0].shape);
+    expect_rows(&b0, 0, 2, &t[0], 0);
+    expect_shape(&b12, CKPT_DT_I32, 2, t[1].shape);
+    expect_rows(&b12, 0, 2, &t[1], 0);
+    view k = load(fx->dst, -1, "head.kernel");
+    expect_shape(&k, CKPT_DT_I32, 2, SHAPE(5, 3));
+    expect_block(&k, 0, 0, 5, 3, &t[3], 0, 0, true);
+    view_free(&b0);
+    view_free(&b12);
+    view_free(&k);
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) expect_absent(fx->dst, -1, t[i].name);
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(json_array_get(json_object_get(layout_entry(layout, "blocks.12.w.weight", -1),
+                                                               "transforms"),
+                                               0),
+                                "from"),
+                "'model.layers.12.attn.w.weight'", "the rename's 'from'");
+    json_decref(layout);
+    /* A dropped tensor cannot come back: consolidation says which. */
+    consolidate_opts co = {.quiet = true};
+    assert_int_not_equal(consolidate_run(fx->dst, fx->back, &co), 0);
+    assert_contains(ckpt_error_last(), "model.rotary.inv_freq");
+    expect_no_dst(fx->back);
+
+    convert_with_rules(fx, fx->dst2,
+                       "{'rules': [{'op': 'rename', 'pattern': '^model[.]layers[.]([0-9]+)[.]attn[.](.*)$', "
+                       "'replacement': 'blocks.$1.$2'}, {'op': 'transpose', 'pattern': '^head[.]weight$'}]}");
+    expect_round_trip(fx, fx->dst2);
+}
+
+/* cast f32 -> bf16 rounds to nearest even (ckpt_f32_to_bf16), leaves integer
+ * tensors alone, and marks the layout lossy. */
+static void test_cast_bf16(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"w", CKPT_DT_F32, 2, {2, 300}, 0, 0}, /* 0..299, 1000..1299: most need rounding */
+        {"steps", CKPT_DT_I32, 1, {2}, 1, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst, "{'rules': [{'op': 'cast', 'dtype': 'bf16'}]}");
+    view w = load(fx->dst, -1, "w");
+    expect_shape(&w, CKPT_DT_BF16, 2, SHAPE(2, 300));
+    for (uint64_t r = 0; r < 2; r++) {
+        for (uint64_t c = 0; c < 300; c++) {
+            uint16_t got, want = ckpt_f32_to_bf16((float)src_value(&t[0], r, c));
+            memcpy(&got, w.raw + (r * 300 + c) * 2, 2);
+            if (got != want) fail_msg("w[%llu][%llu] is bf16 0x%04x, expected 0x%04x", (unsigned long long)r,
+                                      (unsigned long long)c, got, want);
+        }
+    }
+    /* ties go to even: 257 -> 256, 259 -> 260 */
+    assert_true(load_value(CKPT_DT_BF16, w.raw + 257 * 2) == 256.0);
+    assert_true(load_value(CKPT_DT_BF16, w.raw + 259 * 2) == 260.0);
+    view s = load(fx->dst, -1, "steps");
+    expect_whole(&s, &t[1]);
+    json_t *layout = load_layout(fx->dst);
+    assert_true(json_is_true(json_object_get(layout, "lossy")));
+    json_decref(layout);
+    /* Consolidation restores F32 from the rounded values and says it is lossy. */
+    assert_true(consolidate_ok(fx->dst, fx->back));
+    view back = load(fx->back, -1, "w");
+    expect_shape(&back, CKPT_DT_F32, 2, SHAPE(2, 300));
+    for (size_t i = 0; i < 600; i++) assert_true(load_value(CKPT_DT_F32, back.raw + i * 4) == load_value(CKPT_DT_BF16, w.raw + i * 2));
+    view_free(&w);
+    view_free(&s);
+    view_free(&back);
+}
+
+/* ---- the neuron preset ---- */
+
+enum { MGATE = 4, MUP, MDOWN, MEMBED, MHEAD, MNORM1, MNORM2, MNORM, MINI_N };
+
+/* A one-layer Llama: H 4, KV 2, head_dim 2, hidden 8, intermediate 6, vocab
+ * 10 (ids: attention 1-4 as attn_model, then 5..12), F32. */
+static void make_mini_llama(const char *dir, attn_model *m, src_tensor *t)
+{
+    attn_model_init(m, 4, 2, 2, 8, false);
+    memcpy(t, m->t, 4 * sizeof *t);
+    t[MGATE] = (src_tensor){"model.layers.0.mlp.gate_proj.weight", CKPT_DT_F32, 2, {6, 8}, 5, 0};
+    t[MUP] = (src_tensor){"model.layers.0.mlp.up_proj.weight", CKPT_DT_F32, 2, {6, 8}, 6, 0};
+    t[MDOWN] = (src_tensor){"model.layers.0.mlp.down_proj.weight", CKPT_DT_F32, 2, {8, 6}, 7, 0};
+    t[MEMBED] = (src_tensor){"model.embed_tokens.weight", CKPT_DT_F32, 2, {10, 8}, 8, 0};
+    t[MHEAD] = (src_tensor){"lm_head.weight", CKPT_DT_F32, 2, {10, 8}, 9, 0};
+    t[MNORM1] = (src_tensor){"model.layers.0.input_layernorm.weight", CKPT_DT_F32, 1, {8}, 10, 0};
+    t[MNORM2] = (src_tensor){"model.layers.0.post_attention_layernorm.weight", CKPT_DT_F32, 1, {8}, 11, 0};
+    t[MNORM] = (src_tensor){"model.norm.weight", CKPT_DT_F32, 1, {8}, 12, 0};
+    make_checkpoint(dir, t, MINI_N,
+                    "{'model_type': 'llama', 'num_attention_heads': 4, 'num_key_value_heads': 2, 'head_dim': 2, "
+                    "'hidden_size': 8, 'intermediate_size': 6, 'vocab_size': 10, 'num_hidden_layers': 1}");
+}
+
+static void test_neuron_dense(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    src_tensor t[MINI_N];
+    make_mini_llama(fx->src, &m, t);
+    convert_ok(fx->src, fx->dst, preset("neuron", 4));
+    /* m = 2, G = 2, kpr = 1, gpr = 1 */
+    static const int q[4][1] = {{0}, {2}, {1}, {3}}, kv[4][1] = {{0}, {1}, {0}, {1}};
+    expect_gqa_ranks(&m, fx->dst, 4, &q[0][0], 1, &kv[0][0], 1);
+    for (uint64_t r = 0; r < 4; r++) {
+        int rank = (int)r;
+        /* intermediate 6 padded to 8: blocks of 2, rank 3's zero */
+        view gu = load(fx->dst, rank, "model.layers.0.mlp.gate_up_proj.weight");
+        expect_shape(&gu, CKPT_DT_F32, 2, SHAPE(4, 8));
+        uint64_t at = expect_split(&gu, 0, 0, &t[MGATE], 4, 1, 4, r);
+        expect_split(&gu, 0, at, &t[MUP], 4, 1, 4, r);
+        view down = load(fx->dst, rank, t[MDOWN].name);
+        expect_shape(&down, CKPT_DT_F32, 2, SHAPE(8, 2));
+        expect_split(&down, 1, 0, &t[MDOWN], 4, 1, 4, r);
+        view_free(&gu);
+        view_free(&down);
+        for (int i = MEMBED; i <= MHEAD; i++) { /* vocabulary 10 padded to 12 */
+            view v = load(fx->dst, rank, t[i].name);
+            expect_shape(&v, CKPT_DT_F32, 2, SHAPE(3, 8));
+            expect_split(&v, 0, 0, &t[i], 4, 1, 4, r);
+            view_free(&v);
+        }
+        for (int i = MNORM1; i <= MNORM; i++) { /* replicated */
+            view v = load(fx->dst, rank, t[i].name);
+            expect_whole(&v, &t[i]);
+            view_free(&v);
+        }
+        expect_absent(fx->dst, rank, t[MGATE].name);
+        expect_absent(fx->dst, rank, t[MUP].name);
+    }
+    expect_round_trip(fx, fx->dst);
+
+    /* tp 1: one qkv of every head, gate_up = [gate; up], the rest unchanged. */
+    convert_ok(fx->src, fx->dst2, preset("neuron", 1));
+    static const int q1[] = {0, 1, 2, 3}, kv1[] = {0, 1};
+    expect_gqa_ranks(&m, fx->dst2, 1, q1, 4, kv1, 2);
+    view gu = load(fx->dst2, -1, "model.layers.0.mlp.gate_up_proj.weight");
+    expect_shape(&gu, CKPT_DT_F32, 2, SHAPE(12, 8));
+    expect_rows(&gu, 0, 6, &t[MGATE], 0);
+    expect_rows(&gu, 6, 6, &t[MUP], 0);
+    view_free(&gu);
+    for (int i = MDOWN; i < MINI_N; i++) {
+        view v = load(fx->dst2, -1, t[i].name);
+        expect_whole(&v, &t[i]);
+        view_free(&v);
+    }
+    expect_round_trip(fx, fx->dst2);
+}
+
+/* Mixtral experts under neuron tp 2: gate_up [E, hidden, 2*I/tp] with
+ * [e, :, :I/tp] = (w1_e block r)^T and [e, :, I/tp:] = (w3_e block r)^T;
+ * down [E, I/tp, hidden] = (w2_e column block r)^T; I = 3 pads to 4. */
+static void test_neuron_experts(void **state)
+{
+    fixture *fx = *state;
+    enum { E = 3, I = 3, HIDDEN = 4, TP = 2, B = 2 /* padded I / TP */ };
+    static const char *const names[3][E] = {
+        {"model.layers.0.block_sparse_moe.experts.0.w1.weight", "model.layers.0.block_sparse_moe.experts.1.w1.weight",
+         "model.layers.0.block_sparse_moe.experts.2.w1.weight"},
+        {"model.layers.0.block_sparse_moe.experts.0.w3.weight", "model.layers.0.block_sparse_moe.experts.1.w3.weight",
+         "model.layers.0.block_sparse_moe.experts.2.w3.weight"},
+        {"model.layers.0.block_sparse_moe.experts.0.w2.weight", "model.layers.0.block_sparse_moe.experts.1.w2.weight",
+         "model.layers.0.block_sparse_moe.experts.2.w2.weight"},
+    };
+    src_tensor t[3 * E + 1];
+    for (int e = 0; e < E; e++) {
+        t[e] = (src_tensor){names[0][e], CKPT_DT_I32, 2, {I, HIDDEN}, 1 + e, 0};         /* gate (w1) */
+        t[E + e] = (src_tensor){names[1][e], CKPT_DT_I32, 2, {I, HIDDEN}, 4 + e, 0};     /* up (w3) */
+        t[2 * E + e] = (src_tensor){names[2][e], CKPT_DT_I32, 2, {HIDDEN, I}, 7 + e, 0}; /* down (w2) */
+    }
+    const src_tensor *router = &t[3 * E];
+    t[3 * E] = (src_tensor){"model.layers.0.block_sparse_moe.gate.weight", CKPT_DT_I32, 2, {E, HIDDEN}, 10, 0};
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t),
+                    "{'model_type': 'mixtral', 'num_attention_heads': 2, 'num_key_value_heads': 2, 'head_dim': 2, "
+                    "'hidden_size': 4, 'intermediate_size': 3, 'num_local_experts': 3, 'vocab_size': 8}");
+    convert_ok(fx->src, fx->dst, preset("neuron", TP));
+    for (uint64_t r = 0; r < TP; r++) {
+        int rank = (int)r;
+        view gu = load(fx->dst, rank, "model.layers.0.block_sparse_moe.experts.gate_up_proj.weight");
+        view dn = load(fx->dst, rank, "model.layers.0.block_sparse_moe.experts.down_proj.weight");
+        expect_shape(&gu, CKPT_DT_I32, 3, SHAPE(E, HIDDEN, 2 * B));
+        expect_shape(&dn, CKPT_DT_I32, 3, SHAPE(E, B, HIDDEN));
+        for (uint64_t e = 0; e < E; e++) {
+            for (uint64_t j = 0; j < B; j++) {
+                uint64_t row = r * B + j; /* of the expert's I axis */
+                bool real = row < I;
+                expect_block(&gu, e * HIDDEN, j, HIDDEN, 1, real ? &t[e] : NULL, row, 0, true);
+                expect_block(&gu, e * HIDDEN, B + j, HIDDEN, 1, real ? &t[E + e] : NULL, row, 0, true);
+                expect_block(&dn, e * B + j, 0, 1, HIDDEN, real ? &t[2 * E + e] : NULL, 0, row, true);
+            }
+        }
+        view_free(&gu);
+        view_free(&dn);
+        view rt = load(fx->dst, rank, router->name);
+        expect_whole(&rt, router);
+        view_free(&rt);
+        for (int i = 0; i < 3 * E; i++) expect_absent(fx->dst, rank, t[i].name);
+    }
+    expect_round_trip(fx, fx->dst);
+}
+
+/* ckpt-layout.json of the mini Llama on neuron tp 4 (spec §7). */
+static void test_layout_metadata(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    src_tensor t[MINI_N];
+    make_mini_llama(fx->src, &m, t);
+    convert_ok(fx->src, fx->dst, preset("neuron", 4));
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(layout, "format"), "'ckpt-layout'", "format");
+    expect_json(json_object_get(layout, "layout"), "'neuron-tp4'", "layout");
+    expect_json(json_object_get(layout, "tp"), "4", "tp");
+    expect_json(json_object_get(layout, "lossy"), "false", "lossy");
+
+    /* source identity */
+    char *model = ckpt_path_join(fx->src, "model.safetensors");
+    char hex[65];
+    assert_int_equal(ckpt_sha256_file_hex(model, hex), 0);
+    struct stat st;
+    assert_int_equal(stat(model, &st), 0);
+    json_t *file0 = json_array_get(json_object_get(json_object_get(layout, "source"), "files"), 0);
+    expect_json(json_object_get(file0, "name"), "'model.safetensors'", "source file name");
+    assert_string_equal(json_string_value(json_object_get(file0, "sha256")), hex);
+    assert_int_equal(json_integer_value(json_object_get(file0, "size")), st.st_size);
+    assert_int_equal(json_array_size(json_object_get(file0, "tensors")), MINI_N);
+    free(model);
+
+    /* optimum-neuron's parameters: split tensors only */
+    expect_parameter(layout, ATTN "qkv_proj.weight_qkv", 0, 1, 4);
+    expect_parameter(layout, ATTN "o_proj.weight", 1, 1, 4);
+    expect_parameter(layout, "model.layers.0.mlp.gate_up_proj.weight", 0, 1, 4);
+    expect_parameter(layout, t[MDOWN].name, 1, 1, 4);
+    expect_parameter(layout, t[MEMBED].name, 0, 1, 4);
+    expect_parameter(layout, t[MHEAD].name, 0, 1, 4);
+    assert_null(json_object_get(json_object_get(layout, "parameters"), t[MNORM].name));
+
+    /* per tensor: GQA heads, fused members, padding */
+    expect_json(json_object_get(layout_entry(layout, ATTN "qkv_proj.weight_qkv", 1), "gqa"),
+                "{'num_attention_heads': 4, 'num_key_value_heads': 2, 'kv_size_multiplier': 2, 'head_dim': 2, "
+                "'padded_num_attention_heads': 4, 'q_heads': [2], 'kv_heads': [1], 'fused': true}",
+                "gqa of rank 1's qkv");
+    expect_json(json_object_get(layout_entry(layout, ATTN "o_proj.weight", 2), "gqa"),
+                "{'num_attention_heads': 4, 'num_key_value_heads': 2, 'kv_size_multiplier': 2, 'head_dim': 2, "
+                "'padded_num_attention_heads': 4, 'q_heads': [1], 'kv_heads': [0], 'fused': true}",
+                "gqa of rank 2's o_proj");
+    expect_json(json_object_get(layout_entry(layout, "model.layers.0.mlp.gate_up_proj.weight", 0), "fused"),
+                "{'members': ['model.layers.0.mlp.gate_proj.weight', 'model.layers.0.mlp.up_proj.weight'], "
+                "'original_dims': [6, 6], 'padded_dims': [8, 8], 'axis': 0}",
+                "fused of gate_up_proj");
+    expect_json(json_object_get(layout_entry(layout, t[MEMBED].name, 3), "padding"),
+                "{'axis': 0, 'original': 10, 'padded': 12}", "padding of embed_tokens");
+    expect_json(json_object_get(layout_entry(layout, t[MDOWN].name, 0), "padding"),
+                "{'axis': 1, 'original': 6, 'padded': 8}", "padding of down_proj");
+    json_t *norm = layout_entry(layout, t[MNORM].name, -1);
+    assert_null(json_object_get(norm, "tensor_model_parallel"));
+    assert_true(json_array_size(json_object_get(norm, "parts")) == 1);
+
+    /* model_weight_transformation_specs */
+    bool fused_spec = false, gqa_spec = false;
+    size_t i;
+    json_t *s;
+    json_array_foreach(json_object_get(layout, "model_weight_transformation_specs"), i, s)
+    {
+        const char *type = json_string_value(json_object_get(s, "type"));
+        const char *name = json_string_value(json_object_get(s, "fused_linear_name"));
+        if (!strcmp(type, "FusedLinearsSpec") && !strcmp(name, "model.layers.0.mlp.gate_up_proj.weight")) {
+            expect_json(json_object_get(s, "original_dims"), "[6, 6]", "FusedLinearsSpec original_dims");
+            fused_spec = true;
+        }
+        if (!strcmp(type, "GQAQKVColumnParallelLinearSpec") && !strcmp(name, ATTN "qkv_proj.weight_qkv")) {
+            expect_json(json_object_get(json_object_get(s, "gqa"), "kv_size_multiplier"), "2", "GQA spec multiplier");
+            gqa_spec = true;
+        }
+    }
+    assert_true(fused_spec && gqa_spec);
+
+    /* folders and the rules document that produced them */
+    expect_json(json_array_get(json_object_get(layout, "folders"), 3),
+                "{'rank': 3, 'dir': 'tp_rank_03', 'files': ['tp_rank_03/model.safetensors']}", "folder 3");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(layout, "rules"), "layout")), "neuron-tp4");
+    json_decref(layout);
+}
+
+/* `ckpt plan --print-rules` printed, fed back with --rules: the same files. */
+static void test_print_rules_round_trip(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    src_tensor t[MINI_N];
+    make_mini_llama(fx->src, &m, t);
+    char *cfg_path = ckpt_path_join(fx->src, "config.json");
+    json_t *config;
+    assert_int_equal(cj_load_file(&config, cfg_path, CONVERT_CONFIG_MAX_BYTES), 0);
+    static const char *const presets[] = {"neuron", "fused", "easydel", "hf"};
+    static const int tps[] = {1, 4};
+    for (size_t p = 0; p < CKPT_ARRAY_LEN(presets); p++) {
+        for (size_t k = 0; k < CKPT_ARRAY_LEN(tps); k++) {
+            fx_clear_outputs(fx);
+            convert_ok(fx->src, fx->dst, preset(presets[p], tps[k]));
+            preset_opts po = {.preset = presets[p], .tp = tps[k]};
+            json_t *doc;
+            if (preset_rules(&doc, config, &po, "config.json")) fail_msg("%s", ckpt_error_last());
+            char *text = cj_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+            assert_non_null(text);
+            assert_int_equal(ckpt_write_file_atomic(fx->rules, text, strlen(text)), 0);
+            convert_ok(fx->src, fx->dst2, (convert_opts){.rules_file = fx->rules});
+            expect_trees_equal(fx->dst, fx->dst2);
+            free(text);
+            json_decref(doc);
+        }
+    }
+    json_decref(config);
+    free(cfg_path);
+}
+
+/* ---- errors: at plan time, naming rule and tensor, no DST ---- */
+
+static void test_error_missing_k_proj(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 8, 2, 4, 16, false);
+    attn_model_write(&m, fx->src, K);
+    expect_convert_error(fx->src, fx->dst, preset("neuron", 4), true,
+                         NEEDLES("rule 1 (fuse_qkv_gqa)", "'" ATTN "k_proj.weight'"));
+}
+
+static void test_error_shape_against_config(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 8, 2, 4, 16, false);
+    attn_model_write(&m, fx->src, -1);
+    /* config.json says head_dim 2, the tensors have 4 */
+    char *cfg = ckpt_path_join(fx->src, "config.json");
+    write_json_text(cfg, "{'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 2, 'hidden_size': 16}");
+    free(cfg);
+    expect_convert_error(fx->src, fx->dst, preset("neuron", 4), true,
+                         NEEDLES("rule 1 (fuse_qkv_gqa)", "'" ATTN "q_proj.weight'", "[32, 16]"));
+}
+
+static void test_error_kv_multiplier(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 8, 2, 4, 16, false);
+    attn_model_write(&m, fx->src, -1);
+    convert_opts o = preset("neuron", 8);
+    o.kv_size_multiplier = 3;
+    expect_convert_error(fx->src, fx->dst, o, true, NEEDLES("rule 1 (fuse_qkv_gqa)", "kv_size_multiplier 3", "tp 8"));
+}
+
+/* Qwen3-MoE-like experts 0..7 with expert 3 missing, then with expert 5 of another shape. */
+static void test_error_experts(void **state)
+{
+    fixture *fx = *state;
+    static const char *const proj[] = {"gate_proj", "up_proj", "down_proj"};
+    char names[24][64];
+    src_tensor t[24];
+    const char *config = "{'model_type': 'qwen3_moe', 'num_attention_heads': 2, 'num_key_value_heads': 2, "
+                         "'head_dim': 2, 'hidden_size': 4, 'num_experts': 8, 'moe_intermediate_size': 2}";
+    for (int bad = 0; bad < 2; bad++) {
+        size_t n = 0;
+        for (int e = 0; e < 8; e++) {
+            if (bad == 0 && e == 3) continue;
+            for (int p = 0; p < 3; p++) {
+                snprintf(names[n], sizeof names[n], "model.layers.0.mlp.experts.%d.%s.weight", e, proj[p]);
+                uint64_t rows = p == 2 ? 4 : 2, cols = p == 2 ? 2 : 4;
+                if (bad == 1 && e == 5 && p == 0) rows = 3;
+                t[n] = (src_tensor){names[n], CKPT_DT_I32, 2, {rows, cols}, 1, 0};
+                n++;
+            }
+        }
+        assert_int_equal(ckpt_rm_rf(fx->src), 0);
+        make_checkpoint(fx->src, t, n, config);
+        if (bad == 0)
+            expect_convert_error(fx->src, fx->dst, preset("neuron", 1), true,
+                                 NEEDLES("(stack_experts)", "model.layers.0.mlp.experts.3.", "expert 3 of 8"));
+        else
+            expect_convert_error(fx->src, fx->dst, preset("fused", 1), true,
+                                 NEEDLES("(stack_experts)", "model.layers.0.mlp.experts.5.gate_proj.weight"));
+    }
+}
+
+/* Rules documents that are wrong, and rules that cannot apply to the source. */
+static void test_error_rules(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"a.weight", CKPT_DT_I32, 2, {3, 2}, 1, 0},
+        {"b.weight", CKPT_DT_I32, 2, {3, 2}, 2, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    const struct {
+        const char *doc;
+        const char *const *needles;
+    } cases[] = {
+        {"{'rules': [{'op': 'rename', 'pattern': '^(unclosed', 'replacement': 'x'}]}",
+         NEEDLES(fx->rules, "rule 1 (rename)", "bad regex", "'^(unclosed'")},
+        {"{'rules': [{'op': 'drop', 'pattern': 'zzz'}, {'op': 'frobnicate', 'pattern': 'x'}]}",
+         NEEDLES(fx->rules, "rule 2", "unknown op 'frobnicate'")},
+        {"{'rules': [{'op': 'rename', 'pattern': 'x', 'replacement': 'y', 'replacment': 'z'}]}",
+         NEEDLES(fx->rules, "rule 1 (rename)", "unknown field 'replacment'")},
+        {"{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': 'x', 'tp': 4}]}",
+         NEEDLES(fx->rules, "rule 1 (tp_split)", "tp 4")},
+        {"{'rules': [{'op': 'rename', 'pattern': '^(a|b)[.]weight$', 'replacement': 'c.weight'}]}",
+         NEEDLES("rule 1 (rename)", "'c.weight'")},
+        {"{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^a[.]', 'pad_multiple': 1}]}",
+         NEEDLES("rule 1 (tp_split)", "'a.weight'")},
+        {"{'rules': [{'op': 'fuse', 'pattern': '^(a)[.](weight|gain)$', 'members': ['weight', 'gain'], "
+         "'output': '$1.fused'}]}",
+         NEEDLES("rule 1 (fuse)", "'a.gain'")},
+    };
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(cases); i++) {
+        write_json_text(fx->rules, cases[i].doc);
+        expect_convert_error(fx->src, fx->dst, (convert_opts){.rules_file = fx->rules}, true, cases[i].needles);
+    }
+}
+
+static void test_error_truncated_shard(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {{"a.weight", CKPT_DT_I32, 2, {4, 4}, 1, 0}};
+    make_checkpoint(fx->src, t, 1, NULL);
+    char *model = ckpt_path_join(fx->src, "model.safetensors");
+    struct stat st;
+    assert_int_equal(stat(model, &st), 0);
+    assert_int_equal(truncate(model, st.st_size - 4), 0);
+    expect_convert_error(fx->src, fx->dst, preset("hf", 1), true, NEEDLES(model));
+    free(model);
+}
+
+/* DST on a 256 KiB tmpfs, the source 1 MiB: the copy fails with ENOSPC,
+ * through copy_file_range (hf) and through the slab path (a row split). */
+#define FULL_DISK_DIR "full"
+
+static void test_full_disk(void **state)
+{
+    fixture *fx = *state;
+    char mnt[700], dst[720];
+    snprintf(mnt, sizeof mnt, "%s/" FULL_DISK_DIR, fx->root);
+    snprintf(dst, sizeof dst, "%s/dst", mnt);
+    assert_int_equal(ckpt_mkdir_p(mnt, 0755), 0);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=256k") != 0) {
+        print_message("skipping the full-disk test: cannot mount a tmpfs (%s)\n", strerror(errno));
+        skip();
+    }
+    const src_tensor t[] = {{"big.weight", CKPT_DT_I32, 2, {512, 512}, 0, 512}};
+    make_checkpoint(fx->src, t, 1, NULL);
+    expect_convert_error(fx->src, dst, preset("hf", 1), false, NEEDLES("No space left"));
+    write_json_text(fx->rules, "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^big', 'axis': 1}]}");
+    expect_convert_error(fx->src, dst, (convert_opts){.rules_file = fx->rules}, false, NEEDLES("No space left"));
+    DIR *d = opendir(mnt);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) fail_msg("%s/%s was left behind", mnt, e->d_name);
+    closedir(d);
+}
+
+static int fx_teardown_unmount(void **state)
+{
+    fixture *fx = *state;
+    char mnt[700];
+    snprintf(mnt, sizeof mnt, "%s/" FULL_DISK_DIR, fx->root);
+    umount2(mnt, MNT_DETACH); /* not mounted when the test was skipped */
+    return fx_teardown(state);
+}
+
+/* ---- executor edge cases ---- */
+
+static void test_executor_scalar_and_empty(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"scalar", CKPT_DT_F32, 0, {0}, 3, 0},
+        {"empty_rows", CKPT_DT_F32, 2, {0, 4}, 1, 0},
+        {"empty_cols", CKPT_DT_F32, 2, {4, 0}, 2, 0},
+        {"empty", CKPT_DT_F32, 1, {0}, 4, 0},
+        {"empty_t", CKPT_DT_F32, 2, {0, 3}, 5, 0},
+        {"w", CKPT_DT_F32, 2, {3, 4}, 6, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+
+    /* no rules: every tensor copied as it is (the copy_file_range path) */
+    convert_with_rules(fx, fx->dst, "{'rules': []}");
+    char *a = ckpt_path_join(fx->src, "model.safetensors"), *b = ckpt_path_join(fx->dst, "model.safetensors");
+    expect_files_equal(a, b);
+    free(a);
+    free(b);
+    expect_round_trip(fx, fx->dst);
+
+    /* a widening cast: every tensor through the slab path */
+    convert_with_rules(fx, fx->dst2, "{'rules': [{'op': 'cast', 'dtype': 'f64'}]}");
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) {
+        view v = load(fx->dst2, -1, t[i].name);
+        expect_shape(&v, CKPT_DT_F64, t[i].ndim, t[i].shape);
+        if (v.nbytes) expect_rows(&v, 0, v.rows, &t[i], 0);
+        view_free(&v);
+    }
+    expect_round_trip(fx, fx->dst2);
+
+    /* tp 2: empty tensors split and transposed, the scalar replicated */
+    fx_clear_outputs(fx);
+    convert_with_rules(fx, fx->dst,
+                       "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^empty_rows$', 'axis': 1}, "
+                       "{'op': 'tp_split', 'pattern': '^empty_cols$', 'axis': 0}, "
+                       "{'op': 'transpose', 'pattern': '^empty_t$'}, {'op': 'tp_split', 'pattern': '^w$', 'axis': 1}]}");
+    for (int r = 0; r < 2; r++) {
+        view s = load(fx->dst, r, "scalar"), er = load(fx->dst, r, "empty_rows"), ec = load(fx->dst, r, "empty_cols");
+        view et = load(fx->dst, r, "empty_t"), w = load(fx->dst, r, "w");
+        expect_whole(&s, &t[0]);
+        expect_shape(&er, CKPT_DT_F32, 2, SHAPE(0, 2));
+        expect_shape(&ec, CKPT_DT_F32, 2, SHAPE(2, 0));
+        expect_shape(&et, CKPT_DT_F32, 2, SHAPE(3, 0));
+        expect_shape(&w, CKPT_DT_F32, 2, SHAPE(3, 2));
+        expect_split(&w, 1, 0, &t[5], 2, 1, 2, (uint64_t)r);
+        view *all[] = {&s, &er, &ec, &et, &w};
+        for (size_t i = 0; i < CKPT_ARRAY_LEN(all); i++) view_free(all[i]);
+    }
+    expect_round_trip(fx, fx->dst);
+}
+
+/* v's bytes equal ref's (n bytes), or the first differing element is named. */
+static void expect_bytes(const view *v, const int32_t *ref, size_t n)
+{
+    assert_int_equal(v->nbytes, n * sizeof *ref);
+    if (!memcmp(v->raw, ref, v->nbytes)) return;
+    for (size_t i = 0; i < n; i++) {
+        int32_t got;
+        memcpy(&got, v->raw + i * 4, 4);
+        if (got != ref[i]) fail_msg("%s: element %zu is %d, expected %d", v->name, i, got, ref[i]);
+    }
+}
+
+/* An I32 [1500, 6000] matrix (36 MB: more than the 8 MiB slab and the 16 MiB
+ * band), transposed (tiles whose source rows span more than a band) and
+ * split by columns over 4 ranks (9 MB slabs spanning 33 MB of source),
+ * against references computed here from the source bytes. */
+static void test_executor_big(void **state)
+{
+    fixture *fx = *state;
+    enum { ROWS = 1500, COLS = 6000, TP = 4 };
+    const src_tensor big = {"big", CKPT_DT_I32, 2, {ROWS, COLS}, 0, COLS};
+    make_checkpoint(fx->src, &big, 1, NULL);
+    view src = load(fx->src, -1, "big");
+    const int32_t *s = (const int32_t *)src.raw;
+    int32_t *ref = malloc((size_t)ROWS * COLS * sizeof *ref);
+    assert_non_null(ref);
+
+    convert_with_rules(fx, fx->dst,
+                       "{'rules': [{'op': 'transpose', 'pattern': '^big$', 'replacement': 'big_t'}]}");
+    for (size_t i = 0; i < COLS; i++)
+        for (size_t j = 0; j < ROWS; j++) ref[i * ROWS + j] = s[j * COLS + i];
+    view tr = load(fx->dst, -1, "big_t");
+    expect_shape(&tr, CKPT_DT_I32, 2, SHAPE(COLS, ROWS));
+    expect_bytes(&tr, ref, (size_t)ROWS * COLS);
+    view_free(&tr);
+    expect_round_trip(fx, fx->dst);
+
+    convert_with_rules(fx, fx->dst2, "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^big$', 'axis': 1}]}");
+    const size_t w = COLS / TP;
+    for (int r = 0; r < TP; r++) {
+        for (size_t i = 0; i < ROWS; i++)
+            for (size_t j = 0; j < w; j++) ref[i * w + j] = s[i * COLS + (size_t)r * w + j];
+        view part = load(fx->dst2, r, "big");
+        expect_shape(&part, CKPT_DT_I32, 2, SHAPE(ROWS, w));
+        expect_bytes(&part, ref, (size_t)ROWS * w);
+        view_free(&part);
+    }
+    expect_round_trip(fx, fx->dst2);
+    free(ref);
+    view_free(&src);
+}
+
+int main(void)
+{
+    ckpt_log_set_level(CKPT_LOG_QUIET);
+    const struct CMUnitTest tests[] = {
+#define T(f) cmocka_unit_test_setup_teardown(f, fx_setup, fx_teardown)
+        T(test_gqa_worked_example_tp4),
+        T(test_gqa_second_example_tp8),
+        T(test_gqa_contiguous_and_unfused),
+        T(test_gqa_head_padding),
+        T(test_tp_split_padding),
+        T(test_tp_split_stride),
+        T(test_fuse),
+        T(test_stack_experts_order),
+        T(test_unstack_experts),
+        T(test_rename_drop_transpose),
+        T(test_cast_bf16),
+        T(test_neuron_dense),
+        T(test_neuron_experts),
+        T(test_layout_metadata),
+        T(test_print_rules_round_trip),
+        T(test_error_missing_k_proj),
+        T(test_error_shape_against_config),
+        T(test_error_kv_multiplier),
+        T(test_error_experts),
+        T(test_error_rules),
+        T(test_error_truncated_shard),
+        cmocka_unit_test_setup_teardown(test_full_disk, fx_setup, fx_teardown_unmount),
+        T(test_executor_scalar_and_empty),
+        T(test_executor_big),
+#undef T
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
