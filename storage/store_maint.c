@@ -80,7 +80,7 @@ static int for_each_blob(ckpt_store *s, blob_fn fn, void *ctx)
         while (dd && !rc && (e = readdir(dd))) {
             if (strlen(e->d_name) != 62) continue;
             char sha[65], *path = ckpt_path_join(sub, e->d_name);
-            snprintf(sha, sizeof sha, "%s%s", d->d_name, e->d_name);
+            snprintf(sha, sizeof sha, "%.2s%.62s", d->d_name, e->d_name);
             struct stat st;
             if (path && stat(path, &st) == 0) rc = fn(ctx, sha, path, (uint64_t)st.st_size);
             free(path);
