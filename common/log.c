@@ -9,6 +9,12 @@
 #include <unistd.h>
 
 static ckpt_log_level log_level = CKPT_LOG_INFO;
+static ckpt_progress_sink_fn progress_sink;
+
+void ckpt_progress_set_sink(ckpt_progress_sink_fn fn)
+{
+    progress_sink = fn;
+}
 
 void ckpt_log_set_level(ckpt_log_level level)
 {
@@ -86,6 +92,14 @@ static void draw(ckpt_progress *p, int final)
 void ckpt_progress_update(ckpt_progress *p, uint64_t done)
 {
     p->done = done;
+    if (progress_sink) {
+        double t = ckpt_now();
+        if (t - p->last_draw >= 0.25 || done == p->total) {
+            p->last_draw = t;
+            progress_sink(p->label, done, p->total);
+        }
+        return;
+    }
     if (log_level < CKPT_LOG_INFO) return;
     double now = ckpt_now();
     int pct = p->total ? (int)(100.0 * (double)done / (double)p->total) : 100;
@@ -101,6 +115,10 @@ void ckpt_progress_update(ckpt_progress *p, uint64_t done)
 
 void ckpt_progress_finish(ckpt_progress *p)
 {
+    if (progress_sink) {
+        progress_sink(p->label, p->total, p->total);
+        return;
+    }
     if (log_level < CKPT_LOG_INFO) return;
     p->done = p->total;
     if (p->tty) draw(p, 1);

@@ -27,6 +27,11 @@ typedef struct {
     int tty;
 } ckpt_progress;
 
+/* When a sink is set (worker processes), progress goes to it, at most a few
+ * times a second, instead of being drawn. */
+typedef void (*ckpt_progress_sink_fn)(const char *label, uint64_t done, uint64_t total);
+void ckpt_progress_set_sink(ckpt_progress_sink_fn fn);
+
 void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total);
 void ckpt_progress_update(ckpt_progress *p, uint64_t done);
 void ckpt_progress_finish(ckpt_progress *p);

@@ -43,5 +43,14 @@ int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 int cmd_du(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_worker(int argc, char **argv);
+int cmd_submit(int argc, char **argv);
+int cmd_jobs(int argc, char **argv);
+int cmd_job_show(int argc, char **argv);
+int cmd_logs(int argc, char **argv);
+int cmd_cancel(int argc, char **argv);
+int cmd_retry(int argc, char **argv);
+int cmd_wait(int argc, char **argv);
 
 #endif

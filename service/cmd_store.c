@@ -201,8 +201,18 @@ int cmd_ls(int argc, char **argv)
 
 int cmd_show(int argc, char **argv)
 {
+    /* `ckpt show ID` (a number) shows a job; anything else is a stored checkpoint. */
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-') {
+            if (!strcmp(argv[i], "--home") || !strcmp(argv[i], "--server")) i++;
+            continue;
+        }
+        if (strspn(argv[i], "0123456789") == strlen(argv[i])) return cmd_job_show(argc, argv);
+        break;
+    }
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt show REF [--home DIR] [--json]\n\n"
+        printf("usage: ckpt show REF [--home DIR] [--json]\n"
+               "       ckpt show JOB_ID [--server URL] [--home DIR]\n\n"
                "Shows a stored checkpoint: its files (size, sha256), tensors per file, and for a\n"
                "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n");
         return CLI_OK;

@@ -22,6 +22,14 @@ static const cli_command commands[] = {
     {"gc", cmd_gc, "delete unreferenced blobs and leftovers of interrupted writes"},
     {"du", cmd_du, "logical vs physical bytes of the store, dedup ratio"},
     {"verify", cmd_verify, "re-hash blobs and rebuild files; name what is damaged"},
+    {"serve", cmd_serve, "run the daemon: job scheduler, worker processes, HTTP API"},
+    {"submit", cmd_submit, "queue a job (import, convert, consolidate, verify, gc); prints its id"},
+    {"jobs", cmd_jobs, "list jobs"},
+    {"logs", cmd_logs, "print a job's log (-f to follow)"},
+    {"wait", cmd_wait, "follow a job to its end; exit status follows the job"},
+    {"cancel", cmd_cancel, "cancel a job"},
+    {"retry", cmd_retry, "queue a failed or cancelled job again"},
+    {"worker", cmd_worker, "internal: run one job (started by serve)"},
     {"pull", cmd_pull, "write a stored checkpoint (or one rank, or its consolidated form) to a folder or tar"},
 };
 

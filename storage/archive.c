@@ -150,6 +150,7 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
     if (!rc) qsort(nl.v, nl.n, sizeof *nl.v, cmp_str);
     struct archive *a = archive_write_new();
     archive_write_set_format_pax_restricted(a);
+    archive_write_set_bytes_in_last_block(a, 1); /* no zero padding after a zstd frame on stdout */
     if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
     bool to_stdout = !strcmp(out, "-");

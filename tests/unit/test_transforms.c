@@ -37,6 +37,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -67,7 +68,8 @@ static int fx_setup(void **state)
     fixture *fx = calloc(1, sizeof *fx);
     const char *base = getenv("TMPDIR");
     if (!fx) return -1;
-    snprintf(fx->root, sizeof fx->root, "%s/ckpt-test-transforms-XXXXXX", base && *base ? base : "/tmp");
+    snprintf(fx->root, sizeof fx->root, "%s/ckpt-test-transforms-XXXXXX",
+             base && *base ? base : "/tmp");
     if (!mkdtemp(fx->root)) {
         free(fx);
         return -1;
@@ -93,7 +95,8 @@ static int fx_teardown(void **state)
 static void fx_clear_outputs(fixture *fx)
 {
     const char *dirs[] = {fx->dst, fx->dst2, fx->back};
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(dirs); i++) assert_int_equal(ckpt_rm_rf(dirs[i]), 0);
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(dirs); i++)
+        assert_int_equal(ckpt_rm_rf(dirs[i]), 0);
 }
 
 static void assert_contains(const char *haystack, const char *needle)
@@ -144,7 +147,8 @@ static uint64_t src_cols(const src_tensor *s)
 static uint64_t src_rows(const src_tensor *s)
 {
     uint64_t n = 1;
-    for (int k = 0; k + 1 < s->ndim; k++) n *= s->shape[k];
+    for (int k = 0; k + 1 < s->ndim; k++)
+        n *= s->shape[k];
     return n;
 }
 
@@ -213,7 +217,9 @@ static int fill_values(void *ctx, const st_out_tensor *t, int fd, const char *pa
     int rc = 0;
     for (uint64_t first = 0; !rc && first < n; first += CHUNK) {
         uint64_t m = n - first < CHUNK ? n - first : CHUNK;
-        for (uint64_t i = 0; i < m; i++) store_value(s->dtype, buf + i * es, src_value(s, (first + i) / cols, (first + i) % cols));
+        for (uint64_t i = 0; i < m; i++)
+            store_value(s->dtype, buf + i * es,
+                        src_value(s, (first + i) / cols, (first + i) % cols));
         rc = ckpt_pwrite_full(fd, buf, m * es, t->offset + first * es, path);
     }
     free(buf);
@@ -230,8 +236,10 @@ static void make_checkpoint(const char *dir, const src_tensor *specs, size_t n, 
     for (size_t i = 0; i < n; i++) {
         const src_tensor *s = &specs[i];
         if (s->dtype == CKPT_DT_F32 && src_rows(s) && src_cols(s))
-            assert_true(src_value(s, src_rows(s) - 1, src_cols(s) - 1) < (1 << 24)); /* exact in F32 */
-        if (st_layout_add(&l, s->name, s->dtype, s->ndim, s->shape, i)) fail_msg("%s", ckpt_error_last());
+            assert_true(src_value(s, src_rows(s) - 1, src_cols(s) - 1) <
+                        (1 << 24)); /* exact in F32 */
+        if (st_layout_add(&l, s->name, s->dtype, s->ndim, s->shape, i))
+            fail_msg("%s", ckpt_error_last());
     }
     assert_int_equal(st_layout_set_meta(&l, "format", "pt"), 0);
     assert_int_equal(st_layout_finish(&l), 0);
@@ -288,7 +296,8 @@ static bool try_load(view *v, const char *dst, int rank, const char *name)
     v->ndim = t->ndim;
     memcpy(v->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
     v->rows = 1;
-    for (int k = 0; k + 1 < t->ndim; k++) v->rows *= t->shape[k];
+    for (int k = 0; k + 1 < t->ndim; k++)
+        v->rows *= t->shape[k];
     v->cols = t->ndim ? t->shape[t->ndim - 1] : 1;
     v->nbytes = (size_t)t->nbytes;
     v->raw = malloc(v->nbytes + 1);
@@ -326,18 +335,19 @@ static void expect_shape(const view *v, ckpt_dtype dt, int ndim, const uint64_t 
     plan_shape_str(v->ndim, v->shape, got, sizeof got);
     plan_shape_str(ndim, shape, want, sizeof want);
     if (v->dtype != dt || strcmp(got, want))
-        fail_msg("%s is %s %s, expected %s %s", v->name, ckpt_dtype_name(v->dtype), got, ckpt_dtype_name(dt), want);
+        fail_msg("%s is %s %s, expected %s %s", v->name, ckpt_dtype_name(v->dtype), got,
+                 ckpt_dtype_name(dt), want);
 }
 
 /* Checks v[r0 + i][c0 + j] for i < nr, j < nc against the source s: s[sr0 + i][sc0 + j],
  * or s[sr0 + j][sc0 + i] when transposed, or all-zero bytes when s is NULL. */
-static void expect_block(const view *v, uint64_t r0, uint64_t c0, uint64_t nr, uint64_t nc, const src_tensor *s,
-                         uint64_t sr0, uint64_t sc0, bool transposed)
+static void expect_block(const view *v, uint64_t r0, uint64_t c0, uint64_t nr, uint64_t nc,
+                         const src_tensor *s, uint64_t sr0, uint64_t sc0, bool transposed)
 {
     if (r0 + nr > v->rows || c0 + nc > v->cols)
-        fail_msg("%s: block [%llu+%llu, %llu+%llu] lies outside [%llu, %llu]", v->name, (unsigned long long)r0,
-                 (unsigned long long)nr, (unsigned long long)c0, (unsigned long long)nc, (unsigned long long)v->rows,
-                 (unsigned long long)v->cols);
+        fail_msg("%s: block [%llu+%llu, %llu+%llu] lies outside [%llu, %llu]", v->name,
+                 (unsigned long long)r0, (unsigned long long)nr, (unsigned long long)c0,
+                 (unsigned long long)nc, (unsigned long long)v->rows, (unsigned long long)v->cols);
     size_t es = ckpt_dtype_size(v->dtype);
     for (uint64_t i = 0; i < nr; i++) {
         for (uint64_t j = 0; j < nc; j++) {
@@ -347,15 +357,16 @@ static void expect_block(const view *v, uint64_t r0, uint64_t c0, uint64_t nr, u
                 for (size_t b = 0; b < es; b++)
                     if (p[b])
                         fail_msg("%s[%llu][%llu] should be padding (all bits zero), is %g", v->name,
-                                 (unsigned long long)r, (unsigned long long)c, load_value(v->dtype, p));
+                                 (unsigned long long)r, (unsigned long long)c,
+                                 load_value(v->dtype, p));
                 continue;
             }
             uint64_t sr = transposed ? sr0 + j : sr0 + i, sc = transposed ? sc0 + i : sc0 + j;
             double want = (double)src_value(s, sr, sc), got = load_value(v->dtype, p);
             if (got != want)
                 fail_msg("%s[%llu][%llu] is %.10g, expected %.10g (%s row %llu col %llu)", v->name,
-                         (unsigned long long)r, (unsigned long long)c, got, want, s->name, (unsigned long long)sr,
-                         (unsigned long long)sc);
+                         (unsigned long long)r, (unsigned long long)c, got, want, s->name,
+                         (unsigned long long)sr, (unsigned long long)sc);
         }
     }
 }
@@ -374,14 +385,16 @@ static void expect_cols(const view *v, uint64_t c0, uint64_t n, const src_tensor
 
 /* Along axis 0 (rows) or 1 (columns) of v from `at` on: block i is head
  * heads[i] of s (hd rows or columns), or zeros when heads[i] is -1. */
-static void expect_heads(const view *v, int axis, uint64_t at, const int *heads, size_t n, uint64_t hd,
-                         const src_tensor *s)
+static void expect_heads(const view *v, int axis, uint64_t at, const int *heads, size_t n,
+                         uint64_t hd, const src_tensor *s)
 {
     for (size_t i = 0; i < n; i++) {
         const src_tensor *from = heads[i] < 0 ? NULL : s;
         uint64_t first = heads[i] < 0 ? 0 : (uint64_t)heads[i] * hd;
-        if (axis == 0) expect_rows(v, at + i * hd, hd, from, first);
-        else expect_cols(v, at + i * hd, hd, from, first);
+        if (axis == 0)
+            expect_rows(v, at + i * hd, hd, from, first);
+        else
+            expect_cols(v, at + i * hd, hd, from, first);
     }
 }
 
@@ -389,18 +402,21 @@ static void expect_heads(const view *v, int axis, uint64_t at, const int *heads,
  * padded with zeros to a multiple of pad_multiple, cut into tp*stride
  * pieces, pieces r, r+tp, ... concatenated; expected in v from `at` on along
  * that axis. Returns the length the share takes. */
-static uint64_t expect_split(const view *v, int axis, uint64_t at, const src_tensor *s, uint64_t tp, uint64_t stride,
-                             uint64_t pad_multiple, uint64_t r)
+static uint64_t expect_split(const view *v, int axis, uint64_t at, const src_tensor *s, uint64_t tp,
+                             uint64_t stride, uint64_t pad_multiple, uint64_t r)
 {
     uint64_t len = axis == 0 ? src_rows(s) : src_cols(s);
-    uint64_t padded = (len + pad_multiple - 1) / pad_multiple * pad_multiple, piece = padded / (tp * stride);
+    uint64_t padded = (len + pad_multiple - 1) / pad_multiple * pad_multiple,
+             piece = padded / (tp * stride);
     uint64_t pos = at;
     for (uint64_t k = 0; k < stride; k++) {
         for (uint64_t i = 0; i < piece; i++, pos++) {
             uint64_t idx = (r + k * tp) * piece + i;
             const src_tensor *from = idx < len ? s : NULL;
-            if (axis == 0) expect_rows(v, pos, 1, from, idx);
-            else expect_cols(v, pos, 1, from, idx);
+            if (axis == 0)
+                expect_rows(v, pos, 1, from, idx);
+            else
+                expect_cols(v, pos, 1, from, idx);
         }
     }
     return pos - at;
@@ -425,7 +441,8 @@ static void convert_ok(const char *src, const char *dst, convert_opts o)
     o.quiet = true;
     convert_plan cp;
     if (convert_plan_build(&cp, src, &o)) fail_msg("planning %s: %s", src, ckpt_error_last());
-    if (convert_write(&cp, dst, &o)) fail_msg("converting %s into %s: %s", src, dst, ckpt_error_last());
+    if (convert_write(&cp, dst, &o))
+        fail_msg("converting %s into %s: %s", src, dst, ckpt_error_last());
     convert_plan_free(&cp);
 }
 
@@ -455,7 +472,8 @@ static void expect_files_equal(const char *a, const char *b)
     size_t la, lb;
     if (ckpt_read_file(a, 1u << 30, &ba, &la) || ckpt_read_file(b, 1u << 30, &bb, &lb))
         fail_msg("%s", ckpt_error_last());
-    if (la != lb || memcmp(ba, bb, la)) fail_msg("%s and %s differ (%zu and %zu bytes)", a, b, la, lb);
+    if (la != lb || memcmp(ba, bb, la))
+        fail_msg("%s and %s differ (%zu and %zu bytes)", a, b, la, lb);
     free(ba);
     free(bb);
 }
@@ -467,7 +485,8 @@ static void expect_trees_equal(const char *a, const char *b)
     int na = scandir(a, &la, name_filter, alphasort), nb = scandir(b, &lb, name_filter, alphasort);
     if (na < 0 || nb < 0) fail_msg("cannot list %s or %s", a, b);
     for (int i = 0; i < na || i < nb; i++) {
-        const char *x = i < na ? la[i]->d_name : "(nothing)", *y = i < nb ? lb[i]->d_name : "(nothing)";
+        const char *x = i < na ? la[i]->d_name : "(nothing)",
+                   *y = i < nb ? lb[i]->d_name : "(nothing)";
         if (strcmp(x, y)) fail_msg("%s holds %s where %s holds %s", a, x, b, y);
         char *pa = ckpt_path_join(a, x), *pb = ckpt_path_join(b, y);
         assert_true(pa && pb);
@@ -479,8 +498,10 @@ static void expect_trees_equal(const char *a, const char *b)
         free(pa);
         free(pb);
     }
-    for (int i = 0; i < na; i++) free(la[i]);
-    for (int i = 0; i < nb; i++) free(lb[i]);
+    for (int i = 0; i < na; i++)
+        free(la[i]);
+    for (int i = 0; i < nb; i++)
+        free(lb[i]);
     free(la);
     free(lb);
 }
@@ -506,7 +527,8 @@ static void expect_no_dst(const char *dst)
     assert_non_null(d);
     struct dirent *e;
     while ((e = readdir(d)))
-        if (!strncmp(e->d_name, prefix, strlen(prefix))) fail_msg("%s/%s was left behind", parent, e->d_name);
+        if (!strncmp(e->d_name, prefix, strlen(prefix)))
+            fail_msg("%s/%s was left behind", parent, e->d_name);
     closedir(d);
     free(prefix);
     free(parent);
@@ -530,7 +552,8 @@ static void expect_convert_error(const char *src, const char *dst, convert_opts 
         convert_plan_free(&cp);
         if (rc == 0) fail_msg("conversion succeeded; expected an error naming '%s'", needles[0]);
     }
-    for (size_t i = 0; needles[i]; i++) assert_contains(ckpt_error_last(), needles[i]);
+    for (size_t i = 0; needles[i]; i++)
+        assert_contains(ckpt_error_last(), needles[i]);
     expect_no_dst(dst);
 }
 
@@ -540,7 +563,8 @@ static json_t *load_layout(const char *dst)
 {
     char *path = ckpt_path_join(dst, CONVERT_LAYOUT_FILE);
     json_t *j;
-    if (!path || cj_load_file(&j, path, CONVERT_LAYOUT_MAX_BYTES)) fail_msg("%s", ckpt_error_last());
+    if (!path || cj_load_file(&j, path, CONVERT_LAYOUT_MAX_BYTES))
+        fail_msg("%s", ckpt_error_last());
     free(path);
     return j;
 }
@@ -576,8 +600,9 @@ static void expect_parameter(const json_t *layout, const char *name, int dim, in
 {
     char want[256];
     snprintf(want, sizeof want,
-             "{'tensor_model_parallel': true, 'partition_dim': %d, 'partition_stride': %d, 'num_partitions': %d}", dim,
-             stride, tp);
+             "{'tensor_model_parallel': true, 'partition_dim': %d, 'partition_stride': %d, "
+             "'num_partitions': %d}",
+             dim, stride, tp);
     expect_json(json_object_get(json_object_get(layout, "parameters"), name), want, name);
 }
 
@@ -613,8 +638,8 @@ static void attn_model_init(attn_model *m, int heads, int kv, int hd, int hidden
     m->t[VB] = (src_tensor){ATTN "v_proj.bias", CKPT_DT_F32, 1, {kd}, 7, 0};
     m->n = bias ? 7 : 4;
     snprintf(m->config, sizeof m->config,
-             "{'model_type': 'llama', 'num_attention_heads': %d, 'num_key_value_heads': %d, 'head_dim': %d, "
-             "'hidden_size': %d}",
+             "{'model_type': 'llama', 'num_attention_heads': %d, 'num_key_value_heads': %d, "
+             "'head_dim': %d, 'hidden_size': %d}",
              heads, kv, hd, hidden);
 }
 
@@ -631,8 +656,8 @@ static void attn_model_write(const attn_model *m, const char *dir, int skip)
 /* Rank `rank` of a neuron layout holds, for query heads q[0..nq) and KV heads
  * kv[0..nkv): qkv = [Q heads; K heads; V heads], o_proj = the Q heads' columns,
  * and (with bias) the bias likewise; the unfused tensors are gone. */
-static void expect_gqa_rank(const attn_model *m, const char *dst, int rank, const int *q, size_t nq, const int *kv,
-                            size_t nkv)
+static void expect_gqa_rank(const attn_model *m, const char *dst, int rank, const int *q, size_t nq,
+                            const int *kv, size_t nkv)
 {
     uint64_t hd = (uint64_t)m->hd, h = (uint64_t)m->hidden;
     view qkv = load(dst, rank, ATTN "qkv_proj.weight_qkv");
@@ -658,8 +683,8 @@ static void expect_gqa_rank(const attn_model *m, const char *dst, int rank, cons
 }
 
 /* Every rank r of tp: q heads q[r*nq ..], KV heads kv[r*nkv ..]. */
-static void expect_gqa_ranks(const attn_model *m, const char *dst, int tp, const int *q, size_t nq, const int *kv,
-                             size_t nkv)
+static void expect_gqa_ranks(const attn_model *m, const char *dst, int tp, const int *q, size_t nq,
+                             const int *kv, size_t nkv)
 {
     for (int r = 0; r < tp; r++)
         expect_gqa_rank(m, dst, tp > 1 ? r : -1, q + (size_t)r * nq, nq, kv + (size_t)r * nkv, nkv);
@@ -702,21 +727,24 @@ static void test_gqa_second_example_tp8(void **state)
     convert_opts o = preset("neuron", 8);
     o.kv_size_multiplier = 4;
     convert_ok(fx->src, fx->dst, o);
-    static const int q4[8][4] = {{0, 1, 8, 9},     {16, 17, 24, 25}, {2, 3, 10, 11},   {18, 19, 26, 27},
-                                 {4, 5, 12, 13},   {20, 21, 28, 29}, {6, 7, 14, 15},   {22, 23, 30, 31}};
+    static const int q4[8][4] = {{0, 1, 8, 9},     {16, 17, 24, 25}, {2, 3, 10, 11},
+                                 {18, 19, 26, 27}, {4, 5, 12, 13},   {20, 21, 28, 29},
+                                 {6, 7, 14, 15},   {22, 23, 30, 31}};
     static const int kv4[8][2] = {{0, 1}, {2, 3}, {0, 1}, {2, 3}, {0, 1}, {2, 3}, {0, 1}, {2, 3}};
     expect_gqa_ranks(&m, fx->dst, 8, &q4[0][0], 4, &kv4[0][0], 2);
     json_t *layout = load_layout(fx->dst);
-    expect_json(json_object_get(json_object_get(layout_entry(layout, ATTN "qkv_proj.weight_qkv", 1), "gqa"),
-                                "kv_size_multiplier"),
-                "4", "kv_size_multiplier");
+    expect_json(
+        json_object_get(json_object_get(layout_entry(layout, ATTN "qkv_proj.weight_qkv", 1), "gqa"),
+                        "kv_size_multiplier"),
+        "4", "kv_size_multiplier");
     json_decref(layout);
     expect_round_trip(fx, fx->dst);
 
     /* The default m = tp / gcd(KV, tp) = 2: kpr = 1, gpr = 4. */
     convert_ok(fx->src, fx->dst2, preset("neuron", 8));
-    static const int q2[8][4] = {{0, 1, 2, 3},     {8, 9, 10, 11},   {16, 17, 18, 19}, {24, 25, 26, 27},
-                                 {4, 5, 6, 7},     {12, 13, 14, 15}, {20, 21, 22, 23}, {28, 29, 30, 31}};
+    static const int q2[8][4] = {{0, 1, 2, 3},     {8, 9, 10, 11},  {16, 17, 18, 19},
+                                 {24, 25, 26, 27}, {4, 5, 6, 7},    {12, 13, 14, 15},
+                                 {20, 21, 22, 23}, {28, 29, 30, 31}};
     static const int kv2[8][1] = {{0}, {1}, {2}, {3}, {0}, {1}, {2}, {3}};
     expect_gqa_ranks(&m, fx->dst2, 8, &q2[0][0], 4, &kv2[0][0], 1);
     expect_round_trip(fx, fx->dst2);
@@ -735,9 +763,11 @@ static void test_gqa_contiguous_and_unfused(void **state)
     expect_gqa_ranks(&m, fx->dst, 4, &q[0][0], 2, &kv[0][0], 1);
     expect_round_trip(fx, fx->dst);
 
-    convert_with_rules(fx, fx->dst2,
-                       "{'tp': 4, 'rules': [{'op': 'fuse_qkv_gqa', 'pattern': '^(.*[.]self_attn)[.]q_proj[.]weight$', "
-                       "'num_attention_heads': 8, 'num_key_value_heads': 4, 'head_dim': 2, 'fused': false}]}");
+    convert_with_rules(
+        fx, fx->dst2,
+        "{'tp': 4, 'rules': [{'op': 'fuse_qkv_gqa', "
+        "'pattern': '^(.*[.]self_attn)[.]q_proj[.]weight$', 'num_attention_heads': 8, "
+        "'num_key_value_heads': 4, 'head_dim': 2, 'fused': false}]}");
     for (int r = 0; r < 4; r++) {
         const int *proj_heads[] = {[Q] = q[r], [K] = kv[r], [V] = kv[r], [O] = q[r]};
         for (int p = Q; p <= O; p++) {
@@ -762,15 +792,18 @@ static void test_gqa_head_padding(void **state)
     attn_model_write(&m, fx->src, -1);
 
     /* tp 8: m = 4, G = 7 padded to 8, kpr = 1, gpr = 2. */
-    static const int q8[8][2] = {{0, 1}, {7, 8}, {2, 3}, {9, 10}, {4, 5}, {11, 12}, {6, -1}, {13, -1}};
+    static const int q8[8][2] = {{0, 1}, {7, 8},   {2, 3},  {9, 10},
+                                 {4, 5}, {11, 12}, {6, -1}, {13, -1}};
     static const int kv8[8][1] = {{0}, {1}, {0}, {1}, {0}, {1}, {0}, {1}};
     convert_ok(fx->src, fx->dst, preset("neuron", 8));
     expect_gqa_ranks(&m, fx->dst, 8, &q8[0][0], 2, &kv8[0][0], 1);
     json_t *layout = load_layout(fx->dst);
-    expect_json(json_object_get(layout_entry(layout, ATTN "o_proj.weight", 7), "gqa"),
-                "{'num_attention_heads': 14, 'num_key_value_heads': 2, 'kv_size_multiplier': 4, 'head_dim': 2, "
-                "'padded_num_attention_heads': 16, 'q_heads': [13, -1], 'kv_heads': [1], 'fused': true}",
-                "gqa of rank 7's o_proj");
+    expect_json(
+        json_object_get(layout_entry(layout, ATTN "o_proj.weight", 7), "gqa"),
+        "{'num_attention_heads': 14, 'num_key_value_heads': 2, 'kv_size_multiplier': 4, "
+        "'head_dim': 2, 'padded_num_attention_heads': 16, 'q_heads': [13, -1], 'kv_heads': [1], "
+        "'fused': true}",
+        "gqa of rank 7's o_proj");
     json_decref(layout);
     expect_round_trip(fx, fx->dst);
 
@@ -793,11 +826,13 @@ static void test_tp_split_padding(void **state)
         {"norm.weight", CKPT_DT_I32, 1, {3}, 3, 0},
     };
     make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
-    convert_with_rules(fx, fx->dst,
-                       "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^embed[.]weight$', 'axis': 0},"
-                       "{'op': 'tp_split', 'pattern': '^row[.]weight$', 'axis': 1}]}");
+    convert_with_rules(
+        fx, fx->dst,
+        "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^embed[.]weight$', 'axis': 0},"
+        "{'op': 'tp_split', 'pattern': '^row[.]weight$', 'axis': 1}]}");
     for (int r = 0; r < 4; r++) {
-        view e = load(fx->dst, r, "embed.weight"), w = load(fx->dst, r, "row.weight"), n = load(fx->dst, r, "norm.weight");
+        view e = load(fx->dst, r, "embed.weight"), w = load(fx->dst, r, "row.weight"),
+             n = load(fx->dst, r, "norm.weight");
         expect_shape(&e, CKPT_DT_I32, 2, SHAPE(3, 3));
         expect_split(&e, 0, 0, &t[0], 4, 1, 4, (uint64_t)r);
         expect_shape(&w, CKPT_DT_I32, 2, SHAPE(3, 3));
@@ -875,11 +910,13 @@ static void test_fuse(void **state)
         {"b.up_proj.weight", CKPT_DT_I32, 2, {5, 3}, 4, 0},
     };
     make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
-    convert_with_rules(fx, fx->dst,
-                       "{'tp': 2, 'rules': [{'op': 'fuse', 'pattern': '^(.*)[.](gate_proj|up_proj)[.]weight$', "
-                       "'members': ['gate_proj', 'up_proj'], 'output': '$1.gate_up_proj.weight', 'tp': 2}]}");
+    convert_with_rules(
+        fx, fx->dst,
+        "{'tp': 2, 'rules': [{'op': 'fuse', 'pattern': '^(.*)[.](gate_proj|up_proj)[.]weight$', "
+        "'members': ['gate_proj', 'up_proj'], 'output': '$1.gate_up_proj.weight', 'tp': 2}]}");
     for (int r = 0; r < 2; r++) {
-        view a = load(fx->dst, r, "a.gate_up_proj.weight"), b = load(fx->dst, r, "b.gate_up_proj.weight");
+        view a = load(fx->dst, r, "a.gate_up_proj.weight"),
+             b = load(fx->dst, r, "b.gate_up_proj.weight");
         expect_shape(&a, CKPT_DT_I32, 2, SHAPE(6, 3));
         expect_rows(&a, 0, 2, &t[0], 2 * (uint64_t)r);
         expect_rows(&a, 2, 4, &t[1], 4 * (uint64_t)r);
@@ -888,26 +925,31 @@ static void test_fuse(void **state)
         expect_split(&b, 0, at, &t[3], 2, 1, 2, (uint64_t)r);
         view_free(&a);
         view_free(&b);
-        for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) expect_absent(fx->dst, r, t[i].name);
+        for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++)
+            expect_absent(fx->dst, r, t[i].name);
     }
     json_t *layout = load_layout(fx->dst);
     expect_json(json_object_get(layout_entry(layout, "a.gate_up_proj.weight", 1), "fused"),
                 "{'members': ['a.gate_proj.weight', 'a.up_proj.weight'], 'original_dims': [4, 8], "
                 "'padded_dims': [4, 8], 'axis': 0}",
                 "fused of a.gate_up_proj.weight");
-    expect_json(json_object_get(json_object_get(layout_entry(layout, "b.gate_up_proj.weight", 0), "fused"),
-                                "padded_dims"),
-                "[6, 6]", "padded_dims of b.gate_up_proj.weight");
+    expect_json(
+        json_object_get(json_object_get(layout_entry(layout, "b.gate_up_proj.weight", 0), "fused"),
+                        "padded_dims"),
+        "[6, 6]", "padded_dims of b.gate_up_proj.weight");
     expect_parameter(layout, "a.gate_up_proj.weight", 0, 1, 2);
     bool spec_found = false;
     size_t i;
     json_t *s;
     json_array_foreach(json_object_get(layout, "model_weight_transformation_specs"), i, s)
     {
-        if (strcmp(json_string_value(json_object_get(s, "fused_linear_name")), "a.gate_up_proj.weight")) continue;
+        if (strcmp(json_string_value(json_object_get(s, "fused_linear_name")),
+                   "a.gate_up_proj.weight"))
+            continue;
         expect_json(s,
-                    "{'type': 'FusedLinearsSpec', 'fused_linear_name': 'a.gate_up_proj.weight', 'linear_names': "
-                    "['a.gate_proj.weight', 'a.up_proj.weight'], 'original_dims': [4, 8], 'fuse_axis': 0}",
+                    "{'type': 'FusedLinearsSpec', 'fused_linear_name': 'a.gate_up_proj.weight', "
+                    "'linear_names': ['a.gate_proj.weight', 'a.up_proj.weight'], "
+                    "'original_dims': [4, 8], 'fuse_axis': 0}",
                     "FusedLinearsSpec");
         spec_found = true;
     }
@@ -915,9 +957,10 @@ static void test_fuse(void **state)
     json_decref(layout);
     expect_round_trip(fx, fx->dst);
 
-    convert_with_rules(fx, fx->dst2,
-                       "{'rules': [{'op': 'fuse', 'pattern': '^(.*)[.](gate_proj|up_proj)[.]weight$', "
-                       "'members': ['gate_proj', 'up_proj'], 'output': '$1.gate_up_proj.weight'}]}");
+    convert_with_rules(
+        fx, fx->dst2,
+        "{'rules': [{'op': 'fuse', 'pattern': '^(.*)[.](gate_proj|up_proj)[.]weight$', "
+        "'members': ['gate_proj', 'up_proj'], 'output': '$1.gate_up_proj.weight'}]}");
     view a = load(fx->dst2, -1, "a.gate_up_proj.weight");
     expect_shape(&a, CKPT_DT_I32, 2, SHAPE(12, 3));
     expect_rows(&a, 0, 4, &t[0], 0);
@@ -930,20 +973,28 @@ static void test_fuse(void **state)
 
 #define NEXPERTS 11
 static const char *const expert_names[NEXPERTS] = {
-    "moe.experts.0.w.weight", "moe.experts.1.w.weight", "moe.experts.2.w.weight", "moe.experts.3.w.weight",
-    "moe.experts.4.w.weight", "moe.experts.5.w.weight", "moe.experts.6.w.weight", "moe.experts.7.w.weight",
-    "moe.experts.8.w.weight", "moe.experts.9.w.weight", "moe.experts.10.w.weight"};
+    "moe.experts.0.w.weight", "moe.experts.1.w.weight", "moe.experts.2.w.weight",
+    "moe.experts.3.w.weight", "moe.experts.4.w.weight", "moe.experts.5.w.weight",
+    "moe.experts.6.w.weight", "moe.experts.7.w.weight", "moe.experts.8.w.weight",
+    "moe.experts.9.w.weight", "moe.experts.10.w.weight"};
 
 /* Experts 0..10 of [2, 3], ids 10 + e (so "experts.10" sorts before "experts.2" by name). */
 static void make_experts(const char *dir, src_tensor *t)
 {
-    for (int e = 0; e < NEXPERTS; e++) t[e] = (src_tensor){expert_names[e], CKPT_DT_I32, 2, {2, 3}, 10 + e, 0};
+    for (int e = 0; e < NEXPERTS; e++)
+        t[e] = (src_tensor){expert_names[e], CKPT_DT_I32, 2, {2, 3}, 10 + e, 0};
     make_checkpoint(dir, t, NEXPERTS, NULL);
 }
 
-#define STACK_RULE(extra)                                                                                          \
-    "{'op': 'stack_experts', 'pattern': '^(.*)[.]experts[.]([0-9]+)[.](w)[.]weight$', 'expert_group': 2, "         \
-    "'output': '$1.experts.$3.weight'" extra "}"
+#define STACK_RULE(extra)                                                                          \
+    "{'op': 'stack_experts', 'pattern': '^(.*)[.]experts[.]([0-9]+)[.](w)[.]weight$', "            \
+    "'expert_group': 2, 'output': '$1.experts.$3.weight'" extra "}"
+
+#define TRANSPOSE_LAST2 ", 'transpose_last2': true"
+
+#define UNSTACK_RULE(extra)                                                                        \
+    "{'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "                       \
+    "'output': '$1.experts.{e}.w.weight'" extra "}"
 
 static void test_stack_experts_order(void **state)
 {
@@ -953,11 +1004,12 @@ static void test_stack_experts_order(void **state)
     convert_with_rules(fx, fx->dst, "{'rules': [" STACK_RULE("") "]}");
     view v = load(fx->dst, -1, "moe.experts.w.weight");
     expect_shape(&v, CKPT_DT_I32, 3, SHAPE(NEXPERTS, 2, 3));
-    for (uint64_t e = 0; e < NEXPERTS; e++) expect_rows(&v, 2 * e, 2, &t[e], 0);
+    for (uint64_t e = 0; e < NEXPERTS; e++)
+        expect_rows(&v, 2 * e, 2, &t[e], 0);
     view_free(&v);
     json_t *layout = load_layout(fx->dst);
-    json_t *members = json_object_get(json_object_get(layout_entry(layout, "moe.experts.w.weight", -1), "experts"),
-                                      "members");
+    json_t *members = json_object_get(
+        json_object_get(layout_entry(layout, "moe.experts.w.weight", -1), "experts"), "members");
     assert_int_equal(json_array_size(members), NEXPERTS);
     for (size_t e = 0; e < NEXPERTS; e++)
         assert_string_equal(json_string_value(json_array_get(members, e)), expert_names[e]);
@@ -965,10 +1017,11 @@ static void test_stack_experts_order(void **state)
     expect_round_trip(fx, fx->dst);
 
     /* transpose_last2: [E, in, out], expert e's [out, in] transposed. */
-    convert_with_rules(fx, fx->dst2, "{'rules': [" STACK_RULE(", 'transpose_last2': true") "]}");
+    convert_with_rules(fx, fx->dst2, "{'rules': [" STACK_RULE(TRANSPOSE_LAST2) "]}");
     v = load(fx->dst2, -1, "moe.experts.w.weight");
     expect_shape(&v, CKPT_DT_I32, 3, SHAPE(NEXPERTS, 3, 2));
-    for (uint64_t e = 0; e < NEXPERTS; e++) expect_block(&v, 3 * e, 0, 3, 2, &t[e], 0, 0, true);
+    for (uint64_t e = 0; e < NEXPERTS; e++)
+        expect_block(&v, 3 * e, 0, 3, 2, &t[e], 0, 0, true);
     view_free(&v);
     expect_round_trip(fx, fx->dst2);
 }
@@ -979,12 +1032,8 @@ static void test_unstack_experts(void **state)
     /* A stacked [E, out, in] source becomes per-expert tensors. */
     const src_tensor stacked = {"s.experts.w.weight", CKPT_DT_I32, 3, {3, 2, 4}, 1, 0};
     make_checkpoint(fx->src, &stacked, 1, NULL);
-    convert_with_rules(fx, fx->dst,
-                       "{'rules': [{'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "
-                       "'output': '$1.experts.{e}.w.weight'}]}");
-    convert_with_rules(fx, fx->dst2,
-                       "{'rules': [{'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "
-                       "'output': '$1.experts.{e}.w.weight', 'transpose_last2': true}]}");
+    convert_with_rules(fx, fx->dst, "{'rules': [" UNSTACK_RULE("") "]}");
+    convert_with_rules(fx, fx->dst2, "{'rules': [" UNSTACK_RULE(TRANSPOSE_LAST2) "]}");
     for (uint64_t e = 0; e < 3; e++) {
         char name[64];
         snprintf(name, sizeof name, "s.experts.%llu.w.weight", (unsigned long long)e);
@@ -1006,13 +1055,11 @@ static void test_unstack_experts(void **state)
     src_tensor t[NEXPERTS];
     make_experts(fx->src, t);
     const char *docs[] = {
-        "{'rules': [" STACK_RULE("") ", {'op': 'unstack_experts', 'pattern': '^(.*)[.]experts[.]w[.]weight$', "
-                                     "'output': '$1.experts.{e}.w.weight'}]}",
-        "{'rules': [" STACK_RULE(", 'transpose_last2': true") ", {'op': 'unstack_experts', 'pattern': "
-                                                              "'^(.*)[.]experts[.]w[.]weight$', 'output': "
-                                                              "'$1.experts.{e}.w.weight', 'transpose_last2': true}]}",
+        "{'rules': [" STACK_RULE("") ", " UNSTACK_RULE("") "]}",
+        "{'rules': [" STACK_RULE(TRANSPOSE_LAST2) ", " UNSTACK_RULE(TRANSPOSE_LAST2) "]}",
     };
-    char *src_file = ckpt_path_join(fx->src, "model.safetensors"), *dst_file = ckpt_path_join(fx->dst, "model.safetensors");
+    char *src_file = ckpt_path_join(fx->src, "model.safetensors"),
+         *dst_file = ckpt_path_join(fx->dst, "model.safetensors");
     assert_true(src_file && dst_file);
     for (size_t d = 0; d < CKPT_ARRAY_LEN(docs); d++) {
         assert_int_equal(ckpt_rm_rf(fx->dst), 0);
@@ -1035,10 +1082,11 @@ static void test_rename_drop_transpose(void **state)
         {"head.weight", CKPT_DT_I32, 2, {3, 5}, 4, 0},
     };
     make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
-    convert_with_rules(fx, fx->dst,
-                       "{'rules': [{'op': 'rename', 'pattern': '^model[.]layers[.]([0-9]+)[.]attn[.](.*)$', "
-                       "'replacement': 'blocks.$1.$2'}, {'op': 'drop', 'pattern': '^model[.]rotary[.]'}, "
-                       "{'op': 'transpose', 'pattern': '^head[.]weight$', 'replacement': 'head.kernel'}]}");
+    convert_with_rules(
+        fx, fx->dst,
+        "{'rules': [{'op': 'rename', 'pattern': '^model[.]layers[.]([0-9]+)[.]attn[.](.*)$', "
+        "'replacement': 'blocks.$1.$2'}, {'op': 'drop', 'pattern': '^model[.]rotary[.]'}, "
+        "{'op': 'transpose', 'pattern': '^head[.]weight$', 'replacement': 'head.kernel'}]}");
     view b0 = load(fx->dst, -1, "blocks.0.w.weight"), b12 = load(fx->dst, -1, "blocks.12.w.weight");
     expect_shape(&b0, CKPT_DT_I32, 2, t[0].shape);
     expect_rows(&b0, 0, 2, &t[0], 0);
@@ -1050,13 +1098,15 @@ static void test_rename_drop_transpose(void **state)
     view_free(&b0);
     view_free(&b12);
     view_free(&k);
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) expect_absent(fx->dst, -1, t[i].name);
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++)
+        expect_absent(fx->dst, -1, t[i].name);
     json_t *layout = load_layout(fx->dst);
-    expect_json(json_object_get(json_array_get(json_object_get(layout_entry(layout, "blocks.12.w.weight", -1),
-                                                               "transforms"),
-                                               0),
-                                "from"),
-                "'model.layers.12.attn.w.weight'", "the rename's 'from'");
+    expect_json(
+        json_object_get(
+            json_array_get(
+                json_object_get(layout_entry(layout, "blocks.12.w.weight", -1), "transforms"), 0),
+            "from"),
+        "'model.layers.12.attn.w.weight'", "the rename's 'from'");
     json_decref(layout);
     /* A dropped tensor cannot come back: consolidation says which. */
     consolidate_opts co = {.quiet = true};
@@ -1064,9 +1114,10 @@ static void test_rename_drop_transpose(void **state)
     assert_contains(ckpt_error_last(), "model.rotary.inv_freq");
     expect_no_dst(fx->back);
 
-    convert_with_rules(fx, fx->dst2,
-                       "{'rules': [{'op': 'rename', 'pattern': '^model[.]layers[.]([0-9]+)[.]attn[.](.*)$', "
-                       "'replacement': 'blocks.$1.$2'}, {'op': 'transpose', 'pattern': '^head[.]weight$'}]}");
+    convert_with_rules(
+        fx, fx->dst2,
+        "{'rules': [{'op': 'rename', 'pattern': '^model[.]layers[.]([0-9]+)[.]attn[.](.*)$', "
+        "'replacement': 'blocks.$1.$2'}, {'op': 'transpose', 'pattern': '^head[.]weight$'}]}");
     expect_round_trip(fx, fx->dst2);
 }
 
@@ -1087,8 +1138,9 @@ static void test_cast_bf16(void **state)
         for (uint64_t c = 0; c < 300; c++) {
             uint16_t got, want = ckpt_f32_to_bf16((float)src_value(&t[0], r, c));
             memcpy(&got, w.raw + (r * 300 + c) * 2, 2);
-            if (got != want) fail_msg("w[%llu][%llu] is bf16 0x%04x, expected 0x%04x", (unsigned long long)r,
-                                      (unsigned long long)c, got, want);
+            if (got != want)
+                fail_msg("w[%llu][%llu] is bf16 0x%04x, expected 0x%04x", (unsigned long long)r,
+                         (unsigned long long)c, got, want);
         }
     }
     /* ties go to even: 257 -> 256, 259 -> 260 */
@@ -1103,7 +1155,9 @@ static void test_cast_bf16(void **state)
     assert_true(consolidate_ok(fx->dst, fx->back));
     view back = load(fx->back, -1, "w");
     expect_shape(&back, CKPT_DT_F32, 2, SHAPE(2, 300));
-    for (size_t i = 0; i < 600; i++) assert_true(load_value(CKPT_DT_F32, back.raw + i * 4) == load_value(CKPT_DT_BF16, w.raw + i * 2));
+    for (size_t i = 0; i < 600; i++)
+        assert_true(load_value(CKPT_DT_F32, back.raw + i * 4) ==
+                    load_value(CKPT_DT_BF16, w.raw + i * 2));
     view_free(&w);
     view_free(&s);
     view_free(&back);
@@ -1125,11 +1179,13 @@ static void make_mini_llama(const char *dir, attn_model *m, src_tensor *t)
     t[MEMBED] = (src_tensor){"model.embed_tokens.weight", CKPT_DT_F32, 2, {10, 8}, 8, 0};
     t[MHEAD] = (src_tensor){"lm_head.weight", CKPT_DT_F32, 2, {10, 8}, 9, 0};
     t[MNORM1] = (src_tensor){"model.layers.0.input_layernorm.weight", CKPT_DT_F32, 1, {8}, 10, 0};
-    t[MNORM2] = (src_tensor){"model.layers.0.post_attention_layernorm.weight", CKPT_DT_F32, 1, {8}, 11, 0};
+    t[MNORM2] =
+        (src_tensor){"model.layers.0.post_attention_layernorm.weight", CKPT_DT_F32, 1, {8}, 11, 0};
     t[MNORM] = (src_tensor){"model.norm.weight", CKPT_DT_F32, 1, {8}, 12, 0};
     make_checkpoint(dir, t, MINI_N,
-                    "{'model_type': 'llama', 'num_attention_heads': 4, 'num_key_value_heads': 2, 'head_dim': 2, "
-                    "'hidden_size': 8, 'intermediate_size': 6, 'vocab_size': 10, 'num_hidden_layers': 1}");
+                    "{'model_type': 'llama', 'num_attention_heads': 4, 'num_key_value_heads': 2, "
+                    "'head_dim': 2, 'hidden_size': 8, 'intermediate_size': 6, 'vocab_size': 10, "
+                    "'num_hidden_layers': 1}");
 }
 
 static void test_neuron_dense(void **state)
@@ -1195,28 +1251,36 @@ static void test_neuron_experts(void **state)
     fixture *fx = *state;
     enum { E = 3, I = 3, HIDDEN = 4, TP = 2, B = 2 /* padded I / TP */ };
     static const char *const names[3][E] = {
-        {"model.layers.0.block_sparse_moe.experts.0.w1.weight", "model.layers.0.block_sparse_moe.experts.1.w1.weight",
+        {"model.layers.0.block_sparse_moe.experts.0.w1.weight",
+         "model.layers.0.block_sparse_moe.experts.1.w1.weight",
          "model.layers.0.block_sparse_moe.experts.2.w1.weight"},
-        {"model.layers.0.block_sparse_moe.experts.0.w3.weight", "model.layers.0.block_sparse_moe.experts.1.w3.weight",
+        {"model.layers.0.block_sparse_moe.experts.0.w3.weight",
+         "model.layers.0.block_sparse_moe.experts.1.w3.weight",
          "model.layers.0.block_sparse_moe.experts.2.w3.weight"},
-        {"model.layers.0.block_sparse_moe.experts.0.w2.weight", "model.layers.0.block_sparse_moe.experts.1.w2.weight",
+        {"model.layers.0.block_sparse_moe.experts.0.w2.weight",
+         "model.layers.0.block_sparse_moe.experts.1.w2.weight",
          "model.layers.0.block_sparse_moe.experts.2.w2.weight"},
     };
     src_tensor t[3 * E + 1];
     for (int e = 0; e < E; e++) {
-        t[e] = (src_tensor){names[0][e], CKPT_DT_I32, 2, {I, HIDDEN}, 1 + e, 0};         /* gate (w1) */
-        t[E + e] = (src_tensor){names[1][e], CKPT_DT_I32, 2, {I, HIDDEN}, 4 + e, 0};     /* up (w3) */
-        t[2 * E + e] = (src_tensor){names[2][e], CKPT_DT_I32, 2, {HIDDEN, I}, 7 + e, 0}; /* down (w2) */
+        t[e] = (src_tensor){names[0][e], CKPT_DT_I32, 2, {I, HIDDEN}, 1 + e, 0};     /* gate (w1) */
+        t[E + e] = (src_tensor){names[1][e], CKPT_DT_I32, 2, {I, HIDDEN}, 4 + e, 0}; /* up (w3) */
+        t[2 * E + e] =
+            (src_tensor){names[2][e], CKPT_DT_I32, 2, {HIDDEN, I}, 7 + e, 0}; /* down (w2) */
     }
     const src_tensor *router = &t[3 * E];
-    t[3 * E] = (src_tensor){"model.layers.0.block_sparse_moe.gate.weight", CKPT_DT_I32, 2, {E, HIDDEN}, 10, 0};
-    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t),
-                    "{'model_type': 'mixtral', 'num_attention_heads': 2, 'num_key_value_heads': 2, 'head_dim': 2, "
-                    "'hidden_size': 4, 'intermediate_size': 3, 'num_local_experts': 3, 'vocab_size': 8}");
+    t[3 * E] = (src_tensor){
+        "model.layers.0.block_sparse_moe.gate.weight", CKPT_DT_I32, 2, {E, HIDDEN}, 10, 0};
+    make_checkpoint(
+        fx->src, t, CKPT_ARRAY_LEN(t),
+        "{'model_type': 'mixtral', 'num_attention_heads': 2, 'num_key_value_heads': 2, "
+        "'head_dim': 2, 'hidden_size': 4, 'intermediate_size': 3, 'num_local_experts': 3, "
+        "'vocab_size': 8}");
     convert_ok(fx->src, fx->dst, preset("neuron", TP));
     for (uint64_t r = 0; r < TP; r++) {
         int rank = (int)r;
-        view gu = load(fx->dst, rank, "model.layers.0.block_sparse_moe.experts.gate_up_proj.weight");
+        view gu =
+            load(fx->dst, rank, "model.layers.0.block_sparse_moe.experts.gate_up_proj.weight");
         view dn = load(fx->dst, rank, "model.layers.0.block_sparse_moe.experts.down_proj.weight");
         expect_shape(&gu, CKPT_DT_I32, 3, SHAPE(E, HIDDEN, 2 * B));
         expect_shape(&dn, CKPT_DT_I32, 3, SHAPE(E, B, HIDDEN));
@@ -1225,8 +1289,10 @@ static void test_neuron_experts(void **state)
                 uint64_t row = r * B + j; /* of the expert's I axis */
                 bool real = row < I;
                 expect_block(&gu, e * HIDDEN, j, HIDDEN, 1, real ? &t[e] : NULL, row, 0, true);
-                expect_block(&gu, e * HIDDEN, B + j, HIDDEN, 1, real ? &t[E + e] : NULL, row, 0, true);
-                expect_block(&dn, e * B + j, 0, 1, HIDDEN, real ? &t[2 * E + e] : NULL, 0, row, true);
+                expect_block(&gu, e * HIDDEN, B + j, HIDDEN, 1, real ? &t[E + e] : NULL, row, 0,
+                             true);
+                expect_block(&dn, e * B + j, 0, 1, HIDDEN, real ? &t[2 * E + e] : NULL, 0, row,
+                             true);
             }
         }
         view_free(&gu);
@@ -1234,7 +1300,8 @@ static void test_neuron_experts(void **state)
         view rt = load(fx->dst, rank, router->name);
         expect_whole(&rt, router);
         view_free(&rt);
-        for (int i = 0; i < 3 * E; i++) expect_absent(fx->dst, rank, t[i].name);
+        for (int i = 0; i < 3 * E; i++)
+            expect_absent(fx->dst, rank, t[i].name);
     }
     expect_round_trip(fx, fx->dst);
 }
@@ -1277,17 +1344,20 @@ static void test_layout_metadata(void **state)
 
     /* per tensor: GQA heads, fused members, padding */
     expect_json(json_object_get(layout_entry(layout, ATTN "qkv_proj.weight_qkv", 1), "gqa"),
-                "{'num_attention_heads': 4, 'num_key_value_heads': 2, 'kv_size_multiplier': 2, 'head_dim': 2, "
-                "'padded_num_attention_heads': 4, 'q_heads': [2], 'kv_heads': [1], 'fused': true}",
+                "{'num_attention_heads': 4, 'num_key_value_heads': 2, 'kv_size_multiplier': 2, "
+                "'head_dim': 2, 'padded_num_attention_heads': 4, "
+                "'q_heads': [2], 'kv_heads': [1], 'fused': true}",
                 "gqa of rank 1's qkv");
     expect_json(json_object_get(layout_entry(layout, ATTN "o_proj.weight", 2), "gqa"),
-                "{'num_attention_heads': 4, 'num_key_value_heads': 2, 'kv_size_multiplier': 2, 'head_dim': 2, "
-                "'padded_num_attention_heads': 4, 'q_heads': [1], 'kv_heads': [0], 'fused': true}",
+                "{'num_attention_heads': 4, 'num_key_value_heads': 2, 'kv_size_multiplier': 2, "
+                "'head_dim': 2, 'padded_num_attention_heads': 4, "
+                "'q_heads': [1], 'kv_heads': [0], 'fused': true}",
                 "gqa of rank 2's o_proj");
-    expect_json(json_object_get(layout_entry(layout, "model.layers.0.mlp.gate_up_proj.weight", 0), "fused"),
-                "{'members': ['model.layers.0.mlp.gate_proj.weight', 'model.layers.0.mlp.up_proj.weight'], "
-                "'original_dims': [6, 6], 'padded_dims': [8, 8], 'axis': 0}",
-                "fused of gate_up_proj");
+    expect_json(
+        json_object_get(layout_entry(layout, "model.layers.0.mlp.gate_up_proj.weight", 0), "fused"),
+        "{'members': ['model.layers.0.mlp.gate_proj.weight', 'model.layers.0.mlp.up_proj.weight'], "
+        "'original_dims': [6, 6], 'padded_dims': [8, 8], 'axis': 0}",
+        "fused of gate_up_proj");
     expect_json(json_object_get(layout_entry(layout, t[MEMBED].name, 3), "padding"),
                 "{'axis': 0, 'original': 10, 'padded': 12}", "padding of embed_tokens");
     expect_json(json_object_get(layout_entry(layout, t[MDOWN].name, 0), "padding"),
@@ -1304,12 +1374,16 @@ static void test_layout_metadata(void **state)
     {
         const char *type = json_string_value(json_object_get(s, "type"));
         const char *name = json_string_value(json_object_get(s, "fused_linear_name"));
-        if (!strcmp(type, "FusedLinearsSpec") && !strcmp(name, "model.layers.0.mlp.gate_up_proj.weight")) {
-            expect_json(json_object_get(s, "original_dims"), "[6, 6]", "FusedLinearsSpec original_dims");
+        if (!strcmp(type, "FusedLinearsSpec") &&
+            !strcmp(name, "model.layers.0.mlp.gate_up_proj.weight")) {
+            expect_json(json_object_get(s, "original_dims"), "[6, 6]",
+                        "FusedLinearsSpec original_dims");
             fused_spec = true;
         }
-        if (!strcmp(type, "GQAQKVColumnParallelLinearSpec") && !strcmp(name, ATTN "qkv_proj.weight_qkv")) {
-            expect_json(json_object_get(json_object_get(s, "gqa"), "kv_size_multiplier"), "2", "GQA spec multiplier");
+        if (!strcmp(type, "GQAQKVColumnParallelLinearSpec") &&
+            !strcmp(name, ATTN "qkv_proj.weight_qkv")) {
+            expect_json(json_object_get(json_object_get(s, "gqa"), "kv_size_multiplier"), "2",
+                        "GQA spec multiplier");
             gqa_spec = true;
         }
     }
@@ -1317,8 +1391,11 @@ static void test_layout_metadata(void **state)
 
     /* folders and the rules document that produced them */
     expect_json(json_array_get(json_object_get(layout, "folders"), 3),
-                "{'rank': 3, 'dir': 'tp_rank_03', 'files': ['tp_rank_03/model.safetensors']}", "folder 3");
-    assert_string_equal(json_string_value(json_object_get(json_object_get(layout, "rules"), "layout")), "neuron-tp4");
+                "{'rank': 3, 'dir': 'tp_rank_03', 'files': ['tp_rank_03/model.safetensors']}",
+                "folder 3");
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(layout, "rules"), "layout")),
+        "neuron-tp4");
     json_decref(layout);
 }
 
@@ -1354,6 +1431,56 @@ static void test_print_rules_round_trip(void **state)
     free(cfg_path);
 }
 
+/* Flips the bits of byte `at` of tensor `name` in rank `rank`'s file. */
+static void corrupt_tensor(const char *dst, int rank, const char *name, uint64_t at)
+{
+    char *dir = rank_dir(dst, rank), *path = ckpt_path_join(dir, "model.safetensors");
+    st_file f;
+    if (st_open(&f, path)) fail_msg("%s", ckpt_error_last());
+    const st_tensor *t = st_find(&f, name);
+    assert_non_null(t);
+    assert_true(at < t->nbytes);
+    uint64_t off = t->offset + at;
+    st_close(&f);
+    int fd = open(path, O_RDWR);
+    assert_true(fd >= 0);
+    uint8_t b;
+    assert_int_equal(ckpt_pread_full(fd, &b, 1, off, path), 0);
+    b = (uint8_t)~b;
+    assert_int_equal(ckpt_pwrite_full(fd, &b, 1, off, path), 0);
+    close(fd);
+    free(path);
+    free(dir);
+}
+
+/* Consolidation checks every copy of a replicated box: a norm on every rank,
+ * a KV head replicated m times; a difference names the tensor and the rank. */
+static void test_consolidate_checks_replicas(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    src_tensor t[MINI_N];
+    make_mini_llama(fx->src, &m, t);
+    const char *dsts[] = {fx->dst, fx->dst2};
+    const struct {
+        const char *stored, *original;
+        uint64_t at; /* byte offset in the stored tensor */
+    } damage[] = {
+        {"model.norm.weight", "model.norm.weight", 0},
+        /* rank 2's qkv: q head 1 (2 rows of 8), then KV head 0 (a replica of rank 0's) */
+        {ATTN "qkv_proj.weight_qkv", ATTN "k_proj.weight", 2 * 8 * 4},
+    };
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(damage); i++) {
+        convert_ok(fx->src, dsts[i], preset("neuron", 4));
+        corrupt_tensor(dsts[i], 2, damage[i].stored, damage[i].at);
+        consolidate_opts co = {.quiet = true};
+        assert_int_not_equal(consolidate_run(dsts[i], fx->back, &co), 0);
+        assert_contains(ckpt_error_last(), damage[i].original);
+        assert_contains(ckpt_error_last(), "rank 2");
+        expect_no_dst(fx->back);
+    }
+}
+
 /* ---- errors: at plan time, naming rule and tensor, no DST ---- */
 
 static void test_error_missing_k_proj(void **state)
@@ -1374,7 +1501,9 @@ static void test_error_shape_against_config(void **state)
     attn_model_write(&m, fx->src, -1);
     /* config.json says head_dim 2, the tensors have 4 */
     char *cfg = ckpt_path_join(fx->src, "config.json");
-    write_json_text(cfg, "{'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 2, 'hidden_size': 16}");
+    write_json_text(
+        cfg,
+        "{'num_attention_heads': 8, 'num_key_value_heads': 2, 'head_dim': 2, 'hidden_size': 16}");
     free(cfg);
     expect_convert_error(fx->src, fx->dst, preset("neuron", 4), true,
                          NEEDLES("rule 1 (fuse_qkv_gqa)", "'" ATTN "q_proj.weight'", "[32, 16]"));
@@ -1388,7 +1517,8 @@ static void test_error_kv_multiplier(void **state)
     attn_model_write(&m, fx->src, -1);
     convert_opts o = preset("neuron", 8);
     o.kv_size_multiplier = 3;
-    expect_convert_error(fx->src, fx->dst, o, true, NEEDLES("rule 1 (fuse_qkv_gqa)", "kv_size_multiplier 3", "tp 8"));
+    expect_convert_error(fx->src, fx->dst, o, true,
+                         NEEDLES("rule 1 (fuse_qkv_gqa)", "kv_size_multiplier 3", "tp 8"));
 }
 
 /* Qwen3-MoE-like experts 0..7 with expert 3 missing, then with expert 5 of another shape. */
@@ -1398,14 +1528,16 @@ static void test_error_experts(void **state)
     static const char *const proj[] = {"gate_proj", "up_proj", "down_proj"};
     char names[24][64];
     src_tensor t[24];
-    const char *config = "{'model_type': 'qwen3_moe', 'num_attention_heads': 2, 'num_key_value_heads': 2, "
-                         "'head_dim': 2, 'hidden_size': 4, 'num_experts': 8, 'moe_intermediate_size': 2}";
+    const char *config =
+        "{'model_type': 'qwen3_moe', 'num_attention_heads': 2, 'num_key_value_heads': 2, "
+        "'head_dim': 2, 'hidden_size': 4, 'num_experts': 8, 'moe_intermediate_size': 2}";
     for (int bad = 0; bad < 2; bad++) {
         size_t n = 0;
         for (int e = 0; e < 8; e++) {
             if (bad == 0 && e == 3) continue;
             for (int p = 0; p < 3; p++) {
-                snprintf(names[n], sizeof names[n], "model.layers.0.mlp.experts.%d.%s.weight", e, proj[p]);
+                snprintf(names[n], sizeof names[n], "model.layers.0.mlp.experts.%d.%s.weight", e,
+                         proj[p]);
                 uint64_t rows = p == 2 ? 4 : 2, cols = p == 2 ? 2 : 4;
                 if (bad == 1 && e == 5 && p == 0) rows = 3;
                 t[n] = (src_tensor){names[n], CKPT_DT_I32, 2, {rows, cols}, 1, 0};
@@ -1415,11 +1547,13 @@ static void test_error_experts(void **state)
         assert_int_equal(ckpt_rm_rf(fx->src), 0);
         make_checkpoint(fx->src, t, n, config);
         if (bad == 0)
-            expect_convert_error(fx->src, fx->dst, preset("neuron", 1), true,
-                                 NEEDLES("(stack_experts)", "model.layers.0.mlp.experts.3.", "expert 3 of 8"));
+            expect_convert_error(
+                fx->src, fx->dst, preset("neuron", 1), true,
+                NEEDLES("(stack_experts)", "model.layers.0.mlp.experts.3.", "expert 3 of 8"));
         else
-            expect_convert_error(fx->src, fx->dst, preset("fused", 1), true,
-                                 NEEDLES("(stack_experts)", "model.layers.0.mlp.experts.5.gate_proj.weight"));
+            expect_convert_error(
+                fx->src, fx->dst, preset("fused", 1), true,
+                NEEDLES("(stack_experts)", "model.layers.0.mlp.experts.5.gate_proj.weight"));
     }
 }
 
@@ -1448,13 +1582,14 @@ static void test_error_rules(void **state)
          NEEDLES("rule 1 (rename)", "'c.weight'")},
         {"{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^a[.]', 'pad_multiple': 1}]}",
          NEEDLES("rule 1 (tp_split)", "'a.weight'")},
-        {"{'rules': [{'op': 'fuse', 'pattern': '^(a)[.](weight|gain)$', 'members': ['weight', 'gain'], "
-         "'output': '$1.fused'}]}",
+        {"{'rules': [{'op': 'fuse', 'pattern': '^(a)[.](weight|gain)$', "
+         "'members': ['weight', 'gain'], 'output': '$1.fused'}]}",
          NEEDLES("rule 1 (fuse)", "'a.gain'")},
     };
     for (size_t i = 0; i < CKPT_ARRAY_LEN(cases); i++) {
         write_json_text(fx->rules, cases[i].doc);
-        expect_convert_error(fx->src, fx->dst, (convert_opts){.rules_file = fx->rules}, true, cases[i].needles);
+        expect_convert_error(fx->src, fx->dst, (convert_opts){.rules_file = fx->rules}, true,
+                             cases[i].needles);
     }
 }
 
@@ -1489,13 +1624,16 @@ static void test_full_disk(void **state)
     const src_tensor t[] = {{"big.weight", CKPT_DT_I32, 2, {512, 512}, 0, 512}};
     make_checkpoint(fx->src, t, 1, NULL);
     expect_convert_error(fx->src, dst, preset("hf", 1), false, NEEDLES("No space left"));
-    write_json_text(fx->rules, "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^big', 'axis': 1}]}");
-    expect_convert_error(fx->src, dst, (convert_opts){.rules_file = fx->rules}, false, NEEDLES("No space left"));
+    write_json_text(fx->rules,
+                    "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^big', 'axis': 1}]}");
+    expect_convert_error(fx->src, dst, (convert_opts){.rules_file = fx->rules}, false,
+                         NEEDLES("No space left"));
     DIR *d = opendir(mnt);
     assert_non_null(d);
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) fail_msg("%s/%s was left behind", mnt, e->d_name);
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            fail_msg("%s/%s was left behind", mnt, e->d_name);
     closedir(d);
 }
 
@@ -1514,18 +1652,16 @@ static void test_executor_scalar_and_empty(void **state)
 {
     fixture *fx = *state;
     const src_tensor t[] = {
-        {"scalar", CKPT_DT_F32, 0, {0}, 3, 0},
-        {"empty_rows", CKPT_DT_F32, 2, {0, 4}, 1, 0},
-        {"empty_cols", CKPT_DT_F32, 2, {4, 0}, 2, 0},
-        {"empty", CKPT_DT_F32, 1, {0}, 4, 0},
-        {"empty_t", CKPT_DT_F32, 2, {0, 3}, 5, 0},
-        {"w", CKPT_DT_F32, 2, {3, 4}, 6, 0},
+        {"scalar", CKPT_DT_F32, 0, {0}, 3, 0},        {"empty_rows", CKPT_DT_F32, 2, {0, 4}, 1, 0},
+        {"empty_cols", CKPT_DT_F32, 2, {4, 0}, 2, 0}, {"empty", CKPT_DT_F32, 1, {0}, 4, 0},
+        {"empty_t", CKPT_DT_F32, 2, {0, 3}, 5, 0},    {"w", CKPT_DT_F32, 2, {3, 4}, 6, 0},
     };
     make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
 
     /* no rules: every tensor copied as it is (the copy_file_range path) */
     convert_with_rules(fx, fx->dst, "{'rules': []}");
-    char *a = ckpt_path_join(fx->src, "model.safetensors"), *b = ckpt_path_join(fx->dst, "model.safetensors");
+    char *a = ckpt_path_join(fx->src, "model.safetensors"),
+         *b = ckpt_path_join(fx->dst, "model.safetensors");
     expect_files_equal(a, b);
     free(a);
     free(b);
@@ -1543,12 +1679,15 @@ static void test_executor_scalar_and_empty(void **state)
 
     /* tp 2: empty tensors split and transposed, the scalar replicated */
     fx_clear_outputs(fx);
-    convert_with_rules(fx, fx->dst,
-                       "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^empty_rows$', 'axis': 1}, "
-                       "{'op': 'tp_split', 'pattern': '^empty_cols$', 'axis': 0}, "
-                       "{'op': 'transpose', 'pattern': '^empty_t$'}, {'op': 'tp_split', 'pattern': '^w$', 'axis': 1}]}");
+    convert_with_rules(
+        fx, fx->dst,
+        "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^empty_rows$', 'axis': 1}, "
+        "{'op': 'tp_split', 'pattern': '^empty_cols$', 'axis': 0}, "
+        "{'op': 'transpose', 'pattern': '^empty_t$'}, "
+        "{'op': 'tp_split', 'pattern': '^w$', 'axis': 1}]}");
     for (int r = 0; r < 2; r++) {
-        view s = load(fx->dst, r, "scalar"), er = load(fx->dst, r, "empty_rows"), ec = load(fx->dst, r, "empty_cols");
+        view s = load(fx->dst, r, "scalar"), er = load(fx->dst, r, "empty_rows"),
+             ec = load(fx->dst, r, "empty_cols");
         view et = load(fx->dst, r, "empty_t"), w = load(fx->dst, r, "w");
         expect_whole(&s, &t[0]);
         expect_shape(&er, CKPT_DT_F32, 2, SHAPE(0, 2));
@@ -1557,7 +1696,8 @@ static void test_executor_scalar_and_empty(void **state)
         expect_shape(&w, CKPT_DT_F32, 2, SHAPE(3, 2));
         expect_split(&w, 1, 0, &t[5], 2, 1, 2, (uint64_t)r);
         view *all[] = {&s, &er, &ec, &et, &w};
-        for (size_t i = 0; i < CKPT_ARRAY_LEN(all); i++) view_free(all[i]);
+        for (size_t i = 0; i < CKPT_ARRAY_LEN(all); i++)
+            view_free(all[i]);
     }
     expect_round_trip(fx, fx->dst);
 }
@@ -1589,21 +1729,25 @@ static void test_executor_big(void **state)
     int32_t *ref = malloc((size_t)ROWS * COLS * sizeof *ref);
     assert_non_null(ref);
 
-    convert_with_rules(fx, fx->dst,
-                       "{'rules': [{'op': 'transpose', 'pattern': '^big$', 'replacement': 'big_t'}]}");
+    convert_with_rules(
+        fx, fx->dst,
+        "{'rules': [{'op': 'transpose', 'pattern': '^big$', 'replacement': 'big_t'}]}");
     for (size_t i = 0; i < COLS; i++)
-        for (size_t j = 0; j < ROWS; j++) ref[i * ROWS + j] = s[j * COLS + i];
+        for (size_t j = 0; j < ROWS; j++)
+            ref[i * ROWS + j] = s[j * COLS + i];
     view tr = load(fx->dst, -1, "big_t");
     expect_shape(&tr, CKPT_DT_I32, 2, SHAPE(COLS, ROWS));
     expect_bytes(&tr, ref, (size_t)ROWS * COLS);
     view_free(&tr);
     expect_round_trip(fx, fx->dst);
 
-    convert_with_rules(fx, fx->dst2, "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^big$', 'axis': 1}]}");
+    convert_with_rules(fx, fx->dst2,
+                       "{'tp': 4, 'rules': [{'op': 'tp_split', 'pattern': '^big$', 'axis': 1}]}");
     const size_t w = COLS / TP;
     for (int r = 0; r < TP; r++) {
         for (size_t i = 0; i < ROWS; i++)
-            for (size_t j = 0; j < w; j++) ref[i * w + j] = s[i * COLS + (size_t)r * w + j];
+            for (size_t j = 0; j < w; j++)
+                ref[i * w + j] = s[i * COLS + (size_t)r * w + j];
         view part = load(fx->dst2, r, "big");
         expect_shape(&part, CKPT_DT_I32, 2, SHAPE(ROWS, w));
         expect_bytes(&part, ref, (size_t)ROWS * w);
@@ -1634,6 +1778,7 @@ int main(void)
         T(test_neuron_experts),
         T(test_layout_metadata),
         T(test_print_rules_round_trip),
+        T(test_consolidate_checks_replicas),
         T(test_error_missing_k_proj),
         T(test_error_shape_against_config),
         T(test_error_kv_multiplier),

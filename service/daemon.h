@@ -1,0 +1,19 @@
+/* daemon.h — `ckpt serve`: see daemon.c for what the loop does. */
+#ifndef CKPT_SERVICE_DAEMON_H
+#define CKPT_SERVICE_DAEMON_H
+
+#include <stdbool.h>
+
+typedef struct {
+    const char *home;
+    const char *listen;     /* "127.0.0.1:8470" */
+    const char *token_file;
+    int workers;            /* at most this many worker processes */
+    double grace_seconds;   /* on SIGTERM: how long running jobs may finish */
+    double timeout_seconds; /* 0: per-kind defaults */
+    bool no_http;
+} daemon_opts;
+
+int daemon_run(const daemon_opts *o);
+
+#endif

@@ -1,0 +1,43 @@
+/*
+ * http_api.h — the daemon's HTTP API (libmicrohttpd), JSON over HTTP:
+ *
+ *   POST   /v1/jobs                {"kind", "args", "priority"?, "depends_on"?, "max_attempts"?}
+ *   GET    /v1/jobs[?state=S&limit=N]
+ *   GET    /v1/jobs/{id}
+ *   DELETE /v1/jobs/{id}           cancel
+ *   POST   /v1/jobs/{id}/retry
+ *   GET    /v1/jobs/{id}/logs[?after=SEQ]
+ *   GET    /healthz                (no token needed)
+ *   GET    /metrics                Prometheus text
+ *
+ * Tokens (--token-file: one "TOKEN [read|admin]" per line, admin when the role
+ * is left out): with any configured, every request but /healthz needs
+ * "Authorization: Bearer TOKEN" (401), compared in constant time; submitting,
+ * cancelling and retrying need an admin token (403). Without tokens the API
+ * listens on loopback only. Bodies over HTTP_MAX_BODY get 413; malformed JSON,
+ * unknown kinds and bad arguments 400.
+ */
+#ifndef CKPT_SERVICE_HTTP_API_H
+#define CKPT_SERVICE_HTTP_API_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define HTTP_MAX_BODY (1u << 20)
+#define HTTP_MAX_TOKENS 1024
+
+typedef struct http_api http_api;
+
+typedef struct {
+    const char *listen;     /* "HOST:PORT"; port 0 picks a free one */
+    const char *token_file; /* NULL: no tokens, loopback only */
+    const char *db_path;
+    atomic_int *running_workers; /* for /metrics and /healthz */
+} http_api_opts;
+
+int http_api_start(http_api **out, const http_api_opts *o);
+/* The bound address, "http://HOST:PORT". */
+const char *http_api_url(const http_api *h);
+void http_api_stop(http_api *h);
+
+#endif

@@ -1,0 +1,230 @@
+/* jobs_run.c — job arguments and job bodies (see jobs_run.h). */
+#include "service/jobs_run.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/util.h"
+#include "service/queue.h"
+#include "storage/archive.h"
+#include "workers/convert.h"
+#include "workers/materialize.h"
+#include "workers/store_convert.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static char *absolute(const char *path)
+{
+    char buf[PATH_MAX];
+    if (realpath(path, buf)) return ckpt_strdup(buf);
+    if (path[0] == '/') return ckpt_strdup(path);
+    if (!getcwd(buf, sizeof buf)) return NULL;
+    return ckpt_sprintf("%s/%s", buf, path);
+}
+
+static int usage(const char *kind, const char *msg)
+{
+    return ckpt_error_set(CKPT_EINVAL, "submit %s: %s", kind, msg);
+}
+
+/* Reads "--name value" pairs after `first` positional words. */
+int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
+{
+    json_t *a = json_object();
+    *args = a;
+    if (!a) return CKPT_ENOMEM;
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *w = argv[i];
+        if (strncmp(w, "--", 2)) {
+            if (npos == 2) return usage(kind, "too many arguments");
+            pos[npos++] = w;
+            continue;
+        }
+        if (i + 1 >= argc) return usage(kind, "an option is missing its value");
+        const char *v = argv[++i];
+        const char *name = w + 2;
+        uint64_t n;
+        if (!strcmp(name, "repo") || !strcmp(name, "layout") || !strcmp(name, "dtype")) {
+            json_object_set_new(a, name, json_string(v));
+        } else if (!strcmp(name, "tp") || !strcmp(name, "kv-size-multiplier") || !strcmp(name, "sleep-ms")) {
+            if (ckpt_parse_u64(v, &n) < 0 || n > 1000000) return usage(kind, "expected a number");
+            json_object_set_new(a, !strcmp(name, "tp") ? "tp" : !strcmp(name, "sleep-ms") ? "sleep_ms" : "kv_size_multiplier",
+                                json_integer((json_int_t)n));
+        } else if (!strcmp(name, "max-shard-size")) {
+            if (ckpt_parse_size(v, &n) < 0) return usage(kind, "bad --max-shard-size");
+            json_object_set_new(a, "max_shard_size", json_integer((json_int_t)n));
+        } else {
+            char msg[128];
+            snprintf(msg, sizeof msg, "unknown option '%s'", w);
+            return usage(kind, msg);
+        }
+    }
+    if (!strcmp(kind, "import")) {
+        if (npos != 1 || !json_object_get(a, "repo")) return usage(kind, "expected DIR --repo ORG/NAME[@REV]");
+        char *abs = absolute(pos[0]);
+        json_object_set_new(a, "dir", json_string(abs ? abs : pos[0]));
+        free(abs);
+    } else if (!strcmp(kind, "convert")) {
+        if (npos != 1 || !json_object_get(a, "layout")) return usage(kind, "expected REF --layout L [--tp N]");
+        json_object_set_new(a, "ref", json_string(pos[0]));
+    } else if (!strcmp(kind, "consolidate")) {
+        if (npos != 2) return usage(kind, "expected SRC DST");
+        char *s = absolute(pos[0]), *d = absolute(pos[1]);
+        json_object_set_new(a, "src", json_string(s ? s : pos[0]));
+        json_object_set_new(a, "dst", json_string(d ? d : pos[1]));
+        free(s);
+        free(d);
+    } else if (!strcmp(kind, "verify")) {
+        if (npos > 1) return usage(kind, "expected at most one REF");
+        if (npos) json_object_set_new(a, "ref", json_string(pos[0]));
+    } else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) {
+        if (npos) return usage(kind, "takes no arguments");
+    } else {
+        return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s' (import, convert, consolidate, verify, gc, noop)", kind);
+    }
+    return jobs_args_check(kind, a);
+}
+
+static bool has_str(const json_t *a, const char *k)
+{
+    return json_is_string(json_object_get(a, k));
+}
+
+int jobs_args_check(const char *kind, const json_t *a)
+{
+    if (!json_is_object(a)) return ckpt_error_set(CKPT_EINVAL, "job arguments must be a JSON object");
+    bool ok;
+    if (!strcmp(kind, "import")) ok = has_str(a, "dir") && has_str(a, "repo");
+    else if (!strcmp(kind, "convert")) ok = has_str(a, "ref") && has_str(a, "layout");
+    else if (!strcmp(kind, "consolidate")) ok = has_str(a, "src") && has_str(a, "dst");
+    else if (!strcmp(kind, "verify")) ok = !json_object_get(a, "ref") || has_str(a, "ref");
+    else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) ok = true;
+    else return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind);
+    if (!ok) return ckpt_error_set(CKPT_EINVAL, "job '%s': missing or mistyped arguments", kind);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)a, key, v)
+    {
+        if (json_is_integer(v) && json_integer_value(v) < 0)
+            return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must not be negative", kind, key);
+        if (!json_is_string(v) && !json_is_integer(v))
+            return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must be a string or a number", kind, key);
+    }
+    return 0;
+}
+
+static bool is_transient(int code)
+{
+    return code == CKPT_EIO || code == CKPT_EBUSY || code == CKPT_ENOMEM;
+}
+
+static int run_import(ckpt_store *s, const json_t *a, json_t **result)
+{
+    char *repo = ckpt_strdup(json_string_value(json_object_get(a, "repo")));
+    if (!repo) return CKPT_ENOMEM;
+    char *at = strchr(repo, '@');
+    if (at) *at++ = '\0';
+    const char *dir = json_string_value(json_object_get(a, "dir"));
+    char *staged = NULL;
+    int rc = 0;
+    if (!ckpt_is_dir(dir)) {
+        char *base = store_tmp_base(s, "import");
+        rc = base ? ckpt_archive_extract(dir, base, &staged) : CKPT_ENOMEM;
+        free(base);
+        dir = staged;
+    }
+    store_ckpt c;
+    bool existed;
+    store_import_opts io = {.repo = repo, .revision = at};
+    if (!rc) rc = store_import_dir(s, dir, &io, &c, &existed);
+    if (staged) {
+        ckpt_rm_rf(staged);
+        free(staged);
+    }
+    if (!rc) {
+        char *ref = store_ckpt_ref(&c);
+        *result = json_pack("{s:s,s:s,s:b}", "ref", ref ? ref : "", "commit", c.commit, "existed", existed);
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    free(repo);
+    return rc;
+}
+
+static int run_convert(ckpt_store *s, const json_t *a, json_t **result)
+{
+    json_int_t tp = json_integer_value(json_object_get(a, "tp"));
+    convert_opts co = {.layout = json_string_value(json_object_get(a, "layout")),
+                       .tp = tp > 0 ? (int)tp : 1,
+                       .kv_size_multiplier = json_integer_value(json_object_get(a, "kv_size_multiplier")),
+                       .dtype = json_string_value(json_object_get(a, "dtype")),
+                       .max_shard_size = (uint64_t)json_integer_value(json_object_get(a, "max_shard_size"))};
+    store_ckpt out;
+    bool existed;
+    int rc = store_convert(s, json_string_value(json_object_get(a, "ref")), &co, &out, &existed);
+    if (!rc) {
+        char *ref = store_ckpt_ref(&out);
+        *result = json_pack("{s:s,s:b}", "ref", ref ? ref : "", "existed", existed);
+        free(ref);
+        store_ckpt_free(&out);
+    }
+    return rc;
+}
+
+static void log_line(void *ctx, const char *line)
+{
+    (void)ctx;
+    fprintf(stderr, "%s\n", line); /* the worker's stderr is its job log */
+}
+
+static int run_verify(ckpt_store *s, const json_t *a, json_t **result)
+{
+    int64_t only = 0;
+    const char *ref = json_string_value(json_object_get(a, "ref"));
+    store_ckpt c;
+    int rc = 0;
+    if (ref && !(rc = store_resolve(s, ref, &c))) {
+        only = c.id;
+        store_ckpt_free(&c);
+    }
+    uint64_t damaged = 0;
+    if (!rc) rc = store_verify_blobs(s, only, log_line, NULL, &damaged);
+    if (!rc && damaged) rc = ckpt_error_set(CKPT_ECORRUPT, "%llu damaged blobs (run ckpt verify for details)", (unsigned long long)damaged);
+    if (!rc) *result = json_pack("{s:I}", "damaged_blobs", (json_int_t)damaged);
+    return rc;
+}
+
+int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transient, json_t **result)
+{
+    *transient = false;
+    *result = NULL;
+    int rc = jobs_args_check(kind, args);
+    if (rc) return rc;
+    if (!strcmp(kind, "import")) rc = run_import(s, args, result);
+    else if (!strcmp(kind, "convert")) rc = run_convert(s, args, result);
+    else if (!strcmp(kind, "consolidate")) {
+        consolidate_opts co = {0};
+        rc = consolidate_run(json_string_value(json_object_get(args, "src")), json_string_value(json_object_get(args, "dst")), &co);
+        if (!rc) *result = json_pack("{s:b}", "lossy", co.lossy);
+    } else if (!strcmp(kind, "verify")) rc = run_verify(s, args, result);
+    else if (!strcmp(kind, "gc")) {
+        store_gc_result g;
+        rc = store_gc(s, false, &g);
+        if (!rc) *result = json_pack("{s:I,s:I}", "blobs_removed", (json_int_t)g.blobs_removed, "bytes_freed", (json_int_t)g.bytes_freed);
+    } else if (!strcmp(kind, "noop")) {
+        json_int_t ms = json_integer_value(json_object_get(args, "sleep_ms"));
+        if (ms > 0) {
+            struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+    }
+    if (rc) *transient = is_transient(rc);
+    return rc;
+}

@@ -1,0 +1,30 @@
+/*
+ * jobs_run.h — what each job kind does, and how a job's arguments are made
+ * from command-line words (shared by `ckpt submit`, the HTTP API and the
+ * worker, so the three agree).
+ *
+ *   import      {"dir": ABS, "repo": "ORG/NAME[@REV]"}
+ *   convert     {"ref": REF, "layout": L, "tp": N, "dtype": D, "kv_size_multiplier": M, "max_shard_size": BYTES}
+ *   consolidate {"src": ABS, "dst": ABS}
+ *   verify      {"ref": REF}            (ref optional: the whole store)
+ *   gc          {}
+ *   noop        {"sleep_ms": N}          (benchmarks and tests of the queue itself)
+ */
+#ifndef CKPT_SERVICE_JOBS_RUN_H
+#define CKPT_SERVICE_JOBS_RUN_H
+
+#include "storage/store.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+
+/* Builds a job's arguments from words after the kind (argv[0] is the kind).
+ * Unknown options are usage errors: CKPT_EINVAL with a message. */
+int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args);
+/* Checks a job's arguments (from the HTTP API): right fields, right types. */
+int jobs_args_check(const char *kind, const json_t *args);
+/* Runs a job in this process. *transient tells a retry may succeed. *result
+ * may receive a JSON summary (caller frees). */
+int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transient, json_t **result);
+
+#endif

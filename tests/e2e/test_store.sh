@@ -1,0 +1,627 @@
+#!/usr/bin/env bash
+# test_store.sh — the content-addressed store end to end (issue 4, "Done when").
+#
+# 1. import then pull: every generated architecture, one file and sharded,
+#    pulled as a folder, as tar / tar.zst files and streamed with `-o -`: the
+#    files' sha256 equal the source's. Importing a .tar / .tar.gz / .tar.zst of
+#    the folder gives the same checkpoint; importing again stores nothing new.
+# 2. convert inside the store then pull equals the offline `ckpt convert`
+#    byte for byte (diff -r) for every preset at tp 1 and tp > 1; converting
+#    again prints the same ref; --rank R equals DST/tp_rank_RR; --consolidated
+#    equals the source.
+# 3. du: a recipe layout (neuron tp8, fused, hf) adds under 1% physical bytes.
+# 4. verify: a flipped byte in a tensor blob, in a whole-file blob and a
+#    missing blob are named (blob, checkpoint ref, file); pull of a damaged
+#    checkpoint exits 1 and leaves no destination.
+# 5. kill -9 of import, store convert and gc at several points: nothing
+#    half-visible, verify clean, gc removes the leftovers, a fresh run works.
+# 6. concurrent imports sharing tensors while gc loops: every checkpoint
+#    pulls with matching sha256, verify is clean.
+# 7. rm then gc frees the blobs; a converted layout survives its original.
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK). Uses python3, tar,
+# zstd, sha256sum (no sqlite3: blobs are found by hashing the source bytes).
+set -euo pipefail
+
+ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
+dump="python3 ${E2E_DIR:?}/st_dump.py"
+work=${E2E_WORK:?}
+cleanup() {
+    local p
+    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    find "$work" -mindepth 1 -delete
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+note() { echo "-- $*"; }
+
+# expect_status WANT CMD...: runs CMD, checks its exit status; stdout in $work/out, stderr in $work/err.
+expect_status() {
+    local want=$1 rc=0
+    shift
+    "$@" >"$work/out" 2>"$work/err" || rc=$?
+    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stdout: $(head -c 1500 "$work/out"); stderr: $(head -c 1500 "$work/err")"
+}
+# run CMD...: expect_status 0 and print CMD's stdout.
+run() {
+    expect_status 0 "$@"
+    cat "$work/out"
+}
+gen() { expect_status 0 "$ckpt" gen-model "$@"; }
+# untar ARCHIVE DIR: extracts a .tar or .tar.zst (checked strictly by zstd) into a new DIR.
+untar() {
+    mkdir "$2"
+    if [[ "$1" == *.zst ]]; then
+        zstd -q -dc "$1" >"$1.tar" 2>"$work/err" || fail "$1: zstd -d fails: $(cat "$work/err")"
+        tar -xf "$1.tar" -C "$2" || fail "$1: not a tar"
+        rm -f "$1.tar"
+    else
+        tar -xf "$1" -C "$2" || fail "$1: not a tar"
+    fi
+}
+
+# sums DIR: "sha256  relative path" of every file under DIR, sorted.
+sums() { (cd "$1" && find . -type f -printf '%P\0' | LC_ALL=C sort -z | xargs -0 -r sha256sum); }
+# same_tree WANT GOT WHAT: same files with the same sha256.
+same_tree() {
+    [ -d "$2" ] || fail "$3: $2 is not a folder"
+    if ! diff <(sums "$1") <(sums "$2") >"$work/diff"; then
+        fail "$3: files differ from $1: $(head -c 1500 "$work/diff")"
+    fi
+}
+# jget FIELD: a top-level field of the JSON object on stdin.
+jget() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+du_field() { "$ckpt" du --json | jget "$1"; }
+# refs: the sorted refs `ckpt ls --json` lists.
+refs() { "$ckpt" ls --json | python3 -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin))))'; }
+# show_sums REF: "sha256  path" of REF's files as the catalog records them (same form as sums).
+show_sums() {
+    "$ckpt" show "$1" --json | python3 -c '
+import json, sys
+for f in sorted(json.load(sys.stdin)["files"], key=lambda f: f["path"].encode()):
+    print(f["sha256"] + "  " + f["path"])'
+}
+tmp_empty() {
+    [ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "$1: $CKPT_HOME/tmp is not empty: $(ls -A "$CKPT_HOME/tmp" | head -5 | tr '\n' ' ')"
+}
+# gc_settled WHAT: a second gc (dry run) finds nothing, tmp/ is empty.
+gc_settled() {
+    local j
+    j=$("$ckpt" gc --dry-run --json) || fail "$1: gc --dry-run failed"
+    python3 -c '
+import json, sys
+j = json.loads(sys.argv[1])
+bad = {k: j[k] for k in ("blobs_removed", "temps_removed", "leases_dropped") if j[k]}
+if bad: sys.exit(f"{sys.argv[2]}: gc --dry-run after gc still finds {bad}")' "$j" "$1" || fail "$1: gc left work"
+    tmp_empty "$1"
+}
+expect_verify_clean() {
+    expect_status 0 "$ckpt" verify
+    grep -q "damaged" "$work/out" && fail "$1: verify printed damage: $(head -c 1000 "$work/out")"
+    return 0
+}
+
+# A Python helper: runs a command and kill -9s it at a moment (see below).
+cat >"$work/killer.py" <<'EOF'
+"""killer.py HOME MODE ARG CMD...: runs CMD, SIGKILLs it when
+   after SECS   SECS seconds have passed
+   tmp N        HOME/tmp holds at least N entries (N=1: work has started)
+   blobs N      the number of blob files in HOME/blobs reaches N (counting up or down)
+and prints "killed SECONDS" or "finished RC" (it never got there)."""
+import os, signal, subprocess, sys, time
+home, mode, arg, cmd = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
+def nblobs():
+    n = 0
+    try:
+        for d in os.scandir(home + "/blobs"):
+            try:
+                n += sum(1 for _ in os.scandir(d.path))
+            except OSError:
+                pass
+    except OSError:
+        pass
+    return n
+start_blobs = nblobs() if mode == "blobs" else 0
+down = mode == "blobs" and arg < start_blobs
+t0 = time.monotonic()
+p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+while p.poll() is None:
+    now = time.monotonic() - t0
+    if mode == "after":
+        hit = now >= arg
+    elif mode == "tmp":
+        try:
+            hit = len(os.listdir(home + "/tmp")) >= arg
+        except OSError:
+            hit = False
+    else:
+        n = nblobs()
+        hit = n <= arg if down else n >= arg
+    if hit:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        print(f"killed {now:.3f}")
+        sys.exit(0)
+    time.sleep(0.0005 if mode == "after" else 0.0)
+print(f"finished {p.returncode}")
+EOF
+killer() { python3 "$work/killer.py" "$CKPT_HOME" "$@"; }
+# elapsed CMD...: runs CMD (must succeed), prints its wall seconds.
+elapsed() {
+    python3 -c '
+import subprocess, sys, time
+t = time.monotonic()
+rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(f"{time.monotonic() - t:.3f}")
+sys.exit(rc)' "$@" || fail "'$*' failed"
+}
+
+M=$work/models
+mkdir -p "$M"
+
+# =========================================================================
+# 1. import then pull
+# =========================================================================
+note "1. import / pull round trips"
+export CKPT_HOME=$work/h1
+# arch, seed and a shard size that splits it into several files
+for spec in "llama 1 0.6" "qwen2 2 0.1" "mixtral 3 0.8" "qwen3-moe 4 0.6"; do
+    set -- $spec
+    arch=$1 seed=$2 shard=$3
+    gen "$arch" "$M/$arch-one" --scale 32 --layers 2 --seed "$seed" --shard-mb 0
+    gen "$arch" "$M/$arch-sharded" --scale 32 --layers 2 --seed "$seed" --shard-mb "$shard"
+    [ -e "$M/$arch-one/model.safetensors" ] || fail "$arch-one is not one file"
+    n=$(find "$M/$arch-sharded" -name '*.safetensors' | wc -l)
+    [ -e "$M/$arch-sharded/model.safetensors.index.json" ] && [ "$n" -ge 2 ] || fail "$arch-sharded is not sharded ($n files)"
+    for kind in one sharded; do
+        src=$M/$arch-$kind
+        ref=$(run "$ckpt" import "$src" --repo "t/$arch-$kind")
+        [ "$ref" = "t/$arch-$kind@main" ] || fail "import printed '$ref', expected t/$arch-$kind@main"
+        diff <(sums "$src") <(show_sums "$ref") >/dev/null || fail "$ref: the catalog's sha256 differ from the source's"
+        p=$work/pull
+        expect_status 0 "$ckpt" pull "$ref" -o "$p"
+        same_tree "$src" "$p" "pull $ref"
+        rm -rf "$p"
+        # tar and tar.zst, to a file and to standard output
+        expect_status 0 "$ckpt" pull "$ref" -o "$work/p.tar" --format tar
+        untar "$work/p.tar" "$p"
+        same_tree "$src" "$p" "pull $ref --format tar"
+        rm -rf "$p" "$work/p.tar"
+        "$ckpt" pull "$ref" -o - --format tar.zst >"$work/p.tar.zst" 2>"$work/err" || fail "pull -o - tar.zst: $(cat "$work/err")"
+        untar "$work/p.tar.zst" "$p"
+        same_tree "$src" "$p" "pull $ref -o - --format tar.zst"
+        rm -rf "$p" "$work/p.tar.zst"
+        if [ "$kind" = sharded ]; then
+            expect_status 0 "$ckpt" pull "$ref" -o "$work/p.tar.zst" --format tar.zst
+            untar "$work/p.tar.zst" "$p"
+            same_tree "$src" "$p" "pull $ref --format tar.zst"
+            rm -rf "$p" "$work/p.tar.zst"
+            "$ckpt" pull "$ref" -o - >"$work/p.tar" 2>"$work/err" || fail "pull -o -: $(cat "$work/err")"
+            untar "$work/p.tar" "$p"
+            same_tree "$src" "$p" "pull $ref -o - (tar)"
+            rm -rf "$p" "$work/p.tar"
+        fi
+    done
+done
+tmp_empty "pulls"
+expect_status 0 "$ckpt" ls
+[ "$(grep -c . "$work/out")" -eq 8 ] || fail "ls lists $(grep -c . "$work/out") checkpoints, expected 8"
+
+note "1b. archives and repeated imports store nothing new"
+phys=$(du_field physical_bytes) blobs=$(du_field blobs) nck=$(du_field checkpoints)
+commit_of() { "$ckpt" show "$1" --json | jget commit; }
+for arch in qwen3-moe-sharded llama-one; do
+    src=$M/$arch
+    commit=$(commit_of "t/$arch")
+    tar -C "$src" -cf "$work/a.tar" .
+    tar -C "$src" -czf "$work/a.tar.gz" .
+    tar -C "$src" -cf - . | zstd -q >"$work/a.tar.zst"
+    for ext in tar tar.gz tar.zst; do
+        # under the same name: already stored
+        ref=$(run "$ckpt" import "$work/a.$ext" --repo "t/$arch")
+        [ "$ref" = "t/$arch@main" ] || fail "import of $arch .$ext printed '$ref'"
+        [ "$(commit_of "t/$arch")" = "$commit" ] || fail "import of $arch .$ext changed the commit"
+        # under another name: the same content id, the same blobs
+        r2=$(run "$ckpt" import "$work/a.$ext" --repo "t/arc-$arch-${ext//./-}")
+        [ "$(commit_of "$r2")" = "$commit" ] || fail "$arch .$ext imported as $r2 has another commit than the folder"
+        diff <(show_sums "t/$arch") <(show_sums "$r2") >/dev/null || fail "$r2: files differ from the folder import"
+        expect_status 0 "$ckpt" pull "$r2" -o "$work/pull"
+        same_tree "$src" "$work/pull" "pull $r2"
+        rm -rf "$work/pull"
+    done
+    rm -f "$work"/a.tar*
+    # the folder again
+    ref=$(run "$ckpt" import "$src" --repo "t/$arch")
+    [ "$ref" = "t/$arch@main" ] && [ "$(commit_of "t/$arch")" = "$commit" ] || fail "re-import of $arch: '$ref'"
+    grep -q "already stored" "$work/err" || fail "re-import of $arch does not say 'already stored': $(cat "$work/err")"
+done
+[ "$(du_field physical_bytes)" = "$phys" ] || fail "archives / re-imports grew the store: $phys -> $(du_field physical_bytes) bytes"
+[ "$(du_field blobs)" = "$blobs" ] || fail "archives / re-imports added blobs: $blobs -> $(du_field blobs)"
+[ "$(du_field checkpoints)" = $((nck + 6)) ] || fail "expected $((nck + 6)) checkpoints after 6 imports under new names, got $(du_field checkpoints)"
+tmp_empty "archive imports"
+expect_status 2 "$ckpt" pull t/llama-one
+expect_status 2 "$ckpt" import "$M/llama-one"
+expect_status 1 "$ckpt" pull t/no-such -o "$work/pull"
+[ ! -e "$work/pull" ] || fail "a failed pull left $work/pull"
+
+# =========================================================================
+# 2. convert in the store == offline convert
+# =========================================================================
+note "2. store convert vs offline convert"
+# check_convert SRC_NAME LAYOUT TP [extra options]
+check_convert() {
+    local name=$1 layout=$2 tp=$3
+    shift 3
+    local src=$M/$name ref=t/$name off=$work/off p=$work/pull out n
+    out=$(run "$ckpt" convert "$ref" --layout "$layout" --tp "$tp" "$@")
+    case "$out" in
+    "$ref@main:$layout"*) ;;
+    *) fail "convert $ref --layout $layout --tp $tp printed '$out'" ;;
+    esac
+    if [ "$tp" -gt 1 ]; then [[ "$out" == *"tp$tp"* ]] || fail "layout name '$out' does not say tp$tp"; fi
+    expect_status 0 "$ckpt" convert "$src" "$off" --layout "$layout" --tp "$tp" "$@"
+    expect_status 0 "$ckpt" pull "$out" -o "$p"
+    diff -r "$off" "$p" >"$work/diff" || fail "pull $out differs from the offline convert: $(head -c 1500 "$work/diff")"
+    rm -rf "$p"
+    # converting again: the same ref, nothing new
+    n=$(du_field checkpoints)
+    again=$(run "$ckpt" convert "$ref" --layout "$layout" --tp "$tp" "$@")
+    [ "$again" = "$out" ] || fail "converting again printed '$again', expected '$out'"
+    [ "$(du_field checkpoints)" = "$n" ] || fail "converting $out again added a checkpoint"
+    if [ "$tp" -gt 1 ]; then
+        local r
+        for r in 0 $((tp - 1)); do
+            local rr
+            rr=$(printf '%02d' "$r")
+            expect_status 0 "$ckpt" pull "$out" --rank "$r" -o "$p"
+            [ -d "$off/tp_rank_$rr" ] || fail "offline convert has no tp_rank_$rr"
+            for f in "$off/tp_rank_$rr"/*; do
+                cmp -s "$f" "$p/$(basename "$f")" || fail "pull $out --rank $r: $(basename "$f") differs from tp_rank_$rr"
+            done
+            for f in "$p"/*; do
+                b=$(basename "$f")
+                [ -e "$off/tp_rank_$rr/$b" ] && continue
+                case "$b" in
+                config.json | ckpt-layout.json) cmp -s "$f" "$off/$b" || fail "pull $out --rank $r: $b differs" ;;
+                *) fail "pull $out --rank $r wrote an extra file $b" ;;
+                esac
+            done
+            rm -rf "$p"
+        done
+    fi
+    expect_status 0 "$ckpt" pull "$out" --consolidated -o "$p"
+    same_tree "$src" "$p" "pull $out --consolidated"
+    rm -rf "$p" "$off"
+}
+for name in qwen2-sharded mixtral-sharded; do
+    for layout in neuron fused easydel hf; do
+        for tp in 1 4; do check_convert "$name" "$layout" "$tp"; done
+    done
+done
+check_convert qwen3-moe-one neuron 8
+check_convert qwen3-moe-one fused 2
+check_convert llama-sharded easydel 2
+check_convert llama-one hf 1 --dtype f16   # a cast: computed tensors get blobs of their own
+expect_status 0 "$ckpt" pull t/qwen2-sharded:fused-tp4 --consolidated -o "$work/c.tar" --format tar
+untar "$work/c.tar" "$work/c"
+same_tree "$M/qwen2-sharded" "$work/c" "pull --consolidated --format tar"
+rm -rf "$work/c" "$work/c.tar"
+expect_status 1 "$ckpt" convert t/qwen2-sharded:fused-tp4 --layout neuron --tp 2
+expect_status 1 "$ckpt" pull t/qwen2-sharded:neuron-tp3 -o "$work/pull"
+tmp_empty "converts"
+expect_verify_clean "after the conversions"
+
+# =========================================================================
+# 3. du: recipe layouts cost under 1%
+# =========================================================================
+note "3. du growth of recipe layouts"
+export CKPT_HOME=$work/h3
+gen llama "$M/big" --scale 4 --layers 2
+expect_status 0 "$ckpt" import "$M/big" --repo t/big
+for spec in "neuron --tp 8" "fused" "hf"; do
+    before=$(du_field physical_bytes)
+    expect_status 0 "$ckpt" convert t/big --layout $spec
+    after=$(du_field physical_bytes)
+    python3 -c '
+import sys
+b, a, what = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+g = (a - b) / b
+print(f"   {what}: physical {b} -> {a} bytes (+{100 * g:.4f}%)")
+if g >= 0.01: sys.exit(f"FAIL: {what} grew the store by {100 * g:.3f}% (goal < 1%)")' "$before" "$after" "$spec"
+done
+expect_status 0 "$ckpt" convert "$M/big" "$work/off" --layout neuron --tp 8
+expect_status 0 "$ckpt" pull t/big:neuron-tp8 --rank 3 -o "$work/pull"
+for f in "$work/off/tp_rank_03"/*; do cmp -s "$f" "$work/pull/$(basename "$f")" || fail "big neuron-tp8 rank 3: $(basename "$f") differs"; done
+rm -rf "$work/off" "$work/pull" "$CKPT_HOME"
+
+# =========================================================================
+# 4. verify and damaged blobs
+# =========================================================================
+note "4. verify names damaged blobs; pull refuses them"
+export CKPT_HOME=$work/h4
+src=$M/qwen2-sharded
+expect_status 0 "$ckpt" import "$src" --repo t/v
+expect_status 0 "$ckpt" convert t/v --layout neuron --tp 2
+expect_status 0 "$ckpt" import "$M/mixtral-one" --repo t/other
+expect_verify_clean "before damage"
+# The blob of a tensor: the sha256 of its bytes in the source file.
+tensor_blob() {
+    $dump "$1" | python3 -c '
+import hashlib, json, sys
+d, name = sys.argv[1], sys.argv[2]
+t = next(t for t in json.load(sys.stdin)["tensors"] if t["name"] == name)
+with open(f"{d}/{t['"'file'"']}", "rb") as f:
+    f.seek(t["offset"])
+    print(hashlib.sha256(f.read(t["nbytes"])).hexdigest(), t["file"])' "$1" "$2"
+}
+blob_path() { echo "$CKPT_HOME/blobs/${1:0:2}/${1:2}"; }
+flip() { python3 -c '
+import sys
+p = sys.argv[1]
+with open(p, "r+b") as f:
+    f.seek(0, 2); n = f.tell(); f.seek(n // 2); b = f.read(1); f.seek(n // 2); f.write(bytes([b[0] ^ 0x40]))' "$1"; }
+# expect_damage WHAT BLOB WORDS...: verify exits 1 and names BLOB and every word; pulls of t/v fail cleanly.
+expect_damage() {
+    local what=$1 blob=$2 w
+    shift 2
+    expect_status 1 "$ckpt" verify
+    for w in "$blob" "$@"; do
+        grep -qF -- "$w" "$work/out" || fail "$what: verify does not name '$w': $(head -c 2000 "$work/out")"
+    done
+    expect_status 1 "$ckpt" verify t/v
+    expect_status 0 "$ckpt" verify t/other
+    for r in t/v t/v:neuron-tp2; do
+        expect_status 1 "$ckpt" pull "$r" -o "$work/pull"
+        [ ! -e "$work/pull" ] || fail "$what: a failed pull of $r left $work/pull"
+        [ "$(wc -l <"$work/err")" -ge 1 ] || fail "$what: pull of $r failed silently"
+    done
+    expect_status 1 "$ckpt" pull t/v -o "$work/p.tar" --format tar
+    [ ! -e "$work/p.tar" ] || fail "$what: a failed pull left $work/p.tar"
+    expect_status 1 "$ckpt" pull t/v -o -
+    [ ! -s "$work/out" ] || fail "$what: a failed pull -o - wrote $(wc -c <"$work/out") bytes to stdout"
+    expect_status 1 "$ckpt" pull t/v:neuron-tp2 --rank 1 -o "$work/pull"
+    [ ! -e "$work/pull" ] || fail "$what: a failed pull --rank left $work/pull"
+    tmp_empty "$what: failed pulls"
+}
+read -r blob file < <(tensor_blob "$src" model.layers.1.self_attn.q_proj.weight)
+bp=$(blob_path "$blob")
+[ -f "$bp" ] || fail "no blob file $bp for q_proj"
+cp "$bp" "$work/saved-blob"
+flip "$bp"
+expect_damage "flipped tensor blob" "$blob" "t/v@main" "t/v@main:neuron-tp2" "$file" model.layers.1.self_attn.q_proj.weight
+grep -qF "t/other" "$work/out" && fail "verify blames t/other, which does not use the blob"
+cp "$work/saved-blob" "$bp"
+expect_verify_clean "tensor blob restored"
+# a whole-file blob (config.json)
+cblob=$(sha256sum <"$src/config.json" | cut -c1-64)
+cp "$(blob_path "$cblob")" "$work/saved-blob"
+flip "$(blob_path "$cblob")"
+expect_damage "flipped config.json blob" "$cblob" "t/v@main" "config.json"
+cp "$work/saved-blob" "$(blob_path "$cblob")"
+# a missing blob
+mv "$bp" "$work/saved-blob"
+expect_damage "missing blob" "$blob" "missing" "t/v@main" "$file"
+mv "$work/saved-blob" "$bp"
+expect_verify_clean "blobs restored"
+expect_status 0 "$ckpt" pull t/v -o "$work/pull"
+same_tree "$src" "$work/pull" "pull after restoring"
+rm -rf "$work/pull" "$CKPT_HOME"
+
+# =========================================================================
+# 5. kill -9 during import, convert and gc
+# =========================================================================
+note "5. kill tests"
+export CKPT_HOME=$work/h5
+gen llama "$M/k" --scale 8 --layers 4 --shard-mb 20 --seed 5
+gen qwen3-moe "$M/kq" --scale 16 --layers 2 --shard-mb 5 --seed 6
+gen qwen3-moe "$M/kq4" --scale 16 --layers 4 --shard-mb 5 --seed 6
+expect_status 0 "$ckpt" import "$M/qwen2-one" --repo t/base   # something that must survive everything
+killed=0
+# after_kill WHAT REF WANT_SUMS BEFORE_REFS: REF is absent or complete; verify clean; gc settles.
+after_kill() {
+    local what=$1 ref=$2 want=$3 before=$4 now
+    now=$(refs)
+    if [ "$now" != "$before" ]; then
+        [ "$now" = "$(printf '%s\n%s\n' "$before" "$ref" | sed '/^$/d' | LC_ALL=C sort)" ] ||
+            fail "$what: ls shows '$now', expected '$before' plus at most $ref"
+        diff "$want" <(show_sums "$ref") >/dev/null || fail "$what: $ref is visible but its files are not the expected ones"
+    fi
+    expect_verify_clean "$what"
+    expect_status 0 "$ckpt" gc
+    gc_settled "$what"
+}
+# kill_series WHAT REF WANT_SUMS RESET POINT... -- CMD...: for each POINT
+# (MODE:ARG for killer.py: after:SECONDS, tmp:N, blobs:N) runs CMD, kill -9s
+# it there and checks the store (after_kill); then RESET REF brings the store
+# back to where the next point starts.
+kill_series() {
+    local what=$1 ref=$2 want=$3 reset=$4
+    shift 4
+    local points=() before res pt
+    while [ "$1" != -- ]; do
+        points+=("$1")
+        shift
+    done
+    shift
+    for pt in "${points[@]}"; do
+        before=$(refs)
+        res=$(killer "${pt%%:*}" "${pt#*:}" "$@")
+        case "$res" in
+        killed*) killed=$((killed + 1)) ;;
+        "finished 0") ;;
+        *) fail "$what at $pt: the command failed on its own ($res)" ;;
+        esac
+        echo "   $what, kill at $pt: $res"
+        after_kill "$what (kill at $pt)" "$ref" "$want" "$before"
+        "$reset" "$ref"
+    done
+}
+undo_rm() {
+    if refs | grep -qxF "$1"; then
+        expect_status 0 "$ckpt" rm "$1"
+        expect_status 0 "$ckpt" gc
+    fi
+}
+# fractions SECONDS: kill points spread over a run of that length.
+fractions() { python3 -c 'import sys; t = float(sys.argv[1]); print(" ".join(f"after:{t * f:.3f}" for f in (0.05, 0.2, 0.4, 0.6, 0.8, 0.95)))' "$1"; }
+
+# -- import: time a whole run, then kill at fractions of it and as the work shows
+sums "$M/k" >"$work/want-k"
+sums "$M/kq" >"$work/want-kq"
+t=$(elapsed "$ckpt" import "$M/k" --repo t/k --quiet)
+undo_rm t/k@main
+nb=$(du_field blobs)
+k0=$killed
+# shellcheck disable=SC2046
+kill_series "import" t/k@main "$work/want-k" undo_rm $(fractions "$t") tmp:1 "blobs:$((nb + 1))" "blobs:$((nb + 20))" \
+    -- "$ckpt" import "$M/k" --repo t/k --quiet
+t=$(elapsed "$ckpt" import "$M/kq" --repo t/kq --quiet)
+undo_rm t/kq@main
+# shellcheck disable=SC2046
+kill_series "import (many tensors)" t/kq@main "$work/want-kq" undo_rm tmp:3 "blobs:$((nb + 1))" "blobs:$((nb + 300))" \
+    "blobs:$((nb + 700))" "after:$(python3 -c "print($t * 0.9)")" -- "$ckpt" import "$M/kq" --repo t/kq --quiet
+[ $((killed - k0)) -ge 5 ] || fail "only $((killed - k0)) of the import kills landed before the import finished"
+for name in k kq; do
+    expect_status 0 "$ckpt" import "$M/$name" --repo "t/$name"
+    expect_status 0 "$ckpt" pull "t/$name" -o "$work/pull"
+    same_tree "$M/$name" "$work/pull" "fresh import of $name after the kills"
+    rm -rf "$work/pull"
+done
+
+# -- store convert
+expect_status 0 "$ckpt" convert "$M/k" "$work/off" --layout neuron --tp 8
+sums "$work/off" >"$work/want-conv"
+t=$(elapsed "$ckpt" convert t/k --layout neuron --tp 8 --quiet)
+undo_rm t/k@main:neuron-tp8
+nb=$(du_field blobs)
+k0=$killed
+# shellcheck disable=SC2046
+kill_series "convert" t/k@main:neuron-tp8 "$work/want-conv" undo_rm $(fractions "$t") tmp:1 "blobs:$((nb + 1))" \
+    -- "$ckpt" convert t/k --layout neuron --tp 8 --quiet
+[ $((killed - k0)) -ge 3 ] || fail "only $((killed - k0)) of the convert kills landed before the convert finished"
+expect_status 0 "$ckpt" convert t/k --layout neuron --tp 8
+expect_status 0 "$ckpt" pull t/k:neuron-tp8 -o "$work/pull"
+diff -r "$work/off" "$work/pull" >/dev/null || fail "fresh convert after the kills differs from the offline convert"
+rm -rf "$work/pull" "$work/off"
+
+# -- gc: a removed checkpoint whose blobs are partly shared with t/kq, which must survive
+prep_gc() {
+    expect_status 0 "$ckpt" import "$M/kq4" --repo t/kq4
+    expect_status 0 "$ckpt" rm t/kq4
+}
+prep_gc x
+nb=$(du_field blobs)
+t=$(elapsed "$ckpt" gc --dry-run)
+k0=$killed
+kill_series "gc" none "$work/want-kq" prep_gc "after:$(python3 -c "print($t * 0.5)")" "blobs:$((nb - 1))" \
+    "blobs:$((nb - 150))" "blobs:$((nb - 500))" -- "$ckpt" gc
+[ $((killed - k0)) -ge 2 ] || fail "only $((killed - k0)) of the gc kills landed before gc finished"
+expect_status 0 "$ckpt" gc
+gc_settled "gc after the gc kills"
+for name in k kq; do
+    expect_status 0 "$ckpt" pull "t/$name" -o "$work/pull"
+    same_tree "$M/$name" "$work/pull" "t/$name after the gc kills"
+    rm -rf "$work/pull"
+done
+echo "   $killed kills landed mid-run"
+rm -rf "$CKPT_HOME"
+
+# =========================================================================
+# 6. concurrent imports and gc
+# =========================================================================
+note "6. concurrent imports while gc loops"
+export CKPT_HOME=$work/h6
+names=()
+for l in 1 2 3 4; do
+    gen llama "$M/c$l" --scale 16 --layers "$l" --seed 9
+    names+=("c$l")
+done
+for l in 1 2; do
+    gen mixtral "$M/x$l" --scale 32 --layers "$l" --seed 9 --shard-mb 1
+    names+=("x$l")
+done
+expect_status 0 "$ckpt" import "$M/qwen2-one" --repo t/base   # the catalog exists before the race
+# race NAME...: imports NAMEs at once while gc loops; all must succeed.
+race() {
+    local pids=() n gcs=0 alive i=0
+    for n in "$@"; do
+        "$ckpt" import "$M/$n" --repo "t/$n" --quiet >"$work/race-$n.out" 2>&1 &
+        pids+=($!)
+    done
+    while :; do
+        alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ $alive = 1 ] || break
+        "$ckpt" gc >"$work/gc.out" 2>&1 || fail "gc during the imports failed: $(cat "$work/gc.out")"
+        gcs=$((gcs + 1))
+    done
+    for n in "$@"; do
+        wait "${pids[$i]}" || fail "concurrent import of $n failed: $(cat "$work/race-$n.out")"
+        i=$((i + 1))
+        rm -f "$work/race-$n.out"
+    done
+    rm -f "$work/gc.out"
+    echo "   imported $* with $gcs gc runs alongside"
+}
+check_all() {
+    local n
+    for n in "${names[@]}"; do
+        expect_status 0 "$ckpt" pull "t/$n" -o "$work/pull"
+        same_tree "$M/$n" "$work/pull" "$1: t/$n"
+        rm -rf "$work/pull"
+    done
+    expect_verify_clean "$1"
+    expect_status 0 "$ckpt" gc
+    gc_settled "$1"
+}
+race "${names[@]}"
+check_all "round 1"
+# Their blobs stay on disk unreferenced until gc: imports that reuse them race gc.
+for round in 2 3; do
+    for n in "${names[@]}"; do expect_status 0 "$ckpt" rm "t/$n"; done
+    if [ $round = 2 ]; then race c4 c2 x2 c1 c3 x1; else race x1 c1 c2 c3 c4 x2; fi
+    check_all "round $round"
+done
+rm -rf "$CKPT_HOME"
+
+# =========================================================================
+# 7. rm and gc
+# =========================================================================
+note "7. rm then gc; layouts outlive their original"
+export CKPT_HOME=$work/h7
+expect_status 0 "$ckpt" import "$M/mixtral-one" --repo t/keep
+p0=$(du_field physical_bytes) b0=$(du_field blobs)
+src=$M/qwen2-sharded
+expect_status 0 "$ckpt" import "$src" --repo t/r
+expect_status 0 "$ckpt" convert t/r --layout fused --tp 2
+expect_status 0 "$ckpt" convert "$src" "$work/off" --layout fused --tp 2
+p1=$(du_field physical_bytes)
+[ "$p1" -gt "$p0" ] || fail "importing t/r did not grow the store"
+expect_status 0 "$ckpt" rm t/r@main
+refs | grep -qxF t/r@main && fail "rm t/r@main: still listed"
+expect_status 1 "$ckpt" pull t/r@main -o "$work/pull"
+expect_status 0 "$ckpt" gc
+expect_status 0 "$ckpt" pull t/r:fused-tp2 -o "$work/pull"
+diff -r "$work/off" "$work/pull" >/dev/null || fail "the layout of a removed original no longer equals the offline convert"
+rm -rf "$work/pull"
+expect_status 0 "$ckpt" pull t/r:fused-tp2 --consolidated -o "$work/pull"
+same_tree "$src" "$work/pull" "consolidated layout of a removed original"
+rm -rf "$work/pull" "$work/off"
+expect_verify_clean "layout without its original"
+expect_status 0 "$ckpt" rm t/r:fused-tp2
+expect_status 0 "$ckpt" gc
+[ "$(du_field physical_bytes)" = "$p0" ] && [ "$(du_field blobs)" = "$b0" ] ||
+    fail "rm + gc did not free t/r's blobs: physical $(du_field physical_bytes) (expected $p0), blobs $(du_field blobs) (expected $b0)"
+gc_settled "rm + gc"
+expect_status 1 "$ckpt" rm t/r@main
+expect_status 0 "$ckpt" pull t/keep -o "$work/pull"
+same_tree "$M/mixtral-one" "$work/pull" "t/keep after rm + gc"
+rm -rf "$work/pull"
+expect_status 0 "$ckpt" rm t/keep
+expect_status 0 "$ckpt" gc
+[ "$(du_field physical_bytes)" = 0 ] && [ "$(du_field blobs)" = 0 ] || fail "an empty store still holds blobs"
+echo "PASS"
