@@ -464,6 +464,17 @@ int rules_remove_consumed(plan_set *s, const bool *gone, size_t n0)
     return 0;
 }
 
+/* The name a tensor had before the last rename, for messages. */
+static const char *last_origin(const plan_tensor *t)
+{
+    json_t *list = t->meta ? json_object_get(t->meta, "transforms") : NULL;
+    for (size_t i = json_array_size(list); i > 0; i--) {
+        const char *from = json_string_value(json_object_get(json_array_get(list, i - 1), "from"));
+        if (from) return from;
+    }
+    return t->name;
+}
+
 static int cmp_name_rank(const void *a, const void *b, void *ctx)
 {
     const plan_set *set = ctx;
@@ -483,7 +494,8 @@ int rules_check_unique(const rule *r, const plan_set *s)
     for (size_t i = 1; i < s->n && !rc; i++) {
         const plan_tensor *x = &s->t[idx[i - 1]], *y = &s->t[idx[i]];
         if (!strcmp(x->name, y->name) && (x->rank == y->rank || x->rank == PLAN_ALL_RANKS || y->rank == PLAN_ALL_RANKS))
-            rc = rule_err(r, CKPT_EINVAL, "two tensors would be named '%s'", x->name);
+            rc = rule_err(r, CKPT_EINVAL, "two tensors would be named '%s' (from '%s' and '%s')", x->name,
+                          last_origin(x), last_origin(y));
     }
     free(idx);
     return rc;
