@@ -349,11 +349,9 @@ int daemon_run(const daemon_opts *o)
     d.owner = queue_owner_self();
     d.slots = ckpt_calloc((size_t)o->workers + 1, sizeof *d.slots);
     http_api *api = NULL;
-    char *db = ckpt_path_join(d.store.home, "ckpt.db");
-    if (!d.owner || !d.slots || !db) rc = CKPT_ENOMEM;
-    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .db_path = db, .running_workers = &d.running};
+    if (!d.owner || !d.slots) rc = CKPT_ENOMEM;
+    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home, .running_workers = &d.running};
     if (!rc && !o->no_http) rc = http_api_start(&api, &ho);
-    free(db);
     if (rc) {
         free(d.owner);
         free(d.slots);

@@ -6,8 +6,11 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "service/http_util.h"
 #include "service/jobs_run.h"
 #include "service/queue.h"
+#include "service/store_http.h"
+#include "storage/store.h"
 #include "storage/catalog.h"
 
 #include <arpa/inet.h>
@@ -27,7 +30,7 @@ typedef struct {
 
 struct http_api {
     struct MHD_Daemon *mhd;
-    catalog cat;
+    ckpt_store store;
     pthread_mutex_t mu; /* the catalog connection is shared by MHD's threads */
     api_token *tokens;
     size_t ntokens;
@@ -95,33 +98,14 @@ static int token_role(const http_api *h, const char *auth)
     return role;
 }
 
-static enum MHD_Result send_text(struct MHD_Connection *c, unsigned code, const char *type, char *text)
-{
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(r, "Content-Type", type);
-    enum MHD_Result ret = MHD_queue_response(c, code, r);
-    MHD_destroy_response(r);
-    return ret;
-}
-
 static enum MHD_Result send_json(struct MHD_Connection *c, unsigned code, json_t *j)
 {
-    char *s = j ? json_dumps(j, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(j);
-    if (!s) return send_text(c, 500, "application/json", ckpt_strdup("{\"error\":\"out of memory\"}"));
-    size_t n = strlen(s);
-    char *t = realloc(s, n + 2);
-    if (t) {
-        t[n] = '\n';
-        t[n + 1] = 0;
-        s = t;
-    }
-    return send_text(c, code, "application/json", s);
+    return http_send_json(c, code, j);
 }
 
 static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const char *msg)
 {
-    return send_json(c, code, json_pack("{s:s}", "error", msg));
+    return http_send_error(c, code, msg, NULL, NULL);
 }
 
 static unsigned code_for(int rc)
@@ -138,7 +122,7 @@ static unsigned code_for(int rc)
 static enum MHD_Result job_reply(http_api *h, struct MHD_Connection *c, unsigned code, int64_t id)
 {
     queue_job j;
-    int rc = queue_get(&h->cat, id, &j);
+    int rc = queue_get(&h->store.cat, id, &j);
     if (rc) return send_error(c, code_for(rc), ckpt_error_last());
     json_t *o = queue_job_json(&j);
     queue_job_free(&j);
@@ -167,7 +151,7 @@ static enum MHD_Result post_job(http_api *h, struct MHD_Connection *c, const req
                                        : jobs_args_check(kind, args);
     int64_t id = 0;
     bool existed = false;
-    if (!rc) rc = queue_submit(&h->cat, kind, args, &o, &id, &existed);
+    if (!rc) rc = queue_submit(&h->store.cat, kind, args, &o, &id, &existed);
     json_decref(args);
     json_decref(body);
     if (rc) return send_error(c, code_for(rc), ckpt_error_last());
@@ -180,7 +164,7 @@ static enum MHD_Result list_jobs(http_api *h, struct MHD_Connection *c)
     const char *limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
     queue_job *jobs;
     size_t n;
-    int rc = queue_list(&h->cat, state, limit ? atoi(limit) : 100, &jobs, &n);
+    int rc = queue_list(&h->store.cat, state, limit ? atoi(limit) : 100, &jobs, &n);
     if (rc) return send_error(c, 500, ckpt_error_last());
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(a, queue_job_json(&jobs[i]));
@@ -191,7 +175,7 @@ static enum MHD_Result list_jobs(http_api *h, struct MHD_Connection *c)
 static enum MHD_Result metrics(http_api *h, struct MHD_Connection *c)
 {
     json_t *counts;
-    if (queue_counts(&h->cat, &counts) < 0) return send_error(c, 500, ckpt_error_last());
+    if (queue_counts(&h->store.cat, &counts) < 0) return send_error(c, 500, ckpt_error_last());
     size_t cap = 4096, len = 0;
     char *out = ckpt_malloc(cap);
     if (!out) {
@@ -232,7 +216,7 @@ static enum MHD_Result metrics(http_api *h, struct MHD_Connection *c)
          h->running ? atomic_load(h->running) : 0);
 #undef EMIT
     json_decref(counts);
-    return send_text(c, 200, "text/plain; version=0.0.4", out);
+    return http_send_text(c, 200, "text/plain; version=0.0.4", out);
 }
 
 /* /v1/jobs/{id}[/logs|/retry] */
@@ -245,25 +229,25 @@ static enum MHD_Result job_route(http_api *h, struct MHD_Connection *c, const ch
     if (!*end && !strcmp(method, "DELETE")) {
         if (role < 2) return send_error(c, 403, "cancelling needs an admin token");
         bool running;
-        int rc = queue_cancel(&h->cat, id, &running);
+        int rc = queue_cancel(&h->store.cat, id, &running);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
         return job_reply(h, c, 202, id);
     }
     if (!strcmp(end, "/retry") && !strcmp(method, "POST")) {
         if (role < 2) return send_error(c, 403, "retrying needs an admin token");
-        int rc = queue_retry(&h->cat, id);
+        int rc = queue_retry(&h->store.cat, id);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
         return job_reply(h, c, 200, id);
     }
     if (!strcmp(end, "/logs") && !strcmp(method, "GET")) {
         const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
         queue_job j;
-        int rc = queue_get(&h->cat, id, &j);
+        int rc = queue_get(&h->store.cat, id, &j);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
         queue_job_free(&j);
         json_t *lines;
         int64_t last;
-        queue_logs(&h->cat, id, after ? atoll(after) : 0, &lines, &last);
+        queue_logs(&h->store.cat, id, after ? atoll(after) : 0, &lines, &last);
         return send_json(c, 200, json_pack("{s:o,s:I}", "lines", lines, "last", (json_int_t)last));
     }
     return send_error(c, 405, "method not allowed here");
@@ -280,6 +264,9 @@ static enum MHD_Result route(http_api *h, struct MHD_Connection *c, const char *
         if (!role) return send_error(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required");
     }
     if (req->too_big) return send_error(c, 413, "request body too large");
+    bool handled;
+    enum MHD_Result sr = store_http_route(&h->store, c, url, method, req->body, req->len, &handled);
+    if (handled) return sr;
     if (!strcmp(url, "/metrics")) return metrics(h, c);
     if (!strcmp(url, "/v1/jobs")) {
         if (!strcmp(method, "GET")) return list_jobs(h, c);
@@ -366,12 +353,15 @@ int http_api_start(http_api **out, const http_api_opts *o)
         inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
         snprintf(host, sizeof host, "127.0.0.1");
     }
-    if (!rc) rc = catalog_open(&h->cat, o->db_path);
+    if (!rc) rc = store_open(&h->store, o->home);
     if (!rc) {
-        h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL, handler, h,
-                                  MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, completed,
-                                  NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_CONNECTION_LIMIT,
-                                  (unsigned)256, MHD_OPTION_END);
+        /* A thread per connection: a slow client or a long recipe assembly holds up no one else. */
+        h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                                      MHD_USE_ERROR_LOG,
+                                  0, NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                  MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
+                                  (unsigned)120, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
+                                  MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
         if (!h->mhd) rc = ckpt_error_set(CKPT_EIO, "cannot listen on %s:%u (in use?)", host, port);
     }
     if (!rc) {
@@ -394,7 +384,7 @@ void http_api_stop(http_api *h)
 {
     if (!h) return;
     if (h->mhd) MHD_stop_daemon(h->mhd);
-    catalog_close(&h->cat);
+    if (h->store.home) store_close(&h->store);
     for (size_t i = 0; i < h->ntokens; i++) free(h->tokens[i].token);
     free(h->tokens);
     pthread_mutex_destroy(&h->mu);

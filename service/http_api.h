@@ -9,6 +9,7 @@
  *   GET    /v1/jobs/{id}/logs[?after=SEQ]
  *   GET    /healthz                (no token needed)
  *   GET    /metrics                Prometheus text
+ *   and the store's routes (store_http.h): /v1/checkpoints..., the Hub read API
  *
  * Tokens (--token-file: one "TOKEN [read|admin]" per line, admin when the role
  * is left out): with any configured, every request but /healthz needs
@@ -31,7 +32,7 @@ typedef struct http_api http_api;
 typedef struct {
     const char *listen;     /* "HOST:PORT"; port 0 picks a free one */
     const char *token_file; /* NULL: no tokens, loopback only */
-    const char *db_path;
+    const char *home; /* CKPT_HOME: the queue and the store it serves */
     atomic_int *running_workers; /* for /metrics and /healthz */
 } http_api_opts;
 

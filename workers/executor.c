@@ -410,7 +410,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_of
 {
     slab_iter it;
     slab_iter_init(&it, t, tensor_is_transposed(wk->c->p, t));
-    uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
+    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0};
     size_t es = ckpt_dtype_size(t->dtype);
     if (t->ndim == 0) {
         int rc = fill_box(wk, t, lo, ext, wk->slab);
@@ -660,4 +660,54 @@ void exec_plan_free(exec_plan *p)
     }
     free(p->files);
     memset(p, 0, sizeof *p);
+}
+
+int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
+                     size_t len, uint8_t *slab, uint8_t *band)
+{
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t nbytes;
+    int rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &nbytes);
+    if (rc) return rc;
+    if (off > nbytes || len > nbytes - off)
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': read past its end", t->name);
+    if (len == 0) return 0;
+    /* A tensor that is one whole same-dtype source reads straight from it. */
+    if (t->nparts == 1 && t->parts[0].src != PLAN_ZERO) {
+        const plan_part *pt = &t->parts[0];
+        const plan_source *s = &p->sources[pt->src];
+        bool whole = s->dtype == t->dtype && s->ndim == t->ndim && s->nbytes == nbytes;
+        for (int k = 0; whole && k < t->ndim; k++) whole = pt->axis_map[k] == k && pt->src_lo[k] == 0;
+        if (whole) return ckpt_pread_full(src_fds[s->file], buf, len, s->offset + off, p->src_paths[s->file]);
+    }
+    if (es == 0) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype assembled from pieces", t->name);
+    exec_ctx c;
+    memset(&c, 0, sizeof c);
+    c.p = p;
+    c.src_fds = (int *)src_fds;
+    worker wk = {.c = &c, .slab = slab, .band = band};
+    slab_iter it;
+    slab_iter_init(&it, t, false); /* flat slabs: each is one contiguous byte range */
+    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0}, ts[PLAN_MAX_DIM];
+    row_major_strides(t->ndim, t->shape, ts);
+    uint64_t want_end = off + len;
+    if (t->ndim == 0) {
+        rc = fill_box(&wk, t, lo, ext, slab);
+        if (!rc) memcpy(buf, slab + off, len);
+        return rc;
+    }
+    while (slab_next(&it, lo, ext)) {
+        uint64_t start = 0, n = 1;
+        for (int k = 0; k < t->ndim; k++) {
+            start += lo[k] * ts[k];
+            n *= ext[k];
+        }
+        uint64_t a = start * es, b = (start + n) * es;
+        if (b <= off) continue;
+        if (a >= want_end) break;
+        if ((rc = fill_box(&wk, t, lo, ext, slab))) return rc;
+        uint64_t from = off > a ? off : a, to = want_end < b ? want_end : b;
+        memcpy((uint8_t *)buf + (from - off), slab + (from - a), (size_t)(to - from));
+    }
+    return 0;
 }

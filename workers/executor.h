@@ -59,6 +59,13 @@ typedef struct {
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
 
+/* Random access: bytes [off, off+len) of output tensor t, assembled from its
+ * parts (src_fds: open descriptors of p->src_paths; slab and band: scratch
+ * buffers of EXEC_SLAB_BYTES and EXEC_BAND_BYTES). Used to serve stored files
+ * over HTTP without materialising them. */
+int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
+                     size_t len, uint8_t *slab, uint8_t *band);
+
 /* Bytes of tensor data the plan writes (sum over files). */
 uint64_t exec_plan_bytes(const exec_plan *p);
 void exec_plan_free(exec_plan *p);

@@ -343,3 +343,118 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     pull_free(&ps);
     return rc;
 }
+
+/* ---- random access to one stored file (HTTP serving) ---- */
+
+struct store_file_reader {
+    pull_state ps;
+    stored_file *file; /* in ps.files */
+    exec_file *ef;     /* NULL for a whole-blob file */
+    int *fds;          /* open ps.exec.src_paths */
+    int blob_fd;       /* whole-blob file */
+    uint8_t *slab, *band;
+};
+
+void store_file_close(store_file_reader *r)
+{
+    if (!r) return;
+    for (size_t i = 0; r->fds && i < r->ps.exec.nsrc_paths; i++)
+        if (r->fds[i] >= 0) close(r->fds[i]);
+    free(r->fds);
+    if (r->blob_fd >= 0) close(r->blob_fd);
+    free(r->slab);
+    free(r->band);
+    pull_free(&r->ps);
+    free(r);
+}
+
+int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path)
+{
+    *out = NULL;
+    store_file_reader *r = ckpt_calloc(1, sizeof *r);
+    if (!r) return CKPT_ENOMEM;
+    r->blob_fd = -1;
+    r->ps.s = s;
+    r->ps.id = c->id;
+    int rc = load_files(&r->ps, -1);
+    for (size_t i = 0; !rc && i < r->ps.nfiles; i++)
+        if (!strcmp(r->ps.files[i].path, path)) r->file = &r->ps.files[i];
+    if (!rc && !r->file) rc = ckpt_error_set(CKPT_ENOTFOUND, "no file '%s' in this checkpoint", path);
+    if (!rc && !r->file->header) {
+        char *bp = store_blob_path(s, r->file->blob);
+        r->blob_fd = bp ? open(bp, O_RDONLY | O_CLOEXEC) : -1;
+        if (r->blob_fd < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob of '%s' is missing from the store", path);
+        free(bp);
+    } else if (!rc) {
+        st_file sf;
+        rc = st_parse(&sf, path, r->file->header, r->file->header_len, r->file->size);
+        if (!rc) {
+            r->ps.tensors = ckpt_calloc(sf.ntensors + 1, sizeof *r->ps.tensors);
+            r->ps.exec.files = ckpt_calloc(2, sizeof *r->ps.exec.files);
+            st_close(&sf);
+            if (!r->ps.tensors || !r->ps.exec.files) rc = CKPT_ENOMEM;
+        }
+        if (!rc) {
+            r->ef = &r->ps.exec.files[r->ps.exec.nfiles++];
+            rc = plan_file(&r->ps, r->file, r->ef);
+        }
+        if (!rc) rc = check_blobs_exist(&r->ps);
+        r->fds = rc ? NULL : ckpt_calloc(r->ps.exec.nsrc_paths + 1, sizeof *r->fds);
+        if (!rc && !r->fds) rc = CKPT_ENOMEM;
+        for (size_t i = 0; !rc && i < r->ps.exec.nsrc_paths; i++) {
+            r->fds[i] = open(r->ps.exec.src_paths[i], O_RDONLY | O_CLOEXEC);
+            if (r->fds[i] < 0) rc = ckpt_error_sys("%s: open", r->ps.exec.src_paths[i]);
+        }
+    }
+    if (rc) {
+        store_file_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+uint64_t store_file_size(const store_file_reader *r)
+{
+    return r->file->size;
+}
+
+const char *store_file_sha256(const store_file_reader *r)
+{
+    return r->file->sha256;
+}
+
+int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len)
+{
+    if (off > r->file->size || len > r->file->size - off) return ckpt_error_set(CKPT_EINVAL, "read past the end of '%s'", r->file->path);
+    if (!r->ef) return ckpt_pread_full(r->blob_fd, buf, len, off, r->file->path);
+    uint8_t *out = buf;
+    /* The header, then tensors in offset order. */
+    if (off < r->file->header_len) {
+        size_t n = r->file->header_len - off < len ? (size_t)(r->file->header_len - off) : len;
+        memcpy(out, r->file->header + off, n);
+        out += n;
+        off += n;
+        len -= n;
+    }
+    const st_layout *l = &r->ef->layout;
+    size_t lo = 0, hi = l->ntensors;
+    while (lo < hi) { /* first tensor ending after off */
+        size_t mid = (lo + hi) / 2;
+        if (l->tensors[mid].offset + l->tensors[mid].nbytes <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t i = lo; len && i < l->ntensors; i++) {
+        const st_out_tensor *ot = &l->tensors[i];
+        uint64_t in_t = off - ot->offset;
+        size_t n = ot->nbytes - in_t < len ? (size_t)(ot->nbytes - in_t) : len;
+        if (n && !r->slab && (!(r->slab = malloc(EXEC_SLAB_BYTES)) || !(r->band = malloc(EXEC_BAND_BYTES))))
+            return ckpt_error_set(CKPT_ENOMEM, "out of memory for read buffers");
+        int rc = n ? exec_tensor_read(&r->ps.exec, r->fds, r->ef->tensors[ot->user], in_t, out, n, r->slab, r->band) : 0;
+        if (rc) return rc;
+        out += n;
+        off += n;
+        len -= n;
+    }
+    return len ? ckpt_error_set(CKPT_ECORRUPT, "'%s': bytes past the last tensor", r->file->path) : 0;
+}

@@ -22,4 +22,13 @@ typedef struct {
 
 int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o);
 
+/* Random access to one stored file, without materialising it: the header
+ * from the catalog, tensor bytes from blobs or assembled from recipes. */
+typedef struct store_file_reader store_file_reader;
+int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path);
+uint64_t store_file_size(const store_file_reader *r);
+const char *store_file_sha256(const store_file_reader *r);
+int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len);
+void store_file_close(store_file_reader *r);
+
 #endif
