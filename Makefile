@@ -63,6 +63,7 @@ deps:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
 	if [ -z "$$missing" ]; then echo "deps: all packages present"; \
 	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
@@ -134,10 +135,13 @@ demo: deps all
 bench: all
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) bench/run.sh
 
-install: all
+$(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
+	sh deploy/mkman.sh $(BUILD)/ckpt $@
+
+install: all $(BUILD)/ckpt.1
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/ckpt
-	if [ -f docs/ckpt.1 ]; then install -m 0644 docs/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1; fi
+	install -m 0644 $(BUILD)/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1
 	if [ -f deploy/systemd/ckpt.service ]; then install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
 	  install -m 0644 deploy/systemd/ckpt.service $(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service; fi
 

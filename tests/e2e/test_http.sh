@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# test_http.sh — the store over HTTP: the npm client @huggingface/hub against
+# the daemon (list, download whole and sliced, safetensors metadata) for an
+# original and a converted layout; Range edge cases and Hub error codes;
+# 16 concurrent downloads with bounded daemon memory; tokens.
+set -euo pipefail
+B=${CKPT_BIN:?}
+W=${E2E_WORK:-$(mktemp -d)}
+export CKPT_HOME=$W/home CKPT_QUIET=1
+DIR=$(cd "$(dirname "$0")" && pwd)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+start_daemon() { # start_daemon [ARGS...]: sets URL and DPID
+    rm -f "$CKPT_HOME/serve.url"
+    "$B" serve --listen 127.0.0.1:0 --workers 1 "$@" >"$W/serve.log" 2>&1 &
+    DPID=$!
+    pids+=("$DPID")
+    for _ in $(seq 100); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
+    URL=$(cat "$CKPT_HOME/serve.url")
+}
+stop_daemon() { kill "$DPID"; wait "$DPID" 2>/dev/null || true; }
+
+# A sharded original with an empty file, and a converted layout.
+"$B" gen-model qwen2 "$W/src" --scale 16 --layers 2 --shard-mb 1 2>/dev/null
+: >"$W/src/empty.txt"
+"$B" import "$W/src" --repo Qwen/tiny@main >/dev/null
+"$B" convert Qwen/tiny@main --layout neuron --tp 2 >/dev/null
+"$B" pull Qwen/tiny@main -o "$W/orig" 2>/dev/null
+"$B" pull Qwen/tiny@main:neuron-tp2 -o "$W/tp2" 2>/dev/null
+start_daemon
+
+# --- the npm client ---
+NPMDIR=${CKPT_NPM_CACHE:-$W/npm}
+mkdir -p "$NPMDIR"
+if [ ! -d "$NPMDIR/node_modules/@huggingface/hub" ]; then
+    (cd "$NPMDIR" && npm install --no-audit --no-fund --silent @huggingface/hub@2.17 >/dev/null 2>&1) ||
+        fail "npm install @huggingface/hub (the npm registry must be reachable)"
+fi
+cp "$DIR/hub_client.mjs" "$NPMDIR/"
+(cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny main "$W/orig") || fail "hub client on the original"
+(cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny neuron-tp2 "$W/tp2") || fail "hub client on the layout"
+commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["commit"])')
+(cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny "$commit.neuron-tp2" "$W/tp2") || fail "layout by <commit>.<layout>"
+
+# --- Range edge cases (spec/hub.md) ---
+F=$URL/Qwen/tiny/resolve/main/config.json
+T=$(stat -c %s "$W/orig/config.json")
+status() { curl -s -o "$W/body" -D "$W/hdr" -w '%{http_code}' "$@"; }
+hdr() { tr -d '\r' <"$W/hdr" | awk -v k="$1" 'tolower($1)==tolower(k)":" {sub(/^[^:]*: /,""); print}'; }
+[ "$(status -H 'Range: bytes=0-0' "$F")" = 206 ] && [ "$(hdr Content-Range)" = "bytes 0-0/$T" ] || fail "bytes=0-0"
+[ "$(status -H "Range: bytes=$T-" "$F")" = 416 ] && [ "$(hdr Content-Range)" = "bytes */$T" ] || fail "start at end -> 416"
+[ "$(status -H 'Range: bytes=10-' "$F")" = 206 ] && cmp -s "$W/body" <(tail -c +11 "$W/orig/config.json") || fail "a-"
+[ "$(status -H 'Range: bytes=-7' "$F")" = 206 ] && cmp -s "$W/body" <(tail -c 7 "$W/orig/config.json") || fail "-n"
+[ "$(status -H "Range: bytes=5-$((T + 100))" "$F")" = 206 ] && [ "$(hdr Content-Range)" = "bytes 5-$((T - 1))/$T" ] || fail "end clamped"
+[ "$(status -H 'Range: bytes=0-0' "$URL/Qwen/tiny/resolve/main/empty.txt")" = 200 ] && [ "$(hdr Content-Range)" = "bytes */0" ] || fail "empty file"
+status -I "$URL/Qwen/tiny/resolve/main/model-00001-of-00002.safetensors" >/dev/null
+[ "$(hdr X-Linked-Etag)" = "\"$(sha256sum <"$W/orig/model-00001-of-00002.safetensors" | cut -c1-64)\"" ] || fail "X-Linked-Etag"
+[ "$(hdr X-Repo-Commit)" = "$commit" ] || fail "X-Repo-Commit"
+
+# --- errors ---
+[ "$(status "$URL/Qwen/nope/resolve/main/x")" = 404 ] && [ "$(hdr X-Error-Code)" = RepoNotFound ] || fail RepoNotFound
+[ "$(status "$URL/Qwen/tiny/resolve/v9/config.json")" = 404 ] && [ "$(hdr X-Error-Code)" = RevisionNotFound ] || fail RevisionNotFound
+[ "$(status "$URL/Qwen/tiny/resolve/main/nope.json")" = 404 ] && [ "$(hdr X-Error-Code)" = EntryNotFound ] &&
+    [ "$(hdr X-Repo-Commit)" = "$commit" ] || fail EntryNotFound
+[ "$(status "$URL/api/models/Qwen/tiny/revision/refs%2Fpr%2F1")" = 404 ] || fail "encoded revision"
+[ "$(status -I "$URL/Qwen/tiny/raw/main/config.json")" = 200 ] || fail "raw HEAD"
+
+# --- 16 concurrent downloads of a recipe-assembled file, bounded memory ---
+big=tp_rank_00/model.safetensors
+for i in $(seq 16); do curl -s -o "$W/dl$i" "$URL/Qwen/tiny/resolve/neuron-tp2/$big" & done
+wait $(jobs -p | grep -v "$DPID") 2>/dev/null || true
+for i in $(seq 16); do cmp -s "$W/dl$i" "$W/tp2/$big" || fail "concurrent download $i differs"; done
+rss=$(awk '/VmHWM/ {print $2}' "/proc/$DPID/status")
+[ "$rss" -lt $((256 * 1024)) ] || fail "daemon peak RSS ${rss} KiB with 16 clients"
+echo "16 concurrent downloads identical; daemon peak RSS $((rss / 1024)) MiB"
+stop_daemon
+
+# --- tokens: reads need a token when any is configured ---
+printf 'admintoken-0123456789abcdef admin\nreadtoken-0123456789abcdef read\n' >"$W/tokens"
+start_daemon --token-file "$W/tokens"
+[ "$(status "$URL/Qwen/tiny/resolve/main/config.json")" = 401 ] || fail "read without a token"
+[ "$(status -H 'Authorization: Bearer readtoken-0123456789abcdef' "$URL/Qwen/tiny/resolve/main/config.json")" = 200 ] || fail "read token"
+[ "$(status -X POST -H 'Authorization: Bearer readtoken-0123456789abcdef' -d '{"kind":"gc"}' "$URL/v1/jobs")" = 403 ] || fail "read token may not submit"
+[ "$(status -H 'Authorization: Bearer wrong-token-0123456789' "$URL/v1/checkpoints")" = 401 ] || fail "wrong token"
+[ "$(status "$URL/healthz")" = 200 ] || fail healthz
+stop_daemon
+echo "http: ok"
