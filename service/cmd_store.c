@@ -21,15 +21,30 @@
 #include <string.h>
 #include <time.h>
 
-enum { OPT_HOME = 300, OPT_REPO, OPT_JSON, OPT_OUT, OPT_RANK, OPT_FORMAT, OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET,
-       OPT_DRY_RUN };
+enum {
+    OPT_HOME = 300,
+    OPT_REPO,
+    OPT_JSON,
+    OPT_OUT,
+    OPT_RANK,
+    OPT_FORMAT,
+    OPT_FORCE,
+    OPT_CONSOLIDATED,
+    OPT_QUIET,
+    OPT_DRY_RUN
+};
 
 static const struct option store_opts[] = {
-    {"home", required_argument, 0, OPT_HOME},     {"repo", required_argument, 0, OPT_REPO},
-    {"json", no_argument, 0, OPT_JSON},           {"output", required_argument, 0, OPT_OUT},
-    {"rank", required_argument, 0, OPT_RANK},     {"format", required_argument, 0, OPT_FORMAT},
-    {"force", no_argument, 0, OPT_FORCE},         {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
-    {"quiet", no_argument, 0, OPT_QUIET},         {"dry-run", no_argument, 0, OPT_DRY_RUN},
+    {"home", required_argument, 0, OPT_HOME},
+    {"repo", required_argument, 0, OPT_REPO},
+    {"json", no_argument, 0, OPT_JSON},
+    {"output", required_argument, 0, OPT_OUT},
+    {"rank", required_argument, 0, OPT_RANK},
+    {"format", required_argument, 0, OPT_FORMAT},
+    {"force", no_argument, 0, OPT_FORCE},
+    {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
+    {"quiet", no_argument, 0, OPT_QUIET},
+    {"dry-run", no_argument, 0, OPT_DRY_RUN},
     {0, 0, 0, 0},
 };
 
@@ -51,23 +66,43 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sto
     while ((c = getopt_long(argc, argv, "o:", store_opts, NULL)) != -1) {
         if (c == 'o') c = OPT_OUT;
         bool ok = false;
-        for (const int *p = allowed; *p; p++) ok |= *p == c;
+        for (const int *p = allowed; *p; p++)
+            ok |= *p == c;
         if (c == '?' || !ok) return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
         uint64_t v;
         switch (c) {
-        case OPT_HOME: a->home = optarg; break;
-        case OPT_REPO: a->repo = optarg; break;
-        case OPT_JSON: a->json = true; break;
-        case OPT_OUT: a->out = optarg; break;
+        case OPT_HOME:
+            a->home = optarg;
+            break;
+        case OPT_REPO:
+            a->repo = optarg;
+            break;
+        case OPT_JSON:
+            a->json = true;
+            break;
+        case OPT_OUT:
+            a->out = optarg;
+            break;
         case OPT_RANK:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v >= 1024) return cli_usage_error(cmd, "--rank must be a number from 0 to 1023");
+            if (ckpt_parse_u64(optarg, &v) < 0 || v >= 1024)
+                return cli_usage_error(cmd, "--rank must be a number from 0 to 1023");
             a->rank = (int)v;
             break;
-        case OPT_FORMAT: a->format = optarg; break;
-        case OPT_FORCE: a->force = true; break;
-        case OPT_CONSOLIDATED: a->consolidated = true; break;
-        case OPT_QUIET: a->quiet = true; break;
-        case OPT_DRY_RUN: a->dry_run = true; break;
+        case OPT_FORMAT:
+            a->format = optarg;
+            break;
+        case OPT_FORCE:
+            a->force = true;
+            break;
+        case OPT_CONSOLIDATED:
+            a->consolidated = true;
+            break;
+        case OPT_QUIET:
+            a->quiet = true;
+            break;
+        case OPT_DRY_RUN:
+            a->dry_run = true;
+            break;
         }
     }
     for (int i = optind; i < argc; i++) {
@@ -78,13 +113,28 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sto
     return CLI_OK;
 }
 
+/* The preamble every store command shares: --help, options, opening the
+ * store. Returns -1 to go on, else the exit status to return at once. */
+static int begin(const char *cmd, int argc, char **argv, const char *help, const int *allowed,
+                 store_args *a, ckpt_store *s)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(help, stdout);
+        return CLI_OK;
+    }
+    int u = parse(cmd, argc, argv, allowed, a);
+    if (u) return u;
+    if (store_open(s, a->home) < 0) return cli_fail();
+    return -1;
+}
+
 static json_t *ckpt_json(const store_ckpt *c)
 {
     char *ref = store_ckpt_ref(c);
-    json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:I,s:b,s:I}", "id", (json_int_t)c->id, "ref", ref ? ref : "",
-                          "repo", c->repo, "revision", c->revision, "commit", c->commit, "layout", c->layout,
-                          "total_size", (json_int_t)c->total_size, "lossy", c->lossy, "created_at",
-                          (json_int_t)c->created_at);
+    json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:I,s:b,s:I}", "id", (json_int_t)c->id, "ref",
+                          ref ? ref : "", "repo", c->repo, "revision", c->revision, "commit",
+                          c->commit, "layout", c->layout, "total_size", (json_int_t)c->total_size,
+                          "lossy", c->lossy, "created_at", (json_int_t)c->created_at);
     free(ref);
     return j;
 }
@@ -146,10 +196,12 @@ int cmd_import(int argc, char **argv)
         ret = cli_fail();
     } else {
         char *ref = store_ckpt_ref(&c), size[32];
-        if (a.json) print_json(ckpt_json(&c));
-        else printf("%s\n", ref);
-        ckpt_info("%s %s (commit %.12s, %s)", existed ? "already stored:" : "imported", ref, c.commit,
-                  ckpt_format_size((uint64_t)c.total_size, size, sizeof size));
+        if (a.json)
+            print_json(ckpt_json(&c));
+        else
+            printf("%s\n", ref);
+        ckpt_info("%s %s (commit %.12s, %s)", existed ? "already stored:" : "imported", ref,
+                  c.commit, ckpt_format_size((uint64_t)c.total_size, size, sizeof size));
         free(ref);
         store_ckpt_free(&c);
     }
@@ -160,21 +212,19 @@ int cmd_import(int argc, char **argv)
 
 int cmd_ls(int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
-               "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
-               "size, creation time.\n");
-        return CLI_OK;
-    }
+    static const char help[] =
+        "usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
+        "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
+        "size, creation time.\n";
     static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
     store_args a;
-    int u = parse("ls", argc, argv, allowed, &a);
-    if (u) return u;
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    int early = begin("ls", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
     sqlite3_stmt *st;
     int rc = catalog_prepare(&s.cat, &st,
-                             "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY repo, commit_sha, layout");
+                             "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY "
+                             "repo, commit_sha, layout");
     json_t *list = json_array();
     if (!rc && a.npos) sqlite3_bind_text(st, 1, a.pos[0], -1, SQLITE_STATIC);
     while (!rc && sqlite3_step(st) == SQLITE_ROW) {
@@ -232,19 +282,22 @@ int cmd_show(int argc, char **argv)
     }
     json_t *j = ckpt_json(&c), *files = json_array();
     sqlite3_stmt *st;
-    rc = catalog_prepare(&s.cat, &st,
-                         "SELECT f.path, f.size, f.sha256, f.blob IS NULL, (SELECT count(*) FROM tensors t WHERE "
-                         "t.checkpoint_id = f.checkpoint_id AND t.path = f.path), (SELECT count(*) FROM tensors t "
-                         "WHERE t.checkpoint_id = f.checkpoint_id AND t.path = f.path AND t.recipe IS NOT NULL) "
-                         "FROM files f WHERE f.checkpoint_id = ? ORDER BY f.path");
+    rc = catalog_prepare(
+        &s.cat, &st,
+        "SELECT f.path, f.size, f.sha256, f.blob IS NULL, (SELECT count(*) FROM tensors t WHERE "
+        "t.checkpoint_id = f.checkpoint_id AND t.path = f.path), (SELECT count(*) FROM tensors t "
+        "WHERE t.checkpoint_id = f.checkpoint_id AND t.path = f.path AND t.recipe IS NOT NULL) "
+        "FROM files f WHERE f.checkpoint_id = ? ORDER BY f.path");
     if (!rc) {
         sqlite3_bind_int64(st, 1, c.id);
         while (sqlite3_step(st) == SQLITE_ROW)
-            json_array_append_new(files, json_pack("{s:s,s:I,s:s,s:b,s:I,s:I}", "path", sqlite3_column_text(st, 0),
-                                                   "size", (json_int_t)sqlite3_column_int64(st, 1), "sha256",
-                                                   sqlite3_column_text(st, 2), "safetensors", sqlite3_column_int(st, 3),
-                                                   "tensors", (json_int_t)sqlite3_column_int64(st, 4), "recipes",
-                                                   (json_int_t)sqlite3_column_int64(st, 5)));
+            json_array_append_new(
+                files,
+                json_pack("{s:s,s:I,s:s,s:b,s:I,s:I}", "path", sqlite3_column_text(st, 0), "size",
+                          (json_int_t)sqlite3_column_int64(st, 1), "sha256",
+                          sqlite3_column_text(st, 2), "safetensors", sqlite3_column_int(st, 3),
+                          "tensors", (json_int_t)sqlite3_column_int64(st, 4), "recipes",
+                          (json_int_t)sqlite3_column_int64(st, 5)));
         sqlite3_finalize(st);
     }
     json_object_set_new(j, "files", files);
@@ -258,20 +311,27 @@ int cmd_show(int argc, char **argv)
         }
     }
     int ret = CLI_OK;
-    if (rc) ret = cli_fail();
-    else if (a.json) ret = print_json(json_incref(j));
+    if (rc)
+        ret = cli_fail();
+    else if (a.json)
+        ret = print_json(json_incref(j));
     else {
         char size[32];
-        printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n", json_string_value(json_object_get(j, "ref")), c.commit,
-               *c.layout ? c.layout : "(original)", ckpt_format_size((uint64_t)c.total_size, size, sizeof size),
+        printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n",
+               json_string_value(json_object_get(j, "ref")), c.commit,
+               *c.layout ? c.layout : "(original)",
+               ckpt_format_size((uint64_t)c.total_size, size, sizeof size),
                c.lossy ? " (lossy cast)" : "");
-        if (json_object_get(j, "source")) printf("  source %s\n", json_string_value(json_object_get(j, "source")));
+        if (json_object_get(j, "source"))
+            printf("  source %s\n", json_string_value(json_object_get(j, "source")));
         size_t i;
         json_t *f;
         json_array_foreach(files, i, f)
         {
-            printf("  %-50s %12s  %.16s  %lld tensors%s\n", json_string_value(json_object_get(f, "path")),
-                   ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size, sizeof size),
+            printf("  %-50s %12s  %.16s  %lld tensors%s\n",
+                   json_string_value(json_object_get(f, "path")),
+                   ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size,
+                                    sizeof size),
                    json_string_value(json_object_get(f, "sha256")),
                    (long long)json_integer_value(json_object_get(f, "tensors")),
                    json_integer_value(json_object_get(f, "recipes")) ? " (recipes)" : "");
@@ -286,22 +346,24 @@ int cmd_show(int argc, char **argv)
 int cmd_pull(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt pull REF -o DIR|- [--rank R] [--consolidated] [--format dir|tar|tar.zst]\n"
-               "                [--force] [--home DIR]\n\n"
-               "Writes a stored checkpoint out. Every file is rebuilt from its blobs (or from the\n"
-               "recipe a converted layout keeps) and its sha256 checked against the catalog\n"
-               "before DIR appears; a damaged store fails instead of writing bad bytes.\n\n"
-               "  -o DIR          destination folder (must be empty unless --force); '-' streams a\n"
-               "                  tar to standard output\n"
-               "  --rank R        of a tensor-parallel layout, only rank R's folder (at DIR's root)\n"
-               "                  plus config.json and ckpt-layout.json\n"
-               "  --consolidated  of a converted layout: the original layout rebuilt from it\n"
-               "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n\n"
-               "examples:\n  ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --rank 3 -o ./rank3\n"
-               "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
+        printf(
+            "usage: ckpt pull REF -o DIR|- [--rank R] [--consolidated] [--format dir|tar|tar.zst]\n"
+            "                [--force] [--home DIR]\n\n"
+            "Writes a stored checkpoint out. Every file is rebuilt from its blobs (or from the\n"
+            "recipe a converted layout keeps) and its sha256 checked against the catalog\n"
+            "before DIR appears; a damaged store fails instead of writing bad bytes.\n\n"
+            "  -o DIR          destination folder (must be empty unless --force); '-' streams a\n"
+            "                  tar to standard output\n"
+            "  --rank R        of a tensor-parallel layout, only rank R's folder (at DIR's root)\n"
+            "                  plus config.json and ckpt-layout.json\n"
+            "  --consolidated  of a converted layout: the original layout rebuilt from it\n"
+            "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n\n"
+            "examples:\n  ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --rank 3 -o ./rank3\n"
+            "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_HOME, OPT_OUT, OPT_RANK, OPT_FORMAT, OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET, 0};
+    static const int allowed[] = {OPT_HOME,  OPT_OUT,          OPT_RANK,  OPT_FORMAT,
+                                  OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET, 0};
     store_args a;
     int u = parse("pull", argc, argv, allowed, &a);
     if (u) return u;
@@ -310,8 +372,10 @@ int cmd_pull(int argc, char **argv)
     const char *fmt = a.format ? a.format : (!strcmp(a.out, "-") ? "tar" : "dir");
     if (strcmp(fmt, "dir") && strcmp(fmt, "tar") && strcmp(fmt, "tar.zst"))
         return cli_usage_error("pull", "--format must be dir, tar or tar.zst");
-    if (!strcmp(fmt, "dir") && !strcmp(a.out, "-")) return cli_usage_error("pull", "-o - needs --format tar or tar.zst");
-    if (a.consolidated && a.rank >= 0) return cli_usage_error("pull", "--consolidated and --rank exclude each other");
+    if (!strcmp(fmt, "dir") && !strcmp(a.out, "-"))
+        return cli_usage_error("pull", "-o - needs --format tar or tar.zst");
+    if (a.consolidated && a.rank >= 0)
+        return cli_usage_error("pull", "--consolidated and --rank exclude each other");
     ckpt_store s;
     if (store_open(&s, a.home) < 0) return cli_fail();
     store_ckpt c;
@@ -325,7 +389,8 @@ int cmd_pull(int argc, char **argv)
         store_close(&s);
         return cli_usage_error("pull", "--consolidated applies to a converted layout (REF:LAYOUT)");
     }
-    /* Directories are assembled in place; archives and consolidation go through a staging folder. */
+    /* Directories are assembled in place; archives and consolidation go through a staging folder.
+     */
     bool staged = strcmp(fmt, "dir") || a.consolidated;
     char *stage = NULL;
     if (staged) {
@@ -347,7 +412,8 @@ int cmd_pull(int argc, char **argv)
             stage = cons;
         }
     }
-    if (!rc && strcmp(fmt, "dir")) rc = ckpt_archive_write_tree(stage, a.out, !strcmp(fmt, "tar.zst"));
+    if (!rc && strcmp(fmt, "dir"))
+        rc = ckpt_archive_write_tree(stage, a.out, !strcmp(fmt, "tar.zst"));
     if (stage) {
         ckpt_rm_rf(stage);
         free(stage);
@@ -366,19 +432,16 @@ int cmd_pull(int argc, char **argv)
 
 int cmd_rm(int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt rm REF [--home DIR]\n\n"
-               "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
-               "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n");
-        return CLI_OK;
-    }
+    static const char help[] =
+        "usage: ckpt rm REF [--home DIR]\n\n"
+        "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
+        "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n";
     static const int allowed[] = {OPT_HOME, 0};
     store_args a;
-    int u = parse("rm", argc, argv, allowed, &a);
-    if (u) return u;
-    if (a.npos != 1) return cli_usage_error("rm", "expected one REF");
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    int early = begin("rm", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
+    if (a.npos != 1) return store_close(&s), cli_usage_error("rm", "expected one REF");
     store_ckpt c;
     int rc = store_resolve(&s, a.pos[0], &c);
     if (!rc) {
@@ -394,29 +457,26 @@ int cmd_rm(int argc, char **argv)
 
 int cmd_gc(int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt gc [--dry-run] [--home DIR] [--json]\n\n"
-               "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
-               "writes (temp files of processes that are gone). Blobs that a running import\n"
-               "has leased are kept. --dry-run only counts.\n");
-        return CLI_OK;
-    }
+    static const char help[] =
+        "usage: ckpt gc [--dry-run] [--home DIR] [--json]\n\n"
+        "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
+        "writes (temp files of processes that are gone). Blobs that a running import\n"
+        "has leased are kept. --dry-run only counts.\n";
     static const int allowed[] = {OPT_HOME, OPT_DRY_RUN, OPT_JSON, 0};
     store_args a;
-    int u = parse("gc", argc, argv, allowed, &a);
-    if (u) return u;
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    int early = begin("gc", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
     store_gc_result r;
     int rc = store_gc(&s, a.dry_run, &r);
     store_close(&s);
     if (rc) return cli_fail();
     char b[32];
     if (a.json)
-        return print_json(json_pack("{s:b,s:I,s:I,s:I,s:I}", "dry_run", a.dry_run, "blobs_removed",
-                                    (json_int_t)r.blobs_removed, "bytes_freed", (json_int_t)r.bytes_freed,
-                                    "temps_removed", (json_int_t)r.temps_removed, "leases_dropped",
-                                    (json_int_t)r.leases_dropped));
+        return print_json(json_pack(
+            "{s:b,s:I,s:I,s:I,s:I}", "dry_run", a.dry_run, "blobs_removed",
+            (json_int_t)r.blobs_removed, "bytes_freed", (json_int_t)r.bytes_freed, "temps_removed",
+            (json_int_t)r.temps_removed, "leases_dropped", (json_int_t)r.leases_dropped));
     printf("%s %llu blobs (%s), %llu leftovers of interrupted writes, %llu stale leases\n",
            a.dry_run ? "would remove" : "removed", (unsigned long long)r.blobs_removed,
            ckpt_format_size(r.bytes_freed, b, sizeof b), (unsigned long long)r.temps_removed,
@@ -426,29 +486,28 @@ int cmd_gc(int argc, char **argv)
 
 int cmd_du(int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt du [--home DIR] [--json]\n\n"
-               "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
-               "against physical bytes of the blobs on disk, and the deduplication ratio.\n");
-        return CLI_OK;
-    }
+    static const char help[] =
+        "usage: ckpt du [--home DIR] [--json]\n\n"
+        "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
+        "against physical bytes of the blobs on disk, and the deduplication ratio.\n";
     static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
     store_args a;
-    int u = parse("du", argc, argv, allowed, &a);
-    if (u) return u;
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    int early = begin("du", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
     store_du_result r;
     int rc = store_du(&s, &r);
     store_close(&s);
     if (rc) return cli_fail();
     double ratio = r.physical ? (double)r.logical / (double)r.physical : 0.0;
     if (a.json)
-        return print_json(json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r.checkpoints, "logical_bytes",
-                                    (json_int_t)r.logical, "physical_bytes", (json_int_t)r.physical, "blobs",
-                                    (json_int_t)r.blobs, "catalog_bytes", (json_int_t)r.db_bytes, "dedup_ratio", ratio));
+        return print_json(json_pack(
+            "{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r.checkpoints, "logical_bytes",
+            (json_int_t)r.logical, "physical_bytes", (json_int_t)r.physical, "blobs",
+            (json_int_t)r.blobs, "catalog_bytes", (json_int_t)r.db_bytes, "dedup_ratio", ratio));
     char l[32], p[32], d[32];
-    printf("%llu checkpoints, logical %s, physical %s in %llu blobs (+ catalog %s), dedup ratio %.2f\n",
+    printf("%llu checkpoints, logical %s, physical %s in %llu blobs (+ catalog %s), dedup ratio "
+           "%.2f\n",
            (unsigned long long)r.checkpoints, ckpt_format_size(r.logical, l, sizeof l),
            ckpt_format_size(r.physical, p, sizeof p), (unsigned long long)r.blobs,
            ckpt_format_size(r.db_bytes, d, sizeof d), ratio);
@@ -463,19 +522,16 @@ static void print_line(void *ctx, const char *line)
 
 int cmd_verify(int argc, char **argv)
 {
-    if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt verify [REF] [--home DIR]\n\n"
-               "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
-               "and checks its sha256 against the catalog. Names each damaged blob with the\n"
-               "checkpoints and files it breaks. Exit 1 if anything is damaged.\n");
-        return CLI_OK;
-    }
+    static const char help[] =
+        "usage: ckpt verify [REF] [--home DIR]\n\n"
+        "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
+        "and checks its sha256 against the catalog. Names each damaged blob with the\n"
+        "checkpoints and files it breaks. Exit 1 if anything is damaged.\n";
     static const int allowed[] = {OPT_HOME, OPT_QUIET, 0};
     store_args a;
-    int u = parse("verify", argc, argv, allowed, &a);
-    if (u) return u;
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    int early = begin("verify", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
     int64_t only = 0;
     store_ckpt c;
     int rc = 0;
@@ -489,7 +545,9 @@ int cmd_verify(int argc, char **argv)
     if (!rc) rc = store_verify_blobs(&s, only, print_line, NULL, &damaged);
     /* Rebuild every file of every checkpoint in scope and compare sha256. */
     sqlite3_stmt *st = NULL;
-    if (!rc && !damaged) rc = catalog_prepare(&s.cat, &st, "SELECT id FROM checkpoints WHERE ?1 = 0 OR id = ?1 ORDER BY id");
+    if (!rc && !damaged)
+        rc = catalog_prepare(&s.cat, &st,
+                             "SELECT id FROM checkpoints WHERE ?1 = 0 OR id = ?1 ORDER BY id");
     if (st) sqlite3_bind_int64(st, 1, only);
     while (!rc && st && sqlite3_step(st) == SQLITE_ROW) {
         if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
