@@ -1,6 +1,8 @@
 /* store.c — CKPT_HOME, blobs with leases, checkpoint records and refs (see store.h). */
 #include "storage/store.h"
 
+#include "storage/checkpoint.h"
+
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/sha256.h"
@@ -516,4 +518,57 @@ void store_ckpt_free(store_ckpt *c)
     free(c->commit);
     free(c->layout);
     memset(c, 0, sizeof *c);
+}
+
+/* ---- files ---- */
+
+void store_files_free(store_file_row *rows, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        free(rows[i].path);
+        free(rows[i].blob);
+        free(rows[i].header);
+    }
+    free(rows);
+}
+
+int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n)
+{
+    *rows = NULL;
+    *n = 0;
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT path, size, sha256, blob, header FROM files WHERE checkpoint_id = ? ORDER BY path");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    size_t cap = 0;
+    int step;
+    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *path = (const char *)sqlite3_column_text(st, 0), *sha = (const char *)sqlite3_column_text(st, 2);
+        const char *blob = (const char *)sqlite3_column_text(st, 3);
+        if (!path || !sha || strlen(sha) != 64 || !ckpt_shard_name_safe(path)) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: checkpoint %lld has a damaged file row", (long long)id);
+            break;
+        }
+        if ((rc = ckpt_grow(rows, &cap, *n + 1, sizeof **rows))) break;
+        store_file_row *f = &(*rows)[(*n)++];
+        memset(f, 0, sizeof *f);
+        f->path = ckpt_strdup(path);
+        f->size = (uint64_t)sqlite3_column_int64(st, 1);
+        memcpy(f->sha256, sha, 65);
+        f->blob = blob ? ckpt_strdup(blob) : NULL;
+        int hl = sqlite3_column_bytes(st, 4);
+        if (hl > 0 && (f->header = ckpt_malloc((size_t)hl))) {
+            memcpy(f->header, sqlite3_column_blob(st, 4), (size_t)hl);
+            f->header_len = (size_t)hl;
+        }
+        if (!f->path || (blob && !f->blob) || (hl > 0 && !f->header)) rc = CKPT_ENOMEM;
+    }
+    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, "read files");
+    sqlite3_finalize(st);
+    if (rc) {
+        store_files_free(*rows, *n);
+        *rows = NULL;
+        *n = 0;
+    }
+    return rc;
 }

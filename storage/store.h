@@ -134,6 +134,20 @@ void store_ckpt_free(store_ckpt *c);
 /* Checks "ORG/NAME": safe characters, one slash. */
 int store_repo_name_check(const char *repo);
 
+/* A stored file as the catalog records it. */
+typedef struct {
+    char *path;
+    uint64_t size;
+    char sha256[65];
+    char *blob;      /* whole-file blob, or NULL for a safetensors file */
+    uint8_t *header; /* safetensors: the exact header bytes */
+    size_t header_len;
+} store_file_row;
+
+/* The files of checkpoint id, in path order. */
+int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n);
+void store_files_free(store_file_row *rows, size_t n);
+
 /* ---- maintenance (store_maint.c) ---- */
 
 /* Start time (clock ticks after boot) of process pid, or -1 when it is gone. */

@@ -32,12 +32,6 @@ typedef struct {
     size_t ntensors, tcap;
 } pull_state;
 
-static char *col(sqlite3_stmt *st, int i)
-{
-    const unsigned char *t = sqlite3_column_text(st, i);
-    return t ? ckpt_strdup((const char *)t) : NULL;
-}
-
 /* Where a stored path goes in the output, or NULL when the rank filter drops it. */
 static char *output_rel(const char *path, int rank)
 {
@@ -51,41 +45,26 @@ static char *output_rel(const char *path, int rank)
 
 static int load_files(pull_state *ps, int rank)
 {
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(&ps->s->cat, &st,
-                             "SELECT path, size, sha256, blob, header FROM files WHERE checkpoint_id = ? ORDER BY path");
+    store_file_row *rows;
+    size_t n;
+    int rc = store_files_load(ps->s, ps->id, &rows, &n);
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, ps->id);
-    int step;
-    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *path = (const char *)sqlite3_column_text(st, 0);
-        if (!path || !ckpt_shard_name_safe(path)) {
-            rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: unsafe file path in checkpoint %lld", (long long)ps->id);
-            break;
-        }
-        char *rel = output_rel(path, rank);
+    for (size_t i = 0; !rc && i < n; i++) {
+        char *rel = output_rel(rows[i].path, rank);
         if (!rel) continue;
         if ((rc = ckpt_grow(&ps->files, &ps->cap, ps->nfiles + 1, sizeof *ps->files))) {
             free(rel);
             break;
         }
         stored_file *f = &ps->files[ps->nfiles++];
-        memset(f, 0, sizeof *f);
-        f->out_rel = rel;
-        f->path = col(st, 0);
-        f->size = (uint64_t)sqlite3_column_int64(st, 1);
-        snprintf(f->sha256, sizeof f->sha256, "%s", (const char *)sqlite3_column_text(st, 2));
-        f->blob = col(st, 3);
-        int hl = sqlite3_column_bytes(st, 4);
-        if (hl > 0) {
-            f->header = ckpt_malloc((size_t)hl);
-            if (!f->header) rc = CKPT_ENOMEM;
-            else memcpy(f->header, sqlite3_column_blob(st, 4), (size_t)hl);
-            f->header_len = (size_t)hl;
-        }
+        /* Take the row's strings over. */
+        *f = (stored_file){.path = rows[i].path, .out_rel = rel, .blob = rows[i].blob, .size = rows[i].size,
+                           .header = rows[i].header, .header_len = rows[i].header_len};
+        memcpy(f->sha256, rows[i].sha256, sizeof f->sha256);
+        rows[i].path = rows[i].blob = NULL;
+        rows[i].header = NULL;
     }
-    if (!rc && step != SQLITE_DONE) rc = catalog_error(&ps->s->cat, "read files");
-    sqlite3_finalize(st);
+    store_files_free(rows, n);
     if (!rc && ps->nfiles == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "nothing to pull (no files for rank %d)", rank);
     return rc;
 }

@@ -13,54 +13,11 @@
 #include <string.h>
 
 typedef struct {
-    char *path, *blob, sha256[65];
-    uint64_t size;
-    uint8_t *header;
-    size_t header_len;
-} src_file;
-
-typedef struct {
-    src_file *v;
-    size_t n, cap;
+    store_file_row *v;
+    size_t n;
 } src_files;
 
-static void src_files_free(src_files *f)
-{
-    for (size_t i = 0; i < f->n; i++) {
-        free(f->v[i].path);
-        free(f->v[i].blob);
-        free(f->v[i].header);
-    }
-    free(f->v);
-}
-
-static int load_src_files(ckpt_store *s, int64_t id, src_files *out)
-{
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(&s->cat, &st, "SELECT path, size, sha256, blob, header FROM files WHERE checkpoint_id = ? ORDER BY path");
-    if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
-        if ((rc = ckpt_grow(&out->v, &out->cap, out->n + 1, sizeof *out->v))) break;
-        src_file *f = &out->v[out->n++];
-        memset(f, 0, sizeof *f);
-        f->path = ckpt_strdup((const char *)sqlite3_column_text(st, 0));
-        f->size = (uint64_t)sqlite3_column_int64(st, 1);
-        snprintf(f->sha256, sizeof f->sha256, "%s", (const char *)sqlite3_column_text(st, 2));
-        const unsigned char *b = sqlite3_column_text(st, 3);
-        f->blob = b ? ckpt_strdup((const char *)b) : NULL;
-        int hl = sqlite3_column_bytes(st, 4);
-        if (hl > 0 && (f->header = ckpt_malloc((size_t)hl))) {
-            memcpy(f->header, sqlite3_column_blob(st, 4), (size_t)hl);
-            f->header_len = (size_t)hl;
-        }
-        if (!f->path || (b && !f->blob) || (hl > 0 && !f->header)) rc = CKPT_ENOMEM;
-    }
-    sqlite3_finalize(st);
-    return rc;
-}
-
-static src_file *find_file(src_files *f, const char *path)
+static const store_file_row *find_file(const src_files *f, const char *path)
 {
     for (size_t i = 0; i < f->n; i++)
         if (!strcmp(f->v[i].path, path)) return &f->v[i];
@@ -68,7 +25,7 @@ static src_file *find_file(src_files *f, const char *path)
 }
 
 /* Reads a whole-file blob as text. */
-static int blob_text(ckpt_store *s, const src_file *f, char **out)
+static int blob_text(ckpt_store *s, const store_file_row *f, char **out)
 {
     char *path = store_blob_path(s, f->blob);
     int rc = path ? ckpt_read_file(path, CKPT_INDEX_MAX_BYTES, out, NULL) : CKPT_ENOMEM;
@@ -85,7 +42,7 @@ static int open_source(ckpt_store *s, const store_ckpt *src, src_files *files, c
     ckpt_index ix;
     memset(&ix, 0, sizeof ix);
     int rc = 0;
-    src_file *index = find_file(files, "model.safetensors.index.json");
+    const store_file_row *index = find_file(files, "model.safetensors.index.json");
     const char *const *shards = names_single;
     size_t nshards = 1;
     if (index && index->blob) {
@@ -101,7 +58,7 @@ static int open_source(ckpt_store *s, const store_ckpt *src, src_files *files, c
     if (!parsed || !*hashes) rc = CKPT_ENOMEM;
     size_t nparsed = 0;
     for (size_t i = 0; !rc && i < nshards; i++) {
-        src_file *f = find_file(files, shards[i]);
+        const store_file_row *f = find_file(files, shards[i]);
         if (!f || !f->header) {
             rc = ckpt_error_set(CKPT_ENOTFOUND, "%s@%s has no safetensors file '%s'", src->repo, src->revision, shards[i]);
             break;
@@ -118,7 +75,7 @@ static int open_source(ckpt_store *s, const store_ckpt *src, src_files *files, c
     free(label);
     free(parsed);
     ckpt_index_free(&ix);
-    src_file *cfg = find_file(files, "config.json");
+    const store_file_row *cfg = find_file(files, "config.json");
     if (!rc && cfg && cfg->blob) {
         char *path = store_blob_path(s, cfg->blob);
         rc = path ? cj_load_file(config, path, CONVERT_CONFIG_MAX_BYTES) : CKPT_ENOMEM;
@@ -281,7 +238,7 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
     if (!rc) rc = add_text_file(s, r, CONVERT_LAYOUT_FILE, text, ws, nws);
     free(text);
     for (size_t i = 0; !rc && i < files->n; i++) {
-        const src_file *sf = &files->v[i];
+        const store_file_row *sf = &files->v[i];
         if (!sf->blob || !is_side_file(sf->path)) continue;
         store_file_rec *fr = rec_add_file(r, sf->path);
         if (!fr) return CKPT_ENOMEM;
@@ -316,7 +273,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
     convert_plan cp;
     memset(&cp, 0, sizeof cp);
     bool planned = false;
-    rc = load_src_files(s, src.id, &files);
+    rc = store_files_load(s, src.id, &files.v, &files.n);
     if (!rc) rc = open_source(s, &src, &files, &c, &config, &index_text, &index_name, &src_hashes);
     if (!rc) {
         rc = convert_plan_build_from(&cp, &c, "", config, index_name, index_text, o);
@@ -361,7 +318,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
     json_decref(config);
     free(index_text);
     free(src_hashes);
-    src_files_free(&files);
+    store_files_free(files.v, files.n);
     store_ckpt_free(&src);
     return rc;
 }
