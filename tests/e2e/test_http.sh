@@ -9,7 +9,11 @@ W=${E2E_WORK:-$(mktemp -d)}
 export CKPT_HOME=$W/home CKPT_QUIET=1
 DIR=$(cd "$(dirname "$0")" && pwd)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+cleanup() {
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "${W:?}"/* "${W:?}"/.[!.]* 2>/dev/null || true # run.sh wants the work folder left empty
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
