@@ -279,12 +279,41 @@ int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id)
     return rc;
 }
 
-int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id)
+/* The id of (repo, commit, layout) inside the caller's transaction, or 0. */
+static int64_t existing_id(catalog *c, const store_ckpt_rec *r)
+{
+    sqlite3_stmt *st;
+    int64_t id = 0;
+    if (catalog_prepare(c, &st, "SELECT id FROM checkpoints WHERE repo = ? AND commit_sha = ? AND layout = ?") < 0) return 0;
+    sqlite3_bind_text(st, 1, r->repo, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, r->commit, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, r->layout ? r->layout : "", -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return id;
+}
+
+int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed)
 {
     catalog *c = &s->cat;
     sqlite3_stmt *ins_ck = NULL, *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
     int rc = catalog_begin(c);
     if (rc) return rc;
+    if (existed) *existed = false;
+    /* The same checkpoint committed meanwhile by another process (two runs of
+     * one job): the first one stands; this one only points the ref at it. */
+    int64_t prior = existing_id(c, r);
+    if (prior) {
+        *id = prior;
+        if (existed) *existed = true;
+        if (!(r->layout && *r->layout)) rc = store_set_ref(s, r->repo, r->revision, prior);
+        if (!rc) rc = store_leases_release(s);
+        if (rc) {
+            catalog_rollback(c);
+            return rc;
+        }
+        return catalog_commit(c);
+    }
     uint64_t total = 0;
     for (size_t f = 0; f < r->nfiles; f++) total += r->files[f].size;
     if (!rc) rc = catalog_prepare(c, &ins_ck,

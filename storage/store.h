@@ -108,8 +108,10 @@ typedef struct {
 void store_ckpt_rec_free(store_ckpt_rec *r);
 /* Inserts the checkpoint, its files, tensors and blob references, points the
  * ref (repo, revision) at it and drops this process's leases, in one
- * transaction. The blobs must be published already. */
-int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id);
+ * transaction. The blobs must be published already. When the same (repo,
+ * commit, layout) was committed meanwhile, that one stands: *id is its id and
+ * *existed (may be NULL) is set. */
+int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed);
 /* The id of (repo, commit, layout), or 0. */
 int store_find(ckpt_store *s, const char *repo, const char *commit, const char *layout, int64_t *id);
 /* Points ref (repo, name) at id. */

@@ -238,7 +238,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     } else if (!rc) {
         rc = store_blobs_publish(s, wl.w, wl.n);
         wl.n = 0;
-        if (!rc) rc = store_commit_checkpoint(s, &rec, &id);
+        if (!rc) rc = store_commit_checkpoint(s, &rec, &id, existed);
         if (rc) store_leases_release(s);
     }
     if (!rc) rc = store_get(s, id, out);

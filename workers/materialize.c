@@ -10,6 +10,7 @@
 #include "workers/executor.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -247,22 +248,61 @@ static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
     return rc;
 }
 
-static int verify_written(pull_state *ps, const char *tmp)
+/* Hashing what was written is most of a pull's CPU: files are hashed by
+ * VERIFY_THREADS threads taking them in turn. */
+#define VERIFY_THREADS 2
+
+typedef struct {
+    pull_state *ps;
+    const char *tmp;
+    pthread_mutex_t mu;
+    size_t next;
+    int rc;
+    char msg[1024];
+} verify_ctx;
+
+static void *verify_main(void *arg)
 {
-    for (size_t i = 0; i < ps->nfiles; i++) {
-        stored_file *f = &ps->files[i];
-        char *path = ckpt_path_join(tmp, f->out_rel);
+    verify_ctx *v = arg;
+    for (;;) {
+        pthread_mutex_lock(&v->mu);
+        size_t i = v->next++;
+        bool stop = v->rc || i >= v->ps->nfiles;
+        pthread_mutex_unlock(&v->mu);
+        if (stop) return NULL;
+        stored_file *f = &v->ps->files[i];
+        char *path = ckpt_path_join(v->tmp, f->out_rel);
         char hex[65];
         int rc = path ? ckpt_sha256_file_hex(path, hex) : CKPT_ENOMEM;
         free(path);
-        if (rc) return rc;
-        if (strcmp(hex, f->sha256))
-            return ckpt_error_set(CKPT_ECORRUPT,
-                                  "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
-                                  "(run ckpt verify); nothing was written",
-                                  f->path, hex, f->sha256);
+        if (!rc && strcmp(hex, f->sha256))
+            rc = ckpt_error_set(CKPT_ECORRUPT,
+                                "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
+                                "(run ckpt verify); nothing was written",
+                                f->path, hex, f->sha256);
+        if (rc) {
+            pthread_mutex_lock(&v->mu);
+            if (!v->rc) {
+                v->rc = rc;
+                snprintf(v->msg, sizeof v->msg, "%s", ckpt_error_last());
+            }
+            pthread_mutex_unlock(&v->mu);
+        }
     }
-    return 0;
+}
+
+static int verify_written(pull_state *ps, const char *tmp)
+{
+    verify_ctx v = {.ps = ps, .tmp = tmp};
+    pthread_mutex_init(&v.mu, NULL);
+    pthread_t th[VERIFY_THREADS];
+    int started = 0;
+    for (int i = 0; i < VERIFY_THREADS && (size_t)i < ps->nfiles; i++)
+        if (pthread_create(&th[i], NULL, verify_main, &v) == 0) started++;
+    if (started == 0) verify_main(&v);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&v.mu);
+    return v.rc ? ckpt_error_set(v.rc, "%s", v.msg) : 0;
 }
 
 static void pull_free(pull_state *ps)

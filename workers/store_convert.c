@@ -304,7 +304,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         if (!rc) rc = store_blobs_publish(s, ws, nws);
         else
             for (size_t i = 0; i < nws; i++) store_blob_abort(&ws[i]);
-        if (!rc) rc = store_commit_checkpoint(s, &r, &id);
+        if (!rc) rc = store_commit_checkpoint(s, &r, &id, existed);
         if (rc) store_leases_release(s);
         if (!rc) rc = store_get(s, id, out);
         store_ckpt_rec_free(&r);
