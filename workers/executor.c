@@ -13,10 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #define EXEC_TILE_EDGE 1024
+/* A gather reads through mmap when its span is this many times the bytes it needs. */
+#define EXEC_SPARSE_FACTOR 2
+#define EXEC_SPARSE_MIN (256u << 10)
 
 /* A strided walk: element i (multi-index over ext) is at src + sum i[k]*ss[k]
  * (source elements) and dst + sum i[k]*ds[k] (destination elements). */
@@ -45,6 +50,7 @@ typedef struct {
     char errmsg[2048];
     uint64_t done, total;
     ckpt_progress prog;
+    size_t *left; /* per output file: tensors not written yet */
 } exec_ctx;
 
 typedef struct {
@@ -199,6 +205,20 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
             if (rc) return rc;
         }
         return 0;
+    }
+    uint64_t needed = ses;
+    for (int k = 0; k < w.nd; k++) needed *= w.ext[k];
+    if (span * ses >= EXEC_SPARSE_FACTOR * needed && span * ses >= EXEC_SPARSE_MIN) {
+        /* Sparse (a column slice, a transposed tile): map the span and touch
+         * only the pages holding needed elements, instead of reading it all. */
+        uint64_t start = s->offset + w.src * ses, page = (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t base = start / page * page, maplen = start - base + span * ses;
+        void *m = mmap(NULL, (size_t)maplen, PROT_READ, MAP_PRIVATE, fd, (off_t)base);
+        if (m != MAP_FAILED) {
+            walk_run(&w, (const uint8_t *)m + (start - base), w.src, s->dtype, dst, ddt);
+            munmap(m, (size_t)maplen);
+            return 0;
+        }
     }
     int rc = ckpt_pread_full(fd, wk->band, (size_t)(span * ses), s->offset + w.src * ses, path);
     if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
@@ -500,6 +520,14 @@ static void *worker_main(void *arg)
         work_item it = c->items[c->next++];
         pthread_mutex_unlock(&c->mu);
         int rc = run_item(wk, &it);
+        if (!rc) {
+            /* The last tensor of a file: make it durable now, while others copy on. */
+            pthread_mutex_lock(&c->mu);
+            bool last = --c->left[it.file] == 0;
+            pthread_mutex_unlock(&c->mu);
+            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
+                rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
+        }
         if (rc) {
             pthread_mutex_lock(&c->mu);
             if (!c->err) {
@@ -520,11 +548,39 @@ typedef struct {
     char errmsg[1024];
 } hash_job;
 
+/* sha256 of a source file, remembered in the xattr user.ckpt.sha256 as
+ * "<size> <mtime ns> <hex>": converting the same files again skips hashing
+ * them. A file changed since (size or mtime) is hashed anew; filesystems
+ * without user xattrs just hash every time. */
+static int sha256_cached(const char *path, char hex[65])
+{
+    struct stat st;
+    if (stat(path, &st) < 0) return ckpt_error_sys("%s: stat", path);
+    char key[64], val[160];
+    snprintf(key, sizeof key, "%lld %lld", (long long)st.st_size,
+             (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
+    ssize_t n = getxattr(path, "user.ckpt.sha256", val, sizeof val - 1);
+    if (n > 0) {
+        val[n] = 0;
+        size_t kl = strlen(key);
+        if (!strncmp(val, key, kl) && val[kl] == ' ' && strlen(val + kl + 1) == 64) {
+            memcpy(hex, val + kl + 1, 65);
+            return 0;
+        }
+    }
+    int rc = ckpt_sha256_file_hex(path, hex);
+    if (!rc) {
+        snprintf(val, sizeof val, "%s %s", key, hex);
+        setxattr(path, "user.ckpt.sha256", val, strlen(val), 0); /* best effort */
+    }
+    return rc;
+}
+
 static void *hash_main(void *arg)
 {
     hash_job *h = arg;
     for (size_t i = 0; i < h->p->nsrc_paths && !h->err; i++) {
-        int rc = ckpt_sha256_file_hex(h->p->src_paths[i], h->out[i]);
+        int rc = sha256_cached(h->p->src_paths[i], h->out[i]);
         if (rc) {
             h->err = rc;
             snprintf(h->errmsg, sizeof h->errmsg, "%s", ckpt_error_last());
@@ -590,8 +646,19 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         if (c.src_fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
     }
     if (!rc) rc = open_outputs(&c, out_dir);
-    for (size_t f = 0; !rc && f < p->nfiles; f++)
-        for (size_t i = 0; i < p->files[f].layout.ntensors; i++) c.items[c.nitems++] = (work_item){f, i};
+    /* Round-robin across files, so the threads mostly write different files. */
+    c.left = ckpt_calloc(p->nfiles + 1, sizeof *c.left);
+    if (!c.left && !rc) rc = CKPT_ENOMEM;
+    size_t most = 0;
+    for (size_t f = 0; !rc && f < p->nfiles; f++) {
+        c.left[f] = p->files[f].layout.ntensors;
+        if (c.left[f] > most) most = c.left[f];
+    }
+    for (size_t i = 0; !rc && i < most; i++)
+        for (size_t f = 0; f < p->nfiles; f++)
+            if (i < p->files[f].layout.ntensors) c.items[c.nitems++] = (work_item){f, i};
+    for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
+        if (c.left[f] == 0 && fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
     c.total = exec_plan_bytes(p);
     if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
 
@@ -624,8 +691,6 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (hashing) pthread_join(hash_thread, NULL);
     if (!rc && c.err) rc = ckpt_error_set(c.err, "%s", c.errmsg);
     if (!rc && hj.err) rc = ckpt_error_set(hj.err, "%s", hj.errmsg);
-    for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
-        if (fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
     if (!rc && !o->quiet) ckpt_progress_finish(&c.prog);
     for (size_t f = 0; c.out_fds && f < p->nfiles; f++)
         if (c.out_fds[f] >= 0 && close(c.out_fds[f]) < 0 && !rc) rc = ckpt_error_sys("%s: close", c.out_paths[f]);
@@ -640,6 +705,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(tids);
     free(wks);
     free(c.items);
+    free(c.left);
     free(c.src_fds);
     free(c.out_fds);
     free(c.out_paths);
