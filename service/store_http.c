@@ -203,49 +203,27 @@ static bool resolve_rev(ckpt_store *s, const char *repo, const char *rev_in, hub
 /* ---- files of a checkpoint ---- */
 
 typedef struct {
-    char *path, *blob, sha256[65];
-    uint64_t size;
-    bool lfs;
-} hub_file;
-
-typedef struct {
-    hub_file *v;
-    size_t n, cap;
+    store_file_row *v;
+    size_t n;
 } hub_files;
-
-static void hub_files_free(hub_files *f)
-{
-    for (size_t i = 0; i < f->n; i++) {
-        free(f->v[i].path);
-        free(f->v[i].blob);
-    }
-    free(f->v);
-}
 
 static int load_hub_files(ckpt_store *s, int64_t id, hub_files *out)
 {
-    memset(out, 0, sizeof *out);
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(&s->cat, &st, "SELECT path, size, sha256, blob, header IS NOT NULL FROM files WHERE checkpoint_id = ? ORDER BY path");
-    if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
-        if ((rc = ckpt_grow(&out->v, &out->cap, out->n + 1, sizeof *out->v))) break;
-        hub_file *f = &out->v[out->n++];
-        memset(f, 0, sizeof *f);
-        f->path = ckpt_strdup((const char *)sqlite3_column_text(st, 0));
-        f->size = (uint64_t)sqlite3_column_int64(st, 1);
-        snprintf(f->sha256, sizeof f->sha256, "%s", (const char *)sqlite3_column_text(st, 2));
-        const unsigned char *b = sqlite3_column_text(st, 3);
-        f->blob = b ? ckpt_strdup((const char *)b) : NULL;
-        f->lfs = sqlite3_column_int(st, 4) || f->size > INLINE_OID_MAX;
-        if (!f->path) rc = CKPT_ENOMEM;
-    }
-    sqlite3_finalize(st);
-    return rc;
+    return store_files_load(s, id, &out->v, &out->n);
 }
 
-static const char *lfs_pointer(const hub_file *f, char *buf, size_t len)
+static void hub_files_free(hub_files *f)
+{
+    store_files_free(f->v, f->n);
+}
+
+/* Safetensors files (and anything too large to hash for a git oid) are LFS files. */
+static bool is_lfs(const store_file_row *f)
+{
+    return f->header != NULL || f->size > INLINE_OID_MAX;
+}
+
+static const char *lfs_pointer(const store_file_row *f, char *buf, size_t len)
 {
     snprintf(buf, len, "version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %llu\n", f->sha256,
              (unsigned long long)f->size);
@@ -268,10 +246,10 @@ static void git_oid(const void *data, size_t len, char out[41])
     for (unsigned i = 0; i < 20 && i < n; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
-static void file_oid(ckpt_store *s, const hub_file *f, char out[41])
+static void file_oid(ckpt_store *s, const store_file_row *f, char out[41])
 {
     char ptr[256];
-    if (f->lfs || !f->blob) {
+    if (is_lfs(f) || !f->blob) {
         lfs_pointer(f, ptr, sizeof ptr);
         git_oid(ptr, strlen(ptr), out);
         return;
@@ -284,12 +262,12 @@ static void file_oid(ckpt_store *s, const hub_file *f, char out[41])
     free(path);
 }
 
-static json_t *file_entry(ckpt_store *s, const hub_file *f, const hub_rev *rev, bool expand)
+static json_t *file_entry(ckpt_store *s, const store_file_row *f, const hub_rev *rev, bool expand)
 {
     char oid[41], ptr[256];
     file_oid(s, f, oid);
     json_t *e = json_pack("{s:s,s:s,s:I,s:s}", "type", "file", "path", f->path, "size", (json_int_t)f->size, "oid", oid);
-    if (e && f->lfs)
+    if (e && is_lfs(f))
         json_object_set_new(e, "lfs", json_pack("{s:s,s:I,s:I}", "oid", f->sha256, "size", (json_int_t)f->size,
                                                 "pointerSize", (json_int_t)strlen(lfs_pointer(f, ptr, sizeof ptr))));
     if (e && expand) {
@@ -616,7 +594,7 @@ static enum MHD_Result hub_resolve(ckpt_store *s, struct MHD_Connection *c, cons
     enum MHD_Result ret;
     if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
     hub_files fs;
-    const hub_file *f = NULL;
+    const store_file_row *f = NULL;
     if (load_hub_files(s, r.c.id, &fs) == 0)
         for (size_t i = 0; i < fs.n && !f; i++)
             if (!strcmp(fs.v[i].path, path)) f = &fs.v[i];
@@ -630,7 +608,7 @@ static enum MHD_Result hub_resolve(ckpt_store *s, struct MHD_Connection *c, cons
     } else {
         char oid[41];
         file_oid(s, f, oid);
-        ret = send_file(s, c, &r.c, path, method, &r, f->lfs, oid);
+        ret = send_file(s, c, &r.c, path, method, &r, is_lfs(f), oid);
     }
     hub_files_free(&fs);
     store_ckpt_free(&r.c);
