@@ -366,6 +366,16 @@ int daemon_run(const daemon_opts *o)
     signal(SIGPIPE, SIG_IGN);
     int requeued = 0;
     queue_reap(&d.store.cat, d.owner, &requeued);
+    /* A daemon killed while writing serve.url leaves its temp file: drop those. */
+    DIR *hd = opendir(d.store.home);
+    struct dirent *he;
+    while (hd && (he = readdir(hd))) {
+        if (strncmp(he->d_name, ".serve.url.tmp-", 15)) continue;
+        char *p = ckpt_path_join(d.store.home, he->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    if (hd) closedir(hd);
     char *url_file = ckpt_path_join(d.store.home, "serve.url");
     if (api) {
         ckpt_info("ckpt serve: %s, %d workers, home %s%s", http_api_url(api), o->workers, d.store.home,
