@@ -43,7 +43,7 @@ SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install clean format lib check-deps
+.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
 
 all: $(BUILD)/ckpt
 
@@ -55,6 +55,7 @@ help:
 	@echo "make bench    run the benchmarks in bench/"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
 	@echo "make lib      build $(BUILD)/libckpt.a and $(BUILD)/libckpt.so"
+	@echo "make install-lib  install libckpt and its public header ckpt.h"
 	@echo "make install  install to \$$DESTDIR\$$PREFIX"
 	@echo "make format   clang-format every source file"
 
@@ -96,6 +97,24 @@ lib: $(BUILD)/libckpt.a
 	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a
 	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
 
+# The library's example program (training states), built from the public
+# header alone: -Istorage, not -I., so ckpt.h must stand on its own.
+$(BUILD)/tests/state_example: tests/state_example.c storage/ckpt.h $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CSTD) $(WARN) $(OPT) -Istorage $(CFLAGS) -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+
+install-lib: lib
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
+	install -m 0644 $(BUILD)/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
+	install -m 0755 $(BUILD)/libckpt.so $(DESTDIR)$(PREFIX)/lib/libckpt.so
+	install -m 0644 storage/ckpt.h $(DESTDIR)$(PREFIX)/include/ckpt.h
+
+# The local Hub of the tests and the demo (tests/hub/testhub.c): the daemon's
+# Hub read API (service/store_http.c) with faults injected on demand.
+TESTHUB_OBJS := $(BUILD)/obj/service/store_http.o $(BUILD)/obj/service/http_util.o
+$(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
+	$(CC) $(CFLAGS_ALL) -o $@ $< $(TESTHUB_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
+
 # test: sanitizer build in build/san, unit tests, end-to-end tests, a short fuzz run.
 test: deps
 	$(MAKE) BUILD=build/san SAN=1 build/san/ckpt $(patsubst $(BUILD)/%,build/san/%,$(TEST_BINS))
@@ -107,8 +126,8 @@ unit: $(TEST_BINS)
 	  echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || fail=1; \
 	done; exit $$fail
 
-e2e: $(BUILD)/ckpt
-	@CKPT_BIN=$(abspath $(BUILD)/ckpt) tests/e2e/run.sh
+e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) tests/e2e/run.sh
 
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD := build/fuzz
@@ -129,8 +148,8 @@ fuzz: deps $(FUZZ_BINS)
 fuzz-short:
 	$(MAKE) fuzz FUZZ_SECONDS=10
 
-demo: deps all
-	@CKPT_BIN=$(abspath $(BUILD)/ckpt) ./demo.sh
+demo: deps all $(BUILD)/ckpt-testhub
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) ./demo.sh
 
 bench: all
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) bench/run.sh

@@ -10,7 +10,13 @@ set -euo pipefail
 CKPT_BIN=${CKPT_BIN:-$(dirname "$0")/build/ckpt}
 [ -x "$CKPT_BIN" ] || { echo "demo: $CKPT_BIN not found; run 'make' first" >&2; exit 1; }
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-demo.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+BACKGROUND=() # servers the demo starts: stopped at exit
+stop_background() {
+    local p
+    for p in "${BACKGROUND[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${BACKGROUND[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap 'stop_background; rm -rf "$WORK"' EXIT
 MODEL=$WORK/qwen2-tiny
 
 n=0
@@ -83,5 +89,39 @@ step "Pull the consolidated form of the converted layout" \
 diff -r "$MODEL" "$WORK/from-store" && echo "   identical to the original checkpoint"
 
 step "Verify: re-hash every blob, rebuild every file, compare with the catalog" verify
+
+# ---- From a Hub: the daemon fetches and converts ----
+# The local Hub (tests/hub/testhub.c, built by `make demo`) serves a store of its
+# own through the Hugging Face Hub API; the client is another CKPT_HOME.
+CKPT_TESTHUB=${CKPT_TESTHUB:-$(dirname "$CKPT_BIN")/ckpt-testhub}
+if [ -x "$CKPT_TESTHUB" ]; then
+    echo
+    echo "== a local Hub: publish the model as demo/qwen2-tiny, then fetch and convert it through the daemon"
+    CKPT_HOME=$WORK/hub-home "$CKPT_BIN" import "$MODEL" --repo demo/qwen2-tiny@main --quiet >/dev/null
+    "$CKPT_TESTHUB" --home "$WORK/hub-home" --url-file "$WORK/hub.url" --log "$WORK/hub.log" 2>/dev/null &
+    BACKGROUND+=($!)
+    for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
+    export HF_ENDPOINT CKPT_HOME=$WORK/client-home
+    HF_ENDPOINT=$(cat "$WORK/hub.url")
+    echo "   Hub at $HF_ENDPOINT (HF_ENDPOINT); the client's store is client-home"
+    "$CKPT_BIN" serve --listen 127.0.0.1:0 --workers 2 >"$WORK/serve.log" 2>&1 &
+    BACKGROUND+=($!)
+
+    step "Submit: fetch demo/qwen2-tiny from the Hub (verified), then convert it; --wait follows the convert" \
+        submit demo/qwen2-tiny --layout neuron --tp 8 --wait
+
+    step "The two jobs: the convert ran after the fetch" jobs
+
+    step "Pull rank 0 of the converted layout" pull demo/qwen2-tiny@main:neuron-tp8 --rank 0 -o "$WORK/hub-rank0"
+    ls "$WORK/hub-rank0"
+
+    step "Pull the consolidated form" pull demo/qwen2-tiny@main:neuron-tp8 --consolidated -o "$WORK/hub-consolidated"
+    diff -r "$MODEL" "$WORK/hub-consolidated" && echo "   identical to the original checkpoint, after a trip through the Hub"
+    stop_background
+    BACKGROUND=()
+else
+    echo
+    echo "== skipping the Hub steps: $CKPT_TESTHUB is not built (make demo builds it)"
+fi
 
 printf '\n== done: %d steps; %s removed\n' "$n" "$WORK"

@@ -18,8 +18,9 @@
 # each step's median wall time (min and max beside it) and its largest peak
 # RSS, so that a disturbance (another job on the machine, writeback, a VM
 # backing fresh page-cache memory) does not fall on one step only. Before each
-# run the earlier writes are flushed (sync, untimed) and the step's input is
-# read once (cat > /dev/null) so that the page cache is warm.
+# run the earlier writes are flushed (sync, untimed), the step's input is read
+# once (cat > /dev/null) so that the page cache is warm, and memory is
+# prefaulted (BENCH_PREFAULT below).
 #
 # Before timing, the Python script's output is checked tensor by tensor
 # against ckpt's on tiny llama and qwen2 models (qwen2 pads 14 heads to 16).
@@ -34,6 +35,15 @@
 #   BENCH_DIR       where the temporary work folder goes (default /tmp; it
 #                   should be on the filesystem you care about)
 #   BENCH_PYTHON    a python3 with numpy (default /usr/bin/python3)
+#   BENCH_PREFAULT  1 (default): just before each run, touch and free about as
+#                   much memory as the step will need (1.1x the checkpoint, 2.6x
+#                   for Python). On a VM whose host reclaims free guest memory
+#                   (virtio-balloon free page reporting, as on the machine this
+#                   was written on) the first touch of a page costs the host a
+#                   fault: writing 2 GB into fresh page cache then takes 3-10 s
+#                   instead of 0.5 s, whichever step happens to get such pages.
+#                   Prefaulting gives every step recently used memory, so the
+#                   figures compare the programs. 0: do not.
 #   BENCH_KEEP=1    keep the work folder
 #   BENCH_FULL_CHECK=1  also compare the full-size Python output with ckpt's
 # A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 BENCH_REPEAT=1 bench/run.sh
@@ -48,6 +58,7 @@ SHARD_MB=${BENCH_SHARD_MB:-500}
 TP=${BENCH_TP:-8}
 REPEAT=${BENCH_REPEAT:-3}
 BASE=${BENCH_DIR:-/tmp}
+PREFAULT=${BENCH_PREFAULT:-1}
 
 die() { echo "bench: $*" >&2; exit 1; }
 
@@ -65,17 +76,24 @@ warm() { find "$@" -type f -exec cat {} + >/dev/null; }
 bytes_of() { find "$@" -type f -name '*.safetensors' -printf '%s\n' | awk '{s += $1} END {print s + 0}'; }
 gb() { awk -v b="$1" 'BEGIN {printf "%.2f GB", b / 1e9}'; }
 
-# measure KEY LABEL WARM_DIR CMD...: flushes earlier writes, reads WARM_DIR
-# into the page cache, runs CMD under measure.py; appends the wall time and
-# peak RSS to WALLS[KEY] and RSSES[KEY].
+# prefault BYTES: touches BYTES of fresh memory and frees it (see BENCH_PREFAULT).
+prefault() {
+    [ "$PREFAULT" = 1 ] || return 0
+    "$PY" -c 'import numpy as np, sys; a = np.ones(int(sys.argv[1]), dtype=np.uint8)' "$1"
+}
+
+# measure KEY LABEL WARM_DIR PREFAULT_BYTES CMD...: flushes earlier writes,
+# reads WARM_DIR into the page cache, prefaults, runs CMD under measure.py;
+# appends the wall time and peak RSS to WALLS[KEY] and RSSES[KEY].
 declare -A WALLS RSSES LABEL
 ORDER=()
 RSS_HOW=time
 measure() {
-    local key=$1 label=$2 warm_dir=$3
-    shift 3
+    local key=$1 label=$2 warm_dir=$3 pf=$4
+    shift 4
     sync
     warm "$warm_dir"
+    prefault "$pf"
     if ! "$PY" "$HERE/measure.py" --out "$WORK/measure.txt" --log "$WORK/log.txt" "$@"; then
         cat "$WORK/log.txt" >&2
         die "'$label' failed"
@@ -128,22 +146,26 @@ print("hidden %s, %s heads, %s KV heads, head_dim %s, intermediate %s, vocab %s,
       c["num_hidden_layers"]))' "$SRC/config.json")
 echo "  $NFILES files, $(gb "$SRC_BYTES") of tensors; $GEOM"
 
+PF_COPY=$(awk -v b="$SRC_BYTES" 'BEGIN {printf "%.0f", b * 1.1}')
+PF_PY=$(awk -v b="$SRC_BYTES" 'BEGIN {printf "%.0f", b * 2.6}')
+[ "$PREFAULT" = 1 ] && echo "  prefaulting $(gb "$PF_COPY") before each cp/ckpt run, $(gb "$PF_PY") before each Python run (BENCH_PREFAULT=0 to skip)"
+
 # ---- 3. the runs ------------------------------------------------------------------
 same=yes
 CONV_BYTES=0
 for round in $(seq 1 "$REPEAT"); do
     echo "== round $round of $REPEAT (load $(cut -d' ' -f1-3 /proc/loadavg))"
-    measure cp "cp -r" "$SRC" cp -r "$SRC" "$WORK/cp"
+    measure cp "cp -r" "$SRC" "$PF_COPY" cp -r "$SRC" "$WORK/cp"
     rm -rf "$WORK/cp"
 
-    measure cpsync "cp -r + fsync" "$SRC" sh -c 'cp -r "$1" "$2" && sync "$2" "$2"/*' sh "$SRC" "$WORK/cp"
+    measure cpsync "cp -r + fsync" "$SRC" "$PF_COPY" sh -c 'cp -r "$1" "$2" && sync "$2" "$2"/*' sh "$SRC" "$WORK/cp"
     rm -rf "$WORK/cp"
 
-    measure convert "ckpt convert neuron tp$TP" "$SRC" \
+    measure convert "ckpt convert neuron tp$TP" "$SRC" "$PF_COPY" \
         "$CKPT_BIN" convert "$SRC" "$WORK/conv" --layout neuron --tp "$TP" --quiet
     CONV_BYTES=$(bytes_of "$WORK/conv")
 
-    measure consolidate "ckpt consolidate" "$WORK/conv" "$CKPT_BIN" consolidate "$WORK/conv" "$WORK/cons" --quiet
+    measure consolidate "ckpt consolidate" "$WORK/conv" "$PF_COPY" "$CKPT_BIN" consolidate "$WORK/conv" "$WORK/cons" --quiet
     if [ "$round" = 1 ]; then
         for f in "$SRC"/*; do
             b=$(basename "$f")
@@ -156,13 +178,13 @@ for round in $(seq 1 "$REPEAT"); do
     fi
     rm -rf "$WORK/cons"
 
-    measure python "python/numpy neuron tp$TP" "$SRC" "$PY" "$HERE/neuron_convert.py" "$SRC" "$WORK/py" --tp "$TP"
+    measure python "python/numpy neuron tp$TP" "$SRC" "$PF_PY" "$PY" "$HERE/neuron_convert.py" "$SRC" "$WORK/py" --tp "$TP"
     if [ "$round" = 1 ] && [ "${BENCH_FULL_CHECK:-0}" = 1 ]; then
         echo "  full-size check: $("$PY" "$HERE/neuron_convert.py" --check "$WORK/py" "$WORK/conv" | tail -1)"
     fi
     rm -rf "$WORK/py" "$WORK/conv"
 
-    measure pysync "python/numpy + fsync" "$SRC" \
+    measure pysync "python/numpy + fsync" "$SRC" "$PF_PY" \
         "$PY" "$HERE/neuron_convert.py" "$SRC" "$WORK/py" --tp "$TP" --fsync
     rm -rf "$WORK/py"
 done

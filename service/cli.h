@@ -35,6 +35,9 @@ int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
 int cmd_consolidate(int argc, char **argv);
+int cmd_merge_lora(int argc, char **argv);
+int cmd_unmerge_lora(int argc, char **argv);
+int cmd_convert_lora(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_ls(int argc, char **argv);
 int cmd_show(int argc, char **argv);
@@ -43,6 +46,7 @@ int cmd_rm(int argc, char **argv);
 int cmd_gc(int argc, char **argv);
 int cmd_du(int argc, char **argv);
 int cmd_verify(int argc, char **argv);
+int cmd_state(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_worker(int argc, char **argv);
 int cmd_submit(int argc, char **argv);
@@ -52,5 +56,7 @@ int cmd_logs(int argc, char **argv);
 int cmd_cancel(int argc, char **argv);
 int cmd_retry(int argc, char **argv);
 int cmd_wait(int argc, char **argv);
+int cmd_fetch(int argc, char **argv);
+int cmd_sync(int argc, char **argv);
 
 #endif

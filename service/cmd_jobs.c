@@ -235,11 +235,45 @@ static int wait_job(job_client *c, int64_t id, bool json)
 
 /* ---- submit and the queue ---- */
 
+/* `ckpt submit ORG/NAME[@REV] --layout L ...`: a fetch, then a convert after
+ * it; prints the convert's id (the one to wait for). */
+static int submit_hub(job_args *a)
+{
+    json_t *fetch, *convert, *fjob = NULL, *cjob = NULL;
+    if (jobs_args_hub_pair(a->nrest, a->rest, &fetch, &convert) < 0) {
+        json_decref(fetch);
+        json_decref(convert);
+        fprintf(stderr, "ckpt: %s\nsee 'ckpt submit --help'\n", ckpt_error_last());
+        return CLI_USAGE;
+    }
+    job_client c;
+    bool existed = false;
+    int rc = open_client(&c, a);
+    if (!rc && job_client_submit(&c, "fetch", fetch, a->priority, a->after, &fjob, &existed) < 0) rc = cli_fail();
+    int64_t fid = json_integer_value(json_object_get(fjob, "id")), cid = 0;
+    if (!rc && job_client_submit(&c, "convert", convert, a->priority, fid, &cjob, &existed) < 0) rc = cli_fail();
+    if (!rc) {
+        cid = json_integer_value(json_object_get(cjob, "id"));
+        if (a->json && !a->wait) print_json(json_pack("{s:O,s:O}", "fetch", fjob, "convert", cjob));
+        else if (!a->wait || !a->json) printf("%lld\n", (long long)cid);
+        fflush(stdout);
+        ckpt_info("fetch job %lld, then convert job %lld", (long long)fid, (long long)cid);
+        if (a->wait) rc = wait_job(&c, cid, a->json);
+    }
+    json_decref(fetch);
+    json_decref(convert);
+    json_decref(fjob);
+    json_decref(cjob);
+    if (c.open || c.server) job_client_close(&c);
+    return rc;
+}
+
 int cmd_submit(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt submit KIND ARGS... [--priority P] [--after ID] [--wait] [--json] [--server URL]\n"
                "                   [--home DIR]\n\n"
+               "       ckpt submit ORG/NAME[@REV] --layout L [--tp N] [convert and fetch options]\n\n"
                "Queues a job and prints its id alone on stdout (--json: the job). The same\n"
                "arguments as the direct command:\n"
                "  ckpt submit import DIR --repo ORG/NAME[@REV]\n"
@@ -247,6 +281,10 @@ int cmd_submit(int argc, char **argv)
                "  ckpt submit consolidate SRC DST\n"
                "  ckpt submit verify [REF]\n"
                "  ckpt submit gc\n"
+               "  ckpt submit fetch ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...\n"
+               "  ckpt submit sync SCHEDULE_ID\n"
+               "The short form ORG/NAME[@REV] --layout L queues a fetch from the Hub (HF_ENDPOINT)\n"
+               "and a convert of ORG/NAME@REV that runs after it, and prints the convert's id.\n"
                "Submitting the same job while it is queued or running returns the existing id.\n"
                "Lower --priority runs first (default 0). --after ID waits for job ID to succeed\n"
                "(and fails, saying so, if it fails). --wait follows the job to its end\n"
@@ -261,6 +299,11 @@ int cmd_submit(int argc, char **argv)
         return cli_usage_error("submit", "expected a job kind (import, convert, consolidate, verify, gc)");
     }
     const char *kind = a.rest[0];
+    if (strchr(kind, '/')) { /* ORG/NAME[@REV] --layout L */
+        int r = submit_hub(&a);
+        free(a.rest);
+        return r;
+    }
     json_t *args = NULL;
     if (jobs_args_from_argv(kind, a.nrest, a.rest, &args) < 0) {
         json_decref(args);

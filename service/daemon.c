@@ -1,7 +1,8 @@
 /*
  * daemon.c — `ckpt serve`: the scheduler loop, worker processes, the HTTP API.
  *
- * One loop: reap lost leases, claim runnable jobs up to the worker limit (and
+ * One loop: reap lost leases, queue the sync jobs of due schedules
+ * (schedule.h), claim runnable jobs up to the worker limit (and
  * per-kind limits), start one `ckpt worker --job ID` per job (the same binary,
  * its own process group, PR_SET_PDEATHSIG so it dies with the daemon), read
  * each worker's pipe (lines "@ckpt progress|result|error ..." and free log
@@ -19,6 +20,7 @@
 #include "common/util.h"
 #include "service/http_api.h"
 #include "service/queue.h"
+#include "service/schedule.h"
 #include "storage/store.h"
 
 #include <dirent.h>
@@ -38,6 +40,7 @@
 #define DAEMON_RENEW_SECONDS 2.0
 #define DAEMON_KILL_GRACE 3.0
 #define DAEMON_LINE_MAX 8192
+#define DAEMON_SCHEDULE_SECONDS 0.5 /* how often due sync schedules are looked for */
 
 typedef struct {
     int64_t id;
@@ -383,7 +386,7 @@ int daemon_run(const daemon_opts *o)
         if (url_file) ckpt_write_file_atomic(url_file, http_api_url(api), strlen(http_api_url(api)));
     }
     if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
-    double last_reap = 0, grace_end = 0;
+    double last_reap = 0, last_schedules = 0, grace_end = 0;
     bool stopping = false;
     for (;;) {
         double now = queue_now();
@@ -396,6 +399,10 @@ int daemon_run(const daemon_opts *o)
         if (!stopping && now - last_reap >= 1.0) {
             last_reap = now;
             queue_reap(&d.store.cat, d.owner, NULL);
+        }
+        if (!stopping && now - last_schedules >= DAEMON_SCHEDULE_SECONDS) {
+            last_schedules = now;
+            if (schedule_queue_due(&d.store.cat, now, NULL) < 0) ckpt_warn("schedules: %s", ckpt_error_last());
         }
         if (!stopping) claim_more(&d);
         struct pollfd pfd[256];

@@ -6,8 +6,10 @@
 #include "common/json.h"
 #include "common/util.h"
 #include "service/queue.h"
+#include "service/schedule.h"
 #include "storage/archive.h"
 #include "workers/convert.h"
+#include "workers/hub.h"
 #include "workers/materialize.h"
 #include "workers/store_convert.h"
 
@@ -53,6 +55,16 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
         uint64_t n;
         if (!strcmp(name, "repo") || !strcmp(name, "layout") || !strcmp(name, "dtype")) {
             json_object_set_new(a, name, json_string(v));
+        } else if (!strcmp(name, "include") || !strcmp(name, "exclude")) {
+            json_t *list = json_object_get(a, name);
+            if (!list) json_object_set_new(a, name, list = json_array());
+            json_array_append_new(list, json_string(v));
+        } else if (!strcmp(name, "connections")) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > HUB_MAX_CONNECTIONS) return usage(kind, "--connections must be 1..64");
+            json_object_set_new(a, "connections", json_integer((json_int_t)n));
+        } else if (!strcmp(name, "chunk-size")) {
+            if (ckpt_parse_size(v, &n) < 0 || n < HUB_MIN_CHUNK) return usage(kind, "bad --chunk-size (at least 64KiB)");
+            json_object_set_new(a, "chunk_size", json_integer((json_int_t)n));
         } else if (!strcmp(name, "tp") || !strcmp(name, "kv-size-multiplier") || !strcmp(name, "sleep-ms")) {
             if (ckpt_parse_u64(v, &n) < 0 || n > 1000000) return usage(kind, "expected a number");
             json_object_set_new(a, !strcmp(name, "tp") ? "tp" : !strcmp(name, "sleep-ms") ? "sleep_ms" : "kv_size_multiplier",
@@ -86,10 +98,49 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
         if (npos) json_object_set_new(a, "ref", json_string(pos[0]));
     } else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) {
         if (npos) return usage(kind, "takes no arguments");
+    } else if (!strcmp(kind, "fetch")) {
+        if (npos != 1 || json_object_get(a, "repo")) return usage(kind, "expected ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...");
+        const char *at = strchr(pos[0], '@');
+        json_object_set_new(a, "repo", at ? json_stringn(pos[0], (size_t)(at - pos[0])) : json_string(pos[0]));
+        json_object_set_new(a, "revision", json_string(at && at[1] ? at + 1 : "main"));
+    } else if (!strcmp(kind, "sync")) {
+        uint64_t id;
+        if (npos != 1 || ckpt_parse_u64(pos[0], &id) < 0 || id == 0 || id > INT64_MAX) return usage(kind, "expected a schedule ID");
+        json_object_set_new(a, "schedule", json_integer((json_int_t)id));
     } else {
-        return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s' (import, convert, consolidate, verify, gc, noop)", kind);
+        return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s' (import, convert, consolidate, verify, gc, fetch, sync, noop)", kind);
     }
     return jobs_args_check(kind, a);
+}
+
+int jobs_args_hub_pair(int argc, char **argv, json_t **fetch, json_t **convert)
+{
+    *fetch = *convert = NULL;
+    char **fw = calloc((size_t)argc + 2, sizeof *fw), **cw = calloc((size_t)argc + 2, sizeof *cw);
+    const char *at = strchr(argv[0], '@');
+    char *ref = at ? ckpt_strdup(argv[0]) : ckpt_sprintf("%s@main", argv[0]);
+    int rc = fw && cw && ref ? 0 : CKPT_ENOMEM;
+    int nf = 2, nc = 2;
+    if (!rc) {
+        fw[0] = "fetch";
+        fw[1] = argv[0];
+        cw[0] = "convert";
+        cw[1] = ref;
+    }
+    for (int i = 1; !rc && i < argc; i++) {
+        bool to_fetch = !strcmp(argv[i], "--include") || !strcmp(argv[i], "--exclude") ||
+                        !strcmp(argv[i], "--connections") || !strcmp(argv[i], "--chunk-size");
+        char **w = to_fetch ? fw : cw;
+        int *n = to_fetch ? &nf : &nc;
+        w[(*n)++] = argv[i];
+        if (!strncmp(argv[i], "--", 2) && i + 1 < argc) w[(*n)++] = argv[++i];
+    }
+    if (!rc) rc = jobs_args_from_argv("fetch", nf, fw, fetch);
+    if (!rc) rc = jobs_args_from_argv("convert", nc, cw, convert);
+    free(fw);
+    free(cw);
+    free(ref);
+    return rc;
 }
 
 static bool has_str(const json_t *a, const char *k)
@@ -106,6 +157,10 @@ int jobs_args_check(const char *kind, const json_t *a)
     else if (!strcmp(kind, "consolidate")) ok = has_str(a, "src") && has_str(a, "dst");
     else if (!strcmp(kind, "verify")) ok = !json_object_get(a, "ref") || has_str(a, "ref");
     else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) ok = true;
+    else if (!strcmp(kind, "fetch"))
+        ok = has_str(a, "repo") && (!json_object_get(a, "revision") || has_str(a, "revision")) &&
+             (!json_object_get(a, "commit") || has_str(a, "commit"));
+    else if (!strcmp(kind, "sync")) ok = json_integer_value(json_object_get(a, "schedule")) > 0;
     else return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind);
     if (!ok) return ckpt_error_set(CKPT_EINVAL, "job '%s': missing or mistyped arguments", kind);
     const char *key;
@@ -114,8 +169,12 @@ int jobs_args_check(const char *kind, const json_t *a)
     {
         if (json_is_integer(v) && json_integer_value(v) < 0)
             return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must not be negative", kind, key);
-        if (!json_is_string(v) && !json_is_integer(v))
-            return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must be a string or a number", kind, key);
+        bool strings = json_is_array(v);
+        size_t i;
+        json_t *item;
+        json_array_foreach(v, i, item) strings = strings && json_is_string(item);
+        if (!json_is_string(v) && !json_is_integer(v) && !strings)
+            return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must be a string, a number or a list of strings", kind, key);
     }
     return 0;
 }
@@ -178,6 +237,40 @@ static int run_convert(ckpt_store *s, const json_t *a, json_t **result)
     return rc;
 }
 
+/* The globs of a fetch job: pointers into the job's arguments. */
+static const char **globs(const json_t *list, size_t *n)
+{
+    *n = json_array_size(list);
+    const char **v = ckpt_calloc(*n + 1, sizeof *v);
+    for (size_t i = 0; v && i < *n; i++) v[i] = json_string_value(json_array_get(list, i));
+    return v;
+}
+
+static int run_fetch(ckpt_store *s, const json_t *a, json_t **result)
+{
+    hub_fetch_opts o = {.repo = json_string_value(json_object_get(a, "repo")),
+                        .revision = json_string_value(json_object_get(a, "revision")),
+                        .commit = json_string_value(json_object_get(a, "commit")),
+                        .connections = (int)json_integer_value(json_object_get(a, "connections")),
+                        .chunk_size = (uint64_t)json_integer_value(json_object_get(a, "chunk_size"))};
+    const char **inc = globs(json_object_get(a, "include"), &o.filter.ninclude);
+    const char **exc = globs(json_object_get(a, "exclude"), &o.filter.nexclude);
+    o.filter.include = inc;
+    o.filter.exclude = exc;
+    hub_fetch_result r;
+    int rc = inc && exc ? hub_fetch(s, &o, &r) : CKPT_ENOMEM;
+    if (!rc) {
+        char *ref = store_ckpt_ref(&r.ckpt);
+        *result = json_pack("{s:s,s:s,s:b,s:I,s:I}", "ref", ref ? ref : "", "commit", r.ckpt.commit, "existed", r.existed,
+                            "files", (json_int_t)r.files, "bytes", (json_int_t)r.bytes);
+        free(ref);
+        hub_fetch_result_free(&r);
+    }
+    free(inc);
+    free(exc);
+    return rc;
+}
+
 static void log_line(void *ctx, const char *line)
 {
     (void)ctx;
@@ -214,6 +307,8 @@ int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transien
         rc = consolidate_run(json_string_value(json_object_get(args, "src")), json_string_value(json_object_get(args, "dst")), &co);
         if (!rc) *result = json_pack("{s:b}", "lossy", co.lossy);
     } else if (!strcmp(kind, "verify")) rc = run_verify(s, args, result);
+    else if (!strcmp(kind, "fetch")) rc = run_fetch(s, args, result);
+    else if (!strcmp(kind, "sync")) rc = sync_run(s, json_integer_value(json_object_get(args, "schedule")), result);
     else if (!strcmp(kind, "gc")) {
         store_gc_result g;
         rc = store_gc(s, false, &g);

@@ -8,6 +8,9 @@
  *   consolidate {"src": ABS, "dst": ABS}
  *   verify      {"ref": REF}            (ref optional: the whole store)
  *   gc          {}
+ *   fetch       {"repo": "ORG/NAME", "revision": REV, "commit"?: SHA, "include"?: [GLOB], "exclude"?: [GLOB],
+ *                "connections"?: N, "chunk_size"?: BYTES}   (workers/hub.h; the token comes from the environment)
+ *   sync        {"schedule": ID}         (service/schedule.h)
  *   noop        {"sleep_ms": N}          (benchmarks and tests of the queue itself)
  */
 #ifndef CKPT_SERVICE_JOBS_RUN_H
@@ -21,6 +24,11 @@
 /* Builds a job's arguments from words after the kind (argv[0] is the kind).
  * Unknown options are usage errors: CKPT_EINVAL with a message. */
 int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args);
+/* `ckpt submit ORG/NAME[@REV] --layout L [--tp N] ...` (argv[0] is the ref):
+ * the arguments of a fetch job and of the convert job that runs after it.
+ * --include, --exclude, --connections and --chunk-size go to the fetch, the
+ * rest to the convert (whose ref is ORG/NAME@REV, REV default main). */
+int jobs_args_hub_pair(int argc, char **argv, json_t **fetch, json_t **convert);
 /* Checks a job's arguments (from the HTTP API): right fields, right types. */
 int jobs_args_check(const char *kind, const json_t *args);
 /* Runs a job in this process. *transient tells a retry may succeed. *result

@@ -523,11 +523,19 @@ int queue_release(catalog *c, int64_t id)
                       id, "release job", NULL, NULL);
 }
 
+static void bind_now(sqlite3_stmt *st, void *ctx)
+{
+    (void)ctx;
+    sqlite3_bind_double(st, 2, queue_now());
+}
+
 int queue_mark_cancelled(catalog *c, int64_t id)
 {
-    return update_job(c, "UPDATE jobs SET state = 'cancelled', finished_at = strftime('%s','now'), lease_owner = NULL, "
+    /* finished_at in the same clock and precision as started_at (strftime('%s') truncated
+     * to whole seconds, so a job could end before it started). */
+    return update_job(c, "UPDATE jobs SET state = 'cancelled', finished_at = ?2, lease_owner = NULL, "
                          "lease_expires = NULL, worker_pid = NULL, error = coalesce(error, 'cancelled') WHERE id = ?1",
-                      id, "cancel job", NULL, NULL);
+                      id, "cancel job", bind_now, NULL);
 }
 
 typedef struct {

@@ -127,6 +127,20 @@ int store_blob_end(store_blob_writer *w)
     return rc;
 }
 
+int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha256)
+{
+    size_t n = strspn(sha256, "0123456789abcdef");
+    if (n != 64 || sha256[64]) return ckpt_error_set(CKPT_EINVAL, "%s: '%.70s' is not a sha256", w->tmp_path, sha256);
+    if (w->hash) {
+        ckpt_sha256_free(w->hash);
+        free(w->hash);
+        w->hash = NULL;
+    }
+    w->size = size;
+    memcpy(w->sha256, sha256, 65);
+    return 0;
+}
+
 void store_blob_abort(store_blob_writer *w)
 {
     if (w->hash) {

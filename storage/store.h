@@ -69,6 +69,11 @@ int store_blob_write(store_blob_writer *w, const void *buf, size_t len);
 /* Finishes the hash; the temp file stays until store_blobs_publish. */
 int store_blob_end(store_blob_writer *w);
 void store_blob_abort(store_blob_writer *w);
+/* For a writer that fills w->fd itself, at any offsets and from several
+ * places at once (a parallel download), and hashes the bytes as it verifies
+ * them: records size and sha256 (64 hex digits) in place of
+ * store_blob_write/store_blob_end. The caller vouches for the hash. */
+int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha256);
 
 /* Publishes finished blobs: leases their names, syncs the temp files, renames
  * them into blobs/ (dropping a temp whose blob already exists), syncs. The

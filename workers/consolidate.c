@@ -19,6 +19,8 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "workers/lora.h"
+#include "workers/state_convert.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,7 +122,9 @@ static int open_ranks(consolidation *c, const char *src)
         snprintf(sub, sizeof sub, "tp_rank_%02d", r);
         char *dir = c->tp > 1 ? ckpt_path_join(src, sub) : ckpt_strdup(src);
         if (!dir) return CKPT_ENOMEM;
-        int rc = ckpt_checkpoint_open(&c->ranks[r], dir);
+        int rc = lora_layout_is_adapter(c->layout) /* a converted LoRA adapter: adapter_model.safetensors */
+                     ? ckpt_checkpoint_open_prefix(&c->ranks[r], dir, LORA_WEIGHTS_PREFIX)
+                     : state_checkpoint_open(&c->ranks[r], dir); /* with a training state's optimizer files */
         free(dir);
         if (!rc) rc = convert_add_sources(&c->exec, &c->ranks[r], &c->first_source[r]);
         if (rc) return rc;
@@ -342,6 +346,8 @@ int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
         rc = exec_run(&c.exec, tmp, &eo);
         if (!rc) rc = write_index(&c, tmp);
         if (!rc) rc = convert_copy_side_files(src, tmp);
+        if (!rc) rc = state_consolidate_finish(c.layout, src, tmp, c.tp);
+        if (!rc) rc = lora_consolidate_finish(c.layout, tmp);
         if (!rc) rc = ckpt_fsync_dir(tmp);
         if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);

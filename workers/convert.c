@@ -8,6 +8,7 @@
 #include "common/util.h"
 #include "workers/layout_meta.h"
 #include "workers/presets.h"
+#include "workers/state_convert.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -58,6 +59,12 @@ static int cmp_tensor_ptr(const void *a, const void *b)
 int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
                           char **index_text)
 {
+    return convert_layout_folder_prefix(p, dir, "model", tensors, n, max_shard_size, index_text);
+}
+
+int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
+                                 uint64_t max_shard_size, char **index_text)
+{
     *index_text = NULL;
     qsort(tensors, n, sizeof *tensors, cmp_tensor_ptr);
     uint64_t *sizes = ckpt_calloc(n + 1, sizeof *sizes);
@@ -82,7 +89,7 @@ int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, 
     for (size_t s = 0; !rc && s < nshards; s++) {
         exec_file *f = &p->files[first + s];
         p->nfiles++;
-        char *base = ckpt_shard_name("model", s, nshards);
+        char *base = ckpt_shard_name(prefix, s, nshards);
         f->rel = base ? (*dir ? ckpt_path_join(dir, base) : ckpt_strdup(base)) : NULL;
         free(base);
         f->tensors = ckpt_calloc(n + 1, sizeof *f->tensors);
@@ -131,12 +138,13 @@ static int build_folders(convert_plan *cp, uint64_t max_shard)
     plan_tensor **list = ckpt_calloc(cp->set.n + 1, sizeof *list);
     int rc = cp->folder_dirs && cp->index_texts && list ? 0 : CKPT_ENOMEM;
     for (int r = 0; !rc && r < tp; r++) {
-        size_t n = 0;
-        for (size_t i = 0; i < cp->set.n; i++)
+        size_t n = 0, nparams = cp->set.n - state_plan_nslots(cp);
+        for (size_t i = 0; i < nparams; i++)
             if (cp->set.t[i].rank == PLAN_ALL_RANKS || cp->set.t[i].rank == r) list[n++] = &cp->set.t[i];
         cp->folder_dirs[r] = tp > 1 ? ckpt_sprintf("tp_rank_%02d", r) : ckpt_strdup("");
         if (!cp->folder_dirs[r]) rc = CKPT_ENOMEM;
         if (!rc) rc = convert_layout_folder(&cp->exec, cp->folder_dirs[r], list, n, max_shard, &cp->index_texts[r]);
+        if (!rc) rc = state_plan_layout_folder(cp, (size_t)r, max_shard);
     }
     free(list);
     return rc;
@@ -159,13 +167,16 @@ int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *
     if (!rc) rc = build_rules(cp, o);
     size_t first = 0;
     if (!rc) rc = convert_add_sources(&cp->exec, &cp->src, &first);
+    if (!rc) rc = state_plan_init(cp);
     for (size_t i = 0; !rc && i < cp->exec.nsources; i++) {
+        if (state_plan_is_slot_source(cp, i)) continue; /* optimizer slots follow their parameters below */
         plan_tensor t;
         rc = plan_tensor_from_source(&t, &cp->exec.sources[i], (int32_t)i);
         if (!rc) rc = plan_set_push(&cp->set, &t);
     }
     if (!rc) rc = rules_apply(&cp->rules, &cp->set, &cp->result);
     for (size_t i = 0; !rc && i < cp->set.n; i++) plan_tensor_coalesce(&cp->set.t[i]);
+    if (!rc) rc = state_plan_add_slots(cp);
     if (!rc) {
         cp->tp = cp->rules.tp;
         for (size_t i = 0; i < cp->set.n && !rc; i++) {
@@ -185,7 +196,7 @@ int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o)
 {
     ckpt_checkpoint c;
     memset(cp, 0, sizeof *cp);
-    int rc = ckpt_checkpoint_open(&c, src);
+    int rc = state_checkpoint_open(&c, src); /* a training state: model and optimizer files */
     if (rc) return rc;
     json_t *config = NULL;
     char *cfg_path = ckpt_path_join(c.dir, "config.json"), *index_text = NULL;
@@ -216,6 +227,7 @@ json_t *convert_plan_json(const convert_plan *cp, bool with_parts)
 
 void convert_plan_free(convert_plan *cp)
 {
+    state_plan_free(cp);
     ckpt_checkpoint_close(&cp->src);
     free(cp->src_dir);
     json_decref(cp->config);
@@ -335,6 +347,7 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
                     .label = "convert"};
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
     if (!rc) rc = write_indexes(cp, tmp);
+    if (!rc) rc = state_plan_write(cp, tmp);
     if (!rc) rc = convert_copy_side_files(cp->src_dir, tmp);
     json_t *meta = rc ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
     if (!rc && !meta) rc = CKPT_ENOMEM;

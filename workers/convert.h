@@ -65,6 +65,7 @@ typedef struct {
     size_t nfolders;
     char **folder_dirs;  /* "" or "tp_rank_03" */
     char **index_texts;  /* index JSON per folder, NULL when the folder has one file */
+    struct state_plan *state; /* a training state's optimizer slots (state_convert.h), or NULL */
 } convert_plan;
 
 int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o);
@@ -102,5 +103,8 @@ int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_so
  * returns the index JSON text (NULL when one file) in *index_text. */
 int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
                           char **index_text);
+/* The same with files named "<prefix>.safetensors" / "<prefix>-0000i-of-0000n.safetensors" ("optimizer"). */
+int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
+                                 uint64_t max_shard_size, char **index_text);
 
 #endif

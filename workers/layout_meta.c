@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/util.h"
+#include "workers/state_convert.h"
 
 #include <string.h>
 
@@ -114,5 +115,6 @@ json_t *layout_meta_build(const convert_plan *cp, char (*hashes)[65], bool with_
     for (size_t i = 0; tensors && i < cp->set.n; i++) json_array_append_new(tensors, tensor_json(cp, &cp->set.t[i], with_parts));
     json_object_set_new(root, "tensors", tensors);
     neuron_compat(root, cp);
+    state_plan_meta(cp, root); /* a training state's optimizer index */
     return root;
 }

@@ -32,9 +32,11 @@
  * targeted weights are computed block by block of rows — the block read,
  * widened to F32, updated with cblas_sgemm (beta = 1), rounded back to the
  * weight's dtype to nearest-even, written. Two threads (OpenBLAS itself held
- * to one thread each) take blocks from a shared queue, so memory is about
- * threads x 2 x LORA_BLOCK_BYTES plus the A and B of the modules in flight,
- * whatever the checkpoint. DST appears complete or not at all (convert.h).
+ * to one thread each) take blocks from a shared queue, consecutive blocks
+ * from different shard files (a buffered write holds its file's lock), so
+ * memory is about threads x 2 x LORA_BLOCK_BYTES plus the A and B of the
+ * modules in flight, whatever the checkpoint. DST appears complete or not at
+ * all (convert.h).
  *
  * Converting (lora_convert_run) plans the base's layout first, from headers
  * and config.json only, and makes the adapter follow it part by part, so
@@ -61,12 +63,12 @@
 #define LORA_MAX_THREADS 64
 
 typedef struct {
-    char *module;               /* "model.layers.0.self_attn.q_proj" */
-    const st_tensor *a, *b;     /* lora_A [r, in], lora_B [out, r] in the adapter file */
-    int32_t a_index, b_index;   /* positions in the adapter checkpoint's sorted tensor list */
-    uint64_t rank;              /* r of this module (rank_pattern or r) */
-    double alpha;               /* lora_alpha of this module (alpha_pattern or lora_alpha) */
-    double scale;               /* alpha / r, or alpha / sqrt(r) */
+    char *module;             /* "model.layers.0.self_attn.q_proj" */
+    const st_tensor *a, *b;   /* lora_A [r, in], lora_B [out, r] in the adapter file */
+    int32_t a_index, b_index; /* positions in the adapter checkpoint's sorted tensor list */
+    uint64_t rank;            /* r of this module (rank_pattern or r) */
+    double alpha;             /* lora_alpha of this module (alpha_pattern or lora_alpha) */
+    double scale;             /* alpha / r, or alpha / sqrt(r) */
 } lora_module;
 
 typedef struct {
@@ -76,7 +78,7 @@ typedef struct {
     int64_t r;
     double alpha;
     bool rslora, fan_in_fan_out;
-    json_t *targets;  /* target_modules: array of names or a regex string */
+    json_t *targets;    /* target_modules: array of names or a regex string */
     ckpt_checkpoint ck; /* adapter_model.safetensors */
     lora_module *mods;  /* sorted by module name */
     size_t nmods;
@@ -98,20 +100,22 @@ int lora_adapter_check_base(const lora_adapter *a, const ckpt_checkpoint *base);
 /* ---- merge (lora_merge.c) ---- */
 
 typedef struct {
-    double scale;  /* multiplies every module's s (--scale); 0 means 1 */
-    bool unmerge;  /* subtract the update instead of adding it */
-    int threads;   /* 0: 2 */
-    bool force;    /* replace a non-empty DST */
+    double scale; /* multiplies every module's s (--scale); 0 means 1 */
+    bool unmerge; /* subtract the update instead of adding it */
+    int threads;  /* 0: 2 */
+    bool force;   /* replace a non-empty DST */
     bool quiet;
 } lora_merge_opts;
 
 typedef struct {
-    size_t modules;       /* weights updated */
-    size_t copied;        /* tensors copied unchanged */
-    uint64_t bytes;       /* tensor bytes written */
-    double gflop;         /* 2 * out * in * r summed over modules, in 1e9 */
-    double gemm_seconds;  /* time inside cblas_sgemm, summed over threads */
-    double seconds;       /* wall time of the whole merge */
+    size_t modules;      /* weights updated */
+    size_t copied;       /* tensors copied unchanged */
+    uint64_t bytes;      /* tensor bytes written */
+    double gflop;        /* 2 * out * in * r summed over modules, in 1e9 */
+    double gemm_seconds; /* time inside cblas_sgemm, summed over threads */
+    double seconds;      /* wall time of the whole merge */
+    double work_seconds; /* of which reading, computing and writing blocks */
+    double sync_seconds; /* of which fsync and the final rename */
 } lora_merge_stats;
 
 int lora_merge_run(const char *base, const char *adapter, const char *dst, const lora_merge_opts *o,
@@ -122,5 +126,11 @@ int lora_merge_run(const char *base, const char *adapter, const char *dst, const
 /* Converts the adapter into the layout `o` describes for base (a Hugging
  * Face checkpoint folder with config.json). o->dtype must be NULL. */
 int lora_convert_run(const char *adapter, const char *base, const char *dst, const convert_opts *o);
+/* Consolidation hooks (consolidate.c): whether a ckpt-layout.json describes
+ * a converted adapter (its rank folders hold adapter_model.safetensors), and
+ * after the side files are copied, writing back the original
+ * adapter_config.json it records. Both do nothing for other layouts. */
+bool lora_layout_is_adapter(const json_t *layout);
+int lora_consolidate_finish(const json_t *layout, const char *tmp);
 
 #endif

@@ -90,7 +90,8 @@ for arch in llama qwen2 mixtral qwen3-moe; do
     done
 done
 echo "round trips: $n byte-identical"
-[ "$(ls "$work/llama-f32" | grep -c '^model-.*\.safetensors$')" -gt 1 ] || fail "the llama source should be sharded"
+shards=("$work"/llama-f32/model-*.safetensors)
+[ "${#shards[@]}" -gt 1 ] || fail "the llama source should be sharded"
 
 # ---- 2. --print-rules fed back with --rules ----
 
@@ -121,7 +122,7 @@ grep -q -- "--force" "$work/err" || fail "refusing a non-empty DST should mentio
 expect_status 1 "$ckpt" consolidate "$work/a" "$dst"
 [ "$(ls -A "$dst")" = "keep.txt" ] || fail "consolidate changed a non-empty DST"
 run "$ckpt" convert "$src" "$dst" --layout neuron --tp 2 --force
-[ ! -e "$dst/keep.txt" ] && [ -d "$dst/tp_rank_01" ] || fail "--force did not replace DST"
+if [ -e "$dst/keep.txt" ] || [ ! -d "$dst/tp_rank_01" ]; then fail "--force did not replace DST"; fi
 ! compgen -G "$dst.tmp-*" >/dev/null || fail "--force left $(compgen -G "$dst.tmp-*")"
 rm -rf "$work/back"
 run "$ckpt" consolidate "$dst" "$work/back"

@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# bench/fetch.sh — `ckpt fetch` from the local Hub on loopback against curl
+# (issue 6, "Speed"). Not a test; run it by hand:
+#
+#   make BUILD=build-rel build-rel/ckpt build-rel/ckpt-testhub
+#   CKPT_BIN=build-rel/ckpt bench/fetch.sh
+#
+# A generated llama checkpoint whose weights are ONE safetensors file of about
+# 2 GB (gen-model --scale 2 --layers 14 --shard-mb 0) is imported into a Hub
+# store and served by ckpt-testhub (the daemon's Hub API) on 127.0.0.1. Each
+# round runs, on the same URL:
+#   curl -s -o /dev/null URL            the transfer alone
+#   curl -s -o FILE URL                 into a file (page cache)
+#   sha256sum FILE                      the verification a careful user adds
+#   ckpt fetch ORG/NAME                 parallel Range requests into a staging
+#                                       file, sha256 against lfs.oid, ingest
+#                                       into a fresh store (fsync'd blobs)
+# and prints median wall times, GB/s and the goals of the issue: fetch (with
+# verification and ingest) no slower than curl -o FILE + sha256sum, and at
+# least 1 GB/s. ckpt's own line "downloaded and verified ... in S s" splits
+# the fetch into download+verify and ingest.
+#
+# Environment: CKPT_BIN (default build/ckpt), CKPT_TESTHUB (default beside
+# it), BENCH_REPEAT (3), BENCH_DIR (/tmp), BENCH_SCALE (2), BENCH_LAYERS (14),
+# BENCH_CONNECTIONS and BENCH_CHUNK (ckpt fetch --connections/--chunk-size;
+# default: ckpt's own), BENCH_KEEP=1 keeps the work folder.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
+CKPT_TESTHUB=${CKPT_TESTHUB:-$(dirname "$CKPT_BIN")/ckpt-testhub}
+REPEAT=${BENCH_REPEAT:-3}
+SCALE=${BENCH_SCALE:-2}
+LAYERS=${BENCH_LAYERS:-14}
+die() { echo "bench: $*" >&2; exit 1; }
+[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not built (make BUILD=DIR DIR/ckpt DIR/ckpt-testhub)"
+[ -x "$CKPT_TESTHUB" ] || die "CKPT_TESTHUB '$CKPT_TESTHUB' is not built (make BUILD=DIR DIR/ckpt-testhub)"
+command -v curl >/dev/null || die "curl is needed"
+[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
+mkdir -p "${BENCH_DIR:-/tmp}"
+WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/ckpt-bench-fetch.XXXXXX")
+HUB_PID=""
+cleanup() {
+    [ -n "$HUB_PID" ] && kill -TERM "$HUB_PID" 2>/dev/null && wait "$HUB_PID" 2>/dev/null
+    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi
+}
+trap cleanup EXIT
+FETCH_OPTS=()
+[ -n "${BENCH_CONNECTIONS:-}" ] && FETCH_OPTS+=(--connections "$BENCH_CONNECTIONS")
+[ -n "${BENCH_CHUNK:-}" ] && FETCH_OPTS+=(--chunk-size "$BENCH_CHUNK")
+
+echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), $(df -PT "$WORK" | awk 'NR==2 {print $2}') at $WORK, load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "== ckpt: $CKPT_BIN; $(curl --version | head -1 | cut -d' ' -f1-2); sha256sum: $(sha256sum --version | head -1)"
+
+echo "== generating llama --scale $SCALE --layers $LAYERS in one file, importing it into the Hub's store"
+"$CKPT_BIN" gen-model llama "$WORK/src" --scale "$SCALE" --layers "$LAYERS" --shard-mb 0 >/dev/null 2>&1
+CKPT_HOME=$WORK/hub "$CKPT_BIN" import "$WORK/src" --repo bench/big@main --quiet >/dev/null 2>&1
+rm -rf "$WORK/src"
+"$CKPT_TESTHUB" --home "$WORK/hub" --url-file "$WORK/hub.url" --log /dev/null 2>/dev/null &
+HUB_PID=$!
+for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
+[ -s "$WORK/hub.url" ] || die "ckpt-testhub did not start"
+HUB=$(cat "$WORK/hub.url")
+COMMIT=$(curl -sf "$HUB/api/models/bench/big/revision/main" | python3 -c 'import json, sys; print(json.load(sys.stdin)["sha"])')
+URL=$HUB/bench/big/resolve/$COMMIT/model.safetensors
+BYTES=$(curl -sfI "$URL" | awk 'tolower($1) == "content-length:" {print $2 + 0}')
+echo "   $URL: $(awk -v b="$BYTES" 'BEGIN {printf "%.2f GB", b / 1e9}')"
+
+# timed KEY CMD...: appends CMD's wall time (seconds) to T[KEY].
+declare -A T
+timed() {
+    local key=$1 t0 t1
+    shift
+    t0=$(date +%s.%N)
+    "$@"
+    t1=$(date +%s.%N)
+    T[$key]="${T[$key]:-} $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')"
+}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'; }
+fetch() {
+    HF_ENDPOINT=$HUB CKPT_HOME=$WORK/client "$CKPT_BIN" fetch bench/big "${FETCH_OPTS[@]}" >/dev/null 2>"$WORK/fetch.err" ||
+        { cat "$WORK/fetch.err" >&2; die "ckpt fetch failed"; }
+}
+
+for round in $(seq 1 "$REPEAT"); do
+    echo "== round $round of $REPEAT (load $(cut -d' ' -f1-3 /proc/loadavg))"
+    sync
+    timed null curl -sf -o /dev/null "$URL"
+    timed file curl -sf -o "$WORK/file" "$URL"
+    timed sha sha256sum "$WORK/file" >/dev/null
+    rm -f "$WORK/file"
+    rm -rf "$WORK/client"
+    sync
+    timed fetch fetch
+    dl=$(sed -n 's/.*downloaded and verified .* in \([0-9.]*\) s.*/\1/p' "$WORK/fetch.err")
+    T[dl]="${T[dl]:-} ${dl:-0}"
+    printf '  curl >/dev/null %6.2f s   curl -o FILE %6.2f s   sha256sum %6.2f s   ckpt fetch %6.2f s (download+verify %s s)\n' \
+        "$(echo "${T[null]}" | awk '{print $NF}')" "$(echo "${T[file]}" | awk '{print $NF}')" \
+        "$(echo "${T[sha]}" | awk '{print $NF}')" "$(echo "${T[fetch]}" | awk '{print $NF}')" "${dl:-?}"
+    "$CKPT_BIN" verify --home "$WORK/client" >/dev/null 2>&1 || die "the fetched checkpoint does not verify"
+done
+rm -rf "$WORK/client"
+
+declare -A M
+for k in null file sha fetch dl; do M[$k]=$(echo "${T[$k]}" | median); done
+M[filesha]=$(awk -v a="${M[file]}" -v b="${M[sha]}" 'BEGIN {print a + b}')
+gbs() { awk -v b="$BYTES" -v t="$1" 'BEGIN {printf "%.2f", (t > 0 ? b / 1e9 / t : 0)}'; }
+echo
+echo "== results: one $(awk -v b="$BYTES" 'BEGIN {printf "%.2f GB", b / 1e9}') file over loopback, $REPEAT round(s), median wall"
+printf '%-44s %8s %8s\n' "step" "wall s" "GB/s"
+row() { printf '%-44s %8.2f %8s\n' "$1" "$2" "$(gbs "$2")"; }
+row "curl -s -o /dev/null" "${M[null]}"
+row "curl -s -o FILE" "${M[file]}"
+row "curl -s -o FILE && sha256sum FILE" "${M[filesha]}"
+row "ckpt fetch: download + verify" "${M[dl]}"
+row "ckpt fetch: download + verify + ingest" "${M[fetch]}"
+echo
+r=$(awk -v a="${M[fetch]}" -v b="${M[filesha]}" 'BEGIN {printf "%.2f", a / b}')
+v1=$(awk -v r="$r" 'BEGIN {print (r <= 1 ? "met" : "MISSED")}')
+g=$(gbs "${M[fetch]}")
+v2=$(awk -v g="$g" 'BEGIN {print (g >= 1 ? "met" : "MISSED")}')
+printf '%-44s %8s   %-8s %s\n' "goal" "value" "target" "verdict"
+printf '%-44s %8s   %-8s %s\n' "ckpt fetch / (curl -o FILE + sha256sum)" "$r" "<= 1" "$v1"
+printf '%-44s %8s   %-8s %s\n' "ckpt fetch GB/s (verify and ingest included)" "$g" ">= 1" "$v2"
+echo
+echo "ckpt fetch writes the file once to its staging folder and once more into the"
+echo "store's blobs (fsync'd); curl writes it once and syncs nothing."

@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# test_fetch.sh — `ckpt fetch` against the fault-injecting local Hub
+# (tests/hub/testhub.c, issue 6 "Download" and "A local Hub for tests").
+#
+# Every fault ends in a correct stored checkpoint (after retries or resume)
+# or in a clear failure with nothing stored and nothing left in tmp/:
+#   dropped connections (resumed from the last byte), 429 with Retry-After,
+#   503, a flipped byte (downloaded again; twice: fails naming the file), a
+#   server ignoring Range, a redirect to another port (the token does not
+#   follow: the second server's log shows no Authorization), a required token
+#   (missing, wrong, right), a gated repo, unsafe names in the tree (../../evil,
+#   absolute, NUL, control character, over-long: rejected before anything is
+#   written), a commit pushed between two requests (the fetch stays on the
+#   commit it resolved), missing repo/revision/file. A commit already in the
+#   store downloads nothing. Through the daemon, the token appears in no job
+#   argument, log or database file.
+# Run through run.sh (needs CKPT_BIN, CKPT_TESTHUB, E2E_WORK).
+set -euo pipefail
+
+ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
+testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
+work=${E2E_WORK:?}
+[ -x "$testhub" ] || { echo "FAIL: $testhub is not built (make BUILD=... \$BUILD/ckpt-testhub)" >&2; exit 1; }
+export CKPT_HUB_BACKOFF_MS=10 # retries in milliseconds, not seconds
+unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
+export HF_HOME=$work/hf-home # no token file from the machine running the tests
+
+hub_pids=()
+cleanup() {
+    local p rc=0
+    for p in "${hub_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${hub_pids[@]}"; do wait "$p" 2>/dev/null || rc=$?; done
+    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    find "$work" -mindepth 1 -delete
+    [ "$rc" -eq 0 ] || { echo "FAIL: a test hub exited $rc (sanitizer report?)" >&2; exit 1; }
+}
+trap cleanup EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    for l in "$work"/hub*.log; do [ -f "$l" ] && { echo "--- $l (tail)"; tail -n 12 "$l"; } >&2; done
+    exit 1
+}
+note() { echo "-- $* ($SECONDS s)"; }
+
+# start_hub NAME [faults]: a test hub on the hub store; sets ${NAME}_url.
+start_hub() {
+    local name=$1 spec=${2:-}
+    rm -f "$work/$name.url"
+    "$testhub" --home "$work/hub" --url-file "$work/$name.url" --log "$work/$name.log" --faults "$spec" 2>>"$work/$name.err" &
+    hub_pids+=($!)
+    local i
+    for i in $(seq 200); do [ -s "$work/$name.url" ] && break; sleep 0.05; done
+    [ -s "$work/$name.url" ] || fail "$name did not start: $(cat "$work/$name.err")"
+    printf -v "${name}_url" '%s' "$(cat "$work/$name.url")"
+}
+# faults SPEC: replaces hub A's faults.
+faults() { curl -sf -X POST --data-binary "$1" "$hubA_url/_testhub/faults" >/dev/null || fail "cannot set faults '$1'"; }
+lines() { wc -l <"$work/$1.log"; }
+
+n=0
+# fetch_ok WHAT [fetch options]: a fresh client home fetches org/tiny from hub A;
+# the stored checkpoint must equal the generated model file for file.
+fetch_ok() {
+    local what=$1
+    shift
+    n=$((n + 1))
+    export CKPT_HOME=$work/c$n
+    if ! HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny "$@" >"$work/out" 2>"$work/err"; then
+        fail "$what: fetch failed: $(cat "$work/err")"
+    fi
+    "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/pull.err" || fail "$what: pull: $(cat "$work/pull.err")"
+    diff -r "$work/m1" "$work/pulled" >/dev/null || fail "$what: the stored checkpoint differs from the original"
+    rm -rf "$work/pulled"
+    [ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "$what: left $(ls "$CKPT_HOME/tmp") in tmp/"
+    note "$what: stored, identical"
+}
+# fetch_fails WHAT PATTERN REF [fetch options]: exits 1 with PATTERN in the
+# message; nothing stored, nothing left in tmp/ or blobs/.
+fetch_fails() {
+    local what=$1 pattern=$2 ref=$3 rc=0
+    shift 3
+    n=$((n + 1))
+    export CKPT_HOME=$work/c$n
+    HF_ENDPOINT=$hubA_url "$ckpt" fetch "$ref" "$@" >"$work/out" 2>"$work/err" || rc=$?
+    [ "$rc" -eq 1 ] || fail "$what: exit $rc, expected 1; stderr: $(cat "$work/err")"
+    grep -q -- "$pattern" "$work/err" || fail "$what: expected '$pattern' in: $(cat "$work/err")"
+    [ -z "$("$ckpt" ls 2>/dev/null)" ] || fail "$what: something was stored: $("$ckpt" ls)"
+    [ -z "$(ls -A "$CKPT_HOME/tmp" 2>/dev/null)" ] || fail "$what: left $(ls "$CKPT_HOME/tmp") in tmp/"
+    [ -z "$(find "$CKPT_HOME/blobs" -type f 2>/dev/null)" ] || fail "$what: blobs were left in the store"
+    note "$what: $(tail -n 1 "$work/err" | cut -c1-150)"
+}
+
+# ---- the Hub's repos ----
+"$ckpt" gen-model qwen2 "$work/m1" --scale 8 --layers 2 --shard-mb 2 >/dev/null 2>&1
+"$ckpt" gen-model qwen2 "$work/m2" --scale 8 --layers 2 --shard-mb 2 --seed 7 >/dev/null 2>&1
+CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
+start_hub hubA
+start_hub hubB
+commit1=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+note "hub A $hubA_url, hub B $hubB_url, org/tiny@main = $commit1"
+
+# ---- success, and every transient fault ----
+fetch_ok "clean fetch"
+start=$(lines hubA)
+export CKPT_HOME=$work/c$n
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "fetch again: $(cat "$work/err")"
+grep -q "in the store already" "$work/err" || fail "fetch of a stored commit: $(cat "$work/err")"
+[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /resolve/ || true)" -eq 0 ] || fail "a stored commit downloaded files"
+[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /tree/ || true)" -eq 0 ] || fail "a stored commit listed the tree"
+note "a commit in the store: one revision request, nothing downloaded"
+
+faults "drop=300000@2"
+fetch_ok "connection dropped after 300000 bytes (twice)" --connections 1 --chunk-size 1MiB
+grep -q "fault=drop" "$work/hubA.log" || fail "the drop fault did not fire"
+# A dropped request for bytes S-E must be followed by one for (S + 300000)-E: resumed at the next byte.
+python3 - "$work/hubA.log" <<'PY' || fail "no dropped request was resumed at its next byte: $(grep resolve "$work/hubA.log" | tail -8)"
+import re, sys
+lines = open(sys.argv[1]).read().splitlines()
+want = set()
+for l in lines:
+    m = re.search(r"resolve/\S+/(\S+) .*range=bytes=(\d+)-(\d+)(.*)", l)
+    if not m:
+        continue
+    path, a, b, rest = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+    if (path, a, b) in want:
+        sys.exit(0)
+    if "fault=drop" in rest:
+        want.add((path, a + 300000, b))
+sys.exit(1)
+PY
+
+faults "429=1@2"
+t0=$SECONDS
+fetch_ok "429 with Retry-After: 1 (twice, on the API)"
+[ "$(grep -c 'fault=429' "$work/hubA.log")" -eq 2 ] || fail "429 fired $(grep -c 'fault=429' "$work/hubA.log") times"
+[ $((SECONDS - t0)) -ge 2 ] || fail "Retry-After: 1 was not honoured (the fetch took $((SECONDS - t0)) s)"
+
+faults "429:file=1@3"
+fetch_ok "429 with Retry-After on file downloads" --chunk-size 1MiB
+
+faults "503@2"
+fetch_ok "503 on the API (twice)"
+faults "503:file@3"
+fetch_ok "503 on file downloads (three times)" --chunk-size 1MiB
+
+faults "flip=2000000@1,only=model-00001"
+fetch_ok "a flipped byte in a tensor (downloaded again)"
+grep -q "downloading it again" "$work/err" || fail "no retry after the sha256 mismatch: $(cat "$work/err")"
+faults "flip=20@1,only=model-00001"
+fetch_ok "a flipped byte in a safetensors header (downloaded again)"
+grep -q "downloading it again" "$work/err" || fail "no retry after a damaged header: $(cat "$work/err")"
+
+faults "norange"
+fetch_ok "a server ignoring Range (200 with the whole file)" --chunk-size 1MiB
+grep -q "fault=norange" "$work/hubA.log" || fail "norange did not fire"
+
+faults "norange@2,drop=500000@1"
+fetch_ok "ignored Range and a drop together" --chunk-size 1MiB --connections 2
+
+# ---- the token: required, sent only to the endpoint's own host ----
+secret=hf_TestSecret0123456789
+faults "token=$secret"
+fetch_fails "token required, none given" "pass a token in HF_TOKEN" org/tiny
+HF_TOKEN=hf_wrong_token_0000 fetch_fails "a wrong token" "refused the token" org/tiny
+grep -q "hf_wrong_token" "$work/err" && fail "the token appeared in an error message"
+mkdir -p "$HF_HOME"
+printf '%s\n' "$secret" >"$HF_HOME/token"
+fetch_ok "token from \$HF_HOME/token"
+rm -f "$HF_HOME/token"
+faults "token=$secret,redirect=${hubB_url##*:}"
+start=$(lines hubB)
+HF_TOKEN=$secret fetch_ok "token in HF_TOKEN; file downloads redirected to another port"
+tail -n +$((start + 1)) "$work/hubB.log" | grep -q /resolve/ || fail "hub B served no file"
+tail -n +$((start + 1)) "$work/hubB.log" | grep /resolve/ | grep -qv "auth=none" && fail "the token followed the redirect to another port"
+grep "auth=ok" "$work/hubA.log" | grep -q "/revision/" || fail "hub A never got the token"
+grep -rq "$secret" "$work/err" "$work/out" && fail "the token appeared in ckpt's output"
+note "token sent to hub A (auth=ok), not to hub B after the redirect (auth=none)"
+
+faults "gated"
+fetch_fails "a gated repo" "gated repository: accept its licence" org/tiny
+
+# ---- names and errors ----
+for kind in dotdot abs nul ctrl long; do
+    faults "evil=$kind"
+    fetch_fails "unsafe name in the tree ($kind)" "unsafe file name" org/tiny
+done
+[ -z "$(find "$work" -name 'evil*')" ] || fail "a file named evil was written: $(find "$work" -name 'evil*')"
+faults ""
+fetch_fails "a missing repo" "repository org/nope not found" org/nope
+fetch_fails "a missing revision" "revision 'nope' not found in org/tiny" org/tiny@nope
+faults "entry404"
+fetch_fails "a file the tree lists but resolve does not have" "not found in org/tiny" org/tiny
+faults "flip=2000000@2,only=model-00001"
+fetch_fails "a flipped byte in both downloads" "model-00001-of-00002.safetensors: sha256 of the download" org/tiny
+faults "drop=1@1000"
+fetch_fails "a server that always drops after 1 byte" "giving up after" org/tiny --chunk-size 1MiB
+
+# ---- a commit pushed between two requests ----
+faults "push=$work/m2"
+fetch_ok "a new commit pushed right after the revision answer (still the resolved commit)"
+"$ckpt" ls --json | grep -q "$commit1" || fail "the fetch did not keep commit $commit1"
+commit2=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+[ "$commit2" != "$commit1" ] || fail "the push did not happen"
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >/dev/null 2>"$work/err" || fail "fetch of the new commit: $(cat "$work/err")"
+"$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>&1
+diff -r "$work/m2" "$work/pulled" >/dev/null || fail "main after the push is not the pushed model"
+rm -rf "$work/pulled"
+note "the next fetch takes the pushed commit ${commit2:0:12}"
+
+# ---- through the daemon: the token stays out of jobs and the database ----
+faults "token=$secret"
+n=$((n + 1))
+export CKPT_HOME=$work/c$n
+mkdir -p "$CKPT_HOME"
+HF_TOKEN=$secret HF_ENDPOINT=$hubA_url "$ckpt" serve --listen 127.0.0.1:0 --workers 2 >"$work/serve.log" 2>&1 &
+dpid=$!
+for i in $(seq 400); do [ -s "$CKPT_HOME/serve.url" ] && break; kill -0 "$dpid" 2>/dev/null || break; sleep 0.05; done
+[ -s "$CKPT_HOME/serve.url" ] || fail "ckpt serve did not start: $(cat "$work/serve.log")"
+id=$("$ckpt" submit fetch org/tiny)
+timeout 60 "$ckpt" wait "$id" >/dev/null 2>"$work/err" || fail "fetch job: $(cat "$work/err"); $("$ckpt" logs "$id")"
+"$ckpt" show "$id" | grep -q '"existed": false' || fail "the fetch job's result: $("$ckpt" show "$id")"
+if grep -rqa "$secret" "$CKPT_HOME" "$work/serve.log"; then fail "the token was written into CKPT_HOME or the daemon log"; fi
+"$ckpt" logs "$id" | grep -q "$secret" && fail "the token is in the job log"
+note "fetch job $id through the daemon: done, token nowhere in CKPT_HOME"
+kill -TERM "$dpid"
+rc=0
+wait "$dpid" || rc=$?
+[ "$rc" -eq 0 ] || fail "ckpt serve exited $rc: $(tail -n 20 "$work/serve.log")"

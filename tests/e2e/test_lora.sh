@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# test_lora.sh — `ckpt merge-lora`, `unmerge-lora` and `convert-lora` end to end.
+#
+# Adapters are written by tests/lora_gen.py (stdlib) for generated models;
+# results are checked by tests/lora_ref.py, an independent numpy reference,
+# when /usr/bin/python3 has numpy (`make deps` installs python3-numpy).
+#
+# 1. Merge: plain (BF16 base, sharded, F32 adapter), rsLoRA (BF16 adapter,
+#    --scale), fan_in_fan_out, F16 base: within one ulp of the float64
+#    reference; untouched tensors, the index and config.json byte-identical.
+# 2. Merge then unmerge: W back within two roundings (F32: 1e-6).
+# 3. Bad adapters exit 1 with one line naming the problem, leaving no DST:
+#    a target that matches nothing, a shape mismatch, missing and unknown
+#    fields, lora_A without lora_B, a non-neutral use_dora.
+# 4. Layouts: fused and neuron --tp 2/4/8 for Qwen2 (14/2 heads: query-head
+#    padding and KV replicas), fused and neuron --tp 8 for Llama with a
+#    q/v/o/down rsLoRA adapter (K rows of the fused adapter zero):
+#    on every rank s * B_r @ A_r == convert(merged) - convert(base) within
+#    F32 rounding, and consolidate gives back the adapter byte for byte.
+#    Merging the fused adapter into the fused base equals fusing the merge.
+# 5. Usage errors exit 2.
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
+set -euo pipefail
+
+ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
+here=${E2E_DIR:?}
+work=${E2E_WORK:?}
+gen="python3 $here/../lora_gen.py"
+ref="/usr/bin/python3 $here/../lora_ref.py"
+trap 'find "$work" -mindepth 1 -delete' EXIT
+export CKPT_QUIET=1
+
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+
+have_numpy=0
+/usr/bin/python3 -c 'import numpy' 2>/dev/null && have_numpy=1
+[ $have_numpy = 1 ] || echo "note: no numpy at /usr/bin/python3; reference checks skipped (make deps installs it)"
+# check ARGS...: queues a lora_ref.py check; run_checks runs the queue in one
+# process (numpy loads once) when numpy is there.
+check() { echo "$*" >>"$work/checks.txt"; }
+run_checks() {
+    [ -f "$work/checks.txt" ] || return 0
+    if [ $have_numpy = 1 ]; then $ref batch "$work/checks.txt" || fail "lora_ref.py (see above)"; fi
+    rm -f "$work/checks.txt"
+}
+
+expect_status() {
+    local want=$1 rc=0
+    shift
+    "$@" >"$work/out" 2>"$work/err" || rc=$?
+    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stderr: $(head -c 2000 "$work/err")"
+}
+
+# expect_error NEEDLE CMD...: exit 1, one line on stderr containing NEEDLE, no DST (the last argument).
+expect_error() {
+    local needle=$1
+    shift
+    expect_status 1 "$@"
+    grep -qF -- "$needle" "$work/err" || fail "'$*': stderr lacks '$needle': $(cat "$work/err")"
+    [ "$(wc -l <"$work/err")" -eq 1 ] || fail "'$*': expected one line on stderr: $(cat "$work/err")"
+    local dst=${*: -1}
+    [ "$dst" != out ] || fail "expect_error needs a DST other than out"
+    [ ! -e "$dst" ] || fail "'$*' left $dst behind"
+    ! ls -d "$dst".tmp-* >/dev/null 2>&1 || fail "'$*' left a temp directory"
+}
+
+cd "$work"
+ALL=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
+$ckpt gen-model llama llama --scale 32 --layers 2 --shard-mb 1
+$ckpt gen-model llama llama32 --scale 32 --layers 2 --dtype f32
+$ckpt gen-model qwen2 qwen32 --scale 8 --layers 2 --dtype f32
+$ckpt gen-model qwen2 qwen16 --scale 8 --layers 1 --dtype f16
+
+# ---- 1. merge against the reference ----
+$gen llama ad --targets $ALL --rank 4 --alpha 8
+$ckpt merge-lora llama ad merged --json >"$work/stats.json"
+python3 -c "
+import json, sys
+s = json.load(open('$work/stats.json'))
+assert s['modules'] == 14 and s['copied'] == 7 and s['gflop'] > 0, s
+" || fail "merge-lora --json: $(cat "$work/stats.json")"
+check merge llama ad merged
+cmp llama/model.safetensors.index.json merged/model.safetensors.index.json || fail "index changed"
+cmp llama/config.json merged/config.json || fail "config.json changed"
+[ "$(ls merged | wc -l)" = "$(ls llama | wc -l)" ] || fail "merged has other files than the base"
+
+$gen llama ad_rs --targets q_proj,v_proj,o_proj,up_proj --rank 16 --alpha 32 --rslora --dtype bf16 --seed 1
+$ckpt merge-lora llama ad_rs merged_rs --scale 0.5 --threads 1
+check merge llama ad_rs merged_rs --scale 0.5
+
+$gen llama ad_fifo --targets q_proj,k_proj,gate_proj,down_proj --rank 3 --alpha 5 --fan-in-fan-out --seed 2
+$ckpt merge-lora llama ad_fifo merged_fifo
+check merge llama ad_fifo merged_fifo
+
+$gen qwen16 ad16 --targets $ALL --rank 8 --alpha 16 --seed 3
+$ckpt merge-lora qwen16 ad16 merged16 --scale -2
+check merge qwen16 ad16 merged16 --scale -2
+
+# The same merge with one thread and with three gives the same bytes.
+$ckpt merge-lora llama ad merged_t3 --threads 3
+for f in merged/*.safetensors; do cmp "$f" "merged_t3/$(basename "$f")" || fail "threads change the result"; done
+
+# ---- 2. merge then unmerge ----
+$ckpt unmerge-lora merged ad back
+check roundtrip llama merged back
+check merge merged ad back --unmerge
+$gen llama32 ad32 --targets $ALL --rank 8 --alpha 16 --seed 4
+$ckpt merge-lora llama32 ad32 merged32
+$ckpt unmerge-lora merged32 ad32 back32
+check roundtrip llama32 merged32 back32
+
+run_checks
+
+# ---- 3. bad adapters ----
+bad() { rm -rf bad && $gen llama bad "$@"; }
+bad --targets q_proj,foo_proj
+expect_error "target_modules entry 'foo_proj' matches no weight" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj,v_proj --bad-shape
+expect_error "lora_A [4, 129] and lora_B [128, 4] make a [out, in] update of [128, 129]" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --unset r
+expect_error "adapter_config.json: missing field 'r'" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --unset target_modules
+expect_error "missing field 'target_modules'" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --set 'lora_magic=1'
+expect_error "unknown field 'lora_magic'" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --set 'use_dora=true'
+expect_error "'use_dora' is true" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --drop-b
+expect_error "has lora_A.weight but no lora_B.weight" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --set 'r=5'
+expect_error "has rank 4 but adapter_config.json says r = 5" $ckpt merge-lora llama bad dst_bad
+bad --targets q_proj --set 'target_modules=["q_proj", "k_proj"]'
+expect_error "target_modules names 'model.layers.0.self_attn.k_proj' of the base, but the adapter has no" $ckpt merge-lora llama bad dst_bad
+expect_error "no adapter_config.json here" $ckpt merge-lora llama llama dst_bad
+expect_status 1 $ckpt merge-lora llama ad merged
+grep -q "merged is not empty (use --force to replace it)" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
+check merge llama ad merged
+expect_error "fan_in_fan_out adapters" $ckpt convert-lora ad_fifo dst_bad --base llama --layout fused
+
+# ---- 4. adapters in layouts ----
+$gen qwen32 adq --targets $ALL --rank 4 --alpha 8 --seed 5
+$gen llama32 adl --targets q_proj,v_proj,o_proj,down_proj --rank 3 --alpha 6 --rslora --seed 6
+$ckpt merge-lora qwen32 adq qwen32m
+$ckpt merge-lora llama32 adl llama32m
+sl=$(python3 -c 'import math; print(6 / math.sqrt(3))')
+for model in qwen llama; do
+    if [ $model = qwen ]; then
+        b=qwen32 m=qwen32m a=adq s=2 layouts=("fused 1" "neuron 2" "neuron 4" "neuron 8")
+    else
+        b=llama32 m=llama32m a=adl s=$sl layouts=("fused 1" "neuron 8")
+    fi
+    for lay in "${layouts[@]}"; do
+        set -- $lay
+        d=$model-$1-$2
+        $ckpt convert $b $d.base --layout "$1" --tp "$2"
+        $ckpt convert $m $d.merged --layout "$1" --tp "$2"
+        $ckpt convert-lora $a $d.lora --base $b --layout "$1" --tp "$2"
+        check layout $d.base $d.merged $d.lora --scale "$s"
+        $ckpt consolidate $d.lora $d.back
+        cmp $a/adapter_model.safetensors $d.back/adapter_model.safetensors || fail "$d: consolidated adapter differs"
+        cmp $a/adapter_config.json $d.back/adapter_config.json || fail "$d: consolidated adapter_config.json differs"
+        [ "$(ls $d.back)" = "$(printf 'adapter_config.json\nadapter_model.safetensors')" ] || fail "$d.back: $(ls $d.back)"
+    done
+done
+[ -f qwen-neuron-8.lora/tp_rank_07/adapter_model.safetensors ] || fail "no per-rank adapter files"
+grep -q '"kind": "lora-adapter"' qwen-neuron-8.lora/ckpt-layout.json || fail "ckpt-layout.json lacks the adapter kind"
+python3 - qwen-fused-1.lora/adapter_config.json <<'EOF' || fail "converted adapter_config.json"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert sorted(c["target_modules"]) == ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"], c["target_modules"]
+assert c["rank_pattern"] == {"qkv_proj": 12, "gate_up_proj": 8}, c["rank_pattern"]
+assert c["alpha_pattern"] == {"qkv_proj": 24, "gate_up_proj": 16}, c["alpha_pattern"]
+EOF
+
+# Merging the fused adapter into the fused base is fusing the merged base.
+$ckpt merge-lora qwen-fused-1.base qwen-fused-1.lora fused-merged
+cmp fused-merged/model.safetensors qwen-fused-1.merged/model.safetensors || fail "merge(fused) != fused(merge)"
+check merge qwen-fused-1.base qwen-fused-1.lora fused-merged
+
+run_checks
+
+# ---- 5. usage ----
+expect_status 2 $ckpt merge-lora llama ad
+expect_status 2 $ckpt merge-lora llama ad x --scale nope
+expect_status 2 $ckpt merge-lora llama ad x --scale 0
+expect_status 2 $ckpt convert-lora ad x --layout fused
+expect_status 2 $ckpt convert-lora ad x --base llama
+expect_status 0 $ckpt merge-lora --help
+grep -q "W' = W + s \* B @ A" "$work/out" || fail "merge-lora --help"
+expect_status 0 $ckpt convert-lora --help
+echo "test_lora: ok"

@@ -1,0 +1,693 @@
+/*
+ * test_lora.c — LoRA adapters (workers/lora.c, lora_merge.c, lora_layout.c)
+ * on tiny checkpoints written here, with values chosen so the expected
+ * results are exact:
+ *
+ *   - merge arithmetic: W + s * B @ A rounded to nearest-even in BF16,
+ *     including ties (1 + 2^-8 stays 1, 1 + 2^-7 + 2^-8 goes up), F16 and
+ *     F32 bases, fan_in_fan_out, --scale and unmerge, a weight of many
+ *     blocks of rows (every row checked against a double computation);
+ *   - the adapter reader: rank_pattern / alpha_pattern with PEFT's key
+ *     matching, rsLoRA scales, target_modules as a list (suffix at a dot), a
+ *     regex and all-linear, and the errors for bad configs and tensors;
+ *   - the neuron layout of spec §4's worked example (H=8, KV=2, hd=4, tp=4):
+ *     rank 1's fused adapter is A = [A_q; A_k; A_v] and B block-diagonal with
+ *     q rows 16..23, k and v rows 4..7; o_proj's A holds columns 16..23;
+ *     consolidation gives the adapter back byte for byte.
+ *
+ * Each test works in a fresh directory under $TMPDIR (or /tmp).
+ */
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/util.h"
+#include "storage/checkpoint.h"
+#include "storage/dtype.h"
+#include "workers/lora.h"
+
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+/* ---- fixture ---- */
+
+typedef struct {
+    char root[512];
+    char base[600], ad[600], dst[600], back[600];
+} fixture;
+
+static int fx_setup(void **state)
+{
+    fixture *fx = calloc(1, sizeof *fx);
+    const char *tmp = getenv("TMPDIR");
+    if (!fx) return -1;
+    snprintf(fx->root, sizeof fx->root, "%s/ckpt-test-lora-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(fx->root)) {
+        free(fx);
+        return -1;
+    }
+    snprintf(fx->base, sizeof fx->base, "%s/base", fx->root);
+    snprintf(fx->ad, sizeof fx->ad, "%s/adapter", fx->root);
+    snprintf(fx->dst, sizeof fx->dst, "%s/dst", fx->root);
+    snprintf(fx->back, sizeof fx->back, "%s/back", fx->root);
+    *state = fx;
+    return 0;
+}
+
+static int fx_teardown(void **state)
+{
+    fixture *fx = *state;
+    int rc = ckpt_rm_rf(fx->root);
+    free(fx);
+    return rc;
+}
+
+/* ---- writing tensors ---- */
+
+typedef double (*value_fn)(int tag, uint64_t row, uint64_t col);
+
+typedef struct {
+    const char *name;
+    ckpt_dtype dtype;
+    uint64_t rows, cols; /* cols 0: a 1-D tensor of rows elements */
+    int tag;
+    value_fn fn;
+} spec;
+
+static void store(ckpt_dtype dt, uint8_t *p, double v)
+{
+    switch (dt) {
+    case CKPT_DT_F32: {
+        float f = (float)v;
+        memcpy(p, &f, 4);
+        break;
+    }
+    case CKPT_DT_BF16: {
+        uint16_t h = ckpt_f64_to_bf16(v);
+        memcpy(p, &h, 2);
+        break;
+    }
+    case CKPT_DT_F16: {
+        uint16_t h = ckpt_f64_to_f16(v);
+        memcpy(p, &h, 2);
+        break;
+    }
+    case CKPT_DT_F64:
+        memcpy(p, &v, 8);
+        break;
+    default: { /* I32 */
+        int32_t i = (int32_t)v;
+        memcpy(p, &i, 4);
+    }
+    }
+}
+
+static double load(ckpt_dtype dt, const uint8_t *p)
+{
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case CKPT_DT_F32:
+        memcpy(&f, p, 4);
+        return f;
+    case CKPT_DT_BF16:
+        memcpy(&h, p, 2);
+        return ckpt_bf16_to_f32(h);
+    case CKPT_DT_F16:
+        memcpy(&h, p, 2);
+        return ckpt_f16_to_f32(h);
+    default: {
+        double d;
+        memcpy(&d, p, 8);
+        return d;
+    }
+    }
+}
+
+typedef struct {
+    const spec *specs;
+    size_t n;
+} write_ctx;
+
+static int fill(void *ctx, const st_out_tensor *t, int fd, const char *path)
+{
+    const spec *s = &((const write_ctx *)ctx)->specs[t->user];
+    size_t es = ckpt_dtype_size(s->dtype);
+    uint64_t cols = s->cols ? s->cols : 1;
+    uint8_t *buf = malloc(t->nbytes + 1);
+    assert_non_null(buf);
+    for (uint64_t r = 0; r < s->rows; r++)
+        for (uint64_t c = 0; c < cols; c++)
+            store(s->dtype, buf + (r * cols + c) * es, s->fn(s->tag, r, c));
+    int rc = ckpt_pwrite_full(fd, buf, t->nbytes, t->offset, path);
+    free(buf);
+    return rc;
+}
+
+static void write_file(const char *dir, const char *file, const spec *specs, size_t n)
+{
+    assert_int_equal(ckpt_mkdir_p(dir, 0755), 0);
+    st_layout l;
+    st_layout_init(&l);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t shape[2] = {specs[i].rows, specs[i].cols};
+        assert_int_equal(
+            st_layout_add(&l, specs[i].name, specs[i].dtype, specs[i].cols ? 2 : 1, shape, i), 0);
+    }
+    assert_int_equal(st_layout_set_meta(&l, "format", "pt"), 0);
+    assert_int_equal(st_layout_finish(&l), 0);
+    char *path = ckpt_path_join(dir, file);
+    write_ctx ctx = {specs, n};
+    assert_int_equal(st_write_file(path, &l, fill, &ctx), 0);
+    free(path);
+    st_layout_free(&l);
+}
+
+static void write_text(const char *dir, const char *file, const char *text)
+{
+    char *s = ckpt_strdup(text), *path = ckpt_path_join(dir, file);
+    for (char *p = s; *p; p++)
+        if (*p == '\'') *p = '"';
+    assert_int_equal(ckpt_mkdir_p(dir, 0755), 0);
+    assert_int_equal(ckpt_write_file_atomic(path, s, strlen(s)), 0);
+    free(s);
+    free(path);
+}
+
+static void write_adapter(const char *dir, const char *config, const spec *specs, size_t n)
+{
+    write_file(dir, "adapter_model.safetensors", specs, n);
+    write_text(dir, "adapter_config.json", config);
+}
+
+/* Reads a whole tensor as doubles (malloc'd). */
+static double *read_tensor(const char *dir, const char *prefix, const char *name, uint64_t *rows,
+                           uint64_t *cols)
+{
+    ckpt_checkpoint c;
+    assert_int_equal(ckpt_checkpoint_open_prefix(&c, dir, prefix), 0);
+    const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&c, name);
+    if (!ref) fail_msg("%s: no tensor '%s'", dir, name);
+    const st_tensor *t = ref->t;
+    *rows = t->shape[0];
+    *cols = t->ndim > 1 ? t->shape[1] : 1;
+    uint8_t *raw = malloc(t->nbytes + 1);
+    double *out = calloc(*rows * *cols + 1, sizeof *out);
+    assert_int_equal(st_read_tensor(&c.files[ref->file], t, raw), 0);
+    for (uint64_t i = 0; i < *rows * *cols; i++)
+        out[i] = load(t->dtype, raw + i * ckpt_dtype_size(t->dtype));
+    free(raw);
+    ckpt_checkpoint_close(&c);
+    return out;
+}
+
+static void assert_contains(const char *haystack, const char *needle)
+{
+    if (!strstr(haystack, needle)) fail_msg("message \"%s\" lacks \"%s\"", haystack, needle);
+}
+
+static void expect_files_equal(const char *a, const char *b)
+{
+    char *x, *y;
+    size_t lx, ly;
+    assert_int_equal(ckpt_read_file(a, 1u << 28, &x, &lx), 0);
+    assert_int_equal(ckpt_read_file(b, 1u << 28, &y, &ly), 0);
+    if (lx != ly || memcmp(x, y, lx)) fail_msg("%s and %s differ", a, b);
+    free(x);
+    free(y);
+}
+
+static lora_merge_opts quiet_merge(void)
+{
+    return (lora_merge_opts){.quiet = true};
+}
+
+/* ---- merge arithmetic ---- */
+
+/* W: 1 + 2^-7 * (col % 2); A = [2^-4 at (0, col)], B = [2^-4 on row 0, 0 elsewhere], so
+ * s * B @ A = s * 2^-8 in row 0, 0 below. */
+static double tie_w(int tag, uint64_t r, uint64_t c)
+{
+    (void)tag, (void)r;
+    return 1.0 + ldexp(1.0, -7) * (double)(c % 2);
+}
+static double sixteenth(int tag, uint64_t r, uint64_t c)
+{
+    (void)tag, (void)c;
+    return tag == 'B' && r > 0 ? 0.0 : 0.0625;
+}
+static double half(int tag, uint64_t r, uint64_t c)
+{
+    (void)tag, (void)r, (void)c;
+    return 0.5;
+}
+
+static const char plain_config[] =
+    "{'r': 1, 'lora_alpha': 1, 'target_modules': ['proj'], 'peft_type': 'LORA', "
+    "'bias': 'none', 'use_dora': false, 'lora_dropout': 0.1, 'task_type': 'CAUSAL_LM'}";
+
+static void test_merge_bf16_ties_to_even(void **state)
+{
+    fixture *fx = *state;
+    const spec base[] = {{"m.proj.weight", CKPT_DT_BF16, 2, 4, 0, tie_w},
+                         {"m.norm.weight", CKPT_DT_BF16, 4, 0, 0, half}};
+    write_file(fx->base, "model.safetensors", base, 2);
+    write_text(fx->base, "config.json", "{}");
+    const spec ad[] = {
+        {"base_model.model.m.proj.lora_A.weight", CKPT_DT_F32, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.proj.lora_B.weight", CKPT_DT_F32, 2, 1, 'B', sixteenth}};
+    write_adapter(fx->ad, plain_config, ad, 2);
+    lora_merge_opts o = quiet_merge();
+    lora_merge_stats st;
+    assert_int_equal(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st), 0);
+    assert_int_equal(st.modules, 1);
+    assert_int_equal(st.copied, 1);
+    uint64_t rows, cols;
+    double *w = read_tensor(fx->dst, "model", "m.proj.weight", &rows, &cols);
+    /* Row 0: 1 + 2^-8 is a tie -> 1 (even); 1 + 2^-7 + 2^-8 is a tie -> 1 + 2^-6 (even). */
+    for (uint64_t c = 0; c < 4; c++)
+        assert_true(w[c] == (c % 2 ? 1.0 + ldexp(1, -6) : 1.0));
+    for (uint64_t c = 0; c < 4; c++)
+        assert_true(w[4 + c] == tie_w(0, 1, c));
+    free(w);
+    char p1[700], p2[700];
+    snprintf(p1, sizeof p1, "%s/config.json", fx->dst);
+    snprintf(p2, sizeof p2, "%s/config.json", fx->base);
+    expect_files_equal(p1, p2);
+
+    /* --scale 3 adds 1.5 ulp (ulp = 2^-7 at 1): 1 + 1.5 ulp and 1 + 2.5 ulp are ties, both -> 1 + 2
+     * ulp. */
+    o.scale = 3;
+    o.force = true;
+    assert_int_equal(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st), 0);
+    w = read_tensor(fx->dst, "model", "m.proj.weight", &rows, &cols);
+    assert_true(w[0] == 1.0 + ldexp(1, -6));
+    assert_true(w[1] == 1.0 + ldexp(1, -6));
+    free(w);
+}
+
+static void test_merge_unmerge_f16_f32(void **state)
+{
+    fixture *fx = *state;
+    const spec base[] = {{"m.proj.weight", CKPT_DT_F16, 2, 4, 0, tie_w},
+                         {"m.other.weight", CKPT_DT_F32, 2, 4, 0, tie_w}};
+    write_file(fx->base, "model.safetensors", base, 2);
+    const spec ad[] = {
+        {"base_model.model.m.proj.lora_A.weight", CKPT_DT_BF16, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.proj.lora_B.weight", CKPT_DT_F64, 2, 1, 'B', sixteenth},
+        {"base_model.model.m.other.lora_A.weight", CKPT_DT_F32, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.other.lora_B.weight", CKPT_DT_F32, 2, 1, 'B', sixteenth}};
+    write_adapter(fx->ad,
+                  "{'r': 1, 'lora_alpha': 2, 'target_modules': ['proj', 'other'], 'alpha_pattern': "
+                  "{'other': 4}}",
+                  ad, 4);
+    lora_merge_opts o = quiet_merge();
+    lora_merge_stats st;
+    assert_int_equal(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st), 0);
+    uint64_t rows, cols;
+    double *w = read_tensor(fx->dst, "model", "m.proj.weight", &rows, &cols);
+    for (uint64_t c = 0; c < 4; c++)
+        assert_true(w[c] == tie_w(0, 0, c) + ldexp(2, -8)); /* exact in F16 */
+    free(w);
+    w = read_tensor(fx->dst, "model", "m.other.weight", &rows, &cols);
+    for (uint64_t c = 0; c < 4; c++)
+        assert_true(w[c] == tie_w(0, 0, c) + ldexp(4, -8));
+    free(w);
+    o.unmerge = true;
+    assert_int_equal(lora_merge_run(fx->dst, fx->ad, fx->back, &o, &st), 0);
+    char p1[700], p2[700];
+    snprintf(p1, sizeof p1, "%s/model.safetensors", fx->back);
+    snprintf(p2, sizeof p2, "%s/model.safetensors", fx->base);
+    expect_files_equal(p1, p2);
+}
+
+/* Values that make every product exact in F32: small dyadic numbers. */
+static double dyadic(int tag, uint64_t r, uint64_t c)
+{
+    return ldexp((double)((int64_t)((r * 7 + c * 3 + (uint64_t)tag) % 17) - 8), -6);
+}
+
+/* A weight of many blocks of rows, and fan_in_fan_out: every element checked. */
+static void check_many_blocks(fixture *fx, bool fan_in_fan_out)
+{
+    const uint64_t R = 3, OUT = 1300, IN = 1030; /* 1300 x 1030 F32 > 1 block of 4 MiB */
+    uint64_t wr = fan_in_fan_out ? IN : OUT, wc = fan_in_fan_out ? OUT : IN;
+    const spec base[] = {{"x.big.weight", CKPT_DT_F32, wr, wc, 1, dyadic}};
+    write_file(fx->base, "model.safetensors", base, 1);
+    const spec ad[] = {{"base_model.model.x.big.lora_A.weight", CKPT_DT_F32, R, IN, 2, dyadic},
+                       {"base_model.model.x.big.lora_B.weight", CKPT_DT_F32, OUT, R, 3, dyadic}};
+    char cfg[256];
+    snprintf(cfg, sizeof cfg,
+             "{'r': 3, 'lora_alpha': 6, 'target_modules': 'x\\\\.big', 'fan_in_fan_out': %s}",
+             fan_in_fan_out ? "true" : "false");
+    write_adapter(fx->ad, cfg, ad, 2);
+    lora_merge_opts o = quiet_merge();
+    o.force = true;
+    o.threads = 3;
+    lora_merge_stats st;
+    assert_int_equal(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st), 0);
+    assert_true(fabs(st.gflop - 2.0 * OUT * IN * R / 1e9) < 1e-12);
+    uint64_t rows, cols;
+    double *w = read_tensor(fx->dst, "model", "x.big.weight", &rows, &cols);
+    assert_true(rows == wr && cols == wc);
+    for (uint64_t o_ = 0; o_ < OUT; o_++) {
+        for (uint64_t i = 0; i < IN; i++) {
+            double d = 0;
+            for (uint64_t k = 0; k < R; k++)
+                d += dyadic(3, o_, k) * dyadic(2, k, i);
+            uint64_t r = fan_in_fan_out ? i : o_, c = fan_in_fan_out ? o_ : i;
+            double want = dyadic(1, r, c) + 2.0 * d; /* exact: few dyadic terms */
+            if (w[r * wc + c] != want)
+                fail_msg("element (%llu, %llu) is %.17g, expected %.17g", (unsigned long long)r,
+                         (unsigned long long)c, w[r * wc + c], want);
+        }
+    }
+    free(w);
+}
+
+static void test_merge_many_blocks(void **state)
+{
+    check_many_blocks(*state, false);
+}
+
+static void test_merge_fan_in_fan_out(void **state)
+{
+    check_many_blocks(*state, true);
+}
+
+/* ---- the adapter reader ---- */
+
+static double zero(int tag, uint64_t r, uint64_t c)
+{
+    (void)tag, (void)r, (void)c;
+    return 0;
+}
+
+static void write_attn_adapter(fixture *fx, const char *config, uint64_t rq, uint64_t rv)
+{
+    const spec ad[] = {
+        {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", CKPT_DT_F32, rq, 16, 0,
+         zero},
+        {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", CKPT_DT_F32, 32, rq, 0,
+         zero},
+        {"base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight", CKPT_DT_F32, rv, 16, 0,
+         zero},
+        {"base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight", CKPT_DT_F32, 8, rv, 0,
+         zero},
+    };
+    write_adapter(fx->ad, config, ad, 4);
+}
+
+static void test_reader_patterns_and_scales(void **state)
+{
+    fixture *fx = *state;
+    write_attn_adapter(
+        fx,
+        "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q_proj', 'v_proj'], "
+        "'rank_pattern': {'v_proj': 2}, 'alpha_pattern': {'layers.0.self_attn.v_proj': 3, "
+        "'v_proj': 100, 'model.layers.0.self_attn.q_proj': 16}}",
+        4, 2);
+    lora_adapter a;
+    assert_int_equal(lora_adapter_open(&a, fx->ad), 0);
+    assert_int_equal(a.nmods, 2);
+    const lora_module *q = lora_adapter_find(&a, "model.layers.0.self_attn.q_proj");
+    const lora_module *v = lora_adapter_find(&a, "model.layers.0.self_attn.v_proj");
+    assert_non_null(q);
+    assert_non_null(v);
+    assert_true(q->rank == 4 && q->alpha == 16 && q->scale == 4.0); /* exact key */
+    assert_true(v->rank == 2 && v->alpha == 3 && v->scale == 1.5);  /* first matching key */
+    assert_true(lora_adapter_targets(&a, "model.layers.3.self_attn.q_proj"));
+    assert_false(
+        lora_adapter_targets(&a, "model.layers.3.self_attn.xq_proj")); /* suffix at a dot only */
+    lora_adapter_free(&a);
+
+    write_attn_adapter(
+        fx, "{'r': 4, 'lora_alpha': 8, 'use_rslora': true, 'target_modules': '.*\\\\.(q|v)_proj'}",
+        4, 4);
+    assert_int_equal(lora_adapter_open(&a, fx->ad), 0);
+    assert_true(a.mods[0].scale == 4.0); /* 8 / sqrt(4) */
+    assert_true(lora_adapter_targets(&a, "model.layers.0.self_attn.q_proj"));
+    assert_false(lora_adapter_targets(&a, "model.layers.0.self_attn.q_proj.x")); /* a full match */
+    lora_adapter_free(&a);
+
+    write_attn_adapter(fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': 'all-linear'}", 4, 4);
+    assert_int_equal(lora_adapter_open(&a, fx->ad), 0);
+    assert_true(lora_adapter_targets(&a, "model.layers.0.mlp.down_proj"));
+    assert_false(lora_adapter_targets(&a, "lm_head"));
+    assert_false(lora_adapter_targets(&a, "model.embed_tokens"));
+    lora_adapter_free(&a);
+}
+
+static void expect_open_error(fixture *fx, const char *config, uint64_t rq, const char *needle)
+{
+    write_attn_adapter(fx, config, rq, 4);
+    lora_adapter a;
+    assert_true(lora_adapter_open(&a, fx->ad) < 0);
+    assert_contains(ckpt_error_last(), needle);
+}
+
+static void test_reader_errors(void **state)
+{
+    fixture *fx = *state;
+    expect_open_error(fx, "{'lora_alpha': 8, 'target_modules': ['q_proj']}", 4,
+                      "missing field 'r'");
+    expect_open_error(fx, "{'r': 4, 'target_modules': ['q_proj']}", 4,
+                      "missing field 'lora_alpha'");
+    expect_open_error(fx, "{'r': 4, 'lora_alpha': 8}", 4, "missing field 'target_modules'");
+    expect_open_error(fx, "{'r': 0, 'lora_alpha': 8, 'target_modules': ['q_proj']}", 4,
+                      "'r' must be an integer");
+    expect_open_error(fx, "{'r': 4, 'lora_alpha': 'x', 'target_modules': ['q_proj']}", 4,
+                      "'lora_alpha' must be");
+    expect_open_error(fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': []}", 4,
+                      "'target_modules' must be");
+    expect_open_error(fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q'], 'colour': 1}", 4,
+                      "unknown field 'colour'");
+    expect_open_error(
+        fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q'], 'modules_to_save': ['lm_head']}", 4,
+        "'modules_to_save' is [\"lm_head\"]");
+    expect_open_error(fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q'], 'peft_type': 'LOHA'}",
+                      4, "peft_type is 'LOHA'");
+    expect_open_error(
+        fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q'], 'rank_pattern': {'v': 0}}", 4,
+        "rank_pattern['v'] must be");
+    expect_open_error(
+        fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q'], 'alpha_pattern': {'(': 1}}", 4,
+        "bad regex");
+    expect_open_error(fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': '(x'}", 4, "bad regex '(x'");
+    expect_open_error(
+        fx, "{'r': 4, 'lora_alpha': 8, 'target_modules': ['q_proj', 'v_proj']}", 3,
+        "module 'model.layers.0.self_attn.q_proj' has rank 3 but adapter_config.json says r = 4");
+    expect_open_error(fx, "[1]", 4, "must be a JSON object");
+    /* Tensors the reader cannot place. */
+    const spec odd[] = {{"base_model.model.x.lora_embedding_A", CKPT_DT_F32, 2, 2, 0, zero}};
+    write_adapter(fx->ad, "{'r': 2, 'lora_alpha': 2, 'target_modules': ['x']}", odd, 1);
+    lora_adapter a;
+    assert_true(lora_adapter_open(&a, fx->ad) < 0);
+    assert_contains(ckpt_error_last(), "tensor 'base_model.model.x.lora_embedding_A' is not");
+    const spec ints[] = {{"base_model.model.x.lora_A.weight", CKPT_DT_I32, 2, 2, 0, zero},
+                         {"base_model.model.x.lora_B.weight", CKPT_DT_F32, 2, 2, 0, zero}};
+    write_adapter(fx->ad, "{'r': 2, 'lora_alpha': 2, 'target_modules': ['x']}", ints, 2);
+    assert_true(lora_adapter_open(&a, fx->ad) < 0);
+    assert_contains(ckpt_error_last(), "has dtype I32; LoRA weights must be");
+}
+
+static void test_merge_base_errors(void **state)
+{
+    fixture *fx = *state;
+    const spec base[] = {{"m.proj.weight", CKPT_DT_F64, 2, 4, 0, tie_w},
+                         {"m.ints.weight", CKPT_DT_I32, 2, 4, 0, zero}};
+    write_file(fx->base, "model.safetensors", base, 2);
+    const spec ad[] = {
+        {"base_model.model.m.proj.lora_A.weight", CKPT_DT_F32, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.proj.lora_B.weight", CKPT_DT_F32, 2, 1, 'B', sixteenth}};
+    write_adapter(fx->ad, plain_config, ad, 2);
+    lora_merge_opts o = quiet_merge();
+    lora_merge_stats st;
+    assert_true(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st) < 0);
+    assert_contains(ckpt_error_last(), "base tensor 'm.proj.weight' has dtype F64");
+    assert_false(ckpt_exists(fx->dst));
+    const spec ad2[] = {
+        {"base_model.model.m.gone.lora_A.weight", CKPT_DT_F32, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.gone.lora_B.weight", CKPT_DT_F32, 2, 1, 'B', sixteenth}};
+    write_adapter(fx->ad, "{'r': 1, 'lora_alpha': 1, 'target_modules': ['gone']}", ad2, 2);
+    assert_true(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st) < 0);
+    assert_contains(ckpt_error_last(), "adapter module 'm.gone': the base");
+    assert_contains(ckpt_error_last(), "has no tensor 'm.gone.weight'");
+    assert_false(ckpt_exists(fx->dst));
+}
+
+/* ---- the neuron layout of spec §4's worked example ---- */
+
+/* Element (row, col) of tensor `tag` is tag * 10000 + row * 100 + col: says where it comes from. */
+static double where(int tag, uint64_t r, uint64_t c)
+{
+    return tag * 10000.0 + (double)r * 100.0 + (double)c;
+}
+
+enum { TAG_AQ = 1, TAG_BQ, TAG_AK, TAG_BK, TAG_AV, TAG_BV, TAG_AO, TAG_BO };
+
+static void test_neuron_worked_example(void **state)
+{
+    fixture *fx = *state;
+    /* H=8, KV=2, hd=4, hidden=16, tp=4: rank 1 has q heads [4, 5], kv head 1. */
+    const spec base[] = {{"model.layers.0.self_attn.q_proj.weight", CKPT_DT_F32, 32, 16, 11, where},
+                         {"model.layers.0.self_attn.k_proj.weight", CKPT_DT_F32, 8, 16, 12, where},
+                         {"model.layers.0.self_attn.v_proj.weight", CKPT_DT_F32, 8, 16, 13, where},
+                         {"model.layers.0.self_attn.o_proj.weight", CKPT_DT_F32, 16, 32, 14, where},
+                         {"model.norm.weight", CKPT_DT_F32, 16, 0, 15, where}};
+    write_file(fx->base, "model.safetensors", base, 5);
+    write_text(fx->base, "config.json",
+               "{'model_type': 'llama', 'num_attention_heads': 8, 'num_key_value_heads': 2, "
+               "'hidden_size': 16, "
+               "'head_dim': 4}");
+    const uint64_t r = 2;
+    const spec ad[] = {
+        {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", CKPT_DT_F32, r, 16,
+         TAG_AQ, where},
+        {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", CKPT_DT_F32, 32, r,
+         TAG_BQ, where},
+        {"base_model.model.model.layers.0.self_attn.k_proj.lora_A.weight", CKPT_DT_F32, r, 16,
+         TAG_AK, where},
+        {"base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight", CKPT_DT_F32, 8, r,
+         TAG_BK, where},
+        {"base_model.model.model.layers.0.self_attn.v_proj.lora_A.weight", CKPT_DT_F32, r, 16,
+         TAG_AV, where},
+        {"base_model.model.model.layers.0.self_attn.v_proj.lora_B.weight", CKPT_DT_F32, 8, r,
+         TAG_BV, where},
+        {"base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight", CKPT_DT_F32, r, 32,
+         TAG_AO, where},
+        {"base_model.model.model.layers.0.self_attn.o_proj.lora_B.weight", CKPT_DT_F32, 16, r,
+         TAG_BO, where},
+    };
+    write_adapter(
+        fx->ad,
+        "{'r': 2, 'lora_alpha': 4, 'target_modules': ['q_proj', 'k_proj', 'v_proj', 'o_proj']}", ad,
+        8);
+    convert_opts o = {.layout = "neuron", .tp = 4, .quiet = true};
+    assert_int_equal(lora_convert_run(fx->ad, fx->base, fx->dst, &o), 0);
+
+    char rank1[700];
+    snprintf(rank1, sizeof rank1, "%s/tp_rank_01", fx->dst);
+    uint64_t rows, cols;
+    double *a = read_tensor(rank1, "adapter_model",
+                            "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight",
+                            &rows, &cols);
+    assert_true(rows == 3 * r && cols == 16);
+    const int atags[3] = {TAG_AQ, TAG_AK, TAG_AV};
+    for (uint64_t i = 0; i < rows; i++)
+        for (uint64_t j = 0; j < cols; j++)
+            assert_true(a[i * cols + j] == where(atags[i / r], i % r, j));
+    free(a);
+    double *b = read_tensor(rank1, "adapter_model",
+                            "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight",
+                            &rows, &cols);
+    assert_true(rows == 16 && cols == 3 * r);
+    for (uint64_t i = 0; i < rows; i++) {
+        /* rows 0..7: q rows 16..23 (heads 4, 5); 8..11: k rows 4..7; 12..15: v rows 4..7 */
+        int block = i < 8 ? 0 : i < 12 ? 1 : 2;
+        uint64_t src_row = block == 0 ? 16 + i : 4 + (i - (block == 1 ? 8 : 12));
+        int tag = block == 0 ? TAG_BQ : block == 1 ? TAG_BK : TAG_BV;
+        for (uint64_t j = 0; j < cols; j++) {
+            double want = j / r == (uint64_t)block ? where(tag, src_row, j % r) : 0.0;
+            if (b[i * cols + j] != want)
+                fail_msg("B_qkv rank 1 (%llu, %llu) = %g, want %g", (unsigned long long)i,
+                         (unsigned long long)j, b[i * cols + j], want);
+        }
+    }
+    free(b);
+    a = read_tensor(rank1, "adapter_model",
+                    "base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight", &rows, &cols);
+    assert_true(rows == r && cols == 8);
+    for (uint64_t i = 0; i < rows; i++)
+        for (uint64_t j = 0; j < cols; j++)
+            assert_true(a[i * cols + j] == where(TAG_AO, i, 16 + j));
+    free(a);
+    b = read_tensor(rank1, "adapter_model",
+                    "base_model.model.model.layers.0.self_attn.o_proj.lora_B.weight", &rows, &cols);
+    assert_true(rows == 16 && cols == r);
+    for (uint64_t i = 0; i < rows * cols; i++)
+        assert_true(b[i] == where(TAG_BO, i / r, i % r));
+    free(b);
+
+    /* ckpt-layout.json: A_qkv and B_o are stored once for all ranks; B_qkv and A_o split. */
+    json_t *layout;
+    char path[700];
+    snprintf(path, sizeof path, "%s/ckpt-layout.json", fx->dst);
+    assert_int_equal(cj_load_file(&layout, path, 1u << 26), 0);
+    json_t *params = json_object_get(layout, "parameters");
+    assert_int_equal(
+        json_integer_value(json_object_get(
+            json_object_get(params,
+                            "base_model.model.model.layers.0.self_attn.qkv_proj.lora_B.weight"),
+            "partition_dim")),
+        0);
+    assert_int_equal(
+        json_integer_value(json_object_get(
+            json_object_get(params,
+                            "base_model.model.model.layers.0.self_attn.o_proj.lora_A.weight"),
+            "partition_dim")),
+        1);
+    assert_null(json_object_get(
+        params, "base_model.model.model.layers.0.self_attn.qkv_proj.lora_A.weight"));
+    json_decref(layout);
+
+    /* The converted config keeps the scale: qkv has rank 6 and alpha 12. */
+    json_t *cfg;
+    snprintf(path, sizeof path, "%s/adapter_config.json", fx->dst);
+    assert_int_equal(cj_load_file(&cfg, path, 1u << 20), 0);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(cfg, "rank_pattern"), "qkv_proj")), 6);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(cfg, "alpha_pattern"), "qkv_proj")), 12);
+    json_decref(cfg);
+
+    consolidate_opts co = {.quiet = true};
+    assert_int_equal(consolidate_run(fx->dst, fx->back, &co), 0);
+    char p1[700], p2[700];
+    snprintf(p1, sizeof p1, "%s/adapter_model.safetensors", fx->back);
+    snprintf(p2, sizeof p2, "%s/adapter_model.safetensors", fx->ad);
+    expect_files_equal(p1, p2);
+    snprintf(p1, sizeof p1, "%s/adapter_config.json", fx->back);
+    snprintf(p2, sizeof p2, "%s/adapter_config.json", fx->ad);
+    expect_files_equal(p1, p2);
+
+    /* Layout errors: --dtype, a layout that drops an adapted weight, one that transposes. */
+    char none[700];
+    snprintf(none, sizeof none, "%s/none", fx->root);
+    o.dtype = "bf16";
+    assert_true(lora_convert_run(fx->ad, fx->base, none, &o) < 0);
+    assert_contains(ckpt_error_last(), "--dtype does not apply");
+    char rules[700];
+    snprintf(rules, sizeof rules, "%s/rules.json", fx->root);
+    write_text(fx->root, "rules.json", "{'rules': [{'op': 'drop', 'pattern': 'q_proj'}]}");
+    o = (convert_opts){.rules_file = rules, .quiet = true};
+    assert_true(lora_convert_run(fx->ad, fx->base, none, &o) < 0);
+    assert_contains(ckpt_error_last(), "drops 'model.layers.0.self_attn.q_proj.weight'");
+    o.rules_file = NULL;
+    o.layout = "easydel";
+    assert_true(lora_convert_run(fx->ad, fx->base, none, &o) < 0);
+    assert_contains(ckpt_error_last(), "transposed or stacked");
+    assert_false(ckpt_exists(none));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_merge_bf16_ties_to_even, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_merge_unmerge_f16_f32, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_merge_many_blocks, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_merge_fan_in_fan_out, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_reader_patterns_and_scales, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_reader_errors, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_merge_base_errors, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_neuron_worked_example, fx_setup, fx_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

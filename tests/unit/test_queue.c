@@ -1,0 +1,564 @@
+/*
+ * test_queue.c — the SQLite job queue (service/queue.c), without a daemon.
+ *
+ * Unique jobs (canonical arguments, only while queued or running), claim
+ * order (priority, run_after, id), per-kind rooms, dependencies (waiting,
+ * failing with "dependency job N"), leases (a dead owner or an expired lease
+ * requeues with backoff or fails at max_attempts; a live owner on another
+ * host is trusted), transient and permanent failures, release on shutdown,
+ * cancel, retry, logs and counts.
+ *
+ * service/ is not in libckpt.a, so queue.c is compiled into this program.
+ * Each test gets a fresh database under $TMPDIR (or /tmp).
+ */
+#include "service/queue.c"
+
+#include "common/fsutil.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+typedef struct {
+    char *dir;
+    catalog cat;
+    char *self; /* this process as a lease owner */
+    char *dead; /* this host, this pid, another start time: a dead daemon */
+} fixture;
+
+static int setup(void **state)
+{
+    fixture *f = calloc(1, sizeof *f);
+    if (!f) return -1;
+    const char *base = getenv("TMPDIR");
+    f->dir = ckpt_sprintf("%s/ckpt-test-queue-XXXXXX", base && *base ? base : "/tmp");
+    if (!f->dir || !mkdtemp(f->dir)) return -1;
+    char *db = ckpt_path_join(f->dir, "ckpt.db");
+    int rc = db ? catalog_open(&f->cat, db) : -1;
+    free(db);
+    if (rc) return -1;
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    f->self = queue_owner_self();
+    f->dead = ckpt_sprintf("%s:%d:%lld", host, (int)getpid(), (long long)store_proc_start_time((int)getpid()) + 12345);
+    *state = f;
+    return f->self && f->dead ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    fixture *f = *state;
+    catalog_close(&f->cat);
+    int rc = ckpt_rm_rf(f->dir);
+    free(f->dir);
+    free(f->self);
+    free(f->dead);
+    free(f);
+    return rc;
+}
+
+static void assert_contains(const char *haystack, const char *needle)
+{
+    if (!haystack || !strstr(haystack, needle)) fail_msg("\"%s\" lacks \"%s\"", haystack ? haystack : "(null)", needle);
+}
+
+/* submit KIND JSON: the new (or existing) id. */
+static int64_t submit_o(fixture *f, const char *kind, const char *json, const queue_submit_opts *o, bool *existed)
+{
+    json_error_t err;
+    json_t *args = json_loads(json, 0, &err);
+    assert_non_null(args);
+    int64_t id = 0;
+    bool ex = false;
+    int rc = queue_submit(&f->cat, kind, args, o, &id, &ex);
+    json_decref(args);
+    if (rc) fail_msg("submit %s %s: %s", kind, json, ckpt_error_last());
+    if (existed) *existed = ex;
+    return id;
+}
+
+static int64_t submit(fixture *f, const char *json)
+{
+    return submit_o(f, "noop", json, NULL, NULL);
+}
+
+/* Claims up to n jobs as owner; returns how many; ids in out. */
+static size_t claim(fixture *f, const char *owner, int n, const queue_kind_room *rooms, size_t nrooms, int64_t *out)
+{
+    queue_job *jobs;
+    size_t k;
+    assert_int_equal(queue_claim(&f->cat, owner, n, rooms, nrooms, &jobs, &k), 0);
+    for (size_t i = 0; i < k; i++) {
+        assert_string_equal(jobs[i].state, "running");
+        if (out) out[i] = jobs[i].id;
+    }
+    queue_jobs_free(jobs, k);
+    return k;
+}
+
+static int64_t claim_one(fixture *f)
+{
+    int64_t id = 0;
+    assert_int_equal(claim(f, f->self, 1, NULL, 0, &id), 1);
+    return id;
+}
+
+static void assert_nothing_to_claim(fixture *f)
+{
+    assert_int_equal(claim(f, f->self, 5, NULL, 0, NULL), 0);
+}
+
+static queue_job get(fixture *f, int64_t id)
+{
+    queue_job j;
+    if (queue_get(&f->cat, id, &j)) fail_msg("get %lld: %s", (long long)id, ckpt_error_last());
+    return j;
+}
+
+static void assert_state(fixture *f, int64_t id, const char *state)
+{
+    queue_job j = get(f, id);
+    if (strcmp(j.state, state)) fail_msg("job %lld is %s, expected %s (error: %s)", (long long)id, j.state, state, j.error ? j.error : "");
+    queue_job_free(&j);
+}
+
+static void sql(fixture *f, const char *text)
+{
+    assert_int_equal(catalog_exec(&f->cat, text), 0);
+}
+
+/* ---- unique jobs ---- */
+
+static void test_unique(void **state)
+{
+    fixture *f = *state;
+    bool existed;
+    int64_t a = submit_o(f, "noop", "{\"x\": 1, \"y\": \"z\"}", NULL, &existed);
+    assert_false(existed);
+    int64_t b = submit_o(f, "noop", "{\"y\": \"z\", \"x\": 1}", NULL, &existed); /* key order does not matter */
+    assert_true(existed);
+    assert_int_equal(a, b);
+    assert_int_not_equal(submit(f, "{\"x\": 2, \"y\": \"z\"}"), a);
+    /* The same arguments under another kind are another job. */
+    assert_int_not_equal(submit_o(f, "gc", "{\"x\": 1, \"y\": \"z\"}", NULL, NULL), a);
+    /* Priority is not part of the identity. */
+    queue_submit_opts o = {.priority = -3};
+    assert_int_equal(submit_o(f, "noop", "{\"x\": 1, \"y\": \"z\"}", &o, &existed), a);
+    assert_true(existed);
+    /* While running it is still the same job; once it ended, a new one. */
+    assert_int_equal(claim_one(f), a);
+    assert_int_equal(submit(f, "{\"x\": 1, \"y\": \"z\"}"), a);
+    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, "{}"), 0);
+    int64_t c = submit_o(f, "noop", "{\"x\": 1, \"y\": \"z\"}", NULL, &existed);
+    assert_false(existed);
+    assert_int_not_equal(c, a);
+}
+
+static void test_submit_refuses(void **state)
+{
+    fixture *f = *state;
+    int64_t id;
+    bool existed;
+    json_t *obj = json_object(), *arr = json_array();
+    assert_int_equal(queue_submit(&f->cat, "frobnicate", obj, NULL, &id, &existed), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "frobnicate");
+    assert_int_equal(queue_submit(&f->cat, "noop", arr, NULL, &id, &existed), CKPT_EINVAL);
+    queue_submit_opts o = {.depends_on = 4242};
+    assert_int_equal(queue_submit(&f->cat, "noop", obj, &o, &id, &existed), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), "4242");
+    char *big = malloc(QUEUE_MAX_ARGS_BYTES + 1);
+    assert_non_null(big);
+    memset(big, 'a', QUEUE_MAX_ARGS_BYTES);
+    big[QUEUE_MAX_ARGS_BYTES] = 0;
+    json_object_set_new(obj, "pad", json_string(big));
+    free(big);
+    assert_int_equal(queue_submit(&f->cat, "noop", obj, NULL, &id, &existed), CKPT_ELIMIT);
+    json_decref(obj);
+    json_decref(arr);
+}
+
+/* ---- claiming ---- */
+
+static void test_claim_order(void **state)
+{
+    fixture *f = *state;
+    queue_submit_opts low = {.priority = 5}, high = {.priority = -1};
+    int64_t a = submit_o(f, "noop", "{\"n\": 1}", &low, NULL);
+    int64_t b = submit(f, "{\"n\": 2}");
+    int64_t c = submit(f, "{\"n\": 3}");
+    int64_t d = submit_o(f, "noop", "{\"n\": 4}", &high, NULL);
+    int64_t got[4];
+    assert_int_equal(claim(f, f->self, 4, NULL, 0, got), 4);
+    assert_int_equal(got[0], d);
+    assert_int_equal(got[1], b);
+    assert_int_equal(got[2], c);
+    assert_int_equal(got[3], a);
+    queue_job j = get(f, b);
+    assert_int_equal(j.attempt, 1);
+    assert_string_equal(j.lease_owner, f->self);
+    assert_true(j.lease_expires > queue_now() + QUEUE_LEASE_SECONDS - 5);
+    assert_true(j.started_at > 0);
+    queue_job_free(&j);
+    assert_nothing_to_claim(f);
+    /* n = 0 claims nothing. */
+    submit(f, "{\"n\": 5}");
+    assert_int_equal(claim(f, f->self, 0, NULL, 0, NULL), 0);
+}
+
+static void test_kind_rooms(void **state)
+{
+    fixture *f = *state;
+    submit_o(f, "verify", "{\"ref\": \"a\"}", NULL, NULL);
+    submit_o(f, "verify", "{\"ref\": \"b\"}", NULL, NULL);
+    submit_o(f, "gc", "{}", NULL, NULL);
+    submit(f, "{\"n\": 1}");
+    submit(f, "{\"n\": 2}");
+    queue_kind_room rooms[] = {{"verify", 1}, {"gc", 0}, {"noop", 5}};
+    queue_job *jobs;
+    size_t n;
+    assert_int_equal(queue_claim(&f->cat, f->self, 10, rooms, 3, &jobs, &n), 0);
+    assert_int_equal(n, 3);
+    int verify = 0, noop = 0;
+    for (size_t i = 0; i < n; i++) {
+        verify += !strcmp(jobs[i].kind, "verify");
+        noop += !strcmp(jobs[i].kind, "noop");
+        assert_string_not_equal(jobs[i].kind, "gc");
+    }
+    queue_jobs_free(jobs, n);
+    assert_int_equal(verify, 1);
+    assert_int_equal(noop, 2);
+    /* Without limits the rest comes. */
+    assert_int_equal(claim(f, f->self, 10, NULL, 0, NULL), 2);
+}
+
+/* ---- dependencies ---- */
+
+static void test_dependency_waits(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    queue_submit_opts o = {.depends_on = a};
+    int64_t d = submit_o(f, "noop", "{\"n\": 2}", &o, NULL);
+    assert_int_equal(claim_one(f), a);
+    assert_nothing_to_claim(f); /* d waits for a */
+    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
+    assert_int_equal(claim_one(f), d);
+    queue_job j = get(f, d);
+    assert_int_equal(j.depends_on, a);
+    queue_job_free(&j);
+}
+
+static void test_dependency_fails(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    queue_submit_opts o = {.depends_on = a};
+    int64_t d = submit_o(f, "noop", "{\"n\": 2}", &o, NULL);
+    o.depends_on = d;
+    int64_t e = submit_o(f, "noop", "{\"n\": 3}", &o, NULL);
+    assert_int_equal(claim_one(f), a);
+    assert_int_equal(queue_finish(&f->cat, a, false, false, "no such checkpoint", NULL), 0);
+    assert_state(f, a, "failed");
+    assert_nothing_to_claim(f);
+    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    queue_job j = get(f, d);
+    assert_string_equal(j.state, "failed");
+    char want[64];
+    snprintf(want, sizeof want, "dependency job %lld failed", (long long)a);
+    assert_contains(j.error, want);
+    assert_contains(j.error, "no such checkpoint");
+    assert_true(j.finished_at > 0);
+    assert_true(j.started_at == 0);
+    queue_job_free(&j);
+    /* The chain fails on (at the latest on the next reap). */
+    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    j = get(f, e);
+    assert_string_equal(j.state, "failed");
+    snprintf(want, sizeof want, "dependency job %lld failed", (long long)d);
+    assert_contains(j.error, want);
+    queue_job_free(&j);
+    /* A cancelled dependency fails its dependent too. */
+    int64_t c = submit(f, "{\"n\": 4}");
+    o.depends_on = c;
+    int64_t g = submit_o(f, "noop", "{\"n\": 5}", &o, NULL);
+    bool running;
+    assert_int_equal(queue_cancel(&f->cat, c, &running), 0);
+    assert_false(running);
+    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    j = get(f, g);
+    assert_string_equal(j.state, "failed");
+    assert_contains(j.error, "cancelled");
+    queue_job_free(&j);
+}
+
+/* ---- failures and leases ---- */
+
+static void test_transient_backoff(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    for (int attempt = 1; attempt <= 3; attempt++) {
+        sql(f, "UPDATE jobs SET run_after = 0"); /* skip the wait */
+        assert_int_equal(claim_one(f), a);
+        double before = queue_now();
+        assert_int_equal(queue_finish(&f->cat, a, false, true, "network down", NULL), 0);
+        queue_job j = get(f, a);
+        assert_int_equal(j.attempt, attempt);
+        assert_string_equal(j.error, "network down");
+        if (attempt < 3) {
+            assert_string_equal(j.state, "queued");
+            /* exponential with jitter: base * 2^(attempt-1) * [0.5, 1] */
+            double lo = QUEUE_BACKOFF_BASE * 0.5 * (1 << (attempt - 1)), hi = QUEUE_BACKOFF_BASE * (1 << (attempt - 1));
+            if (j.run_after < before + lo - 0.01 || j.run_after > before + hi + 1)
+                fail_msg("attempt %d: retry after %.3f s, expected %.1f..%.1f", attempt, j.run_after - before, lo, hi);
+            assert_true(j.finished_at == 0);
+            queue_job_free(&j);
+            assert_nothing_to_claim(f); /* not before run_after */
+        } else {
+            assert_string_equal(j.state, "failed");
+            queue_job_free(&j);
+        }
+    }
+    /* Permanent failures do not retry. */
+    int64_t b = submit(f, "{\"n\": 2}");
+    assert_int_equal(claim_one(f), b);
+    assert_int_equal(queue_finish(&f->cat, b, false, false, "bad input", NULL), 0);
+    assert_state(f, b, "failed");
+    /* finish only ends running jobs. */
+    assert_int_equal(queue_finish(&f->cat, b, true, false, NULL, NULL), 0);
+    assert_state(f, b, "failed");
+}
+
+static void test_reap_dead_owner(void **state)
+{
+    fixture *f = *state;
+    queue_submit_opts two = {.max_attempts = 2};
+    int64_t a = submit_o(f, "noop", "{\"n\": 1}", &two, NULL);
+    int64_t got = 0;
+    assert_int_equal(claim(f, f->dead, 1, NULL, 0, &got), 1);
+    assert_int_equal(got, a);
+    assert_false(queue_owner_alive(f->dead));
+    assert_true(queue_owner_alive(f->self));
+    int requeued = 0;
+    double before = queue_now();
+    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(requeued, 1);
+    queue_job j = get(f, a);
+    assert_string_equal(j.state, "queued");
+    assert_null(j.lease_owner);
+    assert_int_equal(j.worker_pid, 0);
+    assert_contains(j.error, "attempt 1 of 2");
+    assert_true(j.run_after >= before + QUEUE_BACKOFF_BASE * 0.5 - 0.01);
+    queue_job_free(&j);
+    /* The last attempt lost too: failed, saying so. */
+    sql(f, "UPDATE jobs SET run_after = 0");
+    assert_int_equal(claim(f, f->dead, 1, NULL, 0, NULL), 1);
+    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(requeued, 0);
+    j = get(f, a);
+    assert_string_equal(j.state, "failed");
+    assert_contains(j.error, "last attempt");
+    queue_job_free(&j);
+}
+
+static void test_reap_leases(void **state)
+{
+    fixture *f = *state;
+    int64_t mine = submit(f, "{\"n\": 1}");
+    int64_t other = submit(f, "{\"n\": 2}");
+    int64_t expired = submit(f, "{\"n\": 3}");
+    assert_int_equal(claim_one(f), mine);
+    assert_int_equal(claim(f, "elsewhere.example:1:1", 1, NULL, 0, NULL), 1);
+    assert_int_equal(claim(f, "elsewhere.example:1:1", 1, NULL, 0, NULL), 1);
+    /* A live lease stays, whoever holds it; another host is trusted while its lease lasts. */
+    int requeued = -1;
+    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(requeued, 0);
+    assert_state(f, mine, "running");
+    assert_state(f, other, "running");
+    assert_state(f, expired, "running");
+    /* An expired lease is lost, even on another host. */
+    char q[128];
+    snprintf(q, sizeof q, "UPDATE jobs SET lease_expires = 1 WHERE id = %lld", (long long)expired);
+    sql(f, q);
+    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(requeued, 1);
+    assert_state(f, expired, "queued");
+    /* Renewing pushes the lease; only its owner may. */
+    snprintf(q, sizeof q, "UPDATE jobs SET lease_expires = %f WHERE id = %lld", queue_now() + 1, (long long)mine);
+    sql(f, q);
+    assert_int_equal(queue_renew(&f->cat, "someone:1:1", mine), 0);
+    queue_job j = get(f, mine);
+    assert_true(j.lease_expires < queue_now() + 2);
+    queue_job_free(&j);
+    assert_int_equal(queue_renew(&f->cat, f->self, mine), 0);
+    j = get(f, mine);
+    assert_true(j.lease_expires > queue_now() + QUEUE_LEASE_SECONDS - 2);
+    queue_job_free(&j);
+    assert_int_equal(queue_set_pid(&f->cat, mine, 4321), 0);
+    j = get(f, mine);
+    assert_int_equal(j.worker_pid, 4321);
+    queue_job_free(&j);
+}
+
+static void test_release(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    assert_int_equal(claim_one(f), a);
+    assert_int_equal(queue_release(&f->cat, a), 0);
+    queue_job j = get(f, a);
+    assert_string_equal(j.state, "queued");
+    assert_int_equal(j.attempt, 0); /* a shutdown is not the job's fault */
+    assert_contains(j.error, "shutdown");
+    queue_job_free(&j);
+    assert_int_equal(claim_one(f), a); /* at once: no backoff */
+}
+
+/* ---- cancel, retry ---- */
+
+static void test_cancel(void **state)
+{
+    fixture *f = *state;
+    int64_t queued = submit(f, "{\"n\": 1}");
+    int64_t run = submit(f, "{\"n\": 2}");
+    bool running;
+    assert_int_equal(queue_cancel(&f->cat, queued, &running), 0);
+    assert_false(running);
+    assert_state(f, queued, "cancelled");
+    assert_int_equal(claim_one(f), run);
+    assert_int_equal(queue_cancel(&f->cat, run, &running), 0);
+    assert_true(running);
+    queue_job j = get(f, run);
+    assert_string_equal(j.state, "running"); /* the daemon stops it */
+    assert_true(j.cancel_requested);
+    queue_job_free(&j);
+    assert_int_equal(queue_mark_cancelled(&f->cat, run), 0);
+    j = get(f, run);
+    assert_string_equal(j.state, "cancelled");
+    if (j.finished_at < j.started_at)
+        fail_msg("cancelled job: finished_at %.3f before started_at %.3f", j.finished_at, j.started_at);
+    queue_job_free(&j);
+    assert_int_equal(queue_cancel(&f->cat, run, &running), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "cancelled already");
+    assert_int_equal(queue_cancel(&f->cat, 999, &running), CKPT_ENOTFOUND);
+    /* A cancel requested while its daemon died: the reaper cancels the job. */
+    int64_t lost = submit(f, "{\"n\": 3}");
+    assert_int_equal(claim(f, f->dead, 1, NULL, 0, NULL), 1);
+    assert_int_equal(queue_cancel(&f->cat, lost, &running), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    assert_state(f, lost, "cancelled");
+}
+
+static void test_retry(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    assert_int_equal(claim_one(f), a);
+    assert_int_equal(queue_finish(&f->cat, a, false, false, "bad", NULL), 0);
+    assert_int_equal(queue_retry(&f->cat, a), 0);
+    queue_job j = get(f, a);
+    assert_string_equal(j.state, "queued");
+    assert_int_equal(j.attempt, 0);
+    assert_null(j.error);
+    queue_job_free(&j);
+    assert_int_equal(queue_retry(&f->cat, a), CKPT_EINVAL); /* queued */
+    assert_int_equal(claim_one(f), a);
+    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_retry(&f->cat, a), CKPT_EINVAL); /* succeeded */
+    assert_contains(ckpt_error_last(), "only failed or cancelled");
+    /* Retrying beside an identical active job is refused. */
+    int64_t b = submit(f, "{\"n\": 2}");
+    bool running;
+    assert_int_equal(queue_cancel(&f->cat, b, &running), 0);
+    int64_t c = submit(f, "{\"n\": 2}");
+    assert_int_not_equal(b, c);
+    assert_int_equal(queue_retry(&f->cat, b), CKPT_EEXIST);
+    assert_state(f, b, "cancelled");
+}
+
+/* ---- logs, progress, counts, JSON ---- */
+
+static void test_logs_progress_counts(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    assert_int_equal(claim_one(f), a);
+    assert_int_equal(queue_log(&f->cat, a, "first"), 0);
+    assert_int_equal(queue_log(&f->cat, a, "second"), 0);
+    assert_int_equal(queue_progress(&f->cat, a, 5, 10, "copy"), 0);
+    assert_int_equal(queue_progress(&f->cat, a, 10, 10, NULL), 0); /* keeps the phase */
+    json_t *lines;
+    int64_t last;
+    assert_int_equal(queue_logs(&f->cat, a, 0, &lines, &last), 0);
+    assert_int_equal(json_array_size(lines), 2);
+    assert_int_equal(last, 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(lines, 1), "line")), "second");
+    json_decref(lines);
+    assert_int_equal(queue_logs(&f->cat, a, 1, &lines, &last), 0);
+    assert_int_equal(json_array_size(lines), 1);
+    json_decref(lines);
+    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, "{\"ref\": \"x\"}"), 0);
+    queue_job j = get(f, a);
+    assert_string_equal(j.phase, "copy");
+    assert_int_equal(j.progress_done, 10);
+    json_t *o = queue_job_json(&j);
+    queue_job_free(&j);
+    assert_non_null(o);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(o, "result"), "ref")), "x");
+    assert_string_equal(json_string_value(json_object_get(o, "state")), "succeeded");
+    assert_non_null(json_object_get(o, "finished_at"));
+    json_decref(o);
+    submit(f, "{\"n\": 2}");
+    json_t *counts;
+    assert_int_equal(queue_counts(&f->cat, &counts), 0);
+    size_t i;
+    json_t *row;
+    int seen = 0;
+    json_array_foreach(counts, i, row)
+    {
+        const char *st = json_string_value(json_object_get(row, "state"));
+        assert_int_equal(json_integer_value(json_object_get(row, "count")), 1);
+        seen += !strcmp(st, "succeeded") || !strcmp(st, "queued");
+    }
+    assert_int_equal(seen, 2);
+    json_decref(counts);
+    /* Lists: newest first, by state. */
+    queue_job *list;
+    size_t n;
+    assert_int_equal(queue_list(&f->cat, NULL, 0, &list, &n), 0);
+    assert_int_equal(n, 2);
+    assert_true(list[0].id > list[1].id);
+    queue_jobs_free(list, n);
+    assert_int_equal(queue_list(&f->cat, "succeeded", 0, &list, &n), 0);
+    assert_int_equal(n, 1);
+    assert_int_equal(list[0].id, a);
+    queue_jobs_free(list, n);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_unique, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_submit_refuses, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_claim_order, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_kind_rooms, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dependency_waits, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_dependency_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_transient_backoff, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reap_dead_owner, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_reap_leases, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_release, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_retry, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_logs_progress_counts, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
