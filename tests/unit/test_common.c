@@ -26,27 +26,9 @@
 
 #include <cmocka.h>
 
+#include "tests/support/scratch.h"
+
 /* ---- fixture: a scratch directory per test ---- */
-
-static int scratch_setup(void **state)
-{
-    const char *base = getenv("TMPDIR");
-    char *tmpl = ckpt_sprintf("%s/ckpt-test-common-XXXXXX", base && *base ? base : "/tmp");
-    if (!tmpl || !mkdtemp(tmpl)) {
-        free(tmpl);
-        return -1;
-    }
-    *state = tmpl;
-    return 0;
-}
-
-static int scratch_teardown(void **state)
-{
-    char *dir = *state;
-    int rc = ckpt_rm_rf(dir);
-    free(dir);
-    return rc;
-}
 
 /* Number of entries in dir (excluding . and ..); counts names containing
  * ".tmp-" into *tmp_count when it is not NULL. */

@@ -30,32 +30,9 @@
 
 #include <cmocka.h>
 
+#include "tests/support/scratch.h"
+
 /* ---- fixture and helpers ---- */
-
-static int scratch_setup(void **state)
-{
-    const char *base = getenv("TMPDIR");
-    char *tmpl = ckpt_sprintf("%s/ckpt-test-st-XXXXXX", base && *base ? base : "/tmp");
-    if (!tmpl || !mkdtemp(tmpl)) {
-        free(tmpl);
-        return -1;
-    }
-    *state = tmpl;
-    return 0;
-}
-
-static int scratch_teardown(void **state)
-{
-    char *dir = *state;
-    int rc = ckpt_rm_rf(dir);
-    free(dir);
-    return rc;
-}
-
-static void assert_contains(const char *haystack, const char *needle)
-{
-    if (!strstr(haystack, needle)) fail_msg("message \"%s\" lacks \"%s\"", haystack, needle);
-}
 
 /* A file image: 8-byte little-endian n_field, then json_len bytes of json,
  * then data_len bytes counting up from 0. */

@@ -43,27 +43,9 @@
 
 #include <cmocka.h>
 
+#include "tests/support/scratch.h"
+
 /* ---- fixture and helpers ---- */
-
-static int scratch_setup(void **state)
-{
-    const char *base = getenv("TMPDIR");
-    char *tmpl = ckpt_sprintf("%s/ckpt-test-state-XXXXXX", base && *base ? base : "/tmp");
-    if (!tmpl || !mkdtemp(tmpl)) {
-        free(tmpl);
-        return -1;
-    }
-    *state = tmpl;
-    return 0;
-}
-
-static int scratch_teardown(void **state)
-{
-    char *dir = *state;
-    int rc = ckpt_rm_rf(dir);
-    free(dir);
-    return rc;
-}
 
 #define OK(call)                                                                                   \
     do {                                                                                           \
@@ -75,11 +57,6 @@ static char *join(const char *a, const char *b)
     char *p = ckpt_path_join(a, b);
     assert_non_null(p);
     return p;
-}
-
-static void assert_contains(const char *haystack, const char *needle)
-{
-    if (!strstr(haystack, needle)) fail_msg("message \"%s\" lacks \"%s\"", haystack, needle);
 }
 
 static uint64_t splitmix(uint64_t *s)
