@@ -21,7 +21,8 @@ enum { OPT_INCLUDE = 400, OPT_EXCLUDE, OPT_CONNECTIONS, OPT_CHUNK, OPT_HOME, OPT
 static void help(void)
 {
     printf("usage: ckpt fetch ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...\n"
-           "                  [--connections N] [--chunk-size SIZE] [--home DIR] [--json] [--quiet]\n\n"
+           "                  [--connections N] [--chunk-size SIZE] [--home DIR] [--json] "
+           "[--quiet]\n\n"
            "Downloads a checkpoint from a Hugging Face Hub into the store and prints its ref.\n"
            "REV (default main) is resolved to a commit first and every request names that\n"
            "commit. Files are listed with the tree API, downloaded in parallel Range requests\n"
@@ -34,10 +35,13 @@ static void help(void)
            "  --exclude GLOB     leave out files matching GLOB (repeatable; wins over --include)\n"
            "  --connections N    parallel requests (default %d, at most %d)\n"
            "  --chunk-size SIZE  bytes per Range request (default 32MiB)\n\n"
-           "Default files:", HUB_DEFAULT_CONNECTIONS, HUB_MAX_CONNECTIONS);
-    for (size_t i = 0; hub_default_include[i]; i++) printf("%s %s", i ? "," : "", hub_default_include[i]);
+           "Default files:",
+           HUB_DEFAULT_CONNECTIONS, HUB_MAX_CONNECTIONS);
+    for (size_t i = 0; hub_default_include[i]; i++)
+        printf("%s %s", i ? "," : "", hub_default_include[i]);
     printf("\nnever, unless an --include matches them:");
-    for (size_t i = 0; hub_default_exclude[i]; i++) printf("%s %s", i ? "," : "", hub_default_exclude[i]);
+    for (size_t i = 0; hub_default_exclude[i]; i++)
+        printf("%s %s", i ? "," : "", hub_default_exclude[i]);
     printf("\n\nenvironment:\n"
            "  HF_ENDPOINT   the Hub (default %s)\n"
            "  HF_TOKEN      a token (else HUGGING_FACE_HUB_TOKEN, else $HF_HOME/token); it is\n"
@@ -53,12 +57,17 @@ int cmd_fetch(int argc, char **argv)
         return CLI_OK;
     }
     static const struct option opts[] = {
-        {"include", required_argument, 0, OPT_INCLUDE},   {"exclude", required_argument, 0, OPT_EXCLUDE},
-        {"connections", required_argument, 0, OPT_CONNECTIONS}, {"chunk-size", required_argument, 0, OPT_CHUNK},
-        {"home", required_argument, 0, OPT_HOME},         {"json", no_argument, 0, OPT_JSON},
-        {"quiet", no_argument, 0, OPT_QUIET},             {0, 0, 0, 0},
+        {"include", required_argument, 0, OPT_INCLUDE},
+        {"exclude", required_argument, 0, OPT_EXCLUDE},
+        {"connections", required_argument, 0, OPT_CONNECTIONS},
+        {"chunk-size", required_argument, 0, OPT_CHUNK},
+        {"home", required_argument, 0, OPT_HOME},
+        {"json", no_argument, 0, OPT_JSON},
+        {"quiet", no_argument, 0, OPT_QUIET},
+        {0, 0, 0, 0},
     };
-    const char **inc = calloc((size_t)argc + 1, sizeof *inc), **exc = calloc((size_t)argc + 1, sizeof *exc);
+    const char **inc = calloc((size_t)argc + 1, sizeof *inc),
+               **exc = calloc((size_t)argc + 1, sizeof *exc);
     if (!inc || !exc) {
         free(inc);
         free(exc);
@@ -73,22 +82,35 @@ int cmd_fetch(int argc, char **argv)
     opterr = 0;
     while (!ret && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (c) {
-        case OPT_INCLUDE: inc[o.filter.ninclude++] = optarg; break;
-        case OPT_EXCLUDE: exc[o.filter.nexclude++] = optarg; break;
+        case OPT_INCLUDE:
+            inc[o.filter.ninclude++] = optarg;
+            break;
+        case OPT_EXCLUDE:
+            exc[o.filter.nexclude++] = optarg;
+            break;
         case OPT_CONNECTIONS:
             if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > HUB_MAX_CONNECTIONS)
                 ret = cli_usage_error("fetch", "--connections must be 1..%d", HUB_MAX_CONNECTIONS);
-            else o.connections = (int)v;
+            else
+                o.connections = (int)v;
             break;
         case OPT_CHUNK:
             if (ckpt_parse_size(optarg, &v) < 0 || v < HUB_MIN_CHUNK)
                 ret = cli_usage_error("fetch", "--chunk-size must be a size of at least 64KiB");
-            else o.chunk_size = v;
+            else
+                o.chunk_size = v;
             break;
-        case OPT_HOME: home = optarg; break;
-        case OPT_JSON: json = true; break;
-        case OPT_QUIET: o.quiet = true; break;
-        default: ret = cli_usage_error("fetch", "unknown option '%s'", argv[optind - 1]);
+        case OPT_HOME:
+            home = optarg;
+            break;
+        case OPT_JSON:
+            json = true;
+            break;
+        case OPT_QUIET:
+            o.quiet = true;
+            break;
+        default:
+            ret = cli_usage_error("fetch", "unknown option '%s'", argv[optind - 1]);
         }
     }
     if (!ret && optind != argc - 1) ret = cli_usage_error("fetch", "expected one ORG/NAME[@REV]");
@@ -99,20 +121,25 @@ int cmd_fetch(int argc, char **argv)
         if (at) *at++ = '\0';
         o.repo = repo;
         o.revision = at;
-        if (store_repo_name_check(repo) < 0) ret = cli_usage_error("fetch", "%s", ckpt_error_last());
-        else if (at && !*at) ret = cli_usage_error("fetch", "an empty revision after '@'");
+        if (store_repo_name_check(repo) < 0)
+            ret = cli_usage_error("fetch", "%s", ckpt_error_last());
+        else if (at && !*at)
+            ret = cli_usage_error("fetch", "an empty revision after '@'");
     }
     if (ckpt_log_get_level() == CKPT_LOG_QUIET) o.quiet = true;
     ckpt_store s;
-    if (!ret && store_open(&s, home) < 0) ret = cli_fail();
+    if (!ret && store_open(&s, home) < 0)
+        ret = cli_fail();
     else if (!ret) {
         hub_fetch_result r;
-        if (hub_fetch(&s, &o, &r) < 0) ret = cli_fail();
+        if (hub_fetch(&s, &o, &r) < 0)
+            ret = cli_fail();
         else {
             char *ref = store_ckpt_ref(&r.ckpt), a[32];
             if (json) {
-                json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:I,s:I,s:f}", "ref", ref ? ref : "", "repo", r.ckpt.repo, "commit",
-                                      r.ckpt.commit, "existed", r.existed, "files", (json_int_t)r.files, "bytes",
+                json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:I,s:I,s:f}", "ref", ref ? ref : "",
+                                      "repo", r.ckpt.repo, "commit", r.ckpt.commit, "existed",
+                                      r.existed, "files", (json_int_t)r.files, "bytes",
                                       (json_int_t)r.bytes, "seconds", r.seconds);
                 char *text = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
                 if (text) puts(text);
@@ -121,8 +148,8 @@ int cmd_fetch(int argc, char **argv)
             } else {
                 printf("%s\n", ref ? ref : "");
                 if (!o.quiet && !r.existed)
-                    ckpt_info("fetched %zu files, %s in %.1f s, commit %s", r.files, ckpt_format_size(r.bytes, a, sizeof a),
-                              r.seconds, r.ckpt.commit);
+                    ckpt_info("fetched %zu files, %s in %.1f s, commit %s", r.files,
+                              ckpt_format_size(r.bytes, a, sizeof a), r.seconds, r.ckpt.commit);
             }
             free(ref);
             hub_fetch_result_free(&r);

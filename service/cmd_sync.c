@@ -55,31 +55,45 @@ static int sync_add(int argc, char **argv, const char *home, bool json)
     int ret = sc.layouts && sc.fetch_args ? CLI_OK : cli_fail();
     for (int i = 0; !ret && i < argc; i++) {
         const char *w = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool has_value = !strcmp(w, "--every") || !strcmp(w, "--cron") || !strcmp(w, "--layout") || !strcmp(w, "--tp") ||
-                         !strcmp(w, "--include") || !strcmp(w, "--exclude");
+        bool has_value = !strcmp(w, "--every") || !strcmp(w, "--cron") || !strcmp(w, "--layout") ||
+                         !strcmp(w, "--tp") || !strcmp(w, "--include") || !strcmp(w, "--exclude");
         if (has_value && !v) {
             ret = cli_usage_error("sync add", "%s needs a value", w);
             break;
         }
         if (!strcmp(w, "--every")) {
-            if (sc.every_seconds || sc.cron) ret = cli_usage_error("sync add", "give one --every or one --cron");
-            else if (schedule_parse_every(v, &sc.every_seconds) < 0) ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+            if (sc.every_seconds || sc.cron)
+                ret = cli_usage_error("sync add", "give one --every or one --cron");
+            else if (schedule_parse_every(v, &sc.every_seconds) < 0)
+                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
         } else if (!strcmp(w, "--cron")) {
             cron_spec c;
-            if (sc.every_seconds || sc.cron) ret = cli_usage_error("sync add", "give one --every or one --cron");
-            else if (cron_parse(v, &c) < 0) ret = cli_usage_error("sync add", "%s", ckpt_error_last());
-            else if (!(sc.cron = ckpt_strdup(v))) ret = cli_fail();
+            if (sc.every_seconds || sc.cron)
+                ret = cli_usage_error("sync add", "give one --every or one --cron");
+            else if (cron_parse(v, &c) < 0)
+                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+            else if (!(sc.cron = ckpt_strdup(v)))
+                ret = cli_fail();
         } else if (!strcmp(w, "--layout")) {
             bool ok = *v && strlen(v) < 64;
-            for (const char *c = v; ok && *c; c++) ok = (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_';
-            if (!ok) ret = cli_usage_error("sync add", "--layout '%s' is not a layout name (neuron, fused, easydel, hf)", v);
-            else json_array_append_new(sc.layouts, json_pack("{s:s}", "layout", v));
+            for (const char *c = v; ok && *c; c++)
+                ok = (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_';
+            if (!ok)
+                ret = cli_usage_error(
+                    "sync add", "--layout '%s' is not a layout name (neuron, fused, easydel, hf)",
+                    v);
+            else
+                json_array_append_new(sc.layouts, json_pack("{s:s}", "layout", v));
         } else if (!strcmp(w, "--tp")) {
             uint64_t tp;
             json_t *last = json_array_get(sc.layouts, json_array_size(sc.layouts) - 1);
-            if (!last) ret = cli_usage_error("sync add", "--tp applies to the --layout before it; give --layout first");
-            else if (ckpt_parse_u64(v, &tp) < 0 || tp < 1 || tp > 1024) ret = cli_usage_error("sync add", "--tp must be 1..1024");
-            else json_object_set_new(last, "tp", json_integer((json_int_t)tp));
+            if (!last)
+                ret = cli_usage_error(
+                    "sync add", "--tp applies to the --layout before it; give --layout first");
+            else if (ckpt_parse_u64(v, &tp) < 0 || tp < 1 || tp > 1024)
+                ret = cli_usage_error("sync add", "--tp must be 1..1024");
+            else
+                json_object_set_new(last, "tp", json_integer((json_int_t)tp));
         } else if (!strcmp(w, "--include") || !strcmp(w, "--exclude")) {
             const char *key = w + 2;
             json_t *list = json_object_get(sc.fetch_args, key);
@@ -95,17 +109,21 @@ static int sync_add(int argc, char **argv, const char *home, bool json)
         if (has_value) i++;
     }
     if (!ret && !target) ret = cli_usage_error("sync add", "expected ORG/NAME[@REV]");
-    if (!ret && !sc.every_seconds && !sc.cron) ret = cli_usage_error("sync add", "give --every DURATION or --cron EXPR");
+    if (!ret && !sc.every_seconds && !sc.cron)
+        ret = cli_usage_error("sync add", "give --every DURATION or --cron EXPR");
     if (!ret) {
         const char *at = strchr(target, '@');
         sc.repo = at ? ckpt_strndup(target, (size_t)(at - target)) : ckpt_strdup(target);
         sc.revision = ckpt_strdup(at && at[1] ? at + 1 : "main");
-        if (!sc.repo || !sc.revision) ret = cli_fail();
-        else if (store_repo_name_check(sc.repo) < 0) ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+        if (!sc.repo || !sc.revision)
+            ret = cli_fail();
+        else if (store_repo_name_check(sc.repo) < 0)
+            ret = cli_usage_error("sync add", "%s", ckpt_error_last());
     }
     ckpt_store s;
     if (!ret && !(ret = open_store(home, &s))) {
-        if (schedule_add(&s.cat, &sc) < 0) ret = cli_fail();
+        if (schedule_add(&s.cat, &sc) < 0)
+            ret = cli_fail();
         else if (json) {
             json_t *j = schedule_json(&sc);
             char *text = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
@@ -146,19 +164,38 @@ static int sync_ls(const char *home, bool json)
     }
     if (json) {
         json_t *a = json_array();
-        for (size_t i = 0; i < n; i++) json_array_append_new(a, schedule_json(&v[i]));
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(a, schedule_json(&v[i]));
         char *text = cj_dumps(a, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-        if (text) puts(text);
-        else ret = cli_fail();
+        if (text)
+            puts(text);
+        else
+            ret = cli_fail();
         free(text);
         json_decref(a);
     } else {
-        if (n) printf("%-4s %-40s %-16s %-21s %-12s %s\n", "ID", "REPO@REV", "SCHEDULE", "NEXT RUN (UTC)", "LAST COMMIT", "LAST OUTCOME");
+        if (n)
+            printf("%-4s %-40s %-16s %-21s %-12s %s\n", "ID", "REPO@REV", "SCHEDULE",
+                   "NEXT RUN (UTC)", "LAST COMMIT", "LAST OUTCOME");
         for (size_t i = 0; i < n; i++) {
             char target[300], when[64], next[32], layouts[256] = "";
             snprintf(target, sizeof target, "%s@%s", v[i].repo, v[i].revision);
-            if (v[i].cron) snprintf(when, sizeof when, "cron %s", v[i].cron);
-            else snprintf(when, sizeof when, "every %llds", (long long)v[i].every_seconds);
+            if (v[i].cron)
+                snprintf(when, sizeof when, "cron %s", v[i].cron);
+            else {
+                static const struct {
+                    int64_t secs;
+                    char unit;
+                } units[] = {{604800, 'w'}, {86400, 'd'}, {3600, 'h'}, {60, 'm'}};
+                int64_t e = v[i].every_seconds;
+                char unit = 's';
+                for (size_t u = 0; u < sizeof units / sizeof units[0] && unit == 's'; u++)
+                    if (e % units[u].secs == 0) {
+                        e /= units[u].secs;
+                        unit = units[u].unit;
+                    }
+                snprintf(when, sizeof when, "every %lld%c", (long long)e, unit);
+            }
             utc(v[i].next_run_at, next, sizeof next);
             size_t k;
             json_t *l;
@@ -166,11 +203,12 @@ static int sync_ls(const char *home, bool json)
             {
                 size_t o = strlen(layouts);
                 json_int_t tp = json_integer_value(json_object_get(l, "tp"));
-                snprintf(layouts + o, sizeof layouts - o, tp > 1 ? " %s tp%lld" : " %s", json_string_value(json_object_get(l, "layout")),
-                         (long long)tp);
+                snprintf(layouts + o, sizeof layouts - o, tp > 1 ? " %s tp%lld" : " %s",
+                         json_string_value(json_object_get(l, "layout")), (long long)tp);
             }
             printf("%-4lld %-40s %-16s %-21s %-12.12s %s\n", (long long)v[i].id, target, when, next,
-                   v[i].last_commit ? v[i].last_commit : "-", v[i].last_outcome ? v[i].last_outcome : "-");
+                   v[i].last_commit ? v[i].last_commit : "-",
+                   v[i].last_outcome ? v[i].last_outcome : "-");
             if (*layouts) printf("     layouts:%s\n", layouts);
         }
     }
@@ -182,7 +220,8 @@ static int sync_ls(const char *home, bool json)
 static int parse_id(const char *cmd, int n, char **rest, int64_t *id)
 {
     uint64_t v;
-    if (n != 1 || ckpt_parse_u64(rest[0], &v) < 0 || v == 0 || v > INT64_MAX) return cli_usage_error(cmd, "expected a schedule ID");
+    if (n != 1 || ckpt_parse_u64(rest[0], &v) < 0 || v == 0 || v > INT64_MAX)
+        return cli_usage_error(cmd, "expected a schedule ID");
     *id = (int64_t)v;
     return CLI_OK;
 }
@@ -200,10 +239,14 @@ int cmd_sync(int argc, char **argv)
     if (!rest) return cli_fail();
     int n = 0, ret = CLI_OK;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--home") && i + 1 < argc) home = argv[++i];
-        else if (!strcmp(argv[i], "--server") && i + 1 < argc) server = argv[++i];
-        else if (!strcmp(argv[i], "--json")) json = true;
-        else rest[n++] = argv[i];
+        if (!strcmp(argv[i], "--home") && i + 1 < argc)
+            home = argv[++i];
+        else if (!strcmp(argv[i], "--server") && i + 1 < argc)
+            server = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
+        else
+            rest[n++] = argv[i];
     }
     int64_t id = 0;
     if (!strcmp(sub, "add")) {
@@ -218,13 +261,27 @@ int cmd_sync(int argc, char **argv)
         }
     } else if (!strcmp(sub, "run")) {
         job_client c;
-        if (!(ret = parse_id("sync run", n, rest, &id))) {
-            if (job_client_open(&c, home, server) < 0) ret = cli_fail();
+        ckpt_store s;
+        if (!(ret = parse_id("sync run", n, rest, &id)) && !server && !getenv("CKPT_SERVER") &&
+            !(ret = open_store(home, &s))) {
+            schedule sc; /* locally, a missing schedule is an error now rather than a job that finds
+                            nothing */
+            if (schedule_get(&s.cat, id, &sc) < 0)
+                ret = cli_fail();
+            else
+                schedule_free(&sc);
+            store_close(&s);
+        }
+        if (!ret) {
+            if (job_client_open(&c, home, server) < 0)
+                ret = cli_fail();
             else {
                 json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id), *job = NULL;
                 bool existed = false;
-                if (!args || job_client_submit(&c, "sync", args, 0, 0, &job, &existed) < 0) ret = cli_fail();
-                else printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));
+                if (!args || job_client_submit(&c, "sync", args, 0, 0, &job, &existed) < 0)
+                    ret = cli_fail();
+                else
+                    printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));
                 json_decref(args);
                 json_decref(job);
                 job_client_close(&c);

@@ -16,13 +16,14 @@ typedef struct {
     const char *const *names; /* names of lo.., or NULL */
 } field_def;
 
-static const char *const month_names[] = {"jan", "feb", "mar", "apr", "may", "jun",
-                                          "jul", "aug", "sep", "oct", "nov", "dec", NULL};
+static const char *const month_names[] = {"jan", "feb", "mar", "apr", "may", "jun", "jul",
+                                          "aug", "sep", "oct", "nov", "dec", NULL};
 static const char *const dow_names[] = {"sun", "mon", "tue", "wed", "thu", "fri", "sat", NULL};
 
 static const field_def fields[5] = {
-    {"minute", 0, 59, NULL}, {"hour", 0, 23, NULL}, {"day of month", 1, 31, NULL},
-    {"month", 1, 12, month_names}, {"day of week", 0, 7, dow_names},
+    {"minute", 0, 59, NULL},          {"hour", 0, 23, NULL},
+    {"day of month", 1, 31, NULL},    {"month", 1, 12, month_names},
+    {"day of week", 0, 7, dow_names},
 };
 
 /* A number or a name at *p; advances *p. */
@@ -31,7 +32,8 @@ static bool read_value(const field_def *f, const char **p, int *v)
     const char *s = *p;
     if (isdigit((unsigned char)*s)) {
         long n = 0;
-        while (isdigit((unsigned char)*s) && n < 1000) n = n * 10 + (*s++ - '0');
+        while (isdigit((unsigned char)*s) && n < 1000)
+            n = n * 10 + (*s++ - '0');
         if (isdigit((unsigned char)*s)) return false;
         *v = (int)n;
         *p = s;
@@ -74,8 +76,10 @@ static int parse_field(const field_def *f, const char *text, uint64_t *bits)
             if (single) hi = f->hi; /* "5/15": from 5 to the end */
         }
         if (lo < f->lo || hi > f->hi || lo > hi)
-            return ckpt_error_set(CKPT_EINVAL, "cron %s '%s': values must be %d-%d", f->name, text, f->lo, f->hi);
-        for (int v = lo; v <= hi; v += step) *bits |= 1ull << v;
+            return ckpt_error_set(CKPT_EINVAL, "cron %s '%s': values must be %d-%d", f->name, text,
+                                  f->lo, f->hi);
+        for (int v = lo; v <= hi; v += step)
+            *bits |= 1ull << v;
         if (*p == ',') {
             p++;
             continue;
@@ -84,8 +88,10 @@ static int parse_field(const field_def *f, const char *text, uint64_t *bits)
         return 0;
     }
 bad:
-    return ckpt_error_set(CKPT_EINVAL, "cron %s '%s': expected *, N, N-M, a list of those, each with an optional /STEP",
-                          f->name, text);
+    return ckpt_error_set(
+        CKPT_EINVAL,
+        "cron %s '%s': expected *, N, N-M, a list of those, each with an optional /STEP", f->name,
+        text);
 }
 
 int cron_parse(const char *expr, cron_spec *out)
@@ -93,20 +99,27 @@ int cron_parse(const char *expr, cron_spec *out)
     memset(out, 0, sizeof *out);
     static const struct {
         const char *macro, *expr;
-    } macros[] = {{"@hourly", "0 * * * *"}, {"@daily", "0 0 * * *"},  {"@midnight", "0 0 * * *"},
-                  {"@weekly", "0 0 * * 0"}, {"@monthly", "0 0 1 * *"}, {"@yearly", "0 0 1 1 *"},
+    } macros[] = {{"@hourly", "0 * * * *"},  {"@daily", "0 0 * * *"},   {"@midnight", "0 0 * * *"},
+                  {"@weekly", "0 0 * * 0"},  {"@monthly", "0 0 1 * *"}, {"@yearly", "0 0 1 1 *"},
                   {"@annually", "0 0 1 1 *"}};
-    if (!expr || strlen(expr) > CRON_MAX_EXPR) return ckpt_error_set(CKPT_EINVAL, "a cron expression must be 1-%d characters", CRON_MAX_EXPR);
+    if (!expr || strlen(expr) > CRON_MAX_EXPR)
+        return ckpt_error_set(CKPT_EINVAL, "a cron expression must be 1-%d characters",
+                              CRON_MAX_EXPR);
     for (size_t i = 0; i < sizeof macros / sizeof macros[0]; i++)
         if (!strcasecmp(expr, macros[i].macro)) expr = macros[i].expr;
     char buf[CRON_MAX_EXPR + 1], *f[6] = {0}, *save = NULL;
     snprintf(buf, sizeof buf, "%s", expr);
     int n = 0;
     for (char *t = strtok_r(buf, " \t", &save); t; t = strtok_r(NULL, " \t", &save)) {
-        if (n == 5) return ckpt_error_set(CKPT_EINVAL, "cron '%s': more than 5 fields (M H DOM MON DOW)", expr);
+        if (n == 5)
+            return ckpt_error_set(CKPT_EINVAL, "cron '%s': more than 5 fields (M H DOM MON DOW)",
+                                  expr);
         f[n++] = t;
     }
-    if (n != 5) return ckpt_error_set(CKPT_EINVAL, "cron '%s': expected 5 fields: minute hour day-of-month month day-of-week", expr);
+    if (n != 5)
+        return ckpt_error_set(
+            CKPT_EINVAL, "cron '%s': expected 5 fields: minute hour day-of-month month day-of-week",
+            expr);
     uint64_t b[5];
     for (int i = 0; i < 5; i++) {
         int rc = parse_field(&fields[i], f[i], &b[i]);
@@ -158,5 +171,6 @@ int cron_next(const cron_spec *c, int64_t after, int64_t *next)
             return 0;
         }
     }
-    return ckpt_error_set(CKPT_ENOTFOUND, "the cron expression matches no time in the next 5 years");
+    return ckpt_error_set(CKPT_ENOTFOUND,
+                          "the cron expression matches no time in the next 5 years");
 }

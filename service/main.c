@@ -29,7 +29,7 @@ static const cli_command commands[] = {
     {"verify", cmd_verify, "re-hash blobs and rebuild files; name what is damaged"},
     {"state", cmd_state, "training states: save, load (one TP rank), import/ls/export/keep in the store"},
     {"serve", cmd_serve, "run the daemon: job scheduler, worker processes, HTTP API"},
-    {"submit", cmd_submit, "queue a job (import, convert, consolidate, verify, gc); prints its id"},
+    {"submit", cmd_submit, "queue a job (import, convert, fetch, ...; ORG/NAME --layout L: fetch then convert); prints its id"},
     {"jobs", cmd_jobs, "list jobs"},
     {"logs", cmd_logs, "print a job's log (-f to follow)"},
     {"wait", cmd_wait, "follow a job to its end; exit status follows the job"},

@@ -20,18 +20,27 @@ int schedule_parse_every(const char *text, int64_t *seconds)
     if (!isdigit((unsigned char)*p)) goto bad;
     unsigned long long n = strtoull(p, &end, 10);
     int64_t unit = 1;
-    if (!strcmp(end, "") || !strcmp(end, "s")) unit = 1;
-    else if (!strcmp(end, "m")) unit = 60;
-    else if (!strcmp(end, "h")) unit = 3600;
-    else if (!strcmp(end, "d")) unit = 86400;
-    else if (!strcmp(end, "w")) unit = 7 * 86400;
-    else goto bad;
-    if (n < SCHEDULE_MIN_EVERY || n > (unsigned long long)(SCHEDULE_MAX_EVERY / unit) || n * (unsigned long long)unit < SCHEDULE_MIN_EVERY)
+    if (!strcmp(end, "") || !strcmp(end, "s"))
+        unit = 1;
+    else if (!strcmp(end, "m"))
+        unit = 60;
+    else if (!strcmp(end, "h"))
+        unit = 3600;
+    else if (!strcmp(end, "d"))
+        unit = 86400;
+    else if (!strcmp(end, "w"))
+        unit = 7 * 86400;
+    else
+        goto bad;
+    if (n < SCHEDULE_MIN_EVERY || n > (unsigned long long)(SCHEDULE_MAX_EVERY / unit) ||
+        n * (unsigned long long)unit < SCHEDULE_MIN_EVERY)
         return ckpt_error_set(CKPT_EINVAL, "--every '%s': must be from 1s to 366d", text);
     *seconds = (int64_t)n * unit;
     return 0;
 bad:
-    return ckpt_error_set(CKPT_EINVAL, "--every '%s': expected a number with s, m, h, d or w (e.g. 30m, 6h, 1d)", text ? text : "");
+    return ckpt_error_set(CKPT_EINVAL,
+                          "--every '%s': expected a number with s, m, h, d or w (e.g. 30m, 6h, 1d)",
+                          text ? text : "");
 }
 
 int schedule_next_after(const schedule *sc, double now, double *next)
@@ -65,8 +74,9 @@ static json_t *col_json(sqlite3_stmt *st, int i, bool array)
     return j;
 }
 
-#define SCHEDULE_COLUMNS                                                                                               \
-    "id, repo, revision, every_seconds, cron, layouts, fetch_args, next_run_at, last_run_at, created_at, "             \
+#define SCHEDULE_COLUMNS                                                                           \
+    "id, repo, revision, every_seconds, cron, layouts, fetch_args, next_run_at, last_run_at, "     \
+    "created_at, "                                                                                 \
     "last_commit, last_outcome, last_job_id"
 
 static int read_schedule(sqlite3_stmt *st, schedule *sc)
@@ -106,7 +116,8 @@ void schedule_free(schedule *sc)
 
 void schedules_free(schedule *v, size_t n)
 {
-    for (size_t i = 0; i < n; i++) schedule_free(&v[i]);
+    for (size_t i = 0; i < n; i++)
+        schedule_free(&v[i]);
     free(v);
 }
 
@@ -116,17 +127,22 @@ int schedule_add(catalog *c, schedule *sc)
     if (rc) return rc;
     if (!sc->revision || !*sc->revision || strlen(sc->revision) > 255)
         return ckpt_error_set(CKPT_EINVAL, "a revision must be 1-255 characters");
-    if (!sc->cron == !sc->every_seconds) return ckpt_error_set(CKPT_EINVAL, "a schedule needs --every or --cron (one of them)");
+    if (!sc->cron == !sc->every_seconds)
+        return ckpt_error_set(CKPT_EINVAL, "a schedule needs --every or --cron (one of them)");
     if (json_array_size(sc->layouts) > SCHEDULE_MAX_LAYOUTS)
         return ckpt_error_set(CKPT_ELIMIT, "more than %d layouts", SCHEDULE_MAX_LAYOUTS);
     double now = queue_now();
     sc->next_run_at = now;
     if (sc->cron && (rc = schedule_next_after(sc, now, &sc->next_run_at))) return rc;
-    char *layouts = cj_dumps(sc->layouts, JSON_COMPACT), *fetch = cj_dumps(sc->fetch_args, JSON_COMPACT | JSON_SORT_KEYS);
+    char *layouts = cj_dumps(sc->layouts, JSON_COMPACT),
+         *fetch = cj_dumps(sc->fetch_args, JSON_COMPACT | JSON_SORT_KEYS);
     sqlite3_stmt *st = NULL;
     rc = layouts && fetch ? catalog_begin(c) : CKPT_ENOMEM;
-    if (!rc) rc = catalog_prepare(c, &st, "INSERT INTO schedules(repo, revision, every_seconds, cron, layouts, fetch_args, "
-                                          "next_run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+    if (!rc)
+        rc = catalog_prepare(
+            c, &st,
+            "INSERT INTO schedules(repo, revision, every_seconds, cron, layouts, fetch_args, "
+            "next_run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
     if (!rc) {
         sqlite3_bind_text(st, 1, sc->repo, -1, SQLITE_STATIC);
         sqlite3_bind_text(st, 2, sc->revision, -1, SQLITE_STATIC);
@@ -136,13 +152,17 @@ int schedule_add(catalog *c, schedule *sc)
         sqlite3_bind_text(st, 6, fetch, -1, SQLITE_STATIC);
         sqlite3_bind_double(st, 7, sc->next_run_at);
         sqlite3_bind_double(st, 8, now);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, "add schedule");
-        else sc->id = sqlite3_last_insert_rowid(c->db);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = catalog_error(c, "add schedule");
+        else
+            sc->id = sqlite3_last_insert_rowid(c->db);
         sc->created_at = now;
     }
     sqlite3_finalize(st);
-    if (!rc) rc = catalog_commit(c);
-    else if (layouts && fetch) catalog_rollback(c);
+    if (!rc)
+        rc = catalog_commit(c);
+    else if (layouts && fetch)
+        catalog_rollback(c);
     free(layouts);
     free(fetch);
     return rc;
@@ -155,9 +175,12 @@ int schedule_get(catalog *c, int64_t id, schedule *out)
     if (rc) return rc;
     sqlite3_bind_int64(st, 1, id);
     int step = sqlite3_step(st);
-    if (step == SQLITE_ROW) rc = read_schedule(st, out);
-    else if (step == SQLITE_DONE) rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
-    else rc = catalog_error(c, "read schedule");
+    if (step == SQLITE_ROW)
+        rc = read_schedule(st, out);
+    else if (step == SQLITE_DONE)
+        rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
+    else
+        rc = catalog_error(c, "read schedule");
     sqlite3_finalize(st);
     return rc;
 }
@@ -190,8 +213,11 @@ int schedule_remove(catalog *c, int64_t id)
     if (!rc) rc = catalog_prepare(c, &st, "DELETE FROM schedules WHERE id = ?");
     if (!rc) {
         sqlite3_bind_int64(st, 1, id);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, "remove schedule");
-        else if (sqlite3_changes(c->db) == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = catalog_error(c, "remove schedule");
+        else if (sqlite3_changes(c->db) == 0)
+            rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)",
+                                (long long)id);
     }
     sqlite3_finalize(st);
     if (!rc) return catalog_commit(c);
@@ -201,12 +227,15 @@ int schedule_remove(catalog *c, int64_t id)
 
 json_t *schedule_json(const schedule *sc)
 {
-    json_t *j = json_pack("{s:I,s:s,s:s,s:O,s:O,s:f,s:f}", "id", (json_int_t)sc->id, "repo", sc->repo, "revision",
-                          sc->revision, "layouts", sc->layouts, "fetch", sc->fetch_args, "next_run_at", sc->next_run_at,
-                          "created_at", sc->created_at);
+    json_t *j =
+        json_pack("{s:I,s:s,s:s,s:O,s:O,s:f,s:f}", "id", (json_int_t)sc->id, "repo", sc->repo,
+                  "revision", sc->revision, "layouts", sc->layouts, "fetch", sc->fetch_args,
+                  "next_run_at", sc->next_run_at, "created_at", sc->created_at);
     if (!j) return NULL;
-    if (sc->cron) json_object_set_new(j, "cron", json_string(sc->cron));
-    else json_object_set_new(j, "every_seconds", json_integer(sc->every_seconds));
+    if (sc->cron)
+        json_object_set_new(j, "cron", json_string(sc->cron));
+    else
+        json_object_set_new(j, "every_seconds", json_integer(sc->every_seconds));
     if (sc->last_run_at) json_object_set_new(j, "last_run_at", json_real(sc->last_run_at));
     if (sc->last_commit) json_object_set_new(j, "last_commit", json_string(sc->last_commit));
     if (sc->last_outcome) json_object_set_new(j, "last_outcome", json_string(sc->last_outcome));
@@ -218,8 +247,11 @@ int schedule_record(catalog *c, int64_t id, const char *commit, const char *outc
 {
     int rc = catalog_begin(c);
     sqlite3_stmt *st = NULL;
-    if (!rc) rc = catalog_prepare(c, &st, "UPDATE schedules SET last_run_at = ?, last_commit = coalesce(?, last_commit), "
-                                          "last_outcome = ? WHERE id = ?");
+    if (!rc)
+        rc = catalog_prepare(
+            c, &st,
+            "UPDATE schedules SET last_run_at = ?, last_commit = coalesce(?, last_commit), "
+            "last_outcome = ? WHERE id = ?");
     if (!rc) {
         sqlite3_bind_double(st, 1, queue_now());
         if (commit) sqlite3_bind_text(st, 2, commit, -1, SQLITE_STATIC);
@@ -240,8 +272,11 @@ static int advance(catalog *c, const schedule *sc, double next, int64_t job)
 {
     int rc = catalog_begin(c);
     sqlite3_stmt *st = NULL;
-    if (!rc) rc = catalog_prepare(c, &st, "UPDATE schedules SET next_run_at = ?, last_job_id = coalesce(?, last_job_id) "
-                                          "WHERE id = ? AND next_run_at = ?");
+    if (!rc)
+        rc = catalog_prepare(
+            c, &st,
+            "UPDATE schedules SET next_run_at = ?, last_job_id = coalesce(?, last_job_id) "
+            "WHERE id = ? AND next_run_at = ?");
     if (!rc) {
         sqlite3_bind_double(st, 1, next);
         if (job) sqlite3_bind_int64(st, 2, job);
@@ -259,7 +294,9 @@ int schedule_queue_due(catalog *c, double now, int *queued)
 {
     if (queued) *queued = 0;
     sqlite3_stmt *st;
-    int rc = catalog_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE next_run_at <= ? ORDER BY next_run_at LIMIT ?");
+    int rc = catalog_prepare(c, &st,
+                             "SELECT " SCHEDULE_COLUMNS
+                             " FROM schedules WHERE next_run_at <= ? ORDER BY next_run_at LIMIT ?");
     if (rc) return rc;
     sqlite3_bind_double(st, 1, now);
     sqlite3_bind_int(st, 2, SCHEDULE_MAX_DUE_PER_TICK);
@@ -284,9 +321,11 @@ int schedule_queue_due(catalog *c, double now, int *queued)
         }
         if (!rc) rc = advance(c, sc, next, job);
         if (!rc && !existed && queued) (*queued)++;
-        if (!rc) ckpt_debug("schedule %lld: %s sync job %lld; next run in %.0f s", (long long)sc->id,
-                            existed ? "still has" : "queued", (long long)job, next - now);
+        if (!rc)
+            ckpt_debug("schedule %lld: %s sync job %lld; next run in %.0f s", (long long)sc->id,
+                       existed ? "still has" : "queued", (long long)job, next - now);
     }
-    for (size_t i = 0; i < n; i++) schedule_free(&due[i]);
+    for (size_t i = 0; i < n; i++)
+        schedule_free(&due[i]);
     return rc;
 }

@@ -29,7 +29,7 @@
 #include <jansson.h>
 #include <stdint.h>
 
-#define SCHEDULE_MIN_EVERY 1                 /* seconds */
+#define SCHEDULE_MIN_EVERY 1 /* seconds */
 #define SCHEDULE_MAX_EVERY (366LL * 86400)
 #define SCHEDULE_MAX_LAYOUTS 32
 #define SCHEDULE_MAX_DUE_PER_TICK 100

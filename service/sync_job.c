@@ -31,11 +31,13 @@ static void say(char *out, const char *fmt, ...)
 
 static int queue_fetch(ckpt_store *s, const schedule *sc, const char *commit, int64_t *id)
 {
-    json_t *a = json_pack("{s:s,s:s,s:s}", "repo", sc->repo, "revision", sc->revision, "commit", commit);
+    json_t *a =
+        json_pack("{s:s,s:s,s:s}", "repo", sc->repo, "revision", sc->revision, "commit", commit);
     if (!a) return CKPT_ENOMEM;
     const char *key;
     json_t *v;
-    json_object_foreach(sc->fetch_args, key, v) if (!strcmp(key, "include") || !strcmp(key, "exclude"))
+    json_object_foreach(sc->fetch_args, key,
+                        v) if (!strcmp(key, "include") || !strcmp(key, "exclude"))
         json_object_set(a, key, v);
     bool existed;
     int rc = queue_submit(&s->cat, "fetch", a, NULL, id, &existed);
@@ -43,7 +45,8 @@ static int queue_fetch(ckpt_store *s, const schedule *sc, const char *commit, in
     return rc;
 }
 
-static int queue_converts(ckpt_store *s, const schedule *sc, const char *commit, int64_t after, json_t *queued, char *out)
+static int queue_converts(ckpt_store *s, const schedule *sc, const char *commit, int64_t after,
+                          json_t *queued, char *out)
 {
     char *ref = ckpt_sprintf("%s@%s", sc->repo, commit);
     if (!ref) return CKPT_ENOMEM;
@@ -64,8 +67,10 @@ static int queue_converts(ckpt_store *s, const schedule *sc, const char *commit,
         json_decref(a);
         if (rc) break;
         json_array_append_new(queued, json_integer(id));
-        if (tp > 1) say(out, ", convert %lld (%s tp%lld)", (long long)id, layout, (long long)tp);
-        else say(out, ", convert %lld (%s)", (long long)id, layout);
+        if (tp > 1)
+            say(out, ", convert %lld (%s tp%lld)", (long long)id, layout, (long long)tp);
+        else
+            say(out, ", convert %lld (%s)", (long long)id, layout);
     }
     free(ref);
     return rc;
@@ -118,8 +123,9 @@ int sync_run(ckpt_store *s, int64_t schedule_id, json_t **result)
     if (!rc) rc = schedule_record(&s->cat, sc.id, commit, out);
     if (!rc) {
         ckpt_info("schedule %lld, %s@%s: %s", (long long)sc.id, sc.repo, sc.revision, out);
-        *result = json_pack("{s:I,s:s,s:b,s:O,s:s}", "schedule", (json_int_t)sc.id, "commit", commit, "changed", changed || !stored,
-                            "queued", queued, "outcome", out);
+        *result =
+            json_pack("{s:I,s:s,s:b,s:O,s:s}", "schedule", (json_int_t)sc.id, "commit", commit,
+                      "changed", changed || !stored, "queued", queued, "outcome", out);
     }
     json_decref(queued);
     schedule_free(&sc);

@@ -117,7 +117,15 @@ int catalog_open(catalog *c, const char *path)
         SQLITE_OK)
         rc = catalog_error(c, "open");
     if (!rc) sqlite3_busy_timeout(c->db, CATALOG_BUSY_TIMEOUT_MS);
-    if (!rc) rc = catalog_exec(c, "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL;");
+    /* Switching a new database to WAL takes a lock the busy handler does not
+     * cover: when two processes create CKPT_HOME at once, retry (bounded). */
+    for (int attempt = 0; !rc; attempt++) {
+        int e = sqlite3_exec(c->db, "PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON; PRAGMA synchronous=NORMAL;",
+                             NULL, NULL, NULL);
+        if (e == SQLITE_OK) break;
+        if ((e != SQLITE_BUSY && e != SQLITE_LOCKED) || attempt >= 200) rc = catalog_error(c, "open");
+        else usleep(25000);
+    }
     if (!rc) rc = migrate(c);
     if (rc) catalog_close(c);
     return rc;

@@ -62,18 +62,18 @@
 #define HUB_MAX_PATH STORE_MAX_PATH
 #define HUB_MAX_SEGMENT 255
 #define HUB_MAX_FILES STORE_MAX_FILES
-#define HUB_MAX_JSON_BYTES (64u << 20)  /* one API answer (a tree page) */
+#define HUB_MAX_JSON_BYTES (64u << 20) /* one API answer (a tree page) */
 #define HUB_MAX_TREE_PAGES 10000
 #define HUB_MAX_REDIRECTS 10
-#define HUB_MAX_RETRIES 8                /* attempts of one request that make no progress */
-#define HUB_BACKOFF_MS 500               /* first backoff step; doubles each retry */
+#define HUB_MAX_RETRIES 8  /* attempts of one request that make no progress */
+#define HUB_BACKOFF_MS 500 /* first backoff step; doubles each retry */
 #define HUB_BACKOFF_CAP_S 60.0
-#define HUB_RETRY_AFTER_CAP_S 300.0      /* a Retry-After longer than this is cut to it */
+#define HUB_RETRY_AFTER_CAP_S 300.0 /* a Retry-After longer than this is cut to it */
 #define HUB_DEFAULT_CONNECTIONS 8
 #define HUB_MAX_CONNECTIONS 64
-#define HUB_DEFAULT_CHUNK (32u << 20)    /* bytes per Range request */
+#define HUB_DEFAULT_CHUNK (32u << 20) /* bytes per Range request */
 #define HUB_MIN_CHUNK (64u << 10)
-#define HUB_MAX_FILE_SIZE (1ull << 44)   /* 16 TiB: a larger size is a broken tree */
+#define HUB_MAX_FILE_SIZE (1ull << 44) /* 16 TiB: a larger size is a broken tree */
 #define HUB_MAX_GLOBS 256
 
 typedef struct {
@@ -143,13 +143,14 @@ void hub_blobs_abort(hub_blobs *b);
  * file, in order (headers and tensors of safetensors files, whole-file blobs
  * otherwise), and blobs the writers to publish; on failure nothing is left.
  * *bytes gets the bytes received, retries included. */
-int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit, const hub_entry *files, size_t n,
-                 bool quiet, store_ckpt_rec *rec, hub_blobs *blobs, uint64_t *bytes);
+int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit,
+                 const hub_entry *files, size_t n, bool quiet, store_ckpt_rec *rec,
+                 hub_blobs *blobs, uint64_t *bytes);
 
 typedef struct {
     const char *repo;     /* ORG/NAME */
     const char *revision; /* NULL: "main" */
-    const char *commit;   /* NULL: resolve revision; else fetch this commit (and name it revision) */
+    const char *commit; /* NULL: resolve revision; else fetch this commit (and name it revision) */
     hub_filter filter;
     int connections;     /* 0: the default */
     uint64_t chunk_size; /* 0: the default */
@@ -158,9 +159,9 @@ typedef struct {
 
 typedef struct {
     store_ckpt ckpt;
-    bool existed;      /* the commit was in the store: nothing downloaded */
-    uint64_t bytes;    /* bytes received */
-    size_t files;      /* files fetched */
+    bool existed;   /* the commit was in the store: nothing downloaded */
+    uint64_t bytes; /* bytes received */
+    size_t files;   /* files fetched */
     double seconds;
 } hub_fetch_result;
 

@@ -59,8 +59,9 @@
 #define DL_HASH_STEP (8u << 20)
 #define DL_CURL_BUFFER (512L << 10)
 #define DL_POLL_MS 100
-#define DL_MIN_PROGRESS (64u << 10) /* a dropped attempt that got less than this counts as a failure */
-#define DL_HEADER_PROBE (1u << 20)  /* first request of a safetensors file */
+#define DL_MIN_PROGRESS                                                                            \
+    (64u << 10) /* a dropped attempt that got less than this counts as a failure */
+#define DL_HEADER_PROBE (1u << 20) /* first request of a safetensors file */
 #define DL_MAX_PIECES_PER_FILE 65536
 
 typedef enum { P_UNUSED, P_WAITING, P_ACTIVE, P_DONE, P_ABSORBED } piece_state;
@@ -71,8 +72,9 @@ typedef struct dl_file dl_file;
 typedef struct {
     dl *d;
     dl_file *f;
-    uint64_t start, end; /* [start, end) of the file; end moves for the header piece and when absorbing */
-    uint64_t got;        /* bytes of [start, end) written */
+    uint64_t start,
+        end;      /* [start, end) of the file; end moves for the header piece and when absorbing */
+    uint64_t got; /* bytes of [start, end) written */
     uint64_t attempt_got;
     uint64_t skip; /* a 200 body: bytes before start still to drop */
     int fails, redirects;
@@ -81,6 +83,7 @@ typedef struct {
     piece_state state;
     bool header; /* piece 0 of a safetensors file: bytes [0, 8 + N) to memory */
     bool ranged, checked, writing;
+    bool elsewhere;  /* this attempt went to a redirect's target, not to the endpoint */
     const char *why; /* what went wrong with this attempt, when the callbacks know */
     hub_answer ans;
     CURL *easy;
@@ -96,8 +99,11 @@ typedef struct {
 struct dl_file {
     const hub_entry *e;
     char *url;
-    bool st; /* a safetensors file */
-    /* the safetensors header: [0, hdr_len) in memory; hdr_len is 0 until the first 8 bytes are in */
+    char *redirect_url; /* where a redirect led and bytes came from: the next pieces go there
+                           directly */
+    bool st;            /* a safetensors file */
+    /* the safetensors header: [0, hdr_len) in memory; hdr_len is 0 until the first 8 bytes are in
+     */
     uint8_t *hdr;
     uint64_t hdr_len, hdr_cap;
     st_file sf;
@@ -175,7 +181,8 @@ static void set_fatal(dl *d, int rc)
 
 void hub_blobs_abort(hub_blobs *b)
 {
-    for (size_t i = 0; i < b->n; i++) store_blob_abort(&b->w[i]);
+    for (size_t i = 0; i < b->n; i++)
+        store_blob_abort(&b->w[i]);
     free(b->w);
     b->w = NULL;
     b->n = 0;
@@ -217,7 +224,8 @@ static void make_pieces(dl *d, dl_file *f, size_t first_slot, uint64_t from)
 /* Releases what a file holds (its writers' temp files too). */
 static void file_drop(dl_file *f)
 {
-    for (size_t k = 0; k < f->nrg; k++) store_blob_abort(&f->ws[k]);
+    for (size_t k = 0; k < f->nrg; k++)
+        store_blob_abort(&f->ws[k]);
     f->nrg = 0;
     free(f->ws);
     free(f->rg);
@@ -240,7 +248,8 @@ static int file_begin(dl *d, dl_file *f)
 {
     f->pieces_done = 0;
     f->prefix_piece = f->first;
-    if (f->st && f->e->size == 0) { /* nothing to download; fails like a header that does not parse */
+    if (f->st &&
+        f->e->size == 0) { /* nothing to download; fails like a header that does not parse */
         f->npieces = 0;
         f->bad_header = ckpt_strdup("HeaderTooSmall: an empty file");
         return f->bad_header ? 0 : CKPT_ENOMEM;
@@ -249,8 +258,12 @@ static int file_begin(dl *d, dl_file *f)
         dl_piece *p = &d->pieces[f->first];
         free(p->url);
         memset(p, 0, sizeof *p);
-        *p = (dl_piece){.d = d, .f = f, .start = 0, .end = f->e->size < DL_HEADER_PROBE ? f->e->size : DL_HEADER_PROBE,
-                        .state = P_WAITING, .header = true};
+        *p = (dl_piece){.d = d,
+                        .f = f,
+                        .start = 0,
+                        .end = f->e->size < DL_HEADER_PROBE ? f->e->size : DL_HEADER_PROBE,
+                        .state = P_WAITING,
+                        .header = true};
         f->npieces = 1;
         return 0;
     }
@@ -279,13 +292,15 @@ static int header_done(dl *d, dl_file *f)
     f->rg = ckpt_calloc(n + 1, sizeof *f->rg);
     f->blob_sha = ckpt_calloc(n + 1, sizeof *f->blob_sha);
     if (!f->ws || !f->rg || !f->blob_sha) return CKPT_ENOMEM;
-    for (size_t i = 0; !rc && i < n; i++) rc = add_writer(d, f, f->sf.tensors[i].offset, f->sf.tensors[i].nbytes);
+    for (size_t i = 0; !rc && i < n; i++)
+        rc = add_writer(d, f, f->sf.tensors[i].offset, f->sf.tensors[i].nbytes);
     if (rc) return rc;
     make_pieces(d, f, 1, f->hdr_len);
     for (size_t k = 1; k < f->npieces; k++) { /* the data pieces may start now */
         dl_piece *p = &d->pieces[f->first + k];
         p->not_before = 0;
-        if (ckpt_grow(&d->retry, &d->retry_cap, d->nretry + 1, sizeof *d->retry) < 0) return CKPT_ENOMEM;
+        if (ckpt_grow(&d->retry, &d->retry_cap, d->nretry + 1, sizeof *d->retry) < 0)
+            return CKPT_ENOMEM;
         d->retry[d->nretry++] = f->first + k;
     }
     return 0;
@@ -297,8 +312,10 @@ static size_t region_at(const dl_file *f, uint64_t off)
     size_t lo = 0, hi = f->nrg;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (f->rg[mid].off + f->rg[mid].len <= off) lo = mid + 1;
-        else hi = mid;
+        if (f->rg[mid].off + f->rg[mid].len <= off)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo;
 }
@@ -310,9 +327,11 @@ static int sink_write(dl_piece *p, const char *buf, size_t n, uint64_t off)
     if (p->header) {
         if (f->hdr_cap < off + n) {
             uint64_t cap = f->hdr_cap ? f->hdr_cap : 8;
-            while (cap < off + n) cap *= 2;
+            while (cap < off + n)
+                cap *= 2;
             uint8_t *h = realloc(f->hdr, cap);
-            if (!h) return ckpt_error_set(CKPT_ENOMEM, "%s: out of memory for the header", f->e->path);
+            if (!h)
+                return ckpt_error_set(CKPT_ENOMEM, "%s: out of memory for the header", f->e->path);
             f->hdr = h;
             f->hdr_cap = cap;
         }
@@ -321,7 +340,8 @@ static int sink_write(dl_piece *p, const char *buf, size_t n, uint64_t off)
     }
     while (n) {
         size_t k = region_at(f, off);
-        if (k >= f->nrg) return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last tensor", f->e->path);
+        if (k >= f->nrg)
+            return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last tensor", f->e->path);
         const region *r = &f->rg[k];
         uint64_t in = off - r->off;
         size_t m = r->len - in < n ? (size_t)(r->len - in) : n;
@@ -339,8 +359,10 @@ static void header_length_known(dl_piece *p)
 {
     dl_file *f = p->f;
     uint64_t n = 0;
-    for (int i = 7; i >= 0; i--) n = n << 8 | f->hdr[i];
-    uint64_t end = n <= ST_MAX_HEADER && n + 8 <= f->e->size ? n + 8 : 8; /* a bad N: st_parse says why */
+    for (int i = 7; i >= 0; i--)
+        n = n << 8 | f->hdr[i];
+    uint64_t end =
+        n <= ST_MAX_HEADER && n + 8 <= f->e->size ? n + 8 : 8; /* a bad N: st_parse says why */
     f->hdr_len = end;
     p->end = end;
 }
@@ -396,7 +418,8 @@ static int hash_file(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
             char head[64];
             int hn = snprintf(head, sizeof head, "blob %llu", (unsigned long long)f->e->size) + 1;
             f->sha1 = EVP_MD_CTX_new();
-            if (!f->sha1 || !EVP_DigestInit_ex(f->sha1, EVP_sha1(), NULL) || !EVP_DigestUpdate(f->sha1, head, (size_t)hn))
+            if (!f->sha1 || !EVP_DigestInit_ex(f->sha1, EVP_sha1(), NULL) ||
+                !EVP_DigestUpdate(f->sha1, head, (size_t)hn))
                 return ckpt_error_set(CKPT_ENOMEM, "sha1 context");
         }
     }
@@ -408,7 +431,8 @@ static int hash_file(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
             data = f->hdr + from;
         } else {
             size_t k = region_at(f, from);
-            if (k >= f->nrg) return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last region", f->e->path);
+            if (k >= f->nrg)
+                return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last region", f->e->path);
             const region *r = &f->rg[k];
             uint64_t stop = r->off + r->len < to ? r->off + r->len : to;
             n = stop - from < DL_HASH_STEP ? (size_t)(stop - from) : DL_HASH_STEP;
@@ -416,7 +440,8 @@ static int hash_file(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
             data = buf;
         }
         if (ckpt_sha256_update(&f->fsha, data, n) < 0) return -1;
-        if (f->sha1 && !EVP_DigestUpdate(f->sha1, data, n)) return ckpt_error_set(CKPT_EIO, "sha1 update");
+        if (f->sha1 && !EVP_DigestUpdate(f->sha1, data, n))
+            return ckpt_error_set(CKPT_EIO, "sha1 update");
         from += n;
     }
     return 0;
@@ -430,7 +455,8 @@ static int hash_tensors(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
     while (from < to) {
         if (tensors_upto(f, from) < 0) return -1;
         size_t k = region_at(f, from);
-        if (k >= f->nrg) return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last tensor", f->e->path);
+        if (k >= f->nrg)
+            return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last tensor", f->e->path);
         const region *r = &f->rg[k];
         uint64_t stop = r->off + r->len < to ? r->off + r->len : to;
         size_t n = stop - from < DL_HASH_STEP ? (size_t)(stop - from) : DL_HASH_STEP;
@@ -467,7 +493,8 @@ static int finish_file(dl_file *f, uint8_t *buf)
         EVP_DigestFinal_ex(f->sha1, md, &n);
         EVP_MD_CTX_free(f->sha1);
         f->sha1 = NULL;
-        for (unsigned i = 0; i < n && i < 20; i++) snprintf(oid + 2 * i, 3, "%02x", md[i]);
+        for (unsigned i = 0; i < n && i < 20; i++)
+            snprintf(oid + 2 * i, 3, "%02x", md[i]);
         if (strcmp(oid, e->oid)) {
             snprintf(f->actual, sizeof f->actual, "%s", oid);
             return -1;
@@ -518,7 +545,8 @@ static void *hasher_main(void *arg)
             } else if (f->all_done) {
                 pthread_mutex_unlock(&d->mu);
                 int v = k == 0 ? finish_file(f, hs->buf) : finish_tensors(f);
-                if (v == -2 && !f->herr[k][0]) snprintf(f->herr[k], sizeof f->herr[k], "%s", ckpt_error_last());
+                if (v == -2 && !f->herr[k][0])
+                    snprintf(f->herr[k], sizeof f->herr[k], "%s", ckpt_error_last());
                 pthread_mutex_lock(&d->mu);
                 f->sresult[k] = v;
                 f->sdone[k] = true;
@@ -526,8 +554,11 @@ static void *hasher_main(void *arg)
                 break; /* waits for more bytes */
             }
             if (f->sdone[0] && f->sdone[1]) { /* both streams are through: the verdict */
-                f->verdict = f->sresult[0] == -2 || f->sresult[1] == -2 ? -2 : f->sresult[0] < 0 ? -1 : 1;
-                if (ckpt_grow(&d->verdicts, &d->verdict_cap, d->nverdicts + 1, sizeof *d->verdicts) == 0)
+                f->verdict = f->sresult[0] == -2 || f->sresult[1] == -2 ? -2
+                             : f->sresult[0] < 0                        ? -1
+                                                                        : 1;
+                if (ckpt_grow(&d->verdicts, &d->verdict_cap, d->nverdicts + 1,
+                              sizeof *d->verdicts) == 0)
                     d->verdicts[d->nverdicts++] = (size_t)(f - d->files);
                 curl_multi_wakeup(d->multi);
             }
@@ -554,12 +585,13 @@ static void requeue(dl *d, dl_piece *p, double delay)
 static void retry_or_give_up(dl *d, dl_piece *p, const char *why, double retry_after)
 {
     if (++p->fails > HUB_MAX_RETRIES) {
-        set_fatal(d, ckpt_error_set(CKPT_EIO, "%s: giving up after %d attempts: %s", p->f->e->path, p->fails, why));
+        set_fatal(d, ckpt_error_set(CKPT_EIO, "%s: giving up after %d attempts: %s", p->f->e->path,
+                                    p->fails, why));
         p->state = P_WAITING;
         return;
     }
-    ckpt_debug("%s: bytes %llu-%llu: %s; retrying", p->f->e->path, (unsigned long long)(p->start + p->got),
-               (unsigned long long)p->end, why);
+    ckpt_debug("%s: bytes %llu-%llu: %s; retrying", p->f->e->path,
+               (unsigned long long)(p->start + p->got), (unsigned long long)p->end, why);
     requeue(d, p, hub_backoff(d->h, p->fails, retry_after));
 }
 
@@ -579,7 +611,8 @@ static dl_piece *next_piece(dl *d, double now)
         i++;
     }
     /* Fresh pieces only: one put back (not_before set) waits in the retry list for its time. */
-    while (d->cursor < d->npieces && (d->pieces[d->cursor].state != P_WAITING || d->pieces[d->cursor].not_before))
+    while (d->cursor < d->npieces &&
+           (d->pieces[d->cursor].state != P_WAITING || d->pieces[d->cursor].not_before))
         d->cursor++;
     return d->cursor < d->npieces ? &d->pieces[d->cursor++] : NULL;
 }
@@ -619,8 +652,9 @@ static bool check_answer(dl_piece *p)
             return false;
         }
         if (t != f->e->size) {
-            set_fatal(d, ckpt_error_set(CKPT_ECORRUPT, "%s: the Hub serves %llu bytes, the tree lists %llu", f->e->path, t,
-                                        (unsigned long long)f->e->size));
+            set_fatal(d, ckpt_error_set(CKPT_ECORRUPT,
+                                        "%s: the Hub serves %llu bytes, the tree lists %llu",
+                                        f->e->path, t, (unsigned long long)f->e->size));
             return false;
         }
         if (a != p->start + p->got) {
@@ -632,8 +666,9 @@ static bool check_answer(dl_piece *p)
         curl_off_t cl = -1;
         curl_easy_getinfo(p->easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
         if (cl >= 0 && (uint64_t)cl != f->e->size) {
-            set_fatal(d, ckpt_error_set(CKPT_ECORRUPT, "%s: the Hub serves %lld bytes, the tree lists %llu", f->e->path,
-                                        (long long)cl, (unsigned long long)f->e->size));
+            set_fatal(d, ckpt_error_set(CKPT_ECORRUPT,
+                                        "%s: the Hub serves %lld bytes, the tree lists %llu",
+                                        f->e->path, (long long)cl, (unsigned long long)f->e->size));
             return false;
         }
         if (p->ranged) { /* Range ignored: the body is the file from byte 0; never append it */
@@ -667,7 +702,8 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ctx)
     }
     while (off < n && p->got < p->end - p->start) {
         uint64_t want = p->end - p->start - p->got;
-        if (p->header && !p->f->hdr_len && p->got < 8 && want > 8 - p->got) want = 8 - p->got; /* N first */
+        if (p->header && !p->f->hdr_len && p->got < 8 && want > 8 - p->got)
+            want = 8 - p->got; /* N first */
         size_t take = n - off < want ? n - off : (size_t)want;
         int rc = sink_write(p, ptr + off, take, p->start + p->got);
         if (rc < 0) {
@@ -679,7 +715,8 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ctx)
         off += take;
         if (p->header && !p->f->hdr_len && p->got == 8) header_length_known(p);
     }
-    /* More than the piece needs (a whole-file answer, or a header probe past the header): stop the transfer. */
+    /* More than the piece needs (a whole-file answer, or a header probe past the header): stop the
+     * transfer. */
     return off < n && p->got == p->end - p->start ? 0 : n;
 }
 
@@ -689,7 +726,8 @@ static int start_piece(dl *d, dl_piece *p)
     CURL *e = d->pool[--d->npool];
     curl_easy_reset(e);
     hub_easy_defaults(e);
-    const char *url = p->url ? p->url : f->url;
+    const char *url = p->url ? p->url : f->redirect_url ? f->redirect_url : f->url;
+    p->elsewhere = url != f->url;
     uint64_t from = p->start + p->got;
     p->ranged = !(from == 0 && p->end == f->e->size);
     p->hdrs = hub_request_headers(d->h, url, from, p->ranged ? p->end : 0);
@@ -737,11 +775,28 @@ static void publish_progress(dl *d, dl_file *f, uint64_t ready, bool all)
 }
 
 /* A piece whose bytes are all written. */
+/* Starts writeback of a finished piece's bytes, so that publishing (which
+ * syncs) finds little left to write. Advice only: errors do not matter. */
+static void start_writeback(const dl_file *f, uint64_t from, uint64_t to)
+{
+    while (from < to && f->nrg) {
+        size_t k = region_at(f, from);
+        if (k >= f->nrg) return;
+        const region *r = &f->rg[k];
+        uint64_t stop = r->off + r->len < to ? r->off + r->len : to;
+        if (stop > from)
+            sync_file_range(r->fd, (off64_t)(from - r->off), (off64_t)(stop - from),
+                            SYNC_FILE_RANGE_WRITE);
+        from = stop > from ? stop : from + 1;
+    }
+}
+
 static void piece_done(dl *d, dl_piece *p)
 {
     dl_file *f = p->f;
     p->state = P_DONE;
     f->pieces_done++;
+    if (!p->header) start_writeback(f, p->start, p->end);
     if (p->header) {
         int rc = header_done(d, f);
         if (rc) {
@@ -756,8 +811,10 @@ static void piece_done(dl *d, dl_piece *p)
     uint64_t ready = f->ready;
     while (f->prefix_piece < f->first + f->npieces) {
         dl_piece *q = &d->pieces[f->prefix_piece];
-        if (q->state == P_DONE) ready = q->end;
-        else if (q->state != P_ABSORBED) break;
+        if (q->state == P_DONE)
+            ready = q->end;
+        else if (q->state != P_ABSORBED)
+            break;
         f->prefix_piece++;
     }
     publish_progress(d, f, ready, f->pieces_done == f->npieces);
@@ -770,7 +827,8 @@ static void piece_finished(dl *d, dl_piece *p, CURLcode res)
     char *loc = NULL, *redirect = NULL;
     curl_easy_getinfo(p->easy, CURLINFO_RESPONSE_CODE, &status);
     curl_easy_getinfo(p->easy, CURLINFO_RETRY_AFTER, &ra);
-    if (status >= 300 && status < 400 && curl_easy_getinfo(p->easy, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc)
+    if (status >= 300 && status < 400 &&
+        curl_easy_getinfo(p->easy, CURLINFO_REDIRECT_URL, &loc) == CURLE_OK && loc)
         redirect = ckpt_strdup(loc);
     curl_multi_remove_handle(d->multi, p->easy);
     d->pool[d->npool++] = p->easy;
@@ -783,23 +841,41 @@ static void piece_finished(dl *d, dl_piece *p, CURLcode res)
         free(redirect);
         return;
     }
-    const dl_file *f = p->f;
+    dl_file *f = p->f;
     char why[CURL_ERROR_SIZE + 64];
-    if (status == 200 || status == 206) {
-        if (p->got == p->end - p->start) piece_done(d, p);
-        else if (p->got - p->attempt_got >= DL_MIN_PROGRESS) { /* dropped mid-way: resume at the next byte */
+    if ((status == 200 || status == 206) && p->url && !f->redirect_url)
+        f->redirect_url = ckpt_strdup(p->url);
+    if (p->elsewhere && (status == 401 || status == 403 || status == 404 || status == 410)) {
+        /* A redirect's target (a signed CDN URL) refused: it may have expired; ask the endpoint
+         * again. */
+        free(p->url);
+        p->url = NULL;
+        free(f->redirect_url);
+        f->redirect_url = NULL;
+        snprintf(why, sizeof why, "the redirect's target answered %ld", status);
+        retry_or_give_up(d, p, why, 0);
+    } else if (status == 200 || status == 206) {
+        if (p->got == p->end - p->start)
+            piece_done(d, p);
+        else if (p->got - p->attempt_got >=
+                 DL_MIN_PROGRESS) { /* dropped mid-way: resume at the next byte */
             p->fails = 0;
-            ckpt_debug("%s: connection dropped at byte %llu; resuming", f->e->path, (unsigned long long)(p->start + p->got));
+            ckpt_debug("%s: connection dropped at byte %llu; resuming", f->e->path,
+                       (unsigned long long)(p->start + p->got));
             requeue(d, p, 0);
         } else { /* resumed at the next byte too, but it counts as a failure */
             snprintf(why, sizeof why, "%s (after %llu bytes)",
-                     p->why ? p->why : *p->curl_err ? p->curl_err : "the answer ended early",
+                     p->why         ? p->why
+                     : *p->curl_err ? p->curl_err
+                                    : "the answer ended early",
                      (unsigned long long)(p->got - p->attempt_got));
             retry_or_give_up(d, p, why, 0);
         }
     } else if (status >= 300 && status < 400) {
         if (!redirect || ++p->redirects > HUB_MAX_REDIRECTS) {
-            set_fatal(d, ckpt_error_set(CKPT_EINVAL, "%s: %s", f->e->path, redirect ? "too many redirects" : "a redirect without a Location"));
+            set_fatal(d, ckpt_error_set(CKPT_EINVAL, "%s: %s", f->e->path,
+                                        redirect ? "too many redirects"
+                                                 : "a redirect without a Location"));
         } else {
             free(p->url);
             p->url = redirect;
@@ -808,16 +884,22 @@ static void piece_finished(dl *d, dl_piece *p, CURLcode res)
         }
     } else if (status == 0 || hub_status_transient(status)) {
         double wait = ra > 0 ? (double)ra : 0;
-        if ((status == 429 || status == 503) && wait > 0) { /* hold every new request, not just this one */
-            double until = ckpt_now() + (wait < HUB_RETRY_AFTER_CAP_S ? wait : HUB_RETRY_AFTER_CAP_S);
+        if ((status == 429 || status == 503) &&
+            wait > 0) { /* hold every new request, not just this one */
+            double until =
+                ckpt_now() + (wait < HUB_RETRY_AFTER_CAP_S ? wait : HUB_RETRY_AFTER_CAP_S);
             if (until > d->hold_until) d->hold_until = until;
         }
-        if (status) snprintf(why, sizeof why, "the Hub answered %ld", status);
-        else snprintf(why, sizeof why, "%s", *p->curl_err ? p->curl_err : curl_easy_strerror(res));
+        if (status)
+            snprintf(why, sizeof why, "the Hub answered %ld", status);
+        else
+            snprintf(why, sizeof why, "%s", *p->curl_err ? p->curl_err : curl_easy_strerror(res));
         retry_or_give_up(d, p, why, wait);
     } else if (status == 416) {
-        set_fatal(d, ckpt_error_set(CKPT_ECORRUPT, "%s: the Hub has fewer bytes than the %llu the tree lists (416)", f->e->path,
-                                    (unsigned long long)f->e->size));
+        set_fatal(d,
+                  ckpt_error_set(CKPT_ECORRUPT,
+                                 "%s: the Hub has fewer bytes than the %llu the tree lists (416)",
+                                 f->e->path, (unsigned long long)f->e->size));
     } else {
         hub_what w = {d->repo, d->commit, f->e->path};
         set_fatal(d, hub_answer_error(d->h, status, &p->ans, &w));
@@ -850,9 +932,12 @@ static void file_reset(dl *d, dl_file *f)
     pthread_mutex_unlock(&d->mu);
     hash_drop(f);
     int rc = file_begin(d, f);
-    for (size_t k = 0; !rc && k < f->npieces; k++) requeue(d, &d->pieces[f->first + k], 0);
-    if (rc) set_fatal(d, rc);
-    else if (f->npieces == 0) publish_progress(d, f, 0, true);
+    for (size_t k = 0; !rc && k < f->npieces; k++)
+        requeue(d, &d->pieces[f->first + k], 0);
+    if (rc)
+        set_fatal(d, rc);
+    else if (f->npieces == 0)
+        publish_progress(d, f, 0, true);
 }
 
 static void take_verdicts(dl *d)
@@ -877,16 +962,24 @@ static void take_verdicts(dl *d)
         } else if (f->verdict == -2) {
             set_fatal(d, ckpt_error_set(CKPT_EIO, "%s", f->herr[0][0] ? f->herr[0] : f->herr[1]));
         } else if (f->bad_header && f->downloads < 2) {
-            ckpt_warn("%s: the header does not parse (%s); downloading it again", e->path, f->bad_header);
+            ckpt_warn("%s: the header does not parse (%s); downloading it again", e->path,
+                      f->bad_header);
             file_reset(d, f);
         } else if (f->bad_header) {
-            set_fatal(d, ckpt_error_set(CKPT_EINVAL, "%s: not a valid safetensors file (downloaded twice): %s; nothing was stored",
-                                        e->path, f->bad_header));
+            set_fatal(
+                d,
+                ckpt_error_set(
+                    CKPT_EINVAL,
+                    "%s: not a valid safetensors file (downloaded twice): %s; nothing was stored",
+                    e->path, f->bad_header));
         } else if (f->downloads < 2) {
-            ckpt_warn("%s: %s of the download is %s, the Hub says %s; downloading it again", e->path, what, f->actual, want);
+            ckpt_warn("%s: %s of the download is %s, the Hub says %s; downloading it again",
+                      e->path, what, f->actual, want);
             file_reset(d, f);
         } else {
-            set_fatal(d, ckpt_error_set(CKPT_ECORRUPT, "%s: %s of the download is %s, the Hub says %s (downloaded twice); nothing was stored",
+            set_fatal(d, ckpt_error_set(CKPT_ECORRUPT,
+                                        "%s: %s of the download is %s, the Hub says %s (downloaded "
+                                        "twice); nothing was stored",
                                         e->path, what, f->actual, want));
         }
     }
@@ -897,7 +990,8 @@ static void take_verdicts(dl *d)
 
 static void show_progress(dl *d, ckpt_progress *pr, char *label, size_t len)
 {
-    while (d->label_file < d->nfiles && d->files[d->label_file].all_done) d->label_file++;
+    while (d->label_file < d->nfiles && d->files[d->label_file].all_done)
+        d->label_file++;
     size_t i = d->label_file < d->nfiles ? d->label_file : d->nfiles - 1;
     const dl_file *f = &d->files[i];
     uint64_t fdone = 0;
@@ -906,8 +1000,8 @@ static void show_progress(dl *d, ckpt_progress *pr, char *label, size_t len)
         fdone += p->state == P_ABSORBED || p->state == P_UNUSED ? 0 : p->got;
     }
     char a[32], b[32];
-    snprintf(label, len, "fetch %zu/%zu %.60s %s/%s", i + 1, d->nfiles, f->e->path, ckpt_format_size(fdone, a, sizeof a),
-             ckpt_format_size(f->e->size, b, sizeof b));
+    snprintf(label, len, "fetch %zu/%zu %.60s %s/%s", i + 1, d->nfiles, f->e->path,
+             ckpt_format_size(fdone, a, sizeof a), ckpt_format_size(f->e->size, b, sizeof b));
     ckpt_progress_update(pr, d->done);
 }
 
@@ -917,9 +1011,11 @@ static void show_progress(dl *d, ckpt_progress *pr, char *label, size_t len)
 static int build_record(dl *d, store_ckpt_rec *rec, hub_blobs *blobs)
 {
     size_t nw = 0;
-    for (size_t i = 0; i < d->nfiles; i++) nw += d->files[i].nrg;
+    for (size_t i = 0; i < d->nfiles; i++)
+        nw += d->files[i].nrg;
     blobs->w = ckpt_calloc(nw + 1, sizeof *blobs->w);
-    int rc = blobs->w ? ckpt_grow(&rec->files, &rec->cap, d->nfiles, sizeof *rec->files) : CKPT_ENOMEM;
+    int rc =
+        blobs->w ? ckpt_grow(&rec->files, &rec->cap, d->nfiles, sizeof *rec->files) : CKPT_ENOMEM;
     for (size_t i = 0; !rc && i < d->nfiles; i++) {
         dl_file *f = &d->files[i];
         store_file_rec *fr = &rec->files[rec->nfiles++];
@@ -928,7 +1024,8 @@ static int build_record(dl *d, store_ckpt_rec *rec, hub_blobs *blobs)
         fr->size = f->e->size;
         memcpy(fr->sha256, f->sha256, 65);
         if (!fr->path) rc = CKPT_ENOMEM;
-        for (size_t k = 0; !rc && k < f->nrg; k++) rc = store_blob_end_external(&f->ws[k], f->rg[k].len, f->blob_sha[k]);
+        for (size_t k = 0; !rc && k < f->nrg; k++)
+            rc = store_blob_end_external(&f->ws[k], f->rg[k].len, f->blob_sha[k]);
         if (!rc && f->st) {
             fr->header = f->hdr; /* the exact header bytes */
             fr->header_len = (size_t)f->hdr_len;
@@ -946,7 +1043,8 @@ static int build_record(dl *d, store_ckpt_rec *rec, hub_blobs *blobs)
             if (!fr->blob) rc = CKPT_ENOMEM;
         }
         /* The writers move to blobs: the file no longer owns their temp files. */
-        for (size_t k = 0; k < f->nrg; k++) blobs->w[blobs->n++] = f->ws[k];
+        for (size_t k = 0; k < f->nrg; k++)
+            blobs->w[blobs->n++] = f->ws[k];
         f->nrg = 0;
     }
     return rc;
@@ -974,11 +1072,14 @@ static int setup(dl *d)
         size_t len = strlen(f->e->path);
         f->st = len >= 12 && !strcmp(f->e->path + len - 12, ".safetensors");
         f->chunk = d->chunk;
-        while (f->e->size / f->chunk >= DL_MAX_PIECES_PER_FILE) f->chunk *= 2;
-        f->maxpieces = (size_t)((f->e->size + f->chunk - 1) / f->chunk) + 1; /* + the header piece */
+        while (f->e->size / f->chunk >= DL_MAX_PIECES_PER_FILE)
+            f->chunk *= 2;
+        f->maxpieces =
+            (size_t)((f->e->size + f->chunk - 1) / f->chunk) + 1; /* + the header piece */
         f->first = slots;
         slots += f->maxpieces;
-        if (!ckpt_add(d->total, f->e->size, &d->total)) return ckpt_error_set(CKPT_ELIMIT, "%s: sizes overflow", d->repo);
+        if (!ckpt_add(d->total, f->e->size, &d->total))
+            return ckpt_error_set(CKPT_ELIMIT, "%s: sizes overflow", d->repo);
     }
     d->npieces = slots;
     d->pieces = ckpt_calloc(slots + 1, sizeof *d->pieces);
@@ -989,7 +1090,8 @@ static int setup(dl *d)
         if (!f->url) return CKPT_ENOMEM;
         int rc = file_begin(d, f);
         if (rc) return rc;
-        if (f->npieces == 0) publish_progress(d, f, 0, true); /* an empty file: nothing to download, still checked */
+        if (f->npieces == 0)
+            publish_progress(d, f, 0, true); /* an empty file: nothing to download, still checked */
     }
     return d->fatal;
 }
@@ -1000,7 +1102,8 @@ static void stop_hashers(dl *d)
     d->stop = true;
     pthread_cond_broadcast(&d->cv);
     pthread_mutex_unlock(&d->mu);
-    for (int k = 0; k < d->hashers_started; k++) pthread_join(d->hs[k].th, NULL);
+    for (int k = 0; k < d->hashers_started; k++)
+        pthread_join(d->hs[k].th, NULL);
     d->hashers_started = 0;
 }
 
@@ -1017,12 +1120,14 @@ static void teardown(dl *d)
         hub_answer_reset(&p->ans);
         free(p->url);
     }
-    for (size_t i = 0; d->pool && i < d->npool; i++) curl_easy_cleanup(d->pool[i]);
+    for (size_t i = 0; d->pool && i < d->npool; i++)
+        curl_easy_cleanup(d->pool[i]);
     if (d->multi) curl_multi_cleanup(d->multi);
     for (size_t i = 0; d->files && i < d->nfiles; i++) {
         hash_drop(&d->files[i]);
         file_drop(&d->files[i]);
         free(d->files[i].url);
+        free(d->files[i].redirect_url);
     }
     free(d->files);
     free(d->pieces);
@@ -1037,8 +1142,9 @@ static void teardown(dl *d)
     pthread_cond_destroy(&d->cv);
 }
 
-int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit, const hub_entry *files, size_t n,
-                 bool quiet, store_ckpt_rec *rec, hub_blobs *blobs, uint64_t *bytes)
+int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit,
+                 const hub_entry *files, size_t n, bool quiet, store_ckpt_rec *rec,
+                 hub_blobs *blobs, uint64_t *bytes)
 {
     *bytes = 0;
     memset(blobs, 0, sizeof *blobs);
@@ -1053,7 +1159,9 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
     d.nfiles = n;
     pthread_mutex_init(&d.mu, NULL);
     pthread_cond_init(&d.cv, NULL);
-    int conns = h->connections < 1 ? 1 : h->connections > HUB_MAX_CONNECTIONS ? HUB_MAX_CONNECTIONS : h->connections;
+    int conns = h->connections < 1                     ? 1
+                : h->connections > HUB_MAX_CONNECTIONS ? HUB_MAX_CONNECTIONS
+                                                       : h->connections;
     d.files = ckpt_calloc(n, sizeof *d.files);
     d.pool = ckpt_calloc((size_t)conns, sizeof *d.pool);
     for (int k = 0; k < 2; k++) {
@@ -1064,18 +1172,23 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
     d.multi = curl_multi_init();
     int rc = d.files && d.pool && d.hs[0].buf && d.hs[1].buf ? 0 : CKPT_ENOMEM;
     if (!rc && !d.multi) rc = ckpt_error_set(CKPT_EIO, "libcurl: cannot make a multi handle");
-    for (size_t i = 0; !rc && i < n; i++) d.files[i].e = &files[i];
+    for (size_t i = 0; !rc && i < n; i++)
+        d.files[i].e = &files[i];
     for (int i = 0; !rc && i < conns; i++) {
-        if (!(d.pool[d.npool] = curl_easy_init())) rc = ckpt_error_set(CKPT_ENOMEM, "libcurl: cannot make a handle");
-        else d.npool++;
+        if (!(d.pool[d.npool] = curl_easy_init()))
+            rc = ckpt_error_set(CKPT_ENOMEM, "libcurl: cannot make a handle");
+        else
+            d.npool++;
     }
     if (!rc) {
         curl_multi_setopt(d.multi, CURLMOPT_MAXCONNECTS, (long)conns);
         rc = setup(&d);
     }
     for (int k = 0; !rc && k < 2; k++) {
-        if (pthread_create(&d.hs[k].th, NULL, hasher_main, &d.hs[k])) rc = ckpt_error_set(CKPT_EIO, "cannot start a hasher thread");
-        else d.hashers_started++;
+        if (pthread_create(&d.hs[k].th, NULL, hasher_main, &d.hs[k]))
+            rc = ckpt_error_set(CKPT_EIO, "cannot start a hasher thread");
+        else
+            d.hashers_started++;
     }
     ckpt_progress pr;
     char label[200] = "fetch";
@@ -1108,7 +1221,8 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
             show_progress(&d, &pr, label, sizeof label);
         }
         if (finished) continue; /* a connection is free: start the next piece at once */
-        if (d.active > 0 || running) curl_multi_poll(d.multi, NULL, 0, DL_POLL_MS, NULL);
+        if (d.active > 0 || running)
+            curl_multi_poll(d.multi, NULL, 0, DL_POLL_MS, NULL);
         else {
             /* Nothing in flight: wait for a retry to come due or for the hasher. */
             double wait = DL_POLL_MS / 1000.0;

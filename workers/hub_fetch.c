@@ -20,7 +20,8 @@ void hub_fetch_result_free(hub_fetch_result *r)
 }
 
 /* The files of the tree the filter takes, sorted by path (the tree is). */
-static int pick(const hub_tree *t, const hub_filter *f, const char *repo, hub_entry **out, size_t *n, uint64_t *bytes)
+static int pick(const hub_tree *t, const hub_filter *f, const char *repo, hub_entry **out,
+                size_t *n, uint64_t *bytes)
 {
     *out = ckpt_calloc(t->n + 1, sizeof **out);
     *n = 0;
@@ -29,19 +30,27 @@ static int pick(const hub_tree *t, const hub_filter *f, const char *repo, hub_en
     size_t skipped = 0;
     for (size_t i = 0; i < t->n; i++) {
         const hub_entry *e = &t->v[i];
-        if (!hub_filter_match(f, e->path)) skipped++;
+        if (!hub_filter_match(f, e->path))
+            skipped++;
         else {
             (*out)[(*n)++] = *e; /* shares the path with the tree */
             *bytes += e->size;
         }
     }
-    if (skipped) ckpt_info("%s: %zu of %zu files picked (the others left out by the include/exclude patterns)", repo, *n, t->n);
-    if (*n == 0) return ckpt_error_set(CKPT_EINVAL, "%s: no file of the repository matches the include/exclude patterns", repo);
+    if (skipped)
+        ckpt_info(
+            "%s: %zu of %zu files picked (the others left out by the include/exclude patterns)",
+            repo, *n, t->n);
+    if (*n == 0)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: no file of the repository matches the include/exclude patterns",
+                              repo);
     return 0;
 }
 
 /* Points revision at a stored commit (the fetch that found it stored). */
-static int found_stored(ckpt_store *s, const char *repo, const char *rev, int64_t id, hub_fetch_result *out)
+static int found_stored(ckpt_store *s, const char *repo, const char *rev, int64_t id,
+                        hub_fetch_result *out)
 {
     int rc = store_set_ref(s, repo, rev, id);
     if (!rc) rc = store_get(s, id, &out->ckpt);
@@ -57,7 +66,8 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
     int rc = store_repo_name_check(o->repo);
     if (rc) return rc;
     if (o->filter.ninclude > HUB_MAX_GLOBS || o->filter.nexclude > HUB_MAX_GLOBS)
-        return ckpt_error_set(CKPT_ELIMIT, "more than %d --include or --exclude patterns", HUB_MAX_GLOBS);
+        return ckpt_error_set(CKPT_ELIMIT, "more than %d --include or --exclude patterns",
+                              HUB_MAX_GLOBS);
     hub_client h;
     if ((rc = hub_client_init(&h))) return rc;
     if (o->connections > 0) h.connections = o->connections;
@@ -66,15 +76,20 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
     if (o->commit) {
         snprintf(commit, sizeof commit, "%s", o->commit);
         bool ok = strlen(o->commit) == 40;
-        for (const char *c = o->commit; ok && *c; c++) ok = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f');
-        if (!ok) rc = ckpt_error_set(CKPT_EINVAL, "commit '%.60s' is not 40 lowercase hex digits", o->commit);
+        for (const char *c = o->commit; ok && *c; c++)
+            ok = (*c >= '0' && *c <= '9') || (*c >= 'a' && *c <= 'f');
+        if (!ok)
+            rc = ckpt_error_set(CKPT_EINVAL, "commit '%.60s' is not 40 lowercase hex digits",
+                                o->commit);
     } else {
         rc = hub_resolve_revision(&h, o->repo, rev, commit);
     }
     int64_t id = 0;
     if (!rc) rc = store_find(s, o->repo, commit, "", &id);
     if (!rc && id) {
-        if (!o->quiet) ckpt_info("%s@%s: commit %.12s is in the store already; nothing to download", o->repo, rev, commit);
+        if (!o->quiet)
+            ckpt_info("%s@%s: commit %.12s is in the store already; nothing to download", o->repo,
+                      rev, commit);
         rc = found_stored(s, o->repo, rev, id, out);
         hub_client_free(&h);
         return rc;
@@ -93,12 +108,14 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
                   ckpt_format_size(bytes, size, sizeof size), h.endpoint);
     }
     double t_dl = ckpt_now();
-    if (!rc) rc = hub_download(&h, s, o->repo, commit, files, n, o->quiet, &rec, &blobs, &out->bytes);
+    if (!rc)
+        rc = hub_download(&h, s, o->repo, commit, files, n, o->quiet, &rec, &blobs, &out->bytes);
     if (!rc && !o->quiet) {
         char size[32];
         double dt = ckpt_now() - t_dl;
-        ckpt_info("downloaded and verified %s in %.1f s (%.0f MiB/s); storing", ckpt_format_size(out->bytes, size, sizeof size),
-                  dt, dt > 0 ? (double)out->bytes / dt / 1048576.0 : 0);
+        ckpt_info("downloaded and verified %s in %.1f s (%.0f MiB/s); storing",
+                  ckpt_format_size(out->bytes, size, sizeof size), dt,
+                  dt > 0 ? (double)out->bytes / dt / 1048576.0 : 0);
     }
     /* Someone may have stored the commit meanwhile; else publish the verified blobs and commit. */
     if (!rc) rc = store_find(s, o->repo, commit, "", &id);

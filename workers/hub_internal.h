@@ -45,7 +45,8 @@ char *hub_pct_encode(const char *s, bool keep_slash);
 bool hub_same_origin(const hub_client *h, const char *url);
 /* The request headers for url: User-Agent, the token when hub_same_origin,
  * and "Range: bytes=a-b" when range_end > 0 (then b = range_end - 1). */
-struct curl_slist *hub_request_headers(const hub_client *h, const char *url, uint64_t range_start, uint64_t range_end);
+struct curl_slist *hub_request_headers(const hub_client *h, const char *url, uint64_t range_start,
+                                       uint64_t range_end);
 /* Options every request shares (no redirects followed by libcurl, http(s)
  * only, timeouts, no signals). */
 void hub_easy_defaults(CURL *e);

@@ -197,6 +197,24 @@ fetch_fails "a flipped byte in both downloads" "model-00001-of-00002.safetensors
 faults "drop=1@1000"
 fetch_fails "a server that always drops after 1 byte" "giving up after" org/tiny --chunk-size 1MiB
 
+# ---- a fetch killed mid-way leaves only temp files, which gc removes ----
+faults "slow=100"
+n=$((n + 1))
+export CKPT_HOME=$work/c$n
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny --quiet >/dev/null 2>&1 &
+fpid=$!
+for i in $(seq 200); do [ -n "$(ls -A "$CKPT_HOME/tmp" 2>/dev/null)" ] && break; sleep 0.05; done
+sleep 0.3
+kill -9 "$fpid"
+wait "$fpid" 2>/dev/null || true
+[ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "the killed fetch left no temp files (did it finish?)"
+[ -z "$("$ckpt" ls)" ] || fail "a killed fetch stored something"
+temps=$(ls -A "$CKPT_HOME/tmp" | wc -l)
+"$ckpt" gc >/dev/null 2>&1 || fail "gc after a killed fetch"
+[ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "gc left the killed fetch's temp files: $(ls "$CKPT_HOME/tmp" | head -3)"
+note "a fetch killed mid-way: nothing stored; gc removed its $temps temp files"
+faults ""
+
 # ---- a commit pushed between two requests ----
 faults "push=$work/m2"
 fetch_ok "a new commit pushed right after the revision answer (still the resolved commit)"

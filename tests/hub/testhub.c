@@ -21,7 +21,8 @@
  *   flip=OFF        file bodies holding file offset OFF: flip one bit of that byte
  *   norange         file bodies: ignore Range, answer 200 with the whole file
  *   entry404        resolve: 404 EntryNotFound
- *   only=TEXT       drop, flip and norange hit only files whose path holds TEXT
+ *   slow=MS         file bodies: a pause of MS milliseconds before every 256 KiB
+ *   only=TEXT       drop, flip, norange and slow hit only files whose path holds TEXT
  *   redirect=PORT   resolve: 302 to the same path on 127.0.0.1:PORT
  *   token=SECRET    every Hub request needs "Authorization: Bearer SECRET":
  *                   without one 401 RepoNotFound, with another 401
@@ -73,6 +74,7 @@ typedef struct {
     char evil[16];
     char push_dir[1024];
     char only[256];
+    int slow_ms;
 } faults;
 
 static struct {
@@ -120,7 +122,8 @@ static int parse_faults(const char *spec, faults *f)
     if (strlen(spec) >= sizeof buf) return ckpt_error_set(CKPT_ELIMIT, "fault spec too long");
     snprintf(buf, sizeof buf, "%s", spec);
     for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
-        while (isspace((unsigned char)*item)) item++;
+        while (isspace((unsigned char)*item))
+            item++;
         if (!*item) continue;
         int count = -1;
         char *at = strrchr(item, '@');
@@ -134,30 +137,46 @@ static int parse_faults(const char *spec, faults *f)
         char *scope = strchr(item, ':');
         bool file_only = scope && !strcmp(scope, ":file");
         if (scope) *scope = 0;
-        if (!strcmp(item, "drop")) f->drop_after = atoll(val), f->drop_n = count;
-        else if (!strcmp(item, "429")) f->retry_after = atoi(val), f->s429_n = count, f->s429_file = file_only;
-        else if (!strcmp(item, "503")) f->s503_n = count, f->s503_file = file_only;
-        else if (!strcmp(item, "entry404")) f->entry404_n = count;
-        else if (!strcmp(item, "flip")) f->flip_at = atoll(val), f->flip_n = count;
-        else if (!strcmp(item, "norange")) f->norange_n = count;
-        else if (!strcmp(item, "redirect")) f->redirect_port = atoi(val), f->redirect_n = count;
-        else if (!strcmp(item, "token")) snprintf(f->token, sizeof f->token, "%s", val);
-        else if (!strcmp(item, "gated")) f->gated = true;
-        else if (!strcmp(item, "evil")) snprintf(f->evil, sizeof f->evil, "%s", *val ? val : "dotdot");
-        else if (!strcmp(item, "push")) snprintf(f->push_dir, sizeof f->push_dir, "%s", val);
-        else if (!strcmp(item, "only")) snprintf(f->only, sizeof f->only, "%s", val);
-        else return ckpt_error_set(CKPT_EINVAL, "unknown fault '%s'", item);
+        if (!strcmp(item, "drop"))
+            f->drop_after = atoll(val), f->drop_n = count;
+        else if (!strcmp(item, "429"))
+            f->retry_after = atoi(val), f->s429_n = count, f->s429_file = file_only;
+        else if (!strcmp(item, "503"))
+            f->s503_n = count, f->s503_file = file_only;
+        else if (!strcmp(item, "entry404"))
+            f->entry404_n = count;
+        else if (!strcmp(item, "flip"))
+            f->flip_at = atoll(val), f->flip_n = count;
+        else if (!strcmp(item, "norange"))
+            f->norange_n = count;
+        else if (!strcmp(item, "redirect"))
+            f->redirect_port = atoi(val), f->redirect_n = count;
+        else if (!strcmp(item, "token"))
+            snprintf(f->token, sizeof f->token, "%s", val);
+        else if (!strcmp(item, "gated"))
+            f->gated = true;
+        else if (!strcmp(item, "evil"))
+            snprintf(f->evil, sizeof f->evil, "%s", *val ? val : "dotdot");
+        else if (!strcmp(item, "push"))
+            snprintf(f->push_dir, sizeof f->push_dir, "%s", val);
+        else if (!strcmp(item, "only"))
+            snprintf(f->only, sizeof f->only, "%s", val);
+        else if (!strcmp(item, "slow"))
+            f->slow_ms = atoi(val);
+        else
+            return ckpt_error_set(CKPT_EINVAL, "unknown fault '%s'", item);
     }
     return 0;
 }
 
 /* ---- answers made here ---- */
 
-static enum MHD_Result send_status(struct MHD_Connection *c, unsigned code, const char *hub_code, const char *msg,
-                                   int retry_after)
+static enum MHD_Result send_status(struct MHD_Connection *c, unsigned code, const char *hub_code,
+                                   const char *msg, int retry_after)
 {
     char *body = ckpt_sprintf("{\"error\":\"%s\"}", msg);
-    struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+    struct MHD_Response *r =
+        body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
     if (!r) return MHD_NO;
     MHD_add_response_header(r, "Content-Type", "application/json");
     if (hub_code) MHD_add_response_header(r, "X-Error-Code", hub_code);
@@ -176,18 +195,23 @@ static enum MHD_Result send_evil_tree(struct MHD_Connection *c, const char *kind
 {
     const char *name = "../../evil";
     char longname[2100];
-    if (!strcmp(kind, "abs")) name = "/tmp/evil";
-    else if (!strcmp(kind, "nul")) name = "evil\\u0000.json";
-    else if (!strcmp(kind, "ctrl")) name = "evil\\u0001.json";
+    if (!strcmp(kind, "abs"))
+        name = "/tmp/evil";
+    else if (!strcmp(kind, "nul"))
+        name = "evil\\u0000.json";
+    else if (!strcmp(kind, "ctrl"))
+        name = "evil\\u0001.json";
     else if (!strcmp(kind, "long")) {
         memset(longname, 'x', 2000);
         memcpy(longname + 2000, ".json", 6);
         name = longname;
     }
-    char *body = ckpt_sprintf("[{\"type\":\"file\",\"oid\":\"0000000000000000000000000000000000000000\",\"size\":5,"
-                              "\"path\":\"config.json\"},{\"type\":\"file\",\"oid\":\"0000000000000000000000000000000000000000\","
-                              "\"size\":5,\"path\":\"%s\"}]",
-                              name);
+    char *body = ckpt_sprintf(
+        "[{\"type\":\"file\",\"oid\":\"0000000000000000000000000000000000000000\",\"size\":5,"
+        "\"path\":\"config.json\"},{\"type\":\"file\",\"oid\":"
+        "\"0000000000000000000000000000000000000000\","
+        "\"size\":5,\"path\":\"%s\"}]",
+        name);
     return body ? http_send_text(c, 200, "application/json", body) : MHD_NO;
 }
 
@@ -196,19 +220,25 @@ typedef struct {
     uint64_t start, len;
     int64_t drop_after; /* body bytes, or -1 */
     int64_t flip_at;    /* file offset, or -1 */
+    int slow_ms;
 } fault_stream;
 
 static ssize_t fault_cb(void *cls, uint64_t pos, char *buf, size_t max)
 {
     fault_stream *fs = cls;
     if (pos >= fs->len) return MHD_CONTENT_READER_END_OF_STREAM;
-    if (fs->drop_after >= 0 && pos >= (uint64_t)fs->drop_after) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (fs->drop_after >= 0 && pos >= (uint64_t)fs->drop_after)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (fs->slow_ms > 0) usleep((useconds_t)fs->slow_ms * 1000);
     size_t n = fs->len - pos < max ? (size_t)(fs->len - pos) : max;
     if (n > TH_CHUNK) n = TH_CHUNK;
-    if (fs->drop_after >= 0 && pos + n > (uint64_t)fs->drop_after) n = (size_t)((uint64_t)fs->drop_after - pos);
-    if (store_file_read(fs->r, fs->start + pos, buf, n) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (fs->drop_after >= 0 && pos + n > (uint64_t)fs->drop_after)
+        n = (size_t)((uint64_t)fs->drop_after - pos);
+    if (store_file_read(fs->r, fs->start + pos, buf, n) < 0)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
     uint64_t at = fs->start + pos;
-    if (fs->flip_at >= 0 && (uint64_t)fs->flip_at >= at && (uint64_t)fs->flip_at < at + n) buf[fs->flip_at - (int64_t)at] ^= 0x01;
+    if (fs->flip_at >= 0 && (uint64_t)fs->flip_at >= at && (uint64_t)fs->flip_at < at + n)
+        buf[fs->flip_at - (int64_t)at] ^= 0x01;
     return (ssize_t)n;
 }
 
@@ -240,8 +270,8 @@ static bool pct_decode(char *s)
 /* GET /{org}/{name}/resolve/{rev}/{path} with the drop/flip/norange faults
  * that apply to this body; *served false when none does (the caller then
  * answers as usual). */
-static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line, const char *repo, const char *rev,
-                                      const char *path, bool *served)
+static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line, const char *repo,
+                                      const char *rev, const char *path, bool *served)
 {
     faults *f = &hub.f;
     *served = false;
@@ -268,24 +298,30 @@ static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line
         ranged = true;
     }
     uint64_t len = ranged ? b - a + 1 : T;
-    int64_t drop_after = f->drop_after >= 0 && len > (uint64_t)f->drop_after && fire(&f->drop_n) ? f->drop_after : -1;
-    int64_t flip_at = f->flip_at >= 0 && (uint64_t)f->flip_at >= a && (uint64_t)f->flip_at < a + len && fire(&f->flip_n)
-                          ? f->flip_at : -1;
-    if (!norange && drop_after < 0 && flip_at < 0) {
+    int64_t drop_after = f->drop_after >= 0 && len > (uint64_t)f->drop_after && fire(&f->drop_n)
+                             ? f->drop_after
+                             : -1;
+    int64_t flip_at = f->flip_at >= 0 && (uint64_t)f->flip_at >= a &&
+                              (uint64_t)f->flip_at < a + len && fire(&f->flip_n)
+                          ? f->flip_at
+                          : -1;
+    if (!norange && drop_after < 0 && flip_at < 0 && !f->slow_ms) {
         store_file_close(r);
         store_ckpt_free(&ck);
         return MHD_YES;
     }
     *served = true;
-    logf_("%s fault=%s%s%s", line, drop_after >= 0 ? "drop" : "", flip_at >= 0 ? "flip" : "", norange ? "norange" : "");
+    logf_("%s fault=%s%s%s%s", line, drop_after >= 0 ? "drop" : "", flip_at >= 0 ? "flip" : "",
+          norange ? "norange" : "", f->slow_ms ? "slow" : "");
     fault_stream *fs = calloc(1, sizeof *fs);
     if (!fs) {
         store_file_close(r);
         store_ckpt_free(&ck);
         return MHD_NO;
     }
-    *fs = (fault_stream){r, a, len, drop_after, flip_at};
-    struct MHD_Response *resp = MHD_create_response_from_callback(fs->len, TH_CHUNK, fault_cb, fs, fault_free);
+    *fs = (fault_stream){r, a, len, drop_after, flip_at, f->slow_ms};
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(fs->len, TH_CHUNK, fault_cb, fs, fault_free);
     char etag[80], crange[96], size[32];
     snprintf(etag, sizeof etag, "\"%s\"", store_file_sha256(r));
     snprintf(size, sizeof size, "%llu", (unsigned long long)T);
@@ -295,8 +331,8 @@ static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line
     MHD_add_response_header(resp, "X-Linked-Size", size);
     MHD_add_response_header(resp, "X-Repo-Commit", ck.commit);
     if (ranged) {
-        snprintf(crange, sizeof crange, "bytes %llu-%llu/%llu", (unsigned long long)a, (unsigned long long)b,
-                 (unsigned long long)T);
+        snprintf(crange, sizeof crange, "bytes %llu-%llu/%llu", (unsigned long long)a,
+                 (unsigned long long)b, (unsigned long long)T);
         MHD_add_response_header(resp, "Content-Range", crange);
     }
     enum MHD_Result ret = MHD_queue_response(c, ranged ? 206 : 200, resp);
@@ -313,7 +349,8 @@ typedef struct {
 } upload;
 
 /* "/{org}/{name}/resolve/{rev}/{path...}" -> pieces (decoded); false when not a resolve URL. */
-static bool split_resolve(const char *url, char *repo, size_t rl, char *rev, size_t vl, char *path, size_t pl)
+static bool split_resolve(const char *url, char *repo, size_t rl, char *rev, size_t vl, char *path,
+                          size_t pl)
 {
     char buf[4096];
     snprintf(buf, sizeof buf, "%s", url);
@@ -357,7 +394,8 @@ static void push_commit(const char *repo, const char *dir)
     }
 }
 
-static enum MHD_Result route(struct MHD_Connection *c, const char *url, const char *method, const upload *up)
+static enum MHD_Result route(struct MHD_Connection *c, const char *url, const char *method,
+                             const upload *up)
 {
     faults *f = &hub.f;
     if (!strcmp(url, "/_testhub/faults")) {
@@ -372,10 +410,12 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     }
     const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
     const char *range = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Range");
-    bool token_ok = *f->token && auth && !strncmp(auth, "Bearer ", 7) && !strcmp(auth + 7, f->token);
+    bool token_ok =
+        *f->token && auth && !strncmp(auth, "Bearer ", 7) && !strcmp(auth + 7, f->token);
     const char *auth_word = !auth ? "none" : !*f->token ? "bearer" : token_ok ? "ok" : "bad";
     char line[600];
-    snprintf(line, sizeof line, "%s %.400s auth=%s%s%.60s", method, url, auth_word, range ? " range=" : "", range ? range : "");
+    snprintf(line, sizeof line, "%s %.400s auth=%s%s%.60s", method, url, auth_word,
+             range ? " range=" : "", range ? range : "");
     bool file_call = strstr(url, "/resolve/") || strstr(url, "/raw/");
     bool hub_call = !strncmp(url, "/api/", 5) || file_call;
     if (hub_call && (file_call || !f->s429_file) && fire(&f->s429_n)) {
@@ -393,14 +433,16 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     }
     if (hub_call && f->gated) {
         logf_("%s fault=gated", line);
-        return send_status(c, auth ? 403 : 401, "GatedRepo", "Access to this model is restricted", 0);
+        return send_status(c, auth ? 403 : 401, "GatedRepo", "Access to this model is restricted",
+                           0);
     }
     char repo[512], rev[256], path[2048];
     if (*f->evil && !strncmp(url, "/api/models/", 12) && strstr(url, "/tree/")) {
         logf_("%s fault=evil", line);
         return send_evil_tree(c, f->evil);
     }
-    bool resolve = !strcmp(method, "GET") && split_resolve(url, repo, sizeof repo, rev, sizeof rev, path, sizeof path);
+    bool resolve = !strcmp(method, "GET") &&
+                   split_resolve(url, repo, sizeof repo, rev, sizeof rev, path, sizeof path);
     if (resolve && f->redirect_port && fire(&f->redirect_n)) {
         logf_("%s fault=redirect", line);
         char *loc = ckpt_sprintf("http://127.0.0.1:%d%s", f->redirect_port, url);
@@ -415,7 +457,8 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
         logf_("%s fault=entry404", line);
         return send_status(c, 404, "EntryNotFound", "Entry not found", 0);
     }
-    if (resolve && (f->drop_n || f->flip_n || f->norange_n) && (!*f->only || strstr(path, f->only))) {
+    if (resolve && (f->drop_n || f->flip_n || f->norange_n || f->slow_ms) &&
+        (!*f->only || strstr(path, f->only))) {
         bool served;
         enum MHD_Result ret = faulty_resolve(c, line, repo, rev, path, &served);
         if (served) return ret;
@@ -424,7 +467,8 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     bool handled;
     enum MHD_Result ret = store_http_route(&hub.store, c, url, method, up->body, up->len, &handled);
     if (!handled) ret = http_send_error(c, 404, "no such endpoint", NULL, NULL);
-    if (*f->push_dir && !strncmp(url, "/api/models/", 12) && strstr(url, "/revision/") && url_repo(url, repo, sizeof repo)) {
+    if (*f->push_dir && !strncmp(url, "/api/models/", 12) && strstr(url, "/revision/") &&
+        url_repo(url, repo, sizeof repo)) {
         /* The answer is queued; the client gets it when this returns, after the push. */
         push_commit(repo, f->push_dir);
         f->push_dir[0] = 0;
@@ -432,8 +476,9 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     return ret;
 }
 
-static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                               const char *version, const char *data, size_t *data_size, void **con_cls)
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *data,
+                               size_t *data_size, void **con_cls)
 {
     (void)cls;
     (void)version;
@@ -461,7 +506,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return r;
 }
 
-static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                      enum MHD_RequestTerminationCode toe)
 {
     (void)cls;
     (void)c;
@@ -476,20 +522,27 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 
 int main(int argc, char **argv)
 {
-    const char *home = NULL, *listen = "127.0.0.1:0", *url_file = NULL, *log_file = NULL, *spec = "";
+    const char *home = NULL, *listen = "127.0.0.1:0", *url_file = NULL, *log_file = NULL,
+               *spec = "";
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--home")) home = argv[i + 1];
-        else if (!strcmp(argv[i], "--listen")) listen = argv[i + 1];
-        else if (!strcmp(argv[i], "--url-file")) url_file = argv[i + 1];
-        else if (!strcmp(argv[i], "--log")) log_file = argv[i + 1];
-        else if (!strcmp(argv[i], "--faults")) spec = argv[i + 1];
+        if (!strcmp(argv[i], "--home"))
+            home = argv[i + 1];
+        else if (!strcmp(argv[i], "--listen"))
+            listen = argv[i + 1];
+        else if (!strcmp(argv[i], "--url-file"))
+            url_file = argv[i + 1];
+        else if (!strcmp(argv[i], "--log"))
+            log_file = argv[i + 1];
+        else if (!strcmp(argv[i], "--faults"))
+            spec = argv[i + 1];
         else {
             fprintf(stderr, "ckpt-testhub: unknown option '%s'\n", argv[i]);
             return 2;
         }
     }
     if (!home) {
-        fprintf(stderr, "usage: ckpt-testhub --home HUB_HOME [--listen 127.0.0.1:0] [--url-file F] [--log F] [--faults SPEC]\n");
+        fprintf(stderr, "usage: ckpt-testhub --home HUB_HOME [--listen 127.0.0.1:0] [--url-file F] "
+                        "[--log F] [--faults SPEC]\n");
         return 2;
     }
     pthread_mutex_init(&hub.mu, NULL);
@@ -507,9 +560,11 @@ int main(int argc, char **argv)
     sa.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     struct MHD_Daemon *d = MHD_start_daemon(
-        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-        handler, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
+        MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+            MHD_USE_ERROR_LOG,
+        0, NULL, NULL, handler, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+        MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
+        MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "ckpt-testhub: cannot listen on %s\n", listen);
         return 1;
@@ -529,7 +584,8 @@ int main(int argc, char **argv)
     sigaction(SIGTERM, &act, NULL);
     sigaction(SIGINT, &act, NULL);
     signal(SIGPIPE, SIG_IGN);
-    while (!stop) pause();
+    while (!stop)
+        pause();
     MHD_stop_daemon(d);
     store_close(&hub.store);
     if (hub.log && hub.log != stderr) fclose(hub.log);
