@@ -13,6 +13,7 @@
 #include "storage/archive.h"
 #include "storage/store.h"
 #include "workers/convert.h"
+#include "workers/hub.h"
 #include "workers/materialize.h"
 
 #include <getopt.h>
@@ -31,7 +32,8 @@ enum {
     OPT_FORCE,
     OPT_CONSOLIDATED,
     OPT_QUIET,
-    OPT_DRY_RUN
+    OPT_DRY_RUN,
+    OPT_SERVER
 };
 
 static const struct option store_opts[] = {
@@ -45,11 +47,12 @@ static const struct option store_opts[] = {
     {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"dry-run", no_argument, 0, OPT_DRY_RUN},
+    {"server", required_argument, 0, OPT_SERVER},
     {0, 0, 0, 0},
 };
 
 typedef struct {
-    const char *home, *repo, *out, *format;
+    const char *home, *repo, *out, *format, *server;
     int rank;
     bool json, force, consolidated, quiet, dry_run;
     int npos;
@@ -99,6 +102,9 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sto
             break;
         case OPT_QUIET:
             a->quiet = true;
+            break;
+        case OPT_SERVER:
+            a->server = optarg;
             break;
         case OPT_DRY_RUN:
             a->dry_run = true;
@@ -343,6 +349,45 @@ int cmd_show(int argc, char **argv)
     return ret;
 }
 
+/* `pull --server`: the daemon's Hub API serves REF as a revision (a layout as
+ * "<commit>.<layout>"); hub_fetch brings it into the local store, verified,
+ * with parallel ranges and resume. */
+static int fetch_remote(ckpt_store *s, const char *server, const char *ref, bool quiet, store_ckpt *out, bool *layout)
+{
+    char *repo, *rev, *lay;
+    int rc = store_ref_parse(ref, &repo, &rev, &lay);
+    if (rc) return rc;
+    *layout = lay != NULL;
+    /* The Hub client reads its endpoint and token from the environment. */
+    setenv("HF_ENDPOINT", server, 1);
+    const char *tok = getenv("CKPT_TOKEN");
+    if (tok && *tok) setenv("HF_TOKEN", tok, 1);
+    else unsetenv("HF_TOKEN");
+    hub_client h;
+    char commit[41];
+    rc = hub_client_init(&h);
+    if (!rc) {
+        rc = hub_resolve_revision(&h, repo, rev ? rev : "main", commit);
+        hub_client_free(&h);
+    }
+    char *hubrev = rc ? NULL : lay ? ckpt_sprintf("%s.%s", commit, lay) : ckpt_strdup(commit);
+    if (!rc && !hubrev) rc = CKPT_ENOMEM;
+    hub_fetch_result res;
+    memset(&res, 0, sizeof res);
+    hub_fetch_opts fo = {.repo = repo, .revision = hubrev, .quiet = quiet};
+    if (!rc) rc = hub_fetch(s, &fo, &res);
+    if (!rc) {
+        *out = res.ckpt;
+        memset(&res.ckpt, 0, sizeof res.ckpt);
+    }
+    hub_fetch_result_free(&res);
+    free(hubrev);
+    free(repo);
+    free(rev);
+    free(lay);
+    return rc;
+}
+
 int cmd_pull(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
@@ -357,13 +402,16 @@ int cmd_pull(int argc, char **argv)
             "  --rank R        of a tensor-parallel layout, only rank R's folder (at DIR's root)\n"
             "                  plus config.json and ckpt-layout.json\n"
             "  --consolidated  of a converted layout: the original layout rebuilt from it\n"
-            "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n\n"
+            "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n"
+            "  --server URL    pull from a remote ckpt daemon (token in CKPT_TOKEN): its files\n"
+            "                  come over its Hub API with parallel ranges, resume and sha256\n"
+            "                  checks, and are kept in the local store as REPO@<its commit>\n\n"
             "examples:\n  ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --rank 3 -o ./rank3\n"
             "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
         return CLI_OK;
     }
     static const int allowed[] = {OPT_HOME,  OPT_OUT,          OPT_RANK,  OPT_FORMAT,
-                                  OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET, 0};
+                                  OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET, OPT_SERVER, 0};
     store_args a;
     int u = parse("pull", argc, argv, allowed, &a);
     if (u) return u;
@@ -379,12 +427,14 @@ int cmd_pull(int argc, char **argv)
     ckpt_store s;
     if (store_open(&s, a.home) < 0) return cli_fail();
     store_ckpt c;
-    int rc = store_resolve(&s, a.pos[0], &c);
+    bool layout = false;
+    int rc = a.server ? fetch_remote(&s, a.server, a.pos[0], a.quiet, &c, &layout) : store_resolve(&s, a.pos[0], &c);
     if (rc) {
         store_close(&s);
         return cli_fail();
     }
-    if (a.consolidated && !*c.layout) {
+    if (!a.server) layout = *c.layout != '\0';
+    if (a.consolidated && !layout) {
         store_ckpt_free(&c);
         store_close(&s);
         return cli_usage_error("pull", "--consolidated applies to a converted layout (REF:LAYOUT)");

@@ -80,7 +80,18 @@ for i in $(seq 16); do cmp -s "$W/dl$i" "$W/tp2/$big" || fail "concurrent downlo
 rss=$(awk '/VmHWM/ {print $2}' "/proc/$DPID/status")
 [ "$rss" -lt $((256 * 1024)) ] || fail "daemon peak RSS ${rss} KiB with 16 clients"
 echo "16 concurrent downloads identical; daemon peak RSS $((rss / 1024)) MiB"
+
+# --- remote pull: from this daemon into another store, equal to local pulls ---
+REMOTE=$W/remote-home
+CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 -o "$W/r-tp2" --server "$URL" 2>/dev/null || fail "remote pull"
+diff -r "$W/tp2" "$W/r-tp2" >/dev/null || fail "remote pull of the layout differs from a local pull"
+CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 --rank 1 -o "$W/r-rank1" --server "$URL" 2>/dev/null || fail "remote rank pull"
+cmp -s "$W/r-rank1/model.safetensors" "$W/tp2/tp_rank_01/model.safetensors" || fail "remote rank 1 differs"
+CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 --consolidated -o "$W/r-cons" --server "$URL" 2>/dev/null || fail "remote consolidated pull"
+diff -r "$W/orig" "$W/r-cons" >/dev/null || fail "remote consolidated pull differs from the original"
 stop_daemon
+
+echo "remote pulls identical (resume after cut connections: the same download code, test_fetch.sh)"
 
 # --- tokens: reads need a token when any is configured ---
 printf 'admintoken-0123456789abcdef admin\nreadtoken-0123456789abcdef read\n' >"$W/tokens"
