@@ -804,6 +804,18 @@ static int order_group(const rule *r, const plan_set *s, const group *g, size_t 
     return 0;
 }
 
+/* The end of a grouping op: every member of every group was consumed (the
+ * new tensors are pushed already), so drop them, free, and check names. */
+static int finish_groups(const rule *r, plan_set *s, group_list *gl, bool *gone, size_t n0, int rc)
+{
+    for (size_t gi = 0; !rc && gi < gl->n; gi++)
+        for (size_t j = 0; j < gl->g[gi].n; j++) gone[gl->g[gi].members[j]] = true;
+    if (!rc) rc = rules_remove_consumed(s, gone, n0);
+    free(gone);
+    groups_free(gl);
+    return rc ? rc : rules_check_unique(r, s);
+}
+
 static int apply_fuse(const rule *r, plan_set *s)
 {
     group_list gl;
@@ -855,12 +867,8 @@ static int apply_fuse(const rule *r, plan_set *s)
         json_decref(members);
         json_decref(dims);
         json_decref(padded_dims);
-        for (size_t j = 0; j < g->n; j++) gone[g->members[j]] = true;
     }
-    if (!rc) rc = rules_remove_consumed(s, gone, n0);
-    free(gone);
-    groups_free(&gl);
-    return rc ? rc : rules_check_unique(r, s);
+    return finish_groups(r, s, &gl, gone, n0, rc);
 }
 
 static int apply_stack_experts(const rule *r, plan_set *s)
@@ -915,12 +923,8 @@ static int apply_stack_experts(const rule *r, plan_set *s)
         free(ptrs);
         free(tr);
         free(trp);
-        for (size_t j = 0; j < g->n; j++) gone[g->members[j]] = true;
     }
-    if (!rc) rc = rules_remove_consumed(s, gone, n0);
-    free(gone);
-    groups_free(&gl);
-    return rc ? rc : rules_check_unique(r, s);
+    return finish_groups(r, s, &gl, gone, n0, rc);
 }
 
 static int apply_unstack_experts(const rule *r, plan_set *s)
