@@ -16,9 +16,12 @@ DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
 	libzstd-dev zstd python3 python3-numpy curl ca-certificates
 
+# libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
+# loads them on first use, so a `ckpt worker` exec does not pay for them.
 PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto
+LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   = $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lopenblas -lpthread -lm
+PKG_LIBS   = $(shell pkg-config --libs $(LINKED_PKGS) 2>/dev/null) -ldl -lpthread -lm
 
 WARN    := -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes -Wno-unused-parameter
 CSTD    := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64
@@ -95,7 +98,8 @@ $(BUILD)/tests/%: tests/unit/%.c $(SUP_OBJS) $(BUILD)/libckpt.a
 
 lib: $(BUILD)/libckpt.a
 	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a
-	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
+	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--version-script=storage/libckpt.map \
+	  -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
 
 # The library's example program (training states), built from the public
 # header alone: -Istorage, not -I., so ckpt.h must stand on its own.

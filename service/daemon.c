@@ -51,7 +51,7 @@ typedef struct {
     char buf[DAEMON_LINE_MAX];
     size_t blen;
     double started, deadline, term_sent, last_renew;
-    bool cancelling, releasing, exited;
+    bool cancelling, releasing, eof; /* eof: its pipe is closed; waiting for its exit */
     int status;
     char *error, *result;
     bool transient;
@@ -73,6 +73,20 @@ static void on_stop(int sig)
 {
     (void)sig;
     stop_requested = 1;
+}
+
+/* A worker's exit wakes the main loop at once (a byte down this pipe), so its
+ * slot is refilled without waiting for the tick and without polling a pipe
+ * that has already hung up. */
+static int child_pipe[2] = {-1, -1};
+
+static void on_child(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    ssize_t n = write(child_pipe[1], "c", 1);
+    (void)n; /* full: a wake-up is already pending */
+    errno = saved;
 }
 
 /* Per-kind limits and timeouts. */
@@ -354,6 +368,7 @@ int daemon_run(const daemon_opts *o)
     http_api *api = NULL;
     if (!d.owner || !d.slots) rc = CKPT_ENOMEM;
     http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home, .running_workers = &d.running};
+    if (!rc && child_pipe[0] < 0 && pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK) < 0) rc = ckpt_error_sys("pipe");
     if (!rc && !o->no_http) rc = http_api_start(&api, &ho);
     if (rc) {
         free(d.owner);
@@ -367,6 +382,9 @@ int daemon_run(const daemon_opts *o)
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    sa.sa_handler = on_child;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
     int requeued = 0;
     queue_reap(&d.store.cat, d.owner, &requeued);
     /* A daemon killed while writing serve.url leaves its temp file: drop those. */
@@ -405,12 +423,21 @@ int daemon_run(const daemon_opts *o)
             if (schedule_queue_due(&d.store.cat, now, NULL) < 0) ckpt_warn("schedules: %s", ckpt_error_last());
         }
         if (!stopping) claim_more(&d);
-        struct pollfd pfd[256];
-        size_t np = d.nslots < 256 ? d.nslots : 256;
-        for (size_t i = 0; i < np; i++) pfd[i] = (struct pollfd){.fd = d.slots[i].fd, .events = POLLIN};
+        struct pollfd pfd[257];
+        size_t slot_of[257], np = 0;
+        pfd[np++] = (struct pollfd){.fd = child_pipe[0], .events = POLLIN};
+        for (size_t i = 0; i < d.nslots && np < CKPT_ARRAY_LEN(pfd); i++) {
+            if (d.slots[i].eof) continue;
+            slot_of[np] = i;
+            pfd[np++] = (struct pollfd){.fd = d.slots[i].fd, .events = POLLIN};
+        }
         poll(pfd, np, DAEMON_TICK_MS);
-        for (size_t i = 0; i < np; i++)
-            if (pfd[i].revents) drain(&d, &d.slots[i]);
+        if (pfd[0].revents) {
+            char sink[64];
+            while (read(child_pipe[0], sink, sizeof sink) > 0) {}
+        }
+        for (size_t i = 1; i < np; i++)
+            if (pfd[i].revents && !drain(&d, &d.slots[slot_of[i]])) d.slots[slot_of[i]].eof = true;
         collect_exits(&d);
         supervise(&d, stopping, grace_end);
     }

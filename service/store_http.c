@@ -200,6 +200,15 @@ static bool resolve_rev(ckpt_store *s, const char *repo, const char *rev_in, hub
     return ok;
 }
 
+bool store_http_resolve_rev(ckpt_store *s, const char *repo, const char *rev, store_ckpt *ck, char sha[41])
+{
+    hub_rev r;
+    if (!resolve_rev(s, repo, rev, &r)) return false;
+    *ck = r.c;
+    memcpy(sha, r.sha, sizeof r.sha);
+    return true;
+}
+
 /* ---- files of a checkpoint ---- */
 
 typedef struct {

@@ -36,6 +36,11 @@
 /* Answers the request when it is one of the routes above (*handled set). */
 enum MHD_Result store_http_route(ckpt_store *s, struct MHD_Connection *c, const char *url, const char *method,
                                  const char *body, size_t body_len, bool *handled);
+/* rev of repo as the Hub API above resolves it ("HEAD", an import name, a
+ * commit or its prefix, "<commit>.<layout>", a layout's pseudo-commit, a
+ * layout of main or of the newest original): fills *ck (store_ckpt_free it)
+ * and sha, the commit clients see. False when nothing matches. */
+bool store_http_resolve_rev(ckpt_store *s, const char *repo, const char *rev, store_ckpt *ck, char sha[41]);
 /* The unescape callback the server must install: keeps the path raw, so
  * "%2F" inside a revision is not taken for a separator. */
 size_t store_http_keep_raw(void *cls, struct MHD_Connection *c, char *s);

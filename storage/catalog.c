@@ -85,7 +85,14 @@ static int user_version(catalog *c, int *v)
 static int migrate(catalog *c)
 {
     int v = 0;
-    int rc = catalog_begin(c);
+    /* The common case, a current schema, is one read and no write lock: every
+     * `ckpt worker` opens the catalog while the daemon writes to it. */
+    int rc = user_version(c, &v);
+    if (!rc && v == catalog_schema_version()) {
+        c->version = v;
+        return 0;
+    }
+    if (!rc) rc = catalog_begin(c);
     if (!rc) rc = user_version(c, &v);
     if (!rc && v > catalog_schema_version())
         rc = ckpt_error_set(CKPT_EINVAL,

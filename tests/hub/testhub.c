@@ -33,6 +33,10 @@
  *   push=DIR        after the next revision answer, import DIR as that repo's
  *                   main (a new commit pushed between two requests)
  *
+ * The file faults hit any revision the daemon's Hub API serves: names given
+ * at import, commits, and converted layouts ("neuron-tp8", "<commit>.<layout>"
+ * and the pseudo-commit a client downloads a layout by).
+ *
  * POST /_testhub/faults with a SPEC body replaces the faults at run time.
  * Every request is logged, one line: METHOD URL auth=none|bearer|ok|bad
  * [range=...] [fault=...] — the token itself never.
@@ -42,6 +46,7 @@
 #include "common/util.h"
 #include "service/http_util.h"
 #include "service/store_http.h"
+#include "storage/catalog.h"
 #include "storage/store.h"
 #include "workers/materialize.h"
 
@@ -269,19 +274,19 @@ static bool pct_decode(char *s)
 
 /* GET /{org}/{name}/resolve/{rev}/{path} with the drop/flip/norange faults
  * that apply to this body; *served false when none does (the caller then
- * answers as usual). */
+ * answers as usual). rev is any revision the daemon's Hub API serves,
+ * converted layouts included. The headers are the daemon's, except the ETag
+ * of a non-LFS file (its sha256 here, its git blob id there; downloads do not
+ * read it). */
 static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line, const char *repo,
                                       const char *rev, const char *path, bool *served)
 {
     faults *f = &hub.f;
     *served = false;
-    char *ref = ckpt_sprintf("%s@%s", repo, rev);
     store_ckpt ck;
-    if (!ref || store_resolve(&hub.store, ref, &ck) < 0) {
-        free(ref);
+    char sha[41];
+    if (!store_http_resolve_rev(&hub.store, repo, rev, &ck, sha))
         return MHD_YES; /* the usual answer says what is missing */
-    }
-    free(ref);
     store_file_reader *r;
     if (store_file_open(&r, &hub.store, &ck, path) < 0) {
         store_ckpt_free(&ck);
@@ -329,7 +334,7 @@ static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line
     MHD_add_response_header(resp, "ETag", etag);
     MHD_add_response_header(resp, "X-Linked-Etag", etag);
     MHD_add_response_header(resp, "X-Linked-Size", size);
-    MHD_add_response_header(resp, "X-Repo-Commit", ck.commit);
+    MHD_add_response_header(resp, "X-Repo-Commit", sha);
     if (ranged) {
         snprintf(crange, sizeof crange, "bytes %llu-%llu/%llu", (unsigned long long)a,
                  (unsigned long long)b, (unsigned long long)T);
