@@ -180,6 +180,11 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
     size_t ses = ckpt_dtype_size(s->dtype);
     uint64_t span = 1;
     for (int k = 0; k < w.nd; k++) span += (w.ext[k] - 1) * w.ss[k];
+    if (s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
+        /* One contiguous run, no cast: read it straight into place, not through the band. */
+        int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
+        return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
+    }
     if (span * ses > EXEC_BAND_BYTES) {
         /* Split the axis with the largest source stride in two. */
         int j = 0;
@@ -380,13 +385,13 @@ typedef struct {
     bool done;
 } slab_iter;
 
-static void slab_iter_init(slab_iter *it, const plan_tensor *t, bool tiles)
+static void slab_iter_init(slab_iter *it, const plan_tensor *t, bool tiles, uint64_t slab_bytes)
 {
     memset(it, 0, sizeof *it);
     it->ndim = t->ndim;
     memcpy(it->shape, t->shape, sizeof it->shape);
     size_t es = ckpt_dtype_size(t->dtype);
-    uint64_t budget = EXEC_SLAB_BYTES / es;
+    uint64_t budget = slab_bytes / es;
     for (int k = 0; k < t->ndim; k++) it->chunk[k] = 1;
     if (tiles) {
         uint64_t edge = EXEC_TILE_EDGE;
@@ -429,7 +434,7 @@ static bool slab_next(slab_iter *it, uint64_t *lo, uint64_t *ext)
 static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *path)
 {
     slab_iter it;
-    slab_iter_init(&it, t, tensor_is_transposed(wk->c->p, t));
+    slab_iter_init(&it, t, tensor_is_transposed(wk->c->p, t), EXEC_SLAB_BYTES);
     uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0};
     size_t es = ckpt_dtype_size(t->dtype);
     if (t->ndim == 0) {
@@ -729,7 +734,7 @@ void exec_plan_free(exec_plan *p)
 }
 
 int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
-                     size_t len, uint8_t *slab, uint8_t *band)
+                     size_t len, uint8_t *slab, uint8_t *band, exec_slab_cache *cache)
 {
     size_t es = ckpt_dtype_size(t->dtype);
     uint64_t nbytes;
@@ -753,11 +758,12 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
     c.src_fds = (int *)src_fds;
     worker wk = {.c = &c, .slab = slab, .band = band};
     slab_iter it;
-    slab_iter_init(&it, t, false); /* flat slabs: each is one contiguous byte range */
+    slab_iter_init(&it, t, false, EXEC_READ_SLAB_BYTES); /* flat slabs: each is one contiguous byte range */
     uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0}, ts[PLAN_MAX_DIM];
     row_major_strides(t->ndim, t->shape, ts);
     uint64_t want_end = off + len;
     if (t->ndim == 0) {
+        if (cache) cache->t = NULL;
         rc = fill_box(&wk, t, lo, ext, slab);
         if (!rc) memcpy(buf, slab + off, len);
         return rc;
@@ -771,7 +777,11 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
         uint64_t a = start * es, b = (start + n) * es;
         if (b <= off) continue;
         if (a >= want_end) break;
-        if ((rc = fill_box(&wk, t, lo, ext, slab))) return rc;
+        if (!cache || cache->t != t || cache->a != a || cache->b != b) {
+            if (cache) cache->t = NULL;
+            if ((rc = fill_box(&wk, t, lo, ext, slab))) return rc;
+            if (cache) *cache = (exec_slab_cache){.t = t, .a = a, .b = b};
+        }
         uint64_t from = off > a ? off : a, to = want_end < b ? want_end : b;
         memcpy((uint8_t *)buf + (from - off), slab + (from - a), (size_t)(to - from));
     }

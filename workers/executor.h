@@ -30,6 +30,9 @@
 
 #define EXEC_SLAB_BYTES (8u << 20)
 #define EXEC_BAND_BYTES (16u << 20)
+/* exec_tensor_read's slabs are smaller: a server holds one per connection,
+ * and with exec_slab_cache their size no longer costs re-assembly. */
+#define EXEC_READ_SLAB_BYTES (1u << 20)
 #define EXEC_MAX_THREADS 64
 
 typedef struct {
@@ -59,12 +62,21 @@ typedef struct {
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
 
+/* What exec_tensor_read assembled last: bytes [a, b) of tensor t, still in
+ * the slab. Zeroed before the first read and kept with the slab, it lets
+ * reads in sequence (an HTTP body sent in 1 MiB blocks) assemble each slab
+ * once instead of once per block. */
+typedef struct {
+    const plan_tensor *t;
+    uint64_t a, b;
+} exec_slab_cache;
+
 /* Random access: bytes [off, off+len) of output tensor t, assembled from its
  * parts (src_fds: open descriptors of p->src_paths; slab and band: scratch
- * buffers of EXEC_SLAB_BYTES and EXEC_BAND_BYTES). Used to serve stored files
- * over HTTP without materialising them. */
+ * buffers of EXEC_READ_SLAB_BYTES and EXEC_BAND_BYTES; cache: see above, or
+ * NULL). Used to serve stored files over HTTP without materialising them. */
 int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
-                     size_t len, uint8_t *slab, uint8_t *band);
+                     size_t len, uint8_t *slab, uint8_t *band, exec_slab_cache *cache);
 
 /* Bytes of tensor data the plan writes (sum over files). */
 uint64_t exec_plan_bytes(const exec_plan *p);

@@ -372,6 +372,7 @@ struct store_file_reader {
     int *fds;          /* open ps.exec.src_paths */
     int blob_fd;       /* whole-blob file */
     uint8_t *slab, *band;
+    exec_slab_cache cache; /* what the slab holds */
 };
 
 void store_file_close(store_file_reader *r)
@@ -467,9 +468,9 @@ int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len)
         const st_out_tensor *ot = &l->tensors[i];
         uint64_t in_t = off - ot->offset;
         size_t n = ot->nbytes - in_t < len ? (size_t)(ot->nbytes - in_t) : len;
-        if (n && !r->slab && (!(r->slab = malloc(EXEC_SLAB_BYTES)) || !(r->band = malloc(EXEC_BAND_BYTES))))
+        if (n && !r->slab && (!(r->slab = malloc(EXEC_READ_SLAB_BYTES)) || !(r->band = malloc(EXEC_BAND_BYTES))))
             return ckpt_error_set(CKPT_ENOMEM, "out of memory for read buffers");
-        int rc = n ? exec_tensor_read(&r->ps.exec, r->fds, r->ef->tensors[ot->user], in_t, out, n, r->slab, r->band) : 0;
+        int rc = n ? exec_tensor_read(&r->ps.exec, r->fds, r->ef->tensors[ot->user], in_t, out, n, r->slab, r->band, &r->cache) : 0;
         if (rc) return rc;
         out += n;
         off += n;

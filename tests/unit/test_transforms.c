@@ -1714,6 +1714,67 @@ static void expect_bytes(const view *v, const int32_t *ref, size_t n)
     }
 }
 
+/* The same column split read back the way the daemon serves stored layouts
+ * (exec_tensor_read, bytes on demand, with the slab cache that spares
+ * re-assembling a slab for every block of a sequential read): blocks of 1 MiB
+ * + 3 bytes in order, then scattered reads of odd sizes, each against the
+ * reference; the plan is built from fx->rules as the last convert used it. */
+static void expect_random_access(fixture *fx, const int32_t *s, size_t rows, size_t cols, int tp)
+{
+    convert_plan cp;
+    convert_opts o = {.rules_file = fx->rules};
+    if (convert_plan_build(&cp, fx->src, &o) < 0) fail_msg("plan: %s", ckpt_error_last());
+    int *fds = calloc(cp.exec.nsrc_paths, sizeof *fds);
+    uint8_t *slab = malloc(EXEC_READ_SLAB_BYTES), *band = malloc(EXEC_BAND_BYTES);
+    size_t w = cols / (size_t)tp, nbytes = rows * w * sizeof(int32_t);
+    int32_t *ref = malloc(nbytes);
+    uint8_t *got = malloc(nbytes);
+    assert_true(fds && slab && band && ref && got);
+    for (size_t i = 0; i < cp.exec.nsrc_paths; i++) {
+        fds[i] = open(cp.exec.src_paths[i], O_RDONLY | O_CLOEXEC);
+        assert_true(fds[i] >= 0);
+    }
+    assert_int_equal(cp.exec.nfiles, (size_t)tp);
+    uint32_t rnd = 12345;
+    for (size_t f = 0; f < cp.exec.nfiles; f++) {
+        const exec_file *ef = &cp.exec.files[f];
+        int r = -1;
+        assert_int_equal(sscanf(ef->rel, "tp_rank_%d/", &r), 1);
+        assert_int_equal(ef->ntensors, 1);
+        const plan_tensor *t = ef->tensors[0];
+        for (size_t i = 0; i < rows; i++)
+            for (size_t j = 0; j < w; j++)
+                ref[i * w + j] = s[i * cols + (size_t)r * w + j];
+        exec_slab_cache cache = {0};
+        memset(got, 0xa5, nbytes);
+        for (size_t off = 0; off < nbytes; off += (1u << 20) + 3) {
+            size_t n = nbytes - off < (1u << 20) + 3 ? nbytes - off : (1u << 20) + 3;
+            if (exec_tensor_read(&cp.exec, fds, t, off, got + off, n, slab, band, &cache) < 0)
+                fail_msg("rank %d at %zu: %s", r, off, ckpt_error_last());
+        }
+        if (memcmp(got, ref, nbytes)) fail_msg("rank %d: sequential reads differ from the reference", r);
+        for (int k = 0; k < 40; k++) {
+            rnd = rnd * 1103515245u + 12345u;
+            size_t off = (size_t)(rnd >> 4) % nbytes;
+            rnd = rnd * 1103515245u + 12345u;
+            size_t n = 1 + (size_t)(rnd >> 8) % (3u << 20);
+            if (n > nbytes - off) n = nbytes - off;
+            memset(got, 0xa5, n);
+            if (exec_tensor_read(&cp.exec, fds, t, off, got, n, slab, band, &cache) < 0)
+                fail_msg("rank %d at %zu: %s", r, off, ckpt_error_last());
+            if (memcmp(got, (uint8_t *)ref + off, n)) fail_msg("rank %d: %zu bytes at %zu differ", r, n, off);
+        }
+    }
+    for (size_t i = 0; i < cp.exec.nsrc_paths; i++)
+        close(fds[i]);
+    free(fds);
+    free(slab);
+    free(band);
+    free(ref);
+    free(got);
+    convert_plan_free(&cp);
+}
+
 /* An I32 [1500, 6000] matrix (36 MB: more than the 8 MiB slab and the 16 MiB
  * band), transposed (tiles whose source rows span more than a band) and
  * split by columns over 4 ranks (9 MB slabs spanning 33 MB of source),
@@ -1754,6 +1815,7 @@ static void test_executor_big(void **state)
         view_free(&part);
     }
     expect_round_trip(fx, fx->dst2);
+    expect_random_access(fx, s, ROWS, COLS, TP);
     free(ref);
     view_free(&src);
 }
