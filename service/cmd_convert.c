@@ -14,6 +14,7 @@
 #include "workers/store_convert.h"
 
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,10 +29,13 @@ static const char layout_options_help[] =
     "  --max-shard-size SIZE   largest output file, e.g. 5GB (default), 500MB, 2GiB\n"
     "  --rules FILE            use a rules document instead of a preset (ckpt plan --print-rules\n"
     "                          prints the one a preset makes)\n"
+    "  --lora ADAPTER          merge this PEFT LoRA adapter first: a lora_merge rule put before the\n"
+    "                          layout's rules (docs/lora.md); ckpt-layout.json records it\n"
+    "  --lora-scale S          multiply the adapter's scale by S (default 1)\n"
     "  --threads N             copy threads (default 2)\n";
 
 enum { OPT_LAYOUT = 256, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS, OPT_FORCE, OPT_JSON,
-       OPT_PRINT_RULES, OPT_NO_HASH, OPT_PARTS, OPT_QUIET, OPT_HOME };
+       OPT_PRINT_RULES, OPT_NO_HASH, OPT_PARTS, OPT_QUIET, OPT_HOME, OPT_LORA, OPT_LORA_SCALE };
 
 static const struct option long_opts[] = {
     {"layout", required_argument, 0, OPT_LAYOUT},
@@ -48,6 +52,8 @@ static const struct option long_opts[] = {
     {"parts", no_argument, 0, OPT_PARTS},
     {"quiet", no_argument, 0, OPT_QUIET},
     {"home", required_argument, 0, OPT_HOME},
+    {"lora", required_argument, 0, OPT_LORA},
+    {"lora-scale", required_argument, 0, OPT_LORA_SCALE},
     {0, 0, 0, 0},
 };
 
@@ -102,6 +108,14 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         case OPT_PARTS: a->parts = true; break;
         case OPT_QUIET: a->co.quiet = true; break;
         case OPT_HOME: a->home = optarg; break;
+        case OPT_LORA: a->co.lora = optarg; break;
+        case OPT_LORA_SCALE: {
+            char *end;
+            a->co.lora_scale = strtod(optarg, &end);
+            if (end == optarg || *end || !isfinite(a->co.lora_scale) || a->co.lora_scale == 0)
+                return cli_usage_error(cmd, "--lora-scale takes a finite, non-zero number");
+            break;
+        }
         }
     }
     for (int i = optind; i < argc; i++) {
@@ -109,6 +123,7 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         a->pos[a->npos++] = argv[i];
     }
     if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->co.quiet = true;
+    if (a->co.lora_scale != 0 && !a->co.lora) return cli_usage_error(cmd, "--lora-scale needs --lora ADAPTER");
     return CLI_OK;
 }
 
@@ -159,8 +174,8 @@ int cmd_plan(int argc, char **argv)
                layout_options_help);
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_LAYOUT, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_JSON,
-                                  OPT_PRINT_RULES, OPT_PARTS, OPT_QUIET, 0};
+    static const int allowed[] = {OPT_LAYOUT, OPT_TP,    OPT_KV,    OPT_DTYPE, OPT_SHARD,      OPT_RULES, OPT_JSON,
+                                  OPT_PRINT_RULES, OPT_PARTS, OPT_QUIET, OPT_LORA, OPT_LORA_SCALE, 0};
     cli_args a;
     int u = parse_args("plan", argc, argv, allowed, &a);
     if (u) return u;
@@ -220,12 +235,13 @@ int cmd_convert(int argc, char **argv)
                "original's tensors, almost no new bytes. Converting again prints the existing ref.\n\n"
                "examples:\n"
                "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
-               "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n",
+               "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n"
+               "  ckpt convert ./Llama-3-8B ./llama-merged-tp8 --layout neuron --tp 8 --lora ./my-adapter\n",
                layout_options_help);
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_LAYOUT, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS,
-                                  OPT_FORCE, OPT_NO_HASH, OPT_QUIET, OPT_HOME, 0};
+    static const int allowed[] = {OPT_LAYOUT, OPT_TP,      OPT_KV,    OPT_DTYPE, OPT_SHARD, OPT_RULES,      OPT_THREADS,
+                                  OPT_FORCE,  OPT_NO_HASH, OPT_QUIET, OPT_HOME,  OPT_LORA,  OPT_LORA_SCALE, 0};
     cli_args a;
     int u = parse_args("convert", argc, argv, allowed, &a);
     if (u) return u;

@@ -278,6 +278,8 @@ int cmd_submit(int argc, char **argv)
                "arguments as the direct command:\n"
                "  ckpt submit import DIR --repo ORG/NAME[@REV]\n"
                "  ckpt submit convert REF --layout L [--tp N] [--dtype D] [--kv-size-multiplier M]\n"
+               "  ckpt submit merge-lora REF ADAPTER [--scale S]   (and unmerge-lora; ADAPTER: a folder\n"
+               "                  or a stored ref; makes ORG/NAME-lora-<id>@REV, see docs/lora.md)\n"
                "  ckpt submit consolidate SRC DST\n"
                "  ckpt submit verify [REF]\n"
                "  ckpt submit gc\n"
@@ -296,7 +298,8 @@ int cmd_submit(int argc, char **argv)
     if (u) return u;
     if (a.nrest < 1) {
         free(a.rest);
-        return cli_usage_error("submit", "expected a job kind (import, convert, consolidate, verify, gc)");
+        return cli_usage_error("submit", "expected a job kind (import, convert, merge-lora, unmerge-lora, consolidate, "
+                                         "verify, gc)");
     }
     const char *kind = a.rest[0];
     if (strchr(kind, '/')) { /* ORG/NAME[@REV] --layout L */

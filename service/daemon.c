@@ -97,6 +97,7 @@ static const struct {
 } kind_table[] = {
     {"import", 0, 6 * 3600},  {"convert", 0, 6 * 3600}, {"consolidate", 0, 6 * 3600}, {"fetch", 0, 12 * 3600},
     {"verify", 1, 6 * 3600},  {"gc", 1, 3600},          {"sync", 2, 600},              {"noop", 0, 600},
+    {"merge-lora", 0, 6 * 3600}, {"unmerge-lora", 0, 6 * 3600},
 };
 
 static double kind_timeout(const daemon_opts *o, const char *kind)

@@ -12,8 +12,10 @@
 #include "workers/hub.h"
 #include "workers/materialize.h"
 #include "workers/store_convert.h"
+#include "workers/store_lora.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,6 +74,11 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
         } else if (!strcmp(name, "max-shard-size")) {
             if (ckpt_parse_size(v, &n) < 0) return usage(kind, "bad --max-shard-size");
             json_object_set_new(a, "max_shard_size", json_integer((json_int_t)n));
+        } else if (!strcmp(name, "scale")) {
+            char *end;
+            double d = strtod(v, &end);
+            if (end == v || *end || !isfinite(d) || d == 0) return usage(kind, "--scale takes a finite, non-zero number");
+            json_object_set_new(a, "scale", json_real(d));
         } else {
             char msg[128];
             snprintf(msg, sizeof msg, "unknown option '%s'", w);
@@ -86,6 +93,12 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
     } else if (!strcmp(kind, "convert")) {
         if (npos != 1 || !json_object_get(a, "layout")) return usage(kind, "expected REF --layout L [--tp N]");
         json_object_set_new(a, "ref", json_string(pos[0]));
+    } else if (!strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora")) {
+        if (npos != 2) return usage(kind, "expected REF ADAPTER [--scale S] (ADAPTER: a folder or a stored ref)");
+        json_object_set_new(a, "ref", json_string(pos[0]));
+        char *abs = ckpt_is_dir(pos[1]) ? absolute(pos[1]) : NULL; /* a folder; anything else is a ref */
+        json_object_set_new(a, "adapter", json_string(abs ? abs : pos[1]));
+        free(abs);
     } else if (!strcmp(kind, "consolidate")) {
         if (npos != 2) return usage(kind, "expected SRC DST");
         char *s = absolute(pos[0]), *d = absolute(pos[1]);
@@ -108,7 +121,10 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
         if (npos != 1 || ckpt_parse_u64(pos[0], &id) < 0 || id == 0 || id > INT64_MAX) return usage(kind, "expected a schedule ID");
         json_object_set_new(a, "schedule", json_integer((json_int_t)id));
     } else {
-        return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s' (import, convert, consolidate, verify, gc, fetch, sync, noop)", kind);
+        return ckpt_error_set(CKPT_EINVAL,
+                              "unknown job kind '%s' (import, convert, merge-lora, unmerge-lora, consolidate, verify, gc, "
+                              "fetch, sync, noop)",
+                              kind);
     }
     return jobs_args_check(kind, a);
 }
@@ -154,6 +170,11 @@ int jobs_args_check(const char *kind, const json_t *a)
     bool ok;
     if (!strcmp(kind, "import")) ok = has_str(a, "dir") && has_str(a, "repo");
     else if (!strcmp(kind, "convert")) ok = has_str(a, "ref") && has_str(a, "layout");
+    else if (!strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora")) {
+        json_t *sc = json_object_get(a, "scale");
+        ok = has_str(a, "ref") && has_str(a, "adapter") &&
+             (!sc || (json_is_number(sc) && isfinite(json_number_value(sc)) && json_number_value(sc) != 0));
+    }
     else if (!strcmp(kind, "consolidate")) ok = has_str(a, "src") && has_str(a, "dst");
     else if (!strcmp(kind, "verify")) ok = !json_object_get(a, "ref") || has_str(a, "ref");
     else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) ok = true;
@@ -173,7 +194,7 @@ int jobs_args_check(const char *kind, const json_t *a)
         size_t i;
         json_t *item;
         json_array_foreach(v, i, item) strings = strings && json_is_string(item);
-        if (!json_is_string(v) && !json_is_integer(v) && !strings)
+        if (!json_is_string(v) && !json_is_integer(v) && !strings && !(json_is_real(v) && !strcmp(key, "scale")))
             return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must be a string, a number or a list of strings", kind, key);
     }
     return 0;
@@ -233,6 +254,23 @@ static int run_convert(ckpt_store *s, const json_t *a, json_t **result)
         *result = json_pack("{s:s,s:b}", "ref", ref ? ref : "", "existed", existed);
         free(ref);
         store_ckpt_free(&out);
+    }
+    return rc;
+}
+
+static int run_merge_lora(ckpt_store *s, const json_t *a, bool unmerge, json_t **result)
+{
+    store_lora_opts o = {.scale = json_number_value(json_object_get(a, "scale")), .unmerge = unmerge};
+    store_lora_result r;
+    int rc = store_lora_merge(s, json_string_value(json_object_get(a, "ref")),
+                              json_string_value(json_object_get(a, "adapter")), &o, &r);
+    if (!rc) {
+        char *ref = store_ckpt_ref(&r.ckpt);
+        *result = json_pack("{s:s,s:s,s:b,s:I,s:I,s:s}", "ref", ref ? ref : "", "commit", r.ckpt.commit, "existed",
+                            r.existed, "modules", (json_int_t)r.modules, "new_bytes", (json_int_t)r.new_bytes,
+                            "adapter_id", r.adapter_id);
+        free(ref);
+        store_lora_result_free(&r);
     }
     return rc;
 }
@@ -302,6 +340,8 @@ int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transien
     if (rc) return rc;
     if (!strcmp(kind, "import")) rc = run_import(s, args, result);
     else if (!strcmp(kind, "convert")) rc = run_convert(s, args, result);
+    else if (!strcmp(kind, "merge-lora")) rc = run_merge_lora(s, args, false, result);
+    else if (!strcmp(kind, "unmerge-lora")) rc = run_merge_lora(s, args, true, result);
     else if (!strcmp(kind, "consolidate")) {
         consolidate_opts co = {0};
         rc = consolidate_run(json_string_value(json_object_get(args, "src")), json_string_value(json_object_get(args, "dst")), &co);

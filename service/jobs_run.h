@@ -5,6 +5,8 @@
  *
  *   import      {"dir": ABS, "repo": "ORG/NAME[@REV]"}
  *   convert     {"ref": REF, "layout": L, "tp": N, "dtype": D, "kv_size_multiplier": M, "max_shard_size": BYTES}
+ *   merge-lora, unmerge-lora
+ *               {"ref": REF, "adapter": ABS_DIR or REF, "scale"?: S}   (workers/store_lora.h)
  *   consolidate {"src": ABS, "dst": ABS}
  *   verify      {"ref": REF}            (ref optional: the whole store)
  *   gc          {}

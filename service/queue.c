@@ -14,7 +14,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
-static const char *const known_kinds[] = {"import", "convert", "consolidate", "verify", "gc", "fetch", "sync", "noop"};
+static const char *const known_kinds[] = {"import", "convert",  "merge-lora", "unmerge-lora", "consolidate",
+                                           "verify", "gc",       "fetch",      "sync",         "noop"};
 
 bool queue_kind_known(const char *kind)
 {

@@ -128,6 +128,11 @@ typedef struct {
     bool quiet;
 } store_import_opts;
 
+/* The content id of a checkpoint made here rather than fetched (an import
+ * without a commit, a merge): sha256 over "path\0sha256\n" of its files in
+ * the order given (path order), 40 hex digits. */
+int store_content_id(const store_ckpt_rec *r, char out[41]);
+
 /* Imports a Hugging Face directory; *existed when the same content was there. */
 int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed);
 

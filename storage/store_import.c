@@ -164,8 +164,7 @@ static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *f
     return rc;
 }
 
-/* The content id of a file set: sha256 over "path\0sha256\n" in path order, 40 hex digits. */
-static int content_id(const store_ckpt_rec *r, char out[41])
+int store_content_id(const store_ckpt_rec *r, char out[41])
 {
     ckpt_sha256 h;
     int rc = ckpt_sha256_init(&h);
@@ -224,7 +223,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
         if (!o->quiet) ckpt_progress_update(&prog, i + 1);
     }
     char commit[41];
-    if (!rc) rc = content_id(&rec, commit);
+    if (!rc) rc = store_content_id(&rec, commit);
     const char *rev = rec.revision;
     rec.commit = is_commit_sha(rev) ? rev : commit;
     int64_t id = 0;

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "workers/layout_meta.h"
+#include "workers/lora_plan.h"
 #include "workers/presets.h"
 #include "workers/state_convert.h"
 
@@ -116,17 +117,35 @@ int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *pref
     return rc;
 }
 
+/* --lora ADAPTER [--lora-scale S]: {"op": "lora_merge", ...} before the other rules. */
+static int prepend_lora(json_t *doc, const convert_opts *o)
+{
+    json_t *list = json_object_get(doc, "rules");
+    if (!o->lora || !json_is_array(list)) return 0;
+    char *abs = realpath(o->lora, NULL);
+    json_t *r = json_pack("{s:s,s:s}", "op", "lora_merge", "adapter", abs ? abs : o->lora);
+    free(abs);
+    if (r && o->lora_scale != 0) json_object_set_new(r, "scale", json_real(o->lora_scale));
+    if (!r || json_array_insert_new(list, 0, r)) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
+}
+
 static int build_rules(convert_plan *cp, const convert_opts *o)
 {
+    const char *what = o->rules_file;
+    int rc;
     if (o->rules_file) {
-        int rc = cj_load_file(&cp->rules_json, o->rules_file, RULES_MAX_BYTES);
-        return rc ? rc : rules_parse(&cp->rules, cp->rules_json, o->rules_file);
+        rc = cj_load_file(&cp->rules_json, o->rules_file, RULES_MAX_BYTES);
+    } else {
+        if (!o->layout)
+            return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf, or --rules FILE)");
+        preset_opts po = {.preset = o->layout, .tp = o->tp > 0 ? o->tp : 1, .kv_size_multiplier = o->kv_size_multiplier,
+                          .dtype = o->dtype};
+        rc = preset_rules(&cp->rules_json, cp->config, &po, "config.json");
+        what = "preset rules";
     }
-    if (!o->layout) return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf, or --rules FILE)");
-    preset_opts po = {.preset = o->layout, .tp = o->tp > 0 ? o->tp : 1, .kv_size_multiplier = o->kv_size_multiplier,
-                      .dtype = o->dtype};
-    int rc = preset_rules(&cp->rules_json, cp->config, &po, "config.json");
-    return rc ? rc : rules_parse(&cp->rules, cp->rules_json, "preset rules");
+    if (!rc) rc = prepend_lora(cp->rules_json, o);
+    return rc ? rc : rules_parse(&cp->rules, cp->rules_json, what);
 }
 
 static int build_folders(convert_plan *cp, uint64_t max_shard)
@@ -175,6 +194,7 @@ int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *
         if (!rc) rc = plan_set_push(&cp->set, &t);
     }
     if (!rc) rc = rules_apply(&cp->rules, &cp->set, &cp->result);
+    if (!rc) rc = lora_plan_derive(cp); /* lora_merge: merged weights become computed sources */
     for (size_t i = 0; !rc && i < cp->set.n; i++) plan_tensor_coalesce(&cp->set.t[i]);
     if (!rc) rc = state_plan_add_slots(cp);
     if (!rc) {
@@ -231,6 +251,8 @@ void convert_plan_free(convert_plan *cp)
     ckpt_checkpoint_close(&cp->src);
     free(cp->src_dir);
     json_decref(cp->config);
+    lora_plan_free(cp);
+    rules_result_free(&cp->result);
     json_decref(cp->rules_json);
     rules_free(&cp->rules);
     plan_set_free(&cp->set);
@@ -345,7 +367,9 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (!hashes) rc = CKPT_ENOMEM;
     exec_opts eo = {.threads = o->threads, .hash_sources = !o->no_hash, .source_sha256 = hashes, .quiet = o->quiet,
                     .label = "convert"};
+    if (!rc) rc = lora_plan_compute(cp, tmp, o);
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
+    if (!rc) rc = lora_plan_finish(cp);
     if (!rc) rc = write_indexes(cp, tmp);
     if (!rc) rc = state_plan_write(cp, tmp);
     if (!rc) rc = convert_copy_side_files(cp->src_dir, tmp);

@@ -47,6 +47,8 @@ typedef struct {
     bool force;              /* replace a non-empty DST */
     bool quiet;
     bool no_hash; /* do not hash the sources (sha256 left empty in the metadata) */
+    const char *lora;  /* merge this PEFT adapter first: a lora_merge rule put before the layout's */
+    double lora_scale; /* its scale (0: 1) */
 } convert_opts;
 
 typedef struct {
@@ -66,6 +68,7 @@ typedef struct {
     char **folder_dirs;  /* "" or "tp_rank_03" */
     char **index_texts;  /* index JSON per folder, NULL when the folder has one file */
     struct state_plan *state; /* a training state's optimizer slots (state_convert.h), or NULL */
+    struct lora_plan *lora;   /* merged LoRA weights of lora_merge rules (lora_plan.h), or NULL */
 } convert_plan;
 
 int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o);

@@ -532,6 +532,12 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&c->mu);
             if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
+            else if (!last && !c->o->no_fsync) {
+                /* Start writing this tensor back now (asynchronously), so the
+                 * file's fsync finds little left to do instead of all of it. */
+                const st_out_tensor *ot = &c->p->files[it.file].layout.tensors[it.slot];
+                sync_file_range(c->out_fds[it.file], (off_t)ot->offset, (off_t)ot->nbytes, SYNC_FILE_RANGE_WRITE);
+            }
         }
         if (rc) {
             pthread_mutex_lock(&c->mu);
@@ -549,6 +555,9 @@ static void *worker_main(void *arg)
 typedef struct {
     const exec_plan *p;
     char (*out)[65];
+    bool fresh; /* bypass the xattr cache */
+    pthread_mutex_t mu;
+    size_t next;
     int err;
     char errmsg[1024];
 } hash_job;
@@ -557,8 +566,9 @@ typedef struct {
  * "<size> <mtime ns> <hex>": converting the same files again skips hashing
  * them. A file changed since (size or mtime) is hashed anew; filesystems
  * without user xattrs just hash every time. */
-static int sha256_cached(const char *path, char hex[65])
+static int sha256_cached(const char *path, char hex[65], bool fresh)
 {
+    if (fresh) return ckpt_sha256_file_hex(path, hex);
     struct stat st;
     if (stat(path, &st) < 0) return ckpt_error_sys("%s: stat", path);
     char key[64], val[160];
@@ -581,17 +591,26 @@ static int sha256_cached(const char *path, char hex[65])
     return rc;
 }
 
+/* The hashing threads take source files in turn. */
 static void *hash_main(void *arg)
 {
     hash_job *h = arg;
-    for (size_t i = 0; i < h->p->nsrc_paths && !h->err; i++) {
-        int rc = sha256_cached(h->p->src_paths[i], h->out[i]);
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        size_t i = h->next++;
+        bool stop = h->err || i >= h->p->nsrc_paths;
+        pthread_mutex_unlock(&h->mu);
+        if (stop) return NULL;
+        int rc = sha256_cached(h->p->src_paths[i], h->out[i], h->fresh);
         if (rc) {
-            h->err = rc;
-            snprintf(h->errmsg, sizeof h->errmsg, "%s", ckpt_error_last());
+            pthread_mutex_lock(&h->mu);
+            if (!h->err) {
+                h->err = rc;
+                snprintf(h->errmsg, sizeof h->errmsg, "%s", ckpt_error_last());
+            }
+            pthread_mutex_unlock(&h->mu);
         }
     }
-    return NULL;
 }
 
 uint64_t exec_plan_bytes(const exec_plan *p)
@@ -667,12 +686,13 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     c.total = exec_plan_bytes(p);
     if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
 
-    hash_job hj = {.p = p, .out = o->source_sha256};
-    pthread_t hash_thread;
-    bool hashing = false;
-    if (!rc && o->hash_sources && o->source_sha256) {
-        if (pthread_create(&hash_thread, NULL, hash_main, &hj) == 0) hashing = true;
-        else rc = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
+    hash_job hj = {.p = p, .out = o->source_sha256, .fresh = o->hash_fresh};
+    pthread_mutex_init(&hj.mu, NULL);
+    pthread_t hash_threads[EXEC_HASH_THREADS];
+    int hashing = 0;
+    for (int i = 0; !rc && o->hash_sources && o->source_sha256 && i < EXEC_HASH_THREADS && (size_t)i < p->nsrc_paths; i++) {
+        if (pthread_create(&hash_threads[i], NULL, hash_main, &hj) == 0) hashing++;
+        else if (!hashing) rc = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
     }
     pthread_t *tids = ckpt_calloc((size_t)threads, sizeof *tids);
     int started = 0;
@@ -693,7 +713,8 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         started++;
     }
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
-    if (hashing) pthread_join(hash_thread, NULL);
+    for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
+    pthread_mutex_destroy(&hj.mu);
     if (!rc && c.err) rc = ckpt_error_set(c.err, "%s", c.errmsg);
     if (!rc && hj.err) rc = ckpt_error_set(hj.err, "%s", hj.errmsg);
     if (!rc && !o->quiet) ckpt_progress_finish(&c.prog);

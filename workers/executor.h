@@ -34,6 +34,7 @@
  * and with exec_slab_cache their size no longer costs re-assembly. */
 #define EXEC_READ_SLAB_BYTES (1u << 20)
 #define EXEC_MAX_THREADS 64
+#define EXEC_HASH_THREADS 2
 
 typedef struct {
     char *rel;             /* path relative to the output directory */
@@ -53,7 +54,8 @@ typedef struct {
 
 typedef struct {
     int threads;       /* 0: 2 */
-    bool hash_sources; /* compute sha256 of every source file meanwhile */
+    bool hash_sources; /* compute sha256 of every source file meanwhile (EXEC_HASH_THREADS threads) */
+    bool hash_fresh;   /* ... always reading the bytes: verifying, not identifying (no xattr cache) */
     char (*source_sha256)[65]; /* out: nsrc_paths entries when hash_sources */
     bool quiet;        /* no progress lines */
     const char *label; /* progress label */

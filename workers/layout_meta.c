@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/util.h"
+#include "workers/lora_plan.h"
 #include "workers/state_convert.h"
 
 #include <string.h>
@@ -98,6 +99,8 @@ json_t *layout_meta_build(const convert_plan *cp, char (*hashes)[65], bool with_
     if (!root) return NULL;
     json_object_set_new(root, "source", source_json(cp, hashes));
     json_object_set(root, "rules", cp->rules.doc);
+    json_t *lora = lora_plan_meta(cp);
+    if (lora) json_object_set_new(root, "lora_merge", lora); /* the adapters merged, with their files' sha256 */
     json_t *folders = json_array();
     for (size_t r = 0; r < cp->nfolders; r++) {
         json_t *files = json_array();

@@ -409,22 +409,23 @@ static char *base_module(const st_tensor *t)
     return ckpt_strndup(t->name, n - 7);
 }
 
-static int check_shapes(const lora_adapter *a, const lora_module *m, const st_tensor *w)
+int lora_check_weight(const lora_adapter *a, const lora_module *m, const char *name, ckpt_dtype dtype, int ndim,
+                      const uint64_t *shape)
 {
     char sw[96], sa[96], sb[96];
-    if (w->dtype != CKPT_DT_F32 && w->dtype != CKPT_DT_BF16 && w->dtype != CKPT_DT_F16)
+    if (dtype != CKPT_DT_F32 && dtype != CKPT_DT_BF16 && dtype != CKPT_DT_F16)
         return ckpt_error_set(CKPT_EINVAL,
                               "base tensor '%s' has dtype %s; merging supports F32, BF16 and F16",
-                              w->name, ckpt_dtype_name(w->dtype));
+                              name, ckpt_dtype_name(dtype));
     uint64_t out = m->b->shape[0], in = m->a->shape[1];
-    bool ok = w->ndim == 2 && (a->fan_in_fan_out ? w->shape[0] == in && w->shape[1] == out
-                                                 : w->shape[0] == out && w->shape[1] == in);
+    bool ok = ndim == 2 && (a->fan_in_fan_out ? shape[0] == in && shape[1] == out
+                                              : shape[0] == out && shape[1] == in);
     if (!ok)
         return ckpt_error_set(
             CKPT_EINVAL,
             "module '%s': base weight '%s' is %s but lora_A %s and lora_B %s make a %s update of "
             "[%llu, %llu]",
-            m->module, w->name, plan_shape_str(w->ndim, w->shape, sw, sizeof sw),
+            m->module, name, plan_shape_str(ndim, shape, sw, sizeof sw),
             plan_shape_str(2, m->a->shape, sa, sizeof sa),
             plan_shape_str(2, m->b->shape, sb, sizeof sb),
             a->fan_in_fan_out ? "fan_in_fan_out" : "[out, in]",
@@ -441,7 +442,7 @@ int lora_adapter_check_base(const lora_adapter *a, const ckpt_checkpoint *base)
         if (!wname) return CKPT_ENOMEM;
         const ckpt_tensor_ref *ref = ckpt_checkpoint_find(base, wname);
         int rc =
-            ref ? check_shapes(a, m, ref->t)
+            ref ? lora_check_weight(a, m, ref->t->name, ref->t->dtype, ref->t->ndim, ref->t->shape)
                 : ckpt_error_set(CKPT_EINVAL, "adapter module '%s': the base %s has no tensor '%s'",
                                  m->module, base->path, wname);
         free(wname);

@@ -38,6 +38,12 @@
  * modules in flight, whatever the checkpoint. DST appears complete or not at
  * all (convert.h).
  *
+ * The same engine merges without the files around it (lora_merge_targets):
+ * the lora_merge rule of `ckpt convert` computes merged weights into a
+ * staging file that the layout then slices and fuses (rule_lora.c,
+ * lora_plan.h), and the store's merge-lora job computes them straight into
+ * blobs (store_lora.h).
+ *
  * Converting (lora_convert_run) plans the base's layout first, from headers
  * and config.json only, and makes the adapter follow it part by part, so
  * every layout that slices, pads and fuses [out, in] weights carries
@@ -71,7 +77,7 @@ typedef struct {
     double scale;             /* alpha / r, or alpha / sqrt(r) */
 } lora_module;
 
-typedef struct {
+typedef struct lora_adapter {
     char *dir;
     char *config_text; /* adapter_config.json as read */
     json_t *config;
@@ -96,6 +102,11 @@ bool lora_adapter_targets(const lora_adapter *a, const char *module);
  * entry names at least one base module; every base module it names has
  * adapter weights. Errors name the module, the tensors and their shapes. */
 int lora_adapter_check_base(const lora_adapter *a, const ckpt_checkpoint *base);
+/* Checks one base weight (name, dtype, shape) against module m: a float
+ * dtype to merge into (F32, BF16, F16) and the shape lora_A and lora_B imply
+ * ([out, in], or [in, out] with fan_in_fan_out). The error names both. */
+int lora_check_weight(const lora_adapter *a, const lora_module *m, const char *name, ckpt_dtype dtype, int ndim,
+                      const uint64_t *shape);
 
 /* ---- merge (lora_merge.c) ---- */
 
@@ -120,6 +131,35 @@ typedef struct {
 
 int lora_merge_run(const char *base, const char *adapter, const char *dst, const lora_merge_opts *o,
                    lora_merge_stats *stats);
+
+/* The layout merge-lora gives the output file of base file sf: its tensors
+ * and __metadata__ in a header rendered by st_layout (so a stored merge, or
+ * one from a header alone, has the bytes of an offline one). */
+int lora_merge_layout(st_layout *l, const st_file *sf);
+
+/* One weight merged from wherever it is to wherever it goes: the rows x cols
+ * tensor of `dtype` at byte src_off of src_fd is read, updated by module m
+ * and written at dst_off of dst_fd (which may be the same file, never the
+ * same bytes). The shape must be the one lora_check_weight accepted. */
+typedef struct {
+    const lora_module *m;
+    ckpt_dtype dtype;
+    uint64_t rows, cols;
+    int src_fd;
+    uint64_t src_off;
+    const char *src_path; /* for messages */
+    int dst_fd;
+    uint64_t dst_off;
+    const char *dst_path;
+} lora_merge_target;
+
+/* The engine of lora_merge_run without the files around it: merges n
+ * targets of adapter ad (o->scale, o->unmerge, o->threads, o->quiet; force is
+ * ignored), block by block with bounded memory, and fills stats (modules,
+ * bytes, gflop, gemm and wall seconds). Used by the lora_merge rule
+ * (lora_rule.c) and the store's merge-lora job (store_lora.c). */
+int lora_merge_targets(const lora_adapter *ad, const lora_merge_target *t, size_t n, const lora_merge_opts *o,
+                       lora_merge_stats *stats);
 
 /* ---- adapters in layouts (lora_layout.c) ---- */
 

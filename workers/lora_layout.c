@@ -693,6 +693,11 @@ int lora_convert_run(const char *adapter, const char *base, const char *dst, con
                            "[out, in] Linear weights",
                            adapter);
     if (!rc) rc = convert_plan_build(&c.bp, base, o);
+    if (!rc && c.bp.result.nmerges)
+        rc = ckpt_error_set(CKPT_EINVAL,
+                            "rule %zu (lora_merge): the layout merges an adapter into the base; convert this "
+                            "adapter against the merged base instead",
+                            c.bp.result.merges[0].rule);
     if (!rc) rc = lora_adapter_check_base(&c.ad, &c.bp.src);
     if (!rc && !(c.modules = json_object())) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
     if (!rc) rc = map_sources(&c);

@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct {
@@ -248,8 +249,12 @@ static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
     return rc;
 }
 
-/* Hashing what was written is most of a pull's CPU: files are hashed by
- * VERIFY_THREADS threads taking them in turn. */
+/* Hashing is most of a pull's CPU. When the pull reads its blobs whole (an
+ * original, or a layout that is all of its blobs rearranged), the blobs are
+ * hashed while the executor copies them (verify_blobs), and only the plain
+ * files are hashed after; otherwise (one rank of a layout reads a fraction of
+ * each blob) what was written is hashed, by VERIFY_THREADS threads taking the
+ * files in turn. Either way a damaged blob fails the pull before DST exists. */
 #define VERIFY_THREADS 2
 
 typedef struct {
@@ -257,6 +262,7 @@ typedef struct {
     const char *tmp;
     pthread_mutex_t mu;
     size_t next;
+    bool plain_only; /* safetensors files were verified through their blobs */
     int rc;
     char msg[1024];
 } verify_ctx;
@@ -271,6 +277,7 @@ static void *verify_main(void *arg)
         pthread_mutex_unlock(&v->mu);
         if (stop) return NULL;
         stored_file *f = &v->ps->files[i];
+        if (v->plain_only && f->header) continue;
         char *path = ckpt_path_join(v->tmp, f->out_rel);
         char hex[65];
         int rc = path ? ckpt_sha256_file_hex(path, hex) : CKPT_ENOMEM;
@@ -291,9 +298,9 @@ static void *verify_main(void *arg)
     }
 }
 
-static int verify_written(pull_state *ps, const char *tmp)
+static int verify_written(pull_state *ps, const char *tmp, bool plain_only)
 {
-    verify_ctx v = {.ps = ps, .tmp = tmp};
+    verify_ctx v = {.ps = ps, .tmp = tmp, .plain_only = plain_only};
     pthread_mutex_init(&v.mu, NULL);
     pthread_t th[VERIFY_THREADS];
     int started = 0;
@@ -303,6 +310,33 @@ static int verify_written(pull_state *ps, const char *tmp)
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
     pthread_mutex_destroy(&v.mu);
     return v.rc ? ckpt_error_set(v.rc, "%s", v.msg) : 0;
+}
+
+/* Source bytes the pull reads, when it reads every blob whole; 0 when
+ * hashing the blobs would read more than the output holds. */
+static bool reads_blobs_whole(const pull_state *ps)
+{
+    uint64_t src = 0;
+    for (size_t i = 0; i < ps->exec.nsrc_paths; i++) {
+        struct stat st;
+        if (stat(ps->exec.src_paths[i], &st) < 0) return false;
+        src += (uint64_t)st.st_size;
+    }
+    return src <= exec_plan_bytes(&ps->exec);
+}
+
+/* Every blob hashed to its name (sources[].name is the blob's sha256). */
+static int check_blob_hashes(const pull_state *ps, char (*got)[65])
+{
+    for (size_t i = 0; i < ps->exec.nsources; i++) {
+        const plan_source *src = &ps->exec.sources[i];
+        if (strcmp(got[src->file], src->name))
+            return ckpt_error_set(CKPT_ECORRUPT,
+                                  "blob %s is damaged (its bytes hash to %s): the checkpoint cannot be rebuilt "
+                                  "(run ckpt verify); nothing was written",
+                                  src->name, got[src->file]);
+    }
+    return 0;
 }
 
 static void pull_free(pull_state *ps)
@@ -350,11 +384,21 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     char *tmp = NULL;
     if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
     if (!rc) {
-        exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "pull"};
-        rc = exec_run(&ps.exec, tmp, &eo);
+        bool verify_blobs = ps.exec.nsrc_paths && reads_blobs_whole(&ps);
+        char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
+        if (verify_blobs && !blob_sha) rc = CKPT_ENOMEM;
+        exec_opts eo = {.threads = o->threads,
+                        .quiet = o->quiet,
+                        .label = "pull",
+                        .hash_sources = verify_blobs,
+                        .hash_fresh = true,
+                        .source_sha256 = blob_sha};
+        if (!rc) rc = exec_run(&ps.exec, tmp, &eo);
+        if (!rc && verify_blobs) rc = check_blob_hashes(&ps, blob_sha);
+        free(blob_sha);
         for (size_t i = 0; !rc && i < ps.nfiles; i++)
             if (!ps.files[i].header) rc = copy_plain(&ps, &ps.files[i], tmp);
-        if (!rc) rc = verify_written(&ps, tmp);
+        if (!rc) rc = verify_written(&ps, tmp, verify_blobs);
         if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);
         free(tmp);

@@ -18,7 +18,8 @@
 
 const char *const rules_op_names[RULES_NOPS] = {"rename",        "drop",            "cast",
                                        "transpose",     "tp_split",        "fuse",
-                                       "stack_experts", "unstack_experts", "fuse_qkv_gqa"};
+                                       "stack_experts", "unstack_experts", "fuse_qkv_gqa",
+                                       "lora_merge"};
 
 /* Fields each op accepts besides "op" and "pattern" (a typo is an error). */
 static const char *const op_fields[][16] = {
@@ -33,6 +34,7 @@ static const char *const op_fields[][16] = {
     [OP_FUSE_QKV_GQA] = {"q", "k", "v", "o", "output", "weight_name", "bias_name", "fused",
                          "num_attention_heads", "num_key_value_heads", "head_dim", "tp",
                          "kv_size_multiplier", "pad_heads"},
+    [OP_LORA_MERGE] = {"adapter", "scale", "unmerge"},
 };
 
 /* ---- parsing ---- */
@@ -96,7 +98,7 @@ static int check_fields(rule *r)
 
 static int compile_pattern(rule *r)
 {
-    int rc = parse_str(r, "pattern", &r->pattern, NULL, r->op != OP_CAST);
+    int rc = parse_str(r, "pattern", &r->pattern, NULL, r->op != OP_CAST && r->op != OP_LORA_MERGE);
     if (rc) return rc;
     r->has_pattern = r->pattern != NULL;
     if (!r->pattern) r->pattern = "";
@@ -146,7 +148,7 @@ static int parse_rule(rule *r, json_t *j, size_t index, int doc_tp)
     if (i == nops)
         return ckpt_error_set(CKPT_EINVAL,
                               "rule %zu: unknown op '%s' (known: rename, drop, cast, transpose, tp_split, "
-                              "fuse, stack_experts, unstack_experts, fuse_qkv_gqa)",
+                              "fuse, stack_experts, unstack_experts, fuse_qkv_gqa, lora_merge)",
                               index, op);
     r->op = (rule_op)i;
     if ((rc = check_fields(r)) || (rc = compile_pattern(r))) return rc;
@@ -224,6 +226,8 @@ static int parse_rule(rule *r, json_t *j, size_t index, int doc_tp)
         if (!r->heads || !r->kv_heads || !r->head_dim)
             return rule_err(r, CKPT_EINVAL, "needs num_attention_heads, num_key_value_heads and head_dim");
         break;
+    case OP_LORA_MERGE:
+        return parse_lora_merge(r);
     }
     if (r->tp != doc_tp && r->tp != 1)
         return rule_err(r, CKPT_EINVAL, "tp %lld differs from the document's tp %d", (long long)r->tp, doc_tp);
@@ -276,7 +280,10 @@ int rules_load_file(rules_doc *d, const char *path)
 
 void rules_free(rules_doc *d)
 {
-    for (size_t i = 0; d->rules && i < d->n; i++) pcre2_code_free(d->rules[i].re);
+    for (size_t i = 0; d->rules && i < d->n; i++) {
+        pcre2_code_free(d->rules[i].re);
+        free_lora_merge(&d->rules[i]);
+    }
     free(d->rules);
     free(d->layout);
     json_decref(d->doc);
@@ -998,9 +1005,17 @@ int rules_apply(const rules_doc *d, plan_set *set, rules_result *res)
         case OP_STACK_EXPERTS: rc = apply_stack_experts(r, set); break;
         case OP_UNSTACK_EXPERTS: rc = apply_unstack_experts(r, set); break;
         case OP_FUSE_QKV_GQA: rc = apply_fuse_qkv_gqa(r, set); break;
+        case OP_LORA_MERGE: rc = apply_lora_merge(r, set, res); break;
         default: rc = ckpt_error_set(CKPT_EINVAL, "rule %zu: unknown op", r->index);
         }
         if (rc) return rc;
     }
     return 0;
+}
+
+void rules_result_free(rules_result *res)
+{
+    for (size_t i = 0; i < res->nmerges; i++) free(res->merges[i].tensor);
+    free(res->merges);
+    memset(res, 0, sizeof *res);
 }

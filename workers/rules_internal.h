@@ -14,7 +14,7 @@
 #define RULE_MATCH_LIMIT 1000000
 #define RULE_MAX_EXPERTS 65536
 #define RULE_MAX_MEMBERS 64
-#define RULES_NOPS 9
+#define RULES_NOPS 10
 
 typedef enum {
     OP_RENAME,
@@ -26,9 +26,8 @@ typedef enum {
     OP_STACK_EXPERTS,
     OP_UNSTACK_EXPERTS,
     OP_FUSE_QKV_GQA,
+    OP_LORA_MERGE,
 } rule_op;
-
-
 
 extern const char *const rules_op_names[RULES_NOPS];
 
@@ -48,6 +47,11 @@ struct rule {
     /* fuse_qkv_gqa */
     const char *q, *k, *v, *o, *weight_name, *bias_name;
     int64_t heads, kv_heads, head_dim, kv_mult;
+    /* lora_merge: the adapter, opened when the rule is parsed (lora.h) */
+    const char *adapter_path;
+    struct lora_adapter *adapter;
+    double lora_scale;
+    bool unmerge;
 };
 
 typedef struct {
@@ -80,5 +84,9 @@ int rules_remove_consumed(plan_set *s, const bool *gone, size_t n0);
 int rules_check_unique(const rule *r, const plan_set *s);
 
 int apply_fuse_qkv_gqa(const rule *r, plan_set *s);
+/* lora_merge (rule_lora.c) */
+int parse_lora_merge(rule *r);
+void free_lora_merge(rule *r);
+int apply_lora_merge(const rule *r, plan_set *s, rules_result *res);
 
 #endif

@@ -35,9 +35,11 @@ static int blob_text(ckpt_store *s, const store_file_row *f, char **out)
 
 /* The source checkpoint as the offline planner would open it: the shards of
  * model.safetensors.index.json, else model.safetensors. */
-static int open_source(ckpt_store *s, const store_ckpt *src, src_files *files, ckpt_checkpoint *c, json_t **config,
-                       char **index_text, const char **index_name, char (**hashes)[65])
+int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_file_row *rows, size_t nrows,
+                              ckpt_checkpoint *c, json_t **config, char **index_text, const char **index_name,
+                              char (**hashes)[65])
 {
+    const src_files fl = {(store_file_row *)rows, nrows}, *files = &fl;
     const char *names_single[] = {"model.safetensors"};
     ckpt_index ix;
     memset(&ix, 0, sizeof ix);
@@ -84,7 +86,7 @@ static int open_source(ckpt_store *s, const store_ckpt *src, src_files *files, c
     return rc;
 }
 
-static int tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
+int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
 {
     sqlite3_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
@@ -130,7 +132,7 @@ static char *recipe_json(const plan_tensor *t, const exec_plan *p, char **blobs)
     return s;
 }
 
-static store_file_rec *rec_add_file(store_ckpt_rec *r, const char *path)
+store_file_rec *store_convert_rec_add_file(store_ckpt_rec *r, const char *path)
 {
     if (ckpt_grow(&r->files, &r->cap, r->nfiles + 1, sizeof *r->files)) return NULL;
     store_file_rec *f = &r->files[r->nfiles];
@@ -144,7 +146,7 @@ static store_file_rec *rec_add_file(store_ckpt_rec *r, const char *path)
 static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, const char *text, store_blob_writer *ws,
                          size_t *nws)
 {
-    store_file_rec *f = rec_add_file(r, path);
+    store_file_rec *f = store_convert_rec_add_file(r, path);
     if (!f) return CKPT_ENOMEM;
     store_blob_writer *w = &ws[(*nws)];
     int rc = store_blob_begin(s, w);
@@ -158,7 +160,7 @@ static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, con
     return (f->blob = ckpt_strdup(w->sha256)) ? 0 : CKPT_ENOMEM;
 }
 
-static bool is_side_file(const char *name)
+bool store_convert_is_side_file(const char *name)
 {
     size_t n = strlen(name);
     return !strchr(name, '/') && name[0] != '.' && !(n >= 12 && !strcmp(name + n - 12, ".safetensors")) &&
@@ -204,7 +206,7 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
     int rc = 0;
     for (size_t f = 0; !rc && f < cp->exec.nfiles; f++) {
         const exec_file *ef = &cp->exec.files[f];
-        store_file_rec *fr = rec_add_file(r, ef->rel);
+        store_file_rec *fr = store_convert_rec_add_file(r, ef->rel);
         if (!fr) return CKPT_ENOMEM;
         fr->size = ef->layout.file_size;
         memcpy(fr->sha256, file_sha[f], 65);
@@ -239,8 +241,8 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
     free(text);
     for (size_t i = 0; !rc && i < files->n; i++) {
         const store_file_row *sf = &files->v[i];
-        if (!sf->blob || !is_side_file(sf->path)) continue;
-        store_file_rec *fr = rec_add_file(r, sf->path);
+        if (!sf->blob || !store_convert_is_side_file(sf->path)) continue;
+        store_file_rec *fr = store_convert_rec_add_file(r, sf->path);
         if (!fr) return CKPT_ENOMEM;
         fr->size = sf->size;
         memcpy(fr->sha256, sf->sha256, 65);
@@ -274,12 +276,17 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
     memset(&cp, 0, sizeof cp);
     bool planned = false;
     rc = store_files_load(s, src.id, &files.v, &files.n);
-    if (!rc) rc = open_source(s, &src, &files, &c, &config, &index_text, &index_name, &src_hashes);
+    if (!rc) rc = store_convert_open_source(s, &src, files.v, files.n, &c, &config, &index_text, &index_name, &src_hashes);
     if (!rc) {
         rc = convert_plan_build_from(&cp, &c, "", config, index_name, index_text, o);
         config = NULL;
         planned = rc == 0;
     }
+    if (!rc && cp.lora)
+        rc = ckpt_error_set(CKPT_EINVAL,
+                            "rule %zu (lora_merge): merging inside the store is its own job: `ckpt submit "
+                            "merge-lora %s ADAPTER`, then convert the merged checkpoint",
+                            cp.result.merges[0].rule, ref);
     int64_t id = 0;
     if (!rc) rc = store_find(s, src.repo, src.commit, cp.layout_name, &id);
     if (!rc && id) {
@@ -293,7 +300,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         if (!blobs || !file_sha || !ws) rc = CKPT_ENOMEM;
         for (size_t i = 0; !rc && i < cp.exec.nsources; i++) {
             const plan_source *ps = &cp.exec.sources[i];
-            rc = tensor_blob(s, src.id, cp.src.files[ps->file].path, ps->name, &blobs[i]);
+            rc = store_convert_tensor_blob(s, src.id, cp.src.files[ps->file].path, ps->name, &blobs[i]);
         }
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};

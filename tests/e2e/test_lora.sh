@@ -19,6 +19,20 @@
 #    F32 rounding, and consolidate gives back the adapter byte for byte.
 #    Merging the fused adapter into the fused base equals fusing the merge.
 # 5. Usage errors exit 2.
+# 6. lora_merge as a rule: a sharded Qwen2 (14/2 heads) to neuron --tp 2
+#    --kv-size-multiplier 2 (query heads padded to 16) with the rule in a
+#    --rules file and with --lora/--lora-scale gives, rank by rank and byte
+#    for byte, what merge-lora then convert gives; ckpt-layout.json records
+#    the adapter's files with their sha256 and the scale; consolidate gives
+#    the merged checkpoint; two chained rules (merge, unmerge) equal
+#    merge-lora then unmerge-lora; misplaced rules and bad options fail
+#    naming the rule.
+# 7. The merge-lora job through a daemon: the pulled ORG/NAME-lora-<id>@main
+#    equals offline merge-lora byte for byte, `ckpt du` grows by at most the
+#    merged weights' bytes, a stored adapter (by ref) finds the same
+#    checkpoint, unmerge-lora equals offline unmerge-lora, the merged
+#    checkpoint converts in the store to the same files as section 6, and a
+#    missing adapter fails the job with the reason.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
 
@@ -27,7 +41,12 @@ here=${E2E_DIR:?}
 work=${E2E_WORK:?}
 gen="python3 $here/../lora_gen.py"
 ref="/usr/bin/python3 $here/../lora_ref.py"
-trap 'find "$work" -mindepth 1 -delete' EXIT
+dpid=
+cleanup() {
+    [ -z "$dpid" ] || { kill -9 "$dpid" 2>/dev/null || true; wait "$dpid" 2>/dev/null || true; }
+    find "$work" -mindepth 1 -delete
+}
+trap cleanup EXIT
 export CKPT_QUIET=1
 
 fail() {
@@ -191,4 +210,129 @@ expect_status 2 $ckpt convert-lora ad x --base llama
 expect_status 0 $ckpt merge-lora --help
 grep -q "W' = W + s \* B @ A" "$work/out" || fail "merge-lora --help"
 expect_status 0 $ckpt convert-lora --help
+
+# ---- 6. lora_merge as a rule ----
+$ckpt gen-model qwen2 qs --scale 8 --layers 2 --shard-mb 1 --seed 7
+$gen qs ads --targets $ALL --rank 4 --alpha 8 --seed 8
+LAYOUT=(--layout neuron --tp 2 --kv-size-multiplier 2)
+$ckpt merge-lora qs ads qs.merged --scale 0.5
+$ckpt convert qs.merged qs.merged.conv "${LAYOUT[@]}"
+$ckpt plan qs "${LAYOUT[@]}" --print-rules >preset.json
+# rules.json: a lora_merge (relative adapter path) before the preset's rules;
+# rules_late.json: the same rule after them, where it must fail.
+python3 -c '
+import json, sys
+d = json.load(open("preset.json"))
+rule = {"op": "lora_merge", "adapter": "ads", "scale": 0.5, "comment": "merge first"}
+json.dump(dict(d, rules=[rule] + d["rules"]), open("rules.json", "w"))
+json.dump(dict(d, rules=d["rules"] + [rule]), open("rules_late.json", "w"))
+rules = [{"op": "lora_merge", "adapter": "ads", "scale": 0.5},
+         {"op": "lora_merge", "adapter": "ads", "scale": 0.5, "unmerge": True}]
+json.dump({"layout": "twice", "rules": rules}, open("twice.json", "w"))
+'
+$ckpt convert qs qs.rule --rules rules.json
+$ckpt convert qs qs.opt "${LAYOUT[@]}" --lora ads --lora-scale 0.5
+grep -q '"zero": true' qs.rule/ckpt-layout.json || fail "the layout of section 6 has no padding"
+for r in tp_rank_00 tp_rank_01; do
+    [ "$(ls qs.rule/$r)" = "$(ls qs.merged.conv/$r)" ] || fail "$r: other files than convert(merged)"
+    for f in qs.merged.conv/$r/*; do
+        cmp "$f" "qs.rule/$r/${f##*/}" || fail "--rules lora_merge: $r/${f##*/} differs from convert(merge-lora)"
+        cmp "$f" "qs.opt/$r/${f##*/}" || fail "--lora: $r/${f##*/} differs from convert(merge-lora)"
+    done
+done
+! ls -a qs.rule qs.opt | grep -q lora-merged || fail "the staging file was left in the output"
+python3 -c '
+import hashlib, json, os, sys
+layout, ad = json.load(open(sys.argv[1])), sys.argv[2]
+(m,) = layout["lora_merge"]
+assert m["rule"] == 1 and m["scale"] == 0.5 and m["unmerge"] is False and m["r"] == 4, m
+assert [f["name"] for f in m["files"]] == ["adapter_config.json", "adapter_model.safetensors"], m["files"]
+for f in m["files"]:
+    data = open(os.path.join(ad, f["name"]), "rb").read()
+    assert f["sha256"] == hashlib.sha256(data).hexdigest() and f["size"] == len(data), f
+assert len(m["tensors"]) == 14 and all(t["scaling"] == 1.0 for t in m["tensors"]), m["tensors"]
+assert layout["rules"]["rules"][0]["op"] == "lora_merge"
+' qs.rule/ckpt-layout.json ads || fail "ckpt-layout.json: the lora_merge record"
+$ckpt consolidate qs.rule qs.rule.back
+for f in qs.merged/*; do cmp "$f" "qs.rule.back/${f##*/}" || fail "consolidate(--rules lora_merge): ${f##*/} differs from merge-lora"; done
+# Chained rules: merge, then unmerge the same adapter.
+$ckpt unmerge-lora qs.merged ads qs.twice --scale 0.5
+$ckpt convert qs qs.twice.conv --rules twice.json
+$ckpt consolidate qs.twice.conv qs.twice.back
+for f in qs.twice/*; do cmp "$f" "qs.twice.back/${f##*/}" || fail "two chained lora_merge rules: ${f##*/} differs"; done
+expect_error "rule 6 (lora_merge): " $ckpt convert qs --rules rules_late.json dst_bad
+expect_error "rule 1 (lora_merge): adapter 'nope'" $ckpt convert qs "${LAYOUT[@]}" --lora nope dst_bad
+expect_error "rule 1 (lora_merge): adapter module 'model.layers.1.mlp.down_proj' has no tensor" \
+    $ckpt convert qwen16 --layout fused --lora ads dst_bad
+expect_status 2 $ckpt convert qs dst_bad "${LAYOUT[@]}" --lora-scale 2
+expect_status 2 $ckpt convert qs dst_bad "${LAYOUT[@]}" --lora ads --lora-scale 0
+expect_error "rule 1 (lora_merge): the layout merges an adapter" $ckpt convert-lora ads --base qs --rules rules.json dst_bad
+
+# ---- 7. the merge-lora job ----
+export CKPT_HOME=$work/home
+$ckpt import qs --repo org/qs@main >/dev/null
+phys() { $ckpt du --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["physical_bytes"])'; }
+before=$(phys)
+$ckpt serve --listen 127.0.0.1:0 >"$work/serve.log" 2>&1 &
+dpid=$!
+for _ in $(seq 400); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
+[ -s "$CKPT_HOME/serve.url" ] || fail "ckpt serve did not start: $(tail -n 5 "$work/serve.log")"
+# job KIND ARGS... FIELD: submits, waits, prints the result's FIELD.
+job() {
+    local field=${*: -1} id
+    id=$($ckpt submit "${@:1:$#-1}") || fail "submit ${*:1:$#-1}"
+    $ckpt wait "$id" >/dev/null 2>"$work/wait.err" || fail "job $id (${*:1:$#-1}): $(cat "$work/wait.err")"
+    $ckpt show "$id" | python3 -c 'import json, sys; print(json.load(sys.stdin)["result"][sys.argv[1]])' "$field"
+}
+merged=$(job merge-lora org/qs@main ads --scale 0.5 ref)
+[[ "$merged" =~ ^org/qs-lora-[0-9a-f]{12}@main$ ]] || fail "merge-lora job made '$merged'"
+$ckpt pull "$merged" -o qs.pulled
+[ "$(ls qs.pulled)" = "$(ls qs.merged)" ] || fail "pulled $merged has other files than merge-lora: $(ls qs.pulled)"
+for f in qs.merged/*; do cmp "$f" "qs.pulled/${f##*/}" || fail "pulled $merged: ${f##*/} differs from merge-lora"; done
+# Only the merged weights are new bytes.
+growth=$(($(phys) - before))
+weights=$(python3 -c '
+import json, os, struct, sys
+base, ad = sys.argv[1:]
+def header(path):
+    with open(path, "rb") as f:
+        return json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+suffix = ".lora_A.weight"
+mods = {k[len("base_model.model."):-len(suffix)] for k in header(os.path.join(ad, "adapter_model.safetensors")) if k.endswith(suffix)}
+total = 0
+for name in os.listdir(base):
+    if name.endswith(".safetensors"):
+        for k, v in header(os.path.join(base, name)).items():
+            if k.endswith(".weight") and k[:-len(".weight")] in mods:
+                total += v["data_offsets"][1] - v["data_offsets"][0]
+print(total)
+' qs ads)
+[ "$weights" -gt 0 ] && [ "$growth" -le "$weights" ] && [ "$growth" -ge $((weights / 2)) ] ||
+    fail "du grew by $growth bytes for $weights bytes of merged weights"
+$ckpt show "$merged" | grep -q "source org/qs@main" || fail "ckpt show $merged does not name its source"
+# The adapter by ref: the same checkpoint, nothing computed.
+$ckpt import ads --repo org/ads >/dev/null
+[ "$(job merge-lora org/qs@main org/ads --scale 0.5 existed)" = True ] || fail "merge-lora by ref did not find $merged"
+[ "$(job merge-lora org/qs@main org/ads --scale 0.5 ref)" = "$merged" ] || fail "merge-lora by ref made another checkpoint"
+# unmerge-lora, and converting the merged checkpoint in the store.
+unmerged=$(job unmerge-lora "$merged" ads --scale 0.5 ref)
+[[ "$unmerged" =~ ^org/qs-lora-[0-9a-f]{12}-unlora-[0-9a-f]{12}@main$ ]] || fail "unmerge-lora job made '$unmerged'"
+$ckpt pull "$unmerged" -o qs.unpulled
+for f in qs.twice/*; do cmp "$f" "qs.unpulled/${f##*/}" || fail "pulled $unmerged: ${f##*/} differs from unmerge-lora"; done
+conv=$(job convert "$merged" "${LAYOUT[@]}" ref)
+$ckpt pull "$conv" -o qs.conv.pulled
+for r in tp_rank_00 tp_rank_01; do
+    for f in qs.rule/$r/*; do cmp "$f" "qs.conv.pulled/$r/${f##*/}" || fail "$conv: $r/${f##*/} differs from --rules lora_merge"; done
+done
+expect_status 1 $ckpt convert org/qs@main "${LAYOUT[@]}" --lora ads
+grep -q "merging inside the store is its own job" "$work/err" || fail "store convert --lora: $(cat "$work/err")"
+id=$($ckpt submit merge-lora org/qs@main "$work/no-adapter")
+expect_status 1 $ckpt wait "$id"
+grep -q "no-adapter: not a directory" "$work/err" || fail "a missing adapter: $(cat "$work/err")"
+expect_status 2 $ckpt submit merge-lora org/qs@main ads --scale 0
+expect_status 2 $ckpt submit merge-lora org/qs@main
+kill -TERM "$dpid"
+wait "$dpid" || fail "ckpt serve exited $? after SIGTERM: $(tail -n 20 "$work/serve.log")"
+dpid=
+[ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "the jobs left files in $CKPT_HOME/tmp: $(ls -A "$CKPT_HOME/tmp")"
 echo "test_lora: ok"

@@ -13,7 +13,12 @@
  *   - the neuron layout of spec §4's worked example (H=8, KV=2, hd=4, tp=4):
  *     rank 1's fused adapter is A = [A_q; A_k; A_v] and B block-diagonal with
  *     q rows 16..23, k and v rows 4..7; o_proj's A holds columns 16..23;
- *     consolidation gives the adapter back byte for byte.
+ *     consolidation gives the adapter back byte for byte;
+ *   - the lora_merge rule: parsing errors that name the rule (missing or
+ *     broken adapter, bad scale, unknown fields), a merge inside a
+ *     conversion equal byte for byte to merge-lora (chained with a second
+ *     rule that unmerges again), ckpt-layout.json recording the adapter, and
+ *     the apply errors (a weight reshaped or cast before the rule).
  *
  * Each test works in a fresh directory under $TMPDIR (or /tmp).
  */
@@ -677,6 +682,178 @@ static void test_neuron_worked_example(void **state)
     assert_false(ckpt_exists(none));
 }
 
+/* ---- the lora_merge rule ---- */
+
+/* rules_parse of {"rules": [<rule_json>]} (single quotes for double) fails with needle. */
+static void expect_rule_error(const char *rule_json, const char *needle)
+{
+    char *text = ckpt_sprintf("{'rules': [{'op': 'drop', 'pattern': 'x'}, %s]}", rule_json);
+    for (char *p = text; *p; p++)
+        if (*p == '\'') *p = '"';
+    json_error_t jerr;
+    json_t *doc = json_loads(text, 0, &jerr);
+    if (!doc) fail_msg("bad test JSON %s: %s", text, jerr.text);
+    rules_doc d;
+    assert_true(rules_parse(&d, doc, "rules.json") < 0);
+    assert_contains(ckpt_error_last(), "rules.json: rule 2 (lora_merge): ");
+    assert_contains(ckpt_error_last(), needle);
+    json_decref(doc);
+    free(text);
+}
+
+static void test_rule_parse_errors(void **state)
+{
+    fixture *fx = *state;
+    const spec ad[] = {
+        {"base_model.model.m.proj.lora_A.weight", CKPT_DT_F32, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.proj.lora_B.weight", CKPT_DT_F32, 2, 1, 'B', sixteenth}};
+    write_adapter(fx->ad, plain_config, ad, 2);
+    char text[1024];
+    expect_rule_error("{'op': 'lora_merge'}", "missing 'adapter'");
+    expect_rule_error("{'op': 'lora_merge', 'adapter': ''}", "'adapter' must be the path");
+    expect_rule_error("{'op': 'lora_merge', 'adapter': 3}", "'adapter' must be the path");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s/missing'}", fx->root);
+    expect_rule_error(text, "not a directory (expected a PEFT adapter)");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s'}", fx->root);
+    expect_rule_error(text, "no adapter_config.json here");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s', 'scale': 0}", fx->ad);
+    expect_rule_error(text, "'scale' must be a finite, non-zero number");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s', 'scale': '2'}", fx->ad);
+    expect_rule_error(text, "'scale' must be a finite, non-zero number");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s', 'scale': null}", fx->ad);
+    expect_rule_error(text, "'scale' must be a finite, non-zero number");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s', 'unmerge': 'yes'}", fx->ad);
+    expect_rule_error(text, "'unmerge' must be true or false");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s', 'alpha': 2}", fx->ad);
+    expect_rule_error(text, "unknown field 'alpha'");
+    snprintf(text, sizeof text, "{'op': 'lora_merge', 'adapter': '%s', 'pattern': '('}", fx->ad);
+    expect_rule_error(text, "bad regex '('");
+}
+
+/* Converts base with the rules text into out (NULL: only plans, expecting an error with needle). */
+static int convert_with_rules(fixture *fx, const char *rules_text, const char *out)
+{
+    char path[700];
+    snprintf(path, sizeof path, "%s/rules.json", fx->root);
+    write_text(fx->root, "rules.json", rules_text);
+    convert_opts o = {.rules_file = path, .quiet = true};
+    convert_plan cp;
+    int rc = convert_plan_build(&cp, fx->base, &o);
+    if (rc) return rc;
+    rc = out ? convert_write(&cp, out, &o) : 0;
+    convert_plan_free(&cp);
+    return rc;
+}
+
+static void test_rule_merge_in_conversion(void **state)
+{
+    fixture *fx = *state;
+    const spec base[] = {{"m.proj.weight", CKPT_DT_BF16, 2, 4, 0, tie_w},
+                         {"m.other.weight", CKPT_DT_F32, 2, 4, 0, tie_w},
+                         {"m.norm.weight", CKPT_DT_BF16, 4, 0, 0, half}};
+    write_file(fx->base, "model.safetensors", base, 3);
+    write_text(fx->base, "config.json", "{}");
+    const spec ad[] = {
+        {"base_model.model.m.proj.lora_A.weight", CKPT_DT_F32, 1, 4, 'A', sixteenth},
+        {"base_model.model.m.proj.lora_B.weight", CKPT_DT_F32, 2, 1, 'B', sixteenth}};
+    write_adapter(fx->ad, plain_config, ad, 2);
+
+    /* merge-lora --scale 3, then an hf layout that splits proj's rows in two ranks. */
+    lora_merge_opts mo = quiet_merge();
+    mo.scale = 3;
+    lora_merge_stats st;
+    assert_int_equal(lora_merge_run(fx->base, fx->ad, fx->back, &mo, &st), 0);
+    char rules[2048], conv[700], merged_conv[700];
+    snprintf(conv, sizeof conv, "%s/conv", fx->root);
+    snprintf(merged_conv, sizeof merged_conv, "%s/merged-conv", fx->root);
+    const char *split = "{'op': 'tp_split', 'pattern': 'proj', 'axis': 0}";
+    snprintf(rules, sizeof rules, "{'tp': 2, 'rules': [%s]}", split);
+    char path[700];
+    snprintf(path, sizeof path, "%s/split.json", fx->root);
+    write_text(fx->root, "split.json", rules);
+    convert_opts o = {.rules_file = path, .quiet = true};
+    convert_plan cp;
+    assert_int_equal(convert_plan_build(&cp, fx->back, &o), 0);
+    assert_int_equal(convert_write(&cp, merged_conv, &o), 0);
+    convert_plan_free(&cp);
+    snprintf(rules, sizeof rules, "{'tp': 2, 'rules': [{'op': 'lora_merge', 'adapter': '%s', 'scale': 3}, %s]}",
+             fx->ad, split);
+    assert_int_equal(convert_with_rules(fx, rules, conv), 0);
+    char p1[800], p2[800];
+    for (int r = 0; r < 2; r++) {
+        snprintf(p1, sizeof p1, "%s/tp_rank_%02d/model.safetensors", conv, r);
+        snprintf(p2, sizeof p2, "%s/tp_rank_%02d/model.safetensors", merged_conv, r);
+        expect_files_equal(p1, p2);
+    }
+    /* Rank 0 holds row 0, the merged row: ties to even as in test_merge_bf16_ties_to_even. */
+    snprintf(p1, sizeof p1, "%s/tp_rank_00", conv);
+    uint64_t rows, cols;
+    double *w = read_tensor(p1, "model", "m.proj.weight", &rows, &cols);
+    assert_true(rows == 1 && cols == 4);
+    assert_true(w[0] == 1.0 + ldexp(1, -6) && w[1] == 1.0 + ldexp(1, -6));
+    free(w);
+    /* No staging file is left; ckpt-layout.json records the adapter and its files' sha256. */
+    snprintf(p1, sizeof p1, "%s/.lora-merged", conv);
+    assert_false(ckpt_exists(p1));
+    snprintf(p1, sizeof p1, "%s/ckpt-layout.json", conv);
+    json_t *layout;
+    assert_int_equal(cj_load_file(&layout, p1, 1u << 24), 0);
+    json_t *lm = json_array_get(json_object_get(layout, "lora_merge"), 0);
+    assert_non_null(lm);
+    assert_string_equal(json_string_value(json_object_get(lm, "adapter")), fx->ad);
+    assert_true(json_real_value(json_object_get(lm, "scale")) == 3.0);
+    json_t *files = json_object_get(lm, "files");
+    assert_int_equal(json_array_size(files), 2);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(files, 1), "name")),
+                        "adapter_model.safetensors");
+    assert_int_equal(strlen(json_string_value(json_object_get(json_array_get(files, 1), "sha256"))), 64);
+    json_t *ts = json_object_get(lm, "tensors");
+    assert_int_equal(json_array_size(ts), 1);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(ts, 0), "name")), "m.proj.weight");
+    json_decref(layout);
+    /* Consolidation gives the merged checkpoint in the original layout. */
+    char back2[700];
+    snprintf(back2, sizeof back2, "%s/back2", fx->root);
+    consolidate_opts co = {.quiet = true};
+    assert_int_equal(consolidate_run(conv, back2, &co), 0);
+    snprintf(p1, sizeof p1, "%s/model.safetensors", back2);
+    snprintf(p2, sizeof p2, "%s/model.safetensors", fx->back);
+    expect_files_equal(p1, p2);
+
+    /* A second rule unmerging the same adapter reads the first's result: the same bytes as
+     * merge-lora then unmerge-lora. */
+    char twice[700], tw_conv[700];
+    snprintf(twice, sizeof twice, "%s/twice", fx->root);
+    snprintf(tw_conv, sizeof tw_conv, "%s/tw-conv", fx->root);
+    mo.unmerge = true;
+    assert_int_equal(lora_merge_run(fx->back, fx->ad, twice, &mo, &st), 0);
+    snprintf(rules, sizeof rules,
+             "{'rules': [{'op': 'lora_merge', 'adapter': '%s', 'scale': 3}, "
+             "{'op': 'lora_merge', 'adapter': '%s', 'scale': 3, 'unmerge': true, 'pattern': 'proj'}]}",
+             fx->ad, fx->ad);
+    assert_int_equal(convert_with_rules(fx, rules, tw_conv), 0);
+    snprintf(p1, sizeof p1, "%s/model.safetensors", tw_conv);
+    snprintf(p2, sizeof p2, "%s/model.safetensors", twice);
+    expect_files_equal(p1, p2);
+
+    /* Apply errors name the rule and the tensor. */
+    snprintf(rules, sizeof rules, "{'rules': [{'op': 'transpose', 'pattern': 'proj'}, {'op': 'lora_merge', "
+                                  "'adapter': '%s'}]}", fx->ad);
+    assert_true(convert_with_rules(fx, rules, NULL) < 0);
+    assert_contains(ckpt_error_last(), "rule 2 (lora_merge): tensor 'm.proj.weight' was reshaped by an earlier rule");
+    snprintf(rules, sizeof rules, "{'rules': [{'op': 'cast', 'dtype': 'f32'}, {'op': 'lora_merge', "
+                                  "'adapter': '%s'}]}", fx->ad);
+    assert_true(convert_with_rules(fx, rules, NULL) < 0);
+    assert_contains(ckpt_error_last(), "rule 2 (lora_merge): tensor 'm.proj.weight' is F32 but its source");
+    snprintf(rules, sizeof rules, "{'rules': [{'op': 'rename', 'pattern': 'proj', 'replacement': 'p'}, "
+                                  "{'op': 'lora_merge', 'adapter': '%s'}]}", fx->ad);
+    assert_true(convert_with_rules(fx, rules, NULL) < 0);
+    assert_contains(ckpt_error_last(), "rule 2 (lora_merge): adapter module 'm.proj' has no tensor 'm.proj.weight'");
+    snprintf(rules, sizeof rules, "{'rules': [{'op': 'lora_merge', 'adapter': '%s', 'pattern': 'other'}]}", fx->ad);
+    assert_true(convert_with_rules(fx, rules, NULL) < 0);
+    assert_contains(ckpt_error_last(), "rule 1 (lora_merge): pattern 'other' matches none");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -688,6 +865,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_reader_errors, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_merge_base_errors, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_neuron_worked_example, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_rule_parse_errors, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_rule_merge_in_conversion, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
