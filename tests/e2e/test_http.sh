@@ -80,6 +80,29 @@ for i in $(seq 16); do cmp -s "$W/dl$i" "$W/tp2/$big" || fail "concurrent downlo
 rss=$(awk '/VmHWM/ {print $2}' "/proc/$DPID/status")
 [ "$rss" -lt $((256 * 1024)) ] || fail "daemon peak RSS ${rss} KiB with 16 clients"
 echo "16 concurrent downloads identical; daemon peak RSS $((rss / 1024)) MiB"
+# The same at a size where buffers matter: a llama layer with its 128k-token
+# vocabulary at quarter width (rank files of ~80 MB, tensors of up to 16 MB
+# split by columns and rows), 16 clients of which 8 are slow (--limit-rate),
+# all at once. A server holding a whole slab and band per connection (8 + 16
+# MiB) would pass 256 MiB here.
+"$B" gen-model llama "$W/l4" --scale 4 --layers 1 --shard-mb 50 2>/dev/null
+"$B" import "$W/l4" --repo Meta/quarter@main >/dev/null
+"$B" convert Meta/quarter@main --layout neuron --tp 2 >/dev/null
+"$B" pull Meta/quarter@main:neuron-tp2 --rank 1 -o "$W/l4-r1" 2>/dev/null
+rm -rf "$W/l4"
+lf=tp_rank_01/model.safetensors
+[ "$(stat -c %s "$W/l4-r1/model.safetensors")" -gt 60000000 ] || fail "the quarter-width rank file is smaller than planned"
+for i in $(seq 16); do
+    rate=()
+    [ $((i % 2)) = 0 ] && rate=(--limit-rate 30M)
+    curl -s "${rate[@]}" -o "$W/q$i" "$URL/Meta/quarter/resolve/neuron-tp2/$lf" &
+done
+wait $(jobs -p | grep -v "$DPID") 2>/dev/null || true
+for i in $(seq 16); do cmp -s "$W/q$i" "$W/l4-r1/model.safetensors" || fail "large concurrent download $i differs"; done
+rm -f "$W"/q*
+rss=$(awk '/VmHWM/ {print $2}' "/proc/$DPID/status")
+[ "$rss" -lt $((256 * 1024)) ] || fail "daemon peak RSS ${rss} KiB with 16 clients on 80 MB files"
+echo "16 concurrent downloads of an 80 MB rank file identical; daemon peak RSS $((rss / 1024)) MiB"
 
 # --- remote pull: from this daemon into another store, equal to local pulls ---
 REMOTE=$W/remote-home
