@@ -51,6 +51,10 @@ typedef struct {
     uint64_t done, total;
     ckpt_progress prog;
     size_t *left; /* per output file: tensors not written yet */
+    /* Hashing the outputs while they are written (o->out_sha256): */
+    bool **slot_done;     /* per output file and layout slot: its bytes are in place */
+    pthread_cond_t moved; /* a slot is done, or an error stops everything */
+    size_t next_hash_file;
 } exec_ctx;
 
 typedef struct {
@@ -529,6 +533,10 @@ static void *worker_main(void *arg)
             /* The last tensor of a file: make it durable now, while others copy on. */
             pthread_mutex_lock(&c->mu);
             bool last = --c->left[it.file] == 0;
+            if (c->slot_done) {
+                c->slot_done[it.file][it.slot] = true;
+                pthread_cond_broadcast(&c->moved);
+            }
             pthread_mutex_unlock(&c->mu);
             if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
@@ -545,6 +553,7 @@ static void *worker_main(void *arg)
                 c->err = rc;
                 snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
             }
+            pthread_cond_broadcast(&c->moved);
             pthread_mutex_unlock(&c->mu);
             break;
         }
@@ -613,6 +622,97 @@ static void *hash_main(void *arg)
     }
 }
 
+/* ---- hashing the outputs as they are written ---- */
+
+static const st_layout *sort_layout; /* qsort context: set under hash_sort_mu */
+static pthread_mutex_t hash_sort_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int by_offset(const void *a, const void *b)
+{
+    uint64_t x = sort_layout->tensors[*(const size_t *)a].offset, y = sort_layout->tensors[*(const size_t *)b].offset;
+    return x < y ? -1 : x > y;
+}
+
+/* Feeds bytes [from, to) of the file at fd to h. */
+static int hash_file_range(ckpt_sha256 *h, int fd, uint64_t from, uint64_t to, uint8_t *buf, const char *path)
+{
+    while (from < to) {
+        size_t n = to - from < EXEC_HASH_CHUNK ? (size_t)(to - from) : EXEC_HASH_CHUNK;
+        int rc = ckpt_pread_full(fd, buf, n, from, path);
+        if (!rc) rc = ckpt_sha256_update(h, buf, n);
+        if (rc) return rc;
+        from += n;
+    }
+    return 0;
+}
+
+/* One output file hashed front to back, each tensor's bytes read back (from
+ * the page cache) as soon as the workers have put them in place. */
+static int hash_output(exec_ctx *c, size_t f, uint8_t *buf)
+{
+    const st_layout *l = &c->p->files[f].layout;
+    size_t *order = ckpt_calloc(l->ntensors + 1, sizeof *order);
+    int fd = open(c->out_paths[f], O_RDONLY | O_CLOEXEC);
+    int rc = !order ? CKPT_ENOMEM : fd < 0 ? ckpt_error_sys("%s: open", c->out_paths[f]) : 0;
+    for (size_t i = 0; order && i < l->ntensors; i++) order[i] = i;
+    if (!rc) {
+        pthread_mutex_lock(&hash_sort_mu);
+        sort_layout = l;
+        qsort(order, l->ntensors, sizeof *order, by_offset);
+        pthread_mutex_unlock(&hash_sort_mu);
+    }
+    ckpt_sha256 h;
+    bool open_hash = !rc && !(rc = ckpt_sha256_init(&h));
+    uint64_t pos = 0;
+    for (size_t k = 0; !rc && k < l->ntensors; k++) {
+        size_t slot = order[k];
+        pthread_mutex_lock(&c->mu);
+        while (!c->slot_done[f][slot] && !c->err) pthread_cond_wait(&c->moved, &c->mu);
+        bool stop = c->err != 0;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) break;
+        uint64_t end = l->tensors[slot].offset + l->tensors[slot].nbytes;
+        if (end > pos) rc = hash_file_range(&h, fd, pos, end, buf, c->out_paths[f]);
+        if (end > pos) pos = end;
+    }
+    if (!rc && !c->err) rc = hash_file_range(&h, fd, pos, l->file_size, buf, c->out_paths[f]);
+    if (!rc && !c->err) {
+        rc = ckpt_sha256_final_hex(&h, c->o->out_sha256[f]);
+        open_hash = false;
+    }
+    if (open_hash) ckpt_sha256_free(&h);
+    if (fd >= 0) close(fd);
+    free(order);
+    return rc;
+}
+
+/* The output hashing threads take files in turn. */
+static void *out_hash_main(void *arg)
+{
+    exec_ctx *c = arg;
+    uint8_t *buf = malloc(EXEC_HASH_CHUNK);
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        size_t f = c->next_hash_file++;
+        bool stop = c->err || f >= c->p->nfiles;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) break;
+        int rc = buf ? hash_output(c, f, buf) : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
+        if (rc) {
+            pthread_mutex_lock(&c->mu);
+            if (!c->err) {
+                c->err = rc;
+                snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
+            }
+            pthread_cond_broadcast(&c->moved);
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
 uint64_t exec_plan_bytes(const exec_plan *p)
 {
     uint64_t total = 0;
@@ -653,6 +753,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     c.p = p;
     c.o = o;
     pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.moved, NULL);
     int threads = o->threads > 0 ? o->threads : 2;
     if (threads > EXEC_MAX_THREADS) threads = EXEC_MAX_THREADS;
     c.src_fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *c.src_fds);
@@ -683,6 +784,13 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
             if (i < p->files[f].layout.ntensors) c.items[c.nitems++] = (work_item){f, i};
     for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
         if (c.left[f] == 0 && fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
+    if (!rc && o->out_sha256) {
+        c.slot_done = ckpt_calloc(p->nfiles + 1, sizeof *c.slot_done);
+        for (size_t f = 0; c.slot_done && f < p->nfiles; f++)
+            if (!(c.slot_done[f] = ckpt_calloc(p->files[f].layout.ntensors + 1, sizeof **c.slot_done))) break;
+        for (size_t f = 0; f < p->nfiles; f++)
+            if (!c.slot_done || !c.slot_done[f]) rc = CKPT_ENOMEM;
+    }
     c.total = exec_plan_bytes(p);
     if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
 
@@ -712,7 +820,25 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         }
         started++;
     }
+    pthread_t out_hash_threads[EXEC_HASH_THREADS];
+    int out_hashing = 0;
+    for (int i = 0; !rc && c.slot_done && i < EXEC_HASH_THREADS && (size_t)i < p->nfiles; i++)
+        if (pthread_create(&out_hash_threads[i], NULL, out_hash_main, &c) == 0) out_hashing++;
+    if (!rc && c.slot_done && !out_hashing) {
+        pthread_mutex_lock(&c.mu);
+        c.err = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
+        snprintf(c.errmsg, sizeof c.errmsg, "%s", ckpt_error_last());
+        pthread_cond_broadcast(&c.moved);
+        pthread_mutex_unlock(&c.mu);
+    }
+    if (rc && started) { /* a worker failed to start: stop the others */
+        pthread_mutex_lock(&c.mu);
+        if (!c.err) c.err = rc;
+        pthread_cond_broadcast(&c.moved);
+        pthread_mutex_unlock(&c.mu);
+    }
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);
     for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
     pthread_mutex_destroy(&hj.mu);
     if (!rc && c.err) rc = ckpt_error_set(c.err, "%s", c.errmsg);
@@ -735,6 +861,9 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(c.src_fds);
     free(c.out_fds);
     free(c.out_paths);
+    for (size_t f = 0; c.slot_done && f < p->nfiles; f++) free(c.slot_done[f]);
+    free(c.slot_done);
+    pthread_cond_destroy(&c.moved);
     pthread_mutex_destroy(&c.mu);
     return rc;
 }

@@ -35,6 +35,7 @@
 #define EXEC_READ_SLAB_BYTES (1u << 20)
 #define EXEC_MAX_THREADS 64
 #define EXEC_HASH_THREADS 2
+#define EXEC_HASH_CHUNK (4u << 20)
 
 typedef struct {
     char *rel;             /* path relative to the output directory */
@@ -60,6 +61,8 @@ typedef struct {
     bool quiet;        /* no progress lines */
     const char *label; /* progress label */
     bool no_fsync;     /* tests of the executor alone */
+    char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by
+                               EXEC_HASH_THREADS threads that trail the writers, reading back what they wrote */
 } exec_opts;
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);

@@ -249,12 +249,15 @@ static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
     return rc;
 }
 
-/* Hashing is most of a pull's CPU. When the pull reads its blobs whole (an
- * original, or a layout that is all of its blobs rearranged), the blobs are
- * hashed while the executor copies them (verify_blobs), and only the plain
- * files are hashed after; otherwise (one rank of a layout reads a fraction of
- * each blob) what was written is hashed, by VERIFY_THREADS threads taking the
- * files in turn. Either way a damaged blob fails the pull before DST exists. */
+/* Hashing is most of a pull's CPU, so it runs alongside the copying. When
+ * the pull reads its blobs whole (an original, or a layout that is all of its
+ * blobs rearranged), the blobs are hashed as the executor reads them and
+ * checked against their names; otherwise (one rank of a layout reads a
+ * fraction of each blob) each safetensors file written is hashed as its
+ * tensors land (exec_opts.out_sha256) and checked against the catalog. Plain
+ * files (config.json, ...) are hashed after copying, by VERIFY_THREADS threads
+ * taking them in turn. Either way a damaged blob fails the pull before DST
+ * exists. */
 #define VERIFY_THREADS 2
 
 typedef struct {
@@ -262,7 +265,6 @@ typedef struct {
     const char *tmp;
     pthread_mutex_t mu;
     size_t next;
-    bool plain_only; /* safetensors files were verified through their blobs */
     int rc;
     char msg[1024];
 } verify_ctx;
@@ -277,7 +279,7 @@ static void *verify_main(void *arg)
         pthread_mutex_unlock(&v->mu);
         if (stop) return NULL;
         stored_file *f = &v->ps->files[i];
-        if (v->plain_only && f->header) continue;
+        if (f->header) continue; /* verified while written (exec_run) */
         char *path = ckpt_path_join(v->tmp, f->out_rel);
         char hex[65];
         int rc = path ? ckpt_sha256_file_hex(path, hex) : CKPT_ENOMEM;
@@ -298,9 +300,9 @@ static void *verify_main(void *arg)
     }
 }
 
-static int verify_written(pull_state *ps, const char *tmp, bool plain_only)
+static int verify_written(pull_state *ps, const char *tmp)
 {
-    verify_ctx v = {.ps = ps, .tmp = tmp, .plain_only = plain_only};
+    verify_ctx v = {.ps = ps, .tmp = tmp};
     pthread_mutex_init(&v.mu, NULL);
     pthread_t th[VERIFY_THREADS];
     int started = 0;
@@ -335,6 +337,24 @@ static int check_blob_hashes(const pull_state *ps, char (*got)[65])
                                   "blob %s is damaged (its bytes hash to %s): the checkpoint cannot be rebuilt "
                                   "(run ckpt verify); nothing was written",
                                   src->name, got[src->file]);
+    }
+    return 0;
+}
+
+/* Every safetensors file written hashed to the catalog's sha256 (exec files
+ * are the stored files with a header, in order). */
+static int check_file_hashes(const pull_state *ps, char (*got)[65])
+{
+    size_t k = 0;
+    for (size_t i = 0; i < ps->nfiles; i++) {
+        const stored_file *f = &ps->files[i];
+        if (!f->header) continue;
+        if (strcmp(got[k], f->sha256))
+            return ckpt_error_set(CKPT_ECORRUPT,
+                                  "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
+                                  "(run ckpt verify); nothing was written",
+                                  f->path, got[k], f->sha256);
+        k++;
     }
     return 0;
 }
@@ -386,19 +406,23 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     if (!rc) {
         bool verify_blobs = ps.exec.nsrc_paths && reads_blobs_whole(&ps);
         char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
-        if (verify_blobs && !blob_sha) rc = CKPT_ENOMEM;
+        char(*out_sha)[65] = !verify_blobs ? ckpt_calloc(ps.exec.nfiles + 1, sizeof *out_sha) : NULL;
+        if (verify_blobs ? !blob_sha : !out_sha) rc = CKPT_ENOMEM;
         exec_opts eo = {.threads = o->threads,
                         .quiet = o->quiet,
                         .label = "pull",
                         .hash_sources = verify_blobs,
                         .hash_fresh = true,
-                        .source_sha256 = blob_sha};
+                        .source_sha256 = blob_sha,
+                        .out_sha256 = out_sha};
         if (!rc) rc = exec_run(&ps.exec, tmp, &eo);
         if (!rc && verify_blobs) rc = check_blob_hashes(&ps, blob_sha);
+        if (!rc && out_sha) rc = check_file_hashes(&ps, out_sha);
         free(blob_sha);
+        free(out_sha);
         for (size_t i = 0; !rc && i < ps.nfiles; i++)
             if (!ps.files[i].header) rc = copy_plain(&ps, &ps.files[i], tmp);
-        if (!rc) rc = verify_written(&ps, tmp, verify_blobs);
+        if (!rc) rc = verify_written(&ps, tmp);
         if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);
         free(tmp);
