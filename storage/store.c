@@ -154,14 +154,15 @@ void store_blob_abort(store_blob_writer *w)
     w->fd = -1;
 }
 
-static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
+/* Leases n blob names (sha(i) gives the i-th) for this process, in one transaction. */
+static int lease_names(ckpt_store *s, const char *(*sha)(const void *, size_t), const void *arg, size_t n)
 {
     sqlite3_stmt *st;
     int rc = catalog_begin(&s->cat);
     if (rc) return rc;
     rc = catalog_prepare(&s->cat, &st, "INSERT OR IGNORE INTO blob_leases(blob, pid, start_time) VALUES (?, ?, ?)");
     for (size_t i = 0; !rc && i < n; i++) {
-        sqlite3_bind_text(st, 1, ws[i].sha256, -1, SQLITE_STATIC);
+        sqlite3_bind_text(st, 1, sha(arg, i), -1, SQLITE_STATIC);
         sqlite3_bind_int64(st, 2, getpid());
         sqlite3_bind_int64(st, 3, self_start_time());
         if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "lease blob");
@@ -173,6 +174,34 @@ static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
         return rc;
     }
     return catalog_commit(&s->cat);
+}
+
+static const char *writer_sha(const void *ws, size_t i)
+{
+    return ((const store_blob_writer *)ws)[i].sha256;
+}
+
+static const char *one_sha(const void *sha, size_t i)
+{
+    (void)i;
+    return sha;
+}
+
+static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
+{
+    return lease_names(s, writer_sha, ws, n);
+}
+
+int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have)
+{
+    *have = false;
+    int rc = lease_names(s, one_sha, sha256, 1);
+    char *path = rc ? NULL : store_blob_path(s, sha256);
+    if (!rc && !path) rc = CKPT_ENOMEM;
+    struct stat st;
+    if (!rc && stat(path, &st) == 0 && (uint64_t)st.st_size == size) *have = true;
+    free(path);
+    return rc;
 }
 
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)

@@ -79,6 +79,10 @@ int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha
  * them into blobs/ (dropping a temp whose blob already exists), syncs. The
  * writers are closed and freed. */
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n);
+/* Leases blob sha256 for this process (so no gc removes it before the
+ * checkpoint using it commits) and says whether it is stored already with
+ * that size: then a writer can skip writing those bytes. */
+int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have);
 /* Drops this process's leases (after the checkpoint committed or on failure). */
 int store_leases_release(ckpt_store *s);
 

@@ -120,8 +120,30 @@ static int import_plain(ckpt_store *s, const char *path, store_file_rec *fr, wri
     return fr->blob ? 0 : CKPT_ENOMEM;
 }
 
-/* Safetensors file -> header bytes + one blob per tensor, file hashed alongside. */
-static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *fr, writer_list *wl, uint8_t *buf)
+/* One tensor's bytes [off, off + n) of fd: into the file's hash fh (unless
+ * NULL), a tensor hash th (unless NULL) and a blob writer w (unless NULL). */
+static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, uint8_t *buf, ckpt_sha256 *fh,
+                       ckpt_sha256 *th, store_blob_writer *w)
+{
+    for (uint64_t done = 0; done < n;) {
+        size_t k = n - done < IMPORT_CHUNK ? (size_t)(n - done) : IMPORT_CHUNK;
+        int rc = ckpt_pread_full(fd, buf, k, off + done, path);
+        if (!rc && fh) rc = ckpt_sha256_update(fh, buf, k);
+        if (!rc && th) rc = ckpt_sha256_update(th, buf, k);
+        if (!rc && w) rc = store_blob_write(w, buf, k);
+        if (rc) return rc;
+        done += k;
+    }
+    return 0;
+}
+
+/* Safetensors file -> header bytes + one blob per tensor, file hashed
+ * alongside. Tensors the store holds already are not written again: after a
+ * tensor found stored (an import of the same or an overlapping checkpoint),
+ * the next is hashed first and written only when it turns out new (reading it
+ * twice); after a new one, the next is hashed while written. */
+static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *fr, writer_list *wl, uint8_t *buf,
+                              bool *probe)
 {
     st_file f;
     int rc = st_open(&f, path);
@@ -140,18 +162,37 @@ static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *f
     posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (size_t i = 0; !rc && i < f.ntensors; i++) {
         const st_tensor *t = &f.tensors[i]; /* in offset order: the data section is read front to back */
-        store_blob_writer *w = new_writer(s, wl, &rc);
-        for (uint64_t done = 0; !rc && done < t->nbytes;) {
-            size_t n = t->nbytes - done < IMPORT_CHUNK ? (size_t)(t->nbytes - done) : IMPORT_CHUNK;
-            rc = ckpt_pread_full(f.fd, buf, n, t->offset + done, path);
-            if (!rc) rc = ckpt_sha256_update(&fh, buf, n);
-            if (!rc) rc = store_blob_write(w, buf, n);
-            done += n;
+        char sha[65] = "";
+        bool have = false, fed = false;
+        if (*probe) {
+            ckpt_sha256 th;
+            if (!(rc = ckpt_sha256_init(&th))) {
+                rc = feed_tensor(f.fd, path, t->offset, t->nbytes, buf, &fh, &th, NULL);
+                if (!rc) rc = ckpt_sha256_final_hex(&th, sha);
+                else ckpt_sha256_free(&th);
+            }
+            fed = !rc;
+            if (!rc) rc = store_blob_claim(s, sha, t->nbytes, &have);
         }
-        if (!rc) rc = store_blob_end(w);
+        if (!rc && !have) {
+            store_blob_writer *w = new_writer(s, wl, &rc);
+            if (!rc) rc = feed_tensor(f.fd, path, t->offset, t->nbytes, buf, fed ? NULL : &fh, NULL, w);
+            if (!rc) rc = store_blob_end(w);
+            if (!rc && fed && strcmp(sha, w->sha256))
+                rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", path, t->name);
+            if (!rc) memcpy(sha, w->sha256, sizeof sha);
+            /* Stored already: the next tensor may be too. */
+            if (!rc) {
+                char *bp = store_blob_path(s, sha);
+                *probe = bp && access(bp, F_OK) == 0;
+                free(bp);
+            }
+        } else if (!rc) {
+            *probe = true;
+        }
         if (!rc) {
             fr->tensors[i].name = ckpt_strdup(t->name);
-            fr->tensors[i].blob = ckpt_strdup(w->sha256);
+            fr->tensors[i].blob = ckpt_strdup(sha);
             if (!fr->tensors[i].name || !fr->tensors[i].blob) rc = CKPT_ENOMEM;
         }
     }
@@ -210,6 +251,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);
     ckpt_progress prog;
     ckpt_progress_start(&prog, "import", fl.n);
+    bool probe = true; /* hash a tensor before writing it: is it stored already? */
     for (size_t i = 0; !rc && i < fl.n; i++) {
         store_file_rec *fr = &rec.files[rec.nfiles++];
         memset(fr, 0, sizeof *fr);
@@ -217,7 +259,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
         fl.paths[i] = NULL;
         char *full = ckpt_path_join(dir, fr->path);
         if (!full) rc = CKPT_ENOMEM;
-        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, fr, &wl, buf);
+        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, fr, &wl, buf, &probe);
         else rc = import_plain(s, full, fr, &wl, buf);
         free(full);
         if (!o->quiet) ckpt_progress_update(&prog, i + 1);
