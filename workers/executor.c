@@ -503,6 +503,18 @@ static int run_check(worker *wk, const plan_tensor *t, const struct plan_check *
     return 0;
 }
 
+/* Records the first error (its message too) and wakes everyone waiting. */
+static void exec_fail(exec_ctx *c, int rc)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->err) {
+        c->err = rc;
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
+    }
+    pthread_cond_broadcast(&c->moved);
+    pthread_mutex_unlock(&c->mu);
+}
+
 static int run_item(worker *wk, const work_item *it)
 {
     exec_ctx *c = wk->c;
@@ -548,13 +560,7 @@ static void *worker_main(void *arg)
             }
         }
         if (rc) {
-            pthread_mutex_lock(&c->mu);
-            if (!c->err) {
-                c->err = rc;
-                snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
-            }
-            pthread_cond_broadcast(&c->moved);
-            pthread_mutex_unlock(&c->mu);
+            exec_fail(c, rc);
             break;
         }
     }
@@ -699,13 +705,7 @@ static void *out_hash_main(void *arg)
         if (stop) break;
         int rc = buf ? hash_output(c, f, buf) : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
         if (rc) {
-            pthread_mutex_lock(&c->mu);
-            if (!c->err) {
-                c->err = rc;
-                snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
-            }
-            pthread_cond_broadcast(&c->moved);
-            pthread_mutex_unlock(&c->mu);
+            exec_fail(c, rc);
             break;
         }
     }
@@ -824,19 +824,8 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     int out_hashing = 0;
     for (int i = 0; !rc && c.slot_done && i < EXEC_HASH_THREADS && (size_t)i < p->nfiles; i++)
         if (pthread_create(&out_hash_threads[i], NULL, out_hash_main, &c) == 0) out_hashing++;
-    if (!rc && c.slot_done && !out_hashing) {
-        pthread_mutex_lock(&c.mu);
-        c.err = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
-        snprintf(c.errmsg, sizeof c.errmsg, "%s", ckpt_error_last());
-        pthread_cond_broadcast(&c.moved);
-        pthread_mutex_unlock(&c.mu);
-    }
-    if (rc && started) { /* a worker failed to start: stop the others */
-        pthread_mutex_lock(&c.mu);
-        if (!c.err) c.err = rc;
-        pthread_cond_broadcast(&c.moved);
-        pthread_mutex_unlock(&c.mu);
-    }
+    if (!rc && c.slot_done && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
+    if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
     for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);
     for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
