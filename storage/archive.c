@@ -31,6 +31,47 @@ static bool entry_name_safe(const char *name)
     return true;
 }
 
+/* When root holds one folder and nothing else (`tar cf m.tar llama/`), its
+ * contents move up into root. The folder is renamed aside first, so an entry
+ * of the same name inside it does not collide. */
+static int hoist_single_folder(const char *root)
+{
+    DIR *d = opendir(root);
+    if (!d) return ckpt_error_sys("%s: open", root);
+    struct dirent *e;
+    char *only = NULL;
+    int n = 0;
+    while ((e = readdir(d)) && n < 2) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (++n == 1) only = ckpt_strdup(e->d_name);
+    }
+    closedir(d);
+    char *top = only && n == 1 ? ckpt_path_join(root, only) : NULL;
+    free(only);
+    if (!top || !ckpt_is_dir(top)) {
+        free(top);
+        return 0;
+    }
+    char *aside = ckpt_path_join(root, ".ckpt-hoist");
+    int rc = aside ? 0 : CKPT_ENOMEM;
+    if (!rc && rename(top, aside) < 0) rc = ckpt_error_sys("%s: rename", top);
+    DIR *sd = rc ? NULL : opendir(aside);
+    if (!rc && !sd) rc = ckpt_error_sys("%s: open", aside);
+    while (!rc && (e = readdir(sd))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        char *from = ckpt_path_join(aside, e->d_name), *to = ckpt_path_join(root, e->d_name);
+        if (!from || !to) rc = CKPT_ENOMEM;
+        else if (rename(from, to) < 0) rc = ckpt_error_sys("%s: rename", from);
+        free(from);
+        free(to);
+    }
+    if (sd) closedir(sd);
+    if (!rc && rmdir(aside) < 0) rc = ckpt_error_sys("%s: remove", aside);
+    free(aside);
+    free(top);
+    return rc;
+}
+
 int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **out)
 {
     *out = NULL;
@@ -95,6 +136,7 @@ int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **
     }
     free(buf);
     archive_read_free(a);
+    if (!rc) rc = hoist_single_folder(*out);
     if (rc) {
         ckpt_rm_rf(*out);
         free(*out);

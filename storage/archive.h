@@ -14,7 +14,9 @@
 #define ARCHIVE_MAX_ENTRIES 100000
 #define ARCHIVE_MAX_BYTES (4ULL << 40)
 
-/* Extracts archive_path into a new folder "<tmp_base>.tmp-XXXXXX"; *out is malloc'd. */
+/* Extracts archive_path into a new folder "<tmp_base>.tmp-XXXXXX"; *out is
+ * malloc'd. An archive whose entries all sit in one top-level folder (as
+ * `tar cf model.tar llama/` makes) gives that folder's contents. */
 int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **out);
 /* Writes the files under dir as a tar (zstd-compressed when zstd) to out
  * ("-" for standard output); names are relative to dir, sorted. */

@@ -225,6 +225,10 @@ for ext in tar tar.gz tar.zst; do
         fail "import of the .$ext gives another checkpoint: $out"
     grep -q "already stored" "$work/err" || fail "import of the .$ext does not say 'already stored'"
 done
+# all under one top folder (tar cf a.tar llama/): the folder's contents, the same checkpoint
+tar -C "$(dirname "$src")" -cf "$work/a-top.tar" "$(basename "$src")"
+out=$(run "$ckpt" import "$work/a-top.tar" --repo t/llama-sharded --json)
+[ "$(jget commit <<<"$out")" = "$commit" ] || fail "a tar with one top folder gives another checkpoint: $out"
 # under another name: the same content id, the same blobs, the same bytes out
 out=$(run "$ckpt" import "$work/a.tar.zst" --repo t/from-archive --json)
 [ "$(jget commit <<<"$out")" = "$commit" ] || fail "the .tar.zst imported as t/from-archive has another commit: $out"
