@@ -192,6 +192,24 @@ static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
     return lease_names(s, writer_sha, ws, n);
 }
 
+static const char *array_sha(const void *v, size_t i)
+{
+    return ((char *const *)v)[i];
+}
+
+int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n)
+{
+    int rc = n ? lease_names(s, array_sha, shas, n) : 0;
+    for (size_t i = 0; !rc && i < n; i++) {
+        char *path = store_blob_path(s, shas[i]);
+        if (!path) return CKPT_ENOMEM;
+        if (access(path, F_OK) < 0)
+            rc = ckpt_error_set(CKPT_ENOTFOUND, "blob %s is not in the store (removed meanwhile? run ckpt verify)", shas[i]);
+        free(path);
+    }
+    return rc;
+}
+
 int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have)
 {
     *have = false;

@@ -83,6 +83,10 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n);
  * checkpoint using it commits) and says whether it is stored already with
  * that size: then a writer can skip writing those bytes. */
 int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have);
+/* Leases the n blobs a new checkpoint will reference without writing them
+ * (a layout's recipes over its source's blobs), then checks they exist: a
+ * concurrent rm + gc can no longer take them away before the commit. */
+int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
 /* Drops this process's leases (after the checkpoint committed or on failure). */
 int store_leases_release(ckpt_store *s);
 

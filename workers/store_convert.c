@@ -302,6 +302,8 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
             const plan_source *ps = &cp.exec.sources[i];
             rc = store_convert_tensor_blob(s, src.id, cp.src.files[ps->file].path, ps->name, &blobs[i]);
         }
+        /* The recipes reference the source's blobs: lease them until the commit. */
+        if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};
         if (!rc) rc = build_record(s, &cp, &src, &files, blobs, file_sha, src_hashes, &r, ws, &nws);

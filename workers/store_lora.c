@@ -179,6 +179,25 @@ static int merge_all(lora_job *j, uint64_t *bytes)
     return rc;
 }
 
+/* The record reuses the base's blobs (untouched tensors, side files): lease
+ * them until the commit, so a concurrent rm of the base and gc cannot take
+ * them away (the merged tensors' new blobs are leased by their publish). */
+static int lease_record_blobs(ckpt_store *s, const store_ckpt_rec *r)
+{
+    size_t n = 0, cap = 0;
+    char **v = NULL;
+    int rc = 0;
+    for (size_t f = 0; !rc && f < r->nfiles; f++) {
+        const store_file_rec *fr = &r->files[f];
+        if (fr->blob && !(rc = ckpt_grow(&v, &cap, n + 1, sizeof *v))) v[n++] = fr->blob;
+        for (size_t t = 0; !rc && t < fr->ntensors; t++)
+            if (fr->tensors[t].blob && !(rc = ckpt_grow(&v, &cap, n + 1, sizeof *v))) v[n++] = fr->tensors[t].blob;
+    }
+    if (!rc) rc = store_blobs_lease(s, v, n);
+    free(v);
+    return rc;
+}
+
 /* ---- the record ---- */
 
 static const store_file_row *find_row(const lora_job *j, const char *path)
@@ -389,6 +408,7 @@ int store_lora_merge(ckpt_store *s, const char *base_ref, const char *adapter,
     char commit[41];
     if (!rc) rc = merge_all(&j, &res->new_bytes);
     if (!rc) rc = build_record(&j, &r);
+    if (!rc) rc = lease_record_blobs(s, &r);
     if (!rc) rc = store_content_id(&r, commit);
     r.commit = commit;
     int64_t id = 0;
