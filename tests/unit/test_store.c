@@ -1,0 +1,162 @@
+/* test_store.c — blob leases against gc, and claims of stored blobs, on a
+ * generated checkpoint imported into a scratch store. */
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "storage/store.h"
+#include "tests/support/scratch.h"
+#include "workers/genmodel.h"
+
+#include <dirent.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+typedef struct {
+    char **v;
+    size_t n, cap;
+} names;
+
+/* Every blob name (sha256) under home/blobs, from the file names. */
+static names list_blobs(const char *home)
+{
+    names out = {0};
+    char *root = ckpt_path_join(home, "blobs");
+    DIR *d = opendir(root);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strlen(e->d_name) != 2) continue;
+        char *sub = ckpt_path_join(root, e->d_name);
+        DIR *sd = opendir(sub);
+        assert_non_null(sd);
+        struct dirent *f;
+        while ((f = readdir(sd))) {
+            if (strlen(f->d_name) != 62) continue;
+            assert_int_equal(ckpt_grow(&out.v, &out.cap, out.n + 1, sizeof *out.v), 0);
+            out.v[out.n++] = ckpt_sprintf("%s%s", e->d_name, f->d_name);
+        }
+        closedir(sd);
+        free(sub);
+    }
+    closedir(d);
+    free(root);
+    return out;
+}
+
+static void names_free(names *n)
+{
+    for (size_t i = 0; i < n->n; i++) free(n->v[i]);
+    free(n->v);
+}
+
+static size_t blobs_present(ckpt_store *s, const names *n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n->n; i++) {
+        char *p = store_blob_path(s, n->v[i]);
+        k += access(p, F_OK) == 0;
+        free(p);
+    }
+    return k;
+}
+
+/* A small qwen2 imported into a store in the scratch folder. */
+static void import_model(const char *root, ckpt_store *s, store_ckpt *ck)
+{
+    char *src = ckpt_path_join(root, "src"), *home = ckpt_path_join(root, "home");
+    genmodel_opts o;
+    genmodel_opts_init(&o, "qwen2");
+    o.scale = 32;
+    o.layers = 1;
+    if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
+    assert_int_equal(store_open(s, home), 0);
+    bool existed = true;
+    store_import_opts io = {.repo = "t/lease", .quiet = true};
+    if (store_import_dir(s, src, &io, ck, &existed) < 0) fail_msg("import: %s", ckpt_error_last());
+    assert_false(existed);
+    free(src);
+    free(home);
+}
+
+/* Leased blobs survive the removal of their only checkpoint and a gc; once
+ * the leases are dropped the next gc removes them. */
+static void test_lease_keeps_blobs_from_gc(void **state)
+{
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(*state, &s, &ck);
+    names b = list_blobs(s.home);
+    assert_true(b.n > 5);
+    assert_int_equal(store_blobs_lease(&s, b.v, b.n), 0);
+    assert_int_equal(store_rm(&s, &ck), 0);
+    store_gc_result g;
+    memset(&g, 0, sizeof g);
+    assert_int_equal(store_gc(&s, false, &g), 0);
+    assert_int_equal(g.blobs_removed, 0);
+    assert_int_equal(blobs_present(&s, &b), b.n);
+    assert_int_equal(store_leases_release(&s), 0);
+    memset(&g, 0, sizeof g);
+    assert_int_equal(store_gc(&s, false, &g), 0);
+    assert_int_equal(g.blobs_removed, b.n);
+    assert_int_equal(blobs_present(&s, &b), 0);
+    /* Leasing a blob that is gone is an error naming it. */
+    assert_int_equal(store_blobs_lease(&s, b.v, 1), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), b.v[0]);
+    store_leases_release(&s);
+    names_free(&b);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
+/* A claim says whether the blob is stored with that size, and leases it. */
+static void test_claim(void **state)
+{
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(*state, &s, &ck);
+    names b = list_blobs(s.home);
+    char *p = store_blob_path(&s, b.v[0]);
+    struct stat st;
+    assert_int_equal(stat(p, &st), 0);
+    uint64_t size = (uint64_t)st.st_size;
+    bool have = false;
+    assert_int_equal(store_blob_claim(&s, b.v[0], size, &have), 0);
+    assert_true(have);
+    assert_int_equal(store_blob_claim(&s, b.v[0], size + 1, &have), 0);
+    assert_false(have); /* another size: not the same bytes */
+    const char *none = "0000000000000000000000000000000000000000000000000000000000000000";
+    assert_int_equal(store_blob_claim(&s, none, 0, &have), 0);
+    assert_false(have);
+    /* The claim leased it: the checkpoint removed, gc keeps the blob. */
+    assert_int_equal(store_rm(&s, &ck), 0);
+    store_gc_result g;
+    memset(&g, 0, sizeof g);
+    assert_int_equal(store_gc(&s, false, &g), 0);
+    assert_int_equal(access(p, F_OK), 0);
+    assert_int_equal(g.blobs_removed, b.n - 1);
+    store_leases_release(&s);
+    free(p);
+    names_free(&b);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
+int main(void)
+{
+    ckpt_log_set_level(CKPT_LOG_QUIET);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
