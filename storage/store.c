@@ -33,8 +33,11 @@ int64_t store_proc_start_time(int pid)
     /* Fields after ")" start at 3 (state); the start time is field 22. */
     int field = 2;
     char *save = NULL;
-    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
-        if (++field == 22) return atoll(tok);
+    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+        ++field;
+        if (field == 3 && (tok[0] == 'Z' || tok[0] == 'X')) return -1; /* exited, not reaped yet: not a writer */
+        if (field == 22) return atoll(tok);
+    }
     return -1;
 }
 

@@ -170,7 +170,8 @@ void store_files_free(store_file_row *rows, size_t n);
 
 /* ---- maintenance (store_maint.c) ---- */
 
-/* Start time (clock ticks after boot) of process pid, or -1 when it is gone. */
+/* Start time (clock ticks after boot) of process pid, or -1 when it is gone
+ * or has exited (a zombie its parent has not reaped is no longer a writer). */
 int64_t store_proc_start_time(int pid);
 
 typedef struct {

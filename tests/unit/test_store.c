@@ -16,7 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -151,12 +153,39 @@ static void test_claim(void **state)
     store_close(&s);
 }
 
+/* A live process has a start time; one that exited and is not reaped yet
+ * (a zombie: a killed worker before its daemon waits for it) has none, so gc
+ * does not keep its leases and temp files as a live writer's. */
+static void test_zombie_is_not_alive(void **state)
+{
+    (void)state;
+    assert_true(store_proc_start_time((int)getpid()) > 0);
+    pid_t live = fork();
+    assert_true(live >= 0);
+    if (live == 0) {
+        pause();
+        _exit(0);
+    }
+    pid_t dead = fork();
+    assert_true(dead >= 0);
+    if (dead == 0) _exit(0);
+    assert_true(store_proc_start_time(live) > 0);
+    int64_t t = 0;
+    for (int i = 0; i < 200 && (t = store_proc_start_time(dead)) != -1; i++) usleep(5000);
+    assert_int_equal(t, -1); /* a zombie until waited for */
+    kill(live, SIGKILL);
+    waitpid(live, NULL, 0);
+    waitpid(dead, NULL, 0);
+    assert_int_equal(store_proc_start_time(dead), -1);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
+        cmocka_unit_test(test_zombie_is_not_alive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
