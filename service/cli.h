@@ -10,6 +10,7 @@
 #ifndef CKPT_SERVICE_CLI_H
 #define CKPT_SERVICE_CLI_H
 
+#include <jansson.h>
 #include <stdbool.h>
 
 #define CLI_OK 0
@@ -26,6 +27,9 @@ typedef struct {
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Prints "ckpt: <ckpt_error_last()>" to stderr; returns CLI_FAIL. */
 int cli_fail(void);
+/* Prints j as indented JSON (keys in order) on stdout and drops the
+ * reference; NULL or a failure to render is cli_fail(). */
+int cli_print_json(json_t *j);
 /* True when argv holds --help or -h (before a "--"). */
 bool cli_wants_help(int argc, char **argv);
 

@@ -3,6 +3,7 @@
  * and `ckpt consolidate`. They share the layout options, parsed once here.
  */
 #include "service/cli.h"
+#include "service/cli_opts.h"
 
 #include "common/error.h"
 #include "common/json.h"
@@ -14,7 +15,6 @@
 #include "workers/store_convert.h"
 
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,24 +34,15 @@ static const char layout_options_help[] =
     "  --lora-scale S          multiply the adapter's scale by S (default 1)\n"
     "  --threads N             copy threads (default 2)\n";
 
-enum { OPT_LAYOUT = 256, OPT_TP, OPT_KV, OPT_DTYPE, OPT_SHARD, OPT_RULES, OPT_THREADS, OPT_FORCE, OPT_JSON,
-       OPT_PRINT_RULES, OPT_NO_HASH, OPT_PARTS, OPT_QUIET, OPT_HOME, OPT_LORA, OPT_LORA_SCALE };
+enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE };
 
-static const struct option long_opts[] = {
-    {"layout", required_argument, 0, OPT_LAYOUT},
-    {"tp", required_argument, 0, OPT_TP},
-    {"kv-size-multiplier", required_argument, 0, OPT_KV},
-    {"dtype", required_argument, 0, OPT_DTYPE},
-    {"max-shard-size", required_argument, 0, OPT_SHARD},
-    {"rules", required_argument, 0, OPT_RULES},
-    {"threads", required_argument, 0, OPT_THREADS},
-    {"force", no_argument, 0, OPT_FORCE},
-    {"json", no_argument, 0, OPT_JSON},
+/* Every option of plan, convert and consolidate; each takes the ones its allowed[] lists. */
+static const int convert_shared[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE,
+                                     CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE,
+                                     CLI_OPT_JSON, CLI_OPT_NO_HASH, CLI_OPT_QUIET, CLI_OPT_HOME, CLI_OPT_END};
+static const struct option convert_own[] = {
     {"print-rules", no_argument, 0, OPT_PRINT_RULES},
-    {"no-hash", no_argument, 0, OPT_NO_HASH},
     {"parts", no_argument, 0, OPT_PARTS},
-    {"quiet", no_argument, 0, OPT_QUIET},
-    {"home", required_argument, 0, OPT_HOME},
     {"lora", required_argument, 0, OPT_LORA},
     {"lora-scale", required_argument, 0, OPT_LORA_SCALE},
     {0, 0, 0, 0},
@@ -59,10 +50,10 @@ static const struct option long_opts[] = {
 
 typedef struct {
     convert_opts co;
-    const char *home;
-    bool json, print_rules, parts;
+    cli_common common; /* --home, --json; --force and --quiet are copied into co */
+    bool print_rules, parts;
     int npos;
-    char *pos[2];
+    char **pos;
 } cli_args;
 
 /* Parses argv; `allowed` lists the option ids this command takes. Returns
@@ -70,69 +61,45 @@ typedef struct {
 static int parse_args(const char *cmd, int argc, char **argv, const int *allowed, cli_args *a)
 {
     memset(a, 0, sizeof *a);
-    optind = 0; /* 0, not 1: fully reinitialises GNU getopt, which permutes options and operands */
-    opterr = 0;
+    cli_parser p = {.cmd = cmd, .shared = convert_shared, .own = convert_own, .allowed = allowed, .max_args = 2,
+                    .common = &a->common};
     int c;
-    while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
-        bool ok = false;
-        for (const int *p = allowed; *p; p++) ok |= *p == c;
-        if (c == '?' || !ok) return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
         uint64_t v;
         switch (c) {
-        case OPT_LAYOUT: a->co.layout = optarg; break;
-        case OPT_TP:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > PLAN_MAX_TP)
-                return cli_usage_error(cmd, "--tp must be a number from 1 to %d", PLAN_MAX_TP);
+        case CLI_OPT_LAYOUT: a->co.layout = optarg; break;
+        case CLI_OPT_TP:
+            if (cli_parse_number(cmd, "--tp", optarg, 1, PLAN_MAX_TP, &v)) return CLI_USAGE;
             a->co.tp = (int)v;
             break;
-        case OPT_KV:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > PLAN_MAX_TP)
-                return cli_usage_error(cmd, "--kv-size-multiplier must be a number from 1 to %d", PLAN_MAX_TP);
+        case CLI_OPT_KV_MULTIPLIER:
+            if (cli_parse_number(cmd, "--kv-size-multiplier", optarg, 1, PLAN_MAX_TP, &v)) return CLI_USAGE;
             a->co.kv_size_multiplier = (int64_t)v;
             break;
-        case OPT_DTYPE: a->co.dtype = optarg; break;
-        case OPT_SHARD:
-            if (ckpt_parse_size(optarg, &a->co.max_shard_size) < 0 || a->co.max_shard_size == 0)
-                return cli_usage_error(cmd, "--max-shard-size: %s", ckpt_error_last());
+        case CLI_OPT_DTYPE: a->co.dtype = optarg; break;
+        case CLI_OPT_MAX_SHARD_SIZE:
+            if (cli_parse_size(cmd, "--max-shard-size", optarg, &a->co.max_shard_size)) return CLI_USAGE;
             break;
-        case OPT_RULES: a->co.rules_file = optarg; break;
-        case OPT_THREADS:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > EXEC_MAX_THREADS)
-                return cli_usage_error(cmd, "--threads must be a number from 1 to %d", EXEC_MAX_THREADS);
+        case CLI_OPT_RULES: a->co.rules_file = optarg; break;
+        case CLI_OPT_THREADS:
+            if (cli_parse_number(cmd, "--threads", optarg, 1, EXEC_MAX_THREADS, &v)) return CLI_USAGE;
             a->co.threads = (int)v;
             break;
-        case OPT_FORCE: a->co.force = true; break;
-        case OPT_JSON: a->json = true; break;
         case OPT_PRINT_RULES: a->print_rules = true; break;
-        case OPT_NO_HASH: a->co.no_hash = true; break;
+        case CLI_OPT_NO_HASH: a->co.no_hash = true; break;
         case OPT_PARTS: a->parts = true; break;
-        case OPT_QUIET: a->co.quiet = true; break;
-        case OPT_HOME: a->home = optarg; break;
         case OPT_LORA: a->co.lora = optarg; break;
-        case OPT_LORA_SCALE: {
-            char *end;
-            a->co.lora_scale = strtod(optarg, &end);
-            if (end == optarg || *end || !isfinite(a->co.lora_scale) || a->co.lora_scale == 0)
-                return cli_usage_error(cmd, "--lora-scale takes a finite, non-zero number");
+        case OPT_LORA_SCALE:
+            if (cli_parse_factor(cmd, "--lora-scale", optarg, &a->co.lora_scale)) return CLI_USAGE;
             break;
         }
-        }
     }
-    for (int i = optind; i < argc; i++) {
-        if (a->npos == 2) return cli_usage_error(cmd, "too many arguments");
-        a->pos[a->npos++] = argv[i];
-    }
-    if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->co.quiet = true;
+    if (c < 0) return CLI_USAGE;
+    a->pos = p.args;
+    a->npos = p.nargs;
+    a->co.force = a->common.force;
+    a->co.quiet = a->common.quiet;
     if (a->co.lora_scale != 0 && !a->co.lora) return cli_usage_error(cmd, "--lora-scale needs --lora ADAPTER");
-    return CLI_OK;
-}
-
-static int print_json(const json_t *j)
-{
-    char *s = cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    if (!s) return cli_fail();
-    puts(s);
-    free(s);
     return CLI_OK;
 }
 
@@ -174,8 +141,9 @@ int cmd_plan(int argc, char **argv)
                layout_options_help);
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_LAYOUT, OPT_TP,    OPT_KV,    OPT_DTYPE, OPT_SHARD,      OPT_RULES, OPT_JSON,
-                                  OPT_PRINT_RULES, OPT_PARTS, OPT_QUIET, OPT_LORA, OPT_LORA_SCALE, 0};
+    static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
+                                  CLI_OPT_RULES, CLI_OPT_JSON, OPT_PRINT_RULES, OPT_PARTS, CLI_OPT_QUIET, OPT_LORA,
+                                  OPT_LORA_SCALE, CLI_OPT_END};
     cli_args a;
     int u = parse_args("plan", argc, argv, allowed, &a);
     if (u) return u;
@@ -185,11 +153,10 @@ int cmd_plan(int argc, char **argv)
     if (convert_plan_build(&cp, a.pos[0], &a.co) < 0) return cli_fail();
     int rc = CLI_OK;
     if (a.print_rules) {
-        rc = print_json(cp.rules.doc);
-    } else if (a.json) {
+        rc = cli_print_json(json_incref(cp.rules.doc));
+    } else if (a.common.json) {
         json_t *j = convert_plan_json(&cp, a.parts);
-        rc = j ? print_json(j) : cli_fail();
-        json_decref(j);
+        rc = j ? cli_print_json(j) : cli_fail();
     } else {
         print_plan_text(&cp);
     }
@@ -201,7 +168,7 @@ int cmd_plan(int argc, char **argv)
 static int convert_in_store(cli_args *a)
 {
     ckpt_store s;
-    if (store_open(&s, a->home) < 0) return cli_fail();
+    if (store_open(&s, a->common.home) < 0) return cli_fail();
     store_ckpt out;
     bool existed = false;
     int rc = store_convert(&s, a->pos[0], &a->co, &out, &existed);
@@ -240,8 +207,9 @@ int cmd_convert(int argc, char **argv)
                layout_options_help);
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_LAYOUT, OPT_TP,      OPT_KV,    OPT_DTYPE, OPT_SHARD, OPT_RULES,      OPT_THREADS,
-                                  OPT_FORCE,  OPT_NO_HASH, OPT_QUIET, OPT_HOME,  OPT_LORA,  OPT_LORA_SCALE, 0};
+    static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
+                                  CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_NO_HASH, CLI_OPT_QUIET,
+                                  CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, CLI_OPT_END};
     cli_args a;
     int u = parse_args("convert", argc, argv, allowed, &a);
     if (u) return u;
@@ -279,7 +247,7 @@ int cmd_consolidate(int argc, char **argv)
                "example:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_THREADS, OPT_FORCE, OPT_QUIET, 0};
+    static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_QUIET, CLI_OPT_END};
     cli_args a;
     int u = parse_args("consolidate", argc, argv, allowed, &a);
     if (u) return u;

@@ -4,6 +4,7 @@
  * does the same in the daemon). The work is workers/hub_fetch.c.
  */
 #include "service/cli.h"
+#include "service/cli_opts.h"
 
 #include "common/error.h"
 #include "common/json.h"
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPT_INCLUDE = 400, OPT_EXCLUDE, OPT_CONNECTIONS, OPT_CHUNK, OPT_HOME, OPT_JSON, OPT_QUIET };
+enum { OPT_INCLUDE = CLI_OPT_OWN, OPT_EXCLUDE, OPT_CONNECTIONS, OPT_CHUNK };
 
 static void help(void)
 {
@@ -56,14 +57,12 @@ int cmd_fetch(int argc, char **argv)
         help();
         return CLI_OK;
     }
-    static const struct option opts[] = {
+    static const int shared[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
+    static const struct option own[] = {
         {"include", required_argument, 0, OPT_INCLUDE},
         {"exclude", required_argument, 0, OPT_EXCLUDE},
         {"connections", required_argument, 0, OPT_CONNECTIONS},
         {"chunk-size", required_argument, 0, OPT_CHUNK},
-        {"home", required_argument, 0, OPT_HOME},
-        {"json", no_argument, 0, OPT_JSON},
-        {"quiet", no_argument, 0, OPT_QUIET},
         {0, 0, 0, 0},
     };
     const char **inc = calloc((size_t)argc + 1, sizeof *inc),
@@ -74,13 +73,11 @@ int cmd_fetch(int argc, char **argv)
         return cli_fail();
     }
     hub_fetch_opts o = {.filter = {.include = inc, .exclude = exc}};
-    const char *home = NULL;
-    bool json = false;
-    int ret = CLI_OK, c;
+    cli_common common = {0};
+    cli_parser p = {.cmd = "fetch", .shared = shared, .own = own, .common = &common};
+    int ret = CLI_OK, c = 0;
     uint64_t v;
-    optind = 0;
-    opterr = 0;
-    while (!ret && (c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    while (!ret && (c = cli_getopt(&p, argc, argv)) > 0) {
         switch (c) {
         case OPT_INCLUDE:
             inc[o.filter.ninclude++] = optarg;
@@ -100,22 +97,12 @@ int cmd_fetch(int argc, char **argv)
             else
                 o.chunk_size = v;
             break;
-        case OPT_HOME:
-            home = optarg;
-            break;
-        case OPT_JSON:
-            json = true;
-            break;
-        case OPT_QUIET:
-            o.quiet = true;
-            break;
-        default:
-            ret = cli_usage_error("fetch", "unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (!ret && optind != argc - 1) ret = cli_usage_error("fetch", "expected one ORG/NAME[@REV]");
+    if (c < 0) ret = CLI_USAGE;
+    if (!ret && p.nargs != 1) ret = cli_usage_error("fetch", "expected one ORG/NAME[@REV]");
     char *repo = NULL;
-    if (!ret && !(repo = ckpt_strdup(argv[optind]))) ret = cli_fail();
+    if (!ret && !(repo = ckpt_strdup(p.args[0]))) ret = cli_fail();
     if (!ret) {
         char *at = strchr(repo, '@');
         if (at) *at++ = '\0';
@@ -126,9 +113,9 @@ int cmd_fetch(int argc, char **argv)
         else if (at && !*at)
             ret = cli_usage_error("fetch", "an empty revision after '@'");
     }
-    if (ckpt_log_get_level() == CKPT_LOG_QUIET) o.quiet = true;
+    o.quiet = common.quiet;
     ckpt_store s;
-    if (!ret && store_open(&s, home) < 0)
+    if (!ret && store_open(&s, common.home) < 0)
         ret = cli_fail();
     else if (!ret) {
         hub_fetch_result r;
@@ -136,7 +123,7 @@ int cmd_fetch(int argc, char **argv)
             ret = cli_fail();
         else {
             char *ref = store_ckpt_ref(&r.ckpt), a[32];
-            if (json) {
+            if (common.json) {
                 json_t *j = json_pack("{s:s,s:s,s:s,s:b,s:I,s:I,s:f}", "ref", ref ? ref : "",
                                       "repo", r.ckpt.repo, "commit", r.ckpt.commit, "existed",
                                       r.existed, "files", (json_int_t)r.files, "bytes",

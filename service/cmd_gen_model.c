@@ -3,6 +3,7 @@
  * which writes synthetic Hugging Face checkpoints for tests, benchmarks and the demo.
  */
 #include "service/cli.h"
+#include "service/cli_opts.h"
 
 #include "common/error.h"
 #include "common/util.h"
@@ -90,22 +91,20 @@ int cmd_gen_model(int argc, char **argv)
         help();
         return CLI_OK;
     }
-    enum { OPT_SCALE = 1, OPT_LAYERS, OPT_DTYPE, OPT_SHARD_MB, OPT_SEED };
-    static const struct option longopts[] = {
+    enum { OPT_SCALE = CLI_OPT_OWN, OPT_LAYERS, OPT_SHARD_MB };
+    static const int shared[] = {CLI_OPT_DTYPE, CLI_OPT_SEED, CLI_OPT_END};
+    static const struct option own[] = {
         {"scale", required_argument, NULL, OPT_SCALE},
         {"layers", required_argument, NULL, OPT_LAYERS},
-        {"dtype", required_argument, NULL, OPT_DTYPE},
         {"shard-mb", required_argument, NULL, OPT_SHARD_MB},
-        {"seed", required_argument, NULL, OPT_SEED},
         {NULL, 0, NULL, 0},
     };
     const char *cmd = argv[0];
     genmodel_opts o;
     genmodel_opts_init(&o, NULL);
-    opterr = 0;
-    optind = 1;
+    cli_parser p = {.cmd = cmd, .shared = shared, .own = own, .say_needs_value = true};
     int opt;
-    while ((opt = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+    while ((opt = cli_getopt(&p, argc, argv)) > 0) {
         switch (opt) {
         case OPT_SCALE:
             if (ckpt_parse_u64(optarg, &o.scale) < 0 || o.scale < 1 || o.scale > GENMODEL_MAX_SCALE)
@@ -118,7 +117,7 @@ int cmd_gen_model(int argc, char **argv)
                 return cli_usage_error(cmd, "--layers wants an integer from 1 to %d, not '%s'",
                                        GENMODEL_MAX_LAYERS, optarg);
             break;
-        case OPT_DTYPE:
+        case CLI_OPT_DTYPE:
             if (parse_dtype(optarg, &o.dtype) < 0)
                 return cli_usage_error(cmd, "--dtype wants bf16, f16 or f32, not '%s'", optarg);
             break;
@@ -129,23 +128,20 @@ int cmd_gen_model(int argc, char **argv)
                                        "not '%s'",
                                        optarg);
             break;
-        case OPT_SEED:
+        case CLI_OPT_SEED:
             if (ckpt_parse_u64(optarg, &o.seed) < 0)
                 return cli_usage_error(cmd, "--seed wants a non-negative integer, not '%s'",
                                        optarg);
             break;
-        case ':':
-            return cli_usage_error(cmd, "%s needs a value", argv[optind - 1]);
-        default:
-            return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
         }
     }
-    if (argc - optind != 2)
-        return cli_usage_error(cmd, "expected ARCH and OUT_DIR, got %d argument%s", argc - optind,
-                               argc - optind == 1 ? "" : "s");
-    o.arch = argv[optind];
+    if (opt < 0) return CLI_USAGE;
+    if (p.nargs != 2)
+        return cli_usage_error(cmd, "expected ARCH and OUT_DIR, got %d argument%s", p.nargs,
+                               p.nargs == 1 ? "" : "s");
+    o.arch = p.args[0];
     genmodel_config cfg;
     if (genmodel_config_get(&cfg, &o) < 0) return cli_usage_error(cmd, "%s", ckpt_error_last());
-    if (genmodel_write(&o, argv[optind + 1]) < 0) return cli_fail();
+    if (genmodel_write(&o, p.args[1]) < 0) return cli_fail();
     return CLI_OK;
 }

@@ -76,16 +76,6 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
     return CLI_OK;
 }
 
-static int print_json(json_t *j)
-{
-    char *s = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(j);
-    if (!s) return cli_fail();
-    puts(s);
-    free(s);
-    return CLI_OK;
-}
-
 static int open_client(job_client *c, const job_args *a)
 {
     return job_client_open(c, a->home, a->server) < 0 ? cli_fail() : CLI_OK;
@@ -97,6 +87,19 @@ static int parse_id(const char *cmd, const job_args *a, int64_t *id)
     if (a->nrest != 1 || ckpt_parse_u64(a->rest[0], &v) < 0 || v == 0) return cli_usage_error(cmd, "expected a job ID");
     *id = (int64_t)v;
     return CLI_OK;
+}
+
+/* What show, cancel, retry, wait and logs begin with: the options, one job ID,
+ * then the client. a->rest is freed; the other options stay readable. */
+static int begin_job_command(const char *cmd, int argc, char **argv, job_args *a, int64_t *id,
+                             job_client *c)
+{
+    int u = take_options(cmd, argc, argv, a, false);
+    if (!u) u = parse_id(cmd, a, id);
+    if (!u) u = open_client(c, a);
+    free(a->rest);
+    a->rest = NULL;
+    return u;
 }
 
 static const char *jstr(const json_t *j, const char *k)
@@ -222,7 +225,7 @@ static int wait_job(job_client *c, int64_t id, bool json)
         if (job_done(j)) {
             if (!json && tty) fputc('\n', stderr);
             bool ok = !strcmp(jstr(j, "state"), "succeeded");
-            if (json) print_json(json_incref(j));
+            if (json) cli_print_json(json_incref(j));
             else if (!ok) fprintf(stderr, "ckpt: job %lld %s: %s\n", (long long)id, jstr(j, "state"), jstr(j, "error"));
             json_decref(j);
             return ok ? CLI_OK : CLI_FAIL;
@@ -254,7 +257,7 @@ static int submit_hub(job_args *a)
     if (!rc && job_client_submit(&c, "convert", convert, a->priority, fid, &cjob, &existed) < 0) rc = cli_fail();
     if (!rc) {
         cid = json_integer_value(json_object_get(cjob, "id"));
-        if (a->json && !a->wait) print_json(json_pack("{s:O,s:O}", "fetch", fjob, "convert", cjob));
+        if (a->json && !a->wait) cli_print_json(json_pack("{s:O,s:O}", "fetch", fjob, "convert", cjob));
         else if (!a->wait || !a->json) printf("%lld\n", (long long)cid);
         fflush(stdout);
         ckpt_info("fetch job %lld, then convert job %lld", (long long)fid, (long long)cid);
@@ -322,7 +325,7 @@ int cmd_submit(int argc, char **argv)
     json_decref(args);
     if (!rc) {
         int64_t id = json_integer_value(json_object_get(job, "id"));
-        if (a.json && !a.wait) print_json(json_incref(job));
+        if (a.json && !a.wait) cli_print_json(json_incref(job));
         else if (!a.wait || !a.json) printf("%lld\n", (long long)id);
         fflush(stdout);
         if (existed) ckpt_info("an identical job is queued or running already: %lld", (long long)id);
@@ -349,7 +352,7 @@ int cmd_jobs(int argc, char **argv)
     int rc = a.nrest ? cli_usage_error("jobs", "takes no arguments") : open_client(&c, &a);
     json_t *jobs = NULL;
     if (!rc && job_client_list(&c, a.state, &jobs) < 0) rc = cli_fail();
-    if (!rc && a.json) rc = print_json(json_incref(jobs));
+    if (!rc && a.json) rc = cli_print_json(json_incref(jobs));
     else if (!rc) {
         size_t i;
         json_t *j;
@@ -365,15 +368,12 @@ int cmd_jobs(int argc, char **argv)
 int cmd_job_show(int argc, char **argv)
 {
     job_args a;
-    int u = take_options("show", argc, argv, &a, false);
     int64_t id = 0;
-    if (!u) u = parse_id("show", &a, &id);
     job_client c;
-    if (!u) u = open_client(&c, &a);
-    free(a.rest);
+    int u = begin_job_command("show", argc, argv, &a, &id, &c);
     if (u) return u;
     json_t *j;
-    int rc = job_client_get(&c, id, &j) < 0 ? cli_fail() : print_json(j);
+    int rc = job_client_get(&c, id, &j) < 0 ? cli_fail() : cli_print_json(j);
     job_client_close(&c);
     return rc;
 }
@@ -387,17 +387,13 @@ static int simple_op(const char *cmd, int argc, char **argv, job_op op, const ch
         return CLI_OK;
     }
     job_args a;
-    int u = take_options(cmd, argc, argv, &a, false);
     int64_t id = 0;
-    if (!u) u = parse_id(cmd, &a, &id);
     job_client c;
-    if (!u) u = open_client(&c, &a);
-    bool json = a.json;
-    free(a.rest);
+    int u = begin_job_command(cmd, argc, argv, &a, &id, &c);
     if (u) return u;
     json_t *j;
     int rc = op(&c, id, &j) < 0 ? cli_fail() : CLI_OK;
-    if (!rc && json) rc = print_json(j);
+    if (!rc && a.json) rc = cli_print_json(j);
     else if (!rc) {
         printf("%lld %s\n", (long long)id, jstr(j, "state"));
         json_decref(j);
@@ -430,15 +426,11 @@ int cmd_wait(int argc, char **argv)
         return CLI_OK;
     }
     job_args a;
-    int u = take_options("wait", argc, argv, &a, false);
     int64_t id = 0;
-    if (!u) u = parse_id("wait", &a, &id);
     job_client c;
-    if (!u) u = open_client(&c, &a);
-    bool json = a.json;
-    free(a.rest);
+    int u = begin_job_command("wait", argc, argv, &a, &id, &c);
     if (u) return u;
-    int rc = wait_job(&c, id, json);
+    int rc = wait_job(&c, id, a.json);
     job_client_close(&c);
     return rc;
 }
@@ -451,13 +443,9 @@ int cmd_logs(int argc, char **argv)
         return CLI_OK;
     }
     job_args a;
-    int u = take_options("logs", argc, argv, &a, false);
     int64_t id = 0;
-    if (!u) u = parse_id("logs", &a, &id);
     job_client c;
-    if (!u) u = open_client(&c, &a);
-    bool follow = a.follow;
-    free(a.rest);
+    int u = begin_job_command("logs", argc, argv, &a, &id, &c);
     if (u) return u;
     int64_t after = 0;
     int rc = CLI_OK;
@@ -472,7 +460,7 @@ int cmd_logs(int argc, char **argv)
         json_array_foreach(lines, i, l) printf("%s\n", jstr(l, "line"));
         fflush(stdout);
         json_decref(lines);
-        if (!follow) break;
+        if (!a.follow) break;
         json_t *j;
         if (job_client_get(&c, id, &j) < 0) {
             rc = cli_fail();

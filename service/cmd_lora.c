@@ -3,6 +3,7 @@
  * (workers/lora_merge.c) and `ckpt convert-lora` (workers/lora_layout.c).
  */
 #include "service/cli.h"
+#include "service/cli_opts.h"
 
 #include "common/error.h"
 #include "common/log.h"
@@ -10,113 +11,80 @@
 #include "workers/lora.h"
 
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum {
-    OPT_SCALE = 256,
-    OPT_THREADS,
-    OPT_FORCE,
-    OPT_QUIET,
-    OPT_JSON,
-    OPT_BASE,
-    OPT_LAYOUT,
-    OPT_TP,
-    OPT_KV,
-    OPT_RULES,
-    OPT_NO_HASH
-};
+enum { OPT_SCALE = CLI_OPT_OWN, OPT_BASE };
 
-static const struct option long_opts[] = {
+/* Every option of the LoRA commands; each takes the ones its allowed[] lists. */
+static const int lora_shared[] = {
+    CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_QUIET,         CLI_OPT_JSON,    CLI_OPT_LAYOUT,
+    CLI_OPT_TP,      CLI_OPT_RULES, CLI_OPT_KV_MULTIPLIER, CLI_OPT_NO_HASH, CLI_OPT_END};
+static const struct option lora_own[] = {
     {"scale", required_argument, 0, OPT_SCALE},
-    {"threads", required_argument, 0, OPT_THREADS},
-    {"force", no_argument, 0, OPT_FORCE},
-    {"quiet", no_argument, 0, OPT_QUIET},
-    {"json", no_argument, 0, OPT_JSON},
     {"base", required_argument, 0, OPT_BASE},
-    {"layout", required_argument, 0, OPT_LAYOUT},
-    {"tp", required_argument, 0, OPT_TP},
-    {"kv-size-multiplier", required_argument, 0, OPT_KV},
-    {"rules", required_argument, 0, OPT_RULES},
-    {"no-hash", no_argument, 0, OPT_NO_HASH},
     {0, 0, 0, 0},
 };
 
 typedef struct {
     lora_merge_opts mo;
     convert_opts co;
+    cli_common common; /* --json; --force and --quiet are copied into mo and co */
     const char *base;
-    bool json;
     int npos;
-    char *pos[3];
+    char **pos;
 } lora_args;
 
 static int parse_args(const char *cmd, int argc, char **argv, const int *allowed, lora_args *a)
 {
     memset(a, 0, sizeof *a);
-    optind = 0;
-    opterr = 0;
+    cli_parser p = {.cmd = cmd,
+                    .shared = lora_shared,
+                    .own = lora_own,
+                    .allowed = allowed,
+                    .max_args = 3,
+                    .common = &a->common};
     int c;
-    while ((c = getopt_long(argc, argv, "", long_opts, NULL)) != -1) {
-        bool ok = false;
-        for (const int *p = allowed; *p; p++)
-            ok |= *p == c;
-        if (c == '?' || !ok) return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
         uint64_t v;
-        char *end;
         switch (c) {
         case OPT_SCALE:
-            a->mo.scale = strtod(optarg, &end);
-            if (end == optarg || *end || !isfinite(a->mo.scale) || a->mo.scale == 0)
-                return cli_usage_error(cmd, "--scale takes a finite, non-zero number");
+            if (cli_parse_factor(cmd, "--scale", optarg, &a->mo.scale)) return CLI_USAGE;
             break;
-        case OPT_THREADS:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > LORA_MAX_THREADS)
-                return cli_usage_error(cmd, "--threads must be a number from 1 to %d",
-                                       LORA_MAX_THREADS);
+        case CLI_OPT_THREADS:
+            if (cli_parse_number(cmd, "--threads", optarg, 1, LORA_MAX_THREADS, &v))
+                return CLI_USAGE;
             a->mo.threads = a->co.threads = (int)v;
-            break;
-        case OPT_FORCE:
-            a->mo.force = a->co.force = true;
-            break;
-        case OPT_QUIET:
-            a->mo.quiet = a->co.quiet = true;
-            break;
-        case OPT_JSON:
-            a->json = true;
             break;
         case OPT_BASE:
             a->base = optarg;
             break;
-        case OPT_LAYOUT:
+        case CLI_OPT_LAYOUT:
             a->co.layout = optarg;
             break;
-        case OPT_TP:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > PLAN_MAX_TP)
-                return cli_usage_error(cmd, "--tp must be a number from 1 to %d", PLAN_MAX_TP);
+        case CLI_OPT_TP:
+            if (cli_parse_number(cmd, "--tp", optarg, 1, PLAN_MAX_TP, &v)) return CLI_USAGE;
             a->co.tp = (int)v;
             break;
-        case OPT_KV:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v < 1 || v > PLAN_MAX_TP)
-                return cli_usage_error(cmd, "--kv-size-multiplier must be a number from 1 to %d",
-                                       PLAN_MAX_TP);
+        case CLI_OPT_KV_MULTIPLIER:
+            if (cli_parse_number(cmd, "--kv-size-multiplier", optarg, 1, PLAN_MAX_TP, &v))
+                return CLI_USAGE;
             a->co.kv_size_multiplier = (int64_t)v;
             break;
-        case OPT_RULES:
+        case CLI_OPT_RULES:
             a->co.rules_file = optarg;
             break;
-        case OPT_NO_HASH:
+        case CLI_OPT_NO_HASH:
             a->co.no_hash = true;
             break;
         }
     }
-    for (int i = optind; i < argc; i++) {
-        if (a->npos == 3) return cli_usage_error(cmd, "too many arguments");
-        a->pos[a->npos++] = argv[i];
-    }
-    if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->mo.quiet = a->co.quiet = true;
+    if (c < 0) return CLI_USAGE;
+    a->pos = p.args;
+    a->npos = p.nargs;
+    a->mo.force = a->co.force = a->common.force;
+    a->mo.quiet = a->co.quiet = a->common.quiet;
     return CLI_OK;
 }
 
@@ -152,7 +120,8 @@ static int merge_command(const char *cmd, int argc, char **argv, bool unmerge)
             cmd, unmerge ? "unmerged" : "merged");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_SCALE, OPT_THREADS, OPT_FORCE, OPT_QUIET, OPT_JSON, 0};
+    static const int allowed[] = {OPT_SCALE,     CLI_OPT_THREADS, CLI_OPT_FORCE,
+                                  CLI_OPT_QUIET, CLI_OPT_JSON,    CLI_OPT_END};
     lora_args a;
     int u = parse_args(cmd, argc, argv, allowed, &a);
     if (u) return u;
@@ -161,7 +130,7 @@ static int merge_command(const char *cmd, int argc, char **argv, bool unmerge)
     lora_merge_stats st;
     if (lora_merge_run(a.pos[0], a.pos[1], a.pos[2], &a.mo, &st) < 0) return cli_fail();
     double gemm_rate = st.gemm_seconds > 0 ? st.gflop / st.gemm_seconds : 0;
-    if (a.json)
+    if (a.common.json)
         printf("{\"modules\": %zu, \"copied\": %zu, \"bytes\": %llu, \"gflop\": %.6f, "
                "\"gemm_seconds\": %.6f, "
                "\"gemm_gflops_per_thread\": %.3f, \"seconds\": %.6f, \"work_seconds\": %.6f, "
@@ -219,8 +188,9 @@ int cmd_convert_lora(int argc, char **argv)
             "--layout neuron --tp 8\n");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_BASE,    OPT_LAYOUT, OPT_TP,    OPT_KV,      OPT_RULES,
-                                  OPT_THREADS, OPT_FORCE,  OPT_QUIET, OPT_NO_HASH, 0};
+    static const int allowed[] = {
+        OPT_BASE,        CLI_OPT_LAYOUT, CLI_OPT_TP,    CLI_OPT_KV_MULTIPLIER, CLI_OPT_RULES,
+        CLI_OPT_THREADS, CLI_OPT_FORCE,  CLI_OPT_QUIET, CLI_OPT_NO_HASH,       CLI_OPT_END};
     lora_args a;
     int u = parse_args("convert-lora", argc, argv, allowed, &a);
     if (u) return u;

@@ -14,6 +14,7 @@
  * parses options and prints.
  */
 #include "service/cli.h"
+#include "service/cli_opts.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -34,115 +35,81 @@
 #define STATE_MAX_SETS 64
 
 enum {
-    O_HOME = 400,
-    O_JSON,
-    O_QUIET,
-    O_OUT,
-    O_FORCE,
-    O_LAYOUT,
-    O_TP,
-    O_RANK,
-    O_DTYPE,
-    O_NO_OPT,
+    O_NO_OPT = CLI_OPT_OWN,
     O_STEP,
     O_OPTIMIZER,
     O_SLOTS,
     O_FILL,
-    O_SEED,
     O_SET,
-    O_SHARD,
     O_RUN,
     O_LAST,
-    O_EVERY,
-    O_DRY_RUN
+    O_EVERY
 };
 
-static const struct option state_opts[] = {
-    {"home", required_argument, 0, O_HOME},
-    {"json", no_argument, 0, O_JSON},
-    {"quiet", no_argument, 0, O_QUIET},
-    {"output", required_argument, 0, O_OUT},
-    {"force", no_argument, 0, O_FORCE},
-    {"layout", required_argument, 0, O_LAYOUT},
-    {"tp", required_argument, 0, O_TP},
-    {"rank", required_argument, 0, O_RANK},
-    {"dtype", required_argument, 0, O_DTYPE},
+/* Every option of the state subcommands; each takes the ones its allowed[] lists. */
+static const int state_shared[] = {
+    CLI_OPT_HOME,           CLI_OPT_JSON,    CLI_OPT_QUIET, CLI_OPT_OUTPUT, CLI_OPT_FORCE,
+    CLI_OPT_LAYOUT,         CLI_OPT_TP,      CLI_OPT_RANK,  CLI_OPT_DTYPE,  CLI_OPT_SEED,
+    CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_DRY_RUN, CLI_OPT_END};
+static const struct option state_own[] = {
     {"no-optimizer", no_argument, 0, O_NO_OPT},
     {"step", required_argument, 0, O_STEP},
     {"optimizer", required_argument, 0, O_OPTIMIZER},
     {"slots", required_argument, 0, O_SLOTS},
     {"fill", required_argument, 0, O_FILL},
-    {"seed", required_argument, 0, O_SEED},
     {"set", required_argument, 0, O_SET},
-    {"max-shard-size", required_argument, 0, O_SHARD},
     {"run", required_argument, 0, O_RUN},
     {"last", required_argument, 0, O_LAST},
     {"every", required_argument, 0, O_EVERY},
-    {"dry-run", no_argument, 0, O_DRY_RUN},
     {0, 0, 0, 0},
 };
 
 typedef struct {
-    const char *home, *out, *layout, *dtype, *optimizer, *slots, *fill, *run;
-    bool json, quiet, force, no_opt, dry_run, has_step, has_last, has_rank;
+    cli_common common; /* --home, --json, --quiet, -o, --force, --dry-run */
+    const char *layout, *dtype, *optimizer, *slots, *fill, *run;
+    bool no_opt, has_step, has_last, has_rank;
     int tp, rank;
     uint64_t step, seed, max_shard, last, every;
     size_t nsets;
     const char *sets[STATE_MAX_SETS];
     int npos;
-    char *pos[2];
+    char **pos;
 } state_args;
 
 static int parse(const char *cmd, int argc, char **argv, const int *allowed, state_args *a)
 {
     memset(a, 0, sizeof *a);
-    optind = 0; /* 0, not 1: fully reinitialises GNU getopt */
-    opterr = 0;
-    int c;
     char what[64];
     snprintf(what, sizeof what, "state %s", cmd);
-    while ((c = getopt_long(argc, argv, "o:", state_opts, NULL)) != -1) {
-        if (c == 'o') c = O_OUT;
-        bool ok = false;
-        for (const int *p = allowed; *p; p++)
-            ok |= *p == c;
-        if (c == '?' || !ok) return cli_usage_error(what, "unknown option '%s'", argv[optind - 1]);
+    cli_parser p = {.cmd = what,
+                    .shared = state_shared,
+                    .own = state_own,
+                    .dash_o = true,
+                    .allowed = allowed,
+                    .max_args = 2,
+                    .common = &a->common};
+    int c;
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
         uint64_t v = 0;
-        bool number =
-            c == O_TP || c == O_RANK || c == O_STEP || c == O_SEED || c == O_LAST || c == O_EVERY;
+        bool number = c == CLI_OPT_TP || c == CLI_OPT_RANK || c == O_STEP || c == CLI_OPT_SEED ||
+                      c == O_LAST || c == O_EVERY;
         if (number && ckpt_parse_u64(optarg, &v) < 0)
             return cli_usage_error(what, "%s needs a non-negative number, not '%s'",
                                    argv[optind - 1], optarg);
         switch (c) {
-        case O_HOME:
-            a->home = optarg;
-            break;
-        case O_JSON:
-            a->json = true;
-            break;
-        case O_QUIET:
-            a->quiet = true;
-            break;
-        case O_OUT:
-            a->out = optarg;
-            break;
-        case O_FORCE:
-            a->force = true;
-            break;
-        case O_LAYOUT:
+        case CLI_OPT_LAYOUT:
             a->layout = optarg;
             break;
-        case O_TP:
-            if (v < 1 || v > 1024)
-                return cli_usage_error(what, "--tp must be a number from 1 to 1024");
+        case CLI_OPT_TP:
+            if (cli_parse_number(what, "--tp", optarg, 1, 1024, &v)) return CLI_USAGE;
             a->tp = (int)v;
             break;
-        case O_RANK:
-            if (v > 1023) return cli_usage_error(what, "--rank must be a number from 0 to 1023");
+        case CLI_OPT_RANK:
+            if (cli_parse_number(what, "--rank", optarg, 0, 1023, &v)) return CLI_USAGE;
             a->rank = (int)v;
             a->has_rank = true;
             break;
-        case O_DTYPE:
+        case CLI_OPT_DTYPE:
             a->dtype = optarg;
             break;
         case O_NO_OPT:
@@ -164,7 +131,7 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sta
                 return cli_usage_error(what, "--fill is zeros or random");
             a->fill = optarg;
             break;
-        case O_SEED:
+        case CLI_OPT_SEED:
             a->seed = v;
             break;
         case O_SET:
@@ -173,9 +140,8 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sta
                 return cli_usage_error(what, "--set takes KEY=NUMBER, not '%s'", optarg);
             a->sets[a->nsets++] = optarg;
             break;
-        case O_SHARD:
-            if (ckpt_parse_size(optarg, &a->max_shard) < 0 || a->max_shard == 0)
-                return cli_usage_error(what, "--max-shard-size: %s", ckpt_error_last());
+        case CLI_OPT_MAX_SHARD_SIZE:
+            if (cli_parse_size(what, "--max-shard-size", optarg, &a->max_shard)) return CLI_USAGE;
             break;
         case O_RUN:
             a->run = optarg;
@@ -188,15 +154,11 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sta
             if (v == 0) return cli_usage_error(what, "--every must be at least 1");
             a->every = v;
             break;
-        case O_DRY_RUN:
-            a->dry_run = true;
-            break;
         }
     }
-    for (int i = optind; i < argc; i++) {
-        if (a->npos == 2) return cli_usage_error(what, "too many arguments");
-        a->pos[a->npos++] = argv[i];
-    }
+    if (c < 0) return CLI_USAGE;
+    a->pos = p.args;
+    a->npos = p.nargs;
     if (a->dtype) {
         ckpt_dtype dt;
         if (state_parse_float_dtype(a->dtype, &dt, "--dtype") < 0)
@@ -204,17 +166,6 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sta
     }
     if ((a->tp || a->has_rank) && !a->layout)
         return cli_usage_error(what, "--tp and --rank go with --layout");
-    if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->quiet = true;
-    return CLI_OK;
-}
-
-static int print_json(json_t *j)
-{
-    char *s = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(j);
-    if (!s) return cli_fail();
-    puts(s);
-    free(s);
     return CLI_OK;
 }
 
@@ -332,8 +283,10 @@ static int state_save(int argc, char **argv)
         print_save_help();
         return CLI_OK;
     }
-    static const int allowed[] = {O_STEP, O_DTYPE, O_SHARD, O_NO_OPT, O_OPTIMIZER, O_SLOTS,
-                                  O_FILL, O_SEED,  O_SET,   O_FORCE,  O_QUIET,     0};
+    static const int allowed[] = {O_STEP,        CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
+                                  O_NO_OPT,      O_OPTIMIZER,   O_SLOTS,
+                                  O_FILL,        CLI_OPT_SEED,  O_SET,
+                                  CLI_OPT_FORCE, CLI_OPT_QUIET, CLI_OPT_END};
     state_args a;
     int u = parse("save", argc, argv, allowed, &a);
     if (u) return u;
@@ -345,7 +298,7 @@ static int state_save(int argc, char **argv)
                                a.pos[0]);
     if ((a.slots || a.fill) && !a.optimizer)
         return cli_usage_error("state save", "--slots and --fill go with --optimizer");
-    if (check_dst(a.pos[1], a.force)) return CLI_FAIL;
+    if (check_dst(a.pos[1], a.common.force)) return CLI_FAIL;
     ckpt_state *st = NULL;
     ckpt_state_load_options lo = CKPT_STATE_LOAD_OPTIONS_INIT;
     lo.load_optimizer = !a.no_opt;
@@ -363,7 +316,7 @@ static int state_save(int argc, char **argv)
     so.max_shard_size = a.max_shard;
     double t0 = ckpt_now();
     if (!rc) rc = ckpt_state_save(a.pos[1], st, &so);
-    if (!rc && !a.quiet)
+    if (!rc && !a.common.quiet)
         ckpt_info("saved state %s: step %llu, %zu parameters, %zu optimizer tensors in %.2f s",
                   a.pos[1], (unsigned long long)ckpt_state_step(st), ckpt_state_param_count(st),
                   a.no_opt ? (size_t)0 : ckpt_state_slot_count(st), ckpt_now() - t0);
@@ -419,7 +372,7 @@ static json_t *optimizer_json(const ckpt_state *st)
 
 static int print_state(const ckpt_state *st, const char *dir, const state_args *a)
 {
-    if (a->json) {
+    if (a->common.json) {
         json_t *j =
             json_pack("{s:s,s:I,s:s?,s:o,s:o}", "dir", dir, "step", (json_int_t)ckpt_state_step(st),
                       "timestamp", ckpt_state_timestamp(st), "parameters", tensor_list(st, false),
@@ -428,7 +381,7 @@ static int print_state(const ckpt_state *st, const char *dir, const state_args *
             json_object_set_new(j, "rank",
                                 json_pack("{s:s,s:i}", "layout", a->layout, "rank", a->rank));
         if (j && ckpt_state_optimizer(st)) json_object_set_new(j, "optimizer", optimizer_json(st));
-        return print_json(j);
+        return cli_print_json(j);
     }
     char dt[128], size[32];
     printf("state %s: step %llu%s%s\n", dir, (unsigned long long)ckpt_state_step(st),
@@ -496,25 +449,27 @@ static int state_load(int argc, char **argv)
             "./state-rank3\n");
         return CLI_OK;
     }
-    static const int allowed[] = {O_LAYOUT, O_TP,    O_RANK,  O_DTYPE, O_NO_OPT, O_JSON,
-                                  O_OUT,    O_FORCE, O_SHARD, O_QUIET, 0};
+    static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP,    CLI_OPT_RANK,
+                                  CLI_OPT_DTYPE,  O_NO_OPT,      CLI_OPT_JSON,
+                                  CLI_OPT_OUTPUT, CLI_OPT_FORCE, CLI_OPT_MAX_SHARD_SIZE,
+                                  CLI_OPT_QUIET,  CLI_OPT_END};
     state_args a;
     int u = parse("load", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("state load", "expected one state folder");
     if (a.layout && !a.has_rank) return cli_usage_error("state load", "--layout needs --rank R");
-    if (a.out && check_dst(a.out, a.force)) return CLI_FAIL;
+    if (a.common.out && check_dst(a.common.out, a.common.force)) return CLI_FAIL;
     ckpt_state_load_options lo;
     load_options(&lo, &a);
     ckpt_state *st;
     if (ckpt_state_load(a.pos[0], &lo, &st) < 0) return cli_fail();
     int ret = CLI_OK;
-    if (a.out) {
+    if (a.common.out) {
         ckpt_state_save_options so = CKPT_STATE_SAVE_OPTIONS_INIT;
         so.keep_timestamp = true;
         so.max_shard_size = a.max_shard;
-        ret = ckpt_state_save(a.out, st, &so) < 0 ? cli_fail() : CLI_OK;
-        if (!ret && !a.quiet) ckpt_info("saved what was loaded as %s", a.out);
+        ret = ckpt_state_save(a.common.out, st, &so) < 0 ? cli_fail() : CLI_OK;
+        if (!ret && !a.common.quiet) ckpt_info("saved what was loaded as %s", a.common.out);
     }
     if (!ret) ret = print_state(st, a.pos[0], &a);
     ckpt_state_free(st);
@@ -534,7 +489,8 @@ static int state_import(int argc, char **argv)
                "example:\n  ckpt state import ./ckpt/step-1200 --run llama-sft\n");
         return CLI_OK;
     }
-    static const int allowed[] = {O_RUN, O_STEP, O_HOME, O_JSON, O_QUIET, 0};
+    static const int allowed[] = {O_RUN,        O_STEP,        CLI_OPT_HOME,
+                                  CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
     state_args a;
     int u = parse("import", argc, argv, allowed, &a);
     if (u) return u;
@@ -549,14 +505,14 @@ static int state_import(int argc, char **argv)
     uint64_t step = a.has_step ? a.step : ckpt_state_step(st);
     ckpt_state_free(st);
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_ckpt c;
     bool existed = false;
-    int rc = store_run_import(&s, a.pos[0], a.run, step, a.quiet, &c, &existed);
+    int rc = store_run_import(&s, a.pos[0], a.run, step, a.common.quiet, &c, &existed);
     if (!rc) {
         char size[32];
-        if (a.json) {
-            print_json(json_pack("{s:s,s:I,s:s,s:I,s:b}", "run", a.run, "step", (json_int_t)step,
+        if (a.common.json) {
+            cli_print_json(json_pack("{s:s,s:I,s:s,s:I,s:b}", "run", a.run, "step", (json_int_t)step,
                                  "commit", c.commit, "total_size", (json_int_t)c.total_size,
                                  "existed", existed));
         } else {
@@ -578,19 +534,19 @@ static int state_ls(int argc, char **argv)
                "Lists the stored steps of every run (or of RUN): run, step, size, when stored.\n");
         return CLI_OK;
     }
-    static const int allowed[] = {O_HOME, O_JSON, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     state_args a;
     int u = parse("ls", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos > 1) return cli_usage_error("state ls", "expected at most one RUN");
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_run_step *steps;
     size_t n;
     int rc = store_run_steps(&s, a.npos ? a.pos[0] : NULL, &steps, &n);
     store_close(&s);
     if (rc) return cli_fail();
-    json_t *list = a.json ? json_array() : NULL;
+    json_t *list = a.common.json ? json_array() : NULL;
     for (size_t i = 0; i < n; i++) {
         if (list) {
             json_array_append_new(list, json_pack("{s:s,s:I,s:I,s:I}", "run", steps[i].run, "step",
@@ -606,7 +562,7 @@ static int state_ls(int argc, char **argv)
                ckpt_format_size((uint64_t)steps[i].total_size, size, sizeof size), when);
     }
     store_run_steps_free(steps, n);
-    return list ? print_json(list) : CLI_OK;
+    return list ? cli_print_json(list) : CLI_OK;
 }
 
 static int state_export(int argc, char **argv)
@@ -624,17 +580,18 @@ static int state_export(int argc, char **argv)
             "  ckpt state export llama-sft@1200 -o ./rank3 --layout neuron --tp 8 --rank 3\n");
         return CLI_OK;
     }
-    static const int allowed[] = {O_OUT,   O_LAYOUT, O_TP,   O_RANK,  O_NO_OPT,
-                                  O_DTYPE, O_FORCE,  O_HOME, O_QUIET, 0};
+    static const int allowed[] = {CLI_OPT_OUTPUT, CLI_OPT_LAYOUT, CLI_OPT_TP,    CLI_OPT_RANK,
+                                  O_NO_OPT,       CLI_OPT_DTYPE,  CLI_OPT_FORCE, CLI_OPT_HOME,
+                                  CLI_OPT_QUIET,  CLI_OPT_END};
     state_args a;
     int u = parse("export", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("state export", "expected one RUN@STEP");
-    if (!a.out) return cli_usage_error("state export", "-o DIR is required");
+    if (!a.common.out) return cli_usage_error("state export", "-o DIR is required");
     if (a.layout && !a.has_rank) return cli_usage_error("state export", "--layout needs --rank R");
-    if (check_dst(a.out, a.force)) return CLI_FAIL;
+    if (check_dst(a.common.out, a.common.force)) return CLI_FAIL;
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_ckpt c;
     uint64_t step = 0;
     int rc = store_run_resolve(&s, a.pos[0], &c, &step);
@@ -643,11 +600,11 @@ static int state_export(int argc, char **argv)
         return cli_fail();
     }
     bool whole = !a.layout && !a.no_opt && !a.dtype;
-    materialize_opts mo = {.rank = -1, .force = true, .quiet = a.quiet};
+    materialize_opts mo = {.rank = -1, .force = true, .quiet = a.common.quiet};
     char *stage = NULL;
     if (whole) {
-        mo.force = a.force;
-        rc = store_materialize(&s, &c, a.out, &mo);
+        mo.force = a.common.force;
+        rc = store_materialize(&s, &c, a.common.out, &mo);
     } else {
         /* Rebuilt (and checked) in staging, then loaded as asked and saved. */
         char *base = store_tmp_base(&s, "state-export");
@@ -661,7 +618,7 @@ static int state_export(int argc, char **argv)
         ckpt_state_save_options so = CKPT_STATE_SAVE_OPTIONS_INIT;
         so.keep_timestamp = true;
         so.save_optimizer = !a.no_opt;
-        if (!rc) rc = ckpt_state_save(a.out, st, &so);
+        if (!rc) rc = ckpt_state_save(a.common.out, st, &so);
         ckpt_state_free(st);
     }
     if (stage) {
@@ -670,7 +627,7 @@ static int state_export(int argc, char **argv)
     }
     if (!rc)
         ckpt_info("exported %s step %llu -> %s%s", c.repo + strlen(STORE_RUNS_REPO_PREFIX),
-                  (unsigned long long)step, a.out, a.layout ? " (one rank)" : "");
+                  (unsigned long long)step, a.common.out, a.layout ? " (one rank)" : "");
     store_ckpt_free(&c);
     store_close(&s);
     return rc ? cli_fail() : CLI_OK;
@@ -688,14 +645,15 @@ static int state_keep(int argc, char **argv)
             "example:\n  ckpt state keep llama-sft --last 3 --every 1000\n");
         return CLI_OK;
     }
-    static const int allowed[] = {O_LAST, O_EVERY, O_DRY_RUN, O_HOME, O_JSON, 0};
+    static const int allowed[] = {O_LAST,       O_EVERY,      CLI_OPT_DRY_RUN,
+                                  CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     state_args a;
     int u = parse("keep", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("state keep", "expected one RUN");
     if (!a.has_last) return cli_usage_error("state keep", "--last N is required");
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_run_step *steps;
     size_t n;
     int rc = store_run_steps(&s, a.pos[0], &steps, &n);
@@ -717,20 +675,23 @@ static int state_keep(int argc, char **argv)
     }
     uint64_t removed = 0;
     store_gc_result gc = {0};
-    if (!rc && !a.dry_run && ndrop) rc = store_run_forget(&s, a.pos[0], drop, ndrop, &removed);
-    if (!rc && !a.dry_run) rc = store_gc(&s, false, &gc);
+    if (!rc && !a.common.dry_run && ndrop)
+        rc = store_run_forget(&s, a.pos[0], drop, ndrop, &removed);
+    if (!rc && !a.common.dry_run) rc = store_gc(&s, false, &gc);
     store_close(&s);
     if (!rc) {
-        if (a.json) {
-            print_json(json_pack("{s:s,s:b,s:O,s:O,s:I,s:I,s:I}", "run", a.pos[0], "dry_run",
-                                 a.dry_run, "kept", kept, "removed", dropped, "checkpoints_removed",
-                                 (json_int_t)removed, "blobs_removed", (json_int_t)gc.blobs_removed,
-                                 "bytes_freed", (json_int_t)gc.bytes_freed));
+        if (a.common.json) {
+            cli_print_json(json_pack("{s:s,s:b,s:O,s:O,s:I,s:I,s:I}", "run", a.pos[0], "dry_run",
+                                 a.common.dry_run, "kept", kept, "removed", dropped,
+                                 "checkpoints_removed", (json_int_t)removed, "blobs_removed",
+                                 (json_int_t)gc.blobs_removed, "bytes_freed",
+                                 (json_int_t)gc.bytes_freed));
         } else {
             char *k = cj_dumps(kept, JSON_COMPACT), *d = cj_dumps(dropped, JSON_COMPACT), b[32];
-            printf("%s: %s steps %s, %s steps %s", a.pos[0], a.dry_run ? "would keep" : "kept",
-                   k ? k : "", a.dry_run ? "would remove" : "removed", d ? d : "");
-            if (!a.dry_run)
+            printf("%s: %s steps %s, %s steps %s", a.pos[0],
+                   a.common.dry_run ? "would keep" : "kept", k ? k : "",
+                   a.common.dry_run ? "would remove" : "removed", d ? d : "");
+            if (!a.common.dry_run)
                 printf("; gc freed %s in %llu blobs", ckpt_format_size(gc.bytes_freed, b, sizeof b),
                        (unsigned long long)gc.blobs_removed);
             printf("\n");

@@ -4,6 +4,7 @@
  * $XDG_DATA_HOME/ckpt, then ~/.local/share/ckpt).
  */
 #include "service/cli.h"
+#include "service/cli_opts.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -22,100 +23,61 @@
 #include <string.h>
 #include <time.h>
 
-enum {
-    OPT_HOME = 300,
-    OPT_REPO,
-    OPT_JSON,
-    OPT_OUT,
-    OPT_RANK,
-    OPT_FORMAT,
-    OPT_FORCE,
-    OPT_CONSOLIDATED,
-    OPT_QUIET,
-    OPT_DRY_RUN,
-    OPT_SERVER
-};
+enum { OPT_REPO = CLI_OPT_OWN, OPT_FORMAT, OPT_CONSOLIDATED };
 
-static const struct option store_opts[] = {
-    {"home", required_argument, 0, OPT_HOME},
+/* Every option of the store commands; each takes the ones its allowed[] lists. */
+static const int store_shared[] = {CLI_OPT_HOME,    CLI_OPT_JSON,   CLI_OPT_OUTPUT,
+                                   CLI_OPT_RANK,    CLI_OPT_FORCE,  CLI_OPT_QUIET,
+                                   CLI_OPT_DRY_RUN, CLI_OPT_SERVER, CLI_OPT_END};
+static const struct option store_own[] = {
     {"repo", required_argument, 0, OPT_REPO},
-    {"json", no_argument, 0, OPT_JSON},
-    {"output", required_argument, 0, OPT_OUT},
-    {"rank", required_argument, 0, OPT_RANK},
     {"format", required_argument, 0, OPT_FORMAT},
-    {"force", no_argument, 0, OPT_FORCE},
     {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
-    {"quiet", no_argument, 0, OPT_QUIET},
-    {"dry-run", no_argument, 0, OPT_DRY_RUN},
-    {"server", required_argument, 0, OPT_SERVER},
     {0, 0, 0, 0},
 };
 
 typedef struct {
-    const char *home, *repo, *out, *format, *server;
+    cli_common common; /* --home, --json, -o, --force, --quiet, --dry-run, --server */
+    const char *repo, *format;
     int rank;
-    bool json, force, consolidated, quiet, dry_run;
+    bool consolidated;
     int npos;
-    char *pos[2];
+    char **pos;
 } store_args;
 
 static int parse(const char *cmd, int argc, char **argv, const int *allowed, store_args *a)
 {
     memset(a, 0, sizeof *a);
     a->rank = -1;
-    optind = 0;
-    opterr = 0;
+    cli_parser p = {.cmd = cmd,
+                    .shared = store_shared,
+                    .own = store_own,
+                    .dash_o = true,
+                    .allowed = allowed,
+                    .max_args = 2,
+                    .common = &a->common};
     int c;
-    while ((c = getopt_long(argc, argv, "o:", store_opts, NULL)) != -1) {
-        if (c == 'o') c = OPT_OUT;
-        bool ok = false;
-        for (const int *p = allowed; *p; p++)
-            ok |= *p == c;
-        if (c == '?' || !ok) return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
         uint64_t v;
         switch (c) {
-        case OPT_HOME:
-            a->home = optarg;
-            break;
         case OPT_REPO:
             a->repo = optarg;
             break;
-        case OPT_JSON:
-            a->json = true;
-            break;
-        case OPT_OUT:
-            a->out = optarg;
-            break;
-        case OPT_RANK:
-            if (ckpt_parse_u64(optarg, &v) < 0 || v >= 1024)
-                return cli_usage_error(cmd, "--rank must be a number from 0 to 1023");
+        case CLI_OPT_RANK:
+            if (cli_parse_number(cmd, "--rank", optarg, 0, 1023, &v)) return CLI_USAGE;
             a->rank = (int)v;
             break;
         case OPT_FORMAT:
             a->format = optarg;
             break;
-        case OPT_FORCE:
-            a->force = true;
-            break;
         case OPT_CONSOLIDATED:
             a->consolidated = true;
             break;
-        case OPT_QUIET:
-            a->quiet = true;
-            break;
-        case OPT_SERVER:
-            a->server = optarg;
-            break;
-        case OPT_DRY_RUN:
-            a->dry_run = true;
-            break;
         }
     }
-    for (int i = optind; i < argc; i++) {
-        if (a->npos == 2) return cli_usage_error(cmd, "too many arguments");
-        a->pos[a->npos++] = argv[i];
-    }
-    if (ckpt_log_get_level() == CKPT_LOG_QUIET) a->quiet = true;
+    if (c < 0) return CLI_USAGE;
+    a->pos = p.args;
+    a->npos = p.nargs;
     return CLI_OK;
 }
 
@@ -130,7 +92,7 @@ static int begin(const char *cmd, int argc, char **argv, const char *help, const
     }
     int u = parse(cmd, argc, argv, allowed, a);
     if (u) return u;
-    if (store_open(s, a->home) < 0) return cli_fail();
+    if (store_open(s, a->common.home) < 0) return cli_fail();
     return -1;
 }
 
@@ -145,16 +107,6 @@ static json_t *ckpt_json(const store_ckpt *c)
     return j;
 }
 
-static int print_json(json_t *j)
-{
-    char *s = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(j);
-    if (!s) return cli_fail();
-    puts(s);
-    free(s);
-    return CLI_OK;
-}
-
 int cmd_import(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
@@ -166,7 +118,7 @@ int cmd_import(int argc, char **argv)
                "example:\n  ckpt import ./Qwen2-0.5B --repo Qwen/Qwen2-0.5B@main\n");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_HOME, OPT_REPO, OPT_JSON, OPT_QUIET, 0};
+    static const int allowed[] = {CLI_OPT_HOME, OPT_REPO, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
     store_args a;
     int u = parse("import", argc, argv, allowed, &a);
     if (u) return u;
@@ -176,7 +128,7 @@ int cmd_import(int argc, char **argv)
     if (!repo) return cli_fail();
     if (at) *at++ = '\0';
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) {
+    if (store_open(&s, a.common.home) < 0) {
         free(repo);
         return cli_fail();
     }
@@ -191,7 +143,7 @@ int cmd_import(int argc, char **argv)
     }
     store_ckpt c;
     bool existed = false;
-    store_import_opts io = {.repo = repo, .revision = at, .quiet = a.quiet};
+    store_import_opts io = {.repo = repo, .revision = at, .quiet = a.common.quiet};
     if (!rc) rc = store_import_dir(&s, dir, &io, &c, &existed);
     if (staged) {
         ckpt_rm_rf(staged);
@@ -202,8 +154,8 @@ int cmd_import(int argc, char **argv)
         ret = cli_fail();
     } else {
         char *ref = store_ckpt_ref(&c), size[32];
-        if (a.json)
-            print_json(ckpt_json(&c));
+        if (a.common.json)
+            cli_print_json(ckpt_json(&c));
         else
             printf("%s\n", ref);
         ckpt_info("%s %s (commit %.12s, %s)", existed ? "already stored:" : "imported", ref,
@@ -222,7 +174,7 @@ int cmd_ls(int argc, char **argv)
         "usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
         "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
         "size, creation time.\n";
-    static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
     int early = begin("ls", argc, argv, help, allowed, &a, &s);
@@ -236,7 +188,7 @@ int cmd_ls(int argc, char **argv)
     while (!rc && sqlite3_step(st) == SQLITE_ROW) {
         store_ckpt c;
         if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
-        if (a.json) {
+        if (a.common.json) {
             json_array_append_new(list, ckpt_json(&c));
         } else {
             char *ref = store_ckpt_ref(&c), size[32], when[32];
@@ -249,7 +201,7 @@ int cmd_ls(int argc, char **argv)
         store_ckpt_free(&c);
     }
     if (!rc) sqlite3_finalize(st);
-    int ret = rc ? cli_fail() : a.json ? print_json(json_incref(list)) : CLI_OK;
+    int ret = rc ? cli_fail() : a.common.json ? cli_print_json(json_incref(list)) : CLI_OK;
     json_decref(list);
     store_close(&s);
     return ret;
@@ -273,13 +225,13 @@ int cmd_show(int argc, char **argv)
                "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     int u = parse("show", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("show", "expected one REF");
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_ckpt c;
     int rc = store_resolve(&s, a.pos[0], &c);
     if (rc) {
@@ -319,8 +271,8 @@ int cmd_show(int argc, char **argv)
     int ret = CLI_OK;
     if (rc)
         ret = cli_fail();
-    else if (a.json)
-        ret = print_json(json_incref(j));
+    else if (a.common.json)
+        ret = cli_print_json(json_incref(j));
     else {
         char size[32];
         printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n",
@@ -410,30 +362,34 @@ int cmd_pull(int argc, char **argv)
             "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
         return CLI_OK;
     }
-    static const int allowed[] = {OPT_HOME,  OPT_OUT,          OPT_RANK,  OPT_FORMAT,
-                                  OPT_FORCE, OPT_CONSOLIDATED, OPT_QUIET, OPT_SERVER, 0};
+    static const int allowed[] = {CLI_OPT_HOME,  CLI_OPT_OUTPUT, CLI_OPT_RANK,
+                                  OPT_FORMAT,    CLI_OPT_FORCE,  OPT_CONSOLIDATED,
+                                  CLI_OPT_QUIET, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
     int u = parse("pull", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("pull", "expected one REF");
-    if (!a.out) return cli_usage_error("pull", "-o DIR (or -o - for a tar stream) is required");
-    const char *fmt = a.format ? a.format : (!strcmp(a.out, "-") ? "tar" : "dir");
+    if (!a.common.out)
+        return cli_usage_error("pull", "-o DIR (or -o - for a tar stream) is required");
+    const char *fmt = a.format ? a.format : (!strcmp(a.common.out, "-") ? "tar" : "dir");
     if (strcmp(fmt, "dir") && strcmp(fmt, "tar") && strcmp(fmt, "tar.zst"))
         return cli_usage_error("pull", "--format must be dir, tar or tar.zst");
-    if (!strcmp(fmt, "dir") && !strcmp(a.out, "-"))
+    if (!strcmp(fmt, "dir") && !strcmp(a.common.out, "-"))
         return cli_usage_error("pull", "-o - needs --format tar or tar.zst");
     if (a.consolidated && a.rank >= 0)
         return cli_usage_error("pull", "--consolidated and --rank exclude each other");
     ckpt_store s;
-    if (store_open(&s, a.home) < 0) return cli_fail();
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_ckpt c;
     bool layout = false;
-    int rc = a.server ? fetch_remote(&s, a.server, a.pos[0], a.quiet, &c, &layout) : store_resolve(&s, a.pos[0], &c);
+    int rc = a.common.server
+                 ? fetch_remote(&s, a.common.server, a.pos[0], a.common.quiet, &c, &layout)
+                 : store_resolve(&s, a.pos[0], &c);
     if (rc) {
         store_close(&s);
         return cli_fail();
     }
-    if (!a.server) layout = *c.layout != '\0';
+    if (!a.common.server) layout = *c.layout != '\0';
     if (a.consolidated && !layout) {
         store_ckpt_free(&c);
         store_close(&s);
@@ -448,12 +404,13 @@ int cmd_pull(int argc, char **argv)
         rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
         free(base);
     }
-    materialize_opts mo = {.rank = a.rank, .force = a.force || staged, .quiet = a.quiet};
-    if (!rc) rc = store_materialize(&s, &c, staged ? stage : a.out, &mo);
+    materialize_opts mo = {
+        .rank = a.rank, .force = a.common.force || staged, .quiet = a.common.quiet};
+    if (!rc) rc = store_materialize(&s, &c, staged ? stage : a.common.out, &mo);
     if (!rc && a.consolidated) {
-        consolidate_opts co = {.quiet = a.quiet, .force = a.force};
+        consolidate_opts co = {.quiet = a.common.quiet, .force = a.common.force};
         if (!strcmp(fmt, "dir")) {
-            rc = consolidate_run(stage, a.out, &co);
+            rc = consolidate_run(stage, a.common.out, &co);
         } else {
             char *cons = ckpt_sprintf("%s.consolidated", stage);
             rc = cons ? consolidate_run(stage, cons, &co) : CKPT_ENOMEM;
@@ -463,16 +420,16 @@ int cmd_pull(int argc, char **argv)
         }
     }
     if (!rc && strcmp(fmt, "dir"))
-        rc = ckpt_archive_write_tree(stage, a.out, !strcmp(fmt, "tar.zst"));
+        rc = ckpt_archive_write_tree(stage, a.common.out, !strcmp(fmt, "tar.zst"));
     if (stage) {
         ckpt_rm_rf(stage);
         free(stage);
     }
     int ret = rc ? cli_fail() : CLI_OK;
-    if (!rc && strcmp(a.out, "-")) {
+    if (!rc && strcmp(a.common.out, "-")) {
         char *ref = store_ckpt_ref(&c);
         ckpt_info("pulled %s%s%s -> %s", ref ? ref : "", a.consolidated ? " (consolidated)" : "",
-                  a.rank >= 0 ? " (one rank)" : "", a.out);
+                  a.rank >= 0 ? " (one rank)" : "", a.common.out);
         free(ref);
     }
     store_ckpt_free(&c);
@@ -486,7 +443,7 @@ int cmd_rm(int argc, char **argv)
         "usage: ckpt rm REF [--home DIR]\n\n"
         "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
         "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n";
-    static const int allowed[] = {OPT_HOME, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_END};
     store_args a;
     ckpt_store s;
     int early = begin("rm", argc, argv, help, allowed, &a, &s);
@@ -512,23 +469,23 @@ int cmd_gc(int argc, char **argv)
         "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
         "writes (temp files of processes that are gone). Blobs that a running import\n"
         "has leased are kept. --dry-run only counts.\n";
-    static const int allowed[] = {OPT_HOME, OPT_DRY_RUN, OPT_JSON, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_DRY_RUN, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
     int early = begin("gc", argc, argv, help, allowed, &a, &s);
     if (early >= 0) return early;
     store_gc_result r;
-    int rc = store_gc(&s, a.dry_run, &r);
+    int rc = store_gc(&s, a.common.dry_run, &r);
     store_close(&s);
     if (rc) return cli_fail();
     char b[32];
-    if (a.json)
-        return print_json(json_pack(
-            "{s:b,s:I,s:I,s:I,s:I}", "dry_run", a.dry_run, "blobs_removed",
+    if (a.common.json)
+        return cli_print_json(json_pack(
+            "{s:b,s:I,s:I,s:I,s:I}", "dry_run", a.common.dry_run, "blobs_removed",
             (json_int_t)r.blobs_removed, "bytes_freed", (json_int_t)r.bytes_freed, "temps_removed",
             (json_int_t)r.temps_removed, "leases_dropped", (json_int_t)r.leases_dropped));
     printf("%s %llu blobs (%s), %llu leftovers of interrupted writes, %llu stale leases\n",
-           a.dry_run ? "would remove" : "removed", (unsigned long long)r.blobs_removed,
+           a.common.dry_run ? "would remove" : "removed", (unsigned long long)r.blobs_removed,
            ckpt_format_size(r.bytes_freed, b, sizeof b), (unsigned long long)r.temps_removed,
            (unsigned long long)r.leases_dropped);
     return CLI_OK;
@@ -540,7 +497,7 @@ int cmd_du(int argc, char **argv)
         "usage: ckpt du [--home DIR] [--json]\n\n"
         "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
         "against physical bytes of the blobs on disk, and the deduplication ratio.\n";
-    static const int allowed[] = {OPT_HOME, OPT_JSON, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
     int early = begin("du", argc, argv, help, allowed, &a, &s);
@@ -550,8 +507,8 @@ int cmd_du(int argc, char **argv)
     store_close(&s);
     if (rc) return cli_fail();
     double ratio = r.physical ? (double)r.logical / (double)r.physical : 0.0;
-    if (a.json)
-        return print_json(json_pack(
+    if (a.common.json)
+        return cli_print_json(json_pack(
             "{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r.checkpoints, "logical_bytes",
             (json_int_t)r.logical, "physical_bytes", (json_int_t)r.physical, "blobs",
             (json_int_t)r.blobs, "catalog_bytes", (json_int_t)r.db_bytes, "dedup_ratio", ratio));
@@ -577,7 +534,7 @@ int cmd_verify(int argc, char **argv)
         "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
         "and checks its sha256 against the catalog. Names each damaged blob with the\n"
         "checkpoints and files it breaks. Exit 1 if anything is damaged.\n";
-    static const int allowed[] = {OPT_HOME, OPT_QUIET, 0};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_END};
     store_args a;
     ckpt_store s;
     int early = begin("verify", argc, argv, help, allowed, &a, &s);

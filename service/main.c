@@ -2,6 +2,7 @@
 #include "service/cli.h"
 
 #include "common/error.h"
+#include "common/json.h"
 #include "common/log.h"
 
 #include <stdarg.h>
@@ -60,6 +61,16 @@ int cli_fail(void)
     }
     fputc('\n', stderr);
     return CLI_FAIL;
+}
+
+int cli_print_json(json_t *j)
+{
+    char *s = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(j);
+    if (!s) return cli_fail();
+    puts(s);
+    free(s);
+    return CLI_OK;
 }
 
 bool cli_wants_help(int argc, char **argv)
