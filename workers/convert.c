@@ -365,8 +365,9 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (rc) return rc;
     char(*hashes)[65] = ckpt_calloc(cp->exec.nsrc_paths + 1, sizeof *hashes);
     if (!hashes) rc = CKPT_ENOMEM;
-    exec_opts eo = {.threads = o->threads, .hash_sources = !o->no_hash, .source_sha256 = hashes, .quiet = o->quiet,
-                    .label = "convert"};
+    /* The checkpoint's own files come first; a LoRA staging file or optimizer files after them are not hashed. */
+    exec_opts eo = {.threads = o->threads, .hash_sources = !o->no_hash, .hash_count = cp->src.nfiles,
+                    .source_sha256 = hashes, .quiet = o->quiet, .label = "convert"};
     if (!rc) rc = lora_plan_compute(cp, tmp, o);
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
     if (!rc) rc = lora_plan_finish(cp);

@@ -570,6 +570,7 @@ static void *worker_main(void *arg)
 typedef struct {
     const exec_plan *p;
     char (*out)[65];
+    size_t n;   /* the first n source files */
     bool fresh; /* bypass the xattr cache */
     pthread_mutex_t mu;
     size_t next;
@@ -613,7 +614,7 @@ static void *hash_main(void *arg)
     for (;;) {
         pthread_mutex_lock(&h->mu);
         size_t i = h->next++;
-        bool stop = h->err || i >= h->p->nsrc_paths;
+        bool stop = h->err || i >= h->n;
         pthread_mutex_unlock(&h->mu);
         if (stop) return NULL;
         int rc = sha256_cached(h->p->src_paths[i], h->out[i], h->fresh);
@@ -794,11 +795,12 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     c.total = exec_plan_bytes(p);
     if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
 
-    hash_job hj = {.p = p, .out = o->source_sha256, .fresh = o->hash_fresh};
+    size_t nhash = o->hash_count && o->hash_count < p->nsrc_paths ? o->hash_count : p->nsrc_paths;
+    hash_job hj = {.p = p, .out = o->source_sha256, .n = nhash, .fresh = o->hash_fresh};
     pthread_mutex_init(&hj.mu, NULL);
     pthread_t hash_threads[EXEC_HASH_THREADS];
     int hashing = 0;
-    for (int i = 0; !rc && o->hash_sources && o->source_sha256 && i < EXEC_HASH_THREADS && (size_t)i < p->nsrc_paths; i++) {
+    for (int i = 0; !rc && o->hash_sources && o->source_sha256 && i < EXEC_HASH_THREADS && (size_t)i < nhash; i++) {
         if (pthread_create(&hash_threads[i], NULL, hash_main, &hj) == 0) hashing++;
         else if (!hashing) rc = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
     }

@@ -57,6 +57,7 @@ typedef struct {
     int threads;       /* 0: 2 */
     bool hash_sources; /* compute sha256 of every source file meanwhile (EXEC_HASH_THREADS threads) */
     bool hash_fresh;   /* ... always reading the bytes: verifying, not identifying (no xattr cache) */
+    size_t hash_count; /* ... only the first hash_count source files (0: all) */
     char (*source_sha256)[65]; /* out: nsrc_paths entries when hash_sources */
     bool quiet;        /* no progress lines */
     const char *label; /* progress label */
