@@ -2,8 +2,8 @@
  * store_import.c — ingest a local Hugging Face directory into the store.
  *
  * Each safetensors file is validated (st_open), then read once, in order: the
- * bytes feed the file's sha256, and each tensor's range is written to its own
- * blob (hashed as it goes). Other files become whole-file blobs. When every
+ * bytes feed the file's sha256 (in a thread of its own), and each tensor's
+ * range is written to its own blob (hashed as it goes). Other files become whole-file blobs. When every
  * blob is published, one transaction adds the checkpoint. A directory without
  * a commit id gets a content id: the sha256 of its files' paths and hashes,
  * so importing the same directory twice finds the same checkpoint.
@@ -20,12 +20,14 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #define IMPORT_CHUNK (8u << 20)
+#define IMPORT_RING 3 /* chunks in flight between the reader and the file hasher */
 
 typedef struct {
     char **paths; /* relative */
@@ -120,15 +122,104 @@ static int import_plain(ckpt_store *s, const char *path, store_file_rec *fr, wri
     return fr->blob ? 0 : CKPT_ENOMEM;
 }
 
-/* One tensor's bytes [off, off + n) of fd: into the file's hash fh (unless
- * NULL), a tensor hash th (unless NULL) and a blob writer w (unless NULL). */
-static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, uint8_t *buf, ckpt_sha256 *fh,
+/* The file's sha256 is computed by a thread of its own while the reader
+ * hashes and writes each tensor: every byte feeds two hashes, and one core
+ * each makes an import about twice as fast. The reader fills the chunks of a
+ * ring in turn and posts them; a chunk is refilled only once hashed. */
+typedef struct {
+    uint8_t *ring[IMPORT_RING];
+    size_t len[IMPORT_RING];
+    uint64_t posted, hashed;
+    ckpt_sha256 h;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool closing;
+    int err;
+} file_hasher;
+
+static void *file_hasher_main(void *arg)
+{
+    file_hasher *fh = arg;
+    pthread_mutex_lock(&fh->mu);
+    for (;;) {
+        while (fh->hashed == fh->posted && !fh->closing) pthread_cond_wait(&fh->cv, &fh->mu);
+        if (fh->hashed == fh->posted) break;
+        size_t slot = (size_t)(fh->hashed % IMPORT_RING);
+        pthread_mutex_unlock(&fh->mu);
+        int rc = fh->err ? 0 : ckpt_sha256_update(&fh->h, fh->ring[slot], fh->len[slot]);
+        pthread_mutex_lock(&fh->mu);
+        if (rc && !fh->err) fh->err = rc;
+        fh->hashed++;
+        pthread_cond_broadcast(&fh->cv);
+    }
+    pthread_mutex_unlock(&fh->mu);
+    return NULL;
+}
+
+/* The next chunk to read into, once the hasher is done with it. */
+static uint8_t *file_hasher_slot(file_hasher *fh)
+{
+    pthread_mutex_lock(&fh->mu);
+    while (fh->posted - fh->hashed >= IMPORT_RING) pthread_cond_wait(&fh->cv, &fh->mu);
+    uint8_t *b = fh->ring[fh->posted % IMPORT_RING];
+    pthread_mutex_unlock(&fh->mu);
+    return b;
+}
+
+static void file_hasher_post(file_hasher *fh, size_t len)
+{
+    pthread_mutex_lock(&fh->mu);
+    fh->len[fh->posted % IMPORT_RING] = len;
+    fh->posted++;
+    pthread_cond_broadcast(&fh->cv);
+    pthread_mutex_unlock(&fh->mu);
+}
+
+static int file_hasher_start(file_hasher *fh, uint8_t *const bufs[IMPORT_RING])
+{
+    memset(fh, 0, sizeof *fh);
+    memcpy(fh->ring, bufs, sizeof fh->ring);
+    int rc = ckpt_sha256_init(&fh->h);
+    if (rc) return rc;
+    pthread_mutex_init(&fh->mu, NULL);
+    pthread_cond_init(&fh->cv, NULL);
+    if (pthread_create(&fh->thread, NULL, file_hasher_main, fh)) {
+        pthread_mutex_destroy(&fh->mu);
+        pthread_cond_destroy(&fh->cv);
+        ckpt_sha256_free(&fh->h);
+        return ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
+    }
+    return 0;
+}
+
+/* Waits for what was posted; the file's sha256 into hex (when hex). */
+static int file_hasher_finish(file_hasher *fh, char hex[65])
+{
+    pthread_mutex_lock(&fh->mu);
+    fh->closing = true;
+    pthread_cond_broadcast(&fh->cv);
+    pthread_mutex_unlock(&fh->mu);
+    pthread_join(fh->thread, NULL);
+    pthread_mutex_destroy(&fh->mu);
+    pthread_cond_destroy(&fh->cv);
+    int rc = fh->err;
+    if (!rc && hex) return ckpt_sha256_final_hex(&fh->h, hex);
+    ckpt_sha256_free(&fh->h);
+    return rc;
+}
+
+/* One tensor's bytes [off, off + n) of fd: into the file's hasher fh (unless
+ * NULL), a tensor hash th (unless NULL) and a blob writer w (unless NULL).
+ * Chunks come from fh's ring; spare (a chunk of its own) when fh is NULL. */
+static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, file_hasher *fh, uint8_t *spare,
                        ckpt_sha256 *th, store_blob_writer *w)
 {
     for (uint64_t done = 0; done < n;) {
         size_t k = n - done < IMPORT_CHUNK ? (size_t)(n - done) : IMPORT_CHUNK;
+        uint8_t *buf = fh ? file_hasher_slot(fh) : spare;
         int rc = ckpt_pread_full(fd, buf, k, off + done, path);
-        if (!rc && fh) rc = ckpt_sha256_update(fh, buf, k);
+        if (!rc && fh) file_hasher_post(fh, k);
         if (!rc && th) rc = ckpt_sha256_update(th, buf, k);
         if (!rc && w) rc = store_blob_write(w, buf, k);
         if (rc) return rc;
@@ -142,8 +233,8 @@ static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, uint8
  * tensor found stored (an import of the same or an overlapping checkpoint),
  * the next is hashed first and written only when it turns out new (reading it
  * twice); after a new one, the next is hashed while written. */
-static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *fr, writer_list *wl, uint8_t *buf,
-                              bool *probe)
+static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *fr, writer_list *wl,
+                              uint8_t *const bufs[IMPORT_RING + 1], bool *probe)
 {
     st_file f;
     int rc = st_open(&f, path);
@@ -153,12 +244,19 @@ static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *f
     fr->header = ckpt_malloc(fr->header_len);
     fr->tensors = ckpt_calloc(f.ntensors + 1, sizeof *fr->tensors);
     fr->ntensors = fr->cap = f.ntensors;
-    ckpt_sha256 fh;
+    file_hasher fh;
     bool hashing = false;
     if (!fr->header || !fr->tensors) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_pread_full(f.fd, fr->header, fr->header_len, 0, path);
-    if (!rc && !(rc = ckpt_sha256_init(&fh))) hashing = true;
-    if (!rc) rc = ckpt_sha256_update(&fh, fr->header, fr->header_len);
+    if (!rc && !(rc = file_hasher_start(&fh, bufs))) hashing = true;
+    if (!rc) { /* the header goes first, through the ring like the rest */
+        for (size_t done = 0; done < fr->header_len;) {
+            size_t k = fr->header_len - done < IMPORT_CHUNK ? fr->header_len - done : IMPORT_CHUNK;
+            memcpy(file_hasher_slot(&fh), fr->header + done, k);
+            file_hasher_post(&fh, k);
+            done += k;
+        }
+    }
     posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (size_t i = 0; !rc && i < f.ntensors; i++) {
         const st_tensor *t = &f.tensors[i]; /* in offset order: the data section is read front to back */
@@ -167,7 +265,7 @@ static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *f
         if (*probe) {
             ckpt_sha256 th;
             if (!(rc = ckpt_sha256_init(&th))) {
-                rc = feed_tensor(f.fd, path, t->offset, t->nbytes, buf, &fh, &th, NULL);
+                rc = feed_tensor(f.fd, path, t->offset, t->nbytes, &fh, NULL, &th, NULL);
                 if (!rc) rc = ckpt_sha256_final_hex(&th, sha);
                 else ckpt_sha256_free(&th);
             }
@@ -176,7 +274,7 @@ static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *f
         }
         if (!rc && !have) {
             store_blob_writer *w = new_writer(s, wl, &rc);
-            if (!rc) rc = feed_tensor(f.fd, path, t->offset, t->nbytes, buf, fed ? NULL : &fh, NULL, w);
+            if (!rc) rc = feed_tensor(f.fd, path, t->offset, t->nbytes, fed ? NULL : &fh, bufs[IMPORT_RING], NULL, w);
             if (!rc) rc = store_blob_end(w);
             if (!rc && fed && strcmp(sha, w->sha256))
                 rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", path, t->name);
@@ -196,11 +294,10 @@ static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *f
             if (!fr->tensors[i].name || !fr->tensors[i].blob) rc = CKPT_ENOMEM;
         }
     }
-    if (!rc) {
-        rc = ckpt_sha256_final_hex(&fh, fr->sha256);
-        hashing = false;
+    if (hashing) {
+        int hrc = file_hasher_finish(&fh, rc ? NULL : fr->sha256);
+        if (!rc) rc = hrc;
     }
-    if (hashing) ckpt_sha256_free(&fh);
     st_close(&f);
     return rc;
 }
@@ -246,8 +343,9 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     if (!rc) qsort(fl.paths, fl.n, sizeof *fl.paths, cmp_str);
     store_ckpt_rec rec = {.repo = o->repo, .revision = o->revision ? o->revision : "main", .layout = ""};
     writer_list wl = {0};
-    uint8_t *buf = rc ? NULL : ckpt_malloc(IMPORT_CHUNK);
-    if (!rc && !buf) rc = CKPT_ENOMEM;
+    uint8_t *bufs[IMPORT_RING + 1] = {0}; /* the file hasher's ring, and one spare */
+    for (size_t i = 0; !rc && i <= IMPORT_RING; i++)
+        if (!(bufs[i] = ckpt_malloc(IMPORT_CHUNK))) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);
     ckpt_progress prog;
     ckpt_progress_start(&prog, "import", fl.n);
@@ -259,8 +357,8 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
         fl.paths[i] = NULL;
         char *full = ckpt_path_join(dir, fr->path);
         if (!full) rc = CKPT_ENOMEM;
-        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, fr, &wl, buf, &probe);
-        else rc = import_plain(s, full, fr, &wl, buf);
+        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, fr, &wl, bufs, &probe);
+        else rc = import_plain(s, full, fr, &wl, bufs[0]);
         free(full);
         if (!o->quiet) ckpt_progress_update(&prog, i + 1);
     }
@@ -287,7 +385,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     free(wl.w);
     for (size_t i = 0; i < fl.n; i++) free(fl.paths[i]);
     free(fl.paths);
-    free(buf);
+    for (size_t i = 0; i <= IMPORT_RING; i++) free(bufs[i]);
     store_ckpt_rec_free(&rec);
     return rc;
 }
