@@ -305,7 +305,7 @@ static void collect_exits(daemon_state *d)
         int st;
         pid_t r = waitpid(w->pid, &st, WNOHANG);
         if (r == w->pid) {
-            while (drain(d, w)) {} /* what it wrote before exiting */
+            drain(d, w); /* what it wrote before exiting (drain reads until the pipe is empty) */
             w->status = st;
             signal_group(w, SIGKILL); /* anything it left in its group */
             finish_slot(d, w);

@@ -31,9 +31,9 @@ static bool entry_name_safe(const char *name)
     return true;
 }
 
-/* When root holds one folder and nothing else (`tar cf m.tar llama/`), its
- * contents move up into root. The folder is renamed aside first, so an entry
- * of the same name inside it does not collide. */
+/* When root holds one folder and nothing else (`tar cf m.tar llama/`), that
+ * folder becomes root: moved aside next to root (a sibling, so nothing inside
+ * it can collide), root removed, and the folder renamed to root. */
 static int hoist_single_folder(const char *root)
 {
     DIR *d = opendir(root);
@@ -52,21 +52,16 @@ static int hoist_single_folder(const char *root)
         free(top);
         return 0;
     }
-    char *aside = ckpt_path_join(root, ".ckpt-hoist");
+    char *aside = ckpt_sprintf("%s.hoist", root);
     int rc = aside ? 0 : CKPT_ENOMEM;
     if (!rc && rename(top, aside) < 0) rc = ckpt_error_sys("%s: rename", top);
-    DIR *sd = rc ? NULL : opendir(aside);
-    if (!rc && !sd) rc = ckpt_error_sys("%s: open", aside);
-    while (!rc && (e = readdir(sd))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char *from = ckpt_path_join(aside, e->d_name), *to = ckpt_path_join(root, e->d_name);
-        if (!from || !to) rc = CKPT_ENOMEM;
-        else if (rename(from, to) < 0) rc = ckpt_error_sys("%s: rename", from);
-        free(from);
-        free(to);
+    else if (!rc && rmdir(root) < 0) {
+        rc = ckpt_error_sys("%s: remove", root);
+        rename(aside, top);
+    } else if (!rc && rename(aside, root) < 0) {
+        rc = ckpt_error_sys("%s: rename", aside);
+        ckpt_rm_rf(aside);
     }
-    if (sd) closedir(sd);
-    if (!rc && rmdir(aside) < 0) rc = ckpt_error_sys("%s: remove", aside);
     free(aside);
     free(top);
     return rc;

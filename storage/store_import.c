@@ -374,12 +374,13 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
         for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
         wl.n = 0;
         rc = store_set_ref(s, rec.repo, rev, id);
+        store_leases_release(s); /* what the probe claimed */
     } else if (!rc) {
         rc = store_blobs_publish(s, wl.w, wl.n);
         wl.n = 0;
         if (!rc) rc = store_commit_checkpoint(s, &rec, &id, existed);
-        if (rc) store_leases_release(s);
     }
+    if (rc) store_leases_release(s);
     if (!rc) rc = store_get(s, id, out);
     for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
     free(wl.w);

@@ -552,7 +552,7 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&c->mu);
             if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
-            else if (!last && !c->o->no_fsync) {
+            else if (!last && !c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
                 /* Start writing this tensor back now (asynchronously), so the
                  * file's fsync finds little left to do instead of all of it. */
                 const st_out_tensor *ot = &c->p->files[it.file].layout.tensors[it.slot];
@@ -660,7 +660,9 @@ static int hash_output(exec_ctx *c, size_t f, uint8_t *buf)
     const st_layout *l = &c->p->files[f].layout;
     size_t *order = ckpt_calloc(l->ntensors + 1, sizeof *order);
     int fd = open(c->out_paths[f], O_RDONLY | O_CLOEXEC);
-    int rc = !order ? CKPT_ENOMEM : fd < 0 ? ckpt_error_sys("%s: open", c->out_paths[f]) : 0;
+    int rc = !order ? ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing %s", c->out_paths[f])
+             : fd < 0 ? ckpt_error_sys("%s: open", c->out_paths[f])
+                      : 0;
     for (size_t i = 0; order && i < l->ntensors; i++) order[i] = i;
     if (!rc) {
         pthread_mutex_lock(&hash_sort_mu);
@@ -826,7 +828,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     int out_hashing = 0;
     for (int i = 0; !rc && c.slot_done && i < EXEC_HASH_THREADS && (size_t)i < p->nfiles; i++)
         if (pthread_create(&out_hash_threads[i], NULL, out_hash_main, &c) == 0) out_hashing++;
-    if (!rc && c.slot_done && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
+    if (!rc && c.slot_done && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
     if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
     for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);

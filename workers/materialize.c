@@ -75,15 +75,22 @@ static int load_files(pull_state *ps, int rank)
 static int add_source(pull_state *ps, const char *blob, ckpt_dtype dt, int ndim, const uint64_t *shape, int32_t *idx)
 {
     exec_plan *p = &ps->exec;
+    char *want = store_blob_path(ps->s, blob);
+    if (!want) return CKPT_ENOMEM;
     size_t pi;
     for (pi = p->nsrc_paths; pi > 0; pi--) /* recent first: a tensor's parts share blobs */
-        if (strstr(p->src_paths[pi - 1], blob)) break;
+        if (!strcmp(p->src_paths[pi - 1], want)) break;
     if (pi == 0) {
         char **np = ckpt_realloc(p->src_paths, (p->nsrc_paths + 1) * sizeof *np);
-        if (!np) return CKPT_ENOMEM;
+        if (!np) {
+            free(want);
+            return CKPT_ENOMEM;
+        }
         p->src_paths = np;
-        if (!(p->src_paths[p->nsrc_paths] = store_blob_path(ps->s, blob))) return CKPT_ENOMEM;
+        p->src_paths[p->nsrc_paths] = want;
         pi = ++p->nsrc_paths;
+    } else {
+        free(want);
     }
     plan_source *ns = ckpt_realloc(p->sources, (p->nsources + 1) * sizeof *ns);
     if (!ns) return CKPT_ENOMEM;
@@ -406,8 +413,8 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     if (!rc) {
         bool verify_blobs = ps.exec.nsrc_paths && reads_blobs_whole(&ps);
         char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
-        char(*out_sha)[65] = !verify_blobs ? ckpt_calloc(ps.exec.nfiles + 1, sizeof *out_sha) : NULL;
-        if (verify_blobs ? !blob_sha : !out_sha) rc = CKPT_ENOMEM;
+        char(*out_sha)[65] = !verify_blobs && ps.exec.nfiles ? ckpt_calloc(ps.exec.nfiles, sizeof *out_sha) : NULL;
+        if (verify_blobs ? !blob_sha : ps.exec.nfiles && !out_sha) rc = CKPT_ENOMEM;
         exec_opts eo = {.threads = o->threads,
                         .quiet = o->quiet,
                         .label = "pull",
@@ -536,8 +543,11 @@ int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len)
         const st_out_tensor *ot = &l->tensors[i];
         uint64_t in_t = off - ot->offset;
         size_t n = ot->nbytes - in_t < len ? (size_t)(ot->nbytes - in_t) : len;
-        if (n && !r->slab && (!(r->slab = malloc(EXEC_READ_SLAB_BYTES)) || !(r->band = malloc(EXEC_BAND_BYTES))))
-            return ckpt_error_set(CKPT_ENOMEM, "out of memory for read buffers");
+        if (n && (!r->slab || !r->band)) {
+            if (!r->slab) r->slab = malloc(EXEC_READ_SLAB_BYTES);
+            if (!r->band) r->band = malloc(EXEC_BAND_BYTES);
+            if (!r->slab || !r->band) return ckpt_error_set(CKPT_ENOMEM, "out of memory for read buffers");
+        }
         int rc = n ? exec_tensor_read(&r->ps.exec, r->fds, r->ef->tensors[ot->user], in_t, out, n, r->slab, r->band, &r->cache) : 0;
         if (rc) return rc;
         out += n;

@@ -237,6 +237,22 @@ rm -f "$work"/a.tar*
 [ "$(du_field physical_bytes)" = "$phys" ] || fail "archives / re-imports grew the store: $phys -> $(du_field physical_bytes) bytes"
 [ "$(du_field blobs)" = "$blobs" ] || fail "archives / re-imports added blobs: $blobs -> $(du_field blobs)"
 tmp_empty "archive imports"
+# a top folder holding a folder of its own name
+mkdir -p "$work/top/m/m" && echo '{}' >"$work/top/m/m/extra.json" && cp "$src/config.json" "$work/top/m/"
+tar -C "$work/top" -cf "$work/top.tar" m
+expect_status 0 "$ckpt" import "$work/top.tar" --repo t/hoist
+expect_status 0 "$ckpt" pull t/hoist -o "$work/pull"
+diff -r "$work/top/m" "$work/pull" >/dev/null || fail "the top folder's contents did not come back from t/hoist"
+rm -rf "$work/top" "$work/top.tar" "$work/pull"
+expect_status 0 "$ckpt" rm t/hoist
+# a checkpoint without safetensors files (config.json and a .bin) pulls back as it was
+mkdir -p "$work/plain" && cp "$src/config.json" "$work/plain/" && head -c 100000 /dev/urandom >"$work/plain/pytorch_model.bin"
+expect_status 0 "$ckpt" import "$work/plain" --repo t/plain
+expect_status 0 "$ckpt" pull t/plain -o "$work/pull"
+diff -r "$work/plain" "$work/pull" >/dev/null || fail "pull of a checkpoint without safetensors differs"
+rm -rf "$work/plain" "$work/pull"
+expect_status 0 "$ckpt" rm t/plain
+expect_status 0 "$ckpt" gc
 expect_status 2 "$ckpt" pull t/llama-one
 expect_status 2 "$ckpt" import "$M/llama-one"
 expect_status 1 "$ckpt" pull t/no-such -o "$work/pull"
@@ -295,6 +311,12 @@ for layout in neuron fused easydel hf; do
 done
 # experts: stacked, fused, sliced
 check_convert mixtral-sharded neuron 8
+# A layout pull opens each blob once, not once per part (8 per expert tensor at
+# tp 8): with the descriptors limited to the store's blob count + 48 it works.
+nfd=$(($(find "$CKPT_HOME/blobs" -type f | wc -l) + 48))
+(ulimit -n "$nfd" && exec "$ckpt" pull t/mixtral-sharded@main:neuron-tp8 -o "$work/pull" >/dev/null 2>"$work/err") ||
+    fail "pull of neuron-tp8 with $nfd descriptors: $(cat "$work/err")"
+rm -rf "$work/pull"
 check_convert mixtral-sharded fused 1
 check_convert qwen3-moe-one easydel 2
 check_convert qwen3-moe-one hf 2
