@@ -256,11 +256,10 @@ static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
     return rc;
 }
 
-/* Hashing is most of a pull's CPU, so it runs alongside the copying. When
- * the pull reads its blobs whole (an original, or a layout that is all of its
- * blobs rearranged), the blobs are hashed as the executor reads them and
- * checked against their names; otherwise (one rank of a layout reads a
- * fraction of each blob) each safetensors file written is hashed as its
+/* Hashing is most of a pull's CPU, so it runs alongside the copying. An
+ * original's blobs are hashed as the executor reads them (each once) and
+ * checked against their names; a layout's safetensors files (recipes over
+ * blobs, or one rank reading a fraction of each blob) are hashed as their
  * tensors land (exec_opts.out_sha256) and checked against the catalog. Plain
  * files (config.json, ...) are hashed after copying, by VERIFY_THREADS threads
  * taking them in turn. Either way a damaged blob fails the pull before DST
@@ -411,7 +410,10 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     char *tmp = NULL;
     if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
     if (!rc) {
-        bool verify_blobs = ps.exec.nsrc_paths && reads_blobs_whole(&ps);
+        /* An original's files are its blobs end to end: checking the blobs is
+         * checking the files. A layout's files are checked themselves, which
+         * also vouches for the recipes and the executor. */
+        bool verify_blobs = ps.exec.nsrc_paths && (!c->layout || !*c->layout) && reads_blobs_whole(&ps);
         char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
         char(*out_sha)[65] = !verify_blobs && ps.exec.nfiles ? ckpt_calloc(ps.exec.nfiles, sizeof *out_sha) : NULL;
         if (verify_blobs ? !blob_sha : ps.exec.nfiles && !out_sha) rc = CKPT_ENOMEM;
