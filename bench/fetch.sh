@@ -27,19 +27,14 @@
 # default: ckpt's own), BENCH_KEEP=1 keeps the work folder.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
+BENCH_NAME=fetch
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 CKPT_TESTHUB=${CKPT_TESTHUB:-$(dirname "$CKPT_BIN")/ckpt-testhub}
-REPEAT=${BENCH_REPEAT:-3}
-SCALE=${BENCH_SCALE:-2}
-LAYERS=${BENCH_LAYERS:-14}
-die() { echo "bench: $*" >&2; exit 1; }
-[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not built (make BUILD=DIR DIR/ckpt DIR/ckpt-testhub)"
 [ -x "$CKPT_TESTHUB" ] || die "CKPT_TESTHUB '$CKPT_TESTHUB' is not built (make BUILD=DIR DIR/ckpt-testhub)"
 command -v curl >/dev/null || die "curl is needed"
-[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
-mkdir -p "${BENCH_DIR:-/tmp}"
-WORK=$(mktemp -d "${BENCH_DIR:-/tmp}/ckpt-bench-fetch.XXXXXX")
+bench_start
 HUB_PID=""
 cleanup() {
     [ -n "$HUB_PID" ] && kill -TERM "$HUB_PID" 2>/dev/null && wait "$HUB_PID" 2>/dev/null

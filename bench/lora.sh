@@ -32,28 +32,20 @@
 # A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 BENCH_REPEAT=1 bench/lora.sh
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
-PY=${BENCH_PYTHON:-/usr/bin/python3}
-SCALE=${BENCH_SCALE:-2}
-LAYERS=${BENCH_LAYERS:-14}
+BENCH_NAME=lora
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 SHARD_MB=${BENCH_SHARD_MB:-500}
 RANK=${BENCH_RANK:-16}
-REPEAT=${BENCH_REPEAT:-3}
-BASE=${BENCH_DIR:-/tmp}
 THREADS=()
 [ -n "${BENCH_THREADS:-}" ] && THREADS=(--threads "$BENCH_THREADS")
 TARGETS=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 GEN="python3 $HERE/../tests/lora_gen.py"
 REF="$PY $HERE/../tests/lora_ref.py"
 
-die() { echo "bench: $*" >&2; exit 1; }
-
-[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not an executable (build it: make, or make BUILD=DIR DIR/ckpt)"
 [ -x /usr/bin/time ] || die "needs GNU time at /usr/bin/time for CPU time and peak RSS"
-[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
-mkdir -p "$BASE"
-WORK=$(mktemp -d "$BASE/ckpt-bench-lora.XXXXXX")
+bench_start
 cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
 trap cleanup EXIT
 export CKPT_QUIET=1

@@ -34,25 +34,16 @@
 #   BENCH_KEEP=1   keep the work folder
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
-PY=${BENCH_PYTHON:-/usr/bin/python3}
+BENCH_NAME=queue
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 JOBS=${BENCH_JOBS:-1000}
 WORKERS=${BENCH_WORKERS:-2}
 SAMPLES=${BENCH_SAMPLES:-200}
-BASE=${BENCH_DIR:-/tmp}
 
-die() { echo "bench: $*" >&2; exit 1; }
-[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not an executable (build it: make, or make BUILD=DIR DIR/ckpt)"
-CKPT_BIN=$(cd "$(dirname "$CKPT_BIN")" && pwd)/$(basename "$CKPT_BIN")
-for v in JOBS WORKERS SAMPLES; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "BENCH_$v must be a positive number"
-done
-if nm "$CKPT_BIN" 2>/dev/null | grep -q __asan_init; then
-    echo "bench: warning: $CKPT_BIN is a sanitizer build; figures mean little" >&2
-fi
-mkdir -p "$BASE"
-WORK=$(mktemp -d "$BASE/ckpt-bench-queue.XXXXXX")
+bench_positive JOBS WORKERS SAMPLES
+bench_start
 DPID=
 cleanup() {
     if [ -n "$DPID" ]; then

@@ -49,24 +49,16 @@
 # A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 BENCH_REPEAT=1 bench/run.sh
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
-PY=${BENCH_PYTHON:-/usr/bin/python3}
-SCALE=${BENCH_SCALE:-2}
-LAYERS=${BENCH_LAYERS:-14}
+BENCH_NAME=run
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 SHARD_MB=${BENCH_SHARD_MB:-500}
 TP=${BENCH_TP:-8}
-REPEAT=${BENCH_REPEAT:-3}
-BASE=${BENCH_DIR:-/tmp}
 PREFAULT=${BENCH_PREFAULT:-1}
 
-die() { echo "bench: $*" >&2; exit 1; }
-
-[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not an executable (build it: make, or make BUILD=DIR DIR/ckpt)"
 "$PY" -c 'import numpy' 2>/dev/null || die "$PY cannot import numpy (make deps installs python3-numpy)"
-[[ $REPEAT =~ ^[1-9][0-9]*$ ]] || die "BENCH_REPEAT must be a positive number"
-mkdir -p "$BASE"
-WORK=$(mktemp -d "$BASE/ckpt-bench.XXXXXX")
+bench_start
 cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
 trap cleanup EXIT
 

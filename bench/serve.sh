@@ -52,32 +52,20 @@
 # A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 BENCH_REPEAT=1 bench/serve.sh
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
-PY=${BENCH_PYTHON:-/usr/bin/python3}
-SCALE=${BENCH_SCALE:-2}
-LAYERS=${BENCH_LAYERS:-14}
-REPEAT=${BENCH_REPEAT:-3}
+BENCH_NAME=serve
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 CLIENTS=${BENCH_CLIENTS:-16}
 LAYOUT=${BENCH_LAYOUT:-1}
-BASE=${BENCH_DIR:-/tmp}
 TP=8
 RANK=3
 RSS_GOAL_MIB=256
 
-die() { echo "bench/serve: $*" >&2; exit 1; }
-[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not an executable (build it: make BUILD=DIR DIR/ckpt)"
-CKPT_BIN=$(cd "$(dirname "$CKPT_BIN")" && pwd)/$(basename "$CKPT_BIN")
 [ -x "$PY" ] || PY=$(command -v python3) || die "python3 is needed for the static server"
 command -v curl >/dev/null || die "curl is needed"
-for v in REPEAT CLIENTS; do
-    [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "BENCH_$v must be a positive number"
-done
-if nm "$CKPT_BIN" 2>/dev/null | grep -q __asan_init; then
-    echo "bench/serve: warning: $CKPT_BIN is a sanitizer build; figures mean little" >&2
-fi
-mkdir -p "$BASE"
-WORK=$(mktemp -d "$BASE/ckpt-bench-serve.XXXXXX")
+bench_positive CLIENTS
+bench_start
 DPID=
 SPID=
 stop() { # stop PID: TERM, wait; the servers are this script's children

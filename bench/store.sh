@@ -36,24 +36,18 @@
 # A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 bench/store.sh
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-CKPT_BIN=${CKPT_BIN:-$HERE/../build/ckpt}
-PY=${BENCH_PYTHON:-/usr/bin/python3}
-SCALE=${BENCH_SCALE:-2}
-LAYERS=${BENCH_LAYERS:-14}
+BENCH_NAME=store
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
 SHARD_MB=${BENCH_SHARD_MB:-500}
 TP=${BENCH_TP:-8}
 RANK=${BENCH_RANK:-3}
-BASE=${BENCH_DIR:-/tmp}
 
-die() { echo "bench/store: $*" >&2; exit 1; }
-
-[ -x "$CKPT_BIN" ] || die "CKPT_BIN '$CKPT_BIN' is not an executable (build it: make, or make BUILD=... BUILD/ckpt)"
 [ -x "$PY" ] || PY=python3
 [ -f "$HERE/measure.py" ] || die "$HERE/measure.py is missing"
 [ "$RANK" -lt "$TP" ] || die "BENCH_RANK ($RANK) must be below BENCH_TP ($TP)"
-mkdir -p "$BASE"
-WORK=$(mktemp -d "$BASE/ckpt-bench-store.XXXXXX")
+bench_start
 cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench/store: kept $WORK"; else rm -rf "$WORK"; fi; }
 trap cleanup EXIT
 export CKPT_HOME=$WORK/home
