@@ -276,6 +276,15 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
     memset(&cp, 0, sizeof cp);
     bool planned = false;
     rc = store_files_load(s, src.id, &files.v, &files.n);
+    /* A training state's optimizer files would be left behind while its
+     * metadata.json still announces them: refuse, and say what works. */
+    for (size_t i = 0; !rc && i < files.n; i++)
+        if (!strncmp(files.v[i].path, "optimizer", 9) && strstr(files.v[i].path, ".safetensors"))
+            rc = ckpt_error_set(CKPT_EINVAL,
+                                "%s is a training state with optimizer files (%s), which a layout in the "
+                                "store does not carry; `ckpt state export` writes it in a layout (--layout, "
+                                "--tp, --rank) with its optimizer slots, or without them (--no-optimizer)",
+                                ref, files.v[i].path);
     if (!rc) rc = store_convert_open_source(s, &src, files.v, files.n, &c, &config, &index_text, &index_name, &src_hashes);
     if (!rc) {
         rc = convert_plan_build_from(&cp, &c, "", config, index_name, index_text, o);

@@ -227,6 +227,11 @@ expect_status 0 "$ckpt" convert "$work/s300" "$work/c300" --layout neuron --tp 4
 same_tensors "$work/e300r1" "$work/c300/tp_rank_01"
 expect_status 1 "$ckpt" state export sft@200 -o "$work/e200"
 grep -q "not empty" "$work/err" || fail "export over a non-empty folder: $(cat "$work/err")"
+# A layout made in the store would leave the optimizer files behind while
+# metadata.json announces them: refused, naming them and what works instead.
+expect_status 1 "$ckpt" convert runs/sft@step-300 --layout neuron --tp 4
+grep -qF "optimizer files (optimizer.safetensors)" "$work/err" && grep -qF "ckpt state export" "$work/err" ||
+    fail "in-store convert of a state: $(cat "$work/err")"
 no_leftovers
 echo "[${SECONDS}s] ok store: import, ls, keep + gc, export"
 
