@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 typedef struct {
@@ -320,19 +319,6 @@ static int verify_written(pull_state *ps, const char *tmp)
     return v.rc ? ckpt_error_set(v.rc, "%s", v.msg) : 0;
 }
 
-/* Source bytes the pull reads, when it reads every blob whole; 0 when
- * hashing the blobs would read more than the output holds. */
-static bool reads_blobs_whole(const pull_state *ps)
-{
-    uint64_t src = 0;
-    for (size_t i = 0; i < ps->exec.nsrc_paths; i++) {
-        struct stat st;
-        if (stat(ps->exec.src_paths[i], &st) < 0) return false;
-        src += (uint64_t)st.st_size;
-    }
-    return src <= exec_plan_bytes(&ps->exec);
-}
-
 /* Every blob hashed to its name (sources[].name is the blob's sha256). */
 static int check_blob_hashes(const pull_state *ps, char (*got)[65])
 {
@@ -410,10 +396,11 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     char *tmp = NULL;
     if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
     if (!rc) {
-        /* An original's files are its blobs end to end: checking the blobs is
-         * checking the files. A layout's files are checked themselves, which
-         * also vouches for the recipes and the executor. */
-        bool verify_blobs = ps.exec.nsrc_paths && (!c->layout || !*c->layout) && reads_blobs_whole(&ps);
+        /* An original's files are its blobs end to end, each read whole:
+         * checking the blobs is checking the files. A layout's files are
+         * checked themselves, which also vouches for the recipes and the
+         * executor. */
+        bool verify_blobs = ps.exec.nsrc_paths && (!c->layout || !*c->layout);
         char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
         char(*out_sha)[65] = !verify_blobs && ps.exec.nfiles ? ckpt_calloc(ps.exec.nfiles, sizeof *out_sha) : NULL;
         if (verify_blobs ? !blob_sha : ps.exec.nfiles && !out_sha) rc = CKPT_ENOMEM;
