@@ -1,5 +1,6 @@
 /* fsutil.c — atomic files and directories, full reads and writes. See fsutil.h. */
 #include "common/fsutil.h"
+#include "common/fault.h"
 
 #include "common/error.h"
 #include "common/util.h"
@@ -64,10 +65,13 @@ int ckpt_atomic_open(ckpt_atomic_file *af, const char *path)
 int ckpt_atomic_commit(ckpt_atomic_file *af)
 {
     int rc = 0;
+    ckpt_fault("file.written");
     if (fsync(af->fd) < 0) rc = ckpt_error_sys("%s: fsync", af->path);
     if (close(af->fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", af->path);
     af->fd = -1;
+    if (!rc) ckpt_fault("file.synced");
     if (!rc && rename(af->tmp_path, af->path) < 0) rc = ckpt_error_sys("%s: rename", af->path);
+    if (!rc) ckpt_fault("file.renamed");
     if (!rc) rc = ckpt_fsync_parent(af->path);
     if (rc) {
         ckpt_atomic_abort(af);
@@ -271,13 +275,16 @@ int ckpt_tmpdir_create(const char *target, char **out)
     }
     chmod(t, 0755); /* mkdtemp makes 0700; the renamed result is an ordinary directory */
     *out = t;
+    ckpt_fault("tmpdir.created");
     return 0;
 }
 
 int ckpt_dir_commit(const char *tmp, const char *target)
 {
+    ckpt_fault("dir.before_rename");
     if (ckpt_is_dir(target) && ckpt_dir_is_empty_or_missing(target)) rmdir(target);
     if (rename(tmp, target) < 0) return ckpt_error_sys("%s: rename into place", target);
+    ckpt_fault("dir.renamed");
     return ckpt_fsync_parent(target);
 }
 

@@ -7,6 +7,7 @@
 #include "service/cli.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -27,7 +28,7 @@
 typedef struct {
     const char *home, *server, *state, *listen, *token_file;
     bool json, wait, follow;
-    int priority, workers;
+    int priority, workers, max_attempts;
     int64_t after;
     double grace, timeout;
     int nrest;
@@ -57,7 +58,10 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
             if (ckpt_parse_u64(v, &n) < 0 || n == 0) return cli_usage_error(cmd, "--after takes a job ID");
             a->after = (int64_t)n;
         }
-        else if (!strcmp(w, "--workers") && v) {
+        else if (!strcmp(w, "--max-attempts") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1000) return cli_usage_error(cmd, "--max-attempts must be 1..1000");
+            a->max_attempts = (int)n;
+        } else if (!strcmp(w, "--workers") && v) {
             if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 256) return cli_usage_error(cmd, "--workers must be 1..256");
             a->workers = (int)n;
         } else if (!strcmp(w, "--grace") && v) a->grace = atof(v);
@@ -168,6 +172,7 @@ int cmd_worker(int argc, char **argv)
     }
     if (id <= 0) return cli_usage_error("worker", "--job ID is required");
     setvbuf(stdout, NULL, _IOLBF, 0);
+    ckpt_fault_arm(getenv("CKPT_FAULT_WORKER")); /* the daemon's CKPT_FAULT is not ours */
     ckpt_progress_set_sink(worker_progress);
     ckpt_store s;
     int rc = store_open(&s, home);
@@ -252,9 +257,11 @@ static int submit_hub(job_args *a)
     job_client c;
     bool existed = false;
     int rc = open_client(&c, a);
-    if (!rc && job_client_submit(&c, "fetch", fetch, a->priority, a->after, &fjob, &existed) < 0) rc = cli_fail();
+    queue_submit_opts fo = {.priority = a->priority, .depends_on = a->after, .max_attempts = a->max_attempts};
+    if (!rc && job_client_submit(&c, "fetch", fetch, &fo, &fjob, &existed) < 0) rc = cli_fail();
     int64_t fid = json_integer_value(json_object_get(fjob, "id")), cid = 0;
-    if (!rc && job_client_submit(&c, "convert", convert, a->priority, fid, &cjob, &existed) < 0) rc = cli_fail();
+    queue_submit_opts co = {.priority = a->priority, .depends_on = fid, .max_attempts = a->max_attempts};
+    if (!rc && job_client_submit(&c, "convert", convert, &co, &cjob, &existed) < 0) rc = cli_fail();
     if (!rc) {
         cid = json_integer_value(json_object_get(cjob, "id"));
         if (a->json && !a->wait) cli_print_json(json_pack("{s:O,s:O}", "fetch", fjob, "convert", cjob));
@@ -274,8 +281,8 @@ static int submit_hub(job_args *a)
 int cmd_submit(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt submit KIND ARGS... [--priority P] [--after ID] [--wait] [--json] [--server URL]\n"
-               "                   [--home DIR]\n\n"
+        printf("usage: ckpt submit KIND ARGS... [--priority P] [--after ID] [--max-attempts N] [--wait] [--json]\n"
+               "                   [--server URL] [--home DIR]\n\n"
                "       ckpt submit ORG/NAME[@REV] --layout L [--tp N] [convert and fetch options]\n\n"
                "Queues a job and prints its id alone on stdout (--json: the job). The same\n"
                "arguments as the direct command:\n"
@@ -292,7 +299,9 @@ int cmd_submit(int argc, char **argv)
                "and a convert of ORG/NAME@REV that runs after it, and prints the convert's id.\n"
                "Submitting the same job while it is queued or running returns the existing id.\n"
                "Lower --priority runs first (default 0). --after ID waits for job ID to succeed\n"
-               "(and fails, saying so, if it fails). --wait follows the job to its end\n"
+               "(and fails, saying so, if it fails). --max-attempts N: how many times a job that\n"
+               "fails for a passing reason (or whose worker or daemon died) runs before it fails for\n"
+               "good (default 3). --wait follows the job to its end\n"
                "with progress, and exits as the job ended.\n");
         return CLI_OK;
     }
@@ -321,7 +330,8 @@ int cmd_submit(int argc, char **argv)
     int rc = open_client(&c, &a);
     json_t *job = NULL;
     bool existed = false;
-    if (!rc && job_client_submit(&c, kind, args, a.priority, a.after, &job, &existed) < 0) rc = cli_fail();
+    queue_submit_opts o = {.priority = a.priority, .depends_on = a.after, .max_attempts = a.max_attempts};
+    if (!rc && job_client_submit(&c, kind, args, &o, &job, &existed) < 0) rc = cli_fail();
     json_decref(args);
     if (!rc) {
         int64_t id = json_integer_value(json_object_get(job, "id"));

@@ -278,7 +278,7 @@ int cmd_sync(int argc, char **argv)
             else {
                 json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id), *job = NULL;
                 bool existed = false;
-                if (!args || job_client_submit(&c, "sync", args, 0, 0, &job, &existed) < 0)
+                if (!args || job_client_submit(&c, "sync", args, &(queue_submit_opts){0}, &job, &existed) < 0)
                     ret = cli_fail();
                 else
                     printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));

@@ -15,6 +15,7 @@
 #include "service/daemon.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -140,7 +141,9 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
     w->started = w->last_renew = queue_now();
     w->deadline = w->started + kind_timeout(d->o, w->kind);
     atomic_fetch_add(&d->running, 1);
-    return queue_set_pid(&d->store.cat, w->id, pid);
+    int rc = queue_set_pid(&d->store.cat, w->id, pid);
+    ckpt_fault("daemon.spawned");
+    return rc;
 }
 
 static void handle_line(daemon_state *d, worker_slot *w, char *line)
@@ -255,6 +258,7 @@ static void finish_slot(daemon_state *d, worker_slot *w)
         bool transient = w->error ? w->transient : !timed_out;
         queue_finish(c, w->id, false, transient && !timed_out, err, NULL);
     }
+    ckpt_fault("daemon.finished");
     atomic_fetch_sub(&d->running, 1);
     close(w->fd);
     free(w->kind);

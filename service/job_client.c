@@ -128,13 +128,14 @@ static int local_job(job_client *c, int64_t id, json_t **job)
     return *job ? 0 : CKPT_ENOMEM;
 }
 
-int job_client_submit(job_client *c, const char *kind, json_t *args, int priority, int64_t depends_on, json_t **job,
+int job_client_submit(job_client *c, const char *kind, json_t *args, const queue_submit_opts *o, json_t **job,
                       bool *existed)
 {
     *existed = false;
     if (c->server) {
-        json_t *body = json_pack("{s:s,s:O,s:i}", "kind", kind, "args", args, "priority", priority);
-        if (depends_on) json_object_set_new(body, "depends_on", json_integer(depends_on));
+        json_t *body = json_pack("{s:s,s:O,s:i}", "kind", kind, "args", args, "priority", o->priority);
+        if (o->depends_on) json_object_set_new(body, "depends_on", json_integer(o->depends_on));
+        if (o->max_attempts) json_object_set_new(body, "max_attempts", json_integer(o->max_attempts));
         long status;
         int rc = http(c, "POST", "/v1/jobs", body, job, &status);
         json_decref(body);
@@ -142,8 +143,7 @@ int job_client_submit(job_client *c, const char *kind, json_t *args, int priorit
         return rc;
     }
     int64_t id;
-    queue_submit_opts o = {.priority = priority, .depends_on = depends_on};
-    int rc = queue_submit(&c->cat, kind, args, &o, &id, existed);
+    int rc = queue_submit(&c->cat, kind, args, o, &id, existed);
     return rc ? rc : local_job(c, id, job);
 }
 

@@ -6,6 +6,7 @@
 #ifndef CKPT_SERVICE_JOB_CLIENT_H
 #define CKPT_SERVICE_JOB_CLIENT_H
 
+#include "service/queue.h"
 #include "storage/catalog.h"
 
 #include <jansson.h>
@@ -22,7 +23,7 @@ typedef struct {
 /* server: --server value or NULL (then $CKPT_SERVER, else local in home). */
 int job_client_open(job_client *c, const char *home, const char *server);
 void job_client_close(job_client *c);
-int job_client_submit(job_client *c, const char *kind, json_t *args, int priority, int64_t depends_on, json_t **job,
+int job_client_submit(job_client *c, const char *kind, json_t *args, const queue_submit_opts *o, json_t **job,
                       bool *existed);
 int job_client_get(job_client *c, int64_t id, json_t **job);
 int job_client_list(job_client *c, const char *state, json_t **jobs);

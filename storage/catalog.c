@@ -2,6 +2,7 @@
 #include "storage/catalog.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/util.h"
 
 #include <stdio.h>
@@ -58,11 +59,13 @@ int catalog_begin(catalog *c)
 
 int catalog_commit(catalog *c)
 {
+    ckpt_fault("catalog.before_commit");
     if (sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
         int rc = catalog_error(c, "commit");
         catalog_rollback(c);
         return rc;
     }
+    ckpt_fault("catalog.committed");
     return 0;
 }
 

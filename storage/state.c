@@ -17,6 +17,7 @@
  */
 #include "storage/state.h"
 
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
@@ -560,6 +561,7 @@ static int write_new_file(const char *dir, const char *name, const st_layout *l,
     }
     if (!rc && fsync(fd) < 0) rc = ckpt_error_sys("%s: fsync", path);
     if (fd >= 0 && close(fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", path);
+    if (!rc) ckpt_fault("state.file_synced");
     free(path);
     return rc;
 }
@@ -811,7 +813,9 @@ static int save_to(const char *dir, const ckpt_state *st, const ckpt_state_save_
     if (!rc) rc = ckpt_tmpdir_create(dir, &tmp);
     if (!rc) rc = write_state_files(tmp, st, &o, o.float_dtype != NULL, dt);
     if (!rc) rc = ckpt_fsync_dir(tmp);
+    if (!rc) ckpt_fault("state.before_commit");
     if (!rc) rc = commit_state(tmp, dir, replace);
+    if (!rc) ckpt_fault("state.committed");
     if (rc && tmp) ckpt_error_prefix(rc, "save state %s", dir);
     if (tmp) {
         int e = CKPT_OK;

@@ -4,6 +4,7 @@
 #include "storage/checkpoint.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/sha256.h"
 #include "common/util.h"
@@ -127,6 +128,7 @@ int store_blob_end(store_blob_writer *w)
     int rc = ckpt_sha256_final_hex(w->hash, w->sha256);
     free(w->hash);
     w->hash = NULL;
+    if (!rc) ckpt_fault("blob.written");
     return rc;
 }
 
@@ -231,6 +233,7 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
     /* One filesystem sync makes every temp durable before any is renamed. */
     int rc = 0;
     if (syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
+    if (!rc) ckpt_fault("blobs.synced");
     if (!rc) rc = lease(s, ws, n);
     for (size_t i = 0; !rc && i < n; i++) {
         char *dst = store_blob_path(s, ws[i].sha256);
@@ -243,6 +246,7 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
         } else if (!rc && rename(ws[i].tmp_path, dst) < 0) {
             rc = ckpt_error_sys("%s: publish blob", dst);
         }
+        if (!rc) ckpt_fault("blob.published");
         free(dst);
         free(dir);
     }

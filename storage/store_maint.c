@@ -10,6 +10,7 @@
 #include "storage/store.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/sha256.h"
 #include "common/util.h"
@@ -106,6 +107,7 @@ static int gc_blob(void *vctx, const char *sha, const char *path, uint64_t size)
     int rc = blob_wanted(g->s, g->q, sha, &wanted);
     if (rc || wanted) return rc;
     if (!g->dry_run && unlink(path) < 0) return ckpt_error_sys("%s: remove", path);
+    if (!g->dry_run) ckpt_fault("gc.blob_removed");
     g->res->blobs_removed++;
     g->res->bytes_freed += size;
     return 0;

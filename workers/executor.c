@@ -2,6 +2,7 @@
 #include "workers/executor.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -552,6 +553,8 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&c->mu);
             if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
+            else if (last)
+                ckpt_fault("exec.file_done");
             else if (!last && !c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
                 /* Start writing this tensor back now (asynchronously), so the
                  * file's fsync finds little left to do instead of all of it. */

@@ -39,6 +39,7 @@
 #include "workers/hub_internal.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/sha256.h"
@@ -796,6 +797,7 @@ static void piece_done(dl *d, dl_piece *p)
     dl_file *f = p->f;
     p->state = P_DONE;
     f->pieces_done++;
+    ckpt_fault("fetch.piece_done");
     if (!p->header) start_writeback(f, p->start, p->end);
     if (p->header) {
         int rc = header_done(d, f);

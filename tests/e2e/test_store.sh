@@ -13,8 +13,9 @@
 # 4. verify: a flipped byte in a tensor blob, in a whole-file blob and a
 #    missing blob are named (blob, checkpoint ref, file); pull of a damaged
 #    checkpoint exits 1 and leaves no destination.
-# 5. kill -9 of import, store convert and gc at several points: nothing
-#    half-visible, verify clean, gc removes the leftovers, a fresh run works.
+# 5. import, store convert and gc stopped (SIGKILL) at every named crash point
+#    they pass (CKPT_FAULT, common/fault.h): nothing half-visible, verify
+#    clean, gc removes the leftovers, a fresh run works.
 # 6. concurrent imports sharing tensors while gc loops: every checkpoint
 #    pulls with matching sha256, verify is clean.
 # 7. rm then gc frees the blobs; a converted layout survives its original.
@@ -105,59 +106,27 @@ expect_verify_clean() {
     return 0
 }
 
-# A Python helper: runs a command and kill -9s it at a moment (see below).
-cat >"$work/killer.py" <<'EOF'
-"""killer.py HOME MODE ARG CMD...: runs CMD, SIGKILLs it when
-   after SECS   SECS seconds have passed
-   tmp N        HOME/tmp holds at least N entries (N=1: work has started)
-   blobs N      the number of blob files in HOME/blobs reaches N (counting up or down)
-and prints "killed SECONDS" or "finished RC" (it never got there)."""
-import os, signal, subprocess, sys, time
-home, mode, arg, cmd = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4:]
-def nblobs():
-    n = 0
-    try:
-        for d in os.scandir(home + "/blobs"):
-            try:
-                n += sum(1 for _ in os.scandir(d.path))
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return n
-start_blobs = nblobs() if mode == "blobs" else 0
-down = mode == "blobs" and arg < start_blobs
-t0 = time.monotonic()
-p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-while p.poll() is None:
-    now = time.monotonic() - t0
-    if mode == "after":
-        hit = now >= arg
-    elif mode == "tmp":
-        try:
-            hit = len(os.listdir(home + "/tmp")) >= arg
-        except OSError:
-            hit = False
-    else:
-        n = nblobs()
-        hit = n <= arg if down else n >= arg
-    if hit:
-        os.killpg(p.pid, signal.SIGKILL)  # the whole group, should CMD be a wrapper
-        p.wait()
-        print(f"killed {now:.3f}")
-        sys.exit(0)
-    time.sleep(0.0005 if mode == "after" else 0.0)
-print(f"finished {p.returncode}")
-EOF
-killer() { python3 "$work/killer.py" "$CKPT_HOME" "$@"; }
-# elapsed CMD...: runs CMD (must succeed), prints its wall seconds.
-elapsed() {
-    python3 -c '
-import subprocess, sys, time
-t = time.monotonic()
-rc = subprocess.call(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-print(f"{time.monotonic() - t:.3f}")
-sys.exit(rc)' "$@" || fail "'$*' failed"
+# crash_points CMD...: runs CMD once with CKPT_FAULT_TRACE and prints the crash
+# points (common/fault.h) to stop it at: the first and the last pass of each
+# distinct point it went through, as NAME:N.
+crash_points() {
+    rm -f "$work/trace"
+    CKPT_FAULT_TRACE=$work/trace "$@" >/dev/null 2>&1 || fail "'$*' failed when traced"
+    [ -s "$work/trace" ] || fail "'$*' passed no crash point"
+    sort "$work/trace" | uniq -c | while read -r n p; do
+        printf '%s:1\n' "$p"
+        [ "$n" -gt 1 ] && printf '%s:%d\n' "$p" "$n"
+        true
+    done
+    rm -f "$work/trace"
+}
+# crash_at SPEC CMD...: runs CMD stopped (SIGKILL) at crash point SPEC; it must
+# get there (exit status 137), not finish or fail on its own.
+crash_at() {
+    local spec=$1 rc=0
+    shift
+    CKPT_FAULT=$spec "$@" >/dev/null 2>"$work/crash.err" || rc=$?
+    [ $rc -eq 137 ] || fail "'$*' was not stopped at $spec (exit $rc): $(head -c 500 "$work/crash.err")"
 }
 
 M=$work/models
@@ -456,31 +425,22 @@ after_kill() {
     expect_status 0 "$ckpt" gc
     gc_settled "$what"
 }
-# kill_series WHAT REF WANT_SUMS RESET POINT... -- CMD...: for each POINT
-# (MODE:ARG for killer.py: after:SECONDS, tmp:N, blobs:N) runs CMD, kill -9s
-# it there and checks the store (after_kill); then RESET REF brings the store
-# back to where the next point starts.
+# kill_series WHAT REF WANT_SUMS RESET -- CMD...: traces CMD's crash points,
+# then for each runs CMD stopped there and checks the store (after_kill);
+# RESET REF brings the store back to where the next run starts.
 kill_series() {
-    local what=$1 ref=$2 want=$3 reset=$4
-    shift 4
-    local points=() before res pt
-    while [ "$1" != -- ]; do
-        points+=("$1")
-        shift
-    done
-    shift
-    for pt in "${points[@]}"; do
+    local what=$1 ref=$2 want=$3 reset=$4 before pt
+    shift 5
+    crash_points "$@" >"$work/points"
+    "$reset" "$ref"
+    while read -r pt; do
         before=$(refs)
-        res=$(killer "${pt%%:*}" "${pt#*:}" "$@")
-        case "$res" in
-        killed*) killed=$((killed + 1)) ;;
-        "finished 0") ;;
-        *) fail "$what at $pt: the command failed on its own ($res)" ;;
-        esac
-        echo "   $what, kill at $pt: $res"
-        after_kill "$what (kill at $pt)" "$ref" "$want" "$before"
+        crash_at "$pt" "$@"
+        killed=$((killed + 1))
+        echo "   $what, stopped at $pt"
+        after_kill "$what (stopped at $pt)" "$ref" "$want" "$before"
         "$reset" "$ref"
-    done
+    done <"$work/points"
 }
 undo_rm() {
     if refs | grep -xF "$1" >/dev/null; then
@@ -488,19 +448,11 @@ undo_rm() {
         expect_status 0 "$ckpt" gc
     fi
 }
-# fractions SECONDS: kill points spread over a run of that length.
-fractions() { python3 -c 'import sys; t = float(sys.argv[1]); print(" ".join(f"after:{t * f:.3f}" for f in (0.15, 0.5, 0.85)))' "$1"; }
 
-# -- import: time a whole run, then kill at fractions of it and as the work shows
+# -- import: stopped at every crash point it passes
 sums "$M/k" >"$work/want-k"
-t=$(elapsed "$ckpt" import "$M/k" --repo t/k --quiet)
-undo_rm t/k@main
-nb=$(du_field blobs)
-k0=$killed
-# shellcheck disable=SC2046
-kill_series "import" t/k@main "$work/want-k" undo_rm $(fractions "$t") tmp:1 "blobs:$((nb + 1))" \
-    -- "$ckpt" import "$M/k" --repo t/k --quiet
-[ $((killed - k0)) -ge 3 ] || fail "only $((killed - k0)) of the import kills landed before the import finished"
+kill_series "import" t/k@main "$work/want-k" undo_rm -- "$ckpt" import "$M/k" --repo t/k --quiet
+grep -qx 'catalog.committed:[0-9]*' "$work/points" || fail "import passed no catalog commit"
 expect_status 0 "$ckpt" import "$M/k" --repo t/k
 expect_status 0 "$ckpt" pull t/k -o "$work/pull"
 same_tree "$M/k" "$work/pull" "fresh import after the kills"
@@ -509,14 +461,8 @@ rm -rf "$work/pull"
 # -- store convert
 expect_status 0 "$ckpt" convert "$M/k" "$work/off" --layout neuron --tp 8
 sums "$work/off" >"$work/want-conv"
-t=$(elapsed "$ckpt" convert t/k --layout neuron --tp 8 --quiet)
-undo_rm t/k@main:neuron-tp8
-nb=$(du_field blobs)
-k0=$killed
-# shellcheck disable=SC2046
-kill_series "convert" t/k@main:neuron-tp8 "$work/want-conv" undo_rm $(fractions "$t") tmp:1 "blobs:$((nb + 1))" \
-    -- "$ckpt" convert t/k --layout neuron --tp 8 --quiet
-[ $((killed - k0)) -ge 2 ] || fail "only $((killed - k0)) of the convert kills landed before the convert finished"
+kill_series "convert" t/k@main:neuron-tp8 "$work/want-conv" undo_rm -- "$ckpt" convert t/k --layout neuron --tp 8 --quiet
+grep -qx 'exec.file_done:8' "$work/points" || fail "store convert did not write its 8 files"
 expect_status 0 "$ckpt" convert t/k --layout neuron --tp 8
 expect_status 0 "$ckpt" pull t/k:neuron-tp8 -o "$work/pull"
 diff -r "$work/off" "$work/pull" >/dev/null || fail "fresh convert after the kills differs from the offline convert"
@@ -524,13 +470,15 @@ rm -rf "$work/pull" "$work/off"
 undo_rm t/k@main:neuron-tp8 # keep the store small: verify runs after every kill
 undo_rm t/k@main
 
-# -- import of many small tensors: kill while the blobs are being published
+# -- import of many small tensors: stopped while its blobs are published
 sums "$M/kq" >"$work/want-kq"
-nb=$(du_field blobs)
-k0=$killed
-kill_series "import (many tensors)" t/kq@main "$work/want-kq" undo_rm "blobs:$((nb + 1))" "blobs:$((nb + 150))" \
-    -- "$ckpt" import "$M/kq" --repo t/kq --quiet
-[ $((killed - k0)) -ge 1 ] || fail "none of the many-tensor import kills landed before the import finished"
+for pt in blob.written:1 blob.written:150 blobs.synced blob.published:1 blob.published:150; do
+    before=$(refs)
+    crash_at "$pt" "$ckpt" import "$M/kq" --repo t/kq --quiet
+    killed=$((killed + 1))
+    after_kill "import (many tensors) stopped at $pt" t/kq@main "$work/want-kq" "$before"
+    undo_rm t/kq@main
+done
 expect_status 0 "$ckpt" import "$M/kq" --repo t/kq
 expect_status 0 "$ckpt" pull t/kq -o "$work/pull"
 same_tree "$M/kq" "$work/pull" "fresh import after the kills"
@@ -543,25 +491,20 @@ expect_status 0 "$ckpt" import "$M/kq4" --repo t/kq4
 expect_status 0 "$ckpt" rm t/kq4
 nb=$(du_field blobs)
 before=$(refs)
-k0=$killed
-for pt in after:0.01 "blobs:$((nb - 1))" "blobs:$((nb - 150))" "blobs:$((nb - 400))"; do
-    res=$(killer "${pt%%:*}" "${pt#*:}" "$ckpt" gc)
-    case "$res" in
-    killed*) killed=$((killed + 1)) ;;
-    "finished 0") ;;
-    *) fail "gc at $pt: failed on its own ($res)" ;;
-    esac
-    echo "   gc, kill at $pt: $res ($(du_field blobs) of $nb blobs left)"
-    [ "$(refs)" = "$before" ] || fail "gc killed at $pt: ls changed: $(refs)"
-    expect_verify_clean "gc killed at $pt"
+for pt in gc.blob_removed:1 gc.blob_removed:150 gc.blob_removed:400 catalog.before_commit:1; do
+    crash_at "$pt" "$ckpt" gc
+    killed=$((killed + 1))
+    echo "   gc, stopped at $pt ($(du_field blobs) of $nb blobs left)"
+    [ "$(refs)" = "$before" ] || fail "gc stopped at $pt: ls changed: $(refs)"
+    expect_verify_clean "gc stopped at $pt"
 done
-[ $((killed - k0)) -ge 1 ] || fail "none of the gc kills landed before gc finished"
+[ "$(du_field blobs)" -lt "$nb" ] || fail "the stopped gc runs removed nothing"
 expect_status 0 "$ckpt" gc
 gc_settled "gc after the gc kills"
 expect_status 0 "$ckpt" pull t/kq -o "$work/pull"
 same_tree "$M/kq" "$work/pull" "t/kq after the gc kills"
 rm -rf "$work/pull"
-echo "   $killed kills landed mid-run"
+echo "   $killed runs stopped at crash points"
 rm -rf "$CKPT_HOME"
 
 # =========================================================================

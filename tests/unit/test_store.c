@@ -170,7 +170,9 @@ static void test_zombie_is_not_alive(void **state)
     pid_t dead = fork();
     if (dead == 0) _exit(0);
     int64_t t_live = store_proc_start_time(live), t_dead = 0;
-    for (int i = 0; i < 200 && dead > 0 && (t_dead = store_proc_start_time(dead)) != -1; i++) usleep(5000);
+    /* Wait until it has exited, without reaping it: a zombie from here on. */
+    siginfo_t si;
+    if (dead > 0 && waitid(P_PID, (id_t)dead, &si, WEXITED | WNOWAIT) == 0) t_dead = store_proc_start_time(dead);
     kill(live, SIGKILL);
     waitpid(live, NULL, 0);
     if (dead > 0) waitpid(dead, NULL, 0);

@@ -1,0 +1,96 @@
+/*
+ * fault.c — named crash points (see fault.h).
+ */
+#include "common/fault.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FAULT_MAX_POINTS 8
+#define FAULT_NAME_MAX 64
+
+typedef struct {
+    char name[FAULT_NAME_MAX];
+    long at;           /* the pass that kills */
+    atomic_long seen;  /* passes so far */
+} fault_point;
+
+static fault_point points[FAULT_MAX_POINTS];
+static int npoints;
+static int trace_fd = -1;
+static atomic_int armed; /* 0: not read yet, 1: nothing to do, 2: points or a trace */
+static pthread_mutex_t arm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void parse(const char *spec)
+{
+    npoints = 0;
+    while (spec && *spec && npoints < FAULT_MAX_POINTS) {
+        size_t len = strcspn(spec, ",");
+        const char *colon = memchr(spec, ':', len);
+        size_t nlen = colon ? (size_t)(colon - spec) : len;
+        if (nlen > 0 && nlen < FAULT_NAME_MAX) {
+            fault_point *p = &points[npoints++];
+            memcpy(p->name, spec, nlen);
+            p->name[nlen] = '\0';
+            p->at = colon ? strtol(colon + 1, NULL, 10) : 1;
+            if (p->at < 1) p->at = 1;
+            atomic_store(&p->seen, 0);
+        }
+        spec += len + (spec[len] == ',');
+    }
+}
+
+static void arm_locked(const char *spec, const char *trace)
+{
+    parse(spec);
+    if (trace_fd >= 0) close(trace_fd);
+    trace_fd = trace && *trace ? open(trace, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644) : -1;
+    atomic_store(&armed, npoints > 0 || trace_fd >= 0 ? 2 : 1);
+}
+
+void ckpt_fault_arm(const char *spec)
+{
+    pthread_mutex_lock(&arm_mu);
+    arm_locked(spec, getenv("CKPT_FAULT_TRACE"));
+    pthread_mutex_unlock(&arm_mu);
+}
+
+/* True when this is the kill CKPT_FAULT_ONCE allows (or there is no such file). */
+static bool once(void)
+{
+    const char *path = getenv("CKPT_FAULT_ONCE");
+    if (!path || !*path) return true;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return false;
+    close(fd);
+    return true;
+}
+
+void ckpt_fault(const char *point)
+{
+    int a = atomic_load(&armed);
+    if (a == 0) {
+        pthread_mutex_lock(&arm_mu);
+        if (atomic_load(&armed) == 0) arm_locked(getenv("CKPT_FAULT"), getenv("CKPT_FAULT_TRACE"));
+        pthread_mutex_unlock(&arm_mu);
+        a = atomic_load(&armed);
+    }
+    if (a != 2) return;
+    if (trace_fd >= 0) {
+        char line[FAULT_NAME_MAX + 1];
+        size_t n = strnlen(point, FAULT_NAME_MAX - 1);
+        memcpy(line, point, n);
+        line[n] = '\n';
+        (void)!write(trace_fd, line, n + 1); /* O_APPEND: one line per write */
+    }
+    for (int i = 0; i < npoints; i++)
+        if (!strcmp(points[i].name, point) && atomic_fetch_add(&points[i].seen, 1) + 1 == points[i].at &&
+            once())
+            raise(SIGKILL);
+}

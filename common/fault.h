@@ -1,0 +1,34 @@
+/*
+ * fault.h — named crash points, for tests that kill a process at an exact step.
+ *
+ * Code that makes something durable calls ckpt_fault("NAME") between its
+ * steps (after the temp write, after the fsync, after the rename, before and
+ * after the catalog commit, ...). Normally that is one branch on a cached
+ * flag. When the environment holds
+ *
+ *     CKPT_FAULT=NAME[:N][,NAME[:N]...]
+ *
+ * the Nth pass (default the 1st) of the process through point NAME kills the
+ * process with SIGKILL on the spot, as a power cut or `kill -9` would, so a
+ * test can check what the store, the state or the output folder looks like
+ * after exactly that step. N counts passes of that point in this process
+ * (threads included). With CKPT_FAULT_ONCE=FILE the kill happens only if
+ * FILE can be created (O_EXCL): once across every process that inherits the
+ * variables, so a retried job is not killed again. The daemon's workers
+ * take their points from CKPT_FAULT_WORKER instead of CKPT_FAULT, so the
+ * daemon and its workers can be stopped separately. CKPT_FAULT_TRACE=FILE appends each point's name to FILE
+ * as it is passed (one line each), so a test can list the points a command
+ * goes through and then stop it at every one. The points are listed with
+ * their meaning in docs/testing.md; tests rely on the names.
+ */
+#ifndef CKPT_COMMON_FAULT_H
+#define CKPT_COMMON_FAULT_H
+
+/* Passes the named point: kills the process here when CKPT_FAULT asks for it. */
+void ckpt_fault(const char *point);
+
+/* Re-reads the spec (as CKPT_FAULT would give it; NULL disarms) and resets the
+ * counters: for a forked child in a unit test, and for a daemon's worker. */
+void ckpt_fault_arm(const char *spec);
+
+#endif
