@@ -94,7 +94,10 @@ $(BUILD)/ckpt: $(SVC_OBJS) $(BUILD)/libckpt.a
 
 $(BUILD)/tests/%: tests/unit/%.c $(SUP_OBJS) $(BUILD)/libckpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) -o $@ $< $(SUP_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS) -lcmocka
+	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(SUP_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS) -lcmocka
+
+# test_lora records the merge engine's GEMM calls: it wraps cblas_sgemm.
+$(BUILD)/tests/test_lora: TEST_LDFLAGS := -Wl,--wrap=cblas_sgemm
 
 lib: $(BUILD)/libckpt.a
 	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a

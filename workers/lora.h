@@ -31,7 +31,10 @@
  * and index of the base: untouched tensors are copied with copy_file_range,
  * targeted weights are computed block by block of rows — the block read,
  * widened to F32, updated with cblas_sgemm (beta = 1), rounded back to the
- * weight's dtype to nearest-even, written. Two threads (OpenBLAS itself held
+ * weight's dtype to nearest-even, written. Blocks follow the segments of
+ * B's nonzero structure, so a fused adapter's weight is computed with the
+ * very GEMM calls of its members' merges and gives their bytes; rows where
+ * B is zero are copied as they are (lora_merge.c). Two threads (OpenBLAS itself held
  * to one thread each) take blocks from a shared queue, consecutive blocks
  * from different shard files (a buffered write holds its file's lock), so
  * memory is about threads x 2 x LORA_BLOCK_BYTES plus the A and B of the
@@ -122,7 +125,7 @@ typedef struct {
     size_t modules;      /* weights updated */
     size_t copied;       /* tensors copied unchanged */
     uint64_t bytes;      /* tensor bytes written */
-    double gflop;        /* 2 * out * in * r summed over modules, in 1e9 */
+    double gflop;        /* 2 * rows * in * K over the GEMMs (a dense B: 2 * out * in * r), in 1e9 */
     double gemm_seconds; /* time inside cblas_sgemm, summed over threads */
     double seconds;      /* wall time of the whole merge */
     double work_seconds; /* of which reading, computing and writing blocks */

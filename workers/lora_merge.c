@@ -3,13 +3,54 @@
  * checkpoint, written as a new checkpoint (see lora.h for the contract).
  *
  * The work is a list of items in output order: a whole untouched tensor to
- * copy in the kernel, or one block of rows of an adapted weight. Each worker
- * thread takes the next item; a block is read, widened to F32, updated by one
- * cblas_sgemm with beta = 1, rounded back and written at the same offset of
- * the output file. A module's A and B are read (as F32) by the first block
- * that needs them and freed by the last, so only the modules in flight are
- * in memory. OpenBLAS runs one thread per call: the parallelism is ours, and
- * it covers the reads, casts and writes as well as the GEMMs.
+ * copy in the kernel, a run of rows of an adapted weight that the update
+ * leaves as they are (copied too), or one block of rows to update. Each
+ * worker thread takes the next item; a block is read, widened to F32,
+ * updated by one cblas_sgemm with beta = 1, rounded back and written at the
+ * same offset of the output file. OpenBLAS runs one thread per call: the
+ * parallelism is ours, and it covers the reads, casts and writes as well as
+ * the GEMMs.
+ *
+ * Segments: the same GEMMs for a fused adapter as for its members. A fused
+ * weight T = [W_q; W_k; W_v] of a converted adapter (lora_layout.c) has
+ * A_T = [A_q; A_k; A_v] and B_T block-diagonal, and merging it must give
+ * the bytes of merging each member (docs/lora.md). The same values are not
+ * enough: a kernel orders the K sum by the call's shape, so the zero-padded
+ * K = r_q + r_k + r_v product of a q row rounds differently from its K = r_q
+ * product (OpenBLAS's Haswell and Zen kernels do). So the calls themselves
+ * are made equal. When a module is planned its B is read once (it is small)
+ * and:
+ *   - every row's nonzero entries (x != 0: -0 counts as zero) span an
+ *     interval [lo, hi) of columns, empty for an all-zero row;
+ *   - the union of overlapping intervals (touching ones stay apart) cuts the
+ *     columns into disjoint groups [k0, k1);
+ *   - consecutive rows whose intervals fall in the same group form a
+ *     segment; all-zero rows belong to none.
+ * Blocks are cut in each segment from its first row, as many rows as fit in
+ * LORA_BLOCK_BYTES of F32 (rows_per_block), and a block's GEMM has
+ * K = k1 - k0 of its group: A's rows k0..k1 (contiguous, ld = in) and the
+ * block's B entries copied to a contiguous [nrows, K] buffer (ld = K). In T
+ * the rows of member m carry nonzeros only in m's column block, so their
+ * groups and segments are exactly those m's own B gives, shifted by the
+ * block's start: every block of T is a block of m's merge, with the same M,
+ * N, K, leading dimensions, scale and operand values, and the same operand
+ * alignment too (A's group rows, the B buffer and the C buffer start on 64
+ * bytes), so any deterministic kernel gives the same bytes. A dense B is one
+ * group [0, r) and one segment of all rows: the blocks a plain merge always
+ * had. Rows outside every segment get a zero update and are copied, not
+ * computed, as an unfused merge copies a member without an adapter: their
+ * bytes stay (a GEMM would have turned -0 into +0, and made NaN from 0 times
+ * an infinite A). With fan_in_fan_out W is stored [in, out] and B's
+ * structure runs along W's columns, which blocks of rows cannot follow: such
+ * a module is one group [0, r) and one segment, as before, and its B is not
+ * read when planning (convert-lora refuses fan_in_fan_out adapters, so no
+ * fused one exists).
+ *
+ * Memory: planning holds one module's B (and a word per row) at a time and
+ * keeps only its groups. At run time a module's A (the rows of its groups)
+ * and B are read as F32 by the first block that needs them and freed by the
+ * last, so only the modules in flight are in memory, plus per thread a block
+ * of raw and of F32 rows and a block of B.
  *
  * The engine (items over file descriptors) knows nothing of checkpoints:
  * lora_merge_run feeds it every tensor of a base, lora_merge_targets only the
@@ -35,26 +76,47 @@
 
 /* ---- the engine: items over file descriptors ---- */
 
+#define GEMM_ALIGN 64       /* bytes: where every GEMM operand starts */
+#define NO_GROUP UINT32_MAX /* a row in no segment */
+
+/* Columns k0..k1 of B and rows k0..k1 of A that a segment's GEMMs use;
+ * those rows of A start a_off floats into module_state.A. */
+typedef struct {
+    uint64_t k0, k1;
+    size_t a_off;
+} col_group;
+
 typedef struct {
     const lora_module *m;
     ckpt_dtype dtype;
     uint64_t rows, cols; /* the weight W being updated */
     float scale;         /* signed s x --scale */
+    col_group *groups;   /* from planning */
+    size_t ngroups;
+    size_t a_floats; /* A's group rows, each group padded to GEMM_ALIGN */
     pthread_mutex_t mu;
-    float *A, *B; /* F32 copies while blocks are pending */
+    float *A, *B; /* F32 while blocks are pending: A by group, B [rows, r] */
     size_t pending;
 } module_state;
 
-/* A whole tensor to copy (mod < 0) or one block of rows of a weight to
- * update. src_off/dst_off are where the whole tensor starts. */
+typedef enum {
+    ITEM_COPY, /* a whole tensor of nbytes, untouched */
+    ITEM_KEEP, /* rows of an adapted weight whose update is zero: copied */
+    ITEM_GEMM, /* a block of rows of an adapted weight, updated with column group `group` */
+} item_kind;
+
+/* src_off/dst_off are where the whole tensor starts; rows are those of
+ * module state `mod`'s weight (ITEM_KEEP, ITEM_GEMM). */
 typedef struct {
+    item_kind kind;
     size_t lane; /* the output file: consecutive items go to different lanes */
     int src_fd, dst_fd;
     const char *src_path, *dst_path;
     uint64_t src_off, dst_off;
-    uint64_t nbytes; /* copies */
-    long mod;        /* module_state index, or -1: copy whole */
+    uint64_t nbytes; /* ITEM_COPY */
+    long mod;
     uint64_t row0, nrows;
+    uint32_t group;
 } merge_item;
 
 typedef struct {
@@ -70,8 +132,10 @@ typedef struct {
     uint64_t done, total;
     ckpt_progress prog;
     double gemm_seconds;
-    size_t block_floats; /* per-thread buffer size */
-    bool writeback;      /* outputs are fsynced at the end: start their writeback block by block */
+    double flop;          /* 2 * M * N * K summed over the planned GEMMs */
+    size_t block_floats;  /* per-thread buffer of a block of rows */
+    size_t bblock_floats; /* per-thread buffer of a block of B */
+    bool writeback;       /* outputs are fsynced at the end: start their writeback block by block */
 } merge_engine;
 
 static int engine_init(merge_engine *e, const lora_adapter *ad, const lora_merge_opts *o, size_t nmods)
@@ -80,7 +144,7 @@ static int engine_init(merge_engine *e, const lora_adapter *ad, const lora_merge
     e->ad = ad;
     e->o = o;
     e->nmods = nmods;
-    e->block_floats = LORA_BLOCK_BYTES / 4;
+    e->block_floats = e->bblock_floats = 1;
     pthread_mutex_init(&e->mu, NULL);
     e->mods = ckpt_calloc(nmods + 1, sizeof *e->mods);
     if (!e->mods) return CKPT_ENOMEM;
@@ -94,6 +158,7 @@ static void engine_free(merge_engine *e)
     for (size_t i = 0; e->mods && i < e->nmods; i++) {
         free(e->mods[i].A);
         free(e->mods[i].B);
+        free(e->mods[i].groups);
         pthread_mutex_destroy(&e->mods[i].mu);
     }
     free(e->mods);
@@ -125,6 +190,7 @@ static int push_item(merge_engine *e, const merge_item *it)
 
 static int engine_add_copy(merge_engine *e, merge_item it)
 {
+    it.kind = ITEM_COPY;
     it.mod = -1;
     if (it.nbytes == 0) return 0;
     e->total += it.nbytes;
@@ -142,23 +208,145 @@ static int rows_per_block(const module_state *ms, uint64_t *rows)
     return 0;
 }
 
-/* The blocks of rows of module state `mod`'s weight, read at (src_fd,
- * src_off) and written at (dst_fd, dst_off). */
+/* n floats starting on GEMM_ALIGN bytes (free with free). */
+static float *alloc_floats(size_t n)
+{
+    void *p = NULL;
+    if (n > (SIZE_MAX - GEMM_ALIGN) / sizeof(float) ||
+        posix_memalign(&p, GEMM_ALIGN, n * sizeof(float) + GEMM_ALIGN)) {
+        ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu floats", n);
+        return NULL;
+    }
+    return p;
+}
+
+/* Reads a whole adapter tensor as F32. */
+static int load_f32(const lora_adapter *ad, const st_tensor *t, float **out)
+{
+    uint64_t n = t->shape[0] * t->shape[1], bytes;
+    if (!ckpt_mul(n, 4, &bytes) || bytes > SIZE_MAX / 2)
+        return ckpt_error_set(CKPT_ELIMIT, "tensor '%s' is too large", t->name);
+    *out = ckpt_malloc((size_t)bytes + 1);
+    void *raw = ckpt_malloc((size_t)t->nbytes + 1);
+    int rc = *out && raw ? 0 : CKPT_ENOMEM;
+    const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&ad->ck, t->name);
+    if (!rc) rc = st_read_tensor(&ad->ck.files[ref->file], t, raw);
+    if (!rc) ckpt_convert(t->dtype, raw, CKPT_DT_F32, *out, (size_t)n);
+    free(raw);
+    if (rc) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
+/* Module state ms's column groups, and in gid[row] the group of each row's
+ * segment (NO_GROUP: an all-zero row of B). See the header comment. */
+static int plan_groups(const merge_engine *e, module_state *ms, uint32_t *gid)
+{
+    uint64_t r = ms->m->rank, rows = ms->rows, acols = ms->m->a->shape[1];
+    size_t cap = 0;
+    assert(!ms->groups);
+    if (e->ad->fan_in_fan_out || r == 0) {
+        if (r && ckpt_grow(&ms->groups, &cap, 1, sizeof *ms->groups)) return CKPT_ENOMEM;
+        if (r) ms->groups[ms->ngroups++] = (col_group){.k0 = 0, .k1 = r};
+        for (uint64_t i = 0; i < rows; i++)
+            gid[i] = r ? 0 : NO_GROUP;
+    } else {
+        /* cover: intervals starting minus ending at column k; join: intervals
+         * holding both k and k + 1 starting minus ending at k. */
+        int64_t *cover = ckpt_calloc(2 * (r + 1), sizeof *cover), *join = cover ? cover + r + 1 : NULL;
+        float *B = NULL;
+        int rc = cover ? load_f32(e->ad, ms->m->b, &B) : CKPT_ENOMEM;
+        for (uint64_t i = 0; !rc && i < rows; i++) {
+            const float *row = B + i * r;
+            uint64_t lo = 0, hi = r;
+            while (lo < r && row[lo] == 0) lo++;
+            gid[i] = lo < r ? (uint32_t)lo : NO_GROUP; /* the first nonzero column, for now */
+            if (lo == r) continue;
+            while (row[hi - 1] == 0) hi--;
+            cover[lo]++, cover[hi]--;
+            if (hi - lo > 1) join[lo]++, join[hi - 1]--;
+        }
+        free(B);
+        /* A group runs over covered columns while an interval joins each to the next;
+         * cover[k] becomes column k's group. */
+        int64_t covered = 0, joined = 0;
+        bool open = false;
+        for (uint64_t k = 0; !rc && k < r; k++) {
+            covered += cover[k];
+            joined += join[k];
+            cover[k] = -1;
+            if (covered == 0) continue;
+            if (!open) {
+                rc = ckpt_grow(&ms->groups, &cap, ms->ngroups + 1, sizeof *ms->groups);
+                if (rc) break;
+                ms->groups[ms->ngroups++] = (col_group){.k0 = k};
+                open = true;
+            }
+            cover[k] = (int64_t)ms->ngroups - 1;
+            if (joined == 0) {
+                ms->groups[ms->ngroups - 1].k1 = k + 1;
+                open = false;
+            }
+        }
+        for (uint64_t i = 0; !rc && i < rows; i++)
+            if (gid[i] != NO_GROUP) gid[i] = (uint32_t)cover[gid[i]];
+        free(cover);
+        if (rc) return rc;
+    }
+    /* Where each group's rows of A go: on GEMM_ALIGN bytes. */
+    size_t at = 0, pad = GEMM_ALIGN / sizeof(float);
+    for (size_t g = 0; g < ms->ngroups; g++) {
+        uint64_t n;
+        if (!ckpt_mul(ms->groups[g].k1 - ms->groups[g].k0, acols, &n) || n > SIZE_MAX / 8 - at)
+            return ckpt_error_set(CKPT_ELIMIT, "lora_A of module '%s' is too large", ms->m->module);
+        ms->groups[g].a_off = at;
+        at += ((size_t)n + pad - 1) / pad * pad;
+    }
+    ms->a_floats = at;
+    return 0;
+}
+
+/* The items of module state `mod`'s weight, read at (src_fd, src_off) and
+ * written at (dst_fd, dst_off): the blocks of every segment, and a copy of
+ * every run of rows outside them. */
 static int engine_add_blocks(merge_engine *e, merge_item it, long mod)
 {
     module_state *ms = &e->mods[mod];
     uint64_t per = 1;
     int rc = rows_per_block(ms, &per);
     if (rc) return rc;
-    if (per * ms->cols > e->block_floats) e->block_floats = per * ms->cols;
     it.mod = mod;
     e->total += ms->rows * ms->cols * ckpt_dtype_size(ms->dtype);
-    for (uint64_t r0 = 0; !rc && r0 < ms->rows; r0 += per) {
-        it.row0 = r0;
-        it.nrows = ms->rows - r0 < per ? ms->rows - r0 : per;
-        ms->pending++;
-        rc = push_item(e, &it);
+    if (ms->rows == 0 || ms->cols == 0) return 0;
+    uint32_t *gid = ckpt_malloc(ms->rows * sizeof *gid);
+    rc = gid ? plan_groups(e, ms, gid) : CKPT_ENOMEM;
+    for (uint64_t i = 0, j; !rc && i < ms->rows; i = j) {
+        for (j = i + 1; j < ms->rows && gid[j] == gid[i]; j++)
+            ;
+        it.group = gid[i];
+        if (gid[i] == NO_GROUP) {
+            it.kind = ITEM_KEEP;
+            it.row0 = i;
+            it.nrows = j - i;
+            rc = push_item(e, &it);
+            continue;
+        }
+        const col_group *g = &ms->groups[gid[i]];
+        uint64_t k = g->k1 - g->k0;
+        it.kind = ITEM_GEMM;
+        for (uint64_t r0 = i; !rc && r0 < j; r0 += per) {
+            it.row0 = r0;
+            it.nrows = j - r0 < per ? j - r0 : per;
+            if (it.nrows * ms->cols > e->block_floats) e->block_floats = it.nrows * ms->cols;
+            if (!e->ad->fan_in_fan_out && it.nrows * k > e->bblock_floats) e->bblock_floats = it.nrows * k;
+            e->flop += 2.0 * (double)it.nrows * (double)ms->cols * (double)k;
+            ms->pending++;
+            rc = push_item(e, &it);
+        }
     }
+    free(gid);
     return rc;
 }
 
@@ -208,22 +396,27 @@ static int interleave_lanes(merge_engine *e, size_t width)
     return 0;
 }
 
-/* Reads a whole adapter tensor as F32. */
-static int load_f32(const lora_adapter *ad, const st_tensor *t, float **out)
+/* Reads the rows of module state ms's column groups of A as F32, each group
+ * at its a_off. */
+static int load_a(const lora_adapter *ad, module_state *ms)
 {
-    uint64_t n = t->shape[0] * t->shape[1], bytes;
-    if (!ckpt_mul(n, 4, &bytes) || bytes > SIZE_MAX / 2)
-        return ckpt_error_set(CKPT_ELIMIT, "tensor '%s' is too large", t->name);
-    *out = ckpt_malloc((size_t)bytes + 1);
-    void *raw = ckpt_malloc((size_t)t->nbytes + 1);
-    int rc = *out && raw ? 0 : CKPT_ENOMEM;
+    const st_tensor *t = ms->m->a;
+    uint64_t acols = t->shape[1];
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint8_t *raw = ckpt_malloc((size_t)t->nbytes + 1);
+    ms->A = alloc_floats(ms->a_floats);
+    int rc = raw && ms->A ? 0 : CKPT_ENOMEM;
     const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&ad->ck, t->name);
     if (!rc) rc = st_read_tensor(&ad->ck.files[ref->file], t, raw);
-    if (!rc) ckpt_convert(t->dtype, raw, CKPT_DT_F32, *out, (size_t)n);
+    for (size_t g = 0; !rc && g < ms->ngroups; g++) {
+        const col_group *cg = &ms->groups[g];
+        ckpt_convert(t->dtype, raw + cg->k0 * acols * es, CKPT_DT_F32, ms->A + cg->a_off,
+                     (size_t)((cg->k1 - cg->k0) * acols));
+    }
     free(raw);
     if (rc) {
-        free(*out);
-        *out = NULL;
+        free(ms->A);
+        ms->A = NULL;
     }
     return rc;
 }
@@ -233,7 +426,7 @@ static int module_acquire(merge_engine *e, module_state *ms)
     pthread_mutex_lock(&ms->mu);
     int rc = 0;
     if (!ms->A) {
-        rc = load_f32(e->ad, ms->m->a, &ms->A);
+        rc = load_a(e->ad, ms);
         if (!rc && (rc = load_f32(e->ad, ms->m->b, &ms->B))) {
             free(ms->A);
             ms->A = NULL;
@@ -254,61 +447,80 @@ static void module_release(module_state *ms)
     pthread_mutex_unlock(&ms->mu);
 }
 
-/* C[nrows x cols] += s * (B @ A)[row0 : row0 + nrows, :], or with
- * fan_in_fan_out (W stored [in, out]) C += s * (A^T @ B^T)[row0 : ..., :]. */
-static void block_gemm(const module_state *ms, bool fan_in_fan_out, const merge_item *it, float *cbuf)
+/* C[nrows x cols] += s * (B @ A)[row0 : row0 + nrows, :] over the item's
+ * column group [k0, k1): B's entries copied to bbuf ([nrows, K], ld = K),
+ * A's rows k0..k1 in place (ld = cols). With fan_in_fan_out (W stored
+ * [in, out], one group [0, r)) C += s * (A^T @ B^T)[row0 : ..., :]. */
+static void block_gemm(const module_state *ms, bool fan_in_fan_out, const merge_item *it, float *bbuf,
+                       float *cbuf)
 {
-    int rows = (int)it->nrows, cols = (int)ms->cols, r = (int)ms->m->rank;
-    if (!fan_in_fan_out)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, cols, r, ms->scale,
-                    ms->B + it->row0 * (uint64_t)r, r, ms->A, cols, 1.0f, cbuf, cols);
-    else
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, rows, cols, r, ms->scale, ms->A + it->row0,
-                    (int)ms->rows, ms->B, r, 1.0f, cbuf, cols);
+    const col_group *g = &ms->groups[it->group];
+    uint64_t r = ms->m->rank, k = g->k1 - g->k0;
+    int rows = (int)it->nrows, cols = (int)ms->cols;
+    const float *a = ms->A + g->a_off;
+    if (!fan_in_fan_out) {
+        for (uint64_t i = 0; i < it->nrows; i++)
+            memcpy(bbuf + i * k, ms->B + (it->row0 + i) * r + g->k0, (size_t)k * sizeof *bbuf);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, cols, (int)k, ms->scale, bbuf, (int)k, a,
+                    cols, 1.0f, cbuf, cols);
+    } else
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasTrans, rows, cols, (int)r, ms->scale, a + it->row0,
+                    (int)ms->rows, ms->B, (int)r, 1.0f, cbuf, cols);
 }
 
-static int run_block(merge_engine *e, const merge_item *it, uint8_t *raw, float *cbuf, double *gemm_s)
+/* Where an item's bytes start in its tensor, and how many. */
+static uint64_t item_offset(const merge_engine *e, const merge_item *it)
+{
+    if (it->kind == ITEM_COPY) return 0;
+    const module_state *ms = &e->mods[it->mod];
+    return it->row0 * ms->cols * ckpt_dtype_size(ms->dtype);
+}
+
+static uint64_t item_bytes(const merge_engine *e, const merge_item *it)
+{
+    if (it->kind == ITEM_COPY) return it->nbytes;
+    const module_state *ms = &e->mods[it->mod];
+    return it->nrows * ms->cols * ckpt_dtype_size(ms->dtype);
+}
+
+static int run_block(merge_engine *e, const merge_item *it, uint8_t *raw, float *bbuf, float *cbuf,
+                     double *gemm_s)
 {
     module_state *ms = &e->mods[it->mod];
     ckpt_dtype dt = ms->dtype;
-    size_t es = ckpt_dtype_size(dt);
-    uint64_t n = it->nrows * ms->cols, off = it->row0 * ms->cols * es;
+    uint64_t n = it->nrows * ms->cols, off = item_offset(e, it), nbytes = item_bytes(e, it);
     int rc = module_acquire(e, ms);
     if (rc) return rc;
     uint8_t *dst = dt == CKPT_DT_F32 ? (uint8_t *)cbuf : raw;
-    rc = ckpt_pread_full(it->src_fd, dst, (size_t)(n * es), it->src_off + off, it->src_path);
+    rc = ckpt_pread_full(it->src_fd, dst, (size_t)nbytes, it->src_off + off, it->src_path);
     if (!rc) {
         if (dt != CKPT_DT_F32) ckpt_convert(dt, raw, CKPT_DT_F32, cbuf, (size_t)n);
         double t0 = ckpt_now();
-        block_gemm(ms, e->ad->fan_in_fan_out, it, cbuf);
+        block_gemm(ms, e->ad->fan_in_fan_out, it, bbuf, cbuf);
         *gemm_s += ckpt_now() - t0;
         if (dt != CKPT_DT_F32) ckpt_convert(CKPT_DT_F32, cbuf, dt, raw, (size_t)n);
-        rc = ckpt_pwrite_full(it->dst_fd, dst, (size_t)(n * es), it->dst_off + off, it->dst_path);
+        rc = ckpt_pwrite_full(it->dst_fd, dst, (size_t)nbytes, it->dst_off + off, it->dst_path);
     }
     module_release(ms);
     return rc;
 }
 
-static int run_item(merge_engine *e, const merge_item *it, uint8_t *raw, float *cbuf, double *gemm_s)
+static int run_item(merge_engine *e, const merge_item *it, uint8_t *raw, float *bbuf, float *cbuf,
+                    double *gemm_s)
 {
-    if (it->mod >= 0) return run_block(e, it, raw, cbuf, gemm_s);
-    return ckpt_copy_range(it->src_fd, it->src_off, it->dst_fd, it->dst_off, it->nbytes, it->src_path);
-}
-
-static uint64_t item_bytes(const merge_engine *e, const merge_item *it)
-{
-    if (it->mod < 0) return it->nbytes;
-    const module_state *ms = &e->mods[it->mod];
-    return it->nrows * ms->cols * ckpt_dtype_size(ms->dtype);
+    if (it->kind == ITEM_GEMM) return run_block(e, it, raw, bbuf, cbuf, gemm_s);
+    uint64_t off = item_offset(e, it);
+    return ckpt_copy_range(it->src_fd, it->src_off + off, it->dst_fd, it->dst_off + off, item_bytes(e, it),
+                           it->src_path);
 }
 
 static void *worker_main(void *arg)
 {
     merge_engine *e = arg;
-    float *cbuf = ckpt_malloc(e->block_floats * 4 + 64);
+    float *cbuf = alloc_floats(e->block_floats), *bbuf = alloc_floats(e->bblock_floats);
     uint8_t *raw = ckpt_malloc(e->block_floats * 4 + 64);
     double gemm_s = 0;
-    int rc = cbuf && raw ? 0 : CKPT_ENOMEM;
+    int rc = cbuf && bbuf && raw ? 0 : CKPT_ENOMEM;
     for (;;) {
         pthread_mutex_lock(&e->mu);
         if (rc && !e->err) {
@@ -321,12 +533,10 @@ static void *worker_main(void *arg)
         }
         const merge_item *it = &e->items[e->next++];
         pthread_mutex_unlock(&e->mu);
-        rc = run_item(e, it, raw, cbuf, &gemm_s);
-        if (!rc && e->writeback) {
-            /* Asynchronous: the final fsync then finds most bytes on their way. */
-            uint64_t off = it->mod < 0 ? 0 : it->row0 * e->mods[it->mod].cols * ckpt_dtype_size(e->mods[it->mod].dtype);
-            sync_file_range(it->dst_fd, (off_t)(it->dst_off + off), (off_t)item_bytes(e, it), SYNC_FILE_RANGE_WRITE);
-        }
+        rc = run_item(e, it, raw, bbuf, cbuf, &gemm_s);
+        if (!rc && e->writeback) /* asynchronous: the final fsync then finds most bytes on their way */
+            sync_file_range(it->dst_fd, (off_t)(it->dst_off + item_offset(e, it)), (off_t)item_bytes(e, it),
+                            SYNC_FILE_RANGE_WRITE);
         if (!rc) {
             pthread_mutex_lock(&e->mu);
             e->done += item_bytes(e, it);
@@ -338,6 +548,7 @@ static void *worker_main(void *arg)
     e->gemm_seconds += gemm_s;
     pthread_mutex_unlock(&e->mu);
     free(cbuf);
+    free(bbuf);
     free(raw);
     return NULL;
 }
@@ -369,11 +580,7 @@ static int run_workers(merge_engine *e)
 
 static double engine_gflop(const merge_engine *e)
 {
-    double g = 0;
-    for (size_t i = 0; i < e->nmods; i++)
-        if (e->mods[i].m)
-            g += 2.0 * (double)e->mods[i].rows * (double)e->mods[i].cols * (double)e->mods[i].m->rank / 1e9;
-    return g;
+    return e->flop / 1e9;
 }
 
 int lora_merge_targets(const lora_adapter *ad, const lora_merge_target *t, size_t n, const lora_merge_opts *o,
@@ -569,7 +776,7 @@ int lora_merge_run(const char *base, const char *adapter, const char *dst, const
         stats->modules = c.e.nmods;
         stats->copied = 0;
         for (size_t i = 0; i < c.e.nitems; i++)
-            stats->copied += c.e.items[i].mod < 0;
+            stats->copied += c.e.items[i].kind == ITEM_COPY;
         stats->bytes = c.e.total;
         stats->gflop = engine_gflop(&c.e);
         stats->gemm_seconds = c.e.gemm_seconds;

@@ -17,7 +17,10 @@
 #    q/v/o/down rsLoRA adapter (K rows of the fused adapter zero):
 #    on every rank s * B_r @ A_r == convert(merged) - convert(base) within
 #    F32 rounding, and consolidate gives back the adapter byte for byte.
-#    Merging the fused adapter into the fused base equals fusing the merge.
+#    Merging the fused adapter into the fused base equals fusing the merge,
+#    byte for byte, with each of OpenBLAS's Haswell, Zen, SkylakeX,
+#    Sandybridge and Prescott kernels (OPENBLAS_CORETYPE; one the library
+#    or the CPU cannot run is skipped with a note).
 # 5. Usage errors exit 2.
 # 6. lora_merge as a rule: a sharded Qwen2 (14/2 heads) to neuron --tp 2
 #    --kv-size-multiplier 2 (query heads padded to 16) with the rule in a
@@ -64,6 +67,28 @@ run_checks() {
     [ -f "$work/checks.txt" ] || return 0
     if [ $have_numpy = 1 ]; then $ref batch "$work/checks.txt" || fail "lora_ref.py (see above)"; fi
     rm -f "$work/checks.txt"
+}
+
+# blas_core NAME: true when OPENBLAS_CORETYPE=NAME makes libopenblas.so.0 (the
+# library ckpt loads on first use) run NAME's kernels: a DYNAMIC_ARCH build,
+# as Debian's libopenblas0-pthread is, on a CPU with the kernel's
+# instructions (a forced kernel is not checked against the CPU: a missing
+# instruction would kill the merge).
+blas_core() {
+    local flags
+    case $1 in
+    Haswell | Zen) flags="avx2 fma" ;;
+    SkylakeX) flags="avx512f avx512cd avx512bw avx512dq avx512vl" ;;
+    Sandybridge) flags="avx" ;;
+    Prescott) flags="pni" ;; # SSE3
+    *) fail "blas_core: unknown kernel $1" ;;
+    esac
+    for f in $flags; do grep -qw "$f" /proc/cpuinfo || return 1; done
+    [ "$(OPENBLAS_CORETYPE=$1 python3 -c '
+import ctypes
+lib = ctypes.CDLL("libopenblas.so.0")
+lib.openblas_get_corename.restype = ctypes.c_char_p
+print(lib.openblas_get_corename().decode())' 2>/dev/null)" = "$1" ]
 }
 
 expect_status() {
@@ -198,6 +223,26 @@ EOF
 $ckpt merge-lora qwen-fused-1.base qwen-fused-1.lora fused-merged
 cmp fused-merged/model.safetensors qwen-fused-1.merged/model.safetensors || fail "merge(fused) != fused(merge)"
 check merge qwen-fused-1.base qwen-fused-1.lora fused-merged
+# ... byte for byte whatever kernel OpenBLAS uses: a kernel orders a GEMM's sum
+# by its shape (Haswell's and Zen's sum the zero-padded K = 12 of a qkv_proj
+# row otherwise than the K = 4 of q_proj's own merge), so the engine must make
+# the same calls. Each kernel is forced in turn, for both merges (llama's q/v
+# adapter also leaves qkv_proj's k rows without an update).
+for core in Haswell Zen SkylakeX Sandybridge Prescott; do
+    if ! blas_core "$core"; then
+        echo "note: OPENBLAS_CORETYPE=$core is not available here; merge(fused) == fused(merge) not checked with it"
+        continue
+    fi
+    for model in qwen llama; do
+        if [ $model = qwen ]; then b=qwen32 a=adq; else b=llama32 a=adl; fi
+        d=$model-fused-1 m=$model.merged.$core
+        OPENBLAS_CORETYPE=$core $ckpt merge-lora $b $a $m
+        $ckpt convert $m $m.fused --layout fused
+        OPENBLAS_CORETYPE=$core $ckpt merge-lora $d.base $d.lora $d.fm.$core
+        cmp $m.fused/model.safetensors $d.fm.$core/model.safetensors ||
+            fail "$model, OPENBLAS_CORETYPE=$core: merge(fused) != fused(merge)"
+    done
+done
 
 run_checks
 

@@ -7,6 +7,12 @@
  *     including ties (1 + 2^-8 stays 1, 1 + 2^-7 + 2^-8 goes up), F16 and
  *     F32 bases, fan_in_fan_out, --scale and unmerge, a weight of many
  *     blocks of rows (every row checked against a double computation);
+ *   - a hand-built fused adapter (A = [A_q; A_v], B block-diagonal, k
+ *     without an adapter, a zero row in B_v): its merge makes exactly the
+ *     GEMM calls of the members' merges (cblas_sgemm is wrapped at link
+ *     time and every call's shape, alignment and operands recorded), so it
+ *     gives their bytes on any kernel, and rows whose update is zero keep
+ *     their bytes, -0 included;
  *   - the adapter reader: rank_pattern / alpha_pattern with PEFT's key
  *     matching, rsLoRA scales, target_modules as a list (suffix at a dot), a
  *     regex and all-linear, and the errors for bad configs and tensors;
@@ -30,9 +36,12 @@
 #include "storage/dtype.h"
 #include "workers/lora.h"
 
+#include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -385,6 +394,227 @@ static void test_merge_many_blocks(void **state)
 static void test_merge_fan_in_fan_out(void **state)
 {
     check_many_blocks(*state, true);
+}
+
+/* ---- a fused adapter merges as its members do ---- */
+
+/* Every cblas_sgemm call of the merge engine (the Makefile links this test
+ * with -Wl,--wrap=cblas_sgemm): its shape, scalars, operand alignment and a
+ * hash of each operand's values as the call sees them. */
+typedef struct {
+    int order, ta, tb, m, n, k, lda, ldb, ldc;
+    uint32_t alpha, beta;
+    unsigned align_a, align_b, align_c; /* address % 64 */
+    uint64_t hash_a, hash_b, hash_c;    /* C before the call */
+} gemm_call;
+
+#define MAX_CALLS 64
+static pthread_mutex_t calls_mu = PTHREAD_MUTEX_INITIALIZER;
+static gemm_call calls[MAX_CALLS];
+static size_t ncalls, lost_calls;
+
+void __real_cblas_sgemm(CBLAS_LAYOUT layout, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+                        const blasint m, const blasint n, const blasint k, const float alpha,
+                        const float *a, const blasint lda, const float *b, const blasint ldb,
+                        const float beta, float *c, const blasint ldc);
+void __wrap_cblas_sgemm(CBLAS_LAYOUT layout, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+                        const blasint m, const blasint n, const blasint k, const float alpha,
+                        const float *a, const blasint lda, const float *b, const blasint ldb,
+                        const float beta, float *c, const blasint ldc);
+
+/* FNV-1a of a row-major rows x cols matrix with leading dimension ld. */
+static uint64_t hash_matrix(const float *p, int rows, int cols, int ld)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int i = 0; i < rows; i++) {
+        const unsigned char *q = (const unsigned char *)(p + (size_t)i * (size_t)ld);
+        for (size_t j = 0; j < (size_t)cols * sizeof *p; j++)
+            h = (h ^ q[j]) * 1099511628211ull;
+    }
+    return h;
+}
+
+void __wrap_cblas_sgemm(CBLAS_LAYOUT layout, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+                        const blasint m, const blasint n, const blasint k, const float alpha,
+                        const float *a, const blasint lda, const float *b, const blasint ldb,
+                        const float beta, float *c, const blasint ldc)
+{
+    gemm_call g;
+    memset(&g, 0, sizeof g); /* the padding too: records are compared with memcmp */
+    g.order = layout, g.ta = ta, g.tb = tb, g.m = m, g.n = n, g.k = k, g.lda = lda, g.ldb = ldb,
+    g.ldc = ldc;
+    memcpy(&g.alpha, &alpha, 4);
+    memcpy(&g.beta, &beta, 4);
+    g.align_a = (unsigned)((uintptr_t)a % 64), g.align_b = (unsigned)((uintptr_t)b % 64);
+    g.align_c = (unsigned)((uintptr_t)c % 64);
+    bool row_major = layout == CblasRowMajor;
+    if (row_major) {
+        g.hash_a = ta == CblasNoTrans ? hash_matrix(a, m, k, lda) : hash_matrix(a, k, m, lda);
+        g.hash_b = tb == CblasNoTrans ? hash_matrix(b, k, n, ldb) : hash_matrix(b, n, k, ldb);
+        g.hash_c = hash_matrix(c, m, n, ldc);
+    }
+    pthread_mutex_lock(&calls_mu);
+    if (ncalls < MAX_CALLS)
+        calls[ncalls++] = g;
+    else
+        lost_calls++;
+    pthread_mutex_unlock(&calls_mu);
+    __real_cblas_sgemm(layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+static int compare_calls(const void *x, const void *y)
+{
+    return memcmp(x, y, sizeof(gemm_call));
+}
+
+static void reset_calls(void)
+{
+    pthread_mutex_lock(&calls_mu);
+    ncalls = lost_calls = 0;
+    pthread_mutex_unlock(&calls_mu);
+}
+
+/* The calls recorded since the last reset, sorted (threads run them in any
+ * order), and a reset. */
+static size_t take_calls(gemm_call *out)
+{
+    pthread_mutex_lock(&calls_mu);
+    assert_int_equal(lost_calls, 0);
+    size_t n = ncalls;
+    memcpy(out, calls, n * sizeof *out);
+    ncalls = 0;
+    pthread_mutex_unlock(&calls_mu);
+    qsort(out, n, sizeof *out, compare_calls);
+    return n;
+}
+
+/* q 1300 rows (two blocks of 1018 rows at 1030 columns), k 300, v 700. */
+enum { FQ = 1300, FK = 300, FV = 700, FIN = 1030, FRQ = 3, FRV = 2, V_ZERO_ROW = 100 };
+enum { T_WQ = 1, T_WK, T_WV, T_WQKV, T_AQ, T_BQ, T_AV, T_BV, T_AQKV, T_BQKV };
+
+/* Values whose sums depend on their order: 24 random bits in [-1, 1). */
+static double noise(int tag, uint64_t r, uint64_t c)
+{
+    uint64_t x = ((uint64_t)tag << 48) ^ (r << 24) ^ c;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return ldexp((double)(x >> 40), -23) - 1.0;
+}
+
+/* The members' weights and adapter, and the fused ones: W_qkv = [W_q; W_k; W_v],
+ * A_qkv = [A_q; A_v], B_qkv = diag(B_q, B_v) with zero k rows. Row V_ZERO_ROW of
+ * B_v is zero; W_k(5, 7) and W_v(V_ZERO_ROW, 3) are -0. */
+static double fused_value(int tag, uint64_t r, uint64_t c)
+{
+    switch (tag) {
+    case T_WQKV:
+        if (r < FQ) return fused_value(T_WQ, r, c);
+        return r < FQ + FK ? fused_value(T_WK, r - FQ, c) : fused_value(T_WV, r - FQ - FK, c);
+    case T_AQKV:
+        return r < FRQ ? fused_value(T_AQ, r, c) : fused_value(T_AV, r - FRQ, c);
+    case T_BQKV:
+        if (r < FQ) return c < FRQ ? fused_value(T_BQ, r, c) : 0.0;
+        return r < FQ + FK || c < FRQ ? 0.0 : fused_value(T_BV, r - FQ - FK, c - FRQ);
+    case T_WK:
+        return r == 5 && c == 7 ? -0.0 : noise(tag, r, c);
+    case T_WV:
+        return r == V_ZERO_ROW && c == 3 ? -0.0 : noise(tag, r, c);
+    case T_BV:
+        return r == V_ZERO_ROW ? 0.0 : noise(tag, r, c) / 8;
+    default:
+        return tag == T_BQ || tag == T_AQ || tag == T_AV ? noise(tag, r, c) / 8 : noise(tag, r, c);
+    }
+}
+
+/* Reads a whole F32 tensor's floats (malloc'd). */
+static float *read_floats(const char *dir, const char *name, uint64_t *n)
+{
+    uint64_t rows, cols;
+    double *d = read_tensor(dir, "model", name, &rows, &cols);
+    float *f = malloc(rows * cols * sizeof *f + 1);
+    assert_non_null(f);
+    for (uint64_t i = 0; i < rows * cols; i++)
+        f[i] = (float)d[i]; /* exact: the values were F32 */
+    free(d);
+    *n = rows * cols;
+    return f;
+}
+
+static void test_merge_fused_equals_members(void **state)
+{
+    fixture *fx = *state;
+    char fbase[700], fad[700], fdst[700];
+    snprintf(fbase, sizeof fbase, "%s/fused-base", fx->root);
+    snprintf(fad, sizeof fad, "%s/fused-adapter", fx->root);
+    snprintf(fdst, sizeof fdst, "%s/fused-merged", fx->root);
+    const spec base[] = {{"m.q.weight", CKPT_DT_F32, FQ, FIN, T_WQ, fused_value},
+                         {"m.k.weight", CKPT_DT_F32, FK, FIN, T_WK, fused_value},
+                         {"m.v.weight", CKPT_DT_F32, FV, FIN, T_WV, fused_value}};
+    write_file(fx->base, "model.safetensors", base, 3);
+    const spec ad[] = {
+        {"base_model.model.m.q.lora_A.weight", CKPT_DT_F32, FRQ, FIN, T_AQ, fused_value},
+        {"base_model.model.m.q.lora_B.weight", CKPT_DT_F32, FQ, FRQ, T_BQ, fused_value},
+        {"base_model.model.m.v.lora_A.weight", CKPT_DT_F32, FRV, FIN, T_AV, fused_value},
+        {"base_model.model.m.v.lora_B.weight", CKPT_DT_F32, FV, FRV, T_BV, fused_value}};
+    write_adapter(
+        fx->ad,
+        "{'r': 2, 'lora_alpha': 4, 'target_modules': ['q', 'v'], 'rank_pattern': {'q': 3}, "
+        "'alpha_pattern': {'q': 6}}",
+        ad, 4);
+    const spec fb[] = {{"m.qkv.weight", CKPT_DT_F32, FQ + FK + FV, FIN, T_WQKV, fused_value}};
+    write_file(fbase, "model.safetensors", fb, 1);
+    const spec fa[] = {
+        {"base_model.model.m.qkv.lora_A.weight", CKPT_DT_F32, FRQ + FRV, FIN, T_AQKV, fused_value},
+        {"base_model.model.m.qkv.lora_B.weight", CKPT_DT_F32, FQ + FK + FV, FRQ + FRV, T_BQKV,
+         fused_value}};
+    write_adapter(fad, "{'r': 5, 'lora_alpha': 10, 'target_modules': ['qkv']}", fa, 2);
+
+    gemm_call members[MAX_CALLS], fused[MAX_CALLS];
+    lora_merge_opts o = quiet_merge();
+    lora_merge_stats st, fst;
+    reset_calls();
+    assert_int_equal(lora_merge_run(fx->base, fx->ad, fx->dst, &o, &st), 0);
+    size_t nm = take_calls(members);
+    o.threads = 3;
+    assert_int_equal(lora_merge_run(fbase, fad, fdst, &o, &fst), 0);
+    size_t nf = take_calls(fused);
+
+    /* The same calls: q's two blocks with K = 3, v's rows before and after its
+     * zero row with K = 2; the k rows and v's zero row are not computed. */
+    assert_int_equal(nm, 4);
+    assert_int_equal(nf, nm);
+    for (size_t i = 0; i < nm; i++) {
+        if (memcmp(&members[i], &fused[i], sizeof members[i]))
+            fail_msg("GEMM call %zu differs: members M %d N %d K %d ld %d/%d/%d, fused M %d N %d K "
+                     "%d ld "
+                     "%d/%d/%d",
+                     i, members[i].m, members[i].n, members[i].k, members[i].lda, members[i].ldb,
+                     members[i].ldc, fused[i].m, fused[i].n, fused[i].k, fused[i].lda, fused[i].ldb,
+                     fused[i].ldc);
+        assert_true(members[i].align_a == 0 && members[i].align_b == 0 && members[i].align_c == 0);
+    }
+    double want = 2.0 * FIN * (FQ * FRQ + (FV - 1) * FRV) / 1e9;
+    assert_true(fabs(st.gflop - want) < 1e-12 && fabs(fst.gflop - want) < 1e-12);
+
+    /* So the same bytes: merged qkv = [merged q; k; merged v]. */
+    uint64_t n, nq, nk, nv, nk0, nv0;
+    float *w = read_floats(fdst, "m.qkv.weight", &n);
+    float *q = read_floats(fx->dst, "m.q.weight", &nq),
+          *k = read_floats(fx->dst, "m.k.weight", &nk);
+    float *v = read_floats(fx->dst, "m.v.weight", &nv),
+          *k0 = read_floats(fx->base, "m.k.weight", &nk0);
+    float *v0 = read_floats(fx->base, "m.v.weight", &nv0);
+    assert_true(n == nq + nk + nv);
+    if (memcmp(w, q, nq * 4) || memcmp(w + nq, k, nk * 4) || memcmp(w + nq + nk, v, nv * 4))
+        fail_msg("merging the fused adapter does not give the bytes of merging its members");
+    /* Rows without an update keep their bytes, -0 included: k (no adapter), v's zero row of B. */
+    assert_memory_equal(w + nq, k0, nk * 4);
+    assert_true(signbit(w[nq + 5 * FIN + 7]) && w[nq + 5 * FIN + 7] == 0);
+    assert_memory_equal(v + V_ZERO_ROW * FIN, v0 + V_ZERO_ROW * FIN, FIN * 4);
+    assert_true(signbit(v[V_ZERO_ROW * FIN + 3]));
+    assert_true(memcmp(v, v0, V_ZERO_ROW * FIN * 4) != 0); /* the rows around it did change */
+    free(w), free(q), free(k), free(v), free(k0), free(v0);
 }
 
 /* ---- the adapter reader ---- */
@@ -861,6 +1091,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_merge_unmerge_f16_f32, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_merge_many_blocks, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_merge_fan_in_fan_out, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_merge_fused_equals_members, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_reader_patterns_and_scales, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_reader_errors, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_merge_base_errors, fx_setup, fx_teardown),
