@@ -295,6 +295,8 @@ int cmd_submit(int argc, char **argv)
                "  ckpt submit gc\n"
                "  ckpt submit fetch ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...\n"
                "  ckpt submit sync SCHEDULE_ID\n"
+               "  ckpt submit noop [--sleep-ms N] [--until-file PATH]   (a job that does nothing: for\n"
+               "                  testing a daemon; PATH, inside the store's home, ends it when it exists)\n"
                "The short form ORG/NAME[@REV] --layout L queues a fetch from the Hub (HF_ENDPOINT)\n"
                "and a convert of ORG/NAME@REV that runs after it, and prints the convert's id.\n"
                "Submitting the same job while it is queued or running returns the existing id.\n"

@@ -36,6 +36,27 @@ static int usage(const char *kind, const char *msg)
     return ckpt_error_set(CKPT_EINVAL, "submit %s: %s", kind, msg);
 }
 
+/* noop: sleeps sleep_ms, then (with until_file, a path inside the store's
+ * home) waits until that file exists: tests hold a job running for exactly as
+ * long as they need, whatever the machine's speed. The daemon's timeout and
+ * cancel end it like any job. */
+static int run_noop(ckpt_store *s, const json_t *args)
+{
+    json_int_t ms = json_integer_value(json_object_get(args, "sleep_ms"));
+    if (ms > 0) {
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    const char *until = json_string_value(json_object_get(args, "until_file"));
+    if (!until) return 0;
+    size_t hl = strlen(s->home);
+    if (strncmp(until, s->home, hl) || until[hl] != '/' || strstr(until, "/../"))
+        return ckpt_error_set(CKPT_EINVAL, "noop: until_file '%s' is not inside the store's home %s", until, s->home);
+    struct timespec tick = {0, 10 * 1000000L};
+    while (!ckpt_exists(until)) nanosleep(&tick, NULL);
+    return 0;
+}
+
 /* Reads "--name value" pairs after `first` positional words. */
 int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
 {
@@ -57,6 +78,10 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
         uint64_t n;
         if (!strcmp(name, "repo") || !strcmp(name, "layout") || !strcmp(name, "dtype")) {
             json_object_set_new(a, name, json_string(v));
+        } else if (!strcmp(name, "until-file") && !strcmp(kind, "noop")) {
+            char *abs = absolute(v);
+            json_object_set_new(a, "until_file", json_string(abs ? abs : v));
+            free(abs);
         } else if (!strcmp(name, "include") || !strcmp(name, "exclude")) {
             json_t *list = json_object_get(a, name);
             if (!list) json_object_set_new(a, name, list = json_array());
@@ -354,11 +379,7 @@ int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transien
         rc = store_gc(s, false, &g);
         if (!rc) *result = json_pack("{s:I,s:I}", "blobs_removed", (json_int_t)g.blobs_removed, "bytes_freed", (json_int_t)g.bytes_freed);
     } else if (!strcmp(kind, "noop")) {
-        json_int_t ms = json_integer_value(json_object_get(args, "sleep_ms"));
-        if (ms > 0) {
-            struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
-        }
+        rc = run_noop(s, args);
     }
     if (rc) *transient = is_transient(rc);
     return rc;

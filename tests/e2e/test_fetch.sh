@@ -197,23 +197,25 @@ fetch_fails "a flipped byte in both downloads" "model-00001-of-00002.safetensors
 faults "drop=1@1000"
 fetch_fails "a server that always drops after 1 byte" "giving up after" org/tiny --chunk-size 1MiB
 
-# ---- a fetch killed mid-way leaves only temp files, which gc removes ----
-faults "slow=100"
-n=$((n + 1))
-export CKPT_HOME=$work/c$n
-HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny --quiet >/dev/null 2>&1 &
-fpid=$!
-for i in $(seq 200); do [ -n "$(ls -A "$CKPT_HOME/tmp" 2>/dev/null)" ] && break; sleep 0.05; done
-sleep 0.3
-kill -9 "$fpid"
-wait "$fpid" 2>/dev/null || true
-[ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "the killed fetch left no temp files (did it finish?)"
-[ -z "$("$ckpt" ls)" ] || fail "a killed fetch stored something"
-temps=$(ls -A "$CKPT_HOME/tmp" | wc -l)
-"$ckpt" gc >/dev/null 2>&1 || fail "gc after a killed fetch"
-[ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "gc left the killed fetch's temp files: $(ls "$CKPT_HOME/tmp" | head -3)"
-note "a fetch killed mid-way: nothing stored; gc removed its $temps temp files"
+# ---- a fetch stopped mid-way leaves only temp files, which gc removes ----
+# Stopped (SIGKILL) at named crash points (CKPT_FAULT, common/fault.h): after
+# its second downloaded piece, after its blobs are synced, and between the
+# catalog commits; nothing visible, gc removes the temp files.
 faults ""
+for spec in fetch.piece_done:2 blobs.synced:1 catalog.before_commit:2; do
+    n=$((n + 1))
+    export CKPT_HOME=$work/c$n
+    rc=0
+    CKPT_FAULT=$spec HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny --quiet --chunk-size 1MiB >/dev/null 2>"$work/err" || rc=$?
+    [ $rc -eq 137 ] || fail "the fetch was not stopped at $spec (exit $rc): $(cat "$work/err")"
+    [ -z "$("$ckpt" ls)" ] || fail "a fetch stopped at $spec stored something"
+    temps=$(ls -A "$CKPT_HOME/tmp" | wc -l)
+    "$ckpt" gc >/dev/null 2>&1 || fail "gc after a fetch stopped at $spec"
+    [ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "gc left the stopped fetch's temp files: $(ls "$CKPT_HOME/tmp" | head -3)"
+    HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny --quiet >/dev/null 2>"$work/err" || fail "fetch after the one stopped at $spec: $(cat "$work/err")"
+    "$ckpt" verify >/dev/null 2>"$work/err" || fail "verify after the fetch stopped at $spec: $(cat "$work/err")"
+    note "a fetch stopped at $spec: nothing stored; gc removed its $temps temp files; the next fetch works"
+done
 
 # ---- a commit pushed between two requests ----
 faults "push=$work/m2"

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# run_all.sh — what `make test` runs: every stage, whatever an earlier one did.
+#
+#   tests/run_all.sh            (from the repository root; make test calls it)
+#
+# Stages, each run even when an earlier one failed:
+#   build   the sanitizer build (ASan+UBSan) in build/san: ckpt, the test Hub,
+#           the library example and every tests/unit/test_*.c program
+#   unit    each cmocka program; its own summary lines are printed, and its
+#           passed/failed counts are added up (a program that dies before its
+#           summary counts as one failure)
+#   e2e     tests/e2e/run.sh: one count per script
+#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10): one count each
+# The last line is "N passed, N failed" over all of them, and the exit status
+# is non-zero when anything failed (a build that fails counts as a failure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MAKE=${MAKE:-make}
+SAN_BUILD=build/san
+FUZZ_SECONDS=${FUZZ_SECONDS:-10}
+passed=0 failed=0
+summary=()
+log=$(mktemp "${TMPDIR:-/tmp}/ckpt-test.XXXXXX")
+trap 'rm -f "$log"' EXIT
+
+stage() { echo; echo "=== $1"; }
+add() { # add NAME PASSED FAILED
+    passed=$((passed + $2))
+    failed=$((failed + $3))
+    summary+=("$(printf '%-28s %4d passed, %d failed' "$1" "$2" "$3")")
+}
+
+# ---- build ----
+stage "build (ASan+UBSan, $SAN_BUILD)"
+unit_bins=()
+for src in tests/unit/test_*.c; do
+    n=$(basename "$src" .c)
+    unit_bins+=("$SAN_BUILD/tests/$n")
+done
+build_ok=1
+# -k: a test program that does not compile leaves the others to run.
+if ! $MAKE -k --no-print-directory BUILD=$SAN_BUILD SAN=1 "$SAN_BUILD/ckpt" "$SAN_BUILD/ckpt-testhub" \
+    "$SAN_BUILD/tests/state_example" "${unit_bins[@]}" >"$log" 2>&1; then
+    tail -n 40 "$log"
+    build_ok=0
+fi
+[ -x "$SAN_BUILD/ckpt" ] && [ -x "$SAN_BUILD/ckpt-testhub" ] && [ -x "$SAN_BUILD/tests/state_example" ] || build_ok=0
+if [ $build_ok = 1 ]; then add build 1 0; else add build 0 1; fi
+
+# ---- unit ----
+stage "unit (cmocka)"
+for t in "${unit_bins[@]}"; do
+    n=$(basename "$t")
+    if [ ! -x "$t" ]; then
+        echo "== $n: not built"
+        add "$n" 0 1
+        continue
+    fi
+    echo "== $n"
+    ASAN_OPTIONS=detect_leaks=1 "$t" >"$log" 2>&1
+    rc=$?
+    # The runner's own lines: every result, not the tests' chatter.
+    grep -E '^\[ *(RUN|OK|FAILED|PASSED|SKIPPED|ERROR|=+) *\]|^\[  FAILED  \]' "$log" | grep -v '^\[ RUN' | grep -v '^\[       OK' || true
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\./\1/p' "$log" | tail -n 1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:/\1/p' "$log" | tail -n 1)
+    p=${p:-0} f=${f:-0}
+    if [ $rc -ne 0 ] && [ "$f" = 0 ]; then
+        # Died before its summary (a sanitizer report, a crash): show why.
+        tail -n 30 "$log"
+        f=1
+    elif [ "$f" != 0 ]; then
+        grep -B 3 -E '^\[  (FAILED|ERROR) +\]' "$log" | head -n 60
+    fi
+    add "$n" "$p" "$f"
+done
+
+# ---- e2e ----
+stage "e2e"
+if [ -x "$SAN_BUILD/ckpt" ]; then
+    CKPT_BIN=$PWD/$SAN_BUILD/ckpt CKPT_TESTHUB=$PWD/$SAN_BUILD/ckpt-testhub tests/e2e/run.sh | tee "$log"
+    line=$(grep -E '^e2e: [0-9]+ passed, [0-9]+ failed' "$log" | tail -n 1)
+    if [ -n "$line" ]; then
+        set -- $line
+        add e2e "$2" "$4"
+    else
+        add e2e 0 1
+    fi
+else
+    echo "e2e: skipped, ckpt did not build"
+    add e2e 0 1
+fi
+
+# ---- fuzz ----
+stage "fuzz (${FUZZ_SECONDS}s per harness)"
+for src in tests/fuzz/fuzz_*.c; do
+    n=$(basename "$src" .c)
+    if ! $MAKE --no-print-directory "build/fuzz/$n" >"$log" 2>&1; then
+        tail -n 20 "$log"
+        add "$n" 0 1
+        continue
+    fi
+    mkdir -p "build/fuzz/corpus-$n"
+    echo "== $n for ${FUZZ_SECONDS}s"
+    if "build/fuzz/$n" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$n" "tests/fuzz/corpus/$n" >"$log" 2>&1; then
+        grep -E '^#[0-9]+.*DONE|^Done [0-9]+ runs' "$log" | tail -n 1
+        add "$n" 1 0
+    else
+        tail -n 40 "$log"
+        add "$n" 0 1
+    fi
+done
+
+echo
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
