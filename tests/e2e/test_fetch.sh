@@ -51,7 +51,8 @@ start_hub() {
     "$testhub" --home "$work/hub" --url-file "$work/$name.url" --log "$work/$name.log" --faults "$spec" 2>>"$work/$name.err" &
     hub_pids+=($!)
     local i
-    for i in $(seq 200); do [ -s "$work/$name.url" ] && break; sleep 0.05; done
+    # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+    for i in $(seq 1200); do [ -s "$work/$name.url" ] && break; sleep 0.05; done
     [ -s "$work/$name.url" ] || fail "$name did not start: $(cat "$work/$name.err")"
     printf -v "${name}_url" '%s' "$(cat "$work/$name.url")"
 }
@@ -236,7 +237,8 @@ export CKPT_HOME=$work/c$n
 mkdir -p "$CKPT_HOME"
 HF_TOKEN=$secret HF_ENDPOINT=$hubA_url "$ckpt" serve --listen 127.0.0.1:0 --workers 2 >"$work/serve.log" 2>&1 &
 dpid=$!
-for i in $(seq 400); do [ -s "$CKPT_HOME/serve.url" ] && break; kill -0 "$dpid" 2>/dev/null || break; sleep 0.05; done
+# (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+for i in $(seq 1200); do [ -s "$CKPT_HOME/serve.url" ] && break; kill -0 "$dpid" 2>/dev/null || break; sleep 0.05; done
 [ -s "$CKPT_HOME/serve.url" ] || fail "ckpt serve did not start: $(cat "$work/serve.log")"
 id=$("$ckpt" submit fetch org/tiny)
 timeout 60 "$ckpt" wait "$id" >/dev/null 2>"$work/err" || fail "fetch job: $(cat "$work/err"); $("$ckpt" logs "$id")"

@@ -22,7 +22,8 @@ start_daemon() { # start_daemon [ARGS...]: sets URL and DPID
     "$B" serve --listen 127.0.0.1:0 --workers 1 "$@" >"$W/serve.log" 2>&1 &
     DPID=$!
     pids+=("$DPID")
-    for _ in $(seq 100); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
+    # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+    for _ in $(seq 1200); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
     URL=$(cat "$CKPT_HOME/serve.url")
 }
 stop_daemon() { kill "$DPID"; wait "$DPID" 2>/dev/null || true; }

@@ -320,7 +320,8 @@ phys() { $ckpt du --json | python3 -c 'import json, sys; print(json.load(sys.std
 before=$(phys)
 $ckpt serve --listen 127.0.0.1:0 >"$work/serve.log" 2>&1 &
 dpid=$!
-for _ in $(seq 400); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
+# (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+for _ in $(seq 1200); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
 [ -s "$CKPT_HOME/serve.url" ] || fail "ckpt serve did not start: $(tail -n 5 "$work/serve.log")"
 # job KIND ARGS... FIELD: submits, waits, prints the result's FIELD.
 job() {

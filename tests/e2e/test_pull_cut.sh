@@ -47,9 +47,10 @@ fail() { # the logs' tails first: run.sh shows the last 60 lines
 }
 note() { echo "-- $* ($SECONDS s)"; }
 
-wait_file() { # wait_file F: until F is non-empty (10 s)
+wait_file() { # wait_file F: until F is non-empty (60 s ceiling)
     local i
-    for i in $(seq 200); do [ -s "$1" ] && return 0; sleep 0.05; done
+    # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+    for i in $(seq 1200); do [ -s "$1" ] && return 0; sleep 0.05; done
     fail "$1 did not appear"
 }
 stop() { # stop PID: SIGTERM, and its exit status must be 0

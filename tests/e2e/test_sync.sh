@@ -43,10 +43,12 @@ fail() {
 }
 note() { echo "-- $* ($SECONDS s)"; }
 
-# wait_until SECONDS WHAT CMD...
+# wait_until SECONDS WHAT CMD...: polls CMD every 0.1 s; the ceiling (at least
+# 60 s) catches hangs, never slowness.
 wait_until() {
     local limit=$1 what=$2 end
     shift 2
+    [ "$limit" -ge 60 ] || limit=60
     end=$(($(date +%s%N) + limit * 1000000000))
     until "$@" >/dev/null 2>&1; do
         [ "$(date +%s%N)" -lt "$end" ] || fail "timed out after $limit s waiting for: $what"
@@ -75,7 +77,8 @@ start_daemon() {
     HF_ENDPOINT=$hub_url "$ckpt" serve --listen 127.0.0.1:0 --workers 2 >>"$work/serve.log" 2>&1 &
     dpid=$!
     local i
-    for i in $(seq 400); do [ -s "$CKPT_HOME/serve.url" ] && return 0; kill -0 "$dpid" 2>/dev/null || break; sleep 0.05; done
+    # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+    for i in $(seq 1200); do [ -s "$CKPT_HOME/serve.url" ] && return 0; kill -0 "$dpid" 2>/dev/null || break; sleep 0.05; done
     fail "ckpt serve did not start"
 }
 stop_daemon() {
@@ -93,7 +96,8 @@ now() { "$py" -c 'import time; print(time.time())'; }
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
 "$testhub" --home "$work/hub" --url-file "$work/hub.url" --log "$work/hub.log" 2>"$work/hub.err" &
 hub_pid=$!
-for i in $(seq 200); do [ -s "$work/hub.url" ] && break; sleep 0.05; done
+# (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
+for i in $(seq 1200); do [ -s "$work/hub.url" ] && break; sleep 0.05; done
 hub_url=$(cat "$work/hub.url")
 c1=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 

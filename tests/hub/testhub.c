@@ -234,6 +234,8 @@ static ssize_t fault_cb(void *cls, uint64_t pos, char *buf, size_t max)
     if (pos >= fs->len) return MHD_CONTENT_READER_END_OF_STREAM;
     if (fs->drop_after >= 0 && pos >= (uint64_t)fs->drop_after)
         return MHD_CONTENT_READER_END_WITH_ERROR;
+    /* The "slow" fault: a slow server on purpose (clients must cope); no test
+     * asserts how long anything took. */
     if (fs->slow_ms > 0) usleep((useconds_t)fs->slow_ms * 1000);
     size_t n = fs->len - pos < max ? (size_t)(fs->len - pos) : max;
     if (n > TH_CHUNK) n = TH_CHUNK;
