@@ -6,14 +6,18 @@
 # Each test gets CKPT_BIN (absolute), E2E_DIR (this folder, for helpers like
 # st_dump.py) and a fresh work directory in E2E_WORK (also TMPDIR), which it
 # must leave empty: a test that leaves files behind fails. A test passes when
-# it exits 0; its output is shown only when it fails. The last line is always
-# "e2e: N passed, N failed" and the exit status is non-zero on any failure.
+# it exits 0; its output is shown only when it fails. E2E_JOBS tests run at
+# once (default 2: the tests wait on fsync and sockets as much as on the CPU,
+# and none depends on the machine's speed); results are printed in the
+# tests' order. The last line is always "e2e: N passed, N failed" and the exit
+# status is non-zero on any failure.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 : "${CKPT_BIN:?set CKPT_BIN to the ckpt binary}"
 CKPT_BIN=$(cd "$(dirname "$CKPT_BIN")" && pwd)/$(basename "$CKPT_BIN")
 [ -x "$CKPT_BIN" ] || { echo "e2e: $CKPT_BIN is not executable" >&2; exit 2; }
+jobs_max=${E2E_JOBS:-2}
 
 # A sanitizer report must never pass for the exit status 1 a test expects.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}exitcode=86:detect_leaks=1"
@@ -26,32 +30,68 @@ if [ $# -gt 0 ]; then
 else
     tests=("$here"/test_*.sh)
     [ -e "${tests[0]}" ] || tests=()
+    # The longest ones start first, so two slots end about together (results
+    # are still printed in this order).
+    for slow in test_roundtrip test_daemon test_store; do
+        for i in "${!tests[@]}"; do
+            [ "$(basename "${tests[$i]}" .sh)" = "$slow" ] || continue
+            tests=("${tests[$i]}" "${tests[@]:0:$i}" "${tests[@]:$((i + 1))}")
+            break
+        done
+    done
 fi
 
-passed=0 failed=0
-for t in "${tests[@]}"; do
+results=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-results.XXXXXX")
+trap 'rm -rf "$results"' EXIT
+
+# run_one INDEX TEST: runs TEST in its own work directory; writes
+# $results/INDEX.line (the PASS/FAIL line), INDEX.log (its output on failure)
+# and INDEX.rc.
+run_one() {
+    local i=$1 t=$2 name work log start rc leftover
     name=$(basename "$t" .sh)
     work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-$name.XXXXXX")
-    log="$work.log"
+    log="$results/$i.log"
     start=$SECONDS
     E2E_WORK="$work" TMPDIR="$work" bash "$t" >"$log" 2>&1
     rc=$?
-    leftover=""
     if [ -d "$work" ] && [ -n "$(ls -A "$work")" ]; then
         leftover=$(ls -A "$work" | head -n 5 | tr '\n' ' ')
         [ $rc -eq 0 ] && rc=1 && echo "left files in its work directory: $leftover" >>"$log"
     fi
     rm -rf "$work"
     if [ $rc -eq 0 ]; then
-        printf '%-32s PASS (%ds)\n' "$name" $((SECONDS - start))
-        passed=$((passed + 1))
+        printf '%-32s PASS (%ds)\n' "$name" $((SECONDS - start)) >"$results/$i.line"
+        : >"$log"
     else
-        printf '%-32s FAIL (exit %d)\n' "$name" "$rc"
-        sed 's/^/    | /' "$log" | tail -n 60
-        failed=$((failed + 1))
+        printf '%-32s FAIL (exit %d)\n' "$name" "$rc" >"$results/$i.line"
     fi
-    rm -f "$log"
-done
+    echo "$rc" >"$results/$i.rc"
+}
 
+# Start the tests, at most jobs_max at a time; print each result as soon as
+# it and every test before it are done.
+next_print=0 running=0
+print_ready() {
+    while [ $next_print -lt ${#tests[@]} ] && [ -e "$results/$next_print.rc" ]; do
+        cat "$results/$next_print.line"
+        [ "$(cat "$results/$next_print.rc")" = 0 ] || sed 's/^/    | /' "$results/$next_print.log" | tail -n 60
+        next_print=$((next_print + 1))
+    done
+}
+for i in "${!tests[@]}"; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs_max" ]; do
+        wait -n 2>/dev/null || true
+        print_ready
+    done
+    run_one "$i" "${tests[$i]}" &
+done
+wait
+print_ready
+
+passed=0 failed=0
+for i in "${!tests[@]}"; do
+    if [ "$(cat "$results/$i.rc" 2>/dev/null)" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+done
 echo "e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]
