@@ -39,7 +39,7 @@ for src in tests/unit/test_*.c; do
 done
 build_ok=1
 # -k: a test program that does not compile leaves the others to run.
-if ! $MAKE -k --no-print-directory BUILD=$SAN_BUILD SAN=1 "$SAN_BUILD/ckpt" "$SAN_BUILD/ckpt-testhub" \
+if ! $MAKE -j2 -k --no-print-directory BUILD=$SAN_BUILD SAN=1 "$SAN_BUILD/ckpt" "$SAN_BUILD/ckpt-testhub" \
     "$SAN_BUILD/tests/state_example" "${unit_bins[@]}" >"$log" 2>&1; then
     tail -n 40 "$log"
     build_ok=0
