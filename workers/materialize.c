@@ -44,12 +44,58 @@ static char *output_rel(const char *path, int rank)
     return ckpt_strdup(path);
 }
 
+/* The number of tp_rank_NN/ folders of a file list (0: not tensor-parallel):
+ * folders are numbered 00 .. n-1. */
+static int count_ranks(const store_file_row *rows, size_t n)
+{
+    int max = -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = rows[i].path;
+        if (strncmp(p, "tp_rank_", 8)) continue;
+        char *end;
+        long r = strtol(p + 8, &end, 10);
+        if (end != p + 8 && *end == '/' && r >= 0 && r < 100000 && r > max) max = (int)r;
+    }
+    return max + 1;
+}
+
+/* A rank must name one of the layout's tp_rank_NN/ folders. */
+static int rank_check(const store_file_row *rows, size_t n, int64_t id, int rank)
+{
+    if (rank < 0) return 0;
+    int ranks = count_ranks(rows, n);
+    if (ranks == 0)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "rank %d: checkpoint %lld is not tensor-parallel (no tp_rank_NN/ "
+                              "folders); pull it without a rank",
+                              rank, (long long)id);
+    if (rank >= ranks)
+        return ckpt_error_set(CKPT_EINVAL, "rank %d is out of range: checkpoint %lld has ranks 0-%d",
+                              rank, (long long)id, ranks - 1);
+    return 0;
+}
+
+int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank)
+{
+    store_file_row *rows;
+    size_t n;
+    int rc = store_files_load(s, c->id, &rows, &n);
+    if (rc) return rc;
+    rc = rank_check(rows, n, c->id, rank);
+    store_files_free(rows, n);
+    return rc;
+}
+
 static int load_files(pull_state *ps, int rank)
 {
     store_file_row *rows;
     size_t n;
     int rc = store_files_load(ps->s, ps->id, &rows, &n);
     if (rc) return rc;
+    if ((rc = rank_check(rows, n, ps->id, rank))) {
+        store_files_free(rows, n);
+        return rc;
+    }
     for (size_t i = 0; !rc && i < n; i++) {
         char *rel = output_rel(rows[i].path, rank);
         if (!rel) continue;
