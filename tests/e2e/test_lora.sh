@@ -276,6 +276,13 @@ rules = [{"op": "lora_merge", "adapter": "ads", "scale": 0.5},
 json.dump({"layout": "twice", "rules": rules}, open("twice.json", "w"))
 '
 $ckpt convert qs qs.rule --rules rules.json
+# --rules decides the layout, tp and dtype: the options next to it are refused, not dropped
+for opt in "--layout neuron" "--tp 2" "--dtype bf16"; do
+    # shellcheck disable=SC2086 # opt is an option and its value
+    expect_status 2 $ckpt convert qs qs.both --rules rules.json $opt
+    grep -qF -- "--rules FILE cannot be combined with ${opt% *}" "$work/err" || fail "--rules with $opt: $(cat "$work/err")"
+    [ ! -e qs.both ] || fail "--rules with $opt wrote qs.both"
+done
 $ckpt convert qs qs.opt "${LAYOUT[@]}" --lora ads --lora-scale 0.5
 grep -q '"zero": true' qs.rule/ckpt-layout.json || fail "the layout of section 6 has no padding"
 for r in tp_rank_00 tp_rank_01; do
