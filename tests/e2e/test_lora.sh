@@ -179,6 +179,13 @@ expect_error "has rank 4 but adapter_config.json says r = 5" $ckpt merge-lora ll
 bad --targets q_proj --set 'target_modules=["q_proj", "k_proj"]'
 expect_error "target_modules names 'model.layers.0.self_attn.k_proj' of the base, but the adapter has no" $ckpt merge-lora llama bad dst_bad
 expect_error "no adapter_config.json here" $ckpt merge-lora llama llama dst_bad
+# a scale beyond float32 (every merged weight would be inf), and a merge whose
+# results overflow the base's f16: errors naming the module, no DST
+bad --targets q_proj --set 'lora_alpha=1e308'
+expect_error "module 'model.layers.0.self_attn.q_proj': the scale lora_alpha / r = 1e+308 / 4 does not fit a float32" $ckpt merge-lora llama bad dst_bad
+rm -rf bad && $gen qwen16 bad --targets q_proj --rank 4 --alpha 1e12
+expect_error "module 'model.layers.0.self_attn.q_proj': the merge overflows" $ckpt merge-lora qwen16 bad dst_bad
+rm -rf bad
 expect_status 1 $ckpt merge-lora llama ad merged
 grep -q "merged is not empty (use --force to replace it)" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
 check merge llama ad merged
