@@ -115,8 +115,27 @@ export CKPT_HOME=$work/c$n
 HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "fetch again: $(cat "$work/err")"
 grep -q "in the store already" "$work/err" || fail "fetch of a stored commit: $(cat "$work/err")"
 [ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /resolve/ || true)" -eq 0 ] || fail "a stored commit downloaded files"
-[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /tree/ || true)" -eq 0 ] || fail "a stored commit listed the tree"
-note "a commit in the store: one revision request, nothing downloaded"
+[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /tree/ || true)" -eq 1 ] || fail "a stored commit did not list the tree once"
+note "a commit in the store: a revision and a tree request (is every file there?), nothing downloaded"
+
+# A narrower fetch, then a plain one: the second tops up the commit with what is missing.
+n=$((n + 1))
+export CKPT_HOME=$work/c$n
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny --include config.json >"$work/out" 2>"$work/err" || fail "fetch --include config.json: $(cat "$work/err")"
+"$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>&1 || fail "pull after fetch --include config.json"
+[ "$(ls "$work/pulled")" = config.json ] || fail "fetch --include config.json stored: $(ls "$work/pulled")"
+rm -rf "$work/pulled"
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "plain fetch after --include: $(cat "$work/err")"
+grep -q "is in the store with 1 of the .* files picked; fetching the other" "$work/err" || fail "no top-up: $(cat "$work/err")"
+"$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/pull.err" || fail "pull after the top-up: $(cat "$work/pull.err")"
+diff -r "$work/m1" "$work/pulled" >/dev/null || fail "after the top-up the stored commit differs from the original"
+rm -rf "$work/pulled"
+[ "$("$ckpt" ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] || fail "the top-up made a second checkpoint: $("$ckpt" ls)"
+"$ckpt" verify org/tiny@main >/dev/null 2>"$work/err" || fail "verify after the top-up: $(cat "$work/err")"
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "third fetch: $(cat "$work/err")"
+grep -q "in the store already" "$work/err" || fail "a complete commit fetched again: $(cat "$work/err")"
+[ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "the top-up left $(ls "$CKPT_HOME/tmp") in tmp/"
+note "fetch --include config.json, then fetch: the commit is topped up (one checkpoint, verify clean)"
 
 faults "drop=300000@2"
 fetch_ok "connection dropped after 300000 bytes (twice)" --connections 1 --chunk-size 1MiB
