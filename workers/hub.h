@@ -6,13 +6,15 @@
  *   1. resolve the revision to a commit: GET {E}/api/models/{repo}/revision/{rev};
  *      every later request names that commit, so a push during the download
  *      cannot mix two revisions;
- *   2. when the store holds (repo, commit) already: point the revision at it
- *      and stop — nothing is downloaded;
- *   3. list the files: GET {E}/api/models/{repo}/tree/{commit}?recursive=true,
+ *   2. list the files: GET {E}/api/models/{repo}/tree/{commit}?recursive=true,
  *      every page (Link: <url>; rel="next"); every name is checked before
  *      anything is written (no "..", "." or empty segments, not absolute, no
  *      NUL or control characters, at most HUB_MAX_PATH bytes and
  *      HUB_MAX_SEGMENT per segment); the include/exclude globs pick files;
+ *   3. when the store holds (repo, commit) already: the files it has (by
+ *      path) are dropped from the pick; none left: point the revision at it
+ *      and stop, nothing is downloaded; else the rest is a top-up, added to
+ *      that checkpoint at step 6 (store_add_files) instead of a new one;
  *   4. download the picked files with hub_download: parallel Range requests
  *      on one libcurl multi handle, each byte written once, straight into the
  *      store's blob temp files in CKPT_HOME/tmp (named with store_tmp_base,
@@ -27,7 +29,8 @@
  *      file once more; a second one fails the fetch naming the file;
  *   6. only then publish the blobs and commit the checkpoint, named by the
  *      commit, in one catalog transaction (store_blobs_publish,
- *      store_commit_checkpoint): nothing unverified enters the store.
+ *      store_commit_checkpoint, or store_add_files for a top-up): nothing
+ *      unverified enters the store.
  *
  * Bounds: the body of an error answer is read up to HUB_MAX_ERROR_BODY bytes,
  * then the connection is cut (the status says enough; a server that sends an
