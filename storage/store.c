@@ -22,24 +22,7 @@
 
 int64_t store_proc_start_time(int pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (!p) return -1;
-    /* Fields after ")" start at 3 (state); the start time is field 22. */
-    int field = 2;
-    char *save = NULL;
-    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-        ++field;
-        if (field == 3 && (tok[0] == 'Z' || tok[0] == 'X')) return -1; /* exited, not reaped yet: not a writer */
-        if (field == 22) return atoll(tok);
-    }
-    return -1;
+    return ckpt_proc_start_time(pid);
 }
 
 /* The start time of this process, against pid reuse in leases and temp names. */
