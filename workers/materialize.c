@@ -417,7 +417,24 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     memset(&ps, 0, sizeof ps);
     ps.s = s;
     ps.id = c->id;
-    int rc = load_files(&ps, o->rank);
+    /* Every catalog read of the plan in one read transaction (a WAL snapshot:
+     * writers are not blocked): a concurrent rm either happened before it (a
+     * clear error) or not at all as far as this pull is concerned. The bytes
+     * come from blobs, which only gc removes. */
+    int rc = catalog_exec(&s->cat, "SAVEPOINT materialize_read");
+    bool in_read = rc == 0;
+    if (!rc) {
+        sqlite3_stmt *st;
+        rc = catalog_prepare(&s->cat, &st, "SELECT 1 FROM checkpoints WHERE id = ?");
+        if (!rc) {
+            sqlite3_bind_int64(st, 1, c->id);
+            if (sqlite3_step(st) != SQLITE_ROW)
+                rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld (%s@%.12s%s%s) was removed before it could be read",
+                                    (long long)c->id, c->repo, c->commit, *c->layout ? ":" : "", c->layout);
+            sqlite3_finalize(st);
+        }
+    }
+    if (!rc) rc = load_files(&ps, o->rank);
     size_t total_tensors = 0;
     for (size_t i = 0; !rc && i < ps.nfiles; i++) {
         if (!ps.files[i].header) continue;
@@ -438,6 +455,7 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
         if (!ps.files[i].header) continue;
         rc = plan_file(&ps, &ps.files[i], &ps.exec.files[ps.exec.nfiles++]);
     }
+    if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
     if (!rc) rc = check_blobs_exist(&ps);
     char *tmp = NULL;
     if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);

@@ -10,6 +10,8 @@
 #    into the same DST removes it (its writer is gone); a live writer's temp
 #    folder is left alone.
 # 3. A killed `state export` leaves staging in CKPT_HOME/tmp that gc removes.
+# 4. A checkpoint removed (`ckpt rm`) while a convert of it runs: a clear
+#    error naming it, not "FOREIGN KEY constraint failed".
 # Run through run.sh (needs CKPT_BIN, E2E_WORK).
 set -euo pipefail
 
@@ -106,3 +108,24 @@ expect_status 0 "$ckpt" gc
 no_temps "state export killed, then gc"
 note "a killed state export: gc removed its staging"
 
+# ---- 4. a checkpoint removed while a convert of it runs ----
+# The convert stops itself at a named point (CKPT_FAULT=NAME:N:STOP), the test
+# removes the source, then lets the convert go on: a clear error, nothing stored.
+expect_status 0 "$ckpt" import "$work/m" --repo t/gone@main
+CKPT_FAULT=exec.file_done:1:STOP "$ckpt" convert t/gone@main --layout fused >"$work/out" 2>"$work/err" &
+cpid=$!
+# a bounded poll (20 s, never reached when it works) for the stop, not a guess at its timing
+for _ in $(seq 400); do [ "$(awk '{print $3}' "/proc/$cpid/stat" 2>/dev/null)" = T ] && break; sleep 0.05; done
+[ "$(awk '{print $3}' "/proc/$cpid/stat" 2>/dev/null)" = T ] || fail "the convert did not stop at exec.file_done"
+"$ckpt" rm t/gone@main >/dev/null 2>"$work/rm.err" || fail "rm during the convert: $(cat "$work/rm.err")"
+kill -CONT "$cpid"
+rc=0
+wait "$cpid" || rc=$?
+[ "$rc" -eq 1 ] || fail "convert of a removed checkpoint exited $rc: $(cat "$work/err")"
+grep -q "the source) was removed while this ran; nothing was stored" "$work/err" || fail "convert of a removed checkpoint: $(cat "$work/err")"
+grep -q "FOREIGN KEY" "$work/err" && fail "a raw SQLite error: $(cat "$work/err")"
+[ -z "$("$ckpt" ls 2>/dev/null | grep t/gone)" ] || fail "something of t/gone is stored: $("$ckpt" ls)"
+rm -f "$work/rm.err"
+expect_status 0 "$ckpt" gc
+no_temps "a convert whose source was removed"
+note "a source removed while its convert ran: a clear error, nothing stored"
