@@ -3,6 +3,8 @@
  */
 #include "common/fault.h"
 
+#include "common/interrupt.h"
+
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +20,7 @@
 typedef struct {
     char name[FAULT_NAME_MAX];
     long at;           /* the pass that kills */
+    int sig;           /* SIGKILL, or SIGTERM / SIGINT / SIGSTOP (":TERM", ":INT", ":STOP") */
     atomic_long seen;  /* passes so far */
 } fault_point;
 
@@ -38,8 +41,16 @@ static void parse(const char *spec)
             fault_point *p = &points[npoints++];
             memcpy(p->name, spec, nlen);
             p->name[nlen] = '\0';
-            p->at = colon ? strtol(colon + 1, NULL, 10) : 1;
+            char *end = NULL;
+            p->at = colon ? strtol(colon + 1, &end, 10) : 1;
             if (p->at < 1) p->at = 1;
+            p->sig = SIGKILL;
+            if (end && end < spec + len && *end == ':') {
+                size_t slen = (size_t)(spec + len - end - 1);
+                if (slen == 4 && !strncmp(end + 1, "TERM", 4)) p->sig = SIGTERM;
+                if (slen == 3 && !strncmp(end + 1, "INT", 3)) p->sig = SIGINT;
+                if (slen == 4 && !strncmp(end + 1, "STOP", 4)) p->sig = SIGSTOP;
+            }
             atomic_store(&p->seen, 0);
         }
         spec += len + (spec[len] == ',');
@@ -91,6 +102,15 @@ void ckpt_fault(const char *point)
     }
     for (int i = 0; i < npoints; i++)
         if (!strcmp(points[i].name, point) && atomic_fetch_add(&points[i].seen, 1) + 1 == points[i].at &&
-            once())
-            raise(SIGKILL);
+            once()) {
+            if (points[i].sig == SIGKILL || points[i].sig == SIGSTOP) {
+                raise(points[i].sig); /* STOP: the process waits here for SIGCONT */
+                continue;
+            }
+            /* To the process, not this thread: the interrupt handler's thread takes it
+             * (common/interrupt.h); this thread stops here while it cleans up. */
+            ckpt_interrupt_mark_pending(points[i].sig);
+            kill(getpid(), points[i].sig);
+            ckpt_interrupt_wait_for_exit();
+        }
 }

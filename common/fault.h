@@ -6,12 +6,19 @@
  * after the catalog commit, ...). Normally that is one branch on a cached
  * flag. When the environment holds
  *
- *     CKPT_FAULT=NAME[:N][,NAME[:N]...]
+ *     CKPT_FAULT=NAME[:N[:SIG]][,NAME[:N[:SIG]]...]
  *
  * the Nth pass (default the 1st) of the process through point NAME kills the
  * process with SIGKILL on the spot, as a power cut or `kill -9` would, so a
  * test can check what the store, the state or the output folder looks like
- * after exactly that step. N counts passes of that point in this process
+ * after exactly that step. SIG TERM or INT sends SIGTERM or SIGINT to the
+ * process instead (as `kill` or Ctrl-C would; e.g. exec.file_done:2:TERM):
+ * with the interrupt handling of common/interrupt.h installed, the thread at
+ * the point then waits there while the handler removes the temp output and
+ * exits 143 or 130 (unless the point is inside a critical section, which
+ * finishes first); without it, the signal's default action ends the process.
+ * SIG STOP stops the process there (SIGSTOP) until a test has done something
+ * concurrently (a `ckpt rm`) and sends SIGCONT: a race made deterministic. N counts passes of that point in this process
  * (threads included). With CKPT_FAULT_ONCE=FILE the kill happens only if
  * FILE can be created (O_EXCL): once across every process that inherits the
  * variables, so a retried job is not killed again. The daemon's workers

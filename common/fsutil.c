@@ -3,6 +3,8 @@
 #include "common/fault.h"
 
 #include "common/error.h"
+#include "common/interrupt.h"
+#include "common/log.h"
 #include "common/util.h"
 
 #include <dirent.h>
@@ -262,17 +264,86 @@ int ckpt_fsync_parent(const char *path)
     return rc;
 }
 
+int64_t ckpt_proc_start_time(int pid)
+{
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    if (!p) return -1;
+    /* Fields after ")" start at 3 (state); the start time is field 22. */
+    int field = 2;
+    char *save = NULL;
+    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+        ++field;
+        if (field == 3 && (tok[0] == 'Z' || tok[0] == 'X')) return -1; /* exited, not reaped yet */
+        if (field == 22) return atoll(tok);
+    }
+    return -1;
+}
+
+static int64_t self_start_time(void)
+{
+    static _Atomic int64_t cached = -1;
+    if (cached < 0) cached = ckpt_proc_start_time((int)getpid());
+    return cached;
+}
+
+bool ckpt_tmp_name_writer(const char *suffix, int *pid, int64_t *start)
+{
+    long long st;
+    int p, used = 0;
+    if (sscanf(suffix, "%d-%lld-%n", &p, &st, &used) != 2 || used == 0 || p <= 0) return false;
+    *pid = p;
+    *start = st;
+    return true;
+}
+
+/* Removes "<target>.tmp-<pid>-<start>-*" whose writer is gone (a killed run
+ * into the same target). Names without a writer (older ones) are left. */
+static void drop_dead_siblings(const char *target, size_t n)
+{
+    const char *slash = memrchr(target, '/', n);
+    char *dir = slash ? ckpt_strndup(target, slash == target ? 1 : (size_t)(slash - target)) : ckpt_strdup(".");
+    const char *base = slash ? slash + 1 : target;
+    size_t blen = n - (size_t)(base - target);
+    DIR *d = dir ? opendir(dir) : NULL;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        int pid;
+        int64_t start;
+        if (strncmp(e->d_name, base, blen) || strncmp(e->d_name + blen, ".tmp-", 5) ||
+            !ckpt_tmp_name_writer(e->d_name + blen + 5, &pid, &start) || ckpt_proc_start_time(pid) == start)
+            continue;
+        char *p = ckpt_path_join(dir, e->d_name);
+        if (p) {
+            ckpt_info("removing %s, left by an interrupted run (process %d)", p, pid);
+            ckpt_rm_rf(p);
+        }
+        free(p);
+    }
+    if (d) closedir(d);
+    free(dir);
+}
+
 int ckpt_tmpdir_create(const char *target, char **out)
 {
     size_t n = strlen(target);
     while (n > 1 && target[n - 1] == '/') n--;
-    char *t = ckpt_sprintf("%.*s.tmp-XXXXXX", (int)n, target);
+    drop_dead_siblings(target, n);
+    char *t = ckpt_sprintf("%.*s.tmp-%d-%lld-XXXXXX", (int)n, target, (int)getpid(),
+                           (long long)self_start_time());
     if (!t) return CKPT_ENOMEM;
     if (!mkdtemp(t)) {
         int rc = ckpt_error_sys("%s: cannot create temporary directory", t);
         free(t);
         return rc;
     }
+    ckpt_interrupt_track(t);
     chmod(t, 0755); /* mkdtemp makes 0700; the renamed result is an ordinary directory */
     *out = t;
     ckpt_fault("tmpdir.created");
@@ -282,8 +353,12 @@ int ckpt_tmpdir_create(const char *target, char **out)
 int ckpt_dir_commit(const char *tmp, const char *target)
 {
     ckpt_fault("dir.before_rename");
+    ckpt_interrupt_hold(); /* renamed and untracked as one step */
     if (ckpt_is_dir(target) && ckpt_dir_is_empty_or_missing(target)) rmdir(target);
-    if (rename(tmp, target) < 0) return ckpt_error_sys("%s: rename into place", target);
+    int rc = rename(tmp, target) < 0 ? ckpt_error_sys("%s: rename into place", target) : 0;
+    if (!rc) ckpt_interrupt_untrack(tmp);
+    ckpt_interrupt_release();
+    if (rc) return rc;
     ckpt_fault("dir.renamed");
     return ckpt_fsync_parent(target);
 }
@@ -299,6 +374,7 @@ static int rm_one(const char *path, const struct stat *st, int flag, struct FTW 
 
 int ckpt_rm_rf(const char *path)
 {
+    ckpt_interrupt_untrack(path); /* gone, or failing to go: not the handler's any more */
     struct stat st;
     if (lstat(path, &st) < 0) return errno == ENOENT ? 0 : ckpt_error_sys("%s: stat", path);
     if (!S_ISDIR(st.st_mode)) return unlink(path) < 0 ? ckpt_error_sys("%s: unlink", path) : 0;

@@ -53,8 +53,17 @@ int ckpt_mkdir_p(const char *path, unsigned mode);
 int ckpt_fsync_dir(const char *dir);
 /* fsync the parent directory of path. */
 int ckpt_fsync_parent(const char *path);
-/* Creates "<target>.tmp-XXXXXX" beside target; *out is malloc'd. */
+/* Creates "<target>.tmp-<pid>-<start>-XXXXXX" beside target (pid and start
+ * time name the writer); *out is malloc'd. First removes the
+ * "<target>.tmp-<pid>-<start>-*" of writers that are gone (a killed earlier
+ * run into the same target). The new folder is removed if the process is
+ * interrupted (common/interrupt.h) until ckpt_dir_commit or ckpt_rm_rf. */
 int ckpt_tmpdir_create(const char *target, char **out);
+/* The start time of process pid (field 22 of /proc/pid/stat), or -1 when it
+ * is gone (or a zombie): with the pid, a writer that pid reuse cannot fake. */
+int64_t ckpt_proc_start_time(int pid);
+/* Parses "<pid>-<start>-..." (what follows ".tmp-" in a temp folder's name). */
+bool ckpt_tmp_name_writer(const char *suffix, int *pid, int64_t *start);
 /* Renames tmp onto target (which must not exist, or must be an empty dir
  * when replace_empty is set) and fsyncs the parent. */
 int ckpt_dir_commit(const char *tmp, const char *target);

@@ -152,3 +152,19 @@ int cli_parse_factor(const char *cmd, const char *option, const char *text, doub
         return cli_usage_error(cmd, "%s takes a finite, non-zero number", option);
     return CLI_OK;
 }
+
+int cli_rules_conflict(const char *cmd, const char *layout, int tp, const char *dtype, int64_t kv)
+{
+    char which[96] = "";
+    size_t n = 0;
+    const char *names[] = {layout ? "--layout" : NULL, tp ? "--tp" : NULL, dtype ? "--dtype" : NULL,
+                           kv ? "--kv-size-multiplier" : NULL};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (names[i])
+            n += (size_t)snprintf(which + n, sizeof which - n, "%s%s", n ? ", " : "", names[i]);
+    return cli_usage_error(cmd,
+                           "--rules FILE cannot be combined with %s: the rules document sets the "
+                           "layout, tp and dtype itself (write one with those options by `ckpt plan "
+                           "SRC --layout L --tp N --dtype D --print-rules`)",
+                           which);
+}

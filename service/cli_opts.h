@@ -115,4 +115,9 @@ int cli_parse_size(const char *cmd, const char *option, const char *text, uint64
  * printing "ckpt CMD: OPTION takes a finite, non-zero number". */
 int cli_parse_factor(const char *cmd, const char *option, const char *text, double *out);
 
+/* --rules FILE with --layout, --tp, --dtype or --kv-size-multiplier: the
+ * rules document decides those itself, so the combination is refused (a
+ * usage error naming the options given) rather than silently dropping them. */
+int cli_rules_conflict(const char *cmd, const char *layout, int tp, const char *dtype, int64_t kv);
+
 #endif

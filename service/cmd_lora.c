@@ -81,6 +81,8 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         }
     }
     if (c < 0) return CLI_USAGE;
+    if (a->co.rules_file && (a->co.layout || a->co.tp || a->co.kv_size_multiplier))
+        return cli_rules_conflict(cmd, a->co.layout, a->co.tp, NULL, a->co.kv_size_multiplier);
     a->pos = p.args;
     a->npos = p.nargs;
     a->mo.force = a->co.force = a->common.force;

@@ -223,7 +223,12 @@ static void cleanup_after(daemon_state *d, worker_slot *w)
             const char *base = slash + 1;
             DIR *pd = opendir(*parent ? parent : "/");
             while (pd && (e = readdir(pd))) {
-                if (strncmp(e->d_name, base, strlen(base)) || strncmp(e->d_name + strlen(base), ".tmp-", 5)) continue;
+                int wpid;
+                int64_t wstart;
+                /* only this worker's (the name holds its pid): never another writer's */
+                if (strncmp(e->d_name, base, strlen(base)) || strncmp(e->d_name + strlen(base), ".tmp-", 5) ||
+                    !ckpt_tmp_name_writer(e->d_name + strlen(base) + 5, &wpid, &wstart) || wpid != (int)w->pid)
+                    continue;
                 char *p = ckpt_path_join(*parent ? parent : "/", e->d_name);
                 if (p) ckpt_rm_rf(p);
                 free(p);

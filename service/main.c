@@ -2,6 +2,7 @@
 #include "service/cli.h"
 
 #include "common/error.h"
+#include "common/interrupt.h"
 #include "common/json.h"
 #include "common/log.h"
 
@@ -110,6 +111,15 @@ int main(int argc, char **argv)
     }
     const char *quiet = getenv("CKPT_QUIET");
     if (quiet && *quiet && strcmp(quiet, "0")) ckpt_log_set_level(CKPT_LOG_QUIET);
+    /* Commands that write an output folder: Ctrl-C / SIGTERM remove its temp
+     * folder and exit 130 / 143 (the daemon and its workers handle signals
+     * themselves). */
+    static const char *const writers[] = {"convert",      "consolidate",  "pull",      "state",
+                                          "merge-lora",   "unmerge-lora", "convert-lora",
+                                          "gen-model",    "import",       "fetch",     "gc"};
+    for (size_t i = 0; i < sizeof writers / sizeof writers[0]; i++)
+        if (!strcmp(writers[i], name) && ckpt_interrupt_init() < 0)
+            fprintf(stderr, "ckpt: cannot set up the handling of interrupts; continuing without it\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(commands[i].name, name)) return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "ckpt: '%s' is not a command\n", name);

@@ -674,6 +674,14 @@ static void *tar_writer(void *arg)
 static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, const store_ckpt *ck, bool zstd)
 {
     const char *rank = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
+    uint64_t r = 0;
+    if (rank && (ckpt_parse_u64(rank, &r) < 0 || r > 1023)) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "rank '%.40s' is not a number from 0 to 1023", rank);
+        return http_send_error(c, 400, msg, NULL, NULL);
+    }
+    if (rank && materialize_rank_check(s, ck, (int)r) < 0)
+        return http_send_error(c, 400, ckpt_error_last(), NULL, NULL);
     int p[2];
     if (pipe2(p, O_CLOEXEC) < 0) return http_send_error(c, 500, "cannot make a pipe", NULL, NULL);
     tar_job *t = calloc(1, sizeof *t);
@@ -688,7 +696,7 @@ static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, con
     free(base);
     t->home = ckpt_strdup(s->home);
     t->id = ck->id;
-    t->rank = rank ? atoi(rank) : -1;
+    t->rank = rank ? (int)r : -1;
     t->zstd = zstd;
     t->fd = p[1];
     pthread_t th;

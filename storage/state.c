@@ -19,6 +19,7 @@
 
 #include "common/fault.h"
 #include "common/fsutil.h"
+#include "common/interrupt.h"
 #include "common/json.h"
 #include "common/util.h"
 
@@ -748,7 +749,7 @@ static int commit_state(const char *tmp, const char *dir, bool replace)
 {
     if (!replace) return ckpt_dir_commit(tmp, dir);
     if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0)
-        return ckpt_fsync_parent(dir);
+        return ckpt_fsync_parent(dir); /* tmp holds the old state now: removing it is right */
     if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
         return ckpt_error_sys("%s: exchange with the new state", dir);
     /* No RENAME_EXCHANGE here: between the two renames dir is missing and the
@@ -756,12 +757,14 @@ static int commit_state(const char *tmp, const char *dir, bool replace)
     char *old = NULL;
     int rc = ckpt_tmpdir_create(dir, &old);
     if (rc) return rc;
+    ckpt_interrupt_hold(); /* an interrupt waits until dir holds a whole state again */
     rmdir(old);
     if (rename(dir, old) < 0) rc = ckpt_error_sys("%s: move the old state aside", dir);
     if (!rc && rename(tmp, dir) < 0) {
         rc = ckpt_error_sys("%s: rename the new state into place", dir);
         rename(old, dir);
     }
+    ckpt_interrupt_release();
     if (!rc) rc = ckpt_fsync_parent(dir);
     if (!rc && rename(old, tmp) < 0) ckpt_rm_rf(old);
     free(old);

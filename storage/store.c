@@ -22,24 +22,7 @@
 
 int64_t store_proc_start_time(int pid)
 {
-    char path[64], buf[1024];
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    char *p = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
-    if (!p) return -1;
-    /* Fields after ")" start at 3 (state); the start time is field 22. */
-    int field = 2;
-    char *save = NULL;
-    for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
-        ++field;
-        if (field == 3 && (tok[0] == 'Z' || tok[0] == 'X')) return -1; /* exited, not reaped yet: not a writer */
-        if (field == 22) return atoll(tok);
-    }
-    return -1;
+    return ckpt_proc_start_time(pid);
 }
 
 /* The start time of this process, against pid reuse in leases and temp names. */
@@ -330,6 +313,17 @@ static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char 
     return rc;
 }
 
+/* True when checkpoint id is in the catalog (inside the caller's transaction). */
+static bool ckpt_row_exists(catalog *c, int64_t id)
+{
+    sqlite3_stmt *st;
+    if (catalog_prepare(c, &st, "SELECT 1 FROM checkpoints WHERE id = ?") < 0) return true; /* the insert says */
+    sqlite3_bind_int64(st, 1, id);
+    bool found = sqlite3_step(st) == SQLITE_ROW;
+    sqlite3_finalize(st);
+    return found;
+}
+
 int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id)
 {
     sqlite3_stmt *st;
@@ -344,6 +338,9 @@ int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id)
     sqlite3_bind_int64(st, 4, (int64_t)time(NULL));
     rc = step_done(&s->cat, st, "set ref");
     sqlite3_finalize(st);
+    if (rc && !ckpt_row_exists(&s->cat, id)) /* a concurrent rm, not a broken catalog */
+        rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld was removed while %s@%s was being pointed at it",
+                            (long long)id, repo, name);
     return rc;
 }
 
@@ -361,13 +358,90 @@ static int64_t existing_id(catalog *c, const store_ckpt_rec *r)
     return id;
 }
 
+/* Inserts the files of r (their tensors and blob references) into checkpoint id. */
+static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
+{
+    sqlite3_stmt *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
+    int rc = catalog_prepare(c, &ins_file,
+                             "INSERT INTO files(checkpoint_id, path, size, sha256, blob, header) VALUES (?, ?, ?, ?, ?, ?)");
+    if (!rc) rc = catalog_prepare(c, &ins_tensor,
+                                  "INSERT INTO tensors(checkpoint_id, path, name, blob, recipe) VALUES (?, ?, ?, ?, ?)");
+    if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT OR IGNORE INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?)");
+    for (size_t f = 0; !rc && f < r->nfiles; f++) {
+        const store_file_rec *fr = &r->files[f];
+        sqlite3_bind_int64(ins_file, 1, id);
+        sqlite3_bind_text(ins_file, 2, fr->path, -1, SQLITE_STATIC);
+        sqlite3_bind_int64(ins_file, 3, (int64_t)fr->size);
+        sqlite3_bind_text(ins_file, 4, fr->sha256, -1, SQLITE_STATIC);
+        if (fr->blob) sqlite3_bind_text(ins_file, 5, fr->blob, -1, SQLITE_STATIC);
+        else sqlite3_bind_null(ins_file, 5);
+        if (fr->header) sqlite3_bind_blob(ins_file, 6, fr->header, (int)fr->header_len, SQLITE_STATIC);
+        else sqlite3_bind_null(ins_file, 6);
+        rc = step_done(c, ins_file, "insert file");
+        if (!rc && fr->blob) rc = add_blob_ref(c, ins_ref, id, fr->blob);
+        for (size_t i = 0; !rc && i < fr->ntensors; i++) {
+            const store_tensor_rec *t = &fr->tensors[i];
+            sqlite3_bind_int64(ins_tensor, 1, id);
+            sqlite3_bind_text(ins_tensor, 2, fr->path, -1, SQLITE_STATIC);
+            sqlite3_bind_text(ins_tensor, 3, t->name, -1, SQLITE_STATIC);
+            if (t->blob) sqlite3_bind_text(ins_tensor, 4, t->blob, -1, SQLITE_STATIC);
+            else sqlite3_bind_null(ins_tensor, 4);
+            if (t->recipe) sqlite3_bind_text(ins_tensor, 5, t->recipe, -1, SQLITE_STATIC);
+            else sqlite3_bind_null(ins_tensor, 5);
+            rc = step_done(c, ins_tensor, "insert tensor");
+            if (!rc && t->blob) rc = add_blob_ref(c, ins_ref, id, t->blob);
+            if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, id, t->recipe);
+        }
+    }
+    sqlite3_finalize(ins_file);
+    sqlite3_finalize(ins_tensor);
+    sqlite3_finalize(ins_ref);
+    return rc;
+}
+
+int store_add_files(ckpt_store *s, int64_t id, const store_ckpt_rec *r)
+{
+    catalog *c = &s->cat;
+    int rc = catalog_begin(c);
+    if (rc) return rc;
+    if (!ckpt_row_exists(c, id))
+        rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld (%s@%.12s) was removed while its files were fetched; "
+                            "nothing was stored",
+                            (long long)id, r->repo, r->commit);
+    sqlite3_stmt *st = NULL;
+    uint64_t total = 0;
+    for (size_t f = 0; f < r->nfiles; f++) total += r->files[f].size;
+    if (!rc) rc = insert_files(c, id, r);
+    if (!rc) rc = catalog_prepare(c, &st, "UPDATE checkpoints SET total_size = total_size + ? WHERE id = ?");
+    if (!rc) {
+        sqlite3_bind_int64(st, 1, (int64_t)total);
+        sqlite3_bind_int64(st, 2, id);
+        rc = step_done(c, st, "update checkpoint size");
+    }
+    sqlite3_finalize(st);
+    if (!rc) rc = store_set_ref(s, r->repo, r->revision, id);
+    if (!rc) rc = store_leases_release(s);
+    if (rc) {
+        catalog_rollback(c);
+        return rc;
+    }
+    return catalog_commit(c);
+}
+
 int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed)
 {
     catalog *c = &s->cat;
-    sqlite3_stmt *ins_ck = NULL, *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
+    sqlite3_stmt *ins_ck = NULL;
     int rc = catalog_begin(c);
     if (rc) return rc;
     if (existed) *existed = false;
+    if (r->source_id && !ckpt_row_exists(c, r->source_id)) {
+        rc = ckpt_error_set(CKPT_ENOTFOUND,
+                            "checkpoint %lld (%s@%.12s, the source) was removed while this ran; nothing was stored",
+                            (long long)r->source_id, r->repo, r->commit);
+        catalog_rollback(c);
+        return rc;
+    }
     /* The same checkpoint committed meanwhile by another process (two runs of
      * one job): the first one stands; this one only points the ref at it. */
     int64_t prior = existing_id(c, r);
@@ -387,11 +461,6 @@ int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id,
     if (!rc) rc = catalog_prepare(c, &ins_ck,
                                   "INSERT INTO checkpoints(repo, revision, commit_sha, layout, source_id, lossy, "
                                   "total_size, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
-    if (!rc) rc = catalog_prepare(c, &ins_file,
-                                  "INSERT INTO files(checkpoint_id, path, size, sha256, blob, header) VALUES (?, ?, ?, ?, ?, ?)");
-    if (!rc) rc = catalog_prepare(c, &ins_tensor,
-                                  "INSERT INTO tensors(checkpoint_id, path, name, blob, recipe) VALUES (?, ?, ?, ?, ?)");
-    if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT OR IGNORE INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?)");
     if (!rc) {
         sqlite3_bind_text(ins_ck, 1, r->repo, -1, SQLITE_STATIC);
         sqlite3_bind_text(ins_ck, 2, r->revision, -1, SQLITE_STATIC);
@@ -405,32 +474,8 @@ int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id,
         rc = step_done(c, ins_ck, "insert checkpoint");
         *id = sqlite3_last_insert_rowid(c->db);
     }
-    for (size_t f = 0; !rc && f < r->nfiles; f++) {
-        const store_file_rec *fr = &r->files[f];
-        sqlite3_bind_int64(ins_file, 1, *id);
-        sqlite3_bind_text(ins_file, 2, fr->path, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(ins_file, 3, (int64_t)fr->size);
-        sqlite3_bind_text(ins_file, 4, fr->sha256, -1, SQLITE_STATIC);
-        if (fr->blob) sqlite3_bind_text(ins_file, 5, fr->blob, -1, SQLITE_STATIC);
-        if (fr->header) sqlite3_bind_blob(ins_file, 6, fr->header, (int)fr->header_len, SQLITE_STATIC);
-        rc = step_done(c, ins_file, "insert file");
-        if (!rc && fr->blob) rc = add_blob_ref(c, ins_ref, *id, fr->blob);
-        for (size_t i = 0; !rc && i < fr->ntensors; i++) {
-            const store_tensor_rec *t = &fr->tensors[i];
-            sqlite3_bind_int64(ins_tensor, 1, *id);
-            sqlite3_bind_text(ins_tensor, 2, fr->path, -1, SQLITE_STATIC);
-            sqlite3_bind_text(ins_tensor, 3, t->name, -1, SQLITE_STATIC);
-            if (t->blob) sqlite3_bind_text(ins_tensor, 4, t->blob, -1, SQLITE_STATIC);
-            if (t->recipe) sqlite3_bind_text(ins_tensor, 5, t->recipe, -1, SQLITE_STATIC);
-            rc = step_done(c, ins_tensor, "insert tensor");
-            if (!rc && t->blob) rc = add_blob_ref(c, ins_ref, *id, t->blob);
-            if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, *id, t->recipe);
-        }
-    }
     sqlite3_finalize(ins_ck);
-    sqlite3_finalize(ins_file);
-    sqlite3_finalize(ins_tensor);
-    sqlite3_finalize(ins_ref);
+    if (!rc) rc = insert_files(c, *id, r);
     if (!rc && !(r->layout && *r->layout)) rc = store_set_ref(s, r->repo, r->revision, *id);
     if (!rc) rc = store_leases_release(s);
     if (rc) {

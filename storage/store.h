@@ -125,6 +125,12 @@ void store_ckpt_rec_free(store_ckpt_rec *r);
  * commit, layout) was committed meanwhile, that one stands: *id is its id and
  * *existed (may be NULL) is set. */
 int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed);
+/* Adds the files of r (none of whose paths checkpoint id has) to checkpoint
+ * id, points the ref (r->repo, r->revision) at it and drops this process's
+ * leases, in one transaction (a fetch topping up a commit fetched with
+ * narrower --include patterns). The blobs must be published already. A
+ * checkpoint removed meanwhile is CKPT_ENOTFOUND, saying so. */
+int store_add_files(ckpt_store *s, int64_t id, const store_ckpt_rec *r);
 /* The id of (repo, commit, layout), or 0. */
 int store_find(ckpt_store *s, const char *repo, const char *commit, const char *layout, int64_t *id);
 /* Points ref (repo, name) at id. */

@@ -27,11 +27,17 @@ static bool writer_alive(int pid, int64_t start)
     return pid > 0 && store_proc_start_time(pid) == start;
 }
 
-/* "<kind>-<pid>-<start>..." from a tmp/ entry name; false when not ours. */
+/* "<kind>-<pid>-<start>..." from a tmp/ entry name (kind may hold dashes
+ * itself: "state-export-<pid>-<start>.tmp-..."); false when not ours. */
 static bool parse_temp_name(const char *name, int *pid, long long *start)
 {
-    const char *dash = strchr(name, '-');
-    return dash && sscanf(dash + 1, "%d-%lld", pid, start) == 2;
+    for (const char *dash = strchr(name, '-'); dash; dash = strchr(dash + 1, '-')) {
+        int used = 0;
+        if (sscanf(dash + 1, "%d-%lld%n", pid, start, &used) == 2 && *pid > 0 &&
+            (dash[1 + used] == '\0' || dash[1 + used] == '.' || dash[1 + used] == '-'))
+            return true;
+    }
+    return false;
 }
 
 static int drop_stale_leases(ckpt_store *s, uint64_t *dropped)

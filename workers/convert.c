@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/interrupt.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
@@ -286,15 +287,19 @@ int convert_commit_dst(const char *tmpdir, const char *dst, bool force)
         char *old = NULL;
         int rc = ckpt_tmpdir_create(dst, &old);
         if (rc) return rc;
+        /* An interrupt waits until the old output is back or the new one in place. */
+        ckpt_interrupt_hold();
         rmdir(old);
         if (rename(dst, old) < 0) {
             rc = ckpt_error_sys("%s: cannot move the old directory aside", dst);
+            ckpt_interrupt_release();
             free(old);
             return rc;
         }
         rc = ckpt_dir_commit(tmpdir, dst);
         if (rc) rename(old, dst);
-        else ckpt_rm_rf(old);
+        ckpt_interrupt_release();
+        if (!rc) ckpt_rm_rf(old);
         free(old);
         return rc;
     }

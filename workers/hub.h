@@ -6,13 +6,15 @@
  *   1. resolve the revision to a commit: GET {E}/api/models/{repo}/revision/{rev};
  *      every later request names that commit, so a push during the download
  *      cannot mix two revisions;
- *   2. when the store holds (repo, commit) already: point the revision at it
- *      and stop — nothing is downloaded;
- *   3. list the files: GET {E}/api/models/{repo}/tree/{commit}?recursive=true,
+ *   2. list the files: GET {E}/api/models/{repo}/tree/{commit}?recursive=true,
  *      every page (Link: <url>; rel="next"); every name is checked before
  *      anything is written (no "..", "." or empty segments, not absolute, no
  *      NUL or control characters, at most HUB_MAX_PATH bytes and
  *      HUB_MAX_SEGMENT per segment); the include/exclude globs pick files;
+ *   3. when the store holds (repo, commit) already: the files it has (by
+ *      path) are dropped from the pick; none left: point the revision at it
+ *      and stop, nothing is downloaded; else the rest is a top-up, added to
+ *      that checkpoint at step 6 (store_add_files) instead of a new one;
  *   4. download the picked files with hub_download: parallel Range requests
  *      on one libcurl multi handle, each byte written once, straight into the
  *      store's blob temp files in CKPT_HOME/tmp (named with store_tmp_base,
@@ -22,11 +24,24 @@
  *      tensor's blob; any other file is one blob;
  *   5. verify: every file's size; the sha256 of every LFS file against the
  *      tree's lfs.oid and the git blob id (sha1) of every other file against
- *      its oid. A mismatch (or a header that does not parse) downloads the
+ *      its oid (a tree entry with neither is refused when the tree is read:
+ *      nothing unverifiable is stored). A mismatch (or a header that does not parse) downloads the
  *      file once more; a second one fails the fetch naming the file;
  *   6. only then publish the blobs and commit the checkpoint, named by the
  *      commit, in one catalog transaction (store_blobs_publish,
- *      store_commit_checkpoint): nothing unverified enters the store.
+ *      store_commit_checkpoint, or store_add_files for a top-up): nothing
+ *      unverified enters the store.
+ *
+ * Bounds: the body of an error answer is read up to HUB_MAX_ERROR_BODY bytes,
+ * then the connection is cut (the status says enough; a server that sends an
+ * endless error body costs one attempt, not the fetch); an API answer is at
+ * most HUB_MAX_JSON_BYTES; the files picked must fit the space free in
+ * CKPT_HOME/tmp, checked before any piece is set up (a tree that declares
+ * 16 TiB files fails at once instead of allocating state for them); every
+ * request ends after CKPT_HUB_REQUEST_TIMEOUT seconds (default
+ * HUB_REQUEST_TIMEOUT_S; it is then retried like a dropped connection) and
+ * the whole fetch after CKPT_HUB_FETCH_TIMEOUT seconds (default: none), each
+ * a whole number of seconds, 0 meaning none.
  *
  * Robustness of each request: 408, 429 and 5xx answers and transport errors
  * are retried with exponential backoff (HUB_BACKOFF_* , with jitter) that
@@ -63,6 +78,8 @@
 #define HUB_MAX_SEGMENT 255
 #define HUB_MAX_FILES STORE_MAX_FILES
 #define HUB_MAX_JSON_BYTES (64u << 20) /* one API answer (a tree page) */
+#define HUB_MAX_ERROR_BODY (64u << 10) /* the body of an error answer: the rest is not read */
+#define HUB_REQUEST_TIMEOUT_S 1800     /* one request (a piece of HUB_DEFAULT_CHUNK bytes) */
 #define HUB_MAX_TREE_PAGES 10000
 #define HUB_MAX_REDIRECTS 10
 #define HUB_MAX_RETRIES 8  /* attempts of one request that make no progress */
@@ -82,10 +99,15 @@ typedef struct {
     int connections;
     uint64_t chunk_size;
     double backoff_s; /* first backoff step */
+    double request_timeout_s; /* one request; 0: none */
+    double fetch_timeout_s;   /* the whole fetch; 0: none */
+    double deadline;          /* ckpt_now() when the fetch must end; 0: none (hub_client_start) */
 } hub_client;
 
 /* Reads the environment (see above). */
 int hub_client_init(hub_client *h);
+/* Starts the whole-fetch clock (fetch_timeout_s from now). */
+void hub_client_start(hub_client *h);
 void hub_client_free(hub_client *h);
 
 /* One file of a tree listing. */

@@ -118,9 +118,53 @@ int hub_client_init(hub_client *h)
     const char *b = getenv("CKPT_HUB_BACKOFF_MS");
     uint64_t ms;
     if (b && ckpt_parse_u64(b, &ms) == 0 && ms <= 60000) h->backoff_s = (double)ms / 1000.0;
+    h->request_timeout_s = HUB_REQUEST_TIMEOUT_S;
+    static const char *const tvars[] = {"CKPT_HUB_REQUEST_TIMEOUT", "CKPT_HUB_FETCH_TIMEOUT"};
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(tvars[i]);
+        uint64_t sec;
+        if (!v || !*v) continue;
+        if (ckpt_parse_u64(v, &sec) < 0 || sec > 100u * 365 * 86400) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s='%.40s' is not a number of seconds", tvars[i], v);
+            hub_client_free(h);
+            return rc;
+        }
+        *(i ? &h->fetch_timeout_s : &h->request_timeout_s) = (double)sec;
+    }
+    hub_client_start(h);
     rc = token_from_env(h);
     if (rc) hub_client_free(h);
     return rc;
+}
+
+void hub_client_start(hub_client *h)
+{
+    h->deadline = h->fetch_timeout_s > 0 ? ckpt_now() + h->fetch_timeout_s : 0;
+}
+
+bool hub_past_deadline(const hub_client *h)
+{
+    return h->deadline > 0 && ckpt_now() >= h->deadline;
+}
+
+int hub_deadline_error(const hub_client *h, const char *what)
+{
+    return ckpt_error_set(CKPT_EIO,
+                          "%s: the fetch took longer than its limit of %.0f s "
+                          "(CKPT_HUB_FETCH_TIMEOUT); stopped",
+                          what, h->fetch_timeout_s);
+}
+
+int hub_easy_timeouts(const hub_client *h, CURL *e, const char *what)
+{
+    double t = h->request_timeout_s;
+    if (h->deadline > 0) {
+        double left = h->deadline - ckpt_now();
+        if (left <= 0) return hub_deadline_error(h, what);
+        if (t <= 0 || left < t) t = left;
+    }
+    if (t > 0) curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)(t * 1000) + 1);
+    return 0;
 }
 
 void hub_client_free(hub_client *h)
@@ -374,13 +418,20 @@ int hub_answer_error(const hub_client *h, long status, const hub_answer *a, cons
 typedef struct {
     char *data;
     size_t len, cap;
-    bool too_big;
+    bool too_big, error_cut;
+    CURL *e;
 } body_buf;
 
 static size_t body_cb(char *p, size_t size, size_t n, void *ctx)
 {
     body_buf *b = ctx;
     size_t len = size * n;
+    long status = 0;
+    curl_easy_getinfo(b->e, CURLINFO_RESPONSE_CODE, &status);
+    if (status >= 300 && b->len + len > HUB_MAX_ERROR_BODY) {
+        b->error_cut = true; /* the status says enough: stop reading */
+        return 0;
+    }
     if (b->len + len > HUB_MAX_JSON_BYTES) {
         b->too_big = true;
         return 0;
@@ -420,7 +471,7 @@ static int get_json(hub_client *h, const char *url0, const hub_what *w, json_t *
         return ckpt_error_set(CKPT_ENOMEM, "out of memory starting a request");
     }
     hub_answer a = {0};
-    body_buf b = {0};
+    body_buf b = {.e = e};
     int fails = 0, redirects = 0, rc = 0;
     char errbuf[CURL_ERROR_SIZE];
     for (;;) {
@@ -429,8 +480,12 @@ static int get_json(hub_client *h, const char *url0, const hub_what *w, json_t *
         struct curl_slist *hdrs = hub_request_headers(h, url, 0, 0);
         hub_answer_reset(&a);
         b.len = 0;
-        b.too_big = false;
+        b.too_big = b.error_cut = false;
         errbuf[0] = 0;
+        if ((rc = hub_easy_timeouts(h, e, w->repo))) {
+            curl_slist_free_all(hdrs);
+            break;
+        }
         curl_easy_setopt(e, CURLOPT_URL, url);
         curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
         curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, body_cb);
@@ -443,6 +498,11 @@ static int get_json(hub_client *h, const char *url0, const hub_what *w, json_t *
         curl_slist_free_all(hdrs);
         long status = 0;
         curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+        if (b.error_cut) res = CURLE_OK; /* the answer is its status */
+        if (res == CURLE_OPERATION_TIMEDOUT && hub_past_deadline(h)) {
+            rc = hub_deadline_error(h, w->repo);
+            break;
+        }
         if (b.too_big) {
             rc = ckpt_error_set(CKPT_ELIMIT, "%s: an API answer larger than %u bytes", w->repo,
                                 HUB_MAX_JSON_BYTES);
@@ -458,7 +518,12 @@ static int get_json(hub_client *h, const char *url0, const hub_what *w, json_t *
                          : hub_answer_error(h, status, &a, w);
                 break;
             }
-            hub_sleep(hub_backoff(h, fails, ra > 0 ? (double)ra : 0));
+            double wait = hub_backoff(h, fails, ra > 0 ? (double)ra : 0);
+            if (h->deadline > 0 && ckpt_now() + wait >= h->deadline) {
+                rc = hub_deadline_error(h, w->repo);
+                break;
+            }
+            hub_sleep(wait);
             continue;
         }
         if (status >= 300 && status < 400) {
@@ -622,6 +687,11 @@ static int add_entry(hub_tree *t, const json_t *e, const char *repo)
         memcpy(he->sha256, sha, 65);
         lower(he->sha256);
     }
+    if (!he->oid[0] && !he->sha256[0]) /* nothing to verify the download against */
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: tree entry '%s' has neither a git 'oid' nor an 'lfs' sha256: "
+                              "refusing to store a file that cannot be verified",
+                              repo, path);
     he->path = ckpt_strdup(path);
     if (!he->path) return CKPT_ENOMEM;
     t->n++;

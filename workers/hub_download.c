@@ -12,6 +12,13 @@
  * file becomes data pieces. A header that does not parse is treated like a
  * hash mismatch: the file is downloaded once more, then the fetch fails.
  *
+ * Bounds: before any piece is set up, the declared sizes must fit the space
+ * free in CKPT_HOME/tmp, so piece state (one piece per chunk) is bounded by
+ * real disk space, not by what a tree claims; an error answer's body is read
+ * up to HUB_MAX_ERROR_BODY, then the attempt is cut and counts as a failure;
+ * each attempt has the client's request timeout and the loop stops at the
+ * fetch's deadline.
+ *
  * Pieces: up to `connections` are in flight at once, each a Range request on
  * one libcurl multi handle; bodies are written with pwrite into the regions
  * they cover, never held whole in memory. A piece remembers how many bytes
@@ -55,6 +62,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define DL_HASH_STEP (8u << 20)
@@ -78,6 +86,7 @@ typedef struct {
     uint64_t got; /* bytes of [start, end) written */
     uint64_t attempt_got;
     uint64_t skip; /* a 200 body: bytes before start still to drop */
+    uint64_t error_body; /* bytes of an error answer's body read by this attempt */
     int fails, redirects;
     double not_before;
     char *url; /* after a redirect; NULL: the file's own URL */
@@ -695,7 +704,12 @@ static size_t write_cb(char *ptr, size_t size, size_t nmemb, void *ctx)
         p->checked = true;
         if (!check_answer(p)) return 0;
     }
-    if (!p->writing) return n; /* an error answer's body: its headers say enough */
+    if (!p->writing) { /* an error answer's body: its headers say enough */
+        p->error_body += n;
+        if (p->error_body <= HUB_MAX_ERROR_BODY) return n;
+        p->why = "an error answer with an endless body (cut)";
+        return 0;
+    }
     size_t off = 0;
     if (p->skip) {
         off = p->skip < n ? (size_t)p->skip : n;
@@ -740,7 +754,15 @@ static int start_piece(dl *d, dl_piece *p)
     p->why = NULL;
     p->attempt_got = p->got;
     p->skip = 0;
+    p->error_body = 0;
     p->curl_err[0] = 0;
+    int trc = hub_easy_timeouts(d->h, e, d->repo);
+    if (trc) {
+        curl_slist_free_all(p->hdrs);
+        p->hdrs = NULL;
+        d->pool[d->npool++] = e;
+        return trc;
+    }
     hub_answer_reset(&p->ans);
     p->easy = e;
     curl_easy_setopt(e, CURLOPT_URL, url);
@@ -1083,6 +1105,19 @@ static int setup(dl *d)
         if (!ckpt_add(d->total, f->e->size, &d->total))
             return ckpt_error_set(CKPT_ELIMIT, "%s: sizes overflow", d->repo);
     }
+    /* The bytes go to temp files in tmp/ before publishing: they must fit. */
+    struct statvfs sv;
+    if (statvfs(d->s->tmp_dir, &sv) == 0) {
+        uint64_t avail = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
+        if (d->total > avail) {
+            char a[32], b[32];
+            return ckpt_error_set(CKPT_ELIMIT,
+                                  "%s: the %zu files picked declare %s, more than the %s free in %s; "
+                                  "nothing was downloaded",
+                                  d->repo, d->nfiles, ckpt_format_size(d->total, a, sizeof a),
+                                  ckpt_format_size(avail, b, sizeof b), d->s->tmp_dir);
+        }
+    }
     d->npieces = slots;
     d->pieces = ckpt_calloc(slots + 1, sizeof *d->pieces);
     if (!d->pieces) return CKPT_ENOMEM;
@@ -1200,6 +1235,10 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
         take_verdicts(&d);
         if (d.fatal || d.verified == d.nfiles) break;
         double now = ckpt_now();
+        if (hub_past_deadline(h)) {
+            set_fatal(&d, hub_deadline_error(h, repo));
+            break;
+        }
         while (d.active < conns && !d.fatal && now >= d.hold_until) {
             dl_piece *p = next_piece(&d, now);
             if (!p) break;

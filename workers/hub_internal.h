@@ -50,6 +50,13 @@ struct curl_slist *hub_request_headers(const hub_client *h, const char *url, uin
 /* Options every request shares (no redirects followed by libcurl, http(s)
  * only, timeouts, no signals). */
 void hub_easy_defaults(CURL *e);
+/* Sets e's timeout: the per-request one, cut to what is left of the fetch's
+ * deadline; when that has passed, a CKPT_EIO error naming what. */
+int hub_easy_timeouts(const hub_client *h, CURL *e, const char *what);
+/* The error for a fetch whose deadline passed, naming what it was doing. */
+int hub_deadline_error(const hub_client *h, const char *what);
+/* True when the fetch's deadline has passed. */
+bool hub_past_deadline(const hub_client *h);
 /* 408, 429 and 5xx: worth retrying. */
 bool hub_status_transient(long status);
 /* Seconds to wait before retry number fails (1, 2, ...): exponential with

@@ -11,6 +11,7 @@
 #include "common/util.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
+#include <float.h>
 #include <math.h>
 #include <pcre2.h>
 #include <stdio.h>
@@ -251,6 +252,12 @@ static int module_scale(lora_adapter *a, lora_module *m, const char *what)
     m->rank = rv ? (uint64_t)json_integer_value(rv) : (uint64_t)a->r;
     m->alpha = av ? json_number_value(av) : a->alpha;
     m->scale = a->rslora ? m->alpha / sqrt((double)m->rank) : m->alpha / (double)m->rank;
+    if (!isfinite(m->scale) || fabs(m->scale) > FLT_MAX)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: module '%s': the scale lora_alpha / %s = %g / %llu does not fit "
+                              "a float32 (every merged weight would be inf)",
+                              what, m->module, a->rslora ? "sqrt(r)" : "r", m->alpha,
+                              (unsigned long long)m->rank);
     return 0;
 }
 

@@ -67,7 +67,9 @@
 #include <assert.h>
 #include <cblas.h>
 #include <fcntl.h>
+#include <float.h>
 #include <limits.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -483,6 +485,17 @@ static uint64_t item_bytes(const merge_engine *e, const merge_item *it)
     return it->nrows * ms->cols * ckpt_dtype_size(ms->dtype);
 }
 
+/* Values of a merged block that cannot be stored as dtype: not finite, or
+ * beyond its largest finite value (they would become inf). */
+static uint64_t count_unfit(const float *v, uint64_t n, ckpt_dtype dt)
+{
+    float max = dt == CKPT_DT_F16 ? 65504.0f : FLT_MAX; /* bf16's range is float32's */
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < n; i++)
+        bad += !isfinite(v[i]) || fabsf(v[i]) > max;
+    return bad;
+}
+
 static int run_block(merge_engine *e, const merge_item *it, uint8_t *raw, float *bbuf, float *cbuf,
                      double *gemm_s)
 {
@@ -495,9 +508,20 @@ static int run_block(merge_engine *e, const merge_item *it, uint8_t *raw, float 
     rc = ckpt_pread_full(it->src_fd, dst, (size_t)nbytes, it->src_off + off, it->src_path);
     if (!rc) {
         if (dt != CKPT_DT_F32) ckpt_convert(dt, raw, CKPT_DT_F32, cbuf, (size_t)n);
+        uint64_t before = count_unfit(cbuf, n, dt);
         double t0 = ckpt_now();
         block_gemm(ms, e->ad->fan_in_fan_out, it, bbuf, cbuf);
         *gemm_s += ckpt_now() - t0;
+        uint64_t after = count_unfit(cbuf, n, dt);
+        if (after > before)
+            rc = ckpt_error_set(CKPT_EINVAL,
+                                "module '%s': the merge overflows: %llu weights of rows %llu-%llu are inf or "
+                                "NaN (scale %g)",
+                                ms->m->module, (unsigned long long)(after - before),
+                                (unsigned long long)it->row0, (unsigned long long)(it->row0 + it->nrows - 1),
+                                (double)ms->scale);
+    }
+    if (!rc) {
         if (dt != CKPT_DT_F32) ckpt_convert(CKPT_DT_F32, cbuf, dt, raw, (size_t)n);
         rc = ckpt_pwrite_full(it->dst_fd, dst, (size_t)nbytes, it->dst_off + off, it->dst_path);
     }

@@ -44,12 +44,58 @@ static char *output_rel(const char *path, int rank)
     return ckpt_strdup(path);
 }
 
+/* The number of tp_rank_NN/ folders of a file list (0: not tensor-parallel):
+ * folders are numbered 00 .. n-1. */
+static int count_ranks(const store_file_row *rows, size_t n)
+{
+    int max = -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = rows[i].path;
+        if (strncmp(p, "tp_rank_", 8)) continue;
+        char *end;
+        long r = strtol(p + 8, &end, 10);
+        if (end != p + 8 && *end == '/' && r >= 0 && r < 100000 && r > max) max = (int)r;
+    }
+    return max + 1;
+}
+
+/* A rank must name one of the layout's tp_rank_NN/ folders. */
+static int rank_check(const store_file_row *rows, size_t n, int64_t id, int rank)
+{
+    if (rank < 0) return 0;
+    int ranks = count_ranks(rows, n);
+    if (ranks == 0)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "rank %d: checkpoint %lld is not tensor-parallel (no tp_rank_NN/ "
+                              "folders); pull it without a rank",
+                              rank, (long long)id);
+    if (rank >= ranks)
+        return ckpt_error_set(CKPT_EINVAL, "rank %d is out of range: checkpoint %lld has ranks 0-%d",
+                              rank, (long long)id, ranks - 1);
+    return 0;
+}
+
+int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank)
+{
+    store_file_row *rows;
+    size_t n;
+    int rc = store_files_load(s, c->id, &rows, &n);
+    if (rc) return rc;
+    rc = rank_check(rows, n, c->id, rank);
+    store_files_free(rows, n);
+    return rc;
+}
+
 static int load_files(pull_state *ps, int rank)
 {
     store_file_row *rows;
     size_t n;
     int rc = store_files_load(ps->s, ps->id, &rows, &n);
     if (rc) return rc;
+    if ((rc = rank_check(rows, n, ps->id, rank))) {
+        store_files_free(rows, n);
+        return rc;
+    }
     for (size_t i = 0; !rc && i < n; i++) {
         char *rel = output_rel(rows[i].path, rank);
         if (!rel) continue;
@@ -371,7 +417,24 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     memset(&ps, 0, sizeof ps);
     ps.s = s;
     ps.id = c->id;
-    int rc = load_files(&ps, o->rank);
+    /* Every catalog read of the plan in one read transaction (a WAL snapshot:
+     * writers are not blocked): a concurrent rm either happened before it (a
+     * clear error) or not at all as far as this pull is concerned. The bytes
+     * come from blobs, which only gc removes. */
+    int rc = catalog_exec(&s->cat, "SAVEPOINT materialize_read");
+    bool in_read = rc == 0;
+    if (!rc) {
+        sqlite3_stmt *st;
+        rc = catalog_prepare(&s->cat, &st, "SELECT 1 FROM checkpoints WHERE id = ?");
+        if (!rc) {
+            sqlite3_bind_int64(st, 1, c->id);
+            if (sqlite3_step(st) != SQLITE_ROW)
+                rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld (%s@%.12s%s%s) was removed before it could be read",
+                                    (long long)c->id, c->repo, c->commit, *c->layout ? ":" : "", c->layout);
+            sqlite3_finalize(st);
+        }
+    }
+    if (!rc) rc = load_files(&ps, o->rank);
     size_t total_tensors = 0;
     for (size_t i = 0; !rc && i < ps.nfiles; i++) {
         if (!ps.files[i].header) continue;
@@ -392,6 +455,7 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
         if (!ps.files[i].header) continue;
         rc = plan_file(&ps, &ps.files[i], &ps.exec.files[ps.exec.nfiles++]);
     }
+    if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
     if (!rc) rc = check_blobs_exist(&ps);
     char *tmp = NULL;
     if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);

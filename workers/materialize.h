@@ -14,13 +14,17 @@
 #include "storage/store.h"
 
 typedef struct {
-    int rank;      /* -1: all files; else only tp_rank_RR/ (written at the root) and top-level files */
+    int rank;      /* -1: all files; else only tp_rank_RR/ (written at the root) and top-level files;
+                      a rank the layout does not have is an error */
     bool force;    /* replace a non-empty destination */
     bool quiet;
     int threads;
 } materialize_opts;
 
 int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o);
+/* rank -1, or one of the checkpoint's tp_rank_NN/ folders; else CKPT_EINVAL
+ * (a checkpoint without such folders has no ranks). */
+int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank);
 
 /* Random access to one stored file, without materialising it: the header
  * from the catalog, tensor bytes from blobs or assembled from recipes. */

@@ -13,7 +13,11 @@
 #   written), a commit pushed between two requests (the fetch stays on the
 #   commit it resolved), missing repo/revision/file. A commit already in the
 #   store downloads nothing. Through the daemon, the token appears in no job
-#   argument, log or database file.
+#   argument, log or database file. Bounds: an endless body
+#   on an error answer (cut, retried, then given up), a file answer that
+#   stalls forever (the request timeout, then the fetch deadline, is the only
+#   way out), a tree declaring 16 TiB files (refused against free space before
+#   any download), a file with neither oid nor lfs (refused).
 # Run through run.sh (needs CKPT_BIN, CKPT_TESTHUB, E2E_WORK).
 set -euo pipefail
 
@@ -60,6 +64,9 @@ start_hub() {
 faults() { curl -sf -X POST --data-binary "$1" "$hubA_url/_testhub/faults" >/dev/null || fail "cannot set faults '$1'"; }
 lines() { wc -l <"$work/$1.log"; }
 
+# A ceiling no passing run comes near: a fetch that hangs fails the test
+# (exit 124) instead of blocking it.
+ceiling="timeout 300"
 n=0
 # fetch_ok WHAT [fetch options]: a fresh client home fetches org/tiny from hub A;
 # the stored checkpoint must equal the generated model file for file.
@@ -68,7 +75,7 @@ fetch_ok() {
     shift
     n=$((n + 1))
     export CKPT_HOME=$work/c$n
-    if ! HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny "$@" >"$work/out" 2>"$work/err"; then
+    if ! HF_ENDPOINT=$hubA_url $ceiling "$ckpt" fetch org/tiny "$@" >"$work/out" 2>"$work/err"; then
         fail "$what: fetch failed: $(cat "$work/err")"
     fi
     "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/pull.err" || fail "$what: pull: $(cat "$work/pull.err")"
@@ -84,7 +91,7 @@ fetch_fails() {
     shift 3
     n=$((n + 1))
     export CKPT_HOME=$work/c$n
-    HF_ENDPOINT=$hubA_url "$ckpt" fetch "$ref" "$@" >"$work/out" 2>"$work/err" || rc=$?
+    HF_ENDPOINT=$hubA_url $ceiling "$ckpt" fetch "$ref" "$@" >"$work/out" 2>"$work/err" || rc=$?
     [ "$rc" -eq 1 ] || fail "$what: exit $rc, expected 1; stderr: $(cat "$work/err")"
     grep -q -- "$pattern" "$work/err" || fail "$what: expected '$pattern' in: $(cat "$work/err")"
     [ -z "$("$ckpt" ls 2>/dev/null)" ] || fail "$what: something was stored: $("$ckpt" ls)"
@@ -109,8 +116,27 @@ export CKPT_HOME=$work/c$n
 HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "fetch again: $(cat "$work/err")"
 grep -q "in the store already" "$work/err" || fail "fetch of a stored commit: $(cat "$work/err")"
 [ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /resolve/ || true)" -eq 0 ] || fail "a stored commit downloaded files"
-[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /tree/ || true)" -eq 0 ] || fail "a stored commit listed the tree"
-note "a commit in the store: one revision request, nothing downloaded"
+[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /tree/ || true)" -eq 1 ] || fail "a stored commit did not list the tree once"
+note "a commit in the store: a revision and a tree request (is every file there?), nothing downloaded"
+
+# A narrower fetch, then a plain one: the second tops up the commit with what is missing.
+n=$((n + 1))
+export CKPT_HOME=$work/c$n
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny --include config.json >"$work/out" 2>"$work/err" || fail "fetch --include config.json: $(cat "$work/err")"
+"$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>&1 || fail "pull after fetch --include config.json"
+[ "$(ls "$work/pulled")" = config.json ] || fail "fetch --include config.json stored: $(ls "$work/pulled")"
+rm -rf "$work/pulled"
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "plain fetch after --include: $(cat "$work/err")"
+grep -q "is in the store with 1 of the .* files picked; fetching the other" "$work/err" || fail "no top-up: $(cat "$work/err")"
+"$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/pull.err" || fail "pull after the top-up: $(cat "$work/pull.err")"
+diff -r "$work/m1" "$work/pulled" >/dev/null || fail "after the top-up the stored commit differs from the original"
+rm -rf "$work/pulled"
+[ "$("$ckpt" ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] || fail "the top-up made a second checkpoint: $("$ckpt" ls)"
+"$ckpt" verify org/tiny@main >/dev/null 2>"$work/err" || fail "verify after the top-up: $(cat "$work/err")"
+HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "third fetch: $(cat "$work/err")"
+grep -q "in the store already" "$work/err" || fail "a complete commit fetched again: $(cat "$work/err")"
+[ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "the top-up left $(ls "$CKPT_HOME/tmp") in tmp/"
+note "fetch --include config.json, then fetch: the commit is topped up (one checkpoint, verify clean)"
 
 faults "drop=300000@2"
 fetch_ok "connection dropped after 300000 bytes (twice)" --connections 1 --chunk-size 1MiB
@@ -197,6 +223,29 @@ faults "flip=2000000@2,only=model-00001"
 fetch_fails "a flipped byte in both downloads" "model-00001-of-00002.safetensors: sha256 of the download" org/tiny
 faults "drop=1@1000"
 fetch_fails "a server that always drops after 1 byte" "giving up after" org/tiny --chunk-size 1MiB
+
+# ---- bounds: error bodies, stalls, deadlines, declared sizes, unverifiable files ----
+faults "endless=503@1"
+fetch_ok "an endless body on a 503 API answer (cut at 64 KiB, retried)"
+faults "endless:file=500@2"
+fetch_ok "an endless body on a 500 file answer (twice: cut, retried)" --chunk-size 1MiB
+faults "endless:file=500"
+fetch_fails "an endless body on every 500 file answer" "giving up after 9 attempts: the Hub answered 500" org/tiny
+faults "stall@1"
+CKPT_HUB_REQUEST_TIMEOUT=5 fetch_ok "a file answer that never sends a byte (the request timeout cuts it, retried)"
+grep -q "fault=stall" "$work/hubA.log" || fail "the stall fault did not fire"
+faults "stall"
+CKPT_HUB_FETCH_TIMEOUT=3 fetch_fails "every file answer stalls (the fetch deadline stops it)" \
+    "took longer than its limit of 3 s (CKPT_HUB_FETCH_TIMEOUT)" org/tiny
+CKPT_HUB_FETCH_TIMEOUT=x fetch_fails "a bad CKPT_HUB_FETCH_TIMEOUT" "CKPT_HUB_FETCH_TIMEOUT='x' is not a number of seconds" org/tiny
+faults "huge=20"
+start=$(lines hubA)
+fetch_fails "a tree declaring 20 more files of 16 TiB" "files picked declare .*, more than the .* free in" org/tiny
+[ "$(tail -n +$((start + 1)) "$work/hubA.log" | grep -c /resolve/ || true)" -eq 0 ] || fail "files were requested for a tree larger than the disk"
+faults "nohash"
+fetch_fails "config.json listed with neither oid nor lfs" \
+    "tree entry 'config.json' has neither a git 'oid' nor an 'lfs' sha256" org/tiny
+faults ""
 
 # ---- a fetch stopped mid-way leaves only temp files, which gc removes ----
 # Stopped (SIGKILL) at named crash points (CKPT_FAULT, common/fault.h): after

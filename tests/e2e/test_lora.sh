@@ -179,6 +179,13 @@ expect_error "has rank 4 but adapter_config.json says r = 5" $ckpt merge-lora ll
 bad --targets q_proj --set 'target_modules=["q_proj", "k_proj"]'
 expect_error "target_modules names 'model.layers.0.self_attn.k_proj' of the base, but the adapter has no" $ckpt merge-lora llama bad dst_bad
 expect_error "no adapter_config.json here" $ckpt merge-lora llama llama dst_bad
+# a scale beyond float32 (every merged weight would be inf), and a merge whose
+# results overflow the base's f16: errors naming the module, no DST
+bad --targets q_proj --set 'lora_alpha=1e308'
+expect_error "module 'model.layers.0.self_attn.q_proj': the scale lora_alpha / r = 1e+308 / 4 does not fit a float32" $ckpt merge-lora llama bad dst_bad
+rm -rf bad && $gen qwen16 bad --targets q_proj --rank 4 --alpha 1e12
+expect_error "module 'model.layers.0.self_attn.q_proj': the merge overflows" $ckpt merge-lora qwen16 bad dst_bad
+rm -rf bad
 expect_status 1 $ckpt merge-lora llama ad merged
 grep -q "merged is not empty (use --force to replace it)" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
 check merge llama ad merged
@@ -276,6 +283,13 @@ rules = [{"op": "lora_merge", "adapter": "ads", "scale": 0.5},
 json.dump({"layout": "twice", "rules": rules}, open("twice.json", "w"))
 '
 $ckpt convert qs qs.rule --rules rules.json
+# --rules decides the layout, tp and dtype: the options next to it are refused, not dropped
+for opt in "--layout neuron" "--tp 2" "--dtype bf16"; do
+    # shellcheck disable=SC2086 # opt is an option and its value
+    expect_status 2 $ckpt convert qs qs.both --rules rules.json $opt
+    grep -qF -- "--rules FILE cannot be combined with ${opt% *}" "$work/err" || fail "--rules with $opt: $(cat "$work/err")"
+    [ ! -e qs.both ] || fail "--rules with $opt wrote qs.both"
+done
 $ckpt convert qs qs.opt "${LAYOUT[@]}" --lora ads --lora-scale 0.5
 grep -q '"zero": true' qs.rule/ckpt-layout.json || fail "the layout of section 6 has no padding"
 for r in tp_rank_00 tp_rank_01; do

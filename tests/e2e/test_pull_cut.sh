@@ -173,5 +173,19 @@ for rev in "$commit.neuron-tp4" neuron-tp4; do
     grep -q "resolve/$rev/tp_rank_00/model.safetensors .*fault=drop" "$W/hub.log" || fail "revision $rev: no drop in the log"
 done
 note "test hub: drop fired for <commit>.neuron-tp4 and neuron-tp4"
+# archive.tar?rank=R: a rank the layout lacks, a rank that is not a number and
+# any rank of a checkpoint without ranks are 400 answers naming the problem.
+while IFS='|' read -r ref query want; do
+    code=$(curl -s -o "$W/rank.out" -w '%{http_code}' "$HURL/v1/checkpoints/$ref/archive.tar?$query")
+    [ "$code" = 400 ] && grep -q "$want" "$W/rank.out" || fail "$ref archive.tar?$query: $code $(head -c 300 "$W/rank.out")"
+done <<'RANKS'
+Qwen%2Fodd@main:neuron-tp4|rank=4|rank 4 is out of range: checkpoint [0-9]* has ranks 0-3
+Qwen%2Fodd@main:neuron-tp4|rank=x|rank 'x' is not a number
+Qwen%2Fodd@main|rank=0|is not tensor-parallel
+RANKS
+code=$(curl -s -o "$W/rank.out" -w '%{http_code}' "$HURL/v1/checkpoints/Qwen%2Fodd@main:neuron-tp4/archive.tar?rank=3")
+[ "$code" = 200 ] && tar -tf "$W/rank.out" | grep -q '^model.safetensors$' || fail "archive.tar?rank=3: $code"
+rm -f "$W/rank.out"
+note "test hub: archive.tar?rank= out of range, not a number, on an original: 400"
 stop "$HPID"
 echo "pull --server with cut connections: ok"

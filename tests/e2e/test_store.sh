@@ -296,6 +296,13 @@ same_tree "$M/qwen2-sharded" "$work/c" "pull --consolidated --format tar"
 rm -rf "$work/c" "$work/c.tar"
 expect_status 1 "$ckpt" convert t/qwen2-sharded:fused-tp4 --layout neuron --tp 2
 expect_status 1 "$ckpt" pull t/qwen2-sharded:neuron-tp3 -o "$work/pull"
+# --rank names one of the layout's ranks; an original has none
+expect_status 1 "$ckpt" pull t/qwen2-sharded:neuron-tp4 --rank 4 -o "$work/pull"
+grep -q "rank 4 is out of range: checkpoint [0-9]* has ranks 0-3" "$work/err" || fail "pull --rank 4 of tp4: $(cat "$work/err")"
+[ ! -e "$work/pull" ] || fail "pull --rank 4 of tp4 made $work/pull"
+expect_status 1 "$ckpt" pull t/qwen2-sharded@main --rank 0 -o "$work/pull"
+grep -q "is not tensor-parallel" "$work/err" || fail "pull --rank 0 of an original: $(cat "$work/err")"
+[ ! -e "$work/pull" ] || fail "pull --rank 0 of an original made $work/pull"
 tmp_empty "converts"
 expect_status 0 "$ckpt" verify t/qwen2-sharded:neuron-tp4
 expect_status 0 "$ckpt" verify t/mixtral-sharded

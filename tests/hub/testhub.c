@@ -32,6 +32,11 @@
  *                   ("../../evil", the default), abs ("/tmp/evil"), nul, ctrl, long
  *   push=DIR        after the next revision answer, import DIR as that repo's
  *                   main (a new commit pushed between two requests)
+ *   endless=STATUS  any Hub request: answer STATUS with a body that never ends
+ *   endless:file=STATUS   the same, for file downloads (resolve) only
+ *   stall           file bodies: the headers, then not one byte, ever
+ *   huge=N          the tree lists N more files "huge-K.safetensors" of 16 TiB each
+ *   nohash          the tree lists config.json with neither 'oid' nor 'lfs'
  *
  * The file faults hit any revision the daemon's Hub API serves: names given
  * at import, commits, and converted layouts ("neuron-tp8", "<commit>.<layout>"
@@ -80,6 +85,10 @@ typedef struct {
     char push_dir[1024];
     char only[256];
     int slow_ms;
+    int endless_status, endless_n;
+    bool endless_file;
+    int stall_n, huge;
+    bool nohash;
 } faults;
 
 static struct {
@@ -168,6 +177,14 @@ static int parse_faults(const char *spec, faults *f)
             snprintf(f->only, sizeof f->only, "%s", val);
         else if (!strcmp(item, "slow"))
             f->slow_ms = atoi(val);
+        else if (!strcmp(item, "endless"))
+            f->endless_status = atoi(val), f->endless_n = count, f->endless_file = file_only;
+        else if (!strcmp(item, "stall"))
+            f->stall_n = count;
+        else if (!strcmp(item, "huge"))
+            f->huge = atoi(val);
+        else if (!strcmp(item, "nohash"))
+            f->nohash = true;
         else
             return ckpt_error_set(CKPT_EINVAL, "unknown fault '%s'", item);
     }
@@ -218,6 +235,76 @@ static enum MHD_Result send_evil_tree(struct MHD_Connection *c, const char *kind
         "\"size\":5,\"path\":\"%s\"}]",
         name);
     return body ? http_send_text(c, 200, "application/json", body) : MHD_NO;
+}
+
+/* An endless body ('x' forever), or one that never sends a byte (stall):
+ * either ends only when the client goes away or the hub stops. */
+static ssize_t endless_cb(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    if (stop) return MHD_CONTENT_READER_END_WITH_ERROR;
+    if (cls) { /* stall */
+        usleep(50000);
+        return 0;
+    }
+    size_t n = max < TH_CHUNK ? max : TH_CHUNK;
+    memset(buf, 'x', n);
+    return (ssize_t)n;
+}
+
+static enum MHD_Result send_endless(struct MHD_Connection *c, unsigned code, bool stall)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, TH_CHUNK, endless_cb, stall ? &hub : NULL, NULL);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", stall ? "application/octet-stream" : "text/plain");
+    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* The repo's own tree with faults applied: config.json without oid/lfs
+ * (nohash), n files of 16 TiB appended (huge). */
+static enum MHD_Result send_tree_fault(struct MHD_Connection *c, const char *url)
+{
+    /* The tree the daemon's API would send (one page), built from the store here. */
+    char repo[512], commit[128];
+    const char *p = url + 12, *t = strstr(url, "/tree/");
+    if (!t || (size_t)(t - p) >= sizeof repo) return http_send_error(c, 404, "bad tree url", NULL, NULL);
+    snprintf(repo, sizeof repo, "%.*s", (int)(t - p), p);
+    snprintf(commit, sizeof commit, "%.*s", (int)strcspn(t + 6, "?/"), t + 6);
+    store_ckpt ck;
+    char sha[41];
+    if (!store_http_resolve_rev(&hub.store, repo, commit, &ck, sha))
+        return http_send_error(c, 404, "no such revision", "RevisionNotFound", NULL);
+    json_t *list = json_array();
+    store_file_row *rows;
+    size_t n;
+    if (store_files_load(&hub.store, ck.id, &rows, &n) == 0) {
+        for (size_t i = 0; i < n; i++) {
+            bool st = strlen(rows[i].path) > 12 && !strcmp(rows[i].path + strlen(rows[i].path) - 12, ".safetensors");
+            json_t *e = json_pack("{s:s,s:s,s:I}", "type", "file", "path", rows[i].path, "size",
+                                  (json_int_t)rows[i].size);
+            if (st)
+                json_object_set_new(e, "lfs", json_pack("{s:s,s:I}", "oid", rows[i].sha256, "size",
+                                                        (json_int_t)rows[i].size));
+            else if (!(hub.f.nohash && !strcmp(rows[i].path, "config.json")))
+                json_object_set_new(e, "oid", json_string("0000000000000000000000000000000000000000"));
+            json_array_append_new(list, e);
+        }
+        store_files_free(rows, n);
+    }
+    for (int k = 0; k < hub.f.huge; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "huge-%d.safetensors", k);
+        json_array_append_new(
+            list, json_pack("{s:s,s:s,s:I,s:{s:s,s:I}}", "type", "file", "path", name, "size",
+                            (json_int_t)(1ll << 44), "lfs", "oid",
+                            "0000000000000000000000000000000000000000000000000000000000000000", "size",
+                            (json_int_t)(1ll << 44)));
+    }
+    store_ckpt_free(&ck);
+    return http_send_json(c, 200, list);
 }
 
 typedef struct {
@@ -433,6 +520,10 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
         logf_("%s fault=503", line);
         return send_status(c, 503, NULL, "Service Unavailable", 0);
     }
+    if (hub_call && f->endless_status && (file_call || !f->endless_file) && fire(&f->endless_n)) {
+        logf_("%s fault=endless", line);
+        return send_endless(c, (unsigned)f->endless_status, false);
+    }
     if (hub_call && *f->token && !token_ok) {
         logf_("%s fault=token", line);
         return auth ? send_status(c, 401, NULL, "Invalid credentials in Authorization header", 0)
@@ -448,8 +539,16 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
         logf_("%s fault=evil", line);
         return send_evil_tree(c, f->evil);
     }
+    if ((f->huge || f->nohash) && !strncmp(url, "/api/models/", 12) && strstr(url, "/tree/")) {
+        logf_("%s fault=%s", line, f->huge ? "huge" : "nohash");
+        return send_tree_fault(c, url);
+    }
     bool resolve = !strcmp(method, "GET") &&
                    split_resolve(url, repo, sizeof repo, rev, sizeof rev, path, sizeof path);
+    if (resolve && fire(&f->stall_n)) {
+        logf_("%s fault=stall", line);
+        return send_endless(c, 200, true);
+    }
     if (resolve && f->redirect_port && fire(&f->redirect_n)) {
         logf_("%s fault=redirect", line);
         char *loc = ckpt_sprintf("http://127.0.0.1:%d%s", f->redirect_port, url);

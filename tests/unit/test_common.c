@@ -310,6 +310,43 @@ static void test_tmpdir_commit(void **state)
     free(target);
 }
 
+/* A temp folder names its writer; a dead writer's is removed by the next
+ * ckpt_tmpdir_create for the same target, a live one's is kept. */
+static void test_tmpdir_stale(void **state)
+{
+    const char *dir = *state;
+    char *target = join(dir, "out");
+    char *tmp = NULL;
+    assert_int_equal(ckpt_tmpdir_create(target, &tmp), 0);
+    int pid;
+    int64_t start;
+    assert_true(ckpt_tmp_name_writer(tmp + strlen(target) + 5, &pid, &start));
+    assert_int_equal(pid, (int)getpid());
+    assert_true(start == ckpt_proc_start_time((int)getpid()) && start > 0);
+    assert_false(ckpt_tmp_name_writer("XXXXXX", &pid, &start)); /* an old-style name: not parsed */
+    /* A dead writer: a start time this pid never had. */
+    char *dead = ckpt_sprintf("%s.tmp-%d-%lld-abcdef", target, (int)getpid(), (long long)start + 12345);
+    assert_int_equal(mkdir(dead, 0755), 0);
+    char *inner = join(dead, "model.safetensors");
+    assert_int_equal(ckpt_write_file_atomic(inner, "x", 1), 0);
+    char *old_style = ckpt_sprintf("%s.tmp-Qx12ab", target);
+    assert_int_equal(mkdir(old_style, 0755), 0);
+    char *tmp2 = NULL;
+    assert_int_equal(ckpt_tmpdir_create(target, &tmp2), 0);
+    assert_false(ckpt_exists(dead));     /* its writer is gone */
+    assert_true(ckpt_is_dir(tmp));       /* this process: alive */
+    assert_true(ckpt_is_dir(old_style)); /* no writer in the name: left alone */
+    assert_int_equal(ckpt_rm_rf(tmp), 0);
+    assert_int_equal(ckpt_rm_rf(tmp2), 0);
+    assert_int_equal(ckpt_rm_rf(old_style), 0);
+    free(tmp);
+    free(tmp2);
+    free(inner);
+    free(dead);
+    free(old_style);
+    free(target);
+}
+
 static void test_rm_rf(void **state)
 {
     const char *dir = *state;
@@ -468,7 +505,8 @@ int main(void)
         cmocka_unit_test(test_parse_size),          cmocka_unit_test(test_parse_u64),
         SCRATCH_TEST(test_atomic_commit),           SCRATCH_TEST(test_atomic_abort),
         SCRATCH_TEST(test_atomic_open_missing_dir), SCRATCH_TEST(test_read_file_limits),
-        SCRATCH_TEST(test_tmpdir_commit),           SCRATCH_TEST(test_rm_rf),
+        SCRATCH_TEST(test_tmpdir_commit),           SCRATCH_TEST(test_tmpdir_stale),
+        SCRATCH_TEST(test_rm_rf),
         cmocka_unit_test(test_sha256_vectors),      SCRATCH_TEST(test_sha256_files),
         cmocka_unit_test(test_error_convention),    cmocka_unit_test(test_checked_arithmetic),
     };
