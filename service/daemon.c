@@ -130,7 +130,24 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
         signal(SIGINT, SIG_DFL);
         char id[32];
         snprintf(id, sizeof id, "%lld", (long long)w->id);
-        execl(d->exe, d->exe, "worker", "--job", id, "--home", d->store.home, (char *)NULL);
+        /* The allowed roots go on the command line: the worker checks the
+         * paths of an HTTP job again, when it runs. */
+        size_t nroots = 0;
+        while (d->o->allow_roots && d->o->allow_roots[nroots]) nroots++;
+        char **av = calloc(2 * nroots + 8, sizeof *av);
+        if (!av) _exit(71);
+        size_t k = 0;
+        av[k++] = d->exe;
+        av[k++] = "worker";
+        av[k++] = "--job";
+        av[k++] = id;
+        av[k++] = "--home";
+        av[k++] = (char *)d->store.home;
+        for (size_t r = 0; r < nroots; r++) {
+            av[k++] = "--allow-path";
+            av[k++] = d->o->allow_roots[r];
+        }
+        execv(d->exe, av);
         _exit(71);
     }
     setpgid(pid, pid);
@@ -372,7 +389,9 @@ int daemon_run(const daemon_opts *o)
     d.slots = ckpt_calloc((size_t)o->workers + 1, sizeof *d.slots);
     http_api *api = NULL;
     if (!d.owner || !d.slots) rc = CKPT_ENOMEM;
-    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home, .running_workers = &d.running};
+    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home,
+                        .running_workers = &d.running, .allow_roots = o->allow_roots,
+                        .per_ip = o->per_ip, .idle_timeout = o->idle_timeout};
     if (!rc && child_pipe[0] < 0 && pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK) < 0) rc = ckpt_error_sys("pipe");
     if (!rc && !o->no_http) rc = http_api_start(&api, &ho);
     if (rc) {
