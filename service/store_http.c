@@ -4,6 +4,8 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
+#include "common/sha256.h"
 #include "common/util.h"
 #include "service/http_util.h"
 #include "storage/archive.h"
@@ -11,6 +13,7 @@
 #include "workers/materialize.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -255,6 +258,78 @@ static void git_oid(const void *data, size_t len, char out[41])
     for (unsigned i = 0; i < 20 && i < n; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
+/* git oids of non-LFS files by content sha256: a file's bytes never change
+ * under its sha256, so each blob is hashed once per daemon, not on every
+ * tree, paths-info and resolve call. Direct-mapped on the sha256's first
+ * hex digits; a collision just hashes again. */
+#define OID_CACHE_SLOTS 4096
+static struct {
+    char sha256[65];
+    char oid[41];
+} oid_cache[OID_CACHE_SLOTS];
+static pthread_mutex_t oid_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t oid_slot(const char *sha256)
+{
+    char head[5];
+    snprintf(head, sizeof head, "%.4s", sha256);
+    return (size_t)strtoul(head, NULL, 16) % OID_CACHE_SLOTS;
+}
+
+static bool oid_cached(const char *sha256, char out[41])
+{
+    size_t i = oid_slot(sha256);
+    pthread_mutex_lock(&oid_cache_mu);
+    bool hit = !strcmp(oid_cache[i].sha256, sha256);
+    if (hit) memcpy(out, oid_cache[i].oid, 41);
+    pthread_mutex_unlock(&oid_cache_mu);
+    return hit;
+}
+
+static void oid_remember(const char *sha256, const char oid[41])
+{
+    size_t i = oid_slot(sha256);
+    pthread_mutex_lock(&oid_cache_mu);
+    snprintf(oid_cache[i].sha256, sizeof oid_cache[i].sha256, "%s", sha256);
+    memcpy(oid_cache[i].oid, oid, 41);
+    pthread_mutex_unlock(&oid_cache_mu);
+}
+
+/* git's blob id of a stored blob, read in pieces (no lock held). */
+static int blob_git_oid(const char *path, uint64_t size, char out[41])
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ckpt_error_sys("%s: open", path);
+    char head[64];
+    int hn = snprintf(head, sizeof head, "blob %llu", (unsigned long long)size) + 1;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    char *buf = ckpt_malloc(STORE_HTTP_CHUNK);
+    int rc = ctx && buf ? 0 : CKPT_ENOMEM;
+    if (!rc) {
+        EVP_DigestInit_ex(ctx, EVP_sha1(), NULL);
+        EVP_DigestUpdate(ctx, head, (size_t)hn);
+    }
+    uint64_t left = size;
+    while (!rc && left) {
+        ssize_t n = read(fd, buf, left < STORE_HTTP_CHUNK ? (size_t)left : STORE_HTTP_CHUNK);
+        if (n < 0) rc = ckpt_error_sys("%s: read", path);
+        else if (n == 0) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: shorter than its catalog size", path);
+        else {
+            EVP_DigestUpdate(ctx, buf, (size_t)n);
+            left -= (uint64_t)n;
+        }
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdn = 0;
+    if (ctx) EVP_DigestFinal_ex(ctx, md, &mdn);
+    if (!rc)
+        for (unsigned i = 0; i < 20 && i < mdn; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    EVP_MD_CTX_free(ctx);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
 static void file_oid(ckpt_store *s, const store_file_row *f, char out[41])
 {
     char ptr[256];
@@ -263,11 +338,10 @@ static void file_oid(ckpt_store *s, const store_file_row *f, char out[41])
         git_oid(ptr, strlen(ptr), out);
         return;
     }
-    char *path = store_blob_path(s, f->blob), *text = NULL;
-    size_t len = 0;
-    if (path && ckpt_read_file(path, INLINE_OID_MAX, &text, &len) == 0) git_oid(text, len, out);
+    if (oid_cached(f->sha256, out)) return;
+    char *path = store_blob_path(s, f->blob);
+    if (path && blob_git_oid(path, f->size, out) == 0) oid_remember(f->sha256, out);
     else git_oid("", 0, out);
-    free(text);
     free(path);
 }
 
@@ -636,69 +710,203 @@ static json_t *ckpt_json(const store_ckpt *c)
     return j;
 }
 
+/* ---- archive.tar ---- */
+
+/* The tar is written by a thread into a pipe that the response reads: files
+ * come straight from the store's readers (nothing staged on disk) and a slow
+ * client just makes the writer wait. Every file is hashed on the way and
+ * compared with the catalog. A failure found before the answer starts is an
+ * error status; one found after it aborts the connection (no final chunk),
+ * so a client sees a truncated transfer, never a clean 200. */
 typedef struct {
     char *home;
-    int64_t id;
-    int rank;
+    store_ckpt c;
     bool zstd;
-    int fd;
-    char *tmp;
+    int fd; /* the pipe's write end; closed by the writer when it ends */
+    ckpt_archive_entry *e; /* output names (rank files at the root) */
+    char **paths;          /* stored paths */
+    char (*sha)[65];
+    size_t n;
+    int rc; /* the writer's outcome, read after joining it */
+    /* the writer's state */
+    ckpt_store s;
+    store_file_reader *r;
+    size_t r_i;
+    ckpt_sha256 h;
 } tar_job;
 
-/* The tar is produced by a thread writing into a pipe that libmicrohttpd
- * reads: the archive is never held whole, and a slow client just makes the
- * writer wait. The checkpoint is assembled in a temp folder first (pull). */
+typedef struct {
+    tar_job *t;
+    int rfd;
+    pthread_t th;
+    bool joined;
+} tar_stream;
+
+static void tar_job_free(tar_job *t)
+{
+    for (size_t i = 0; i < t->n; i++) {
+        free((char *)t->e[i].name);
+        free(t->paths[i]);
+    }
+    free(t->e);
+    free(t->paths);
+    free(t->sha);
+    store_ckpt_free(&t->c);
+    free(t->home);
+    free(t);
+}
+
+static int tar_read(void *ctx, size_t i, uint64_t off, void *buf, size_t len)
+{
+    tar_job *t = ctx;
+    int rc = 0;
+    if (!t->r || t->r_i != i) {
+        store_file_close(t->r);
+        t->r = NULL;
+        if ((rc = store_file_open(&t->r, &t->s, &t->c, t->paths[i]))) return rc;
+        t->r_i = i;
+        ckpt_sha256_free(&t->h);
+        if ((rc = ckpt_sha256_init(&t->h))) return rc;
+    }
+    if ((rc = store_file_read(t->r, off, buf, len))) return rc;
+    ckpt_sha256_update(&t->h, buf, len);
+    if (off + len == t->e[i].size) {
+        char hex[65];
+        rc = ckpt_sha256_final_hex(&t->h, hex);
+        if (!rc && strcmp(hex, t->sha[i]))
+            rc = ckpt_error_set(CKPT_ECORRUPT, "'%s': the stored bytes do not match their sha256", t->paths[i]);
+    }
+    return rc;
+}
+
 static void *tar_writer(void *arg)
 {
     tar_job *t = arg;
-    materialize_opts mo = {.rank = t->rank, .force = true, .quiet = true};
-    char fdpath[32];
-    snprintf(fdpath, sizeof fdpath, "/dev/fd/%d", t->fd);
-    ckpt_store s; /* its own connection: this thread outlives the request */
-    store_ckpt c;
-    if (store_open(&s, t->home) == 0) {
-        if (store_get(&s, t->id, &c) == 0) {
-            if (store_materialize(&s, &c, t->tmp, &mo) == 0) ckpt_archive_write_tree(t->tmp, fdpath, t->zstd);
-            store_ckpt_free(&c);
-        }
-        store_close(&s);
+    t->rc = store_open(&t->s, t->home); /* its own connection: the request's goes back to the pool */
+    if (!t->rc) {
+        t->rc = ckpt_archive_write_entries(t->fd, t->zstd, t->e, t->n, t->c.created_at, tar_read, t);
+        store_file_close(t->r);
+        t->r = NULL;
+        ckpt_sha256_free(&t->h); /* a file the error cut short */
+        store_close(&t->s);
     }
+    if (t->rc) ckpt_warn("archive of checkpoint %lld: %s", (long long)t->c.id, ckpt_error_last());
     close(t->fd);
-    ckpt_rm_rf(t->tmp);
-    free(t->tmp);
-    free(t->home);
-    free(t);
     return NULL;
+}
+
+static ssize_t tar_stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    tar_stream *ts = cls;
+    ssize_t n;
+    do n = read(ts->rfd, buf, max);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) return n;
+    if (!ts->joined) {
+        pthread_join(ts->th, NULL);
+        ts->joined = true;
+    }
+    return n == 0 && ts->t->rc == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void tar_stream_free(void *cls)
+{
+    tar_stream *ts = cls;
+    close(ts->rfd); /* a writer still at work gets EPIPE and stops */
+    if (!ts->joined) pthread_join(ts->th, NULL);
+    tar_job_free(ts->t);
+    free(ts);
+}
+
+/* Fills t with the files of the archive (rank: only tp_rank_RR/, at the
+ * root, and top-level files) and checks each can be read, so that what can
+ * be known before the first byte is an error status. */
+static int tar_plan(ckpt_store *s, tar_job *t, const char *rank_text, unsigned *status)
+{
+    *status = 400;
+    long rank = -1;
+    if (rank_text) {
+        char *end;
+        rank = strtol(rank_text, &end, 10);
+        if (end == rank_text || *end || rank < 0 || rank > 1023)
+            return ckpt_error_set(CKPT_EINVAL, "rank '%s' is not a number 0..1023", rank_text);
+    }
+    store_file_row *rows;
+    size_t n;
+    *status = 500;
+    int rc = store_files_load(s, t->c.id, &rows, &n);
+    if (rc) return rc;
+    long ntp = 0;
+    for (size_t i = 0; i < n; i++) {
+        int r;
+        if (sscanf(rows[i].path, "tp_rank_%d/", &r) == 1 && r + 1 > ntp) ntp = r + 1;
+    }
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tp_rank_%02ld/", rank);
+    if (rank >= 0 && ntp == 0)
+        rc = ckpt_error_set(CKPT_EINVAL, "rank %ld: this checkpoint is not a tensor-parallel layout", rank);
+    else if (rank >= ntp && rank >= 0)
+        rc = ckpt_error_set(CKPT_EINVAL, "rank %ld is out of range: the layout has ranks 0..%ld", rank, ntp - 1);
+    if (rc) *status = 400;
+    t->e = rc ? NULL : ckpt_calloc(n + 1, sizeof *t->e);
+    t->paths = rc ? NULL : ckpt_calloc(n + 1, sizeof *t->paths);
+    t->sha = rc ? NULL : ckpt_calloc(n + 1, sizeof *t->sha);
+    if (!rc && (!t->e || !t->paths || !t->sha)) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        const char *p = rows[i].path, *out = p;
+        if (rank >= 0) {
+            if (!strncmp(p, prefix, strlen(prefix))) out = p + strlen(prefix);
+            else if (strchr(p, '/')) continue;
+        }
+        t->e[t->n] = (ckpt_archive_entry){.name = ckpt_strdup(out), .size = rows[i].size};
+        t->paths[t->n] = ckpt_strdup(p);
+        memcpy(t->sha[t->n], rows[i].sha256, sizeof t->sha[t->n]);
+        t->n++;
+        if (!t->e[t->n - 1].name || !t->paths[t->n - 1]) rc = CKPT_ENOMEM;
+        store_file_reader *r;
+        if (!rc && (rc = store_file_open(&r, s, &t->c, p)) == 0) store_file_close(r);
+    }
+    store_files_free(rows, n);
+    return rc;
 }
 
 static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, const store_ckpt *ck, bool zstd)
 {
-    const char *rank = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0) return http_send_error(c, 500, "cannot make a pipe", NULL, NULL);
-    tar_job *t = calloc(1, sizeof *t);
-    char *base = store_tmp_base(s, "serve");
-    if (!t || !base || ckpt_tmpdir_create(base, &t->tmp) < 0) {
-        free(base);
-        free(t);
-        close(p[0]);
-        close(p[1]);
-        return http_send_error(c, 500, ckpt_error_last(), NULL, NULL);
+    tar_job *t = ckpt_calloc(1, sizeof *t);
+    tar_stream *ts = ckpt_calloc(1, sizeof *ts);
+    unsigned status = 500;
+    int rc = t && ts ? 0 : CKPT_ENOMEM;
+    if (!rc) {
+        t->zstd = zstd;
+        t->fd = -1;
+        t->home = ckpt_strdup(s->home);
+        rc = t->home ? store_get(s, ck->id, &t->c) : CKPT_ENOMEM;
     }
-    free(base);
-    t->home = ckpt_strdup(s->home);
-    t->id = ck->id;
-    t->rank = rank ? atoi(rank) : -1;
-    t->zstd = zstd;
-    t->fd = p[1];
-    pthread_t th;
-    if (pthread_create(&th, NULL, tar_writer, t)) {
-        close(p[0]);
-        close(p[1]);
-        return http_send_error(c, 500, "cannot start a writer", NULL, NULL);
+    if (!rc) rc = tar_plan(s, t, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank"), &status);
+    int p[2] = {-1, -1};
+    if (!rc && pipe2(p, O_CLOEXEC) < 0) rc = ckpt_error_sys("pipe");
+    if (!rc) {
+        t->fd = p[1];
+        ts->t = t;
+        ts->rfd = p[0];
+        if (pthread_create(&ts->th, NULL, tar_writer, t)) {
+            close(p[0]);
+            close(p[1]);
+            rc = ckpt_error_set(CKPT_EIO, "cannot start an archive writer");
+        }
     }
-    pthread_detach(th);
-    struct MHD_Response *resp = MHD_create_response_from_pipe(p[0]);
+    if (rc) {
+        enum MHD_Result ret = http_send_error(c, status, ckpt_error_last(), NULL, NULL);
+        if (t) tar_job_free(t);
+        free(ts);
+        return ret;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, tar_stream_cb, ts, tar_stream_free);
+    if (!resp) {
+        tar_stream_free(ts);
+        return MHD_NO;
+    }
     MHD_add_response_header(resp, "Content-Type", zstd ? "application/zstd" : "application/x-tar");
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);

@@ -13,6 +13,13 @@
 #    keep /healthz or the API from answering another (127.0.0.1); a
 #    connection that never finishes its headers is closed after
 #    --idle-timeout.
+# 4. No global lock: a Hub tree request stuck reading a blob (a FIFO in its
+#    place) holds up neither /healthz nor other requests; a non-LFS file's
+#    git oid is hashed once and then served from the cache.
+# 5. archive.tar streams from the store (CKPT_HOME/tmp stays empty while a
+#    client reads slowly), equals `ckpt pull`, checks rank; a missing blob is
+#    an error status, a damaged one aborts the transfer (curl sees a
+#    truncated body, never a clean 200).
 # Every daemon listens on 127.0.0.1 port 0; all are stopped at exit.
 # Run through run.sh (needs CKPT_BIN, E2E_WORK).
 set -euo pipefail
@@ -199,6 +206,102 @@ s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
 s.settimeout(60)
 sys.exit(0 if s.recv(4096) == b"" else 1)
 PY
+stop_daemon
+
+# =========================================================================
+# 4. no request holds up another; oids hashed once
+# =========================================================================
+note "4. a stuck tree request; the oid cache"
+ready_daemon
+blob_of() { local h; h=$(sha256sum <"$1" | cut -c1-64); echo "$CKPT_HOME/blobs/${h:0:2}/${h:2}"; }
+tree() { curl -sS --max-time 60 "$url/api/models/org/tiny/tree/main"; }
+oid_of() { "$py" -c 'import json, sys; print([e["oid"] for e in json.load(sys.stdin) if e["path"] == sys.argv[1]][0])' "$1"; }
+cfg=$(blob_of "$work/m3/config.json")
+oid=$(tree | oid_of config.json)
+[ "$oid" = "$(git hash-object "$work/m3/config.json")" ] || fail "config.json oid $oid is not git's"
+# The cache: the blob's bytes changed behind the store's back, the oid does not.
+cp "$cfg" "$work/cfg.orig"
+chmod u+w "$cfg"
+printf 'changed' >>"$cfg"
+[ "$(tree | oid_of config.json)" = "$oid" ] || fail "config.json hashed again on a second tree call"
+cp "$work/cfg.orig" "$cfg"
+# A blob nobody hashed yet replaced by a FIFO: the tree request hangs on it.
+printf '{"a": 1}\n' >"$work/m3b.json"
+mkdir -p "$work/m3b" && cp "$work/m3/"* "$work/m3b/" && cp "$work/m3b.json" "$work/m3b/extra.json"
+"$ckpt" import "$work/m3b" --repo org/fifo@main >/dev/null
+xb=$(blob_of "$work/m3b.json")
+mv "$xb" "$work/xb.orig"
+mkfifo "$xb"
+exec 7<>"$xb" # a writer that writes nothing yet: the server's open succeeds, its read waits
+curl -sS --max-time 120 -o "$work/stuck" "$url/api/models/org/fifo/tree/main" &
+stuck=$!
+# Once the daemon has the FIFO open the request is inside the hash (bounded
+# poll, 60 s); then /healthz and store requests must still answer (each curl
+# waits 30 s at most).
+for i in $(seq 1200); do [ -n "$(find /proc/"$dpid"/fd -lname "$xb" 2>/dev/null)" ] && break; sleep 0.05; done
+[ -n "$(find /proc/"$dpid"/fd -lname "$xb" 2>/dev/null)" ] || fail "the tree request never opened the FIFO"
+api 200 GET /healthz --max-time 30
+api 200 GET /v1/checkpoints --max-time 30
+api 200 GET /api/models/org/tiny/revision/main --max-time 30
+cat "$work/xb.orig" >&7 # lets the stuck request finish
+exec 7>&-
+wait "$stuck" || fail "the tree request on the FIFO failed"
+grep -q extra.json "$work/stuck" || fail "tree on the FIFO: $(cat "$work/stuck")"
+rm -f "$xb"
+mv "$work/xb.orig" "$xb"
+stop_daemon
+
+# =========================================================================
+# 5. archive.tar
+# =========================================================================
+note "5. archive.tar streams, checks, fails visibly"
+export CKPT_HOME=$work/h5
+"$ckpt" gen-model qwen2 "$work/m5" --scale 4 --layers 2 2>/dev/null
+"$ckpt" import "$work/m5" --repo org/big@main >/dev/null
+"$ckpt" convert org/big@main --layout neuron --tp 2 >/dev/null
+"$ckpt" pull org/big@main:neuron-tp2 --rank 1 -o "$work/r1" 2>/dev/null
+ready_daemon
+A5=$url/v1/checkpoints/org%2Fbig@main
+curl -sS --fail -o "$work/a.tar" "$A5/archive.tar" || fail "archive.tar"
+mkdir "$work/ax" && tar -xf "$work/a.tar" -C "$work/ax"
+diff -r "$work/ax" "$work/m5" >/dev/null || fail "archive.tar differs from the imported folder"
+curl -sS --fail -o "$work/r.tar" "$url/v1/checkpoints/org%2Fbig@main:neuron-tp2/archive.tar?rank=1" || fail "rank archive"
+mkdir "$work/rx" && tar -xf "$work/r.tar" -C "$work/rx"
+diff -r "$work/rx" "$work/r1" >/dev/null || fail "archive.tar?rank=1 differs from pull --rank 1"
+rm -rf "$work"/ax "$work"/rx "$work"/*.tar "$work/r1"
+api 400 GET "/v1/checkpoints/org%2Fbig@main:neuron-tp2/archive.tar?rank=9"
+grep -q "out of range" "$work/out" || fail "rank 9: $(cat "$work/out")"
+api 400 GET "/v1/checkpoints/org%2Fbig@main/archive.tar?rank=0"
+api 400 GET "/v1/checkpoints/org%2Fbig@main/archive.tar?rank=x"
+# A client that reads 1 KiB and stops: nothing may be staged in CKPT_HOME/tmp.
+"$py" - "${url##*:}" "$CKPT_HOME/tmp" <<'PY' || fail "archive.tar staged files in CKPT_HOME/tmp"
+import os, socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+s.connect(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /v1/checkpoints/org%2Fbig@main/archive.tar HTTP/1.1\r\nHost: x\r\n\r\n")
+got = b""
+while len(got) < 1024:
+    got += s.recv(1024)
+assert got.startswith(b"HTTP/1.1 200"), got[:100]
+left = [os.path.join(r, f) for r, _, fs in os.walk(sys.argv[2]) for f in fs]
+print("staged:", left[:3])
+sys.exit(1 if left else 0)
+PY
+# Damaged blob (same size, one byte flipped): the stream is cut, never a clean 200.
+cfg=$CKPT_HOME/blobs/$(sha256sum <"$work/m5/config.json" | cut -c1-2)/$(sha256sum <"$work/m5/config.json" | cut -c3-64)
+cp "$cfg" "$work/cfg5.orig"
+chmod u+w "$cfg"
+"$py" -c 'import sys; p = sys.argv[1]; d = bytearray(open(p, "rb").read()); d[0] ^= 1; open(p, "wb").write(d)' "$cfg"
+rc=0
+curl -sS -o "$work/bad.tar" "$A5/archive.tar" 2>"$work/err" || rc=$?
+[ "$rc" -ne 0 ] || fail "archive.tar with a damaged blob ended cleanly"
+# Missing blob: known before the answer starts, so an error status.
+rm -f "$cfg"
+api 500 GET "/v1/checkpoints/org%2Fbig@main/archive.tar"
+grep -q "missing" "$work/out" || fail "missing blob: $(cat "$work/out")"
+cp "$work/cfg5.orig" "$cfg"
+rm -f "$work/bad.tar" "$work/cfg5.orig"
 stop_daemon
 
 echo "serve guard: ok"
