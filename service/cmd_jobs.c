@@ -351,7 +351,9 @@ int cmd_submit(int argc, char **argv)
                "(and fails, saying so, if it fails). --max-attempts N: how many times a job that\n"
                "fails for a passing reason (or whose worker or daemon died) runs before it fails for\n"
                "good (default 3). --wait follows the job to its end\n"
-               "with progress, and exits as the job ended.\n");
+               "with progress, and exits as the job ended. Layout names, --tp, --dtype and refs\n"
+               "are checked now (exit 2), not when the job runs. With --server, jobs naming host\n"
+               "paths need the daemon's --allow-path (see ckpt serve --help).\n");
         return CLI_OK;
     }
     job_args a;
