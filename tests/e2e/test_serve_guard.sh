@@ -9,8 +9,9 @@
 #    beneath it pass (symlinks resolved), a client may not set "origin", and
 #    a folder swapped for a symlink after submission is refused by the worker.
 #    `ckpt submit` on the local database is not limited.
-# 3. Connection limits: 300 idle sockets from one address (127.0.0.2) do not
-#    keep /healthz or the API from answering another (127.0.0.1); a
+# 3. Connection limits: with the defaults, 300 idle sockets from one address
+#    (127.0.0.2) do not keep /healthz or the API from answering another
+#    (127.0.0.1); --conns-per-ip N refuses connection N+1 of an address; a
 #    connection that never finishes its headers is closed after
 #    --idle-timeout.
 # 4. No global lock: a Hub tree request stuck reading a blob (a FIFO in its
@@ -173,7 +174,7 @@ note "3. idle sockets, per-IP limit, idle timeout"
 export CKPT_HOME=$work/h3
 "$ckpt" gen-model qwen2 "$work/m3" --scale 16 --layers 1 2>/dev/null
 "$ckpt" import "$work/m3" --repo org/tiny@main >/dev/null
-ready_daemon --conns-per-ip 16 --idle-timeout 2
+ready_daemon # the defaults must protect: 32 connections per address
 port=${url##*:}
 # hold_sockets N: N idle connections from 127.0.0.2, kept until killed; the
 # file $work/held appears once all are connected.
@@ -197,6 +198,33 @@ api 200 GET /v1/checkpoints --max-time 30
 grep -q org/tiny "$work/out" || fail "/v1/checkpoints with 300 idle sockets open: $(cat "$work/out")"
 kill "$holder"
 wait "$holder" 2>/dev/null || true
+stop_daemon
+# The per-address limit itself: with 4 connections of 127.0.0.2 open (and no
+# idle timeout to close them while we look), a fifth from there is closed
+# unanswered while 127.0.0.1 is served.
+ready_daemon --conns-per-ip 4 --idle-timeout 3600
+"$py" - "${url##*:}" <<'PY' || fail "a fifth connection from one address was answered (--conns-per-ip 4)"
+import socket, sys
+port = int(sys.argv[1])
+def conn():
+    s = socket.socket()
+    s.bind(("127.0.0.2", 0))
+    s.connect(("127.0.0.1", port))
+    return s
+held = [conn() for _ in range(4)]
+s = conn()
+s.settimeout(60)
+try:
+    s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    data = s.recv(4096)
+except (ConnectionResetError, BrokenPipeError):
+    data = b""
+sys.exit(0 if data == b"" else 1)
+PY
+api 200 GET /healthz --max-time 30
+stop_daemon
+ready_daemon --idle-timeout 2
+port=${url##*:}
 # Half a request line, then silence: closed by the server after 2 s (the
 # client gives up after 60 s; the old limit was 120 s).
 "$py" - "$port" <<'PY' || fail "a connection without headers was not closed by --idle-timeout"
