@@ -5,12 +5,12 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/log.h"
-#include "common/sha256.h"
 #include "common/util.h"
 #include "service/http_util.h"
 #include "storage/archive.h"
 #include "storage/checkpoint.h"
 #include "workers/materialize.h"
+#include "workers/store_archive.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -712,86 +712,34 @@ static json_t *ckpt_json(const store_ckpt *c)
 
 /* ---- archive.tar ---- */
 
-/* The tar is written by a thread into a pipe that the response reads: files
- * come straight from the store's readers (nothing staged on disk) and a slow
- * client just makes the writer wait. Every file is hashed on the way and
- * compared with the catalog. A failure found before the answer starts is an
- * error status; one found after it aborts the connection (no final chunk),
- * so a client sees a truncated transfer, never a clean 200. */
+/* The tar (store_archive.h) is written by a thread into a pipe that the
+ * response reads: nothing is staged on disk, and a slow client just makes
+ * the writer wait. A failure found before the answer starts is an error
+ * status; one found after it aborts the connection (no final chunk), so a
+ * client sees a truncated transfer, never a clean 200. */
 typedef struct {
+    store_archive *ar;
     char *home;
-    store_ckpt c;
+    int64_t id;
     bool zstd;
-    int fd; /* the pipe's write end; closed by the writer when it ends */
-    ckpt_archive_entry *e; /* output names (rank files at the root) */
-    char **paths;          /* stored paths */
-    char (*sha)[65];
-    size_t n;
-    int rc; /* the writer's outcome, read after joining it */
-    /* the writer's state */
-    ckpt_store s;
-    store_file_reader *r;
-    size_t r_i;
-    ckpt_sha256 h;
-} tar_job;
-
-typedef struct {
-    tar_job *t;
+    int wfd; /* the pipe's write end; closed by the writer when it ends */
     int rfd;
+    int rc; /* the writer's outcome, read after joining it */
     pthread_t th;
     bool joined;
 } tar_stream;
 
-static void tar_job_free(tar_job *t)
-{
-    for (size_t i = 0; i < t->n; i++) {
-        free((char *)t->e[i].name);
-        free(t->paths[i]);
-    }
-    free(t->e);
-    free(t->paths);
-    free(t->sha);
-    store_ckpt_free(&t->c);
-    free(t->home);
-    free(t);
-}
-
-static int tar_read(void *ctx, size_t i, uint64_t off, void *buf, size_t len)
-{
-    tar_job *t = ctx;
-    int rc = 0;
-    if (!t->r || t->r_i != i) {
-        store_file_close(t->r);
-        t->r = NULL;
-        if ((rc = store_file_open(&t->r, &t->s, &t->c, t->paths[i]))) return rc;
-        t->r_i = i;
-        ckpt_sha256_free(&t->h);
-        if ((rc = ckpt_sha256_init(&t->h))) return rc;
-    }
-    if ((rc = store_file_read(t->r, off, buf, len))) return rc;
-    ckpt_sha256_update(&t->h, buf, len);
-    if (off + len == t->e[i].size) {
-        char hex[65];
-        rc = ckpt_sha256_final_hex(&t->h, hex);
-        if (!rc && strcmp(hex, t->sha[i]))
-            rc = ckpt_error_set(CKPT_ECORRUPT, "'%s': the stored bytes do not match their sha256", t->paths[i]);
-    }
-    return rc;
-}
-
 static void *tar_writer(void *arg)
 {
-    tar_job *t = arg;
-    t->rc = store_open(&t->s, t->home); /* its own connection: the request's goes back to the pool */
-    if (!t->rc) {
-        t->rc = ckpt_archive_write_entries(t->fd, t->zstd, t->e, t->n, t->c.created_at, tar_read, t);
-        store_file_close(t->r);
-        t->r = NULL;
-        ckpt_sha256_free(&t->h); /* a file the error cut short */
-        store_close(&t->s);
+    tar_stream *ts = arg;
+    ckpt_store s; /* its own connection: the request's goes back to the pool */
+    ts->rc = store_open(&s, ts->home);
+    if (!ts->rc) {
+        ts->rc = store_archive_write(ts->ar, &s, ts->wfd, ts->zstd);
+        store_close(&s);
     }
-    if (t->rc) ckpt_warn("archive of checkpoint %lld: %s", (long long)t->c.id, ckpt_error_last());
-    close(t->fd);
+    if (ts->rc) ckpt_warn("archive of checkpoint %lld: %s", (long long)ts->id, ckpt_error_last());
+    close(ts->wfd);
     return NULL;
 }
 
@@ -807,7 +755,7 @@ static ssize_t tar_stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
         pthread_join(ts->th, NULL);
         ts->joined = true;
     }
-    return n == 0 && ts->t->rc == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+    return n == 0 && ts->rc == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
 }
 
 static void tar_stream_free(void *cls)
@@ -815,82 +763,36 @@ static void tar_stream_free(void *cls)
     tar_stream *ts = cls;
     close(ts->rfd); /* a writer still at work gets EPIPE and stops */
     if (!ts->joined) pthread_join(ts->th, NULL);
-    tar_job_free(ts->t);
+    store_archive_free(ts->ar);
+    free(ts->home);
     free(ts);
-}
-
-/* Fills t with the files of the archive (rank: only tp_rank_RR/, at the
- * root, and top-level files) and checks each can be read, so that what can
- * be known before the first byte is an error status. */
-static int tar_plan(ckpt_store *s, tar_job *t, const char *rank_text, unsigned *status)
-{
-    *status = 400;
-    long rank = -1;
-    if (rank_text) {
-        char *end;
-        rank = strtol(rank_text, &end, 10);
-        if (end == rank_text || *end || rank < 0 || rank > 1023)
-            return ckpt_error_set(CKPT_EINVAL, "rank '%s' is not a number 0..1023", rank_text);
-    }
-    store_file_row *rows;
-    size_t n;
-    *status = 500;
-    int rc = store_files_load(s, t->c.id, &rows, &n);
-    if (rc) return rc;
-    long ntp = 0;
-    for (size_t i = 0; i < n; i++) {
-        int r;
-        if (sscanf(rows[i].path, "tp_rank_%d/", &r) == 1 && r + 1 > ntp) ntp = r + 1;
-    }
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "tp_rank_%02ld/", rank);
-    if (rank >= 0 && ntp == 0)
-        rc = ckpt_error_set(CKPT_EINVAL, "rank %ld: this checkpoint is not a tensor-parallel layout", rank);
-    else if (rank >= ntp && rank >= 0)
-        rc = ckpt_error_set(CKPT_EINVAL, "rank %ld is out of range: the layout has ranks 0..%ld", rank, ntp - 1);
-    if (rc) *status = 400;
-    t->e = rc ? NULL : ckpt_calloc(n + 1, sizeof *t->e);
-    t->paths = rc ? NULL : ckpt_calloc(n + 1, sizeof *t->paths);
-    t->sha = rc ? NULL : ckpt_calloc(n + 1, sizeof *t->sha);
-    if (!rc && (!t->e || !t->paths || !t->sha)) rc = CKPT_ENOMEM;
-    for (size_t i = 0; !rc && i < n; i++) {
-        const char *p = rows[i].path, *out = p;
-        if (rank >= 0) {
-            if (!strncmp(p, prefix, strlen(prefix))) out = p + strlen(prefix);
-            else if (strchr(p, '/')) continue;
-        }
-        t->e[t->n] = (ckpt_archive_entry){.name = ckpt_strdup(out), .size = rows[i].size};
-        t->paths[t->n] = ckpt_strdup(p);
-        memcpy(t->sha[t->n], rows[i].sha256, sizeof t->sha[t->n]);
-        t->n++;
-        if (!t->e[t->n - 1].name || !t->paths[t->n - 1]) rc = CKPT_ENOMEM;
-        store_file_reader *r;
-        if (!rc && (rc = store_file_open(&r, s, &t->c, p)) == 0) store_file_close(r);
-    }
-    store_files_free(rows, n);
-    return rc;
 }
 
 static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, const store_ckpt *ck, bool zstd)
 {
-    tar_job *t = ckpt_calloc(1, sizeof *t);
-    tar_stream *ts = ckpt_calloc(1, sizeof *ts);
-    unsigned status = 500;
-    int rc = t && ts ? 0 : CKPT_ENOMEM;
-    if (!rc) {
-        t->zstd = zstd;
-        t->fd = -1;
-        t->home = ckpt_strdup(s->home);
-        rc = t->home ? store_get(s, ck->id, &t->c) : CKPT_ENOMEM;
+    const char *rank_text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
+    long rank = -1;
+    if (rank_text) {
+        char *end;
+        rank = strtol(rank_text, &end, 10);
+        if (end == rank_text || *end || rank < 0 || rank > 1023) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "rank '%.40s' is not a number 0..1023", rank_text);
+            return http_send_error(c, 400, msg, NULL, NULL);
+        }
     }
-    if (!rc) rc = tar_plan(s, t, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank"), &status);
+    tar_stream *ts = ckpt_calloc(1, sizeof *ts);
+    int rc = ts ? store_archive_plan(s, ck, (int)rank, &ts->ar) : CKPT_ENOMEM;
+    unsigned status = rc == CKPT_EINVAL ? 400 : 500;
     int p[2] = {-1, -1};
+    if (!rc && !(ts->home = ckpt_strdup(s->home))) rc = CKPT_ENOMEM;
     if (!rc && pipe2(p, O_CLOEXEC) < 0) rc = ckpt_error_sys("pipe");
     if (!rc) {
-        t->fd = p[1];
-        ts->t = t;
+        ts->id = ck->id;
+        ts->zstd = zstd;
+        ts->wfd = p[1];
         ts->rfd = p[0];
-        if (pthread_create(&ts->th, NULL, tar_writer, t)) {
+        if (pthread_create(&ts->th, NULL, tar_writer, ts)) {
             close(p[0]);
             close(p[1]);
             rc = ckpt_error_set(CKPT_EIO, "cannot start an archive writer");
@@ -898,11 +800,15 @@ static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, con
     }
     if (rc) {
         enum MHD_Result ret = http_send_error(c, status, ckpt_error_last(), NULL, NULL);
-        if (t) tar_job_free(t);
-        free(ts);
+        if (ts) {
+            store_archive_free(ts->ar);
+            free(ts->home);
+            free(ts);
+        }
         return ret;
     }
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, tar_stream_cb, ts, tar_stream_free);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, tar_stream_cb, ts, tar_stream_free);
     if (!resp) {
         tar_stream_free(ts);
         return MHD_NO;
