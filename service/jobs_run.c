@@ -253,11 +253,13 @@ int jobs_args_check(const char *kind, const json_t *a)
 
 /* ---- host paths and the roots they must stay under ---- */
 
-static bool beneath(const char *canon, const char *root)
+/* canon is root or inside it; strictly inside when the job writes there
+ * (it writes DST.tmp-* beside DST, which must stay inside too). */
+static bool beneath(const char *canon, const char *root, bool strictly)
 {
     size_t n = strlen(root);
-    if (n == 1 && root[0] == '/') return true;
-    return !strncmp(canon, root, n) && (canon[n] == '\0' || canon[n] == '/');
+    if (n == 1 && root[0] == '/') return canon[1] != '\0' || !strictly;
+    return !strncmp(canon, root, n) && ((canon[n] == '\0' && !strictly) || canon[n] == '/');
 }
 
 /* The canonical form of path (every symlink resolved); a path that does not
@@ -328,7 +330,7 @@ int jobs_paths_check(const char *kind, json_t *args, char *const *roots)
                                   kind, key);
         char *canon = canonical(p, path_args[i].may_be_new);
         bool ok = false;
-        for (size_t r = 0; canon && roots[r] && !ok; r++) ok = beneath(canon, roots[r]);
+        for (size_t r = 0; canon && roots[r] && !ok; r++) ok = beneath(canon, roots[r], path_args[i].may_be_new);
         if (!ok) {
             int rc = ckpt_error_set(CKPT_EINVAL, "job '%s': %s '%s' is not under an --allow-path folder of the daemon",
                                     kind, key, p);

@@ -149,6 +149,8 @@ api 403 POST /v1/jobs "${J[@]}" -d "$(imp "$work/allowed/esc" org/a)"
 api 403 POST /v1/jobs "${J[@]}" -d "$(imp "$work/allowed/../outside/m" org/a)"
 api 403 POST /v1/jobs "${J[@]}" -d "$(imp /etc org/a)"
 api 403 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"consolidate\",\"args\":{\"src\":\"$work/allowed/m\",\"dst\":\"$work/outside/c\"}}"
+# DST must be strictly inside: the job writes DST.tmp-* beside it.
+api 403 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"consolidate\",\"args\":{\"src\":\"$work/allowed/m\",\"dst\":\"$work/allowed\"}}"
 api 400 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"import\",\"args\":{\"dir\":\"$work/outside/m\",\"repo\":\"org/a\",\"origin\":\"local\"}}"
 api 201 POST /v1/jobs "${J[@]}" -d "$(imp "$work/allowed/m" org/a)"
 id=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
