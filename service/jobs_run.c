@@ -286,8 +286,10 @@ int jobs_allow_roots(char **paths, size_t n, char ***roots)
     if (!*roots) return CKPT_ENOMEM;
     for (size_t i = 0; i < n; i++) {
         char buf[PATH_MAX];
-        if (!realpath(paths[i], buf) || !ckpt_is_dir(buf)) {
-            int rc = ckpt_error_sys("--allow-path %s: not a folder", paths[i]);
+        bool found = realpath(paths[i], buf) != NULL;
+        if (!found || !ckpt_is_dir(buf)) {
+            int rc = found ? ckpt_error_set(CKPT_EINVAL, "--allow-path %s: not a folder", paths[i])
+                           : ckpt_error_sys("--allow-path %s", paths[i]);
             jobs_allow_roots_free(*roots);
             *roots = NULL;
             return rc;

@@ -143,6 +143,9 @@ api 403 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"merge-lora\",\"args\":{\"ref\":\
 id=$("$ckpt" submit import "$work/outside/m" --repo org/local)
 wait_state "$id" succeeded
 stop_daemon
+expect_status 2 "$ckpt" serve --listen 127.0.0.1:0 --allow-path "$work/nonexistent"
+expect_status 2 "$ckpt" serve --listen 127.0.0.1:0 --allow-path "$work/allowed/m/config.json"
+grep -q "not a folder" "$work/err" || fail "--allow-path FILE: $(cat "$work/err")"
 ready_daemon --allow-path "$work/allowed/../allowed"
 api 403 POST /v1/jobs "${J[@]}" -d "$(imp "$work/outside/m" org/a)"
 api 403 POST /v1/jobs "${J[@]}" -d "$(imp "$work/allowed/esc" org/a)"
