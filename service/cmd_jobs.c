@@ -62,10 +62,12 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
             a->allow[a->nallow++] = (char *)v;
         }
         else if (!strcmp(w, "--conns-per-ip") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1024) return cli_usage_error(cmd, "--conns-per-ip must be 1..1024");
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1024)
+                return cli_usage_error(cmd, "--conns-per-ip must be 1..1024");
             a->per_ip = (int)n;
         } else if (!strcmp(w, "--idle-timeout") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 3600) return cli_usage_error(cmd, "--idle-timeout must be 1..3600 seconds");
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 3600)
+                return cli_usage_error(cmd, "--idle-timeout must be 1..3600 seconds");
             a->idle_timeout = (int)n;
         }
         else if (!strcmp(w, "--priority") && v) a->priority = atoi(v);

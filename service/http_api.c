@@ -236,7 +236,8 @@ static enum MHD_Result metrics(http_api *h, ckpt_store *s, struct MHD_Connection
 }
 
 /* /v1/jobs/{id}[/logs|/retry] */
-static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *method, const char *rest, int role)
+static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *method,
+                                 const char *rest, int role)
 {
     char *end;
     long long id = strtoll(rest, &end, 10);
@@ -357,7 +358,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     /* /healthz needs no store and waits for nothing. */
     if (!strcmp(url, "/healthz"))
-        return send_json(c, 200, json_pack("{s:s,s:i}", "status", "ok", "workers", h->running ? atomic_load(h->running) : 0));
+        return send_json(c, 200,
+                         json_pack("{s:s,s:i}", "status", "ok", "workers", h->running ? atomic_load(h->running) : 0));
     int slot = pool_take(h);
     if (slot < 0) return send_error(c, 500, ckpt_error_last());
     enum MHD_Result r = route(h, &h->pool[slot], c, url, method, req);
