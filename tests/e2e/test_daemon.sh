@@ -305,7 +305,9 @@ no_tmp_dirs "after cancel"
 expect_status 1 "$ckpt" cancel "$id"
 grep -q "cancelled already" "$work/err" || fail "cancelling a cancelled job: $(cat "$work/err")"
 # A queued job is cancelled at once.
-hold=$(run "$ckpt" submit noop --sleep-ms 2500)
+# (It sleeps far longer than the test waits: on a loaded machine a short
+# one could end by itself between "running" and the cancel.)
+hold=$(run "$ckpt" submit noop --sleep-ms 600000)
 q=$(run "$ckpt" submit noop --sleep-ms 14 --after "$hold")
 [ "$(run "$ckpt" cancel "$q")" = "$q cancelled" ] || fail "cancel of queued job $q: $(cat "$work/out")"
 # A running noop: SIGTERM stops it.
