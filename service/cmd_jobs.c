@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "service/daemon.h"
+#include "service/http_api.h"
 #include "service/job_client.h"
 #include "service/jobs_run.h"
 #include "service/queue.h"
@@ -33,6 +34,9 @@ typedef struct {
     double grace, timeout;
     int nrest;
     char **rest;
+    char *allow[64]; /* --allow-path, as given (argv pointers) */
+    size_t nallow;
+    int per_ip, idle_timeout; /* serve: connections per client address, seconds a connection may idle */
 } job_args;
 
 static int take_options(const char *cmd, int argc, char **argv, job_args *a, bool keep_unknown)
@@ -53,6 +57,19 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
         else if (!strcmp(w, "--state") && v) a->state = v;
         else if (!strcmp(w, "--listen") && v) a->listen = v;
         else if (!strcmp(w, "--token-file") && v) a->token_file = v;
+        else if (!strcmp(w, "--allow-path") && v) {
+            if (a->nallow == CKPT_ARRAY_LEN(a->allow)) return cli_usage_error(cmd, "more than 64 --allow-path folders");
+            a->allow[a->nallow++] = (char *)v;
+        }
+        else if (!strcmp(w, "--conns-per-ip") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1024)
+                return cli_usage_error(cmd, "--conns-per-ip must be 1..1024");
+            a->per_ip = (int)n;
+        } else if (!strcmp(w, "--idle-timeout") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 3600)
+                return cli_usage_error(cmd, "--idle-timeout must be 1..3600 seconds");
+            a->idle_timeout = (int)n;
+        }
         else if (!strcmp(w, "--priority") && v) a->priority = atoi(v);
         else if (!strcmp(w, "--after") && v) {
             if (ckpt_parse_u64(v, &n) < 0 || n == 0) return cli_usage_error(cmd, "--after takes a job ID");
@@ -130,23 +147,42 @@ int cmd_serve(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt serve [--listen 127.0.0.1:8470] [--workers N] [--token-file F] [--grace S]\n"
-               "                  [--home DIR]\n\n"
+               "                  [--allow-path DIR]... [--conns-per-ip N] [--idle-timeout S] [--home DIR]\n\n"
                "Runs the daemon: claims queued jobs (in priority order, up to N worker processes,\n"
                "default the number of cores), runs each in `ckpt worker`, renews leases, retries\n"
                "transient failures with backoff, and serves the HTTP API (jobs, /healthz,\n"
                "/metrics). Without --token-file it listens on loopback only. SIGTERM/SIGINT stop\n"
                "claiming, let running jobs finish for --grace seconds (default 30), then put\n"
                "the rest back in the queue. A daemon killed outright loses nothing: its jobs'\n"
-               "leases expire and the next daemon runs them again.\n");
+               "leases expire and the next daemon runs them again.\n\n"
+               "  --allow-path DIR    jobs submitted over HTTP may name host paths (import DIR,\n"
+               "                      consolidate SRC DST, a merge-lora adapter folder) only\n"
+               "                      beneath DIR (repeatable; symlinks resolved, checked again\n"
+               "                      when the job runs). Without it such jobs get 403; jobs\n"
+               "                      queued with `ckpt submit` on this CKPT_HOME are not limited.\n"
+               "  --conns-per-ip N    connections one client address may hold (default %d)\n"
+               "  --idle-timeout S    a connection silent for S seconds is closed, headers\n"
+               "                      included (default %d)\n\n"
+               "example:\n"
+               "  ckpt serve --listen 0.0.0.0:8470 --token-file ~/.ckpt-tokens --allow-path /data/models\n",
+               HTTP_PER_IP_DEFAULT, HTTP_IDLE_TIMEOUT_DEFAULT);
         return CLI_OK;
     }
     job_args a;
     int u = take_options("serve", argc, argv, &a, false);
     if (u) return u;
+    char **roots = NULL;
+    if (jobs_allow_roots(a.allow, a.nallow, &roots) < 0) {
+        free(a.rest);
+        return cli_usage_error("serve", "%s", ckpt_error_last());
+    }
     daemon_opts o = {.home = a.home, .listen = a.listen ? a.listen : "127.0.0.1:8470", .token_file = a.token_file,
-                     .workers = a.workers, .grace_seconds = a.grace, .timeout_seconds = a.timeout};
+                     .workers = a.workers, .grace_seconds = a.grace, .timeout_seconds = a.timeout,
+                     .allow_roots = roots, .per_ip = a.per_ip, .idle_timeout = a.idle_timeout};
     free(a.rest);
-    return daemon_run(&o) < 0 ? cli_fail() : CLI_OK;
+    int rc = daemon_run(&o);
+    jobs_allow_roots_free(roots);
+    return rc < 0 ? cli_fail() : CLI_OK;
 }
 
 static void worker_progress(const char *label, uint64_t done, uint64_t total)
@@ -165,10 +201,17 @@ int cmd_worker(int argc, char **argv)
     }
     const char *home = NULL;
     int64_t id = 0;
+    char **allow = calloc((size_t)argc + 1, sizeof *allow);
+    size_t nallow = 0;
+    if (!allow) return cli_fail();
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--job")) id = atoll(argv[i + 1]);
         else if (!strcmp(argv[i], "--home")) home = argv[i + 1];
-        else return cli_usage_error("worker", "unknown option '%s'", argv[i]);
+        else if (!strcmp(argv[i], "--allow-path")) allow[nallow++] = argv[i + 1];
+        else {
+            free(allow);
+            return cli_usage_error("worker", "unknown option '%s'", argv[i]);
+        }
     }
     if (id <= 0) return cli_usage_error("worker", "--job ID is required");
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -181,11 +224,19 @@ int cmd_worker(int argc, char **argv)
     bool transient = false;
     json_t *result = NULL;
     if (!rc) {
+        char **roots = NULL;
         if (strcmp(j.state, "running")) rc = ckpt_error_set(CKPT_EINVAL, "job %lld is %s, not running", (long long)id, j.state);
+        /* A job from the HTTP API: its host paths are checked again now, so a
+         * symlink swapped in since it was submitted cannot lead outside. */
+        else if (jobs_from_remote(j.args) &&
+                 ((rc = jobs_allow_roots(allow, nallow, &roots)) || (rc = jobs_paths_check(j.kind, j.args, roots))))
+            ;
         else rc = jobs_run(&s, j.kind, j.args, &transient, &result);
+        jobs_allow_roots_free(roots);
         queue_job_free(&j);
     }
     if (s.home) store_close(&s);
+    free(allow);
     if (rc) {
         printf("@ckpt error %s %s\n", transient ? "transient" : "permanent", ckpt_error_last());
         return transient ? EXIT_TRANSIENT : CLI_FAIL;
@@ -304,7 +355,9 @@ int cmd_submit(int argc, char **argv)
                "(and fails, saying so, if it fails). --max-attempts N: how many times a job that\n"
                "fails for a passing reason (or whose worker or daemon died) runs before it fails for\n"
                "good (default 3). --wait follows the job to its end\n"
-               "with progress, and exits as the job ended.\n");
+               "with progress, and exits as the job ended. Layout names, --tp, --dtype and refs\n"
+               "are checked now (exit 2), not when the job runs. With --server, jobs naming host\n"
+               "paths need the daemon's --allow-path (see ckpt serve --help).\n");
         return CLI_OK;
     }
     job_args a;

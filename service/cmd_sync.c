@@ -12,6 +12,7 @@
 #include "service/cron.h"
 #include "service/job_client.h"
 #include "service/schedule.h"
+#include "workers/presets.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,13 +76,9 @@ static int sync_add(int argc, char **argv, const char *home, bool json)
             else if (!(sc.cron = ckpt_strdup(v)))
                 ret = cli_fail();
         } else if (!strcmp(w, "--layout")) {
-            bool ok = *v && strlen(v) < 64;
-            for (const char *c = v; ok && *c; c++)
-                ok = (*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '-' || *c == '_';
-            if (!ok)
-                ret = cli_usage_error(
-                    "sync add", "--layout '%s' is not a layout name (neuron, fused, easydel, hf)",
-                    v);
+            preset_opts po = {.preset = v, .tp = 1};
+            if (preset_check(&po) < 0)
+                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
             else
                 json_array_append_new(sc.layouts, json_pack("{s:s}", "layout", v));
         } else if (!strcmp(w, "--tp")) {

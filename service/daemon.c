@@ -111,11 +111,35 @@ static double kind_timeout(const daemon_opts *o, const char *kind)
 
 static int spawn_worker(daemon_state *d, worker_slot *w)
 {
+    /* The command line is built before fork: the daemon has threads (the
+     * HTTP server), so the child may not allocate. The allowed roots go on
+     * it: the worker checks the paths of an HTTP job again, when it runs. */
+    char id[32];
+    snprintf(id, sizeof id, "%lld", (long long)w->id);
+    size_t nroots = 0;
+    while (d->o->allow_roots && d->o->allow_roots[nroots]) nroots++;
+    char **av = ckpt_calloc(2 * nroots + 8, sizeof *av);
+    if (!av) return CKPT_ENOMEM;
+    size_t k = 0;
+    av[k++] = d->exe;
+    av[k++] = "worker";
+    av[k++] = "--job";
+    av[k++] = id;
+    av[k++] = "--home";
+    av[k++] = (char *)d->store.home;
+    for (size_t r = 0; r < nroots; r++) {
+        av[k++] = "--allow-path";
+        av[k++] = d->o->allow_roots[r];
+    }
     int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0) return ckpt_error_sys("pipe");
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        free(av);
+        return ckpt_error_sys("pipe");
+    }
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
+        free(av);
         close(p[0]);
         close(p[1]);
         return ckpt_error_sys("fork");
@@ -128,11 +152,10 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
         dup2(p[1], 2);
         signal(SIGTERM, SIG_DFL);
         signal(SIGINT, SIG_DFL);
-        char id[32];
-        snprintf(id, sizeof id, "%lld", (long long)w->id);
-        execl(d->exe, d->exe, "worker", "--job", id, "--home", d->store.home, (char *)NULL);
+        execv(d->exe, av);
         _exit(71);
     }
+    free(av);
     setpgid(pid, pid);
     close(p[1]);
     fcntl(p[0], F_SETFL, O_NONBLOCK);
@@ -377,7 +400,9 @@ int daemon_run(const daemon_opts *o)
     d.slots = ckpt_calloc((size_t)o->workers + 1, sizeof *d.slots);
     http_api *api = NULL;
     if (!d.owner || !d.slots) rc = CKPT_ENOMEM;
-    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home, .running_workers = &d.running};
+    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home,
+                        .running_workers = &d.running, .allow_roots = o->allow_roots,
+                        .per_ip = o->per_ip, .idle_timeout = o->idle_timeout};
     if (!rc && child_pipe[0] < 0 && pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK) < 0) rc = ckpt_error_sys("pipe");
     if (!rc && !o->no_http) rc = http_api_start(&api, &ho);
     if (rc) {

@@ -12,6 +12,8 @@ typedef struct {
     double grace_seconds;   /* on SIGTERM: how long running jobs may finish */
     double timeout_seconds; /* 0: per-kind defaults */
     bool no_http;
+    int per_ip, idle_timeout; /* HTTP limits; 0: defaults (http_api.h) */
+    char *const *allow_roots; /* --allow-path, canonical, NULL-terminated: host folders HTTP jobs may name */
 } daemon_opts;
 
 int daemon_run(const daemon_opts *o);

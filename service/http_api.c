@@ -17,25 +17,31 @@
 #include <ctype.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
-    char *token;
+    unsigned char digest[HTTP_TOKEN_DIGEST]; /* sha256 of the token: compared, never the token itself */
     bool admin;
 } api_token;
 
 struct http_api {
     struct MHD_Daemon *mhd;
-    ckpt_store store;
-    pthread_mutex_t mu; /* the catalog connection is shared by MHD's threads */
+    /* Catalog connections, one per request at a time: a request that hashes
+     * or waits on a slow disk holds up only its own connection. mu guards
+     * busy[] alone, never a request. */
+    ckpt_store pool[HTTP_STORE_POOL];
+    bool busy[HTTP_STORE_POOL];
+    char *home;
+    pthread_mutex_t mu;
+    pthread_cond_t freed;
     api_token *tokens;
     size_t ntokens;
     char url[128];
     atomic_int *running;
+    char *const *roots; /* --allow-path folders, canonical, NULL-terminated (the daemon's) */
 };
 
 typedef struct {
@@ -74,7 +80,7 @@ static int load_tokens(http_api *h, const char *path)
         }
         size_t cap = h->ntokens;
         if ((rc = ckpt_grow(&h->tokens, &cap, h->ntokens + 1, sizeof *h->tokens))) break;
-        h->tokens[h->ntokens].token = ckpt_strdup(tok);
+        http_token_digest(tok, strlen(tok), h->tokens[h->ntokens].digest);
         h->tokens[h->ntokens].admin = !*role || !strcmp(role, "admin");
         h->ntokens++;
     }
@@ -83,17 +89,19 @@ static int load_tokens(http_api *h, const char *path)
     return rc;
 }
 
-/* 0 no token matched, 1 read, 2 admin. Compares every token in constant time. */
+/* 0 no token matched, 1 read, 2 admin. The given token is hashed and every
+ * configured digest compared in constant time, so neither the time taken nor
+ * an early exit tells how long a token is or how much of it matched. */
 static int token_role(const http_api *h, const char *auth)
 {
     if (!auth || strncmp(auth, "Bearer ", 7)) return 0;
-    const char *given = auth + 7;
-    size_t gl = strlen(given);
+    unsigned char given[HTTP_TOKEN_DIGEST];
+    http_token_digest(auth + 7, strlen(auth + 7), given);
     int role = 0;
     for (size_t i = 0; i < h->ntokens; i++) {
-        size_t tl = strlen(h->tokens[i].token);
-        int same = gl == tl && CRYPTO_memcmp(given, h->tokens[i].token, tl) == 0;
-        if (same) role = h->tokens[i].admin ? 2 : (role > 1 ? role : 1);
+        int same = http_token_equal(given, h->tokens[i].digest);
+        int r = h->tokens[i].admin ? 2 : 1;
+        role = same && r > role ? r : role;
     }
     return role;
 }
@@ -119,17 +127,17 @@ static unsigned code_for(int rc)
     }
 }
 
-static enum MHD_Result job_reply(http_api *h, struct MHD_Connection *c, unsigned code, int64_t id)
+static enum MHD_Result job_reply(http_api *h, ckpt_store *s, struct MHD_Connection *c, unsigned code, int64_t id)
 {
     queue_job j;
-    int rc = queue_get(&h->store.cat, id, &j);
+    int rc = queue_get(&s->cat, id, &j);
     if (rc) return send_error(c, code_for(rc), ckpt_error_last());
     json_t *o = queue_job_json(&j);
     queue_job_free(&j);
     return send_json(c, code, o);
 }
 
-static enum MHD_Result post_job(http_api *h, struct MHD_Connection *c, const request *req)
+static enum MHD_Result post_job(http_api *h, ckpt_store *s, struct MHD_Connection *c, const request *req)
 {
     json_error_t err;
     json_t *body = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &err);
@@ -149,22 +157,30 @@ static enum MHD_Result post_job(http_api *h, struct MHD_Connection *c, const req
     int rc = !kind ? ckpt_error_set(CKPT_EINVAL, "missing 'kind'")
              : !queue_kind_known(kind) ? ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind)
                                        : jobs_args_check(kind, args);
+    if (!rc && json_object_get(args, JOBS_ORIGIN_KEY))
+        rc = ckpt_error_set(CKPT_EINVAL, "'%s' is set by the server, not by clients", JOBS_ORIGIN_KEY);
+    if (!rc) json_object_set_new(args, JOBS_ORIGIN_KEY, json_string("http"));
+    if (!rc && jobs_paths_check(kind, args, h->roots) < 0) {
+        json_decref(args);
+        json_decref(body);
+        return send_error(c, 403, ckpt_error_last());
+    }
     int64_t id = 0;
     bool existed = false;
-    if (!rc) rc = queue_submit(&h->store.cat, kind, args, &o, &id, &existed);
+    if (!rc) rc = queue_submit(&s->cat, kind, args, &o, &id, &existed);
     json_decref(args);
     json_decref(body);
     if (rc) return send_error(c, code_for(rc), ckpt_error_last());
-    return job_reply(h, c, existed ? 200 : 201, id);
+    return job_reply(h, s, c, existed ? 200 : 201, id);
 }
 
-static enum MHD_Result list_jobs(http_api *h, struct MHD_Connection *c)
+static enum MHD_Result list_jobs(http_api *h, ckpt_store *s, struct MHD_Connection *c)
 {
     const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
     const char *limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
     queue_job *jobs;
     size_t n;
-    int rc = queue_list(&h->store.cat, state, limit ? atoi(limit) : 100, &jobs, &n);
+    int rc = queue_list(&s->cat, state, limit ? atoi(limit) : 100, &jobs, &n);
     if (rc) return send_error(c, 500, ckpt_error_last());
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(a, queue_job_json(&jobs[i]));
@@ -172,10 +188,10 @@ static enum MHD_Result list_jobs(http_api *h, struct MHD_Connection *c)
     return send_json(c, 200, json_pack("{s:o}", "jobs", a));
 }
 
-static enum MHD_Result metrics(http_api *h, struct MHD_Connection *c)
+static enum MHD_Result metrics(http_api *h, ckpt_store *s, struct MHD_Connection *c)
 {
     json_t *counts;
-    if (queue_counts(&h->store.cat, &counts) < 0) return send_error(c, 500, ckpt_error_last());
+    if (queue_counts(&s->cat, &counts) < 0) return send_error(c, 500, ckpt_error_last());
     size_t cap = 4096, len = 0;
     char *out = ckpt_malloc(cap);
     if (!out) {
@@ -220,44 +236,43 @@ static enum MHD_Result metrics(http_api *h, struct MHD_Connection *c)
 }
 
 /* /v1/jobs/{id}[/logs|/retry] */
-static enum MHD_Result job_route(http_api *h, struct MHD_Connection *c, const char *method, const char *rest, int role)
+static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *method,
+                                 const char *rest, int role)
 {
     char *end;
     long long id = strtoll(rest, &end, 10);
     if (end == rest || id <= 0) return send_error(c, 404, "no such job");
-    if (!*end && !strcmp(method, "GET")) return job_reply(h, c, 200, id);
+    if (!*end && !strcmp(method, "GET")) return job_reply(h, s, c, 200, id);
     if (!*end && !strcmp(method, "DELETE")) {
         if (role < 2) return send_error(c, 403, "cancelling needs an admin token");
         bool running;
-        int rc = queue_cancel(&h->store.cat, id, &running);
+        int rc = queue_cancel(&s->cat, id, &running);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
-        return job_reply(h, c, 202, id);
+        return job_reply(h, s, c, 202, id);
     }
     if (!strcmp(end, "/retry") && !strcmp(method, "POST")) {
         if (role < 2) return send_error(c, 403, "retrying needs an admin token");
-        int rc = queue_retry(&h->store.cat, id);
+        int rc = queue_retry(&s->cat, id);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
-        return job_reply(h, c, 200, id);
+        return job_reply(h, s, c, 200, id);
     }
     if (!strcmp(end, "/logs") && !strcmp(method, "GET")) {
         const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
         queue_job j;
-        int rc = queue_get(&h->store.cat, id, &j);
+        int rc = queue_get(&s->cat, id, &j);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
         queue_job_free(&j);
         json_t *lines;
         int64_t last;
-        queue_logs(&h->store.cat, id, after ? atoll(after) : 0, &lines, &last);
+        queue_logs(&s->cat, id, after ? atoll(after) : 0, &lines, &last);
         return send_json(c, 200, json_pack("{s:o,s:I}", "lines", lines, "last", (json_int_t)last));
     }
     return send_error(c, 405, "method not allowed here");
 }
 
-static enum MHD_Result route(http_api *h, struct MHD_Connection *c, const char *url, const char *method,
+static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *url, const char *method,
                              const request *req)
 {
-    if (!strcmp(url, "/healthz"))
-        return send_json(c, 200, json_pack("{s:s,s:i}", "status", "ok", "workers", h->running ? atomic_load(h->running) : 0));
     int role = 2;
     if (h->ntokens) {
         role = token_role(h, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
@@ -265,19 +280,52 @@ static enum MHD_Result route(http_api *h, struct MHD_Connection *c, const char *
     }
     if (req->too_big) return send_error(c, 413, "request body too large");
     bool handled;
-    enum MHD_Result sr = store_http_route(&h->store, c, url, method, req->body, req->len, &handled);
+    enum MHD_Result sr = store_http_route(s, c, url, method, req->body, req->len, &handled);
     if (handled) return sr;
-    if (!strcmp(url, "/metrics")) return metrics(h, c);
+    if (!strcmp(url, "/metrics")) return metrics(h, s, c);
     if (!strcmp(url, "/v1/jobs")) {
-        if (!strcmp(method, "GET")) return list_jobs(h, c);
+        if (!strcmp(method, "GET")) return list_jobs(h, s, c);
         if (!strcmp(method, "POST")) {
             if (role < 2) return send_error(c, 403, "submitting needs an admin token");
-            return post_job(h, c, req);
+            return post_job(h, s, c, req);
         }
         return send_error(c, 405, "method not allowed here");
     }
-    if (!strncmp(url, "/v1/jobs/", 9)) return job_route(h, c, method, url + 9, role);
+    if (!strncmp(url, "/v1/jobs/", 9)) return job_route(h, s, c, method, url + 9, role);
     return send_error(c, 404, "no such endpoint");
+}
+
+/* Takes a free catalog connection (opened on first use), waiting while all
+ * are in use; -1 when one cannot be opened. */
+static int pool_take(http_api *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int slot = -1;
+    for (;;) {
+        for (int i = 0; i < HTTP_STORE_POOL && slot < 0; i++)
+            if (!h->busy[i]) slot = i;
+        if (slot >= 0) break;
+        pthread_cond_wait(&h->freed, &h->mu);
+    }
+    h->busy[slot] = true;
+    pthread_mutex_unlock(&h->mu);
+    if (!h->pool[slot].home && store_open(&h->pool[slot], h->home) < 0) {
+        memset(&h->pool[slot], 0, sizeof h->pool[slot]);
+        pthread_mutex_lock(&h->mu);
+        h->busy[slot] = false;
+        pthread_cond_signal(&h->freed);
+        pthread_mutex_unlock(&h->mu);
+        return -1;
+    }
+    return slot;
+}
+
+static void pool_give(http_api *h, int slot)
+{
+    pthread_mutex_lock(&h->mu);
+    h->busy[slot] = false;
+    pthread_cond_signal(&h->freed);
+    pthread_mutex_unlock(&h->mu);
 }
 
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -308,9 +356,14 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         *upload_size = 0;
         return MHD_YES;
     }
-    pthread_mutex_lock(&h->mu);
-    enum MHD_Result r = route(h, c, url, method, req);
-    pthread_mutex_unlock(&h->mu);
+    /* /healthz needs no store and waits for nothing. */
+    if (!strcmp(url, "/healthz"))
+        return send_json(c, 200,
+                         json_pack("{s:s,s:i}", "status", "ok", "workers", h->running ? atomic_load(h->running) : 0));
+    int slot = pool_take(h);
+    if (slot < 0) return send_error(c, 500, ckpt_error_last());
+    enum MHD_Result r = route(h, &h->pool[slot], c, url, method, req);
+    pool_give(h, slot);
     return r;
 }
 
@@ -332,7 +385,9 @@ int http_api_start(http_api **out, const http_api_opts *o)
     http_api *h = calloc(1, sizeof *h);
     if (!h) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
     pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->freed, NULL);
     h->running = o->running_workers;
+    h->roots = o->allow_roots;
     int rc = o->token_file ? load_tokens(h, o->token_file) : 0;
     char host[64] = "127.0.0.1";
     unsigned port = 8470;
@@ -353,14 +408,18 @@ int http_api_start(http_api **out, const http_api_opts *o)
         inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
         snprintf(host, sizeof host, "127.0.0.1");
     }
-    if (!rc) rc = store_open(&h->store, o->home);
+    if (!rc) rc = store_open(&h->pool[0], o->home); /* the first connection: CKPT_HOME must open */
+    if (!rc && !(h->home = ckpt_strdup(h->pool[0].home))) rc = CKPT_ENOMEM;
     if (!rc) {
         /* A thread per connection: a slow client or a long recipe assembly holds up no one else. */
         h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                                       MHD_USE_ERROR_LOG,
                                   0, NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                                   MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
-                                  (unsigned)120, MHD_OPTION_CONNECTION_LIMIT, (unsigned)256,
+                                  (unsigned)(o->idle_timeout > 0 ? o->idle_timeout : HTTP_IDLE_TIMEOUT_DEFAULT),
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                  (unsigned)(o->per_ip > 0 ? o->per_ip : HTTP_PER_IP_DEFAULT),
                                   MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
         if (!h->mhd) rc = ckpt_error_set(CKPT_EIO, "cannot listen on %s:%u (in use?)", host, port);
     }
@@ -384,8 +443,10 @@ void http_api_stop(http_api *h)
 {
     if (!h) return;
     if (h->mhd) MHD_stop_daemon(h->mhd);
-    if (h->store.home) store_close(&h->store);
-    for (size_t i = 0; i < h->ntokens; i++) free(h->tokens[i].token);
+    for (int i = 0; i < HTTP_STORE_POOL; i++)
+        if (h->pool[i].home) store_close(&h->pool[i]);
+    free(h->home);
+    pthread_cond_destroy(&h->freed);
     free(h->tokens);
     pthread_mutex_destroy(&h->mu);
     free(h);

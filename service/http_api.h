@@ -15,7 +15,10 @@
  * is left out): with any configured, every request but /healthz needs
  * "Authorization: Bearer TOKEN" (401), compared in constant time; submitting,
  * cancelling and retrying need an admin token (403). Without tokens the API
- * listens on loopback only. Bodies over HTTP_MAX_BODY get 413; malformed JSON,
+ * listens on loopback only. Jobs that name host paths (import, consolidate,
+ * merge-lora with a folder) are refused (403) unless every path resolves
+ * beneath an allowed root (--allow-path); submitted jobs carry
+ * "origin": "http" so the worker checks them again. Bodies over HTTP_MAX_BODY get 413; malformed JSON,
  * unknown kinds and bad arguments 400.
  */
 #ifndef CKPT_SERVICE_HTTP_API_H
@@ -26,6 +29,10 @@
 
 #define HTTP_MAX_BODY (1u << 20)
 #define HTTP_MAX_TOKENS 1024
+#define HTTP_STORE_POOL 8           /* catalog connections requests share */
+#define HTTP_MAX_CONNECTIONS 256     /* all clients together */
+#define HTTP_PER_IP_DEFAULT 32       /* connections one client address may hold */
+#define HTTP_IDLE_TIMEOUT_DEFAULT 15 /* seconds a connection may send nothing (headers included) */
 
 typedef struct http_api http_api;
 
@@ -34,6 +41,8 @@ typedef struct {
     const char *token_file; /* NULL: no tokens, loopback only */
     const char *home; /* CKPT_HOME: the queue and the store it serves */
     atomic_int *running_workers; /* for /metrics and /healthz */
+    int per_ip, idle_timeout; /* 0: HTTP_PER_IP_DEFAULT, HTTP_IDLE_TIMEOUT_DEFAULT */
+    char *const *allow_roots; /* host folders jobs may name (jobs_paths_check); NULL: none */
 } http_api_opts;
 
 int http_api_start(http_api **out, const http_api_opts *o);

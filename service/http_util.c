@@ -1,10 +1,24 @@
-/* http_util.c — see http_util.h. */
+/* http_util.c — answering requests with text and JSON, and API token digests (see http_util.h). */
 #include "service/http_util.h"
 
 #include "common/util.h"
 
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+
+void http_token_digest(const char *token, size_t len, unsigned char out[HTTP_TOKEN_DIGEST])
+{
+    unsigned int n = 0;
+    if (!EVP_Digest(token, len, out, &n, EVP_sha256(), NULL) || n != HTTP_TOKEN_DIGEST)
+        memset(out, 0, HTTP_TOKEN_DIGEST); /* cannot happen; an all-zero digest matches no token's */
+}
+
+bool http_token_equal(const unsigned char a[HTTP_TOKEN_DIGEST], const unsigned char b[HTTP_TOKEN_DIGEST])
+{
+    return CRYPTO_memcmp(a, b, HTTP_TOKEN_DIGEST) == 0;
+}
 
 static struct MHD_Response *text_response(const char *type, char *text)
 {

@@ -11,9 +11,11 @@
 #include "workers/convert.h"
 #include "workers/hub.h"
 #include "workers/materialize.h"
+#include "workers/presets.h"
 #include "workers/store_convert.h"
 #include "workers/store_lora.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -189,6 +191,55 @@ static bool has_str(const json_t *a, const char *k)
     return json_is_string(json_object_get(a, k));
 }
 
+/* A ref must parse (REPO[@REV][:LAYOUT]); the message names the job and the argument. */
+static int check_ref(const char *kind, const char *key, const char *ref)
+{
+    char *repo, *rev, *layout;
+    int rc = store_ref_parse(ref, &repo, &rev, &layout);
+    free(repo);
+    free(rev);
+    free(layout);
+    return rc ? ckpt_error_prefix(rc, "job '%s': %s", kind, key) : 0;
+}
+
+/* What can be told without the store: layout names, --tp, --dtype, refs and
+ * repo names. Checked at submit time (CLI, HTTP) and again in the worker. */
+static int check_values(const char *kind, const json_t *a)
+{
+    const char *ref = json_string_value(json_object_get(a, "ref"));
+    int rc = ref ? check_ref(kind, "ref", ref) : 0;
+    if (!rc && !strcmp(kind, "convert")) {
+        json_int_t tp = json_integer_value(json_object_get(a, "tp"));
+        preset_opts po = {.preset = json_string_value(json_object_get(a, "layout")),
+                          .tp = tp == 0 ? 1 : tp > 1024 ? 1025 : (int)tp, /* 0 or absent: no TP */
+                          .kv_size_multiplier = json_integer_value(json_object_get(a, "kv_size_multiplier")),
+                          .dtype = json_string_value(json_object_get(a, "dtype"))};
+        rc = preset_check(&po);
+        if (rc) rc = ckpt_error_prefix(rc, "job 'convert'");
+    }
+    if (!rc && (!strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora"))) {
+        const char *ad = json_string_value(json_object_get(a, "adapter"));
+        if (ad[0] != '/') rc = check_ref(kind, "adapter (a stored ref, or an absolute folder path)", ad);
+    }
+    if (!rc && (!strcmp(kind, "import") || !strcmp(kind, "fetch"))) {
+        const char *repo = json_string_value(json_object_get(a, "repo"));
+        const char *at = strchr(repo, '@');
+        char *name = at ? ckpt_strndup(repo, (size_t)(at - repo)) : ckpt_strdup(repo);
+        rc = !name ? CKPT_ENOMEM : store_repo_name_check(name);
+        if (!rc && at && (!strcmp(kind, "fetch") || !at[1]))
+            rc = ckpt_error_set(CKPT_EINVAL, "'%s': %s", repo,
+                                at[1] ? "give the revision in 'revision', not in 'repo'" : "empty revision after '@'");
+        if (rc && name) rc = ckpt_error_prefix(rc, "job '%s': repo", kind);
+        free(name);
+    }
+    if (!rc && !strcmp(kind, "import") && json_string_value(json_object_get(a, "dir"))[0] != '/')
+        rc = ckpt_error_set(CKPT_EINVAL, "job 'import': 'dir' must be an absolute path");
+    if (!rc && !strcmp(kind, "consolidate") && (json_string_value(json_object_get(a, "src"))[0] != '/' ||
+                                                json_string_value(json_object_get(a, "dst"))[0] != '/'))
+        rc = ckpt_error_set(CKPT_EINVAL, "job 'consolidate': 'src' and 'dst' must be absolute paths");
+    return rc;
+}
+
 int jobs_args_check(const char *kind, const json_t *a)
 {
     if (!json_is_object(a)) return ckpt_error_set(CKPT_EINVAL, "job arguments must be a JSON object");
@@ -221,6 +272,102 @@ int jobs_args_check(const char *kind, const json_t *a)
         json_array_foreach(v, i, item) strings = strings && json_is_string(item);
         if (!json_is_string(v) && !json_is_integer(v) && !strings && !(json_is_real(v) && !strcmp(key, "scale")))
             return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must be a string, a number or a list of strings", kind, key);
+    }
+    return check_values(kind, a);
+}
+
+/* ---- host paths and the roots they must stay under ---- */
+
+/* canon is root or inside it; strictly inside when the job writes there
+ * (it writes DST.tmp-* beside DST, which must stay inside too). */
+static bool beneath(const char *canon, const char *root, bool strictly)
+{
+    size_t n = strlen(root);
+    if (n == 1 && root[0] == '/') return canon[1] != '\0' || !strictly;
+    return !strncmp(canon, root, n) && ((canon[n] == '\0' && !strictly) || canon[n] == '/');
+}
+
+/* The canonical form of path (every symlink resolved); a path that does not
+ * exist yet (may_be_new) is its canonical parent plus its last name. */
+static char *canonical(const char *path, bool may_be_new)
+{
+    char buf[PATH_MAX];
+    if (realpath(path, buf)) return ckpt_strdup(buf);
+    if (!may_be_new || errno != ENOENT) return NULL;
+    const char *slash = strrchr(path, '/');
+    const char *name = slash ? slash + 1 : path;
+    if (!slash || !*name || !strcmp(name, ".") || !strcmp(name, "..")) return NULL;
+    char *parent = slash == path ? ckpt_strdup("/") : ckpt_strndup(path, (size_t)(slash - path));
+    char *pc = parent && realpath(parent, buf) ? ckpt_strdup(buf) : NULL;
+    char *out = pc ? ckpt_path_join(pc, name) : NULL;
+    free(parent);
+    free(pc);
+    return out;
+}
+
+int jobs_allow_roots(char **paths, size_t n, char ***roots)
+{
+    *roots = ckpt_calloc(n + 1, sizeof **roots);
+    if (!*roots) return CKPT_ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        char buf[PATH_MAX];
+        bool found = realpath(paths[i], buf) != NULL;
+        if (!found || !ckpt_is_dir(buf)) {
+            int rc = found ? ckpt_error_set(CKPT_EINVAL, "--allow-path %s: not a folder", paths[i])
+                           : ckpt_error_sys("--allow-path %s", paths[i]);
+            jobs_allow_roots_free(*roots);
+            *roots = NULL;
+            return rc;
+        }
+        if (!((*roots)[i] = ckpt_strdup(buf))) {
+            jobs_allow_roots_free(*roots);
+            *roots = NULL;
+            return CKPT_ENOMEM;
+        }
+    }
+    return 0;
+}
+
+void jobs_allow_roots_free(char **roots)
+{
+    for (size_t i = 0; roots && roots[i]; i++) free(roots[i]);
+    free(roots);
+}
+
+bool jobs_from_remote(const json_t *args)
+{
+    return json_object_get(args, JOBS_ORIGIN_KEY) != NULL; /* whatever its value: never trusted */
+}
+
+int jobs_paths_check(const char *kind, json_t *args, char *const *roots)
+{
+    static const struct {
+        const char *kind, *key;
+        bool may_be_new;
+    } path_args[] = {{"import", "dir", false},        {"consolidate", "src", false}, {"consolidate", "dst", true},
+                     {"merge-lora", "adapter", false}, {"unmerge-lora", "adapter", false}};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(path_args); i++) {
+        if (strcmp(kind, path_args[i].kind)) continue;
+        const char *key = path_args[i].key, *p = json_string_value(json_object_get(args, key));
+        if (!p || p[0] != '/') continue; /* an adapter given as a stored ref */
+        if (!roots || !roots[0])
+            return ckpt_error_set(CKPT_EINVAL,
+                                  "job '%s': '%s' is a host path, and jobs from the HTTP API may not name host paths "
+                                  "unless the daemon runs with --allow-path DIR",
+                                  kind, key);
+        char *canon = canonical(p, path_args[i].may_be_new);
+        bool ok = false;
+        for (size_t r = 0; canon && roots[r] && !ok; r++) ok = beneath(canon, roots[r], path_args[i].may_be_new);
+        if (!ok) {
+            int rc = ckpt_error_set(CKPT_EINVAL, "job '%s': %s '%s' is not under an --allow-path folder of the daemon",
+                                    kind, key, p);
+            free(canon);
+            return rc;
+        }
+        /* From here on the job uses the resolved path: no symlink of the
+         * given path is followed again. */
+        json_object_set_new(args, key, json_string(canon));
+        free(canon);
     }
     return 0;
 }

@@ -33,6 +33,19 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args);
 int jobs_args_hub_pair(int argc, char **argv, json_t **fetch, json_t **convert);
 /* Checks a job's arguments (from the HTTP API): right fields, right types. */
 int jobs_args_check(const char *kind, const json_t *args);
+/* Where a job came from: the HTTP API sets args["origin"] = "http" (and
+ * refuses clients that set it); jobs queued with `ckpt submit` on the local
+ * database have none and are the operator's own. */
+#define JOBS_ORIGIN_KEY "origin"
+bool jobs_from_remote(const json_t *args);
+/* The host paths of a job (import dir, consolidate src and dst, a merge-lora
+ * adapter folder) must each resolve (symlinks followed, realpath) beneath one
+ * of roots (canonical folders, NULL-terminated; NULL or empty: none allowed).
+ * Each path in args is replaced by its canonical form. CKPT_EINVAL otherwise. */
+int jobs_paths_check(const char *kind, json_t *args, char *const *roots);
+/* Canonicalises --allow-path folders (each must exist): a NULL-terminated array. */
+int jobs_allow_roots(char **paths, size_t n, char ***roots);
+void jobs_allow_roots_free(char **roots);
 /* Runs a job in this process. *transient tells a retry may succeed. *result
  * may receive a JSON summary (caller frees). */
 int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transient, json_t **result);

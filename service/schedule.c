@@ -7,6 +7,7 @@
 #include "common/util.h"
 #include "service/cron.h"
 #include "service/queue.h"
+#include "workers/presets.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -131,6 +132,17 @@ int schedule_add(catalog *c, schedule *sc)
         return ckpt_error_set(CKPT_EINVAL, "a schedule needs --every or --cron (one of them)");
     if (json_array_size(sc->layouts) > SCHEDULE_MAX_LAYOUTS)
         return ckpt_error_set(CKPT_ELIMIT, "more than %d layouts", SCHEDULE_MAX_LAYOUTS);
+    size_t li;
+    json_t *l;
+    json_array_foreach(sc->layouts, li, l)
+    {
+        /* A bad layout is refused now, not when the first sync converts hours later. */
+        json_t *tp = json_object_get(l, "tp");
+        json_int_t n = tp ? json_integer_value(tp) : 1;
+        preset_opts po = {.preset = json_string_value(json_object_get(l, "layout")),
+                          .tp = n < 0 || n > 1024 ? 0 : (int)n};
+        if ((rc = preset_check(&po))) return rc;
+    }
     double now = queue_now();
     sc->next_run_at = now;
     if (sc->cron && (rc = schedule_next_after(sc, now, &sc->next_run_at))) return rc;

@@ -4,13 +4,16 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "service/http_util.h"
 #include "storage/archive.h"
 #include "storage/checkpoint.h"
 #include "workers/materialize.h"
+#include "workers/store_archive.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
 #include <pthread.h>
@@ -255,6 +258,78 @@ static void git_oid(const void *data, size_t len, char out[41])
     for (unsigned i = 0; i < 20 && i < n; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
+/* git oids of non-LFS files by content sha256: a file's bytes never change
+ * under its sha256, so each blob is hashed once per daemon, not on every
+ * tree, paths-info and resolve call. Direct-mapped on the sha256's first
+ * hex digits; a collision just hashes again. */
+#define OID_CACHE_SLOTS 4096
+static struct {
+    char sha256[65];
+    char oid[41];
+} oid_cache[OID_CACHE_SLOTS];
+static pthread_mutex_t oid_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t oid_slot(const char *sha256)
+{
+    char head[5];
+    snprintf(head, sizeof head, "%.4s", sha256);
+    return (size_t)strtoul(head, NULL, 16) % OID_CACHE_SLOTS;
+}
+
+static bool oid_cached(const char *sha256, char out[41])
+{
+    size_t i = oid_slot(sha256);
+    pthread_mutex_lock(&oid_cache_mu);
+    bool hit = !strcmp(oid_cache[i].sha256, sha256);
+    if (hit) memcpy(out, oid_cache[i].oid, 41);
+    pthread_mutex_unlock(&oid_cache_mu);
+    return hit;
+}
+
+static void oid_remember(const char *sha256, const char oid[41])
+{
+    size_t i = oid_slot(sha256);
+    pthread_mutex_lock(&oid_cache_mu);
+    snprintf(oid_cache[i].sha256, sizeof oid_cache[i].sha256, "%s", sha256);
+    memcpy(oid_cache[i].oid, oid, 41);
+    pthread_mutex_unlock(&oid_cache_mu);
+}
+
+/* git's blob id of a stored blob, read in pieces (no lock held). */
+static int blob_git_oid(const char *path, uint64_t size, char out[41])
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ckpt_error_sys("%s: open", path);
+    char head[64];
+    int hn = snprintf(head, sizeof head, "blob %llu", (unsigned long long)size) + 1;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    char *buf = ckpt_malloc(STORE_HTTP_CHUNK);
+    int rc = ctx && buf ? 0 : CKPT_ENOMEM;
+    if (!rc) {
+        EVP_DigestInit_ex(ctx, EVP_sha1(), NULL);
+        EVP_DigestUpdate(ctx, head, (size_t)hn);
+    }
+    uint64_t left = size;
+    while (!rc && left) {
+        ssize_t n = read(fd, buf, left < STORE_HTTP_CHUNK ? (size_t)left : STORE_HTTP_CHUNK);
+        if (n < 0) rc = ckpt_error_sys("%s: read", path);
+        else if (n == 0) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: shorter than its catalog size", path);
+        else {
+            EVP_DigestUpdate(ctx, buf, (size_t)n);
+            left -= (uint64_t)n;
+        }
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdn = 0;
+    if (ctx) EVP_DigestFinal_ex(ctx, md, &mdn);
+    if (!rc)
+        for (unsigned i = 0; i < 20 && i < mdn; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    EVP_MD_CTX_free(ctx);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
 static void file_oid(ckpt_store *s, const store_file_row *f, char out[41])
 {
     char ptr[256];
@@ -263,11 +338,10 @@ static void file_oid(ckpt_store *s, const store_file_row *f, char out[41])
         git_oid(ptr, strlen(ptr), out);
         return;
     }
-    char *path = store_blob_path(s, f->blob), *text = NULL;
-    size_t len = 0;
-    if (path && ckpt_read_file(path, INLINE_OID_MAX, &text, &len) == 0) git_oid(text, len, out);
+    if (oid_cached(f->sha256, out)) return;
+    char *path = store_blob_path(s, f->blob);
+    if (path && blob_git_oid(path, f->size, out) == 0) oid_remember(f->sha256, out);
     else git_oid("", 0, out);
-    free(text);
     free(path);
 }
 
@@ -636,77 +710,109 @@ static json_t *ckpt_json(const store_ckpt *c)
     return j;
 }
 
+/* ---- archive.tar ---- */
+
+/* The tar (store_archive.h) is written by a thread into a pipe that the
+ * response reads: nothing is staged on disk, and a slow client just makes
+ * the writer wait. A failure found before the answer starts is an error
+ * status; one found after it aborts the connection (no final chunk), so a
+ * client sees a truncated transfer, never a clean 200. */
 typedef struct {
+    store_archive *ar;
     char *home;
     int64_t id;
-    int rank;
     bool zstd;
-    int fd;
-    char *tmp;
-} tar_job;
+    int wfd; /* the pipe's write end; closed by the writer when it ends */
+    int rfd;
+    int rc; /* the writer's outcome, read after joining it */
+    pthread_t th;
+    bool joined;
+} tar_stream;
 
-/* The tar is produced by a thread writing into a pipe that libmicrohttpd
- * reads: the archive is never held whole, and a slow client just makes the
- * writer wait. The checkpoint is assembled in a temp folder first (pull). */
 static void *tar_writer(void *arg)
 {
-    tar_job *t = arg;
-    materialize_opts mo = {.rank = t->rank, .force = true, .quiet = true};
-    char fdpath[32];
-    snprintf(fdpath, sizeof fdpath, "/dev/fd/%d", t->fd);
-    ckpt_store s; /* its own connection: this thread outlives the request */
-    store_ckpt c;
-    if (store_open(&s, t->home) == 0) {
-        if (store_get(&s, t->id, &c) == 0) {
-            if (store_materialize(&s, &c, t->tmp, &mo) == 0) ckpt_archive_write_tree(t->tmp, fdpath, t->zstd);
-            store_ckpt_free(&c);
-        }
+    tar_stream *ts = arg;
+    ckpt_store s; /* its own connection: the request's goes back to the pool */
+    ts->rc = store_open(&s, ts->home);
+    if (!ts->rc) {
+        ts->rc = store_archive_write(ts->ar, &s, ts->wfd, ts->zstd);
         store_close(&s);
     }
-    close(t->fd);
-    ckpt_rm_rf(t->tmp);
-    free(t->tmp);
-    free(t->home);
-    free(t);
+    if (ts->rc) ckpt_warn("archive of checkpoint %lld: %s", (long long)ts->id, ckpt_error_last());
+    close(ts->wfd);
     return NULL;
+}
+
+static ssize_t tar_stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    tar_stream *ts = cls;
+    ssize_t n;
+    do n = read(ts->rfd, buf, max);
+    while (n < 0 && errno == EINTR);
+    if (n > 0) return n;
+    if (!ts->joined) {
+        pthread_join(ts->th, NULL);
+        ts->joined = true;
+    }
+    return n == 0 && ts->rc == 0 ? MHD_CONTENT_READER_END_OF_STREAM : MHD_CONTENT_READER_END_WITH_ERROR;
+}
+
+static void tar_stream_free(void *cls)
+{
+    tar_stream *ts = cls;
+    close(ts->rfd); /* a writer still at work gets EPIPE and stops */
+    if (!ts->joined) pthread_join(ts->th, NULL);
+    store_archive_free(ts->ar);
+    free(ts->home);
+    free(ts);
 }
 
 static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, const store_ckpt *ck, bool zstd)
 {
-    const char *rank = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
-    uint64_t r = 0;
-    if (rank && (ckpt_parse_u64(rank, &r) < 0 || r > 1023)) {
-        char msg[160];
-        snprintf(msg, sizeof msg, "rank '%.40s' is not a number from 0 to 1023", rank);
-        return http_send_error(c, 400, msg, NULL, NULL);
+    const char *rank_text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "rank");
+    long rank = -1;
+    if (rank_text) {
+        char *end;
+        rank = strtol(rank_text, &end, 10);
+        if (end == rank_text || *end || rank < 0 || rank > 1023) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "rank '%.40s' is not a number 0..1023", rank_text);
+            return http_send_error(c, 400, msg, NULL, NULL);
+        }
     }
-    if (rank && materialize_rank_check(s, ck, (int)r) < 0)
-        return http_send_error(c, 400, ckpt_error_last(), NULL, NULL);
-    int p[2];
-    if (pipe2(p, O_CLOEXEC) < 0) return http_send_error(c, 500, "cannot make a pipe", NULL, NULL);
-    tar_job *t = calloc(1, sizeof *t);
-    char *base = store_tmp_base(s, "serve");
-    if (!t || !base || ckpt_tmpdir_create(base, &t->tmp) < 0) {
-        free(base);
-        free(t);
-        close(p[0]);
-        close(p[1]);
-        return http_send_error(c, 500, ckpt_error_last(), NULL, NULL);
+    tar_stream *ts = ckpt_calloc(1, sizeof *ts);
+    int rc = ts ? store_archive_plan(s, ck, (int)rank, &ts->ar) : CKPT_ENOMEM;
+    unsigned status = rc == CKPT_EINVAL ? 400 : 500;
+    int p[2] = {-1, -1};
+    if (!rc && !(ts->home = ckpt_strdup(s->home))) rc = CKPT_ENOMEM;
+    if (!rc && pipe2(p, O_CLOEXEC) < 0) rc = ckpt_error_sys("pipe");
+    if (!rc) {
+        ts->id = ck->id;
+        ts->zstd = zstd;
+        ts->wfd = p[1];
+        ts->rfd = p[0];
+        if (pthread_create(&ts->th, NULL, tar_writer, ts)) {
+            close(p[0]);
+            close(p[1]);
+            rc = ckpt_error_set(CKPT_EIO, "cannot start an archive writer");
+        }
     }
-    free(base);
-    t->home = ckpt_strdup(s->home);
-    t->id = ck->id;
-    t->rank = rank ? (int)r : -1;
-    t->zstd = zstd;
-    t->fd = p[1];
-    pthread_t th;
-    if (pthread_create(&th, NULL, tar_writer, t)) {
-        close(p[0]);
-        close(p[1]);
-        return http_send_error(c, 500, "cannot start a writer", NULL, NULL);
+    if (rc) {
+        enum MHD_Result ret = http_send_error(c, status, ckpt_error_last(), NULL, NULL);
+        if (ts) {
+            store_archive_free(ts->ar);
+            free(ts->home);
+            free(ts);
+        }
+        return ret;
     }
-    pthread_detach(th);
-    struct MHD_Response *resp = MHD_create_response_from_pipe(p[0]);
+    struct MHD_Response *resp =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, tar_stream_cb, ts, tar_stream_free);
+    if (!resp) {
+        tar_stream_free(ts);
+        return MHD_NO;
+    }
     MHD_add_response_header(resp, "Content-Type", zstd ? "application/zstd" : "application/x-tar");
     enum MHD_Result ret = MHD_queue_response(c, 200, resp);
     MHD_destroy_response(resp);

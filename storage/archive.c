@@ -231,3 +231,50 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
     if (rc && !to_stdout) unlink(out);
     return rc;
 }
+
+int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, size_t n, int64_t mtime,
+                               ckpt_archive_read_fn rd, void *ctx)
+{
+    struct archive *a = archive_write_new();
+    if (!a) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    int rc = 0;
+    archive_write_set_format_pax_restricted(a);
+    archive_write_set_bytes_in_last_block(a, 1); /* no zero padding after a zstd frame */
+    if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
+        rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
+    if (!rc && archive_write_open_fd(a, fd) != ARCHIVE_OK)
+        rc = ckpt_error_set(CKPT_EIO, "archive output: %s", archive_error_string(a));
+    char *buf = rc ? NULL : ckpt_malloc(ARCHIVE_BLOCK);
+    if (!rc && !buf) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (!entry_name_safe(e[i].name)) {
+            rc = ckpt_error_set(CKPT_EINVAL, "'%s' is not a safe archive name", e[i].name);
+            break;
+        }
+        struct archive_entry *ae = archive_entry_new();
+        if (!ae) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        archive_entry_set_pathname(ae, e[i].name);
+        archive_entry_set_size(ae, (la_int64_t)e[i].size);
+        archive_entry_set_filetype(ae, AE_IFREG);
+        archive_entry_set_perm(ae, 0644);
+        archive_entry_set_mtime(ae, (time_t)mtime, 0);
+        if (archive_write_header(a, ae) != ARCHIVE_OK)
+            rc = ckpt_error_set(CKPT_EIO, "%s: %s", e[i].name, archive_error_string(a));
+        for (uint64_t off = 0; !rc && off < e[i].size;) {
+            size_t len = e[i].size - off < ARCHIVE_BLOCK ? (size_t)(e[i].size - off) : ARCHIVE_BLOCK;
+            if ((rc = rd(ctx, i, off, buf, len))) break;
+            if (archive_write_data(a, buf, len) != (la_ssize_t)len)
+                rc = ckpt_error_set(CKPT_EIO, "writing the archive: %s", archive_error_string(a));
+            off += len;
+        }
+        archive_entry_free(ae);
+    }
+    if (!rc && archive_write_close(a) != ARCHIVE_OK)
+        rc = ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
+    archive_write_free(a);
+    free(buf);
+    return rc;
+}

@@ -10,6 +10,8 @@
 #define CKPT_STORAGE_ARCHIVE_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #define ARCHIVE_MAX_ENTRIES 100000
 #define ARCHIVE_MAX_BYTES (4ULL << 40)
@@ -21,5 +23,19 @@ int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **
 /* Writes the files under dir as a tar (zstd-compressed when zstd) to out
  * ("-" for standard output); names are relative to dir, sorted. */
 int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd);
+
+/* Streams a tar (zstd-compressed when zstd) of n regular files to fd, their
+ * bytes read through rd(ctx, i, off, buf, len) (0 or an error code): nothing
+ * is staged on disk. Names must be relative and free of "..". On an error
+ * the stream stops at that entry and the error is returned: the caller must
+ * make the failure visible (libarchive may still have written its end
+ * blocks). */
+typedef struct {
+    const char *name;
+    uint64_t size;
+} ckpt_archive_entry;
+typedef int (*ckpt_archive_read_fn)(void *ctx, size_t i, uint64_t off, void *buf, size_t len);
+int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, size_t n, int64_t mtime,
+                               ckpt_archive_read_fn rd, void *ctx);
 
 #endif

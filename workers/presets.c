@@ -196,26 +196,34 @@ char *preset_layout_name(const preset_opts *o)
     return ckpt_sprintf("%s%s%s%s", o->preset, tp, kv, dt);
 }
 
-int preset_rules(json_t **out, const json_t *config, const preset_opts *o, const char *what)
+int preset_check(const preset_opts *o)
 {
-    *out = NULL;
     static const char *const known[] = {"neuron", "fused", "easydel", "hf"};
     bool ok = false;
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(known); i++) ok |= !strcmp(o->preset, known[i]);
-    if (!ok) return ckpt_error_set(CKPT_EINVAL, "unknown layout '%s' (known: neuron, fused, easydel, hf)", o->preset);
+    for (size_t i = 0; o->preset && i < CKPT_ARRAY_LEN(known); i++) ok |= !strcmp(o->preset, known[i]);
+    if (!ok)
+        return ckpt_error_set(CKPT_EINVAL, "unknown layout '%s' (known: neuron, fused, easydel, hf)",
+                              o->preset ? o->preset : "");
     if (o->tp < 1 || o->tp > 1024) return ckpt_error_set(CKPT_EINVAL, "--tp must be between 1 and 1024");
     ckpt_dtype dt;
     if (o->dtype && (ckpt_dtype_from_name(o->dtype, &dt) < 0 || !ckpt_dtype_is_castable_float(dt)))
         return ckpt_error_set(CKPT_EINVAL, "--dtype '%s' is not one of bf16, f16, f32", o->dtype);
+    if (o->kv_size_multiplier && strcmp(o->preset, "neuron"))
+        return ckpt_error_set(CKPT_EINVAL, "--kv-size-multiplier applies to the neuron layout only");
+    return 0;
+}
+
+int preset_rules(json_t **out, const json_t *config, const preset_opts *o, const char *what)
+{
+    *out = NULL;
+    int rc = preset_check(o);
+    if (rc) return rc;
     model_geom g = {0};
-    int rc = 0;
     bool needs_config = strcmp(o->preset, "hf") != 0 || o->tp > 1;
     if (needs_config) {
         if (!config) return ckpt_error_set(CKPT_ENOTFOUND, "%s: layout '%s' needs config.json", what, o->preset);
         if ((rc = read_geometry(config, &g, what))) return rc;
     }
-    if (o->kv_size_multiplier && strcmp(o->preset, "neuron"))
-        return ckpt_error_set(CKPT_EINVAL, "--kv-size-multiplier applies to the neuron layout only");
     json_t *rules = json_array();
     if (!rules) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
     if (!strcmp(o->preset, "neuron")) rc = neuron_rules(rules, &g, o);

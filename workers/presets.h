@@ -30,6 +30,9 @@ typedef struct {
     const char *dtype;          /* NULL: keep dtypes */
 } preset_opts;
 
+/* Checks the options alone (known preset, tp 1..1024, dtype, kv multiplier
+ * for neuron only), before any config is read: CKPT_EINVAL with a message. */
+int preset_check(const preset_opts *o);
 /* Builds the rules document; `what` names the config in errors. */
 int preset_rules(json_t **out, const json_t *config, const preset_opts *o, const char *what);
 /* The layout name for options, e.g. "neuron-tp8", "fused", "hf-f16". malloc'd. */

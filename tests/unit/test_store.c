@@ -1,14 +1,18 @@
-/* test_store.c — blob leases against gc, and claims of stored blobs, on a
- * generated checkpoint imported into a scratch store. */
+/* test_store.c — blob leases against gc, claims of stored blobs, and the
+ * streamed archive of a checkpoint (store_archive.h), on a generated
+ * checkpoint imported into a scratch store. */
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/util.h"
 #include "storage/store.h"
 #include "tests/support/scratch.h"
+#include "storage/archive.h"
 #include "workers/genmodel.h"
+#include "workers/store_archive.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -153,6 +157,87 @@ static void test_claim(void **state)
     store_close(&s);
 }
 
+/* Writes the archive of ck to root/NAME; returns store_archive_write's code. */
+static int archive_to(ckpt_store *s, store_archive *ar, const char *root, const char *name)
+{
+    char *path = ckpt_path_join(root, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    int rc = store_archive_write(ar, s, fd, false);
+    close(fd);
+    free(path);
+    return rc;
+}
+
+/* The archive holds every file with its stored bytes, and nothing is staged
+ * under CKPT_HOME/tmp; a rank on a checkpoint without ranks is refused when
+ * planned; a missing blob fails the plan (before any byte), a damaged one
+ * fails the write. */
+static void test_archive_stream(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(root, &s, &ck);
+    store_archive *ar = NULL;
+    assert_int_equal(store_archive_plan(&s, &ck, 0, &ar), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "not a tensor-parallel layout");
+    assert_null(ar);
+    assert_int_equal(store_archive_plan(&s, &ck, -1, &ar), 0);
+    assert_int_equal(archive_to(&s, ar, root, "a.tar"), 0);
+    char *tmp = ckpt_path_join(s.home, "tmp");
+    DIR *d = opendir(tmp);
+    struct dirent *e;
+    while (d && (e = readdir(d))) assert_true(!strcmp(e->d_name, ".") || !strcmp(e->d_name, ".."));
+    if (d) closedir(d);
+    char *tarp = ckpt_path_join(root, "a.tar"), *base = ckpt_path_join(root, "x"), *out = NULL;
+    assert_int_equal(ckpt_archive_extract(tarp, base, &out), 0);
+    const char *files[] = {"config.json", "model.safetensors"};
+    for (size_t i = 0; i < 2; i++) {
+        char *a = ckpt_path_join(out, files[i]), *b = ckpt_sprintf("%s/src/%s", root, files[i]);
+        char *ta, *tb;
+        size_t la, lb;
+        assert_int_equal(ckpt_read_file(a, 1u << 30, &ta, &la), 0);
+        assert_int_equal(ckpt_read_file(b, 1u << 30, &tb, &lb), 0);
+        assert_int_equal(la, lb);
+        assert_memory_equal(ta, tb, la);
+        free(ta);
+        free(tb);
+        free(a);
+        free(b);
+    }
+    /* config.json's blob, damaged in place (same size): the write fails. */
+    store_file_row *rows;
+    size_t n;
+    assert_int_equal(store_files_load(&s, ck.id, &rows, &n), 0);
+    char *blob = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(rows[i].path, "config.json")) blob = store_blob_path(&s, rows[i].blob);
+    store_files_free(rows, n);
+    assert_non_null(blob);
+    chmod(blob, 0600);
+    FILE *f = fopen(blob, "r+b");
+    assert_non_null(f);
+    int c0 = fgetc(f);
+    fseek(f, 0, SEEK_SET);
+    fputc(c0 ^ 1, f);
+    fclose(f);
+    assert_int_equal(archive_to(&s, ar, root, "b.tar"), CKPT_ECORRUPT);
+    assert_contains(ckpt_error_last(), "config.json");
+    store_archive_free(ar);
+    /* Gone: the plan fails. */
+    assert_int_equal(unlink(blob), 0);
+    assert_int_equal(store_archive_plan(&s, &ck, -1, &ar), CKPT_ECORRUPT);
+    assert_null(ar);
+    free(blob);
+    free(out);
+    free(base);
+    free(tarp);
+    free(tmp);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
 /* A live process has a start time; one that exited and is not reaped yet
  * (a zombie: a killed worker before its daemon waits for it) has none, so gc
  * does not keep its leases and temp files as a live writer's. */
@@ -188,6 +273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_archive_stream, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
