@@ -59,8 +59,7 @@ static int count_ranks(const store_file_row *rows, size_t n)
     return max + 1;
 }
 
-/* A rank must name one of the layout's tp_rank_NN/ folders. */
-static int rank_check(const store_file_row *rows, size_t n, int64_t id, int rank)
+int materialize_rank_check_files(const store_file_row *rows, size_t n, int64_t id, int rank)
 {
     if (rank < 0) return 0;
     int ranks = count_ranks(rows, n);
@@ -81,7 +80,7 @@ int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank)
     size_t n;
     int rc = store_files_load(s, c->id, &rows, &n);
     if (rc) return rc;
-    rc = rank_check(rows, n, c->id, rank);
+    rc = materialize_rank_check_files(rows, n, c->id, rank);
     store_files_free(rows, n);
     return rc;
 }
@@ -92,7 +91,7 @@ static int load_files(pull_state *ps, int rank)
     size_t n;
     int rc = store_files_load(ps->s, ps->id, &rows, &n);
     if (rc) return rc;
-    if ((rc = rank_check(rows, n, ps->id, rank))) {
+    if ((rc = materialize_rank_check_files(rows, n, ps->id, rank))) {
         store_files_free(rows, n);
         return rc;
     }

@@ -25,6 +25,9 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
 /* rank -1, or one of the checkpoint's tp_rank_NN/ folders; else CKPT_EINVAL
  * (a checkpoint without such folders has no ranks). */
 int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank);
+/* The same over a checkpoint's file rows (id names it in the message): a rank
+ * (>= 0) must name one of its tp_rank_NN/ folders. */
+int materialize_rank_check_files(const store_file_row *rows, size_t n, int64_t id, int rank);
 
 /* Random access to one stored file, without materialising it: the header
  * from the catalog, tensor bytes from blobs or assembled from recipes. */

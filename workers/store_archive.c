@@ -48,15 +48,7 @@ int store_archive_plan(ckpt_store *s, const store_ckpt *c, int rank, store_archi
     store_file_row *rows = NULL;
     size_t n = 0;
     if (!rc) rc = store_files_load(s, c->id, &rows, &n);
-    int ntp = 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        int r;
-        if (sscanf(rows[i].path, "tp_rank_%d/", &r) == 1 && r >= 0 && r < 1024 && r + 1 > ntp) ntp = r + 1;
-    }
-    if (!rc && rank >= 0 && ntp == 0)
-        rc = ckpt_error_set(CKPT_EINVAL, "rank %d: this checkpoint is not a tensor-parallel layout", rank);
-    else if (!rc && rank >= ntp)
-        rc = ckpt_error_set(CKPT_EINVAL, "rank %d is out of range: the layout has ranks 0..%d", rank, ntp - 1);
+    if (!rc) rc = materialize_rank_check_files(rows, n, c->id, rank); /* the rule pull follows */
     char prefix[32];
     snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
     if (!rc) {

@@ -303,7 +303,7 @@ mkdir "$work/rx" && tar -xf "$work/r.tar" -C "$work/rx"
 diff -r "$work/rx" "$work/r1" >/dev/null || fail "archive.tar?rank=1 differs from pull --rank 1"
 rm -rf "$work"/ax "$work"/rx "$work"/*.tar "$work/r1"
 api 400 GET "/v1/checkpoints/org%2Fbig@main:neuron-tp2/archive.tar?rank=9"
-grep -q "out of range" "$work/out" || fail "rank 9: $(cat "$work/out")"
+grep -q "rank 9 is out of range" "$work/out" || fail "rank 9: $(cat "$work/out")"
 api 400 GET "/v1/checkpoints/org%2Fbig@main/archive.tar?rank=0"
 api 400 GET "/v1/checkpoints/org%2Fbig@main/archive.tar?rank=x"
 # A client that reads 1 KiB and stops: nothing may be staged in CKPT_HOME/tmp.
