@@ -1,5 +1,6 @@
-/* test_store.c — blob leases against gc, and claims of stored blobs, on a
- * generated checkpoint imported into a scratch store. */
+/* test_store.c — blob leases against gc, claims of stored blobs, and what
+ * import refuses or bounds (issue 14: ranks, links, names, descriptors, a
+ * full disk), on generated checkpoints imported into a scratch store. */
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
@@ -7,6 +8,7 @@
 #include "storage/store.h"
 #include "tests/support/scratch.h"
 #include "workers/genmodel.h"
+#include "workers/rebuild.h"
 
 #include <dirent.h>
 #include <setjmp.h>
@@ -182,6 +184,97 @@ static void test_zombie_is_not_alive(void **state)
     assert_int_equal(store_proc_start_time(dead), -1);
 }
 
+/* root/name holding bytes (folders made as needed). */
+static void put_file(const char *root, const char *name, const void *bytes, size_t len)
+{
+    char *path = ckpt_path_join(root, name);
+    char *slash = strrchr(path, '/');
+    *slash = 0;
+    assert_int_equal(ckpt_mkdir_p(path, 0755), 0);
+    *slash = '/';
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    free(path);
+}
+
+/* A safetensors file root/name with header json and data_len zero bytes. */
+static void put_safetensors(const char *root, const char *name, const char *json, size_t data_len)
+{
+    size_t n = strlen(json), len = 8 + n + data_len;
+    uint8_t *b = calloc(1, len);
+    assert_non_null(b);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(b + 8, json, n);
+    put_file(root, name, b, len);
+    free(b);
+}
+
+/* store_import_dir of root/sub into a store at root/home: its status; *s stays open. */
+static int import_sub(const char *root, const char *sub, ckpt_store *s)
+{
+    char *src = ckpt_path_join(root, sub), *home = ckpt_path_join(root, "home");
+    assert_int_equal(store_open(s, home), 0);
+    store_ckpt ck;
+    bool existed;
+    store_import_opts io = {.repo = "t/hostile", .quiet = true};
+    int rc = store_import_dir(s, src, &io, &ck, &existed);
+    if (!rc) store_ckpt_free(&ck);
+    free(src);
+    free(home);
+    return rc;
+}
+
+/* Nothing of a refused import stays: no checkpoint, no temp file. */
+static void assert_store_empty(ckpt_store *s)
+{
+    store_du_result du;
+    assert_int_equal(store_du(s, &du), 0);
+    assert_int_equal(du.checkpoints, 0);
+    DIR *d = opendir(s->tmp_dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) assert_true(e->d_name[0] == '.');
+    closedir(d);
+}
+
+#define DEEP_HEADER "{\"deep\":{\"dtype\":\"U8\",\"shape\":[0,1,2,3,4,5,6,7,8],\"data_offsets\":[0,0]}}"
+
+/* Issue 14 #1: a tensor of rank 9 (0 bytes: its other dims are free) is
+ * refused where it enters the store, naming file and tensor; the store's file
+ * rebuild refuses such a stored header too (a catalog written before). */
+static void test_rank_limit(void **state)
+{
+    ckpt_store s;
+    put_safetensors(*state, "deep/model.safetensors", DEEP_HEADER, 0);
+    put_file(*state, "deep/config.json", "{}", 2);
+    assert_int_equal(import_sub(*state, "deep", &s), CKPT_ELIMIT);
+    assert_contains(ckpt_error_last(), "model.safetensors");
+    assert_contains(ckpt_error_last(), "'deep'");
+    assert_contains(ckpt_error_last(), "rank 9");
+    assert_store_empty(&s);
+    store_close(&s);
+
+    const char *json = DEEP_HEADER;
+    size_t n = strlen(json);
+    uint8_t *hdr = calloc(1, 8 + n);
+    for (int i = 0; i < 8; i++) hdr[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(hdr + 8, json, n);
+    exec_plan ep;
+    memset(&ep, 0, sizeof ep);
+    plan_tensor pts[2];
+    size_t npt = 0;
+    exec_file ef;
+    memset(&ef, 0, sizeof ef);
+    rebuild_ctx rb = {.exec = &ep, .tensors = pts, .ntensors = &npt};
+    assert_int_not_equal(rebuild_plan_file(&rb, "model.safetensors", "model.safetensors", hdr, 8 + n, 8 + n, &ef), 0);
+    assert_contains(ckpt_error_last(), "rank 9");
+    assert_int_equal(npt, 0);
+    exec_plan_free(&ep);
+    free(hdr);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
@@ -189,6 +282,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
+        cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
