@@ -365,6 +365,12 @@ int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id,
 {
     catalog *c = &s->cat;
     sqlite3_stmt *ins_ck = NULL, *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
+    /* Every writer checks names where they come in; this keeps any path the
+     * store could not give back out of the catalog whatever the writer. */
+    for (size_t f = 0; f < r->nfiles; f++) {
+        int prc = store_path_check(r->files[f].path);
+        if (prc) return prc;
+    }
     int rc = catalog_begin(c);
     if (rc) return rc;
     if (existed) *existed = false;
@@ -454,6 +460,43 @@ int store_find(ckpt_store *s, const char *repo, const char *commit, const char *
     else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "find checkpoint");
     sqlite3_finalize(st);
     return rc;
+}
+
+/* ---- file names ---- */
+
+int store_path_check(const char *path)
+{
+    size_t len = strlen(path);
+    char shown[160];
+    size_t k = 0;
+    for (size_t i = 0; i < len && k + 5 < sizeof shown; i++) { /* control bytes shown as \xNN */
+        unsigned char ch = (unsigned char)path[i];
+        if (ch < 0x20 || ch == 0x7f) k += (size_t)snprintf(shown + k, sizeof shown - k, "\\x%02x", ch);
+        else shown[k++] = (char)ch;
+    }
+    shown[k] = 0;
+    const char *why = NULL;
+    if (len == 0) why = "is empty";
+    else if (len > STORE_MAX_PATH) why = "is longer than 1024 bytes";
+    else if (path[0] == '/') why = "is absolute";
+    else if (strstr(path, "..")) why = "holds '..'";
+    else if (strchr(path, '\\')) why = "holds a backslash";
+    else if (strstr(path, "://")) why = "holds '://'";
+    for (size_t i = 0; !why && i < len; i++)
+        if ((unsigned char)path[i] < 0x20 || path[i] == 0x7f) why = "holds a control character";
+    for (const char *seg = path; !why && seg;) {
+        const char *slash = strchr(seg, '/');
+        size_t sl = slash ? (size_t)(slash - seg) : strlen(seg);
+        if (sl == 0) why = "has an empty segment";
+        else if (sl == 1 && seg[0] == '.') why = "has a '.' segment";
+        else if (sl > 255) why = "has a segment longer than 255 bytes";
+        seg = slash ? slash + 1 : NULL;
+    }
+    if (why)
+        return ckpt_error_set(len > STORE_MAX_PATH ? CKPT_ELIMIT : CKPT_EINVAL,
+                              "file name '%s%s' %s: the store cannot hold it (rename the file)", shown,
+                              k < len ? "..." : "", why);
+    return 0;
 }
 
 /* ---- refs ---- */

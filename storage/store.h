@@ -151,6 +151,12 @@ int store_get(ckpt_store *s, int64_t id, store_ckpt *out);
 /* "repo@revision" or "repo@revision:layout"; malloc'd. */
 char *store_ckpt_ref(const store_ckpt *c);
 void store_ckpt_free(store_ckpt *c);
+/* The one rule for the path of a stored file (import, fetch, every catalog
+ * commit): relative, '/'-separated, at most STORE_MAX_PATH bytes, no empty or
+ * '.' segment, no '..', '\\', '://' or control character anywhere, segments
+ * of at most 255 bytes: the names every reader (pull, verify, serve, the
+ * index parser) gives back. An error names the path. */
+int store_path_check(const char *path);
 /* Checks "ORG/NAME": safe characters, one slash. */
 int store_repo_name_check(const char *repo);
 

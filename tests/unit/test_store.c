@@ -275,6 +275,92 @@ static void test_rank_limit(void **state)
     free(hdr);
 }
 
+/* Issue 14 #2: import follows no symbolic link (one leaving the folder, one
+ * staying in it) and reads regular files only; the error names the file and
+ * nothing is stored. */
+static void test_import_refuses_links(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    char *secret = ckpt_path_join(root, "secret"), *dir = ckpt_path_join(root, "links");
+    put_file(root, "secret", "id_rsa", 6);
+    put_file(root, "links/config.json", "{}", 2);
+    char *out = ckpt_path_join(dir, "tokenizer.json");
+    assert_int_equal(symlink(secret, out), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "tokenizer.json");
+    assert_contains(ckpt_error_last(), "symbolic link");
+    assert_store_empty(&s);
+    store_close(&s);
+    /* A link inside the folder: refused as well. */
+    assert_int_equal(unlink(out), 0);
+    assert_int_equal(symlink("config.json", out), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "tokenizer.json");
+    store_close(&s);
+    /* A FIFO (never opened: it would block). */
+    assert_int_equal(unlink(out), 0);
+    assert_int_equal(mkfifo(out, 0600), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "tokenizer.json");
+    assert_contains(ckpt_error_last(), "not a regular file");
+    store_close(&s);
+    /* A linked folder. */
+    assert_int_equal(unlink(out), 0);
+    char *sub = ckpt_path_join(dir, "sub");
+    assert_int_equal(symlink(root, sub), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "sub");
+    store_close(&s);
+    assert_int_equal(unlink(sub), 0);
+    assert_int_equal(import_sub(root, "links", &s), 0);
+    store_close(&s);
+    free(sub);
+    free(out);
+    free(secret);
+    free(dir);
+}
+
+/* Issue 14 #8: names the store could not give back are refused by import
+ * (naming the file) and by any catalog commit, with nothing stored. */
+static void test_import_refuses_bad_names(void **state)
+{
+    const char *root = *state;
+    static const char *const bad[] = {"notes..txt", "a\\b.txt", "tab\there.txt"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char sub[32];
+        snprintf(sub, sizeof sub, "names%zu", i);
+        char *dir = ckpt_path_join(root, sub);
+        put_file(dir, "config.json", "{}", 2);
+        put_file(dir, bad[i], "x", 1);
+        ckpt_store s;
+        assert_int_equal(import_sub(root, sub, &s), CKPT_EINVAL);
+        assert_contains(ckpt_error_last(), "the store cannot hold it");
+        if (i < 2) assert_contains(ckpt_error_last(), bad[i]);
+        assert_store_empty(&s);
+        store_close(&s);
+        free(dir);
+    }
+    static const char *const good[] = {"a.b.c", "sub/x y.txt", ".hidden/ok"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) assert_int_equal(store_path_check(good[i]), 0);
+    static const char *const more_bad[] = {"", "/abs", "a//b", "./x", "a/./b", "..", "x://y"};
+    for (size_t i = 0; i < sizeof more_bad / sizeof more_bad[0]; i++)
+        if (store_path_check(more_bad[i]) == 0) fail_msg("'%s' was accepted", more_bad[i]);
+    /* A commit of such a path (any writer: fetch, convert, merge) is refused. */
+    ckpt_store s;
+    char *home = ckpt_path_join(root, "home");
+    assert_int_equal(store_open(&s, home), 0);
+    store_file_rec fr = {.path = "notes..txt", .size = 0};
+    store_ckpt_rec rec = {.repo = "t/x", .revision = "main", .commit = "0123456789012345678901234567890123456789",
+                          .layout = "", .nfiles = 1, .files = &fr};
+    int64_t id = 0;
+    assert_int_equal(store_commit_checkpoint(&s, &rec, &id, NULL), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "notes..txt");
+    assert_store_empty(&s);
+    store_close(&s);
+    free(home);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
@@ -283,6 +369,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
         cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_refuses_links, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
