@@ -128,6 +128,11 @@ int store_blob_end(store_blob_writer *w)
     int rc = ckpt_sha256_final_hex(w->hash, w->sha256);
     free(w->hash);
     w->hash = NULL;
+    /* The temp file is complete: its descriptor goes now, not at publish, so
+     * an import of thousands of tensors holds a few descriptors, not one per
+     * tensor (publish syncs the filesystem, closed files included). */
+    if (!rc && w->fd >= 0 && close(w->fd) < 0) rc = ckpt_error_sys("%s: close", w->tmp_path);
+    w->fd = -1;
     if (!rc) ckpt_fault("blob.written");
     return rc;
 }
@@ -230,9 +235,12 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
     if (n == 0) return 0;
-    /* One filesystem sync makes every temp durable before any is renamed. */
+    /* One filesystem sync makes every temp durable before any is renamed
+     * (writers closed their temps at store_blob_end: tmp/ stands for them). */
     int rc = 0;
-    if (syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
+    int sync_fd = open(s->tmp_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (sync_fd < 0) rc = ckpt_error_sys("%s: open", s->tmp_dir);
+    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
     if (!rc) ckpt_fault("blobs.synced");
     if (!rc) rc = lease(s, ws, n);
     for (size_t i = 0; !rc && i < n; i++) {
@@ -250,7 +258,8 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
         free(dst);
         free(dir);
     }
-    if (!rc && syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
+    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
+    if (sync_fd >= 0) close(sync_fd);
     for (size_t i = 0; i < n; i++) {
         if (ws[i].fd >= 0) close(ws[i].fd);
         if (rc && ws[i].tmp_path) unlink(ws[i].tmp_path);

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -361,6 +362,37 @@ static void test_import_refuses_bad_names(void **state)
     free(home);
 }
 
+/* Issue 14 #6: import holds a bounded number of descriptors whatever the
+ * number of tensors: a qwen3-moe of 789 tensors imports with 128 allowed
+ * (one descriptor per new tensor until publish needed more than 789). */
+static void test_import_bounded_fds(void **state)
+{
+    const char *root = *state;
+    char *src = ckpt_path_join(root, "moe");
+    genmodel_opts o;
+    genmodel_opts_init(&o, "qwen3-moe");
+    o.scale = 32;
+    o.layers = 2;
+    if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 128;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    ckpt_store s;
+    int rc = import_sub(root, "moe", &s);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", rc ? ckpt_error_last() : "");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    if (rc) fail_msg("import with 128 descriptors: %s", msg);
+    store_du_result du;
+    assert_int_equal(store_du(&s, &du), 0);
+    assert_int_equal(du.checkpoints, 1);
+    assert_true(du.blobs > 700);
+    store_close(&s);
+    free(src);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
@@ -371,6 +403,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_refuses_links, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
