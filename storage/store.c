@@ -282,6 +282,13 @@ int store_leases_release(ckpt_store *s)
     return rc;
 }
 
+void store_leases_release_after_error(ckpt_store *s)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ckpt_error_last());
+    if (store_leases_release(s)) ckpt_error_set(CKPT_EIO, "%s", msg);
+}
+
 /* ---- checkpoint records ---- */
 
 void store_ckpt_rec_free(store_ckpt_rec *r)

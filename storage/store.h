@@ -89,6 +89,10 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
 /* Drops this process's leases (after the checkpoint committed or on failure). */
 int store_leases_release(ckpt_store *s);
+/* The same on a failure path: the failure's message stays the message (a
+ * full disk is reported where it struck, not as the release that failed
+ * after it); leases left behind are stale once this process exits. */
+void store_leases_release_after_error(ckpt_store *s);
 
 /* ---- checkpoints ---- */
 

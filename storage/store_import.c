@@ -414,7 +414,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
         wl.n = 0;
         if (!rc) rc = store_commit_checkpoint(s, &rec, &id, existed);
     }
-    if (rc) store_leases_release(s);
+    if (rc) store_leases_release_after_error(s);
     if (!rc) rc = store_get(s, id, out);
     for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
     free(wl.w);

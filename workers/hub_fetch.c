@@ -128,7 +128,7 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
         blobs.w = NULL;
         blobs.n = 0;
         if (!rc) rc = store_commit_checkpoint(s, &rec, &id, &out->existed);
-        if (rc) store_leases_release(s);
+        if (rc) store_leases_release_after_error(s);
         if (!rc) rc = store_get(s, id, &out->ckpt);
         out->files = n;
     }

@@ -19,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <errno.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -184,6 +186,7 @@ static void test_zombie_is_not_alive(void **state)
     assert_int_equal(t_dead, -1); /* a zombie until waited for */
     assert_int_equal(store_proc_start_time(dead), -1);
 }
+
 
 /* root/name holding bytes (folders made as needed). */
 static void put_file(const char *root, const char *name, const void *bytes, size_t len)
@@ -393,6 +396,52 @@ static void test_import_bounded_fds(void **state)
     free(src);
 }
 
+#define FULL_DISK_DIR "full"
+
+/* Issue 14 #10: a full disk is reported where it struck (which file, "No
+ * space left on device"), not as the lease release that failed after it;
+ * nothing is left in tmp/. CKPT_HOME on a 1 MiB tmpfs, a 5 MiB import. */
+static void test_import_full_disk(void **state)
+{
+    const char *root = *state;
+    char *mnt = ckpt_path_join(root, FULL_DISK_DIR), *src = ckpt_path_join(root, "q2");
+    assert_int_equal(ckpt_mkdir_p(mnt, 0755), 0);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
+        print_message("skipping the full-disk test: cannot mount a tmpfs (%s)\n", strerror(errno));
+        free(mnt);
+        free(src);
+        skip();
+    }
+    genmodel_opts o;
+    genmodel_opts_init(&o, "qwen2");
+    o.scale = 8;
+    o.layers = 2;
+    if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
+    ckpt_store s;
+    char *home = ckpt_path_join(mnt, "home");
+    assert_int_equal(store_open(&s, home), 0);
+    store_ckpt ck;
+    bool existed;
+    store_import_opts io = {.repo = "t/full", .quiet = true};
+    assert_int_not_equal(store_import_dir(&s, src, &io, &ck, &existed), 0);
+    assert_contains(ckpt_error_last(), "No space left on device");
+    assert_contains(ckpt_error_last(), "/" FULL_DISK_DIR "/home/");
+    if (strstr(ckpt_error_last(), "release leases")) fail_msg("reported as: %s", ckpt_error_last());
+    assert_store_empty(&s);
+    store_close(&s);
+    free(home);
+    free(src);
+    free(mnt);
+}
+
+static int teardown_unmount(void **state)
+{
+    char *mnt = ckpt_path_join(*state, FULL_DISK_DIR);
+    umount2(mnt, MNT_DETACH); /* not mounted when the test was skipped */
+    free(mnt);
+    return scratch_teardown(state);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
@@ -404,6 +453,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_import_refuses_links, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
