@@ -5,12 +5,14 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "storage/archive.h"
 #include "storage/store.h"
 #include "tests/support/scratch.h"
 #include "workers/genmodel.h"
 #include "workers/rebuild.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -396,6 +398,45 @@ static void test_import_bounded_fds(void **state)
     free(src);
 }
 
+/* Issue 14 #10 and "also": an archive path that does not exist is named as
+ * such; a small compressed archive that unpacks to far more than its size
+ * (1000 times, 64 MiB for small ones) or than the free space is refused
+ * with nothing left behind. */
+static void test_archive_limits(void **state)
+{
+    const char *root = *state;
+    char *missing = ckpt_path_join(root, "nonexistent"), *base = ckpt_path_join(root, "x"), *out = NULL;
+    assert_int_equal(ckpt_archive_extract(missing, base, &out), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), "nonexistent: no such file or folder");
+    assert_null(out);
+    /* 200 MiB of zeros (a sparse file) packed into a few hundred KB. */
+    char *dir = ckpt_path_join(root, "bomb"), *zeros = ckpt_path_join(dir, "zeros.bin"),
+         *tarzst = ckpt_path_join(root, "bomb.tar.zst");
+    put_file(dir, "config.json", "{}", 2);
+    int fd = open(zeros, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 200 << 20), 0);
+    close(fd);
+    assert_int_equal(ckpt_archive_write_tree(dir, tarzst, true), 0);
+    struct stat st;
+    assert_int_equal(stat(tarzst, &st), 0);
+    assert_true(st.st_size < (1 << 20));
+    assert_int_equal(ckpt_archive_extract(tarzst, base, &out), CKPT_ELIMIT);
+    assert_contains(ckpt_error_last(), "bomb.tar.zst");
+    assert_contains(ckpt_error_last(), "zeros.bin");
+    assert_null(out);
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "x.tmp-", 6)) fail_msg("%s was left behind", e->d_name);
+    closedir(d);
+    free(tarzst);
+    free(zeros);
+    free(dir);
+    free(base);
+    free(missing);
+}
+
 #define FULL_DISK_DIR "full"
 
 /* Issue 14 #10: a full disk is reported where it struck (which file, "No
@@ -454,6 +495,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
+        cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
