@@ -64,6 +64,9 @@ int store_open(ckpt_store *s, const char *home)
     s->tmp_dir = ckpt_path_join(s->home, "tmp");
     char *db = ckpt_path_join(s->home, "ckpt.db");
     int rc = s->blob_dir && s->tmp_dir && db ? 0 : CKPT_ENOMEM;
+    /* CKPT_HOME is the user's alone: the catalog holds job arguments and logs
+     * (a folder that exists already keeps its mode: the owner chose it). */
+    if (!rc) rc = ckpt_mkdir_p(s->home, 0700);
     if (!rc) rc = ckpt_mkdir_p(s->blob_dir, 0755);
     if (!rc) rc = ckpt_mkdir_p(s->tmp_dir, 0755);
     if (!rc) rc = catalog_open(&s->cat, db);

@@ -398,6 +398,20 @@ static void test_import_bounded_fds(void **state)
     free(src);
 }
 
+/* Issue 14 #10: a new CKPT_HOME is the user's alone (the catalog holds job
+ * arguments and logs), whatever the umask. */
+static void test_home_is_private(void **state)
+{
+    char *home = ckpt_path_join(*state, "newhome");
+    ckpt_store s;
+    assert_int_equal(store_open(&s, home), 0);
+    struct stat st;
+    assert_int_equal(stat(home, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    store_close(&s);
+    free(home);
+}
+
 /* Issue 14 #10 and "also": an archive path that does not exist is named as
  * such; a small compressed archive that unpacks to far more than its size
  * (1000 times, 64 MiB for small ones) or than the free space is refused
@@ -495,6 +509,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
+        cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
