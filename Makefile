@@ -146,6 +146,12 @@ FUZZ_LIB_SRCS := $(wildcard common/*.c) storage/dtype.c storage/safetensors.c st
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h storage/*.h)
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(PKG_LIBS)
+# fuzz_rebuild runs the store's file rebuild (workers/rebuild.c) and the
+# executor's reads over it: those, and the plan algebra they use, join in.
+FUZZ_REBUILD_SRCS := $(FUZZ_LIB_SRCS) workers/rebuild.c workers/plan.c workers/executor.c
+$(FUZZ_BUILD)/fuzz_rebuild: tests/fuzz/fuzz_rebuild.c $(FUZZ_REBUILD_SRCS) $(wildcard common/*.h storage/*.h workers/*.h)
+	@mkdir -p $(dir $@)
+	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_REBUILD_SRCS) $(PKG_LIBS)
 
 fuzz: deps $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \

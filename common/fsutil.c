@@ -60,8 +60,25 @@ int ckpt_atomic_open(ckpt_atomic_file *af, const char *path)
         ckpt_atomic_abort(af);
         return rc;
     }
-    fchmod(af->fd, 0644);
+    fchmod(af->fd, 0666 & ~ckpt_umask()); /* mkostemp makes 0600: the mode open(2) would give */
     return 0;
+}
+
+unsigned ckpt_umask(void)
+{
+    /* umask(2) can only be read by setting it, which races with other
+     * threads creating files; /proc/self/status has it (Linux 4.7+). Read
+     * each time: a caller may change it. */
+    unsigned m = 022;
+    FILE *f = fopen("/proc/self/status", "re");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Umask:", 6)) {
+            m = (unsigned)strtoul(line + 6, NULL, 8) & 0777;
+            break;
+        }
+    if (f) fclose(f);
+    return m;
 }
 
 int ckpt_atomic_commit(ckpt_atomic_file *af)
@@ -344,7 +361,7 @@ int ckpt_tmpdir_create(const char *target, char **out)
         return rc;
     }
     ckpt_interrupt_track(t);
-    chmod(t, 0755); /* mkdtemp makes 0700; the renamed result is an ordinary directory */
+    chmod(t, 0777 & ~ckpt_umask()); /* mkdtemp makes 0700; the renamed result is an ordinary directory */
     *out = t;
     ckpt_fault("tmpdir.created");
     return 0;

@@ -31,6 +31,9 @@ typedef struct {
 } ckpt_atomic_file;
 
 int ckpt_atomic_open(ckpt_atomic_file *af, const char *path);
+/* The process's umask (from /proc/self/status; 022 when unknown).
+ * Files made by mkstemp/mkdtemp get 0666/0777 less this, as open/mkdir would. */
+unsigned ckpt_umask(void);
 int ckpt_atomic_commit(ckpt_atomic_file *af);
 void ckpt_atomic_abort(ckpt_atomic_file *af);
 /* Writes buf to path atomically (open, write, commit). */

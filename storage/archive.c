@@ -8,10 +8,12 @@
 #include <archive.h>
 #include <archive_entry.h>
 #include <dirent.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #define ARCHIVE_BLOCK (1u << 20)
@@ -67,9 +69,46 @@ static int hoist_single_folder(const char *root)
     return rc;
 }
 
+/* How many bytes an archive of archive_size bytes may expand to in dir: what
+ * the filesystem has free for this user less a reserve of 1/16 of it, at most
+ * ARCHIVE_MAX_BYTES, and for a compressed archive at most ARCHIVE_MAX_RATIO
+ * times its size (plus 64 MiB for small ones): a 33 KB .tar.zst of zeros is
+ * not allowed to fill the disk. */
+static uint64_t expand_budget(const char *dir, uint64_t archive_size, bool compressed)
+{
+    uint64_t cap = ARCHIVE_MAX_BYTES;
+    struct statvfs v;
+    if (statvfs(dir, &v) == 0) {
+        uint64_t avail = (uint64_t)v.f_bavail * (uint64_t)v.f_frsize;
+        avail -= avail / 16;
+        if (avail < cap) cap = avail;
+    }
+    if (compressed) {
+        uint64_t r;
+        if (!ckpt_mul(archive_size, ARCHIVE_MAX_RATIO, &r) || !ckpt_add(r, 64ULL << 20, &r)) r = UINT64_MAX;
+        if (r < cap) cap = r;
+    }
+    return cap;
+}
+
+static int too_large(const char *archive_path, const char *entry, uint64_t budget)
+{
+    char size[32];
+    return ckpt_error_set(CKPT_ELIMIT,
+                          "%s: entry '%s' takes the archive past %s unpacked (the free space less a reserve, and "
+                          "for a compressed archive %d times its size); refused, nothing was imported",
+                          archive_path, entry, ckpt_format_size(budget, size, sizeof size), ARCHIVE_MAX_RATIO);
+}
+
 int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **out)
 {
     *out = NULL;
+    struct stat ast;
+    if (stat(archive_path, &ast) < 0)
+        return errno == ENOENT ? ckpt_error_set(CKPT_ENOTFOUND, "%s: no such file or folder", archive_path)
+                               : ckpt_error_sys("%s", archive_path);
+    if (!S_ISREG(ast.st_mode))
+        return ckpt_error_set(CKPT_EINVAL, "%s: neither a folder nor a tar archive file", archive_path);
     int rc = ckpt_tmpdir_create(tmp_base, out);
     if (rc) return rc;
     struct archive *a = archive_read_new();
@@ -79,7 +118,8 @@ int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **
         rc = ckpt_error_set(CKPT_EINVAL, "%s: not a readable tar archive: %s", archive_path, archive_error_string(a));
     struct archive_entry *e;
     size_t count = 0;
-    uint64_t total = 0;
+    uint64_t total = 0, budget = 0;
+    bool budget_set = false;
     char *buf = rc ? NULL : ckpt_malloc(ARCHIVE_BLOCK);
     if (!rc && !buf) rc = CKPT_ENOMEM;
     while (!rc) {
@@ -100,7 +140,16 @@ int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **
             rc = ckpt_error_set(CKPT_EINVAL, "%s: unsafe entry name '%s'", archive_path, name);
             break;
         }
+        if (!budget_set) { /* the filters are known once the first header is read */
+            budget = expand_budget(*out, (uint64_t)ast.st_size, archive_filter_count(a) > 1);
+            budget_set = true;
+        }
         mode_t type = archive_entry_filetype(e);
+        if (type == AE_IFREG && archive_entry_size_is_set(e) && archive_entry_size(e) > 0 &&
+            (uint64_t)archive_entry_size(e) > budget - total) {
+            rc = too_large(archive_path, name, budget);
+            break;
+        }
         char *path = ckpt_path_join(*out, name);
         if (!path) {
             rc = CKPT_ENOMEM;
@@ -120,7 +169,7 @@ int ckpt_archive_extract(const char *archive_path, const char *tmp_base, char **
                 if (n < 0) rc = ckpt_error_set(CKPT_EINVAL, "%s: %s", archive_path, archive_error_string(a));
                 if (n <= 0) break;
                 total += (uint64_t)n;
-                if (total > ARCHIVE_MAX_BYTES) rc = ckpt_error_set(CKPT_ELIMIT, "%s: archive too large", archive_path);
+                if (total > budget) rc = too_large(archive_path, name, budget);
                 else rc = ckpt_write_full(fd, buf, (size_t)n, path);
             }
             if (fd >= 0) close(fd);

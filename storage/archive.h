@@ -15,6 +15,7 @@
 
 #define ARCHIVE_MAX_ENTRIES 100000
 #define ARCHIVE_MAX_BYTES (4ULL << 40)
+#define ARCHIVE_MAX_RATIO 1000 /* unpacked bytes per byte of a compressed archive */
 
 /* Extracts archive_path into a new folder "<tmp_base>.tmp-XXXXXX"; *out is
  * malloc'd. An archive whose entries all sit in one top-level folder (as

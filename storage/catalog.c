@@ -23,6 +23,9 @@ int catalog_error(catalog *c, const char *what)
 {
     int code = c->db ? sqlite3_errcode(c->db) : SQLITE_ERROR;
     int rc = (code == SQLITE_BUSY || code == SQLITE_LOCKED) ? CKPT_EBUSY : CKPT_EIO;
+    if (code == SQLITE_FULL) /* sqlite says "database or disk is full": say which and why */
+        return ckpt_error_set(rc, "%s: %s: no space left on device (the catalog cannot grow)",
+                              c->path ? c->path : "catalog", what);
     return ckpt_error_set(rc, "%s: %s: %s", c->path ? c->path : "catalog", what,
                           c->db ? sqlite3_errmsg(c->db) : "no database");
 }

@@ -122,7 +122,7 @@ typedef enum {
     CKPT_DT_U64,
     CKPT_DT_COUNT
 } ckpt_dtype;
-#define CKPT_MAX_RANK 16
+#define CKPT_MAX_RANK 8
 #endif
 /* "F32", "BF16", ... */
 const char *ckpt_dtype_name(ckpt_dtype dt);
@@ -153,8 +153,8 @@ typedef struct {
     const char *param; /* the parameter's name (== name for a parameter) */
     const char *slot;  /* the slot's name, NULL for a parameter */
     ckpt_dtype dtype;
-    int ndim;
-    uint64_t shape[CKPT_MAX_RANK];
+    int ndim;           /* at most CKPT_MAX_RANK */
+    uint64_t shape[16]; /* ndim entries used; 16 slots keep the layout of earlier releases */
     uint64_t numel;
     uint64_t nbytes;
     void *data;

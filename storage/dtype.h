@@ -40,8 +40,10 @@ typedef enum {
     CKPT_DT_COUNT
 } ckpt_dtype;
 
-/* Largest tensor rank accepted from outside. */
-#define CKPT_MAX_RANK 16
+/* Largest tensor rank, one limit everywhere: the safetensors reader, the
+ * store (import, fetch), states, and the plan/rebuild structures
+ * (PLAN_MAX_DIM is this) all hold at most this many dimensions. */
+#define CKPT_MAX_RANK 8
 
 const char *ckpt_dtype_name(ckpt_dtype dt);
 /* Parses "F32", "BF16", ...; also accepts lowercase "bf16", "f16", "f32", "f64". */

@@ -195,6 +195,20 @@ static uint64_t st_load_le64(const uint8_t *b)
     return v;
 }
 
+/* What a file that is not safetensors is, from its first 8 bytes, or NULL.
+ * Asked only when the header length is impossible: a known magic number
+ * makes a far larger N than ST_MAX_HEADER or the file. */
+static const char *st_foreign_format(const uint8_t *b)
+{
+    if (b[0] == 'P' && b[1] == 'K' && b[2] == 3 && b[3] == 4)
+        return "a PyTorch (torch.save) file or another zip archive";
+    if (b[0] == 0x80 && b[1] >= 2 && b[1] <= 5) return "a PyTorch (torch.save, pickle) file";
+    if (!memcmp(b, "GGUF", 4)) return "a GGUF file";
+    if (!memcmp(b, "\x93NUMPY", 6)) return "a NumPy .npy file";
+    if (b[0] == 0x89 && !memcmp(b + 1, "HDF", 3)) return "an HDF5 (Keras .h5) file";
+    return NULL;
+}
+
 /* The rows that need only the file size and its first 8 bytes (prefix is not
  * read when file_size < 8). Sets *n to the header length N. */
 static int st_check_prefix(const char *path, const uint8_t *prefix, uint64_t file_size, uint64_t *n)
@@ -204,6 +218,11 @@ static int st_check_prefix(const char *path, const uint8_t *prefix, uint64_t fil
                        "file is %" PRIu64 " bytes, shorter than the 8-byte header length",
                        file_size);
     *n = st_load_le64(prefix);
+    const char *foreign = st_foreign_format(prefix);
+    uint64_t end;
+    if (foreign && (*n > ST_MAX_HEADER || !ckpt_add(*n, ST_PREFIX_LEN, &end) || end > file_size))
+        return ckpt_error_set(CKPT_EINVAL, "%s: this is %s, not safetensors; ckpt does not read it yet "
+                              "(save it with safetensors first)", path, foreign);
     if (*n > ST_MAX_HEADER)
         return st_fail(CKPT_ELIMIT, path, "HeaderTooLarge",
                        "header length %" PRIu64 " exceeds %llu bytes", *n, ST_MAX_HEADER);

@@ -47,6 +47,9 @@ int store_open(ckpt_store *s, const char *home)
     s->tmp_dir = ckpt_path_join(s->home, "tmp");
     char *db = ckpt_path_join(s->home, "ckpt.db");
     int rc = s->blob_dir && s->tmp_dir && db ? 0 : CKPT_ENOMEM;
+    /* CKPT_HOME is the user's alone: the catalog holds job arguments and logs
+     * (a folder that exists already keeps its mode: the owner chose it). */
+    if (!rc) rc = ckpt_mkdir_p(s->home, 0700);
     if (!rc) rc = ckpt_mkdir_p(s->blob_dir, 0755);
     if (!rc) rc = ckpt_mkdir_p(s->tmp_dir, 0755);
     if (!rc) rc = catalog_open(&s->cat, db);
@@ -111,6 +114,11 @@ int store_blob_end(store_blob_writer *w)
     int rc = ckpt_sha256_final_hex(w->hash, w->sha256);
     free(w->hash);
     w->hash = NULL;
+    /* The temp file is complete: its descriptor goes now, not at publish, so
+     * an import of thousands of tensors holds a few descriptors, not one per
+     * tensor (publish syncs the filesystem, closed files included). */
+    if (!rc && w->fd >= 0 && close(w->fd) < 0) rc = ckpt_error_sys("%s: close", w->tmp_path);
+    w->fd = -1;
     if (!rc) ckpt_fault("blob.written");
     return rc;
 }
@@ -213,9 +221,12 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
     if (n == 0) return 0;
-    /* One filesystem sync makes every temp durable before any is renamed. */
+    /* One filesystem sync makes every temp durable before any is renamed
+     * (writers closed their temps at store_blob_end: tmp/ stands for them). */
     int rc = 0;
-    if (syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
+    int sync_fd = open(s->tmp_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (sync_fd < 0) rc = ckpt_error_sys("%s: open", s->tmp_dir);
+    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
     if (!rc) ckpt_fault("blobs.synced");
     if (!rc) rc = lease(s, ws, n);
     for (size_t i = 0; !rc && i < n; i++) {
@@ -233,7 +244,8 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
         free(dst);
         free(dir);
     }
-    if (!rc && syncfs(ws[0].fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
+    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
+    if (sync_fd >= 0) close(sync_fd);
     for (size_t i = 0; i < n; i++) {
         if (ws[i].fd >= 0) close(ws[i].fd);
         if (rc && ws[i].tmp_path) unlink(ws[i].tmp_path);
@@ -254,6 +266,13 @@ int store_leases_release(ckpt_store *s)
     if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "release leases");
     sqlite3_finalize(st);
     return rc;
+}
+
+void store_leases_release_after_error(ckpt_store *s)
+{
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", ckpt_error_last());
+    if (store_leases_release(s)) ckpt_error_set(CKPT_EIO, "%s", msg);
 }
 
 /* ---- checkpoint records ---- */
@@ -361,6 +380,12 @@ static int64_t existing_id(catalog *c, const store_ckpt_rec *r)
 /* Inserts the files of r (their tensors and blob references) into checkpoint id. */
 static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
 {
+    /* Every writer checks names where they come in; this keeps any path the
+     * store could not give back out of the catalog whatever the writer. */
+    for (size_t f = 0; f < r->nfiles; f++) {
+        int prc = store_path_check(r->files[f].path);
+        if (prc) return prc;
+    }
     sqlite3_stmt *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
     int rc = catalog_prepare(c, &ins_file,
                              "INSERT INTO files(checkpoint_id, path, size, sha256, blob, header) VALUES (?, ?, ?, ?, ?, ?)");
@@ -499,6 +524,43 @@ int store_find(ckpt_store *s, const char *repo, const char *commit, const char *
     else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "find checkpoint");
     sqlite3_finalize(st);
     return rc;
+}
+
+/* ---- file names ---- */
+
+int store_path_check(const char *path)
+{
+    size_t len = strlen(path);
+    char shown[160];
+    size_t k = 0;
+    for (size_t i = 0; i < len && k + 5 < sizeof shown; i++) { /* control bytes shown as \xNN */
+        unsigned char ch = (unsigned char)path[i];
+        if (ch < 0x20 || ch == 0x7f) k += (size_t)snprintf(shown + k, sizeof shown - k, "\\x%02x", ch);
+        else shown[k++] = (char)ch;
+    }
+    shown[k] = 0;
+    const char *why = NULL;
+    if (len == 0) why = "is empty";
+    else if (len > STORE_MAX_PATH) why = "is longer than 1024 bytes";
+    else if (path[0] == '/') why = "is absolute";
+    else if (strstr(path, "..")) why = "holds '..'";
+    else if (strchr(path, '\\')) why = "holds a backslash";
+    else if (strstr(path, "://")) why = "holds '://'";
+    for (size_t i = 0; !why && i < len; i++)
+        if ((unsigned char)path[i] < 0x20 || path[i] == 0x7f) why = "holds a control character";
+    for (const char *seg = path; !why && seg;) {
+        const char *slash = strchr(seg, '/');
+        size_t sl = slash ? (size_t)(slash - seg) : strlen(seg);
+        if (sl == 0) why = "has an empty segment";
+        else if (sl == 1 && seg[0] == '.') why = "has a '.' segment";
+        else if (sl > 255) why = "has a segment longer than 255 bytes";
+        seg = slash ? slash + 1 : NULL;
+    }
+    if (why)
+        return ckpt_error_set(len > STORE_MAX_PATH ? CKPT_ELIMIT : CKPT_EINVAL,
+                              "file name '%s%s' %s: the store cannot hold it (rename the file)", shown,
+                              k < len ? "..." : "", why);
+    return 0;
 }
 
 /* ---- refs ---- */

@@ -89,6 +89,10 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
 /* Drops this process's leases (after the checkpoint committed or on failure). */
 int store_leases_release(ckpt_store *s);
+/* The same on a failure path: the failure's message stays the message (a
+ * full disk is reported where it struck, not as the release that failed
+ * after it); leases left behind are stale once this process exits. */
+void store_leases_release_after_error(ckpt_store *s);
 
 /* ---- checkpoints ---- */
 
@@ -157,6 +161,12 @@ int store_get(ckpt_store *s, int64_t id, store_ckpt *out);
 /* "repo@revision" or "repo@revision:layout"; malloc'd. */
 char *store_ckpt_ref(const store_ckpt *c);
 void store_ckpt_free(store_ckpt *c);
+/* The one rule for the path of a stored file (import, fetch, every catalog
+ * commit): relative, '/'-separated, at most STORE_MAX_PATH bytes, no empty or
+ * '.' segment, no '..', '\\', '://' or control character anywhere, segments
+ * of at most 255 bytes: the names every reader (pull, verify, serve, the
+ * index parser) gives back. An error names the path. */
+int store_path_check(const char *path);
 /* Checks "ORG/NAME": safe characters, one slash. */
 int store_repo_name_check(const char *repo);
 

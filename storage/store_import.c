@@ -30,10 +30,22 @@
 #define IMPORT_RING 3 /* chunks in flight between the reader and the file hasher */
 
 typedef struct {
-    char **paths; /* relative */
+    char *path; /* relative */
+    dev_t dev;  /* what walk found there: the file opened later must be it */
+    ino_t ino;
+} found_file;
+
+typedef struct {
+    found_file *v;
     size_t n, cap;
 } file_list;
 
+/* Import reads regular files only and follows no symbolic link, not even one
+ * that stays in the folder: a link is resolved when it is opened, so what it
+ * pointed to when checked says nothing about what is read, and a folder that
+ * is given to the daemon could otherwise hand it ~/.ssh/id_rsa or
+ * /proc/self/environ. Devices, FIFOs and sockets are refused too. Walked with
+ * lstat; each file opened is checked to be the one walked (import_open). */
 static int walk(const char *root, const char *rel, file_list *fl, int depth)
 {
     if (depth > 16) return ckpt_error_set(CKPT_ELIMIT, "%s/%s: folders nested too deep", root, rel);
@@ -53,15 +65,21 @@ static int walk(const char *root, const char *rel, file_list *fl, int depth)
         char *full = r ? ckpt_path_join(root, r) : NULL;
         struct stat st;
         if (!r || !full) rc = CKPT_ENOMEM;
-        else if (strlen(r) > STORE_MAX_PATH) rc = ckpt_error_set(CKPT_ELIMIT, "%s: path too long", full);
-        else if (stat(full, &st) < 0) rc = ckpt_error_sys("%s: stat", full);
+        else if ((rc = store_path_check(r))) ckpt_error_prefix(rc, "%s", root);
+        else if (lstat(full, &st) < 0) rc = ckpt_error_sys("%s: stat", full);
+        else if (S_ISLNK(st.st_mode))
+            rc = ckpt_error_set(CKPT_EINVAL,
+                                "%s: a symbolic link; import reads regular files only and follows no link "
+                                "(copy the folder with cp -rL to import what the links point to)",
+                                full);
         else if (S_ISDIR(st.st_mode)) rc = walk(root, r, fl, depth + 1);
-        else if (S_ISREG(st.st_mode)) {
-            if (fl->n >= STORE_MAX_FILES) rc = ckpt_error_set(CKPT_ELIMIT, "%s: more than %d files", root, STORE_MAX_FILES);
-            else if (!(rc = ckpt_grow(&fl->paths, &fl->cap, fl->n + 1, sizeof *fl->paths))) {
-                fl->paths[fl->n++] = r;
-                r = NULL;
-            }
+        else if (!S_ISREG(st.st_mode))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: not a regular file (a device, FIFO or socket); import refuses it",
+                                full);
+        else if (fl->n >= STORE_MAX_FILES) rc = ckpt_error_set(CKPT_ELIMIT, "%s: more than %d files", root, STORE_MAX_FILES);
+        else if (!(rc = ckpt_grow(&fl->v, &fl->cap, fl->n + 1, sizeof *fl->v))) {
+            fl->v[fl->n++] = (found_file){.path = r, .dev = st.st_dev, .ino = st.st_ino};
+            r = NULL;
         }
         free(r);
         free(full);
@@ -71,9 +89,20 @@ static int walk(const char *root, const char *rel, file_list *fl, int depth)
     return rc;
 }
 
-static int cmp_str(const void *a, const void *b)
+/* fd (open path) is the regular file walk found there, not something put in
+ * its place since (a link, a FIFO, another file). */
+static int check_same_file(int fd, const char *path, const found_file *ff)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+    struct stat st;
+    if (fstat(fd, &st) < 0) return ckpt_error_sys("%s: stat", path);
+    if (!S_ISREG(st.st_mode) || st.st_dev != ff->dev || st.st_ino != ff->ino)
+        return ckpt_error_set(CKPT_EINVAL, "%s: replaced while the folder was being imported; import refuses it", path);
+    return 0;
+}
+
+static int cmp_found(const void *a, const void *b)
+{
+    return strcmp(((const found_file *)a)->path, ((const found_file *)b)->path);
 }
 
 static bool ends_with(const char *s, const char *suffix)
@@ -100,12 +129,13 @@ static store_blob_writer *new_writer(ckpt_store *s, writer_list *wl, int *rc)
 }
 
 /* Whole file -> one blob. */
-static int import_plain(ckpt_store *s, const char *path, store_file_rec *fr, writer_list *wl, uint8_t *buf)
+static int import_plain(ckpt_store *s, const char *path, const found_file *ff, store_file_rec *fr, writer_list *wl,
+                        uint8_t *buf)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) return ckpt_error_sys("%s: open", path);
-    int rc;
-    store_blob_writer *w = new_writer(s, wl, &rc);
+    int rc = check_same_file(fd, path, ff);
+    store_blob_writer *w = rc ? NULL : new_writer(s, wl, &rc);
     for (;;) {
         if (rc) break;
         ssize_t n = read(fd, buf, IMPORT_CHUNK);
@@ -233,12 +263,16 @@ static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, file_
  * tensor found stored (an import of the same or an overlapping checkpoint),
  * the next is hashed first and written only when it turns out new (reading it
  * twice); after a new one, the next is hashed while written. */
-static int import_safetensors(ckpt_store *s, const char *path, store_file_rec *fr, writer_list *wl,
-                              uint8_t *const bufs[IMPORT_RING + 1], bool *probe)
+static int import_safetensors(ckpt_store *s, const char *path, const found_file *ff, store_file_rec *fr,
+                              writer_list *wl, uint8_t *const bufs[IMPORT_RING + 1], bool *probe)
 {
     st_file f;
     int rc = st_open(&f, path);
     if (rc) return rc;
+    if ((rc = check_same_file(f.fd, path, ff))) {
+        st_close(&f);
+        return rc;
+    }
     fr->size = f.file_size;
     fr->header_len = (size_t)f.data_start;
     fr->header = ckpt_malloc(fr->header_len);
@@ -340,7 +374,7 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     file_list fl = {0};
     rc = walk(dir, "", &fl, 0);
     if (!rc && fl.n == 0) rc = ckpt_error_set(CKPT_EINVAL, "%s: no files to import", dir);
-    if (!rc) qsort(fl.paths, fl.n, sizeof *fl.paths, cmp_str);
+    if (!rc) qsort(fl.v, fl.n, sizeof *fl.v, cmp_found);
     store_ckpt_rec rec = {.repo = o->repo, .revision = o->revision ? o->revision : "main", .layout = ""};
     writer_list wl = {0};
     uint8_t *bufs[IMPORT_RING + 1] = {0}; /* the file hasher's ring, and one spare */
@@ -353,12 +387,12 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     for (size_t i = 0; !rc && i < fl.n; i++) {
         store_file_rec *fr = &rec.files[rec.nfiles++];
         memset(fr, 0, sizeof *fr);
-        fr->path = fl.paths[i];
-        fl.paths[i] = NULL;
+        fr->path = fl.v[i].path;
+        fl.v[i].path = NULL;
         char *full = ckpt_path_join(dir, fr->path);
         if (!full) rc = CKPT_ENOMEM;
-        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, fr, &wl, bufs, &probe);
-        else rc = import_plain(s, full, fr, &wl, bufs[0]);
+        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, &fl.v[i], fr, &wl, bufs, &probe);
+        else rc = import_plain(s, full, &fl.v[i], fr, &wl, bufs[0]);
         free(full);
         if (!o->quiet) ckpt_progress_update(&prog, i + 1);
     }
@@ -380,12 +414,12 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
         wl.n = 0;
         if (!rc) rc = store_commit_checkpoint(s, &rec, &id, existed);
     }
-    if (rc) store_leases_release(s);
+    if (rc) store_leases_release_after_error(s);
     if (!rc) rc = store_get(s, id, out);
     for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
     free(wl.w);
-    for (size_t i = 0; i < fl.n; i++) free(fl.paths[i]);
-    free(fl.paths);
+    for (size_t i = 0; i < fl.n; i++) free(fl.v[i].path);
+    free(fl.v);
     for (size_t i = 0; i <= IMPORT_RING; i++) free(bufs[i]);
     store_ckpt_rec_free(&rec);
     return rc;

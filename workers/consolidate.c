@@ -217,6 +217,10 @@ static int invert_entry(consolidation *c, const json_t *e)
             plan_part p;
             char what[512];
             snprintf(what, sizeof what, "%s: tensor '%s' part %zu", c->what, name, pi);
+            /* The executor converts between float dtypes only (a cast layout). */
+            if (o->t.dtype != dt && !(ckpt_dtype_is_castable_float(o->t.dtype) && ckpt_dtype_is_castable_float(dt)))
+                return ckpt_error_set(CKPT_EINVAL, "%s: the stored tensor is %s, its source '%s' %s: only float dtypes convert",
+                                      what, ckpt_dtype_name(dt), o->name, ckpt_dtype_name(o->t.dtype));
             if ((rc = plan_part_from_json(&p, jp, ndim, o->t.ndim, what))) return rc;
             for (int k = 0; k < ndim; k++)
                 if (p.lo[k] + p.ext[k] > shape[k]) return ckpt_error_set(CKPT_EINVAL, "%s lies outside the tensor", what);
@@ -226,8 +230,63 @@ static int invert_entry(consolidation *c, const json_t *e)
     return 0;
 }
 
+static int cmp_part_lo0(const void *a, const void *b, void *arg)
+{
+    const plan_tensor *t = arg;
+    const plan_part *pa = &t->parts[*(const size_t *)a], *pb = &t->parts[*(const size_t *)b];
+    return pa->lo[0] < pb->lo[0] ? -1 : pa->lo[0] > pb->lo[0];
+}
+
+static bool boxes_meet(const plan_part *a, const plan_part *b, int ndim)
+{
+    for (int k = 0; k < ndim; k++)
+        if (a->lo[k] >= b->lo[k] + b->ext[k] || b->lo[k] >= a->lo[k] + a->ext[k]) return false;
+    return true;
+}
+
+/* The parts of an original tensor do not overlap: with their element counts
+ * summing to the tensor's (check_coverage), they then cover it exactly. A
+ * sweep along axis 0 compares only parts whose rows meet. */
+#define OVERLAP_MAX_COMPARES 100000000ULL
+static int check_disjoint(consolidation *c, const orig_tensor *o)
+{
+    const plan_tensor *t = &o->t;
+    if (t->nparts < 2) return 0;
+    if (t->ndim == 0)
+        return ckpt_error_set(CKPT_EINVAL, "%s: the shards hold scalar '%s' more than once in different places", c->what,
+                              o->name);
+    size_t *order = ckpt_calloc(t->nparts, sizeof *order);
+    if (!order) return CKPT_ENOMEM;
+    for (size_t i = 0; i < t->nparts; i++) order[i] = i;
+    qsort_r(order, t->nparts, sizeof *order, cmp_part_lo0, (void *)t);
+    int rc = 0;
+    uint64_t compares = 0;
+    for (size_t i = 0; !rc && i < t->nparts; i++) {
+        const plan_part *a = &t->parts[order[i]];
+        for (size_t j = i + 1; !rc && j < t->nparts; j++) {
+            const plan_part *b = &t->parts[order[j]];
+            if (b->lo[0] >= a->lo[0] + a->ext[0]) break;
+            if (++compares > OVERLAP_MAX_COMPARES)
+                rc = ckpt_error_set(CKPT_ELIMIT, "%s: '%s' has too many overlapping parts", c->what, o->name);
+            else if (boxes_meet(a, b, t->ndim)) {
+                char la[160], lb[160];
+                rc = ckpt_error_set(CKPT_EINVAL,
+                                    "%s: two parts of '%s' overlap (at %s and %s): the layout metadata is damaged",
+                                    c->what, o->name, plan_shape_str(t->ndim, a->lo, la, sizeof la),
+                                    plan_shape_str(t->ndim, b->lo, lb, sizeof lb));
+            }
+        }
+    }
+    free(order);
+    return rc;
+}
+
 static int check_coverage(consolidation *c)
 {
+    for (size_t i = 0; i < c->norig; i++) {
+        int rc = check_disjoint(c, &c->orig[i]);
+        if (rc) return rc;
+    }
     for (size_t i = 0; i < c->norig; i++) {
         const plan_tensor *t = &c->orig[i].t;
         uint64_t covered = 0, numel = plan_tensor_numel(t);

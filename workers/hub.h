@@ -132,7 +132,8 @@ int hub_list_tree(hub_client *h, const char *repo, const char *commit, hub_tree 
 
 /* A name from the server is safe to create under a folder: relative, no
  * empty, "." or ".." segments, no NUL (len is the JSON string's length) or
- * control characters, within HUB_MAX_PATH and HUB_MAX_SEGMENT. Else
+ * control characters, within HUB_MAX_PATH and HUB_MAX_SEGMENT, and one the
+ * store can hold (store_path_check: no '..' or '\\' anywhere). Else
  * CKPT_EINVAL naming it (escaped). */
 int hub_path_check(const char *path, size_t len);
 

@@ -637,6 +637,9 @@ int hub_path_check(const char *path, size_t len)
     if (why)
         return ckpt_error_set(
             CKPT_EINVAL, "unsafe file name from the Hub: '%s' %s; nothing was written", shown, why);
+    /* The store's rule for every file it records (store_path_check). */
+    int rc = store_path_check(path);
+    if (rc) return ckpt_error_prefix(rc, "file name from the Hub refused; nothing was written");
     return 0;
 }
 

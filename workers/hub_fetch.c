@@ -163,7 +163,7 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
         blobs.w = NULL;
         blobs.n = 0;
         if (!rc) rc = store_add_files(s, stored, &rec);
-        if (rc) store_leases_release(s);
+        if (rc) store_leases_release_after_error(s);
         if (!rc) rc = store_get(s, stored, &out->ckpt);
         out->files = n;
     } else if (!rc) {

@@ -8,6 +8,7 @@
 #include "common/util.h"
 #include "workers/convert.h"
 #include "workers/executor.h"
+#include "workers/rebuild.h"
 
 #include <fcntl.h>
 #include <pthread.h>
@@ -115,156 +116,45 @@ static int load_files(pull_state *ps, int rank)
     return rc;
 }
 
-/* A source for (blob, dtype, shape): the blob file is the source file, the tensor starts at 0. */
-static int add_source(pull_state *ps, const char *blob, ckpt_dtype dt, int ndim, const uint64_t *shape, int32_t *idx)
+typedef struct {
+    pull_state *ps;
+    sqlite3_stmt *st;
+} lookup_ctx;
+
+static char *blob_path_cb(void *ctx, const char *sha256)
 {
-    exec_plan *p = &ps->exec;
-    char *want = store_blob_path(ps->s, blob);
-    if (!want) return CKPT_ENOMEM;
-    size_t pi;
-    for (pi = p->nsrc_paths; pi > 0; pi--) /* recent first: a tensor's parts share blobs */
-        if (!strcmp(p->src_paths[pi - 1], want)) break;
-    if (pi == 0) {
-        char **np = ckpt_realloc(p->src_paths, (p->nsrc_paths + 1) * sizeof *np);
-        if (!np) {
-            free(want);
-            return CKPT_ENOMEM;
-        }
-        p->src_paths = np;
-        p->src_paths[p->nsrc_paths] = want;
-        pi = ++p->nsrc_paths;
-    } else {
-        free(want);
-    }
-    plan_source *ns = ckpt_realloc(p->sources, (p->nsources + 1) * sizeof *ns);
-    if (!ns) return CKPT_ENOMEM;
-    p->sources = ns;
-    plan_source *src = &p->sources[p->nsources];
-    memset(src, 0, sizeof *src);
-    if (!(src->name = ckpt_strdup(blob))) return CKPT_ENOMEM;
-    src->file = pi - 1;
-    src->dtype = dt;
-    src->ndim = ndim;
-    memcpy(src->shape, shape, (size_t)ndim * sizeof *shape);
-    int rc = ckpt_dtype_nbytes(dt, ndim, shape, &src->nbytes);
-    if (rc) return rc;
-    *idx = (int32_t)p->nsources++;
+    return store_blob_path(((lookup_ctx *)ctx)->ps->s, sha256);
+}
+
+static int lookup_cb(void *ctx, const char *path, const char *name, const char **blob, const char **recipe)
+{
+    lookup_ctx *lc = ctx;
+    sqlite3_reset(lc->st);
+    sqlite3_bind_int64(lc->st, 1, lc->ps->id);
+    sqlite3_bind_text(lc->st, 2, path, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(lc->st, 3, name, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(lc->st) != SQLITE_ROW)
+        return ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no record", path, name);
+    *blob = (const char *)sqlite3_column_text(lc->st, 0);
+    *recipe = (const char *)sqlite3_column_text(lc->st, 1);
     return 0;
 }
 
-static int recipe_tensor(pull_state *ps, plan_tensor *t, const char *recipe, const char *what)
-{
-    json_t *j;
-    int rc = cj_load_buf(&j, recipe, strlen(recipe), what);
-    if (rc) return rc;
-    size_t i;
-    json_t *jp;
-    json_array_foreach(j, i, jp)
-    {
-        if (rc) break;
-        plan_part p;
-        if (json_is_true(json_object_get(jp, "zero"))) {
-            rc = plan_part_from_json(&p, jp, t->ndim, 0, what);
-            if (!rc) rc = plan_tensor_add_part(t, &p);
-            continue;
-        }
-        const char *blob = json_string_value(json_object_get(jp, "blob"));
-        const char *dts = json_string_value(json_object_get(jp, "dtype"));
-        ckpt_dtype dt;
-        int ndim = (int)json_array_size(json_object_get(jp, "shape"));
-        uint64_t shape[PLAN_MAX_DIM];
-        if (!blob || strlen(blob) != 64 || !dts || ckpt_dtype_from_name(dts, &dt) < 0 || ndim > PLAN_MAX_DIM) {
-            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part", what);
-            break;
-        }
-        for (int k = 0; k < ndim; k++) shape[k] = (uint64_t)json_integer_value(json_array_get(json_object_get(jp, "shape"), (size_t)k));
-        int32_t idx;
-        rc = plan_part_from_json(&p, jp, t->ndim, ndim, what);
-        if (!rc) rc = add_source(ps, blob, dt, ndim, shape, &idx);
-        if (!rc) {
-            p.src = idx;
-            rc = plan_tensor_add_part(t, &p);
-        }
-    }
-    json_decref(j);
-    return rc;
-}
-
+/* The executor's plan of one stored safetensors file (rebuild.c). */
 static int plan_file(pull_state *ps, stored_file *f, exec_file *ef)
 {
-    st_file sf;
-    int rc = st_parse(&sf, f->path, f->header, f->header_len, f->size);
-    if (rc) return ckpt_error_prefix(CKPT_ECORRUPT, "stored header");
-    st_layout_init(&ef->layout);
-    ef->rel = ckpt_strdup(f->out_rel);
-    ef->layout.header = ckpt_malloc(f->header_len);
-    ef->layout.tensors = ckpt_calloc(sf.ntensors + 1, sizeof *ef->layout.tensors);
-    ef->tensors = ckpt_calloc(sf.ntensors + 1, sizeof *ef->tensors);
-    if (!ef->rel || !ef->layout.header || !ef->layout.tensors || !ef->tensors) rc = CKPT_ENOMEM;
-    if (!rc) {
-        memcpy(ef->layout.header, f->header, f->header_len);
-        ef->layout.header_len = f->header_len;
-        ef->layout.file_size = f->size;
-        ef->layout.finished = true;
-    }
-    sqlite3_stmt *st = NULL;
-    if (!rc) rc = catalog_prepare(&ps->s->cat, &st,
-                                  "SELECT blob, recipe FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
-    for (size_t i = 0; !rc && i < sf.ntensors; i++) {
-        const st_tensor *t = &sf.tensors[i];
-        st_out_tensor *ot = &ef->layout.tensors[i];
-        ot->name = ckpt_strdup(t->name);
-        ot->dtype = t->dtype;
-        ot->ndim = t->ndim;
-        memcpy(ot->shape, t->shape, sizeof ot->shape);
-        ot->nbytes = t->nbytes;
-        ot->offset = t->offset;
-        ot->user = i;
-        ef->layout.ntensors++;
-        plan_tensor *pt = &ps->tensors[ps->ntensors++];
-        memset(pt, 0, sizeof *pt);
-        pt->name = ckpt_strdup(t->name);
-        pt->dtype = t->dtype;
-        pt->ndim = t->ndim;
-        memcpy(pt->shape, t->shape, (size_t)t->ndim * sizeof *t->shape);
-        ef->tensors[i] = pt;
-        ef->ntensors++;
-        if (!ot->name || !pt->name) {
-            rc = CKPT_ENOMEM;
-            break;
-        }
-        sqlite3_bind_int64(st, 1, ps->id);
-        sqlite3_bind_text(st, 2, f->path, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 3, t->name, -1, SQLITE_STATIC);
-        if (sqlite3_step(st) != SQLITE_ROW) {
-            rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no record", f->path, t->name);
-            break;
-        }
-        const char *blob = (const char *)sqlite3_column_text(st, 0), *recipe = (const char *)sqlite3_column_text(st, 1);
-        char what[512];
-        snprintf(what, sizeof what, "catalog: %s: tensor '%s'", f->path, t->name);
-        if (blob) {
-            int32_t idx;
-            rc = add_source(ps, blob, t->dtype, t->ndim, t->shape, &idx);
-            if (!rc && t->nbytes) {
-                plan_part p;
-                memset(&p, 0, sizeof p);
-                p.src = idx;
-                for (int k = 0; k < t->ndim; k++) {
-                    p.axis_map[k] = (int8_t)k;
-                    p.ext[k] = t->shape[k];
-                }
-                rc = plan_tensor_add_part(pt, &p);
-            }
-        } else if (recipe) {
-            rc = recipe_tensor(ps, pt, recipe, what);
-        } else {
-            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: neither blob nor recipe", what);
-        }
-        sqlite3_reset(st);
-    }
-    sqlite3_finalize(st);
-    st_close(&sf);
+    lookup_ctx lc = {.ps = ps};
+    int rc = catalog_prepare(&ps->s->cat, &lc.st,
+                             "SELECT blob, recipe FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
+    if (rc) return rc;
+    rebuild_ctx rb = {.exec = &ps->exec,
+                      .tensors = ps->tensors,
+                      .ntensors = &ps->ntensors,
+                      .blob_path = blob_path_cb,
+                      .lookup = lookup_cb,
+                      .ctx = &lc};
+    rc = rebuild_plan_file(&rb, f->path, f->out_rel, f->header, f->header_len, f->size, ef);
+    sqlite3_finalize(lc.st);
     return rc;
 }
 

@@ -34,7 +34,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PLAN_MAX_DIM 8
+#define PLAN_MAX_DIM CKPT_MAX_RANK /* one rank limit: what the reader and the store accept */
 #define PLAN_ZERO (-1)
 #define PLAN_ALL_RANKS (-1)
 #define PLAN_MAX_TP 1024

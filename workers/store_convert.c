@@ -323,7 +323,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         else
             for (size_t i = 0; i < nws; i++) store_blob_abort(&ws[i]);
         if (!rc) rc = store_commit_checkpoint(s, &r, &id, existed);
-        if (rc) store_leases_release(s);
+        if (rc) store_leases_release_after_error(s);
         if (!rc) rc = store_get(s, id, out);
         store_ckpt_rec_free(&r);
         for (size_t i = 0; blobs && i < cp.exec.nsources; i++) free(blobs[i]);

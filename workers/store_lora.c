@@ -413,7 +413,7 @@ int store_lora_merge(ckpt_store *s, const char *base_ref, const char *adapter,
     r.commit = commit;
     int64_t id = 0;
     if (!rc) rc = store_commit_checkpoint(s, &r, &id, &res->existed);
-    if (rc) store_leases_release(s);
+    if (rc) store_leases_release_after_error(s);
     if (!rc) rc = store_get(s, id, &res->ckpt);
     if (!rc) res->modules = j.ad.nmods;
     store_ckpt_rec_free(&r);

@@ -8,7 +8,8 @@
 #    rebuilt from config.json here, in Python, independently of genmodel.c).
 # 2. Generation is deterministic for a seed and different across seeds.
 # 3. Hostile files: each exits 1 with one line on stderr naming the file, the
-#    reference error and the tensor; never a crash.
+#    reference error and the tensor; never a crash. Files of other formats
+#    (torch.save zip or pickle, GGUF) are named for what they are.
 # 4. Usage errors exit 2.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
@@ -273,6 +274,26 @@ while read -r name error tensor; do
     [ -z "$tensor" ] || [[ "$line" == *"$tensor"* ]] || fail "$name: tensor not named in: $line"
     echo "ok hostile $name: $line"
 done <"$work/hostile/cases.txt"
+
+# Files of other formats are named for what they are (issue 14): a torch.save
+# zip, a legacy pickle torch file, GGUF; not "HeaderTooLarge" of 1.8e19.
+python3 - "$work/hostile" <<'EOF'
+import pickle, struct, sys, zipfile
+d = sys.argv[1]
+with zipfile.ZipFile(f"{d}/pytorch_model.bin", "w") as z:
+    z.writestr("archive/data.pkl", pickle.dumps({"w": [1.0, 2.0]}, protocol=2))
+open(f"{d}/legacy.pt", "wb").write(pickle.dumps({"w": [1.0]}, protocol=2) + b"\0" * 64)
+open(f"{d}/model.gguf", "wb").write(b"GGUF" + struct.pack("<I", 3) + b"\0" * 64)
+EOF
+for case in "pytorch_model.bin:PyTorch (torch.save)" "legacy.pt:PyTorch (torch.save, pickle)" "model.gguf:a GGUF file"; do
+    name=${case%%:*} want=${case#*:}
+    expect_status 1 "$ckpt" inspect "$work/hostile/$name"
+    line=$(cat "$work/err")
+    [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$name: stderr is not one line: $line"
+    [[ "$line" == *"$name: this is "*"$want"*"not safetensors"* ]] || fail "$name: format not named: $line"
+    [[ "$line" != *HeaderTooLarge* ]] || fail "$name: $line"
+    echo "ok foreign $name: $line"
+done
 
 # Valid edge cases: an empty header, a scalar, a zero-size tensor.
 python3 - "$work/hostile" <<'EOF'

@@ -5,7 +5,9 @@
 
 tests/fuzz/corpus/fuzz_header/ gets small safetensors files, valid ones (as
 the reference writer lays them out) and hostile ones, one per rule of
-spec/safetensors.md; tests/fuzz/corpus/fuzz_index/ gets index.json texts.
+spec/safetensors.md; tests/fuzz/corpus/fuzz_index/ gets index.json texts;
+tests/fuzz/corpus/fuzz_rebuild/ gets stored files for the rebuild harness
+(tensors as blobs, or as recipes given in __metadata__ "recipe.<name>").
 File names say what each seed is. The output is deterministic and is
 committed; rerun this after changing it. Standard library only.
 """
@@ -233,6 +235,35 @@ def index_seeds():
     return s
 
 
+BLOB = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+
+
+def rebuild_seeds():
+    """Stored files for fuzz_rebuild: a tensor is a blob unless __metadata__
+    holds "recipe.<name>" (its parts, as a converted layout's catalog row)."""
+    s = {}
+    s["ok_blobs"] = write_safetensors([("a", "F32", [2, 3]), ("b", "BF16", [4]), ("c", "U8", [])])
+    halves = [
+        {"blob": BLOB, "dtype": "F32", "shape": [2, 2], "lo": [0, 0], "ext": [2, 2], "src_lo": [0, 0],
+         "axis_map": [0, 1]},
+        {"zero": True, "lo": [0, 2], "ext": [2, 1]},
+    ]
+    s["ok_recipe"] = write_safetensors([("w", "F32", [2, 3])], {"recipe.w": json.dumps(halves)})
+    transposed = [{"blob": BLOB, "dtype": "F16", "shape": [3, 2], "lo": [0, 0], "ext": [2, 3],
+                   "src_lo": [0, 0], "axis_map": [1, 0]}]
+    s["ok_recipe_transpose"] = write_safetensors([("t", "F16", [2, 3])], {"recipe.t": json.dumps(transposed)})
+    s["ok_rank8"] = write_safetensors([("r8", "U8", [1, 1, 1, 1, 1, 1, 1, 2])])
+    deep = {"deep": {"dtype": "U8", "shape": [0] + [2**63] * 8, "data_offsets": [0, 0]}}
+    s["bad_rank9_zero_dim"] = frame(json.dumps(deep).encode())
+    deep16 = {"deep": {"dtype": "U8", "shape": [0] + [2**64 - 1] * 15, "data_offsets": [0, 0]}}
+    s["bad_rank16_zero_dim"] = frame(json.dumps(deep16).encode())
+    bad_part = [{"blob": BLOB, "dtype": "U8", "shape": [1] * 12, "lo": [0], "ext": [2], "src_lo": [0],
+                 "axis_map": [0]}]
+    s["bad_recipe_deep_source"] = write_safetensors([("p", "U8", [2])], {"recipe.p": json.dumps(bad_part)})
+    s["bad_recipe_not_json"] = write_safetensors([("p", "U8", [2])], {"recipe.p": "[{"})
+    return s
+
+
 def write_dir(name, seeds):
     out = os.path.join(CORPUS, name)
     os.makedirs(out, exist_ok=True)
@@ -247,7 +278,8 @@ def write_dir(name, seeds):
 def main():
     n1 = write_dir("fuzz_header", header_seeds())
     n2 = write_dir("fuzz_index", index_seeds())
-    print(f"wrote {n1} header seeds and {n2} index seeds under {os.path.relpath(CORPUS)}")
+    n3 = write_dir("fuzz_rebuild", rebuild_seeds())
+    print(f"wrote {n1} header seeds, {n2} index seeds and {n3} rebuild seeds under {os.path.relpath(CORPUS)}")
     return 0
 
 

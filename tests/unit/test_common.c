@@ -1,7 +1,7 @@
 /*
  * test_common.c — the pieces of common/ everyone relies on: size and integer
- * parsing, atomic files and directories, recursive removal, sha256 and the
- * error-message convention.
+ * parsing, atomic files and directories (and their modes under the umask),
+ * recursive removal, sha256 and the error-message convention.
  *
  * File tests run in a fresh directory under $TMPDIR (or /tmp) that the
  * fixture removes, and check that no ".tmp-" leftovers remain.
@@ -497,6 +497,31 @@ static void test_checked_arithmetic(void **state)
     assert_string_equal(ckpt_basename("z.json"), "z.json");
 }
 
+/* Issue 14 #10: atomic files and temp directories get the modes open(2) and
+ * mkdir(2) would under the umask (0644/0755 forced before, whatever it was). */
+static void test_modes_follow_umask(void **state)
+{
+    const char *dir = *state;
+    mode_t old = umask(027);
+    char *path = join(dir, "ckpt.db.json"), *target = join(dir, "out");
+    assert_int_equal(ckpt_umask(), 027);
+    int rc = ckpt_write_file_atomic(path, "{}", 2);
+    char *tmp = NULL;
+    int trc = ckpt_tmpdir_create(target, &tmp);
+    umask(old);
+    assert_int_equal(rc, 0);
+    assert_int_equal(trc, 0);
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+    assert_int_equal(stat(tmp, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0750);
+    assert_int_equal(ckpt_umask(), (unsigned)old);
+    free(tmp);
+    free(target);
+    free(path);
+}
+
 #define SCRATCH_TEST(fn) cmocka_unit_test_setup_teardown(fn, scratch_setup, scratch_teardown)
 
 int main(void)
@@ -509,6 +534,7 @@ int main(void)
         SCRATCH_TEST(test_rm_rf),
         cmocka_unit_test(test_sha256_vectors),      SCRATCH_TEST(test_sha256_files),
         cmocka_unit_test(test_error_convention),    cmocka_unit_test(test_checked_arithmetic),
+        SCRATCH_TEST(test_modes_follow_umask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

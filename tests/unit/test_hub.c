@@ -222,14 +222,16 @@ static void test_schedules(void **state)
 static void test_path_check(void **state)
 {
     (void)state;
-    static const char *const good[] = {"config.json", "sub/dir/model.safetensors", "a..b",
+    static const char *const good[] = {"config.json", "sub/dir/model.safetensors", "a.b.c",
                                        ".gitattributes", "x y.txt"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++)
         if (hub_path_check(good[i], strlen(good[i])) != 0)
             fail_msg("'%s' was refused: %s", good[i], ckpt_error_last());
     static const char *const bad[] = {"../../evil", "..",          "a/../b",  "./x",
                                       "a/./b",      "/etc/passwd", "a//b",    "a/",
-                                      "",           "tab\there",   "del\x7f", "nl\nx"};
+                                      "",           "tab\there",   "del\x7f", "nl\nx",
+                                      /* issue 14 #8: names the store could not give back */
+                                      "notes..txt", "a\\b.txt", "x://y"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         if (hub_path_check(bad[i], strlen(bad[i])) == 0) fail_msg("'%s' was accepted", bad[i]);
     /* A NUL inside the JSON string: */

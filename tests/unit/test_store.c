@@ -1,15 +1,18 @@
-/* test_store.c — blob leases against gc, claims of stored blobs, and the
- * streamed archive of a checkpoint (store_archive.h), on a generated
- * checkpoint imported into a scratch store. */
+/* test_store.c — blob leases against gc, claims of stored blobs, the
+ * streamed archive of a checkpoint (store_archive.h), and what import refuses
+ * or bounds (issue 14: ranks, links, names, descriptors, a full disk), on
+ * generated checkpoints imported into a scratch store. */
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "storage/archive.h"
 #include "storage/store.h"
 #include "tests/support/scratch.h"
 #include "storage/archive.h"
 #include "workers/genmodel.h"
 #include "workers/store_archive.h"
+#include "workers/rebuild.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -21,6 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <errno.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -267,6 +273,314 @@ static void test_zombie_is_not_alive(void **state)
     assert_int_equal(store_proc_start_time(dead), -1);
 }
 
+
+/* root/name holding bytes (folders made as needed). */
+static void put_file(const char *root, const char *name, const void *bytes, size_t len)
+{
+    char *path = ckpt_path_join(root, name);
+    char *slash = strrchr(path, '/');
+    *slash = 0;
+    assert_int_equal(ckpt_mkdir_p(path, 0755), 0);
+    *slash = '/';
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(bytes, 1, len, f), len);
+    assert_int_equal(fclose(f), 0);
+    free(path);
+}
+
+/* A safetensors file root/name with header json and data_len zero bytes. */
+static void put_safetensors(const char *root, const char *name, const char *json, size_t data_len)
+{
+    size_t n = strlen(json), len = 8 + n + data_len;
+    uint8_t *b = calloc(1, len);
+    assert_non_null(b);
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(b + 8, json, n);
+    put_file(root, name, b, len);
+    free(b);
+}
+
+/* store_import_dir of root/sub into a store at root/home: its status; *s stays open. */
+static int import_sub(const char *root, const char *sub, ckpt_store *s)
+{
+    char *src = ckpt_path_join(root, sub), *home = ckpt_path_join(root, "home");
+    assert_int_equal(store_open(s, home), 0);
+    store_ckpt ck;
+    bool existed;
+    store_import_opts io = {.repo = "t/hostile", .quiet = true};
+    int rc = store_import_dir(s, src, &io, &ck, &existed);
+    if (!rc) store_ckpt_free(&ck);
+    free(src);
+    free(home);
+    return rc;
+}
+
+/* Nothing of a refused import stays: no checkpoint, no temp file. */
+static void assert_store_empty(ckpt_store *s)
+{
+    store_du_result du;
+    assert_int_equal(store_du(s, &du), 0);
+    assert_int_equal(du.checkpoints, 0);
+    DIR *d = opendir(s->tmp_dir);
+    assert_non_null(d);
+    struct dirent *e;
+    while ((e = readdir(d))) assert_true(e->d_name[0] == '.');
+    closedir(d);
+}
+
+#define DEEP_HEADER "{\"deep\":{\"dtype\":\"U8\",\"shape\":[0,1,2,3,4,5,6,7,8],\"data_offsets\":[0,0]}}"
+
+/* Issue 14 #1: a tensor of rank 9 (0 bytes: its other dims are free) is
+ * refused where it enters the store, naming file and tensor; the store's file
+ * rebuild refuses such a stored header too (a catalog written before). */
+static void test_rank_limit(void **state)
+{
+    ckpt_store s;
+    put_safetensors(*state, "deep/model.safetensors", DEEP_HEADER, 0);
+    put_file(*state, "deep/config.json", "{}", 2);
+    assert_int_equal(import_sub(*state, "deep", &s), CKPT_ELIMIT);
+    assert_contains(ckpt_error_last(), "model.safetensors");
+    assert_contains(ckpt_error_last(), "'deep'");
+    assert_contains(ckpt_error_last(), "rank 9");
+    assert_store_empty(&s);
+    store_close(&s);
+
+    const char *json = DEEP_HEADER;
+    size_t n = strlen(json);
+    uint8_t *hdr = calloc(1, 8 + n);
+    for (int i = 0; i < 8; i++) hdr[i] = (uint8_t)((uint64_t)n >> (8 * i));
+    memcpy(hdr + 8, json, n);
+    exec_plan ep;
+    memset(&ep, 0, sizeof ep);
+    plan_tensor pts[2];
+    size_t npt = 0;
+    exec_file ef;
+    memset(&ef, 0, sizeof ef);
+    rebuild_ctx rb = {.exec = &ep, .tensors = pts, .ntensors = &npt};
+    assert_int_not_equal(rebuild_plan_file(&rb, "model.safetensors", "model.safetensors", hdr, 8 + n, 8 + n, &ef), 0);
+    assert_contains(ckpt_error_last(), "rank 9");
+    assert_int_equal(npt, 0);
+    exec_plan_free(&ep);
+    free(hdr);
+}
+
+/* Issue 14 #2: import follows no symbolic link (one leaving the folder, one
+ * staying in it) and reads regular files only; the error names the file and
+ * nothing is stored. */
+static void test_import_refuses_links(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    char *secret = ckpt_path_join(root, "secret"), *dir = ckpt_path_join(root, "links");
+    put_file(root, "secret", "id_rsa", 6);
+    put_file(root, "links/config.json", "{}", 2);
+    char *out = ckpt_path_join(dir, "tokenizer.json");
+    assert_int_equal(symlink(secret, out), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "tokenizer.json");
+    assert_contains(ckpt_error_last(), "symbolic link");
+    assert_store_empty(&s);
+    store_close(&s);
+    /* A link inside the folder: refused as well. */
+    assert_int_equal(unlink(out), 0);
+    assert_int_equal(symlink("config.json", out), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "tokenizer.json");
+    store_close(&s);
+    /* A FIFO (never opened: it would block). */
+    assert_int_equal(unlink(out), 0);
+    assert_int_equal(mkfifo(out, 0600), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "tokenizer.json");
+    assert_contains(ckpt_error_last(), "not a regular file");
+    store_close(&s);
+    /* A linked folder. */
+    assert_int_equal(unlink(out), 0);
+    char *sub = ckpt_path_join(dir, "sub");
+    assert_int_equal(symlink(root, sub), 0);
+    assert_int_equal(import_sub(root, "links", &s), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "sub");
+    store_close(&s);
+    assert_int_equal(unlink(sub), 0);
+    assert_int_equal(import_sub(root, "links", &s), 0);
+    store_close(&s);
+    free(sub);
+    free(out);
+    free(secret);
+    free(dir);
+}
+
+/* Issue 14 #8: names the store could not give back are refused by import
+ * (naming the file) and by any catalog commit, with nothing stored. */
+static void test_import_refuses_bad_names(void **state)
+{
+    const char *root = *state;
+    static const char *const bad[] = {"notes..txt", "a\\b.txt", "tab\there.txt"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char sub[32];
+        snprintf(sub, sizeof sub, "names%zu", i);
+        char *dir = ckpt_path_join(root, sub);
+        put_file(dir, "config.json", "{}", 2);
+        put_file(dir, bad[i], "x", 1);
+        ckpt_store s;
+        assert_int_equal(import_sub(root, sub, &s), CKPT_EINVAL);
+        assert_contains(ckpt_error_last(), "the store cannot hold it");
+        if (i < 2) assert_contains(ckpt_error_last(), bad[i]);
+        assert_store_empty(&s);
+        store_close(&s);
+        free(dir);
+    }
+    static const char *const good[] = {"a.b.c", "sub/x y.txt", ".hidden/ok"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) assert_int_equal(store_path_check(good[i]), 0);
+    static const char *const more_bad[] = {"", "/abs", "a//b", "./x", "a/./b", "..", "x://y"};
+    for (size_t i = 0; i < sizeof more_bad / sizeof more_bad[0]; i++)
+        if (store_path_check(more_bad[i]) == 0) fail_msg("'%s' was accepted", more_bad[i]);
+    /* A commit of such a path (any writer: fetch, convert, merge) is refused. */
+    ckpt_store s;
+    char *home = ckpt_path_join(root, "home");
+    assert_int_equal(store_open(&s, home), 0);
+    store_file_rec fr = {.path = "notes..txt", .size = 0};
+    store_ckpt_rec rec = {.repo = "t/x", .revision = "main", .commit = "0123456789012345678901234567890123456789",
+                          .layout = "", .nfiles = 1, .files = &fr};
+    int64_t id = 0;
+    assert_int_equal(store_commit_checkpoint(&s, &rec, &id, NULL), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "notes..txt");
+    assert_store_empty(&s);
+    store_close(&s);
+    free(home);
+}
+
+/* Issue 14 #6: import holds a bounded number of descriptors whatever the
+ * number of tensors: a qwen3-moe of 789 tensors imports with 128 allowed
+ * (one descriptor per new tensor until publish needed more than 789). */
+static void test_import_bounded_fds(void **state)
+{
+    const char *root = *state;
+    char *src = ckpt_path_join(root, "moe");
+    genmodel_opts o;
+    genmodel_opts_init(&o, "qwen3-moe");
+    o.scale = 32;
+    o.layers = 2;
+    if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
+    struct rlimit old, low;
+    assert_int_equal(getrlimit(RLIMIT_NOFILE, &old), 0);
+    low = old;
+    low.rlim_cur = 128;
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+    ckpt_store s;
+    int rc = import_sub(root, "moe", &s);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", rc ? ckpt_error_last() : "");
+    assert_int_equal(setrlimit(RLIMIT_NOFILE, &old), 0);
+    if (rc) fail_msg("import with 128 descriptors: %s", msg);
+    store_du_result du;
+    assert_int_equal(store_du(&s, &du), 0);
+    assert_int_equal(du.checkpoints, 1);
+    assert_true(du.blobs > 700);
+    store_close(&s);
+    free(src);
+}
+
+/* Issue 14 #10: a new CKPT_HOME is the user's alone (the catalog holds job
+ * arguments and logs), whatever the umask. */
+static void test_home_is_private(void **state)
+{
+    char *home = ckpt_path_join(*state, "newhome");
+    ckpt_store s;
+    assert_int_equal(store_open(&s, home), 0);
+    struct stat st;
+    assert_int_equal(stat(home, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0700);
+    store_close(&s);
+    free(home);
+}
+
+/* Issue 14 #10 and "also": an archive path that does not exist is named as
+ * such; a small compressed archive that unpacks to far more than its size
+ * (1000 times, 64 MiB for small ones) or than the free space is refused
+ * with nothing left behind. */
+static void test_archive_limits(void **state)
+{
+    const char *root = *state;
+    char *missing = ckpt_path_join(root, "nonexistent"), *base = ckpt_path_join(root, "x"), *out = NULL;
+    assert_int_equal(ckpt_archive_extract(missing, base, &out), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), "nonexistent: no such file or folder");
+    assert_null(out);
+    /* 200 MiB of zeros (a sparse file) packed into a few hundred KB. */
+    char *dir = ckpt_path_join(root, "bomb"), *zeros = ckpt_path_join(dir, "zeros.bin"),
+         *tarzst = ckpt_path_join(root, "bomb.tar.zst");
+    put_file(dir, "config.json", "{}", 2);
+    int fd = open(zeros, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, 200 << 20), 0);
+    close(fd);
+    assert_int_equal(ckpt_archive_write_tree(dir, tarzst, true), 0);
+    struct stat st;
+    assert_int_equal(stat(tarzst, &st), 0);
+    assert_true(st.st_size < (1 << 20));
+    assert_int_equal(ckpt_archive_extract(tarzst, base, &out), CKPT_ELIMIT);
+    assert_contains(ckpt_error_last(), "bomb.tar.zst");
+    assert_contains(ckpt_error_last(), "zeros.bin");
+    assert_null(out);
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (!strncmp(e->d_name, "x.tmp-", 6)) fail_msg("%s was left behind", e->d_name);
+    closedir(d);
+    free(tarzst);
+    free(zeros);
+    free(dir);
+    free(base);
+    free(missing);
+}
+
+#define FULL_DISK_DIR "full"
+
+/* Issue 14 #10: a full disk is reported where it struck (which file, "No
+ * space left on device"), not as the lease release that failed after it;
+ * nothing is left in tmp/. CKPT_HOME on a 1 MiB tmpfs, a 5 MiB import. */
+static void test_import_full_disk(void **state)
+{
+    const char *root = *state;
+    char *mnt = ckpt_path_join(root, FULL_DISK_DIR), *src = ckpt_path_join(root, "q2");
+    assert_int_equal(ckpt_mkdir_p(mnt, 0755), 0);
+    if (mount("tmpfs", mnt, "tmpfs", 0, "size=1m") != 0) {
+        print_message("skipping the full-disk test: cannot mount a tmpfs (%s)\n", strerror(errno));
+        free(mnt);
+        free(src);
+        skip();
+    }
+    genmodel_opts o;
+    genmodel_opts_init(&o, "qwen2");
+    o.scale = 8;
+    o.layers = 2;
+    if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
+    ckpt_store s;
+    char *home = ckpt_path_join(mnt, "home");
+    assert_int_equal(store_open(&s, home), 0);
+    store_ckpt ck;
+    bool existed;
+    store_import_opts io = {.repo = "t/full", .quiet = true};
+    assert_int_not_equal(store_import_dir(&s, src, &io, &ck, &existed), 0);
+    assert_contains(ckpt_error_last(), "No space left on device");
+    assert_contains(ckpt_error_last(), "/" FULL_DISK_DIR "/home/");
+    if (strstr(ckpt_error_last(), "release leases")) fail_msg("reported as: %s", ckpt_error_last());
+    assert_store_empty(&s);
+    store_close(&s);
+    free(home);
+    free(src);
+    free(mnt);
+}
+
+static int teardown_unmount(void **state)
+{
+    char *mnt = ckpt_path_join(*state, FULL_DISK_DIR);
+    umount2(mnt, MNT_DETACH); /* not mounted when the test was skipped */
+    free(mnt);
+    return scratch_teardown(state);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
@@ -275,6 +589,13 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_stream, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
+        cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_refuses_links, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
+        cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

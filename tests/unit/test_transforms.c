@@ -1481,6 +1481,73 @@ static void test_consolidate_checks_replicas(void **state)
     }
 }
 
+/* Writes layout back as DST's ckpt-layout.json. */
+static void save_layout(const char *dst, json_t *layout)
+{
+    char *path = ckpt_path_join(dst, CONVERT_LAYOUT_FILE), *text = json_dumps(layout, JSON_INDENT(1));
+    assert_non_null(text);
+    assert_int_equal(ckpt_write_file_atomic(path, text, strlen(text)), 0);
+    free(text);
+    free(path);
+}
+
+/* Issue 14 #9: ckpt-layout.json is checked like any input. Parts of one
+ * original tensor that overlap (their element counts still summing to the
+ * tensor's) are an error, not zeros where no part lands; a source dtype the
+ * stored tensor cannot be converted from (an integer) is an error, not an
+ * assert. Both name the tensor; no DST. */
+static void test_consolidate_refuses_bad_layout(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    src_tensor t[MINI_N];
+    make_mini_llama(fx->src, &m, t);
+    convert_ok(fx->src, fx->dst, preset("neuron", 2));
+    /* rank 1's row-parallel down_proj starts one column early. */
+    json_t *layout = load_layout(fx->dst);
+    json_t *parts = json_object_get(layout_entry(layout, "model.layers.0.mlp.down_proj.weight", 1), "parts");
+    assert_true(json_array_size(parts) >= 1);
+    json_t *src_lo = json_object_get(json_array_get(parts, 0), "src_lo");
+    bool moved = false;
+    for (size_t k = 0; k < json_array_size(src_lo); k++) {
+        json_int_t v = json_integer_value(json_array_get(src_lo, k));
+        if (v > 0) {
+            json_array_set_new(src_lo, k, json_integer(v - 1));
+            moved = true;
+        }
+    }
+    assert_true(moved);
+    save_layout(fx->dst, layout);
+    json_decref(layout);
+    consolidate_opts co = {.quiet = true};
+    assert_int_equal(consolidate_run(fx->dst, fx->back, &co), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "model.layers.0.mlp.down_proj.weight");
+    assert_contains(ckpt_error_last(), "overlap");
+    expect_no_dst(fx->back);
+
+    /* An integer source dtype of the same size. */
+    fx_clear_outputs(fx);
+    convert_ok(fx->src, fx->dst, preset("neuron", 2));
+    layout = load_layout(fx->dst);
+    json_t *files = json_object_get(json_object_get(layout, "source"), "files"), *f, *jt;
+    size_t fi, ti;
+    bool changed = false;
+    json_array_foreach(files, fi, f) json_array_foreach(json_object_get(f, "tensors"), ti, jt)
+    {
+        if (!strcmp(json_string_value(json_object_get(jt, "name")), "model.norm.weight")) {
+            json_object_set_new(jt, "dtype", json_string("I32"));
+            changed = true;
+        }
+    }
+    assert_true(changed);
+    save_layout(fx->dst, layout);
+    json_decref(layout);
+    assert_int_equal(consolidate_run(fx->dst, fx->back, &co), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "model.norm.weight");
+    assert_contains(ckpt_error_last(), "I32");
+    expect_no_dst(fx->back);
+}
+
 /* ---- errors: at plan time, naming rule and tensor, no DST ---- */
 
 static void test_error_missing_k_proj(void **state)
@@ -1841,6 +1908,7 @@ int main(void)
         T(test_layout_metadata),
         T(test_print_rules_round_trip),
         T(test_consolidate_checks_replicas),
+        T(test_consolidate_refuses_bad_layout),
         T(test_error_missing_k_proj),
         T(test_error_shape_against_config),
         T(test_error_kv_multiplier),
