@@ -18,15 +18,17 @@
  * exits 143 or 130 (unless the point is inside a critical section, which
  * finishes first); without it, the signal's default action ends the process.
  * SIG STOP stops the process there (SIGSTOP) until a test has done something
- * concurrently (a `ckpt rm`) and sends SIGCONT: a race made deterministic. N counts passes of that point in this process
- * (threads included). With CKPT_FAULT_ONCE=FILE the kill happens only if
- * FILE can be created (O_EXCL): once across every process that inherits the
- * variables, so a retried job is not killed again. The daemon's workers
- * take their points from CKPT_FAULT_WORKER instead of CKPT_FAULT, so the
- * daemon and its workers can be stopped separately. CKPT_FAULT_TRACE=FILE appends each point's name to FILE
- * as it is passed (one line each), so a test can list the points a command
- * goes through and then stop it at every one. The points are listed with
- * their meaning in docs/testing.md; tests rely on the names.
+ * concurrently (a `ckpt rm`) and sends SIGCONT: a race made deterministic.
+ * N counts passes of that point in this process (threads included).
+ *
+ * With CKPT_FAULT_ONCE=FILE the kill happens only if FILE can be created
+ * (O_EXCL): once across every process that inherits the variables, so a
+ * retried job is not killed again. The daemon's workers take their points
+ * from CKPT_FAULT_WORKER instead of CKPT_FAULT, so the daemon and its workers
+ * can be stopped separately. CKPT_FAULT_TRACE=FILE appends each point's name
+ * to FILE as it is passed (one line each), so a test can list the points a
+ * command goes through and then stop it at every one. The points are listed
+ * with their meaning in docs/testing.md; tests rely on the names.
  */
 #ifndef CKPT_COMMON_FAULT_H
 #define CKPT_COMMON_FAULT_H
