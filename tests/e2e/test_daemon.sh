@@ -221,7 +221,7 @@ for spec in "${specs[@]}"; do
 done
 start_daemon --workers 2
 note "$kills daemons stopped at crash points in $((SECONDS - t0)) s; $(grep -o 'put [0-9]* jobs' "$CKPT_HOME.serve.log" | awk '{n += $2} END {print n + 0}') running jobs lost and requeued; attempts: $("$ckpt" jobs --json | "$py" -c 'import json, sys; print(sorted(j["attempt"] for j in json.load(sys.stdin)))')"
-wait_until 90 "every job of the kill test to end" no_active
+wait_until 300 "every job of the kill test to end" no_active
 stop_daemon
 "$ckpt" jobs --json >"$work/jobs.json"
 "$ckpt" ls --json >"$work/ls.json"
@@ -273,7 +273,7 @@ kill -STOP "$wpid" # mid-convert for sure, however fast the machine
 state_is "$id" running || fail "job $id ended before its worker could be killed"
 [ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "a running convert has nothing in tmp/"
 kill -9 "$wpid"
-wait_until 60 "job $id to succeed after its worker was killed" state_is "$id" succeeded
+wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" succeeded
 [ "$(jf "$id" 'j["attempt"]')" = 2 ] || fail "job $id: attempt $(jf "$id" 'j["attempt"]'), expected 2"
 [ "$(jf "$id" 'j["result"]["ref"]')" = "t/big@main:hf-f32" ] || fail "job $id: result $(jf "$id" 'j.get("result")')"
 [ "$("$ckpt" ls --json | "$py" -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)))')" = 1 ] ||
@@ -357,7 +357,7 @@ cat "$work"/sub.*.out >"$work/subout"
 grep -Evq '^[0-9]+$' "$work/subout" && fail "a submit printed something else than an id: $(grep -Ev '^[0-9]+$' "$work/subout" | head -3)"
 [ "$(sort -u "$work/subout" | wc -l)" = 80 ] || fail "80 submits gave $(sort -u "$work/subout" | wc -l) distinct ids"
 rm -f "$work"/sub.*
-wait_until 60 "the 80 noop jobs to end" no_active
+wait_until 300 "the 80 noop jobs to end" no_active
 [ "$("$ckpt" jobs --state succeeded --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "noop" for j in json.load(sys.stdin)))')" = 80 ] ||
     fail "not every noop job succeeded: $("$ckpt" jobs | grep noop | grep -v succeeded | head -3)"
 ! grep -Eqi "busy|locked" "$CKPT_HOME.serve.log" || fail "the daemon logged: $(grep -Ei "busy|locked" "$CKPT_HOME.serve.log" | head -3)"
