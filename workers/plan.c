@@ -45,6 +45,16 @@ int plan_tensor_add_zero(plan_tensor *t, const uint64_t *lo, const uint64_t *ext
     return plan_tensor_add_part(t, &p);
 }
 
+void plan_part_whole(plan_part *p, int32_t src_index, int ndim, const uint64_t *shape)
+{
+    memset(p, 0, sizeof *p);
+    p->src = src_index;
+    for (int k = 0; k < ndim; k++) {
+        p->axis_map[k] = (int8_t)k;
+        p->ext[k] = shape[k];
+    }
+}
+
 int plan_tensor_from_source(plan_tensor *out, const plan_source *src, int32_t src_index)
 {
     memset(out, 0, sizeof *out);
@@ -58,12 +68,7 @@ int plan_tensor_from_source(plan_tensor *out, const plan_source *src, int32_t sr
     out->ndim = src->ndim;
     memcpy(out->shape, src->shape, sizeof out->shape);
     plan_part p;
-    memset(&p, 0, sizeof p);
-    p.src = src_index;
-    for (int k = 0; k < src->ndim; k++) {
-        p.axis_map[k] = (int8_t)k;
-        p.ext[k] = src->shape[k];
-    }
+    plan_part_whole(&p, src_index, src->ndim, src->shape);
     if (plan_tensor_numel(out) == 0) return 0;
     return plan_tensor_add_part(out, &p);
 }

@@ -86,6 +86,8 @@ typedef struct {
 
 /* A tensor that is a whole source tensor. */
 int plan_tensor_from_source(plan_tensor *out, const plan_source *src, int32_t src_index);
+/* *p = the whole of source src_index (ndim <= PLAN_MAX_DIM dims of shape), in place. */
+void plan_part_whole(plan_part *p, int32_t src_index, int ndim, const uint64_t *shape);
 /* Deep copy. */
 int plan_tensor_copy(plan_tensor *out, const plan_tensor *in);
 void plan_tensor_free(plan_tensor *t);

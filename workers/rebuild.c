@@ -168,12 +168,7 @@ int rebuild_plan_file(const rebuild_ctx *rb, const char *path, const char *out_r
             if (!rc) rc = add_source(rb, blob, t->dtype, t->ndim, t->shape, what, &idx);
             if (!rc && t->nbytes) {
                 plan_part p;
-                memset(&p, 0, sizeof p);
-                p.src = idx;
-                for (int k = 0; k < t->ndim; k++) {
-                    p.axis_map[k] = (int8_t)k;
-                    p.ext[k] = t->shape[k];
-                }
+                plan_part_whole(&p, idx, t->ndim, t->shape);
                 rc = plan_tensor_add_part(pt, &p);
             }
         } else if (recipe) {

@@ -26,13 +26,7 @@ fail() {
 }
 note() { echo "-- [${SECONDS}s] $*"; }
 
-# expect_status WANT CMD...: runs CMD, checks its exit status; stderr in $work/err.
-expect_status() {
-    local want=$1 rc=0
-    shift
-    "$@" >"$work/out" 2>"$work/err" || rc=$?
-    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stderr: $(head -c 2000 "$work/err")"
-}
+. "${E2E_DIR:?}/lib.sh" # expect_status
 # no_temps: nothing named *.tmp-* anywhere under $work (the store's tmp/ included).
 no_temps() {
     local left

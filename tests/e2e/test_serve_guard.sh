@@ -46,13 +46,7 @@ fail() {
 }
 note() { echo "-- $* ($SECONDS s)"; }
 
-# expect_status WANT CMD...: runs CMD, checks its exit status; stdout in $work/out, stderr in $work/err.
-expect_status() {
-    local want=$1 rc=0
-    shift
-    "$@" >"$work/out" 2>"$work/err" || rc=$?
-    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stdout: $(head -c 800 "$work/out"); stderr: $(head -c 800 "$work/err")"
-}
+. "${E2E_DIR:?}/lib.sh" # expect_status
 
 # ready_daemon [serve options]: starts `ckpt serve` and waits (bounded: 20 s,
 # far above the start time of a sanitizer build) for serve.url; sets $url.
