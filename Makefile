@@ -1,7 +1,7 @@
 # ckpt — build, test, demo. `make help` lists the targets.
 #
-# Sources are found by wildcard: a new .c file in common/, storage/, workers/
-# or service/ joins the binary; a new tests/unit/test_*.c becomes a cmocka
+# Sources are found by wildcard: a new .c file in one of the subsystem folders
+# (LIB_DIRS, SVC_DIRS; docs/ARCHITECTURE.md says which is which) joins the binary; a new tests/unit/test_*.c becomes a cmocka
 # test program. BUILD may be set to build in another folder (helpers and CI
 # building side by side), SAN=1 builds with ASan+UBSan.
 
@@ -34,8 +34,12 @@ endif
 CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(INCS) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(OPT) $(LDFLAGS)
 
-LIB_SRCS  := $(wildcard common/*.c storage/*.c workers/*.c)
-SVC_SRCS  := $(wildcard service/*.c service/cmd/*.c)
+# The folders in layer order, lowest first: a file may include headers of its
+# own folder and of folders before it (make check-layers).
+LIB_DIRS  := common include format plan lora transform state store fixtures hub
+SVC_DIRS  := service/jobs service/http service/daemon service/cli
+LIB_SRCS  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
+SVC_SRCS  := $(foreach d,$(SVC_DIRS),$(wildcard $(d)/*.c))
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
@@ -101,24 +105,24 @@ $(BUILD)/tests/test_lora: TEST_LDFLAGS := -Wl,--wrap=cblas_sgemm
 
 lib: $(BUILD)/libckpt.a
 	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a
-	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--version-script=storage/libckpt.map \
+	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--version-script=include/libckpt.map \
 	  -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
 
 # The library's example program (training states), built from the public
-# header alone: -Istorage, not -I., so ckpt.h must stand on its own.
-$(BUILD)/tests/state_example: tests/state_example.c storage/ckpt.h $(BUILD)/libckpt.a
+# header alone: -Iinclude, not -I., so ckpt.h must stand on its own.
+$(BUILD)/tests/state_example: tests/state_example.c include/ckpt.h $(BUILD)/libckpt.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CSTD) $(WARN) $(OPT) -Istorage $(CFLAGS) -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+	$(CC) $(CSTD) $(WARN) $(OPT) -Iinclude $(CFLAGS) -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
 
 install-lib: lib
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
 	install -m 0644 $(BUILD)/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
 	install -m 0755 $(BUILD)/libckpt.so $(DESTDIR)$(PREFIX)/lib/libckpt.so
-	install -m 0644 storage/ckpt.h $(DESTDIR)$(PREFIX)/include/ckpt.h
+	install -m 0644 include/ckpt.h $(DESTDIR)$(PREFIX)/include/ckpt.h
 
 # The local Hub of the tests and the demo (tests/hub/testhub.c): the daemon's
-# Hub read API (service/store_http.c) with faults injected on demand.
-TESTHUB_OBJS := $(BUILD)/obj/service/store_http.o $(BUILD)/obj/service/http_util.o
+# Hub read API (service/http/store_http.c) with faults injected on demand.
+TESTHUB_OBJS := $(BUILD)/obj/service/http/store_http.o $(BUILD)/obj/service/http/http_util.o
 $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TESTHUB_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
 
@@ -139,17 +143,17 @@ e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD := build/fuzz
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
-# The harnesses exercise storage/ (which uses only common/), so only those are
-# compiled in: sources are linked whole, and an unrelated half-written file in
-# workers/ must not break the fuzz build. UB aborts so libFuzzer records it.
-FUZZ_LIB_SRCS := $(wildcard common/*.c) storage/dtype.c storage/safetensors.c storage/checkpoint.c
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h storage/*.h)
+# The harnesses exercise format/ (which uses only common/), so only those are
+# compiled in: sources are linked whole, and an unrelated half-written file
+# elsewhere must not break the fuzz build. UB aborts so libFuzzer records it.
+FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h format/*.h)
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(PKG_LIBS)
-# fuzz_rebuild runs the store's file rebuild (workers/rebuild.c) and the
+# fuzz_rebuild runs the store's file rebuild (store/rebuild.c) and the
 # executor's reads over it: those, and the plan algebra they use, join in.
-FUZZ_REBUILD_SRCS := $(FUZZ_LIB_SRCS) workers/rebuild.c workers/plan.c workers/executor.c
-$(FUZZ_BUILD)/fuzz_rebuild: tests/fuzz/fuzz_rebuild.c $(FUZZ_REBUILD_SRCS) $(wildcard common/*.h storage/*.h workers/*.h)
+FUZZ_REBUILD_SRCS := $(FUZZ_LIB_SRCS) store/rebuild.c plan/plan.c plan/executor.c
+$(FUZZ_BUILD)/fuzz_rebuild: tests/fuzz/fuzz_rebuild.c $(FUZZ_REBUILD_SRCS) $(wildcard common/*.h format/*.h plan/*.h store/rebuild.h)
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_REBUILD_SRCS) $(PKG_LIBS)
 

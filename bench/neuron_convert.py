@@ -9,7 +9,7 @@ save one safetensors file per rank.
     neuron_convert.py --check PY_DST CKPT_DST
 
 It produces the same tensors as `ckpt convert SRC DST --layout neuron --tp N`
-(spec/transforms.md §4 and §5, workers/presets.c):
+(spec/transforms.md §4 and §5, transform/presets.c):
   - model.layers.N.self_attn.qkv_proj.weight_qkv = [Q_r; K_r; V_r] with the
     GQA head selection of §4 (default m = tp / gcd(KV, tp)), query heads padded
     with zero heads at the end of each KV group when needed; biases likewise as
@@ -134,7 +134,7 @@ def pad_split(arr, axis, tp):
 
 
 class Gqa:
-    """The head selection of spec §4 (as workers/rule_gqa.c computes it)."""
+    """The head selection of spec §4 (as transform/rule_gqa.c computes it)."""
 
     def __init__(self, heads, kv_heads, head_dim, tp, kv_mult=None):
         if heads % kv_heads:

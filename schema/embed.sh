@@ -1,6 +1,6 @@
 #!/bin/sh
 # embed.sh OUT.c schema/*.sql — turns the numbered migration files into C
-# strings, so the binary carries its schema (storage/catalog.c applies them).
+# strings, so the binary carries its schema (store/catalog.c applies them).
 set -eu
 out=$1; shift
 {

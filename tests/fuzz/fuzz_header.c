@@ -6,7 +6,7 @@
  * spec; on acceptance the harness re-checks the spec's invariants itself and
  * aborts if st_parse let anything through. Sanitizers catch the rest.
  */
-#include "storage/safetensors.h"
+#include "format/safetensors.h"
 
 #include <stdint.h>
 #include <stdlib.h>

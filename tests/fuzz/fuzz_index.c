@@ -6,7 +6,7 @@
  * An accepted index must only name shard files that are safe to open under
  * the index's folder; the harness checks that and the parsed counts.
  */
-#include "storage/checkpoint.h"
+#include "format/checkpoint.h"
 
 #include <stdint.h>
 #include <stdlib.h>

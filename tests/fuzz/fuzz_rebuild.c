@@ -1,7 +1,7 @@
 /*
  * fuzz_rebuild.c — libFuzzer harness for the store's file rebuild: the code
  * pull, serve, verify and state export use to plan a stored safetensors file
- * from its stored header (workers/rebuild.c), then the executor's random
+ * from its stored header (store/rebuild.c), then the executor's random
  * access reads over that plan (what `ckpt serve` answers a GET with).
  *
  * The input is a whole safetensors file. Its header is the stored header; a
@@ -12,7 +12,7 @@
  * accepted one the first bytes of every tensor are read.
  */
 #include "common/util.h"
-#include "workers/rebuild.h"
+#include "store/rebuild.h"
 
 #include <stdint.h>
 #include <stdio.h>

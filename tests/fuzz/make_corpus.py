@@ -5,7 +5,7 @@
 
 tests/fuzz/corpus/fuzz_header/ gets small safetensors files, valid ones (as
 the reference writer lays them out) and hostile ones, one per rule of
-the reader (storage/safetensors.c); tests/fuzz/corpus/fuzz_index/ gets index.json texts;
+the reader (format/safetensors.c); tests/fuzz/corpus/fuzz_index/ gets index.json texts;
 tests/fuzz/corpus/fuzz_rebuild/ gets stored files for the rebuild harness
 (tensors as blobs, or as recipes given in __metadata__ "recipe.<name>").
 File names say what each seed is. The output is deterministic and is

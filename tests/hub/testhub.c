@@ -7,7 +7,7 @@
  *                [--log F] [--faults SPEC]
  *
  * It serves the checkpoints stored in HUB_HOME (`ckpt import`ed gen-model
- * folders) through the daemon's own Hub read API (service/store_http.c:
+ * folders) through the daemon's own Hub read API (service/http/store_http.c:
  * revision, tree with paging, paths-info, resolve with Range and LFS
  * headers). Requests that a fault applies to are answered here instead.
  *
@@ -49,11 +49,11 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/util.h"
-#include "service/http_util.h"
-#include "service/store_http.h"
-#include "storage/catalog.h"
-#include "storage/store.h"
-#include "workers/materialize.h"
+#include "service/http/http_util.h"
+#include "service/http/store_http.h"
+#include "store/catalog.h"
+#include "store/store.h"
+#include "store/materialize.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>

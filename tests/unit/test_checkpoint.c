@@ -1,5 +1,5 @@
 /*
- * test_checkpoint.c — checkpoints and sharded indexes (storage/checkpoint.c).
+ * test_checkpoint.c — checkpoints and sharded indexes (format/checkpoint.c).
  *
  * Opening a single file, a directory, an index and a prefix; every index
  * check (a mapped tensor missing from its file, an unlisted tensor, a tensor
@@ -12,7 +12,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/util.h"
-#include "storage/checkpoint.h"
+#include "format/checkpoint.h"
 
 #include <fcntl.h>
 #include <setjmp.h>

@@ -1,5 +1,5 @@
 /*
- * test_dtype.c — the dtype table and the float conversions of storage/dtype.c.
+ * test_dtype.c — the dtype table and the float conversions of format/dtype.c.
  *
  * Conversions are checked three ways: hand-picked special values (zeros,
  * infinities, NaNs with payloads, extremes, ties and their neighbours,
@@ -8,7 +8,7 @@
  * (rounding through libm's nearbyint in double, the compiler's own float and
  * _Float16 conversions where the compiler has them).
  */
-#include "storage/dtype.h"
+#include "format/dtype.h"
 
 #include "common/error.h"
 #include "common/util.h"

@@ -1,6 +1,6 @@
 /*
  * test_http.c — pieces of the daemon's HTTP layer that need no server
- * (service/http_util.c): API token digests and their compare.
+ * (service/http/http_util.c): API token digests and their compare.
  *
  * Tokens are compared as sha256 digests of a fixed size with CRYPTO_memcmp,
  * so a compare never depends on the given token's length or on how long a
@@ -9,7 +9,7 @@
  *
  * service/ is not in libckpt.a, so http_util.c is compiled into this program.
  */
-#include "service/http_util.c"
+#include "service/http/http_util.c"
 
 #include <setjmp.h>
 #include <stdarg.h>

@@ -2,21 +2,21 @@
  * test_hub.c — the pieces of Hub download and scheduled sync that need no
  * server: names from the server (hub_path_check), the include/exclude
  * filter, the token rule (hub_same_origin), Link headers, backoff with
- * Retry-After; cron expressions in UTC (service/cron.c), --every durations
- * and the schedules table with the daemon's due check (service/schedule.c:
+ * Retry-After; cron expressions in UTC (service/jobs/cron.c), --every durations
+ * and the schedules table with the daemon's due check (service/jobs/schedule.c:
  * one sync job per schedule at a time, one catch-up run after downtime).
  *
  * service/ is not in libckpt.a, so cron.c, queue.c and schedule.c are
  * compiled into this program (sync_job.c is not: it needs a Hub, and is
  * covered by tests/e2e/test_sync.sh).
  */
-#include "service/cron.c"
-#include "service/queue.c"
-#include "service/schedule.c"
+#include "service/jobs/cron.c"
+#include "service/jobs/queue.c"
+#include "service/jobs/schedule.c"
 
 #include "common/fsutil.h"
 #include "tests/support/scratch.h"
-#include "workers/hub_internal.h"
+#include "hub/hub_internal.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

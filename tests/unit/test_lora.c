@@ -1,5 +1,5 @@
 /*
- * test_lora.c — LoRA adapters (workers/lora.c, lora_merge.c, lora_layout.c)
+ * test_lora.c — LoRA adapters (lora/lora.c, lora_merge.c, lora_layout.c)
  * on tiny checkpoints written here, with values chosen so the expected
  * results are exact:
  *
@@ -32,9 +32,9 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
-#include "storage/checkpoint.h"
-#include "storage/dtype.h"
-#include "workers/lora.h"
+#include "format/checkpoint.h"
+#include "format/dtype.h"
+#include "lora/lora.h"
 
 #include <cblas.h>
 #include <math.h>

@@ -1,5 +1,5 @@
 /*
- * test_queue.c — the SQLite job queue (service/queue.c), without a daemon.
+ * test_queue.c — the SQLite job queue (service/jobs/queue.c), without a daemon.
  *
  * Unique jobs (canonical arguments, only while queued or running), claim
  * order (priority, run_after, id), per-kind rooms, dependencies (waiting,
@@ -11,7 +11,7 @@
  * service/ is not in libckpt.a, so queue.c is compiled into this program.
  * Each test gets a fresh database under $TMPDIR (or /tmp).
  */
-#include "service/queue.c"
+#include "service/jobs/queue.c"
 
 #include "common/fsutil.h"
 

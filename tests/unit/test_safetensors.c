@@ -1,5 +1,5 @@
 /*
- * test_safetensors.c — the safetensors reader and writer (storage/safetensors.c).
+ * test_safetensors.c — the safetensors reader and writer (format/safetensors.c).
  *
  * Reader: one crafted bad file per row of spec/safetensors.md's table, each
  * checked through st_open (from disk) and st_parse (from memory) for the
@@ -14,7 +14,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/util.h"
-#include "storage/safetensors.h"
+#include "format/safetensors.h"
 
 #include <dirent.h>
 #include <fcntl.h>

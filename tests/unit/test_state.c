@@ -1,6 +1,6 @@
 /*
- * test_state.c — training states (storage/state.c, workers/state_load.c,
- * workers/state_convert.c).
+ * test_state.c — training states (state/state.c, state/state_load.c,
+ * transform/state_convert.c).
  *
  * 1. Save and load: an exact round trip for every dtype (one file and
  *    sharded), zero-copy mapped tensors, casts on save and on load against
@@ -23,9 +23,9 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
-#include "storage/state.h"
-#include "workers/convert.h"
-#include "workers/genmodel.h"
+#include "state/state.h"
+#include "transform/convert.h"
+#include "fixtures/genmodel.h"
 
 #include <dirent.h>
 #include <fcntl.h>

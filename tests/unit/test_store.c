@@ -6,13 +6,13 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/util.h"
-#include "storage/archive.h"
-#include "storage/store.h"
+#include "format/archive.h"
+#include "store/store.h"
 #include "tests/support/scratch.h"
-#include "storage/archive.h"
-#include "workers/genmodel.h"
-#include "workers/store_archive.h"
-#include "workers/rebuild.h"
+#include "format/archive.h"
+#include "fixtures/genmodel.h"
+#include "store/store_archive.h"
+#include "store/rebuild.h"
 
 #include <dirent.h>
 #include <fcntl.h>

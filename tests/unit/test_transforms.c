@@ -1,6 +1,6 @@
 /*
  * test_transforms.c — the transform engine on tiny checkpoints, against
- * spec/transforms.md: rules (workers/rules.c, rule_gqa.c), presets, the
+ * spec/transforms.md: rules (transform/rules.c, rule_gqa.c), presets, the
  * planner and executor (convert.c, executor.c), ckpt-layout.json
  * (layout_meta.c) and consolidation (consolidate.c).
  *
@@ -30,10 +30,10 @@
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/util.h"
-#include "storage/checkpoint.h"
-#include "storage/dtype.h"
-#include "workers/convert.h"
-#include "workers/presets.h"
+#include "format/checkpoint.h"
+#include "format/dtype.h"
+#include "transform/convert.h"
+#include "transform/presets.h"
 
 #include <dirent.h>
 #include <errno.h>

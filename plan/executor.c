@@ -1,0 +1,935 @@
+/* executor.c — streams plan parts into output files; see executor.h for the strategy. */
+#include "plan/executor.h"
+
+#include "common/error.h"
+#include "common/fault.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "common/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/xattr.h>
+#include <unistd.h>
+
+#define EXEC_TILE_EDGE 1024
+/* A gather reads through mmap when its span is this many times the bytes it needs. */
+#define EXEC_SPARSE_FACTOR 2
+#define EXEC_SPARSE_MIN (256u << 10)
+
+/* A strided walk: element i (multi-index over ext) is at src + sum i[k]*ss[k]
+ * (source elements) and dst + sum i[k]*ds[k] (destination elements). */
+typedef struct {
+    int nd;
+    uint64_t ext[PLAN_MAX_DIM];
+    uint64_t ss[PLAN_MAX_DIM];
+    uint64_t ds[PLAN_MAX_DIM];
+    uint64_t src, dst;
+} walk;
+
+typedef struct {
+    size_t file, slot; /* exec_file index, layout slot */
+} work_item;
+
+typedef struct {
+    const exec_plan *p;
+    const exec_opts *o;
+    int *src_fds;
+    int *out_fds;
+    char **out_paths;
+    work_item *items;
+    size_t nitems, next;
+    pthread_mutex_t mu;
+    int err;
+    char errmsg[2048];
+    uint64_t done, total;
+    ckpt_progress prog;
+    size_t *left; /* per output file: tensors not written yet */
+    /* Hashing the outputs while they are written (o->out_sha256): */
+    bool **slot_done;     /* per output file and layout slot: its bytes are in place */
+    pthread_cond_t moved; /* a slot is done, or an error stops everything */
+    size_t next_hash_file;
+} exec_ctx;
+
+typedef struct {
+    exec_ctx *c;
+    uint8_t *slab; /* EXEC_SLAB_BYTES */
+    uint8_t *band; /* EXEC_BAND_BYTES */
+    uint8_t *cmp;  /* EXEC_SLAB_BYTES, for checks */
+} worker;
+
+/* Drops length-1 axes and merges axes that are contiguous in both source and destination. */
+static void walk_collapse(walk *w)
+{
+    int n = 0;
+    for (int k = 0; k < w->nd; k++) {
+        if (w->ext[k] == 1) continue;
+        if (n > 0 && w->ss[n - 1] == w->ss[k] * w->ext[k] && w->ds[n - 1] == w->ds[k] * w->ext[k]) {
+            w->ext[n - 1] *= w->ext[k];
+            w->ss[n - 1] = w->ss[k];
+            w->ds[n - 1] = w->ds[k];
+            continue;
+        }
+        w->ext[n] = w->ext[k];
+        w->ss[n] = w->ss[k];
+        w->ds[n] = w->ds[k];
+        n++;
+    }
+    w->nd = n;
+}
+
+static void source_strides(const plan_source *s, uint64_t *str)
+{
+    uint64_t acc = 1;
+    for (int a = s->ndim - 1; a >= 0; a--) {
+        str[a] = acc;
+        acc *= s->shape[a];
+    }
+}
+
+static void row_major_strides(int ndim, const uint64_t *shape, uint64_t *str)
+{
+    uint64_t acc = 1;
+    for (int k = ndim - 1; k >= 0; k--) {
+        str[k] = acc;
+        acc *= shape[k];
+    }
+}
+
+/* The walk of sub-box [blo, blo+bext) of part p, into a destination whose
+ * element (tensor index i) is at sum (i[k]-dlo[k])*dstr[k]. */
+static void part_walk(walk *w, const plan_part *p, const plan_source *s, int ndim, const uint64_t *blo,
+                      const uint64_t *bext, const uint64_t *dlo, const uint64_t *dstr)
+{
+    uint64_t sstr[PLAN_MAX_DIM];
+    source_strides(s, sstr);
+    w->nd = ndim;
+    w->src = 0;
+    w->dst = 0;
+    for (int a = 0; a < s->ndim; a++) w->src += p->src_lo[a] * sstr[a];
+    for (int k = 0; k < ndim; k++) {
+        w->ss[k] = p->axis_map[k] >= 0 ? sstr[p->axis_map[k]] : 0;
+        w->ds[k] = dstr[k];
+        w->ext[k] = bext[k];
+        w->src += (blo[k] - p->lo[k]) * w->ss[k];
+        w->dst += (blo[k] - dlo[k]) * w->ds[k];
+    }
+    walk_collapse(w);
+}
+
+static void copy_elems(const uint8_t *src, ckpt_dtype sdt, size_t ses, uint8_t *dst, ckpt_dtype ddt, size_t des,
+                       uint64_t n, uint64_t sstride, uint64_t dstride)
+{
+    if (sstride == 1 && dstride == 1) {
+        if (sdt == ddt) memcpy(dst, src, n * ses);
+        else ckpt_convert(sdt, src, ddt, dst, n);
+        return;
+    }
+    if (sdt != ddt) {
+        for (uint64_t i = 0; i < n; i++) ckpt_convert(sdt, src + i * sstride * ses, ddt, dst + i * dstride * des, 1);
+        return;
+    }
+    switch (ses) {
+    case 2:
+        for (uint64_t i = 0; i < n; i++) memcpy(dst + i * dstride * 2, src + i * sstride * 2, 2);
+        break;
+    case 4:
+        for (uint64_t i = 0; i < n; i++) memcpy(dst + i * dstride * 4, src + i * sstride * 4, 4);
+        break;
+    case 8:
+        for (uint64_t i = 0; i < n; i++) memcpy(dst + i * dstride * 8, src + i * sstride * 8, 8);
+        break;
+    default:
+        for (uint64_t i = 0; i < n; i++) memcpy(dst + i * dstride * ses, src + i * sstride * ses, ses);
+    }
+}
+
+/* Runs a collapsed walk whose source elements are in `band` (band[0] is
+ * source element band_first). */
+static void walk_run(const walk *w, const uint8_t *band, uint64_t band_first, ckpt_dtype sdt, uint8_t *dst,
+                     ckpt_dtype ddt)
+{
+    size_t ses = ckpt_dtype_size(sdt), des = ckpt_dtype_size(ddt);
+    if (w->nd == 0) {
+        copy_elems(band + (w->src - band_first) * ses, sdt, ses, dst + w->dst * des, ddt, des, 1, 1, 1);
+        return;
+    }
+    int in = w->nd - 1;
+    uint64_t idx[PLAN_MAX_DIM] = {0};
+    for (;;) {
+        uint64_t so = w->src, d = w->dst;
+        for (int k = 0; k < in; k++) {
+            so += idx[k] * w->ss[k];
+            d += idx[k] * w->ds[k];
+        }
+        copy_elems(band + (so - band_first) * ses, sdt, ses, dst + d * des, ddt, des, w->ext[in], w->ss[in], w->ds[in]);
+        int k = in - 1;
+        while (k >= 0 && ++idx[k] == w->ext[k]) idx[k--] = 0;
+        if (k < 0) break;
+    }
+}
+
+/* Reads the source elements a walk needs (in bands of at most
+ * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
+ * them into dst. */
+static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const char *path, uint8_t *dst,
+                       ckpt_dtype ddt)
+{
+    size_t ses = ckpt_dtype_size(s->dtype);
+    uint64_t span = 1;
+    for (int k = 0; k < w.nd; k++) span += (w.ext[k] - 1) * w.ss[k];
+    if (s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
+        /* One contiguous run, no cast: read it straight into place, not through the band. */
+        int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
+        return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
+    }
+    if (span * ses > EXEC_BAND_BYTES) {
+        /* Split the axis with the largest source stride in two. */
+        int j = 0;
+        for (int k = 1; k < w.nd; k++)
+            if (w.ss[k] > w.ss[j]) j = k;
+        if (w.ext[j] > 1) {
+            walk a = w, b = w;
+            a.ext[j] = w.ext[j] / 2;
+            b.ext[j] = w.ext[j] - a.ext[j];
+            b.src += a.ext[j] * w.ss[j];
+            b.dst += a.ext[j] * w.ds[j];
+            int rc = walk_gather(wk, a, s, fd, path, dst, ddt);
+            return rc ? rc : walk_gather(wk, b, s, fd, path, dst, ddt);
+        }
+        /* A single run longer than the band: its axis is contiguous, cut it. */
+        uint64_t per = EXEC_BAND_BYTES / ses;
+        walk a = w;
+        for (uint64_t off = 0; off < w.ext[j]; off += per) {
+            a.ext[j] = w.ext[j] - off < per ? w.ext[j] - off : per;
+            a.src = w.src + off * w.ss[j];
+            a.dst = w.dst + off * w.ds[j];
+            int rc = walk_gather(wk, a, s, fd, path, dst, ddt);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    uint64_t needed = ses;
+    for (int k = 0; k < w.nd; k++) needed *= w.ext[k];
+    if (span * ses >= EXEC_SPARSE_FACTOR * needed && span * ses >= EXEC_SPARSE_MIN) {
+        /* Sparse (a column slice, a transposed tile): map the span and touch
+         * only the pages holding needed elements, instead of reading it all. */
+        uint64_t start = s->offset + w.src * ses, page = (uint64_t)sysconf(_SC_PAGESIZE);
+        uint64_t base = start / page * page, maplen = start - base + span * ses;
+        void *m = mmap(NULL, (size_t)maplen, PROT_READ, MAP_PRIVATE, fd, (off_t)base);
+        if (m != MAP_FAILED) {
+            walk_run(&w, (const uint8_t *)m + (start - base), w.src, s->dtype, dst, ddt);
+            munmap(m, (size_t)maplen);
+            return 0;
+        }
+    }
+    int rc = ckpt_pread_full(fd, wk->band, (size_t)(span * ses), s->offset + w.src * ses, path);
+    if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
+    walk_run(&w, wk->band, w.src, s->dtype, dst, ddt);
+    return 0;
+}
+
+static bool part_intersect(const plan_part *p, int ndim, const uint64_t *blo, const uint64_t *bext, uint64_t *lo,
+                           uint64_t *ext)
+{
+    for (int k = 0; k < ndim; k++) {
+        uint64_t a = p->lo[k] > blo[k] ? p->lo[k] : blo[k];
+        uint64_t pe = p->lo[k] + p->ext[k], be = blo[k] + bext[k];
+        uint64_t b = pe < be ? pe : be;
+        if (a >= b) return false;
+        lo[k] = a;
+        ext[k] = b - a;
+    }
+    return true;
+}
+
+/* True when every part is one contiguous run of a same-dtype source. */
+static bool tensor_is_fast(const exec_plan *p, const plan_tensor *t)
+{
+    uint64_t ts[PLAN_MAX_DIM], zero[PLAN_MAX_DIM] = {0};
+    row_major_strides(t->ndim, t->shape, ts);
+    for (size_t i = 0; i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        if (pt->src == PLAN_ZERO) continue;
+        const plan_source *s = &p->sources[pt->src];
+        if (s->dtype != t->dtype) return false;
+        if (ckpt_dtype_size(s->dtype) == 0) continue; /* whole-tensor copies only; checked in run_fast */
+        walk w;
+        part_walk(&w, pt, s, t->ndim, pt->lo, pt->ext, zero, ts);
+        if (!(w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) return false;
+    }
+    return true;
+}
+
+static void add_progress(exec_ctx *c, uint64_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    c->done += n;
+    if (!c->o->quiet) ckpt_progress_update(&c->prog, c->done);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *out_path)
+{
+    exec_ctx *c = wk->c;
+    uint64_t ts[PLAN_MAX_DIM], zero[PLAN_MAX_DIM] = {0};
+    row_major_strides(t->ndim, t->shape, ts);
+    for (size_t i = 0; i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        if (pt->src == PLAN_ZERO) continue; /* the file was extended with zeros */
+        const plan_source *s = &c->p->sources[pt->src];
+        size_t es = ckpt_dtype_size(s->dtype);
+        uint64_t src_off, dst_off, len;
+        if (es == 0) {
+            /* Sub-byte dtype: only a whole tensor copied as it is. */
+            bool whole = t->nparts == 1 && t->ndim == s->ndim;
+            for (int k = 0; whole && k < t->ndim; k++)
+                whole = pt->axis_map[k] == k && pt->src_lo[k] == 0 && pt->ext[k] == s->shape[k];
+            if (!whole)
+                return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype %s can only be copied whole", t->name,
+                                      ckpt_dtype_name(s->dtype));
+            src_off = s->offset;
+            dst_off = t_off;
+            len = s->nbytes;
+        } else {
+            walk w;
+            part_walk(&w, pt, s, t->ndim, pt->lo, pt->ext, zero, ts);
+            uint64_t n = w.nd ? w.ext[0] : 1;
+            src_off = s->offset + w.src * es;
+            dst_off = t_off + w.dst * es;
+            len = n * es;
+        }
+        int rc = ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
+        if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
+        add_progress(c, len);
+    }
+    return 0;
+}
+
+/* Fills box [blo, blo+bext) of tensor t, laid out row-major in buf. */
+static int fill_box(worker *wk, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext, uint8_t *buf)
+{
+    exec_ctx *c = wk->c;
+    uint64_t bstr[PLAN_MAX_DIM], n = 1;
+    row_major_strides(t->ndim, bext, bstr);
+    for (int k = 0; k < t->ndim; k++) n *= bext[k];
+    memset(buf, 0, n * ckpt_dtype_size(t->dtype));
+    for (size_t i = 0; i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
+        if (pt->src == PLAN_ZERO || !part_intersect(pt, t->ndim, blo, bext, lo, ext)) continue;
+        const plan_source *s = &c->p->sources[pt->src];
+        if (ckpt_dtype_size(s->dtype) == 0)
+            return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype %s cannot be sliced or cast", t->name,
+                                  ckpt_dtype_name(s->dtype));
+        walk w;
+        part_walk(&w, pt, s, t->ndim, lo, ext, blo, bstr);
+        int rc = walk_gather(wk, w, s, c->src_fds[s->file], c->p->src_paths[s->file], buf, t->dtype);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* Writes box [blo, blo+bext) from buf (row-major) into the tensor at t_off. */
+static int write_box(const plan_tensor *t, const uint64_t *blo, const uint64_t *bext, const uint8_t *buf, int fd,
+                     uint64_t t_off, const char *path)
+{
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t ts[PLAN_MAX_DIM];
+    row_major_strides(t->ndim, t->shape, ts);
+    /* Contiguous in the file when every axis after the first partial one is whole. */
+    int first = 0;
+    while (first < t->ndim && bext[first] == 1) first++;
+    bool contiguous = true;
+    for (int k = first + 1; k < t->ndim; k++) contiguous &= bext[k] == t->shape[k];
+    uint64_t n = 1;
+    for (int k = 0; k < t->ndim; k++) n *= bext[k];
+    if (contiguous || t->ndim == 0) {
+        uint64_t off = 0;
+        for (int k = 0; k < t->ndim; k++) off += blo[k] * ts[k];
+        return ckpt_pwrite_full(fd, buf, n * es, t_off + off * es, path);
+    }
+    uint64_t row = bext[t->ndim - 1], idx[PLAN_MAX_DIM] = {0};
+    for (uint64_t r = 0; r < n / row; r++) {
+        uint64_t off = blo[t->ndim - 1] * ts[t->ndim - 1];
+        for (int k = 0; k < t->ndim - 1; k++) off += (blo[k] + idx[k]) * ts[k];
+        int rc = ckpt_pwrite_full(fd, buf + r * row * es, row * es, t_off + off * es, path);
+        if (rc) return rc;
+        for (int k = t->ndim - 2; k >= 0 && ++idx[k] == bext[k]; k--) idx[k] = 0;
+    }
+    return 0;
+}
+
+static bool tensor_is_transposed(const exec_plan *p, const plan_tensor *t)
+{
+    if (t->ndim < 2) return false;
+    for (size_t i = 0; i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        if (pt->src == PLAN_ZERO || pt->ext[t->ndim - 1] == 1) continue;
+        const plan_source *s = &p->sources[pt->src];
+        if (pt->axis_map[t->ndim - 1] != s->ndim - 1) return true;
+    }
+    return false;
+}
+
+/* Iterates the slabs (or tiles) of a tensor: box lo/ext for slab number `i`
+ * out of the total; returns false past the end. */
+typedef struct {
+    int ndim, k0;
+    bool tiles;
+    uint64_t shape[PLAN_MAX_DIM];
+    uint64_t chunk[PLAN_MAX_DIM]; /* box edge along each axis */
+    uint64_t idx[PLAN_MAX_DIM];   /* current box lo */
+    bool done;
+} slab_iter;
+
+static void slab_iter_init(slab_iter *it, const plan_tensor *t, bool tiles, uint64_t slab_bytes)
+{
+    memset(it, 0, sizeof *it);
+    it->ndim = t->ndim;
+    memcpy(it->shape, t->shape, sizeof it->shape);
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t budget = slab_bytes / es;
+    for (int k = 0; k < t->ndim; k++) it->chunk[k] = 1;
+    if (tiles) {
+        uint64_t edge = EXEC_TILE_EDGE;
+        while (edge * edge > budget && edge > 1) edge /= 2;
+        it->chunk[t->ndim - 1] = edge;
+        it->chunk[t->ndim - 2] = edge;
+    } else {
+        /* The first axis whose inner block fits, chunked; later axes whole. */
+        uint64_t inner = 1;
+        int k0 = t->ndim;
+        for (int k = t->ndim - 1; k >= 0; k--) {
+            if (inner * t->shape[k] > budget) break;
+            inner *= t->shape[k];
+            k0 = k;
+        }
+        for (int k = k0; k < t->ndim; k++) it->chunk[k] = t->shape[k];
+        if (k0 > 0) it->chunk[k0 - 1] = budget / inner ? budget / inner : 1;
+    }
+    for (int k = 0; k < t->ndim; k++)
+        if (t->shape[k] == 0) it->done = true;
+}
+
+static bool slab_next(slab_iter *it, uint64_t *lo, uint64_t *ext)
+{
+    if (it->done) return false;
+    for (int k = 0; k < it->ndim; k++) {
+        lo[k] = it->idx[k];
+        ext[k] = it->shape[k] - it->idx[k] < it->chunk[k] ? it->shape[k] - it->idx[k] : it->chunk[k];
+    }
+    int k = it->ndim - 1;
+    while (k >= 0) {
+        it->idx[k] += it->chunk[k];
+        if (it->idx[k] < it->shape[k]) break;
+        it->idx[k--] = 0;
+    }
+    if (k < 0) it->done = true;
+    return true;
+}
+
+static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *path)
+{
+    slab_iter it;
+    slab_iter_init(&it, t, tensor_is_transposed(wk->c->p, t), EXEC_SLAB_BYTES);
+    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0};
+    size_t es = ckpt_dtype_size(t->dtype);
+    if (t->ndim == 0) {
+        int rc = fill_box(wk, t, lo, ext, wk->slab);
+        if (!rc) rc = write_box(t, lo, ext, wk->slab, out_fd, t_off, path);
+        if (!rc) add_progress(wk->c, es);
+        return rc;
+    }
+    while (slab_next(&it, lo, ext)) {
+        uint64_t n = 1;
+        for (int k = 0; k < t->ndim; k++) n *= ext[k];
+        int rc = fill_box(wk, t, lo, ext, wk->slab);
+        if (!rc) rc = write_box(t, lo, ext, wk->slab, out_fd, t_off, path);
+        if (rc) return rc;
+        if (wk->c->err) return CKPT_ECANCELLED;
+        add_progress(wk->c, n * es);
+    }
+    return 0;
+}
+
+/* A check: the bytes of `dup` must equal those of `primary` (same box size). */
+static int run_check(worker *wk, const plan_tensor *t, const struct plan_check *ck)
+{
+    const exec_plan *p = wk->c->p;
+    plan_tensor one = *t; /* a view with a single part, for fill_box */
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t budget = EXEC_SLAB_BYTES / (es ? es : 1);
+    /* Walk the primary's box in chunks of its first axis. */
+    const plan_part *a = &ck->primary, *b = &ck->dup;
+    uint64_t inner = 1;
+    for (int k = 1; k < t->ndim; k++) inner *= a->ext[k];
+    uint64_t rows = t->ndim ? a->ext[0] : 1, step = inner ? budget / inner : rows;
+    if (step == 0) step = 1;
+    for (uint64_t r = 0; r < rows; r += step) {
+        uint64_t lo_a[PLAN_MAX_DIM], lo_b[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
+        for (int k = 0; k < t->ndim; k++) {
+            lo_a[k] = a->lo[k];
+            lo_b[k] = b->lo[k];
+            ext[k] = a->ext[k];
+        }
+        if (t->ndim) {
+            lo_a[0] += r;
+            lo_b[0] += r;
+            ext[0] = rows - r < step ? rows - r : step;
+        }
+        one.parts = (plan_part *)a;
+        one.nparts = 1;
+        int rc = fill_box(wk, &one, lo_a, ext, wk->slab);
+        one.parts = (plan_part *)b;
+        if (!rc) rc = fill_box(wk, &one, lo_b, ext, wk->cmp);
+        if (rc) return rc;
+        uint64_t n = 1;
+        for (int k = 0; k < t->ndim; k++) n *= ext[k];
+        if (memcmp(wk->slab, wk->cmp, n * es)) {
+            const char *sa = p->sources[a->src].name, *sb = p->sources[b->src].name;
+            return ckpt_error_set(CKPT_EINVAL,
+                                  "tensor '%s': %s holds different bytes from the copy it replicates "
+                                  "('%s' vs '%s')",
+                                  t->name, ck->what ? ck->what : "a replica", sb, sa);
+        }
+    }
+    return 0;
+}
+
+/* Records the first error (its message too) and wakes everyone waiting. */
+static void exec_fail(exec_ctx *c, int rc)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->err) {
+        c->err = rc;
+        snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
+    }
+    pthread_cond_broadcast(&c->moved);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static int run_item(worker *wk, const work_item *it)
+{
+    exec_ctx *c = wk->c;
+    const exec_file *f = &c->p->files[it->file];
+    const st_out_tensor *ot = &f->layout.tensors[it->slot];
+    const plan_tensor *t = f->tensors[ot->user];
+    int fd = c->out_fds[it->file];
+    const char *path = c->out_paths[it->file];
+    int rc = tensor_is_fast(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
+    for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
+    return rc;
+}
+
+static void *worker_main(void *arg)
+{
+    worker *wk = arg;
+    exec_ctx *c = wk->c;
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        if (c->err || c->next >= c->nitems) {
+            pthread_mutex_unlock(&c->mu);
+            break;
+        }
+        work_item it = c->items[c->next++];
+        pthread_mutex_unlock(&c->mu);
+        int rc = run_item(wk, &it);
+        if (!rc) {
+            /* The last tensor of a file: make it durable now, while others copy on. */
+            pthread_mutex_lock(&c->mu);
+            bool last = --c->left[it.file] == 0;
+            if (c->slot_done) {
+                c->slot_done[it.file][it.slot] = true;
+                pthread_cond_broadcast(&c->moved);
+            }
+            pthread_mutex_unlock(&c->mu);
+            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
+                rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
+            else if (last)
+                ckpt_fault("exec.file_done");
+            else if (!last && !c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
+                /* Start writing this tensor back now (asynchronously), so the
+                 * file's fsync finds little left to do instead of all of it. */
+                const st_out_tensor *ot = &c->p->files[it.file].layout.tensors[it.slot];
+                sync_file_range(c->out_fds[it.file], (off_t)ot->offset, (off_t)ot->nbytes, SYNC_FILE_RANGE_WRITE);
+            }
+        }
+        if (rc) {
+            exec_fail(c, rc);
+            break;
+        }
+    }
+    return NULL;
+}
+
+typedef struct {
+    const exec_plan *p;
+    char (*out)[65];
+    size_t n;   /* the first n source files */
+    bool fresh; /* bypass the xattr cache */
+    pthread_mutex_t mu;
+    size_t next;
+    int err;
+    char errmsg[1024];
+} hash_job;
+
+/* sha256 of a source file, remembered in the xattr user.ckpt.sha256 as
+ * "<size> <mtime ns> <hex>": converting the same files again skips hashing
+ * them. A file changed since (size or mtime) is hashed anew; filesystems
+ * without user xattrs just hash every time. */
+static int sha256_cached(const char *path, char hex[65], bool fresh)
+{
+    if (fresh) return ckpt_sha256_file_hex(path, hex);
+    struct stat st;
+    if (stat(path, &st) < 0) return ckpt_error_sys("%s: stat", path);
+    char key[64], val[160];
+    snprintf(key, sizeof key, "%lld %lld", (long long)st.st_size,
+             (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
+    ssize_t n = getxattr(path, "user.ckpt.sha256", val, sizeof val - 1);
+    if (n > 0) {
+        val[n] = 0;
+        size_t kl = strlen(key);
+        if (!strncmp(val, key, kl) && val[kl] == ' ' && strlen(val + kl + 1) == 64) {
+            memcpy(hex, val + kl + 1, 65);
+            return 0;
+        }
+    }
+    int rc = ckpt_sha256_file_hex(path, hex);
+    if (!rc) {
+        snprintf(val, sizeof val, "%s %s", key, hex);
+        setxattr(path, "user.ckpt.sha256", val, strlen(val), 0); /* best effort */
+    }
+    return rc;
+}
+
+/* The hashing threads take source files in turn. */
+static void *hash_main(void *arg)
+{
+    hash_job *h = arg;
+    for (;;) {
+        pthread_mutex_lock(&h->mu);
+        size_t i = h->next++;
+        bool stop = h->err || i >= h->n;
+        pthread_mutex_unlock(&h->mu);
+        if (stop) return NULL;
+        int rc = sha256_cached(h->p->src_paths[i], h->out[i], h->fresh);
+        if (rc) {
+            pthread_mutex_lock(&h->mu);
+            if (!h->err) {
+                h->err = rc;
+                snprintf(h->errmsg, sizeof h->errmsg, "%s", ckpt_error_last());
+            }
+            pthread_mutex_unlock(&h->mu);
+        }
+    }
+}
+
+/* ---- hashing the outputs as they are written ---- */
+
+static const st_layout *sort_layout; /* qsort context: set under hash_sort_mu */
+static pthread_mutex_t hash_sort_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int by_offset(const void *a, const void *b)
+{
+    uint64_t x = sort_layout->tensors[*(const size_t *)a].offset, y = sort_layout->tensors[*(const size_t *)b].offset;
+    return x < y ? -1 : x > y;
+}
+
+/* Feeds bytes [from, to) of the file at fd to h. */
+static int hash_file_range(ckpt_sha256 *h, int fd, uint64_t from, uint64_t to, uint8_t *buf, const char *path)
+{
+    while (from < to) {
+        size_t n = to - from < EXEC_HASH_CHUNK ? (size_t)(to - from) : EXEC_HASH_CHUNK;
+        int rc = ckpt_pread_full(fd, buf, n, from, path);
+        if (!rc) rc = ckpt_sha256_update(h, buf, n);
+        if (rc) return rc;
+        from += n;
+    }
+    return 0;
+}
+
+/* One output file hashed front to back, each tensor's bytes read back (from
+ * the page cache) as soon as the workers have put them in place. */
+static int hash_output(exec_ctx *c, size_t f, uint8_t *buf)
+{
+    const st_layout *l = &c->p->files[f].layout;
+    size_t *order = ckpt_calloc(l->ntensors + 1, sizeof *order);
+    int fd = open(c->out_paths[f], O_RDONLY | O_CLOEXEC);
+    int rc = !order ? ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing %s", c->out_paths[f])
+             : fd < 0 ? ckpt_error_sys("%s: open", c->out_paths[f])
+                      : 0;
+    for (size_t i = 0; order && i < l->ntensors; i++) order[i] = i;
+    if (!rc) {
+        pthread_mutex_lock(&hash_sort_mu);
+        sort_layout = l;
+        qsort(order, l->ntensors, sizeof *order, by_offset);
+        pthread_mutex_unlock(&hash_sort_mu);
+    }
+    ckpt_sha256 h;
+    bool open_hash = !rc && !(rc = ckpt_sha256_init(&h));
+    uint64_t pos = 0;
+    for (size_t k = 0; !rc && k < l->ntensors; k++) {
+        size_t slot = order[k];
+        pthread_mutex_lock(&c->mu);
+        while (!c->slot_done[f][slot] && !c->err) pthread_cond_wait(&c->moved, &c->mu);
+        bool stop = c->err != 0;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) break;
+        uint64_t end = l->tensors[slot].offset + l->tensors[slot].nbytes;
+        if (end > pos) rc = hash_file_range(&h, fd, pos, end, buf, c->out_paths[f]);
+        if (end > pos) pos = end;
+    }
+    if (!rc && !c->err) rc = hash_file_range(&h, fd, pos, l->file_size, buf, c->out_paths[f]);
+    if (!rc && !c->err) {
+        rc = ckpt_sha256_final_hex(&h, c->o->out_sha256[f]);
+        open_hash = false;
+    }
+    if (open_hash) ckpt_sha256_free(&h);
+    if (fd >= 0) close(fd);
+    free(order);
+    return rc;
+}
+
+/* The output hashing threads take files in turn. */
+static void *out_hash_main(void *arg)
+{
+    exec_ctx *c = arg;
+    uint8_t *buf = malloc(EXEC_HASH_CHUNK);
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        size_t f = c->next_hash_file++;
+        bool stop = c->err || f >= c->p->nfiles;
+        pthread_mutex_unlock(&c->mu);
+        if (stop) break;
+        int rc = buf ? hash_output(c, f, buf) : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
+        if (rc) {
+            exec_fail(c, rc);
+            break;
+        }
+    }
+    free(buf);
+    return NULL;
+}
+
+uint64_t exec_plan_bytes(const exec_plan *p)
+{
+    uint64_t total = 0;
+    for (size_t f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].layout.ntensors; i++) total += p->files[f].layout.tensors[i].nbytes;
+    return total;
+}
+
+static int open_outputs(exec_ctx *c, const char *out_dir)
+{
+    const exec_plan *p = c->p;
+    for (size_t f = 0; f < p->nfiles; f++) {
+        const exec_file *ef = &p->files[f];
+        char *path = ckpt_path_join(out_dir, ef->rel);
+        if (!path) return CKPT_ENOMEM;
+        c->out_paths[f] = path;
+        char *slash = strrchr(path, '/');
+        if (slash && slash != path) {
+            *slash = '\0';
+            int rc = ckpt_mkdir_p(path, 0755);
+            *slash = '/';
+            if (rc) return rc;
+        }
+        int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd < 0) return ckpt_error_sys("%s: create", path);
+        c->out_fds[f] = fd;
+        int rc = ckpt_pwrite_full(fd, ef->layout.header, ef->layout.header_len, 0, path);
+        if (!rc && ftruncate(fd, (off_t)ef->layout.file_size) < 0) rc = ckpt_error_sys("%s: extend", path);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
+{
+    exec_ctx c;
+    memset(&c, 0, sizeof c);
+    c.p = p;
+    c.o = o;
+    pthread_mutex_init(&c.mu, NULL);
+    pthread_cond_init(&c.moved, NULL);
+    int threads = o->threads > 0 ? o->threads : 2;
+    if (threads > EXEC_MAX_THREADS) threads = EXEC_MAX_THREADS;
+    c.src_fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *c.src_fds);
+    c.out_fds = ckpt_calloc(p->nfiles + 1, sizeof *c.out_fds);
+    c.out_paths = ckpt_calloc(p->nfiles + 1, sizeof *c.out_paths);
+    size_t nitems = 0;
+    for (size_t f = 0; f < p->nfiles; f++) nitems += p->files[f].layout.ntensors;
+    c.items = ckpt_calloc(nitems + 1, sizeof *c.items);
+    worker *wks = ckpt_calloc((size_t)threads, sizeof *wks);
+    int rc = c.src_fds && c.out_fds && c.out_paths && c.items && wks ? 0 : CKPT_ENOMEM;
+    for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++) c.src_fds[i] = -1;
+    for (size_t f = 0; c.out_fds && f < p->nfiles; f++) c.out_fds[f] = -1;
+    for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
+        c.src_fds[i] = open(p->src_paths[i], O_RDONLY | O_CLOEXEC);
+        if (c.src_fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
+    }
+    if (!rc) rc = open_outputs(&c, out_dir);
+    /* Round-robin across files, so the threads mostly write different files. */
+    c.left = ckpt_calloc(p->nfiles + 1, sizeof *c.left);
+    if (!c.left && !rc) rc = CKPT_ENOMEM;
+    size_t most = 0;
+    for (size_t f = 0; !rc && f < p->nfiles; f++) {
+        c.left[f] = p->files[f].layout.ntensors;
+        if (c.left[f] > most) most = c.left[f];
+    }
+    for (size_t i = 0; !rc && i < most; i++)
+        for (size_t f = 0; f < p->nfiles; f++)
+            if (i < p->files[f].layout.ntensors) c.items[c.nitems++] = (work_item){f, i};
+    for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
+        if (c.left[f] == 0 && fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
+    if (!rc && o->out_sha256) {
+        c.slot_done = ckpt_calloc(p->nfiles + 1, sizeof *c.slot_done);
+        for (size_t f = 0; c.slot_done && f < p->nfiles; f++)
+            if (!(c.slot_done[f] = ckpt_calloc(p->files[f].layout.ntensors + 1, sizeof **c.slot_done))) break;
+        for (size_t f = 0; f < p->nfiles; f++)
+            if (!c.slot_done || !c.slot_done[f]) rc = CKPT_ENOMEM;
+    }
+    c.total = exec_plan_bytes(p);
+    if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
+
+    size_t nhash = o->hash_count && o->hash_count < p->nsrc_paths ? o->hash_count : p->nsrc_paths;
+    hash_job hj = {.p = p, .out = o->source_sha256, .n = nhash, .fresh = o->hash_fresh};
+    pthread_mutex_init(&hj.mu, NULL);
+    pthread_t hash_threads[EXEC_HASH_THREADS];
+    int hashing = 0;
+    for (int i = 0; !rc && o->hash_sources && o->source_sha256 && i < EXEC_HASH_THREADS && (size_t)i < nhash; i++) {
+        if (pthread_create(&hash_threads[i], NULL, hash_main, &hj) == 0) hashing++;
+        else if (!hashing) rc = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
+    }
+    pthread_t *tids = ckpt_calloc((size_t)threads, sizeof *tids);
+    int started = 0;
+    if (!tids && !rc) rc = CKPT_ENOMEM;
+    for (int i = 0; !rc && i < threads; i++) {
+        wks[i].c = &c;
+        wks[i].slab = malloc(EXEC_SLAB_BYTES);
+        wks[i].band = malloc(EXEC_BAND_BYTES);
+        wks[i].cmp = malloc(EXEC_SLAB_BYTES);
+        if (!wks[i].slab || !wks[i].band || !wks[i].cmp) {
+            rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
+            break;
+        }
+        if (pthread_create(&tids[i], NULL, worker_main, &wks[i])) {
+            rc = ckpt_error_set(CKPT_EIO, "cannot start a worker thread");
+            break;
+        }
+        started++;
+    }
+    pthread_t out_hash_threads[EXEC_HASH_THREADS];
+    int out_hashing = 0;
+    for (int i = 0; !rc && c.slot_done && i < EXEC_HASH_THREADS && (size_t)i < p->nfiles; i++)
+        if (pthread_create(&out_hash_threads[i], NULL, out_hash_main, &c) == 0) out_hashing++;
+    if (!rc && c.slot_done && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
+    if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
+    for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);
+    for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
+    pthread_mutex_destroy(&hj.mu);
+    if (!rc && c.err) rc = ckpt_error_set(c.err, "%s", c.errmsg);
+    if (!rc && hj.err) rc = ckpt_error_set(hj.err, "%s", hj.errmsg);
+    if (!rc && !o->quiet) ckpt_progress_finish(&c.prog);
+    for (size_t f = 0; c.out_fds && f < p->nfiles; f++)
+        if (c.out_fds[f] >= 0 && close(c.out_fds[f]) < 0 && !rc) rc = ckpt_error_sys("%s: close", c.out_paths[f]);
+    for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++)
+        if (c.src_fds[i] >= 0) close(c.src_fds[i]);
+    for (size_t f = 0; c.out_paths && f < p->nfiles; f++) free(c.out_paths[f]);
+    for (int i = 0; wks && i < threads; i++) {
+        free(wks[i].slab);
+        free(wks[i].band);
+        free(wks[i].cmp);
+    }
+    free(tids);
+    free(wks);
+    free(c.items);
+    free(c.left);
+    free(c.src_fds);
+    free(c.out_fds);
+    free(c.out_paths);
+    for (size_t f = 0; c.slot_done && f < p->nfiles; f++) free(c.slot_done[f]);
+    free(c.slot_done);
+    pthread_cond_destroy(&c.moved);
+    pthread_mutex_destroy(&c.mu);
+    return rc;
+}
+
+void exec_plan_free(exec_plan *p)
+{
+    for (size_t i = 0; i < p->nsrc_paths; i++) free(p->src_paths[i]);
+    free(p->src_paths);
+    for (size_t i = 0; i < p->nsources; i++) free(p->sources[i].name);
+    free(p->sources);
+    for (size_t f = 0; f < p->nfiles; f++) {
+        free(p->files[f].rel);
+        st_layout_free(&p->files[f].layout);
+        free(p->files[f].tensors);
+    }
+    free(p->files);
+    memset(p, 0, sizeof *p);
+}
+
+int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
+                     size_t len, uint8_t *slab, uint8_t *band, exec_slab_cache *cache)
+{
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t nbytes;
+    int rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &nbytes);
+    if (rc) return rc;
+    if (off > nbytes || len > nbytes - off)
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': read past its end", t->name);
+    if (len == 0) return 0;
+    /* A tensor that is one whole same-dtype source reads straight from it. */
+    if (t->nparts == 1 && t->parts[0].src != PLAN_ZERO) {
+        const plan_part *pt = &t->parts[0];
+        const plan_source *s = &p->sources[pt->src];
+        bool whole = s->dtype == t->dtype && s->ndim == t->ndim && s->nbytes == nbytes;
+        for (int k = 0; whole && k < t->ndim; k++) whole = pt->axis_map[k] == k && pt->src_lo[k] == 0;
+        if (whole) return ckpt_pread_full(src_fds[s->file], buf, len, s->offset + off, p->src_paths[s->file]);
+    }
+    if (es == 0) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype assembled from pieces", t->name);
+    exec_ctx c;
+    memset(&c, 0, sizeof c);
+    c.p = p;
+    c.src_fds = (int *)src_fds;
+    worker wk = {.c = &c, .slab = slab, .band = band};
+    slab_iter it;
+    slab_iter_init(&it, t, false, EXEC_READ_SLAB_BYTES); /* flat slabs: each is one contiguous byte range */
+    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0}, ts[PLAN_MAX_DIM];
+    row_major_strides(t->ndim, t->shape, ts);
+    uint64_t want_end = off + len;
+    if (t->ndim == 0) {
+        if (cache) cache->t = NULL;
+        rc = fill_box(&wk, t, lo, ext, slab);
+        if (!rc) memcpy(buf, slab + off, len);
+        return rc;
+    }
+    while (slab_next(&it, lo, ext)) {
+        uint64_t start = 0, n = 1;
+        for (int k = 0; k < t->ndim; k++) {
+            start += lo[k] * ts[k];
+            n *= ext[k];
+        }
+        uint64_t a = start * es, b = (start + n) * es;
+        if (b <= off) continue;
+        if (a >= want_end) break;
+        if (!cache || cache->t != t || cache->a != a || cache->b != b) {
+            if (cache) cache->t = NULL;
+            if ((rc = fill_box(&wk, t, lo, ext, slab))) return rc;
+            if (cache) *cache = (exec_slab_cache){.t = t, .a = a, .b = b};
+        }
+        uint64_t from = off > a ? off : a, to = want_end < b ? want_end : b;
+        memcpy((uint8_t *)buf + (from - off), slab + (from - a), (size_t)(to - from));
+    }
+    return 0;
+}

@@ -1,0 +1,91 @@
+/*
+ * executor.h — writes the files of a plan by streaming the parts of every
+ * output tensor from the source files, with bounded memory.
+ *
+ * How bytes move:
+ *   - A tensor whose parts are each one contiguous byte range of a source of
+ *     the same dtype (replicated tensors, column-parallel slices, fused
+ *     blocks) is copied in the kernel with copy_file_range; zero padding is
+ *     left as the zeros of a file extended with ftruncate.
+ *   - Any other tensor (row-parallel slices, transposes, casts) is built in
+ *     slabs of at most EXEC_SLAB_BYTES: contiguous runs of output rows, or
+ *     tiles of the last two axes when a part is transposed. Each slab reads
+ *     the source bands it needs with pread (at most EXEC_BAND_BYTES at a
+ *     time), gathers and converts in memory, and writes with pwrite.
+ *   - Threads (default 2) take whole tensors from a shared queue; each holds
+ *     one slab and one band buffer, so peak memory is about
+ *     threads x (EXEC_SLAB_BYTES + EXEC_BAND_BYTES) whatever the checkpoint.
+ *
+ * Output files are created in out_dir (normally a temporary directory that
+ * the caller renames into place), headers first, then tensor bytes, then
+ * fsync. Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * parts that must hold equal bytes; a difference is an error naming the
+ * tensor and the check's `what`.
+ */
+#ifndef CKPT_WORKERS_EXECUTOR_H
+#define CKPT_WORKERS_EXECUTOR_H
+
+#include "format/safetensors.h"
+#include "plan/plan.h"
+
+#define EXEC_SLAB_BYTES (8u << 20)
+#define EXEC_BAND_BYTES (16u << 20)
+/* exec_tensor_read's slabs are smaller: a server holds one per connection,
+ * and with exec_slab_cache their size no longer costs re-assembly. */
+#define EXEC_READ_SLAB_BYTES (1u << 20)
+#define EXEC_MAX_THREADS 64
+#define EXEC_HASH_THREADS 2
+#define EXEC_HASH_CHUNK (4u << 20)
+
+typedef struct {
+    char *rel;             /* path relative to the output directory */
+    st_layout layout;      /* header and offsets; tensors[i].user indexes `tensors` */
+    plan_tensor **tensors; /* not owned */
+    size_t ntensors;
+} exec_file;
+
+typedef struct {
+    size_t nsrc_paths;
+    char **src_paths;     /* source files; plan_source.file indexes these */
+    plan_source *sources; /* plan_part.src indexes these */
+    size_t nsources;
+    exec_file *files;
+    size_t nfiles;
+} exec_plan;
+
+typedef struct {
+    int threads;       /* 0: 2 */
+    bool hash_sources; /* compute sha256 of every source file meanwhile (EXEC_HASH_THREADS threads) */
+    bool hash_fresh;   /* ... always reading the bytes: verifying, not identifying (no xattr cache) */
+    size_t hash_count; /* ... only the first hash_count source files (0: all) */
+    char (*source_sha256)[65]; /* out: nsrc_paths entries when hash_sources */
+    bool quiet;        /* no progress lines */
+    const char *label; /* progress label */
+    bool no_fsync;     /* tests of the executor alone */
+    char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by
+                               EXEC_HASH_THREADS threads that trail the writers, reading back what they wrote */
+} exec_opts;
+
+int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
+
+/* What exec_tensor_read assembled last: bytes [a, b) of tensor t, still in
+ * the slab. Zeroed before the first read and kept with the slab, it lets
+ * reads in sequence (an HTTP body sent in 1 MiB blocks) assemble each slab
+ * once instead of once per block. */
+typedef struct {
+    const plan_tensor *t;
+    uint64_t a, b;
+} exec_slab_cache;
+
+/* Random access: bytes [off, off+len) of output tensor t, assembled from its
+ * parts (src_fds: open descriptors of p->src_paths; slab and band: scratch
+ * buffers of EXEC_READ_SLAB_BYTES and EXEC_BAND_BYTES; cache: see above, or
+ * NULL). Used to serve stored files over HTTP without materialising them. */
+int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
+                     size_t len, uint8_t *slab, uint8_t *band, exec_slab_cache *cache);
+
+/* Bytes of tensor data the plan writes (sum over files). */
+uint64_t exec_plan_bytes(const exec_plan *p);
+void exec_plan_free(exec_plan *p);
+
+#endif

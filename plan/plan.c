@@ -1,0 +1,457 @@
+/* plan.c — output tensors as parts of source tensors, and the algebra on them. See plan.h. */
+#include "plan/plan.h"
+
+#include "common/error.h"
+#include "common/util.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static bool valid_axis(const plan_tensor *t, int axis)
+{
+    return axis >= 0 && axis < t->ndim;
+}
+
+uint64_t plan_tensor_numel(const plan_tensor *t)
+{
+    uint64_t n = 1;
+    for (int k = 0; k < t->ndim; k++) n *= t->shape[k];
+    return n;
+}
+
+int plan_tensor_add_part(plan_tensor *t, const plan_part *p)
+{
+    if (t->nparts >= PLAN_MAX_PARTS_PER_TENSOR)
+        return ckpt_error_set(CKPT_ELIMIT, "tensor '%s': more than %u parts", t->name, PLAN_MAX_PARTS_PER_TENSOR);
+    int rc = ckpt_grow(&t->parts, &t->cap, t->nparts + 1, sizeof *t->parts);
+    if (rc) return rc;
+    t->parts[t->nparts++] = *p;
+    return 0;
+}
+
+int plan_tensor_add_zero(plan_tensor *t, const uint64_t *lo, const uint64_t *ext)
+{
+    plan_part p;
+    memset(&p, 0, sizeof p);
+    p.src = PLAN_ZERO;
+    for (int k = 0; k < t->ndim; k++) {
+        if (ext[k] == 0) return 0;
+        p.axis_map[k] = -1;
+        p.lo[k] = lo[k];
+        p.ext[k] = ext[k];
+    }
+    return plan_tensor_add_part(t, &p);
+}
+
+void plan_part_whole(plan_part *p, int32_t src_index, int ndim, const uint64_t *shape)
+{
+    memset(p, 0, sizeof *p);
+    p->src = src_index;
+    for (int k = 0; k < ndim; k++) {
+        p->axis_map[k] = (int8_t)k;
+        p->ext[k] = shape[k];
+    }
+}
+
+int plan_tensor_from_source(plan_tensor *out, const plan_source *src, int32_t src_index)
+{
+    memset(out, 0, sizeof *out);
+    if (src->ndim > PLAN_MAX_DIM)
+        return ckpt_error_set(CKPT_ELIMIT, "tensor '%s' has %d dimensions; transforms handle at most %d",
+                              src->name, src->ndim, PLAN_MAX_DIM);
+    out->name = ckpt_strdup(src->name);
+    if (!out->name) return CKPT_ENOMEM;
+    out->rank = PLAN_ALL_RANKS;
+    out->dtype = src->dtype;
+    out->ndim = src->ndim;
+    memcpy(out->shape, src->shape, sizeof out->shape);
+    plan_part p;
+    plan_part_whole(&p, src_index, src->ndim, src->shape);
+    if (plan_tensor_numel(out) == 0) return 0;
+    return plan_tensor_add_part(out, &p);
+}
+
+/* A tensor with the same header fields as `in` and no parts. */
+static int tensor_like(plan_tensor *out, const plan_tensor *in)
+{
+    memset(out, 0, sizeof *out);
+    out->name = ckpt_strdup(in->name);
+    if (!out->name) return CKPT_ENOMEM;
+    out->rank = in->rank;
+    out->dtype = in->dtype;
+    out->ndim = in->ndim;
+    memcpy(out->shape, in->shape, sizeof out->shape);
+    if (in->meta) {
+        out->meta = json_deep_copy(in->meta);
+        if (!out->meta) {
+            plan_tensor_free(out);
+            return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+        }
+    }
+    return 0;
+}
+
+int plan_tensor_copy(plan_tensor *out, const plan_tensor *in)
+{
+    int rc = tensor_like(out, in);
+    for (size_t i = 0; !rc && i < in->nparts; i++) rc = plan_tensor_add_part(out, &in->parts[i]);
+    if (rc) plan_tensor_free(out);
+    return rc;
+}
+
+void plan_tensor_free(plan_tensor *t)
+{
+    free(t->name);
+    free(t->parts);
+    json_decref(t->meta);
+    for (size_t i = 0; i < t->nchecks; i++) free(t->checks[i].what);
+    free(t->checks);
+    memset(t, 0, sizeof *t);
+}
+
+int plan_tensor_slice(plan_tensor *out, const plan_tensor *in, int axis, uint64_t start, uint64_t len)
+{
+    if (!valid_axis(in, axis) || start > in->shape[axis] || len > in->shape[axis] - start)
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': slice [%llu, +%llu) of axis %d is out of range",
+                              in->name, (unsigned long long)start, (unsigned long long)len, axis);
+    int rc = tensor_like(out, in);
+    if (rc) return rc;
+    out->shape[axis] = len;
+    uint64_t end = start + len;
+    for (size_t i = 0; i < in->nparts; i++) {
+        plan_part p = in->parts[i];
+        uint64_t plo = p.lo[axis], phi = p.lo[axis] + p.ext[axis];
+        uint64_t lo = plo > start ? plo : start, hi = phi < end ? phi : end;
+        if (lo >= hi) continue;
+        if (p.axis_map[axis] >= 0) p.src_lo[p.axis_map[axis]] += lo - plo;
+        p.lo[axis] = lo - start;
+        p.ext[axis] = hi - lo;
+        if ((rc = plan_tensor_add_part(out, &p))) break;
+    }
+    if (rc) plan_tensor_free(out);
+    return rc;
+}
+
+int plan_tensor_pad(plan_tensor *out, const plan_tensor *in, int axis, uint64_t new_len)
+{
+    if (!valid_axis(in, axis) || new_len < in->shape[axis])
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': cannot pad axis %d to %llu", in->name, axis,
+                              (unsigned long long)new_len);
+    int rc = plan_tensor_copy(out, in);
+    if (rc || new_len == in->shape[axis]) return rc;
+    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM];
+    memcpy(ext, in->shape, sizeof ext);
+    lo[axis] = in->shape[axis];
+    ext[axis] = new_len - in->shape[axis];
+    out->shape[axis] = new_len;
+    rc = plan_tensor_add_zero(out, lo, ext);
+    if (rc) plan_tensor_free(out);
+    return rc;
+}
+
+int plan_tensor_concat(plan_tensor *out, plan_tensor *const *ins, size_t n, int axis)
+{
+    if (n == 0) return ckpt_error_set(CKPT_EINVAL, "concat of no tensors");
+    const plan_tensor *a = ins[0];
+    if (!valid_axis(a, axis)) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': no axis %d to concatenate on", a->name, axis);
+    for (size_t i = 1; i < n; i++) {
+        const plan_tensor *b = ins[i];
+        bool same = b->ndim == a->ndim && b->dtype == a->dtype;
+        for (int k = 0; same && k < a->ndim; k++) same = k == axis || a->shape[k] == b->shape[k];
+        if (!same) {
+            char sa[96], sb[96];
+            return ckpt_error_set(CKPT_EINVAL,
+                                  "cannot concatenate '%s' %s %s with '%s' %s %s on axis %d", a->name,
+                                  ckpt_dtype_name(a->dtype), plan_shape_str(a->ndim, a->shape, sa, sizeof sa),
+                                  b->name, ckpt_dtype_name(b->dtype),
+                                  plan_shape_str(b->ndim, b->shape, sb, sizeof sb), axis);
+        }
+    }
+    int rc = tensor_like(out, a);
+    if (rc) return rc;
+    uint64_t off = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        for (size_t j = 0; j < ins[i]->nparts && !rc; j++) {
+            plan_part p = ins[i]->parts[j];
+            p.lo[axis] += off;
+            rc = plan_tensor_add_part(out, &p);
+        }
+        off += ins[i]->shape[axis];
+    }
+    out->shape[axis] = off;
+    if (rc) plan_tensor_free(out);
+    return rc;
+}
+
+int plan_tensor_stack(plan_tensor *out, plan_tensor *const *ins, size_t n)
+{
+    if (n == 0) return ckpt_error_set(CKPT_EINVAL, "stack of no tensors");
+    const plan_tensor *a = ins[0];
+    if (a->ndim + 1 > PLAN_MAX_DIM)
+        return ckpt_error_set(CKPT_ELIMIT, "tensor '%s': stacking would exceed %d dimensions", a->name, PLAN_MAX_DIM);
+    for (size_t i = 1; i < n; i++) {
+        const plan_tensor *b = ins[i];
+        if (b->ndim != a->ndim || b->dtype != a->dtype || memcmp(a->shape, b->shape, sizeof a->shape)) {
+            char sa[96], sb[96];
+            return ckpt_error_set(CKPT_EINVAL, "cannot stack '%s' %s %s with '%s' %s %s: dtype or shape differ",
+                                  a->name, ckpt_dtype_name(a->dtype), plan_shape_str(a->ndim, a->shape, sa, sizeof sa),
+                                  b->name, ckpt_dtype_name(b->dtype), plan_shape_str(b->ndim, b->shape, sb, sizeof sb));
+        }
+    }
+    int rc = tensor_like(out, a);
+    if (rc) return rc;
+    out->ndim = a->ndim + 1;
+    out->shape[0] = n;
+    memcpy(out->shape + 1, a->shape, (size_t)a->ndim * sizeof a->shape[0]);
+    for (size_t i = 0; i < n && !rc; i++) {
+        for (size_t j = 0; j < ins[i]->nparts && !rc; j++) {
+            const plan_part *q = &ins[i]->parts[j];
+            plan_part p;
+            memset(&p, 0, sizeof p);
+            p.src = q->src;
+            memcpy(p.src_lo, q->src_lo, sizeof p.src_lo);
+            p.axis_map[0] = -1;
+            p.lo[0] = i;
+            p.ext[0] = 1;
+            for (int k = 0; k < a->ndim; k++) {
+                p.axis_map[k + 1] = q->axis_map[k];
+                p.lo[k + 1] = q->lo[k];
+                p.ext[k + 1] = q->ext[k];
+            }
+            rc = plan_tensor_add_part(out, &p);
+        }
+    }
+    if (rc) plan_tensor_free(out);
+    return rc;
+}
+
+int plan_tensor_transpose(plan_tensor *out, const plan_tensor *in, int a, int b)
+{
+    if (!valid_axis(in, a) || !valid_axis(in, b))
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s' has %d dimensions: cannot swap axes %d and %d",
+                              in->name, in->ndim, a, b);
+    int rc = plan_tensor_copy(out, in);
+    if (rc) return rc;
+#define SWAP(x, y)                                                                                 \
+    do {                                                                                           \
+        __typeof__(x) tmp_ = (x);                                                                  \
+        (x) = (y);                                                                                 \
+        (y) = tmp_;                                                                                \
+    } while (0)
+    SWAP(out->shape[a], out->shape[b]);
+    for (size_t i = 0; i < out->nparts; i++) {
+        plan_part *p = &out->parts[i];
+        SWAP(p->axis_map[a], p->axis_map[b]);
+        SWAP(p->lo[a], p->lo[b]);
+        SWAP(p->ext[a], p->ext[b]);
+    }
+#undef SWAP
+    return 0;
+}
+
+int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis)
+{
+    if (!valid_axis(in, axis) || in->shape[axis] != 1)
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': axis %d is not of length 1", in->name, axis);
+    int rc = plan_tensor_copy(out, in);
+    if (rc) return rc;
+    for (int k = axis; k + 1 < out->ndim; k++) out->shape[k] = out->shape[k + 1];
+    out->ndim--;
+    for (size_t i = 0; i < out->nparts; i++) {
+        plan_part *p = &out->parts[i];
+        for (int k = axis; k + 1 < in->ndim; k++) {
+            p->axis_map[k] = p->axis_map[k + 1];
+            p->lo[k] = p->lo[k + 1];
+            p->ext[k] = p->ext[k + 1];
+        }
+        p->axis_map[in->ndim - 1] = 0;
+        p->lo[in->ndim - 1] = p->ext[in->ndim - 1] = 0;
+    }
+    return 0;
+}
+
+/* True when b continues a along tensor axis k, with everything else equal. */
+static bool part_continues(const plan_part *a, const plan_part *b, int ndim, int k)
+{
+    if (a->src != b->src || b->lo[k] != a->lo[k] + a->ext[k]) return false;
+    for (int j = 0; j < ndim; j++) {
+        if (a->axis_map[j] != b->axis_map[j]) return false;
+        if (j != k && (a->lo[j] != b->lo[j] || a->ext[j] != b->ext[j])) return false;
+    }
+    if (a->src == PLAN_ZERO) return true;
+    for (int s = 0; s < PLAN_MAX_DIM; s++) {
+        uint64_t want = a->src_lo[s];
+        if (a->axis_map[k] == s) want += a->ext[k];
+        if (b->src_lo[s] != want) return false;
+    }
+    return a->axis_map[k] >= 0;
+}
+
+void plan_tensor_coalesce(plan_tensor *t)
+{
+    size_t w = 0;
+    for (size_t i = 0; i < t->nparts; i++) {
+        bool merged = false;
+        for (int k = 0; w > 0 && k < t->ndim && !merged; k++) {
+            if (part_continues(&t->parts[w - 1], &t->parts[i], t->ndim, k)) {
+                t->parts[w - 1].ext[k] += t->parts[i].ext[k];
+                merged = true;
+            }
+        }
+        if (!merged) t->parts[w++] = t->parts[i];
+    }
+    t->nparts = w;
+}
+
+int plan_tensor_note(plan_tensor *t, json_t *desc)
+{
+    if (!desc) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if (!t->meta && !(t->meta = json_object())) {
+        json_decref(desc);
+        return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    }
+    json_t *list = json_object_get(t->meta, "transforms");
+    if (!list) {
+        list = json_array();
+        if (!list || json_object_set_new(t->meta, "transforms", list)) {
+            json_decref(desc);
+            return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+        }
+    }
+    if (json_array_append_new(list, desc)) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
+}
+
+void plan_set_free(plan_set *s)
+{
+    for (size_t i = 0; i < s->n; i++) plan_tensor_free(&s->t[i]);
+    free(s->t);
+    memset(s, 0, sizeof *s);
+}
+
+int plan_set_push(plan_set *s, plan_tensor *t)
+{
+    int rc = ckpt_grow(&s->t, &s->cap, s->n + 1, sizeof *s->t);
+    if (rc) {
+        plan_tensor_free(t);
+        return rc;
+    }
+    s->t[s->n++] = *t;
+    memset(t, 0, sizeof *t);
+    return 0;
+}
+
+long plan_set_find(const plan_set *s, const char *name, int rank)
+{
+    for (size_t i = 0; i < s->n; i++)
+        if (s->t[i].rank == rank && !strcmp(s->t[i].name, name)) return (long)i;
+    return -1;
+}
+
+static json_t *u64_array(const uint64_t *v, int n)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer((json_int_t)v[i]));
+    return a;
+}
+
+json_t *plan_part_to_json(const plan_part *p, int ndim, int src_ndim, const char *src_name)
+{
+    json_t *j = json_object();
+    if (!j) return NULL;
+    if (p->src == PLAN_ZERO) {
+        json_object_set_new(j, "zero", json_true());
+    } else {
+        json_object_set_new(j, "src", json_string(src_name));
+        json_object_set_new(j, "src_lo", u64_array(p->src_lo, src_ndim));
+        json_t *m = json_array();
+        for (int k = 0; k < ndim; k++) json_array_append_new(m, json_integer(p->axis_map[k]));
+        json_object_set_new(j, "axis_map", m);
+    }
+    json_object_set_new(j, "lo", u64_array(p->lo, ndim));
+    json_object_set_new(j, "ext", u64_array(p->ext, ndim));
+    return j;
+}
+
+static int read_u64_array(const json_t *j, const char *key, uint64_t *out, int n, const char *what)
+{
+    json_t *a = json_object_get(j, key);
+    if (!json_is_array(a) || json_array_size(a) != (size_t)n)
+        return ckpt_error_set(CKPT_EINVAL, "%s: part field '%s' must be an array of %d integers", what, key, n);
+    for (int i = 0; i < n; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return ckpt_error_set(CKPT_EINVAL, "%s: part field '%s' must hold non-negative integers", what, key);
+        out[i] = (uint64_t)json_integer_value(v);
+    }
+    return 0;
+}
+
+int plan_part_from_json(plan_part *p, const json_t *j, int ndim, int src_ndim, const char *what)
+{
+    memset(p, 0, sizeof *p);
+    if (!json_is_object(j)) return ckpt_error_set(CKPT_EINVAL, "%s: a part must be an object", what);
+    if (ndim > PLAN_MAX_DIM || src_ndim > PLAN_MAX_DIM)
+        return ckpt_error_set(CKPT_ELIMIT, "%s: too many dimensions", what);
+    int rc = read_u64_array(j, "lo", p->lo, ndim, what);
+    if (!rc) rc = read_u64_array(j, "ext", p->ext, ndim, what);
+    if (rc) return rc;
+    if (json_is_true(json_object_get(j, "zero"))) {
+        p->src = PLAN_ZERO;
+        for (int k = 0; k < ndim; k++) p->axis_map[k] = -1;
+        return 0;
+    }
+    rc = read_u64_array(j, "src_lo", p->src_lo, src_ndim, what);
+    if (rc) return rc;
+    json_t *m = json_object_get(j, "axis_map");
+    if (!json_is_array(m) || json_array_size(m) != (size_t)ndim)
+        return ckpt_error_set(CKPT_EINVAL, "%s: part field 'axis_map' must be an array of %d integers", what, ndim);
+    bool used[PLAN_MAX_DIM] = {false};
+    for (int k = 0; k < ndim; k++) {
+        json_t *v = json_array_get(m, (size_t)k);
+        json_int_t a = json_is_integer(v) ? json_integer_value(v) : -2;
+        if (a < -1 || a >= src_ndim || (a >= 0 && used[a]))
+            return ckpt_error_set(CKPT_EINVAL, "%s: part axis_map entry %d is invalid", what, k);
+        if (a >= 0) used[a] = true;
+        if (a < 0 && p->ext[k] != 1)
+            return ckpt_error_set(CKPT_EINVAL, "%s: part axis %d has no source axis but extent %llu", what, k,
+                                  (unsigned long long)p->ext[k]);
+        p->axis_map[k] = (int8_t)a;
+    }
+    return 0;
+}
+
+const char *plan_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, len - o, "[");
+    for (int k = 0; k < ndim && o < len; k++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%llu", k ? ", " : "", (unsigned long long)shape[k]);
+    if (o < len) snprintf(buf + o, len - o, "]");
+    return buf;
+}
+
+int plan_name_cmp(const char *a, const char *b)
+{
+    while (*a && *b) {
+        if (isdigit((unsigned char)*a) && isdigit((unsigned char)*b)) {
+            while (*a == '0' && isdigit((unsigned char)a[1])) a++;
+            while (*b == '0' && isdigit((unsigned char)b[1])) b++;
+            size_t la = 0, lb = 0;
+            while (isdigit((unsigned char)a[la])) la++;
+            while (isdigit((unsigned char)b[lb])) lb++;
+            if (la != lb) return la < lb ? -1 : 1;
+            int c = strncmp(a, b, la);
+            if (c) return c;
+            a += la;
+            b += lb;
+            continue;
+        }
+        if (*a != *b) return (unsigned char)*a < (unsigned char)*b ? -1 : 1;
+        a++;
+        b++;
+    }
+    return (unsigned char)*a - (unsigned char)*b;
+}

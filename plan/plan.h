@@ -1,0 +1,136 @@
+/*
+ * plan.h — a conversion plan as data: for every output tensor, its dtype,
+ * shape, and the parts it is made of.
+ *
+ * A part is a box of one source tensor placed in the output tensor, possibly
+ * with its axes permuted, or a box of zeros (padding):
+ *
+ *   part.lo[k], part.ext[k]   the box in the tensor's own coordinates, axis k
+ *   part.axis_map[k]          which source axis tensor axis k walks, or -1 for
+ *                             an axis the source does not have (extent 1,
+ *                             e.g. the expert axis made by stacking)
+ *   part.src_lo[a]            where the box starts on source axis a; source
+ *                             axes no tensor axis walks are fixed at src_lo[a]
+ *   part.src == PLAN_ZERO     zeros (padding), no source
+ *
+ * Element i of the box (0 <= i[k] < ext[k]) is tensor element lo + i and
+ * source element src_lo + (i[k] on axis axis_map[k]). Every transform of
+ * spec/transforms.md — slicing for tensor parallelism with padding, fusing,
+ * stacking experts, transposing, selecting attention heads — is algebra on
+ * parts (plan_tensor_slice, _pad, _concat, _stack, _transpose), so rules
+ * compose freely and the planner touches no tensor byte. The executor
+ * (executor.h) streams parts; consolidation inverts them (consolidate.h).
+ *
+ * A tensor's rank is the tensor-parallel rank it belongs to, or PLAN_ALL_RANKS
+ * for a tensor every rank holds (replicated) or a layout without ranks.
+ */
+#ifndef CKPT_WORKERS_PLAN_H
+#define CKPT_WORKERS_PLAN_H
+
+#include "format/dtype.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PLAN_MAX_DIM CKPT_MAX_RANK /* one rank limit: what the reader and the store accept */
+#define PLAN_ZERO (-1)
+#define PLAN_ALL_RANKS (-1)
+#define PLAN_MAX_TP 1024
+#define PLAN_MAX_PARTS_PER_TENSOR (1u << 20)
+
+typedef struct {
+    char *name;
+    size_t file; /* index into the plan's source files */
+    ckpt_dtype dtype;
+    int ndim;
+    uint64_t shape[PLAN_MAX_DIM];
+    uint64_t offset; /* absolute byte offset of the tensor in its file */
+    uint64_t nbytes;
+} plan_source;
+
+typedef struct {
+    int32_t src; /* index into sources, or PLAN_ZERO */
+    int8_t axis_map[PLAN_MAX_DIM];
+    uint64_t src_lo[PLAN_MAX_DIM];
+    uint64_t lo[PLAN_MAX_DIM];
+    uint64_t ext[PLAN_MAX_DIM];
+} plan_part;
+
+typedef struct {
+    char *name;
+    int rank;
+    ckpt_dtype dtype;
+    int ndim;
+    uint64_t shape[PLAN_MAX_DIM];
+    plan_part *parts;
+    size_t nparts, cap;
+    json_t *meta; /* descriptive metadata for ckpt-layout.json (object, owned) */
+    /* Consolidation only: pairs (primary part, duplicate part) whose bytes
+     * must be equal (replicated tensors, KV replicas). */
+    size_t nchecks, checks_cap;
+    struct plan_check {
+        plan_part primary, dup;
+        char *what; /* e.g. "rank 3" */
+    } *checks;
+} plan_tensor;
+
+/* A set of tensors being transformed (the working set of the rules). */
+typedef struct {
+    plan_tensor *t;
+    size_t n, cap;
+} plan_set;
+
+/* ---- tensors ---- */
+
+/* A tensor that is a whole source tensor. */
+int plan_tensor_from_source(plan_tensor *out, const plan_source *src, int32_t src_index);
+/* *p = the whole of source src_index (ndim <= PLAN_MAX_DIM dims of shape), in place. */
+void plan_part_whole(plan_part *p, int32_t src_index, int ndim, const uint64_t *shape);
+/* Deep copy. */
+int plan_tensor_copy(plan_tensor *out, const plan_tensor *in);
+void plan_tensor_free(plan_tensor *t);
+uint64_t plan_tensor_numel(const plan_tensor *t);
+int plan_tensor_add_part(plan_tensor *t, const plan_part *p);
+/* Appends a zero part covering the box [lo, lo+ext). */
+int plan_tensor_add_zero(plan_tensor *t, const uint64_t *lo, const uint64_t *ext);
+
+/* Algebra. Each makes a new tensor `out` (same name, rank, dtype as `in`
+ * unless said) and leaves `in` untouched. */
+int plan_tensor_slice(plan_tensor *out, const plan_tensor *in, int axis, uint64_t start, uint64_t len);
+/* Appends zeros at the end of axis until its length is new_len. */
+int plan_tensor_pad(plan_tensor *out, const plan_tensor *in, int axis, uint64_t new_len);
+/* Concatenates ins along axis; the result takes ins[0]'s name and rank. */
+int plan_tensor_concat(plan_tensor *out, plan_tensor *const *ins, size_t n, int axis);
+/* Stacks ins along a new leading axis. */
+int plan_tensor_stack(plan_tensor *out, plan_tensor *const *ins, size_t n);
+/* Swaps two axes. */
+int plan_tensor_transpose(plan_tensor *out, const plan_tensor *in, int a, int b);
+/* Removes axis (which must have length 1). */
+int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis);
+/* Merges parts that continue each other along one axis in both the tensor
+ * and the source (adjacent heads, neighbouring blocks), so the executor makes
+ * fewer, larger copies. The bytes described do not change. */
+void plan_tensor_coalesce(plan_tensor *t);
+/* Appends a rule description to t->meta["transforms"]. Steals `desc`. */
+int plan_tensor_note(plan_tensor *t, json_t *desc);
+
+/* ---- sets ---- */
+void plan_set_free(plan_set *s);
+/* Appends t (moved: the caller's struct is zeroed). */
+int plan_set_push(plan_set *s, plan_tensor *t);
+/* Index of the tensor named `name` with rank `rank`, or -1. */
+long plan_set_find(const plan_set *s, const char *name, int rank);
+
+/* ---- parts as JSON (ckpt-layout.json, ckpt plan --json) ---- */
+json_t *plan_part_to_json(const plan_part *p, int ndim, int src_ndim, const char *src_name);
+/* Parses a part; `ndim` is the tensor's rank, `src_ndim` the source's. */
+int plan_part_from_json(plan_part *p, const json_t *j, int ndim, int src_ndim, const char *what);
+
+/* Tensor shape as "[a, b, c]" into buf. */
+const char *plan_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len);
+/* Natural order of names: "layers.2" before "layers.10". */
+int plan_name_cmp(const char *a, const char *b);
+
+#endif

@@ -1,0 +1,263 @@
+/*
+ * cmd_convert.c — the offline transform commands: `ckpt plan`, `ckpt convert`
+ * and `ckpt consolidate`. They share the layout options, parsed once here.
+ */
+#include "service/cli/cli.h"
+#include "service/cli/cli_opts.h"
+
+#include "common/error.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "common/fsutil.h"
+#include "store/store.h"
+#include "transform/convert.h"
+#include "store/store_convert.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char layout_options_help[] =
+    "layout options:\n"
+    "  --layout L              neuron | fused | easydel | hf (see docs/rules.md)\n"
+    "  --tp N                  tensor-parallel size: N rank folders tp_rank_00..; sizes that do\n"
+    "                          not divide are padded with zeros (default 1)\n"
+    "  --kv-size-multiplier M  neuron: replicate KV heads M times (default tp / gcd(kv_heads, tp))\n"
+    "  --dtype D               cast floating tensors to bf16, f16 or f32 (lossy when narrowing)\n"
+    "  --max-shard-size SIZE   largest output file, e.g. 5GB (default), 500MB, 2GiB\n"
+    "  --rules FILE            use a rules document instead of a preset (ckpt plan --print-rules\n"
+    "                          prints the one a preset makes)\n"
+    "  --lora ADAPTER          merge this PEFT LoRA adapter first: a lora_merge rule put before the\n"
+    "                          layout's rules (docs/lora.md); ckpt-layout.json records it\n"
+    "  --lora-scale S          multiply the adapter's scale by S (default 1)\n"
+    "  --threads N             copy threads (default 2)\n";
+
+enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE };
+
+/* Every option of plan, convert and consolidate; each takes the ones its allowed[] lists. */
+static const int convert_shared[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE,
+                                     CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE,
+                                     CLI_OPT_JSON, CLI_OPT_NO_HASH, CLI_OPT_QUIET, CLI_OPT_HOME, CLI_OPT_END};
+static const struct option convert_own[] = {
+    {"print-rules", no_argument, 0, OPT_PRINT_RULES},
+    {"parts", no_argument, 0, OPT_PARTS},
+    {"lora", required_argument, 0, OPT_LORA},
+    {"lora-scale", required_argument, 0, OPT_LORA_SCALE},
+    {0, 0, 0, 0},
+};
+
+typedef struct {
+    convert_opts co;
+    cli_common common; /* --home, --json; --force and --quiet are copied into co */
+    bool print_rules, parts;
+    int npos;
+    char **pos;
+} cli_args;
+
+/* Parses argv; `allowed` lists the option ids this command takes. Returns
+ * CLI_OK or CLI_USAGE (message printed). */
+static int parse_args(const char *cmd, int argc, char **argv, const int *allowed, cli_args *a)
+{
+    memset(a, 0, sizeof *a);
+    cli_parser p = {.cmd = cmd, .shared = convert_shared, .own = convert_own, .allowed = allowed, .max_args = 2,
+                    .common = &a->common};
+    int c;
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
+        uint64_t v;
+        switch (c) {
+        case CLI_OPT_LAYOUT: a->co.layout = optarg; break;
+        case CLI_OPT_TP:
+            if (cli_parse_number(cmd, "--tp", optarg, 1, PLAN_MAX_TP, &v)) return CLI_USAGE;
+            a->co.tp = (int)v;
+            break;
+        case CLI_OPT_KV_MULTIPLIER:
+            if (cli_parse_number(cmd, "--kv-size-multiplier", optarg, 1, PLAN_MAX_TP, &v)) return CLI_USAGE;
+            a->co.kv_size_multiplier = (int64_t)v;
+            break;
+        case CLI_OPT_DTYPE: a->co.dtype = optarg; break;
+        case CLI_OPT_MAX_SHARD_SIZE:
+            if (cli_parse_size(cmd, "--max-shard-size", optarg, &a->co.max_shard_size)) return CLI_USAGE;
+            break;
+        case CLI_OPT_RULES: a->co.rules_file = optarg; break;
+        case CLI_OPT_THREADS:
+            if (cli_parse_number(cmd, "--threads", optarg, 1, EXEC_MAX_THREADS, &v)) return CLI_USAGE;
+            a->co.threads = (int)v;
+            break;
+        case OPT_PRINT_RULES: a->print_rules = true; break;
+        case CLI_OPT_NO_HASH: a->co.no_hash = true; break;
+        case OPT_PARTS: a->parts = true; break;
+        case OPT_LORA: a->co.lora = optarg; break;
+        case OPT_LORA_SCALE:
+            if (cli_parse_factor(cmd, "--lora-scale", optarg, &a->co.lora_scale)) return CLI_USAGE;
+            break;
+        }
+    }
+    if (c < 0) return CLI_USAGE;
+    if (a->co.rules_file && (a->co.layout || a->co.tp || a->co.dtype || a->co.kv_size_multiplier))
+        return cli_rules_conflict(cmd, a->co.layout, a->co.tp, a->co.dtype, a->co.kv_size_multiplier);
+    a->pos = p.args;
+    a->npos = p.nargs;
+    a->co.force = a->common.force;
+    a->co.quiet = a->common.quiet;
+    if (a->co.lora_scale != 0 && !a->co.lora) return cli_usage_error(cmd, "--lora-scale needs --lora ADAPTER");
+    return CLI_OK;
+}
+
+static void print_plan_text(const convert_plan *cp)
+{
+    char b1[32];
+    printf("layout %s, tp %d, %zu output tensors in %zu files, %s%s\n", cp->layout_name, cp->tp, cp->set.n,
+           cp->exec.nfiles, ckpt_format_size(exec_plan_bytes(&cp->exec), b1, sizeof b1),
+           cp->result.lossy ? " (lossy: narrowing cast)" : "");
+    for (size_t f = 0; f < cp->exec.nfiles; f++) {
+        const exec_file *ef = &cp->exec.files[f];
+        printf("%s\n", ef->rel);
+        for (size_t i = 0; i < ef->layout.ntensors; i++) {
+            const st_out_tensor *ot = &ef->layout.tensors[i];
+            const plan_tensor *t = ef->tensors[ot->user];
+            char shape[128], size[32];
+            size_t zero = 0;
+            for (size_t p = 0; p < t->nparts; p++) zero += t->parts[p].src == PLAN_ZERO;
+            printf("  %-60s %-5s %-22s %10s  %zu part%s%s\n", t->name, ckpt_dtype_name(t->dtype),
+                   plan_shape_str(t->ndim, t->shape, shape, sizeof shape), ckpt_format_size(ot->nbytes, size, sizeof size),
+                   t->nparts, t->nparts == 1 ? "" : "s", zero ? " (padded)" : "");
+        }
+    }
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt plan SRC --layout L [--tp N] [options] [--json [--parts]] [--print-rules]\n\n"
+               "Shows what `ckpt convert` would write, reading only the safetensors headers and\n"
+               "config.json of SRC: every output file and tensor with dtype, shape and size.\n"
+               "Errors (a missing tensor, heads that cannot be split, a bad rule) appear here,\n"
+               "before a byte is written.\n\n%s"
+               "output:\n"
+               "  --json          the plan as JSON (add --parts for every tensor's source pieces)\n"
+               "  --print-rules   print the rules document the preset produced; feed it back\n"
+               "                  with --rules FILE to get the same output\n\n"
+               "example:\n  ckpt plan ./Llama-3-8B --layout neuron --tp 8\n",
+               layout_options_help);
+        return CLI_OK;
+    }
+    static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
+                                  CLI_OPT_RULES, CLI_OPT_JSON, OPT_PRINT_RULES, OPT_PARTS, CLI_OPT_QUIET, OPT_LORA,
+                                  OPT_LORA_SCALE, CLI_OPT_END};
+    cli_args a;
+    int u = parse_args("plan", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("plan", "expected one source checkpoint");
+    if (!a.co.layout && !a.co.rules_file) return cli_usage_error("plan", "--layout or --rules is required");
+    convert_plan cp;
+    if (convert_plan_build(&cp, a.pos[0], &a.co) < 0) return cli_fail();
+    int rc = CLI_OK;
+    if (a.print_rules) {
+        rc = cli_print_json(json_incref(cp.rules.doc));
+    } else if (a.common.json) {
+        json_t *j = convert_plan_json(&cp, a.parts);
+        rc = j ? cli_print_json(j) : cli_fail();
+    } else {
+        print_plan_text(&cp);
+    }
+    convert_plan_free(&cp);
+    return rc;
+}
+
+/* `ckpt convert REF --layout L`: a new layout inside the store, as recipes. */
+static int convert_in_store(cli_args *a)
+{
+    ckpt_store s;
+    if (store_open(&s, a->common.home) < 0) return cli_fail();
+    store_ckpt out;
+    bool existed = false;
+    int rc = store_convert(&s, a->pos[0], &a->co, &out, &existed);
+    if (rc) {
+        store_close(&s);
+        return cli_fail();
+    }
+    char *ref = store_ckpt_ref(&out);
+    printf("%s\n", ref ? ref : "");
+    ckpt_info("%s %s", existed ? "already stored:" : "converted in the store:", ref ? ref : "");
+    free(ref);
+    store_ckpt_free(&out);
+    store_close(&s);
+    return CLI_OK;
+}
+
+int cmd_convert(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt convert SRC DST --layout L [--tp N] [options] [--force]\n"
+               "       ckpt convert REF --layout L [--tp N] [options] [--home DIR]\n\n"
+               "Converts the Hugging Face checkpoint SRC (a folder with config.json and\n"
+               "model.safetensors or shards + index) into a layout, streaming tensor bytes with\n"
+               "bounded memory. DST holds config.json, ckpt-layout.json (how every tensor was\n"
+               "made, enough for `ckpt consolidate`) and the weights: in DST for --tp 1, in\n"
+               "DST/tp_rank_00 .. for --tp N. DST appears only when complete.\n\n%s"
+               "  --force                 replace a non-empty DST\n"
+               "  --no-hash               do not record the sha256 of the source files\n\n"
+               "With a stored REF (ORG/NAME[@REV], see ckpt ls) instead of folders, the layout\n"
+               "is made inside the store as REF:LAYOUT (e.g. :neuron-tp8): recipes over the\n"
+               "original's tensors, almost no new bytes. Converting again prints the existing ref.\n\n"
+               "examples:\n"
+               "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
+               "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n"
+               "  ckpt convert ./Llama-3-8B ./llama-merged-tp8 --layout neuron --tp 8 --lora ./my-adapter\n",
+               layout_options_help);
+        return CLI_OK;
+    }
+    static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
+                                  CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_NO_HASH, CLI_OPT_QUIET,
+                                  CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, CLI_OPT_END};
+    cli_args a;
+    int u = parse_args("convert", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos == 1 && !ckpt_is_dir(a.pos[0])) {
+        if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
+        return convert_in_store(&a);
+    }
+    if (a.npos != 2) return cli_usage_error("convert", "expected SRC DST (folders), or REF (a stored checkpoint)");
+    if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
+    convert_plan cp;
+    double t0 = ckpt_now();
+    if (convert_plan_build(&cp, a.pos[0], &a.co) < 0) return cli_fail();
+    uint64_t bytes = exec_plan_bytes(&cp.exec);
+    if (convert_write(&cp, a.pos[1], &a.co) < 0) {
+        convert_plan_free(&cp);
+        return cli_fail();
+    }
+    char b[32];
+    ckpt_info("converted %s -> %s: layout %s, %zu tensors in %zu files, %s in %.2f s%s", a.pos[0], a.pos[1],
+              cp.layout_name, cp.set.n, cp.exec.nfiles, ckpt_format_size(bytes, b, sizeof b), ckpt_now() - t0,
+              cp.result.lossy ? " (lossy cast: consolidation will not be byte-exact)" : "");
+    convert_plan_free(&cp);
+    return CLI_OK;
+}
+
+int cmd_consolidate(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt consolidate SRC DST [--threads N] [--force]\n\n"
+               "Rebuilds the original Hugging Face checkpoint from the output of `ckpt convert`\n"
+               "using only its shard files and ckpt-layout.json: fused tensors split, GQA head\n"
+               "permutations undone, KV replicas and padding dropped, shards concatenated,\n"
+               "experts unstacked. Replicated tensors are checked equal on every rank. Without\n"
+               "a narrowing cast the files are byte-identical to the source.\n\n"
+               "example:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_QUIET, CLI_OPT_END};
+    cli_args a;
+    int u = parse_args("consolidate", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 2) return cli_usage_error("consolidate", "expected SRC and DST");
+    consolidate_opts o = {.threads = a.co.threads, .force = a.co.force, .quiet = a.co.quiet};
+    double t0 = ckpt_now();
+    if (consolidate_run(a.pos[0], a.pos[1], &o) < 0) return cli_fail();
+    ckpt_info("consolidated %s -> %s in %.2f s%s", a.pos[0], a.pos[1], ckpt_now() - t0,
+              o.lossy ? " (the layout used a narrowing cast: values are rounded, not byte-identical)" : "");
+    return CLI_OK;
+}

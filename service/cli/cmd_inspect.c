@@ -1,0 +1,200 @@
+/*
+ * cmd_inspect.c — `ckpt inspect`: what a safetensors file or checkpoint holds.
+ *
+ * Everything is validated by ckpt_checkpoint_open() first, so a listing is
+ * only ever printed for a checkpoint that passed every check; otherwise the
+ * one-line error names the file, the check and the tensor.
+ */
+#include "service/cli/cli.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/util.h"
+#include "format/checkpoint.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void help(void)
+{
+    printf("usage: ckpt inspect PATH [--json]\n"
+           "\n"
+           "Validates and lists the tensors of PATH, which is a .safetensors file, a\n"
+           "model.safetensors.index.json, or a checkpoint directory (model.safetensors, or\n"
+           "shards listed by model.safetensors.index.json). Every file is checked against\n"
+           "the safetensors rules and the index against the files; on the first problem\n"
+           "ckpt prints one line naming the file, the check and the tensor, and exits 1.\n"
+           "\n"
+           "The text listing has one line per tensor in name order (name, dtype, shape,\n"
+           "size, file), then the totals.\n"
+           "\n"
+           "options:\n"
+           "  --json   print JSON instead:\n"
+           "           {\"files\": [{\"path\", \"size\", \"tensors\"}],\n"
+           "            \"tensors\": [{\"name\", \"dtype\", \"shape\", \"file\", \"offset\", "
+           "\"nbytes\"}],\n"
+           "            \"total_bytes\": N, \"metadata\": {...}}\n"
+           "           where offset is the tensor's absolute byte offset in its file,\n"
+           "           total_bytes the sum of tensor bytes (headers excluded) and metadata\n"
+           "           the __metadata__ of the first file\n"
+           "\n"
+           "examples:\n"
+           "  ckpt inspect /models/qwen2\n"
+           "  ckpt inspect model-00001-of-00002.safetensors --json\n");
+}
+
+/* "[896, 14]" into buf. */
+static const char *shape_str(const st_tensor *t, char *buf, size_t len)
+{
+    size_t used = (size_t)snprintf(buf, len, "[");
+    for (int d = 0; d < t->ndim && used < len; d++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%llu", d ? ", " : "",
+                                 (unsigned long long)t->shape[d]);
+    if (used < len) snprintf(buf + used, len - used, "]");
+    return buf;
+}
+
+/* s with control characters as \xNN, so a hostile tensor or shard name cannot drive the
+ * terminal: s itself when it has none, else a copy in *owned (caller frees). */
+static const char *printable(const char *s, char **owned)
+{
+    *owned = NULL;
+    const char *p = s;
+    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f)
+        p++;
+    if (!*p) return s;
+    size_t len = strlen(s);
+    char *out = ckpt_malloc(4 * len + 1), *o = out;
+    if (!out) return "(name not printable: out of memory)";
+    for (p = s; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch < 0x20 || ch == 0x7f)
+            o += sprintf(o, "\\x%02x", ch);
+        else
+            *o++ = (char)ch;
+    }
+    *o = '\0';
+    *owned = out;
+    return out;
+}
+
+static int print_text(const ckpt_checkpoint *c)
+{
+    int name_w = 4, shape_w = 5;
+    char shape[CKPT_MAX_RANK * 24 + 4], human[32], *owned;
+    for (size_t i = 0; i < c->ntensors; i++) {
+        const st_tensor *t = c->tensors[i].t;
+        int n = (int)strlen(printable(t->name, &owned));
+        int s = (int)strlen(shape_str(t, shape, sizeof shape));
+        free(owned);
+        name_w = n > name_w ? (n > 80 ? 80 : n) : name_w;
+        shape_w = s > shape_w ? s : shape_w;
+    }
+    printf("%-*s  %-11s  %-*s  %10s  %s\n", name_w, "name", "dtype", shape_w, "shape", "size",
+           "file");
+    for (size_t i = 0; i < c->ntensors; i++) {
+        const st_tensor *t = c->tensors[i].t;
+        char *owned_file;
+        printf("%-*s  %-11s  %-*s  %10s  %s\n", name_w, printable(t->name, &owned),
+               ckpt_dtype_name(t->dtype), shape_w, shape_str(t, shape, sizeof shape),
+               ckpt_format_size(t->nbytes, human, sizeof human),
+               printable(ckpt_basename(c->files[c->tensors[i].file].path), &owned_file));
+        free(owned);
+        free(owned_file);
+    }
+    printf("%zu tensors in %zu file%s, %llu bytes (%s)\n", c->ntensors, c->nfiles,
+           c->nfiles == 1 ? "" : "s", (unsigned long long)c->total_size,
+           ckpt_format_size(c->total_size, human, sizeof human));
+    return fflush(stdout) ? ckpt_error_sys("stdout") : 0;
+}
+
+/* A non-negative count or offset as a JSON integer (json_int_t is signed). */
+static json_t *json_u64(uint64_t v)
+{
+    return v <= INT64_MAX ? json_integer((json_int_t)v) : json_real((double)v);
+}
+
+static json_t *tensor_json(const ckpt_checkpoint *c, const ckpt_tensor_ref *ref)
+{
+    const st_tensor *t = ref->t;
+    json_t *shape = json_array();
+    for (int d = 0; shape && d < t->ndim; d++) {
+        if (json_array_append_new(shape, json_u64(t->shape[d]))) {
+            json_decref(shape);
+            return NULL;
+        }
+    }
+    return json_pack("{s:s, s:s, s:o, s:s, s:o, s:o}", "name", t->name, "dtype",
+                     ckpt_dtype_name(t->dtype), "shape", shape, "file",
+                     ckpt_basename(c->files[ref->file].path), "offset", json_u64(t->offset),
+                     "nbytes", json_u64(t->nbytes));
+}
+
+/* The --json document, or NULL when jansson could not build some part of it
+ * (json_pack and the *_new setters consume their arguments even on failure). */
+static json_t *checkpoint_json(const ckpt_checkpoint *c)
+{
+    json_t *files = json_array(), *tensors = json_array(), *meta = json_object();
+    bool ok = files && tensors && meta;
+    for (size_t i = 0; ok && i < c->nfiles; i++) {
+        const st_file *f = &c->files[i];
+        ok = !json_array_append_new(
+            files, json_pack("{s:s, s:o, s:o}", "path", ckpt_basename(f->path), "size",
+                             json_u64(f->file_size), "tensors", json_u64(f->ntensors)));
+    }
+    for (size_t i = 0; ok && i < c->ntensors; i++)
+        ok = !json_array_append_new(tensors, tensor_json(c, &c->tensors[i]));
+    const st_file *first = c->nfiles ? &c->files[0] : NULL;
+    for (size_t i = 0; ok && first && i < first->nmeta; i++)
+        ok = !json_object_set_new(meta, first->meta_keys[i], json_string(first->meta_vals[i]));
+    if (!ok) {
+        json_decref(files);
+        json_decref(tensors);
+        json_decref(meta);
+        return NULL;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "files", files, "tensors", tensors, "total_bytes",
+                     json_u64(c->total_size), "metadata", meta);
+}
+
+static int print_json(const ckpt_checkpoint *c)
+{
+    json_t *doc = checkpoint_json(c);
+    char *text = doc ? cj_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(doc);
+    if (!text) return ckpt_error_set(CKPT_ENOMEM, "cannot render the listing as JSON");
+    int rc = puts(text) < 0 || fflush(stdout) ? ckpt_error_sys("stdout") : 0;
+    free(text);
+    return rc;
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        help();
+        return CLI_OK;
+    }
+    const char *cmd = argv[0], *path = NULL;
+    bool as_json = false, options_done = false;
+    for (int i = 1; i < argc; i++) {
+        if (!options_done && !strcmp(argv[i], "--json")) {
+            as_json = true;
+        } else if (!options_done && !strcmp(argv[i], "--")) {
+            options_done = true;
+        } else if (!options_done && argv[i][0] == '-' && argv[i][1]) {
+            return cli_usage_error(cmd, "unknown option '%s'", argv[i]);
+        } else if (path) {
+            return cli_usage_error(cmd, "expected one PATH, got '%s' and '%s'", path, argv[i]);
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
+    ckpt_checkpoint c;
+    if (ckpt_checkpoint_open(&c, path) < 0) return cli_fail();
+    int rc = as_json ? print_json(&c) : print_text(&c);
+    ckpt_checkpoint_close(&c);
+    return rc < 0 ? cli_fail() : CLI_OK;
+}

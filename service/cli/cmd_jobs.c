@@ -1,0 +1,549 @@
+/*
+ * cmd_jobs.c — the queue commands: `ckpt serve`, `ckpt worker` (internal),
+ * `ckpt submit`, `ckpt jobs`, `ckpt show ID`, `ckpt logs`, `ckpt cancel`,
+ * `ckpt retry`, `ckpt wait`. They work on CKPT_HOME directly, or on a daemon
+ * with --server URL (or CKPT_SERVER; token in CKPT_TOKEN).
+ */
+#include "service/cli/cli.h"
+
+#include "common/error.h"
+#include "common/fault.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "service/daemon/daemon.h"
+#include "service/http/http_api.h"
+#include "service/cli/job_client.h"
+#include "service/jobs/jobs_run.h"
+#include "service/jobs/queue.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define EXIT_TRANSIENT 75 /* EX_TEMPFAIL: the worker's "try again" */
+
+/* Options every job command shares; the rest stay in rest[]. */
+typedef struct {
+    const char *home, *server, *state, *listen, *token_file;
+    bool json, wait, follow;
+    int priority, workers, max_attempts;
+    int64_t after;
+    double grace, timeout;
+    int nrest;
+    char **rest;
+    char *allow[64]; /* --allow-path, as given (argv pointers) */
+    size_t nallow;
+    int per_ip, idle_timeout; /* serve: connections per client address, seconds a connection may idle */
+} job_args;
+
+static int take_options(const char *cmd, int argc, char **argv, job_args *a, bool keep_unknown)
+{
+    memset(a, 0, sizeof *a);
+    a->workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (a->workers < 1) a->workers = 1;
+    a->grace = 30;
+    a->rest = calloc((size_t)argc + 1, sizeof *a->rest);
+    if (!a->rest) return cli_fail();
+    for (int i = 1; i < argc; i++) {
+        const char *w = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool takes = true;
+        uint64_t n;
+        if (!strcmp(w, "--home") && v) a->home = v;
+        else if (!strcmp(w, "--server") && v) a->server = v;
+        else if (!strcmp(w, "--state") && v) a->state = v;
+        else if (!strcmp(w, "--listen") && v) a->listen = v;
+        else if (!strcmp(w, "--token-file") && v) a->token_file = v;
+        else if (!strcmp(w, "--allow-path") && v) {
+            if (a->nallow == CKPT_ARRAY_LEN(a->allow)) return cli_usage_error(cmd, "more than 64 --allow-path folders");
+            a->allow[a->nallow++] = (char *)v;
+        }
+        else if (!strcmp(w, "--conns-per-ip") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1024)
+                return cli_usage_error(cmd, "--conns-per-ip must be 1..1024");
+            a->per_ip = (int)n;
+        } else if (!strcmp(w, "--idle-timeout") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 3600)
+                return cli_usage_error(cmd, "--idle-timeout must be 1..3600 seconds");
+            a->idle_timeout = (int)n;
+        }
+        else if (!strcmp(w, "--priority") && v) a->priority = atoi(v);
+        else if (!strcmp(w, "--after") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n == 0) return cli_usage_error(cmd, "--after takes a job ID");
+            a->after = (int64_t)n;
+        }
+        else if (!strcmp(w, "--max-attempts") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1000) return cli_usage_error(cmd, "--max-attempts must be 1..1000");
+            a->max_attempts = (int)n;
+        } else if (!strcmp(w, "--workers") && v) {
+            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 256) return cli_usage_error(cmd, "--workers must be 1..256");
+            a->workers = (int)n;
+        } else if (!strcmp(w, "--grace") && v) a->grace = atof(v);
+        else if (!strcmp(w, "--timeout") && v) a->timeout = atof(v);
+        else {
+            takes = false;
+            if (!strcmp(w, "--json")) a->json = true;
+            else if (!strcmp(w, "--wait")) a->wait = true;
+            else if (!strcmp(w, "-f") || !strcmp(w, "--follow")) a->follow = true;
+            else if (w[0] == '-' && w[1] && !keep_unknown) return cli_usage_error(cmd, "unknown option '%s'", w);
+            else a->rest[a->nrest++] = argv[i];
+            continue;
+        }
+        if (takes) i++;
+    }
+    return CLI_OK;
+}
+
+static int open_client(job_client *c, const job_args *a)
+{
+    return job_client_open(c, a->home, a->server) < 0 ? cli_fail() : CLI_OK;
+}
+
+static int parse_id(const char *cmd, const job_args *a, int64_t *id)
+{
+    uint64_t v;
+    if (a->nrest != 1 || ckpt_parse_u64(a->rest[0], &v) < 0 || v == 0) return cli_usage_error(cmd, "expected a job ID");
+    *id = (int64_t)v;
+    return CLI_OK;
+}
+
+/* What show, cancel, retry, wait and logs begin with: the options, one job ID,
+ * then the client. a->rest is freed; the other options stay readable. */
+static int begin_job_command(const char *cmd, int argc, char **argv, job_args *a, int64_t *id,
+                             job_client *c)
+{
+    int u = take_options(cmd, argc, argv, a, false);
+    if (!u) u = parse_id(cmd, a, id);
+    if (!u) u = open_client(c, a);
+    free(a->rest);
+    a->rest = NULL;
+    return u;
+}
+
+static const char *jstr(const json_t *j, const char *k)
+{
+    const char *s = json_string_value(json_object_get(j, k));
+    return s ? s : "";
+}
+
+static void print_job_line(const json_t *j)
+{
+    json_t *p = json_object_get(j, "progress");
+    long long done = json_integer_value(json_object_get(p, "done")), total = json_integer_value(json_object_get(p, "total"));
+    char pct[16] = "";
+    if (total > 0) snprintf(pct, sizeof pct, "%3lld%%", done * 100 / total);
+    char *args = json_dumps(json_object_get(j, "args"), JSON_COMPACT | JSON_SORT_KEYS);
+    printf("%6lld  %-9s %-11s %4s  %-50.50s %s\n", (long long)json_integer_value(json_object_get(j, "id")),
+           jstr(j, "state"), jstr(j, "kind"), pct, args ? args : "", jstr(j, "error"));
+    free(args);
+}
+
+/* ---- serve, worker ---- */
+
+int cmd_serve(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt serve [--listen 127.0.0.1:8470] [--workers N] [--token-file F] [--grace S]\n"
+               "                  [--allow-path DIR]... [--conns-per-ip N] [--idle-timeout S] [--home DIR]\n\n"
+               "Runs the daemon: claims queued jobs (in priority order, up to N worker processes,\n"
+               "default the number of cores), runs each in `ckpt worker`, renews leases, retries\n"
+               "transient failures with backoff, and serves the HTTP API (jobs, /healthz,\n"
+               "/metrics). Without --token-file it listens on loopback only. SIGTERM/SIGINT stop\n"
+               "claiming, let running jobs finish for --grace seconds (default 30), then put\n"
+               "the rest back in the queue. A daemon killed outright loses nothing: its jobs'\n"
+               "leases expire and the next daemon runs them again.\n\n"
+               "  --allow-path DIR    jobs submitted over HTTP may name host paths (import DIR,\n"
+               "                      consolidate SRC DST, a merge-lora adapter folder) only\n"
+               "                      beneath DIR (repeatable; symlinks resolved, checked again\n"
+               "                      when the job runs). Without it such jobs get 403; jobs\n"
+               "                      queued with `ckpt submit` on this CKPT_HOME are not limited.\n"
+               "  --conns-per-ip N    connections one client address may hold (default %d)\n"
+               "  --idle-timeout S    a connection silent for S seconds is closed, headers\n"
+               "                      included (default %d)\n\n"
+               "example:\n"
+               "  ckpt serve --listen 0.0.0.0:8470 --token-file ~/.ckpt-tokens --allow-path /data/models\n",
+               HTTP_PER_IP_DEFAULT, HTTP_IDLE_TIMEOUT_DEFAULT);
+        return CLI_OK;
+    }
+    job_args a;
+    int u = take_options("serve", argc, argv, &a, false);
+    if (u) return u;
+    char **roots = NULL;
+    if (jobs_allow_roots(a.allow, a.nallow, &roots) < 0) {
+        free(a.rest);
+        return cli_usage_error("serve", "%s", ckpt_error_last());
+    }
+    daemon_opts o = {.home = a.home, .listen = a.listen ? a.listen : "127.0.0.1:8470", .token_file = a.token_file,
+                     .workers = a.workers, .grace_seconds = a.grace, .timeout_seconds = a.timeout,
+                     .allow_roots = roots, .per_ip = a.per_ip, .idle_timeout = a.idle_timeout};
+    free(a.rest);
+    int rc = daemon_run(&o);
+    jobs_allow_roots_free(roots);
+    return rc < 0 ? cli_fail() : CLI_OK;
+}
+
+static void worker_progress(const char *label, uint64_t done, uint64_t total)
+{
+    printf("@ckpt progress %llu %llu %s\n", (unsigned long long)done, (unsigned long long)total, label ? label : "");
+    fflush(stdout);
+}
+
+int cmd_worker(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt worker --job ID [--home DIR]\n\n"
+               "Internal: runs one claimed job; started by `ckpt serve`. Progress and the\n"
+               "outcome go to standard output as '@ckpt' lines; anything else is the job's log.\n");
+        return CLI_OK;
+    }
+    const char *home = NULL;
+    int64_t id = 0;
+    char **allow = calloc((size_t)argc + 1, sizeof *allow);
+    size_t nallow = 0;
+    if (!allow) return cli_fail();
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--job")) id = atoll(argv[i + 1]);
+        else if (!strcmp(argv[i], "--home")) home = argv[i + 1];
+        else if (!strcmp(argv[i], "--allow-path")) allow[nallow++] = argv[i + 1];
+        else {
+            free(allow);
+            return cli_usage_error("worker", "unknown option '%s'", argv[i]);
+        }
+    }
+    if (id <= 0) return cli_usage_error("worker", "--job ID is required");
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    ckpt_fault_arm(getenv("CKPT_FAULT_WORKER")); /* the daemon's CKPT_FAULT is not ours */
+    ckpt_progress_set_sink(worker_progress);
+    ckpt_store s;
+    int rc = store_open(&s, home);
+    queue_job j;
+    if (!rc) rc = queue_get(&s.cat, id, &j);
+    bool transient = false;
+    json_t *result = NULL;
+    if (!rc) {
+        char **roots = NULL;
+        if (strcmp(j.state, "running")) rc = ckpt_error_set(CKPT_EINVAL, "job %lld is %s, not running", (long long)id, j.state);
+        /* A job from the HTTP API: its host paths are checked again now, so a
+         * symlink swapped in since it was submitted cannot lead outside. */
+        else if (jobs_from_remote(j.args) &&
+                 ((rc = jobs_allow_roots(allow, nallow, &roots)) || (rc = jobs_paths_check(j.kind, j.args, roots))))
+            ;
+        else rc = jobs_run(&s, j.kind, j.args, &transient, &result);
+        jobs_allow_roots_free(roots);
+        queue_job_free(&j);
+    }
+    if (s.home) store_close(&s);
+    free(allow);
+    if (rc) {
+        printf("@ckpt error %s %s\n", transient ? "transient" : "permanent", ckpt_error_last());
+        return transient ? EXIT_TRANSIENT : CLI_FAIL;
+    }
+    char *r = result ? json_dumps(result, JSON_COMPACT) : NULL;
+    fprintf(stderr, "done: %s\n", r ? r : "{}");
+    printf("@ckpt result %s\n", r ? r : "{}");
+    free(r);
+    json_decref(result);
+    return CLI_OK;
+}
+
+/* ---- waiting ---- */
+
+static bool job_done(const json_t *j)
+{
+    const char *s = jstr(j, "state");
+    return !strcmp(s, "succeeded") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
+}
+
+/* Follows a job until it ends, with a progress bar on a TTY; exit status follows the job. */
+static int wait_job(job_client *c, int64_t id, bool json)
+{
+    bool tty = isatty(STDERR_FILENO);
+    double last_line = 0;
+    for (;;) {
+        json_t *j;
+        if (job_client_get(c, id, &j) < 0) return cli_fail();
+        json_t *p = json_object_get(j, "progress");
+        long long done = json_integer_value(json_object_get(p, "done")), total = json_integer_value(json_object_get(p, "total"));
+        const char *phase = json_string_value(json_object_get(p, "phase"));
+        double now = ckpt_now();
+        if (!json && (tty || now - last_line >= 5.0)) {
+            last_line = now;
+            char d[32], t[32];
+            if (total > 0)
+                fprintf(stderr, tty ? "\rjob %lld %-9s %-10s %5.1f%% %s/%s   " : "job %lld %s %s %.1f%% %s/%s\n",
+                        (long long)id, jstr(j, "state"), phase ? phase : "", 100.0 * (double)done / (double)total,
+                        ckpt_format_size((uint64_t)done, d, sizeof d), ckpt_format_size((uint64_t)total, t, sizeof t));
+            else fprintf(stderr, tty ? "\rjob %lld %-9s   " : "job %lld %s\n", (long long)id, jstr(j, "state"));
+        }
+        if (job_done(j)) {
+            if (!json && tty) fputc('\n', stderr);
+            bool ok = !strcmp(jstr(j, "state"), "succeeded");
+            if (json) cli_print_json(json_incref(j));
+            else if (!ok) fprintf(stderr, "ckpt: job %lld %s: %s\n", (long long)id, jstr(j, "state"), jstr(j, "error"));
+            json_decref(j);
+            return ok ? CLI_OK : CLI_FAIL;
+        }
+        json_decref(j);
+        struct timespec ts = {0, 200 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- submit and the queue ---- */
+
+/* `ckpt submit ORG/NAME[@REV] --layout L ...`: a fetch, then a convert after
+ * it; prints the convert's id (the one to wait for). */
+static int submit_hub(job_args *a)
+{
+    json_t *fetch, *convert, *fjob = NULL, *cjob = NULL;
+    if (jobs_args_hub_pair(a->nrest, a->rest, &fetch, &convert) < 0) {
+        json_decref(fetch);
+        json_decref(convert);
+        fprintf(stderr, "ckpt: %s\nsee 'ckpt submit --help'\n", ckpt_error_last());
+        return CLI_USAGE;
+    }
+    job_client c;
+    bool existed = false;
+    int rc = open_client(&c, a);
+    queue_submit_opts fo = {.priority = a->priority, .depends_on = a->after, .max_attempts = a->max_attempts};
+    if (!rc && job_client_submit(&c, "fetch", fetch, &fo, &fjob, &existed) < 0) rc = cli_fail();
+    int64_t fid = json_integer_value(json_object_get(fjob, "id")), cid = 0;
+    queue_submit_opts co = {.priority = a->priority, .depends_on = fid, .max_attempts = a->max_attempts};
+    if (!rc && job_client_submit(&c, "convert", convert, &co, &cjob, &existed) < 0) rc = cli_fail();
+    if (!rc) {
+        cid = json_integer_value(json_object_get(cjob, "id"));
+        if (a->json && !a->wait) cli_print_json(json_pack("{s:O,s:O}", "fetch", fjob, "convert", cjob));
+        else if (!a->wait || !a->json) printf("%lld\n", (long long)cid);
+        fflush(stdout);
+        ckpt_info("fetch job %lld, then convert job %lld", (long long)fid, (long long)cid);
+        if (a->wait) rc = wait_job(&c, cid, a->json);
+    }
+    json_decref(fetch);
+    json_decref(convert);
+    json_decref(fjob);
+    json_decref(cjob);
+    if (c.open || c.server) job_client_close(&c);
+    return rc;
+}
+
+int cmd_submit(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt submit KIND ARGS... [--priority P] [--after ID] [--max-attempts N] [--wait] [--json]\n"
+               "                   [--server URL] [--home DIR]\n\n"
+               "       ckpt submit ORG/NAME[@REV] --layout L [--tp N] [convert and fetch options]\n\n"
+               "Queues a job and prints its id alone on stdout (--json: the job). The same\n"
+               "arguments as the direct command:\n"
+               "  ckpt submit import DIR --repo ORG/NAME[@REV]\n"
+               "  ckpt submit convert REF --layout L [--tp N] [--dtype D] [--kv-size-multiplier M]\n"
+               "  ckpt submit merge-lora REF ADAPTER [--scale S]   (and unmerge-lora; ADAPTER: a folder\n"
+               "                  or a stored ref; makes ORG/NAME-lora-<id>@REV, see docs/lora.md)\n"
+               "  ckpt submit consolidate SRC DST\n"
+               "  ckpt submit verify [REF]\n"
+               "  ckpt submit gc\n"
+               "  ckpt submit fetch ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...\n"
+               "  ckpt submit sync SCHEDULE_ID\n"
+               "  ckpt submit noop [--sleep-ms N] [--until-file PATH]   (a job that does nothing: for\n"
+               "                  testing a daemon; PATH, inside the store's home, ends it when it exists)\n"
+               "The short form ORG/NAME[@REV] --layout L queues a fetch from the Hub (HF_ENDPOINT)\n"
+               "and a convert of ORG/NAME@REV that runs after it, and prints the convert's id.\n"
+               "Submitting the same job while it is queued or running returns the existing id.\n"
+               "Lower --priority runs first (default 0). --after ID waits for job ID to succeed\n"
+               "(and fails, saying so, if it fails). --max-attempts N: how many times a job that\n"
+               "fails for a passing reason (or whose worker or daemon died) runs before it fails for\n"
+               "good (default 3). --wait follows the job to its end\n"
+               "with progress, and exits as the job ended. Layout names, --tp, --dtype and refs\n"
+               "are checked now (exit 2), not when the job runs. With --server, jobs naming host\n"
+               "paths need the daemon's --allow-path (see ckpt serve --help).\n");
+        return CLI_OK;
+    }
+    job_args a;
+    int u = take_options("submit", argc, argv, &a, true);
+    if (u) return u;
+    if (a.nrest < 1) {
+        free(a.rest);
+        return cli_usage_error("submit", "expected a job kind (import, convert, merge-lora, unmerge-lora, consolidate, "
+                                         "verify, gc)");
+    }
+    const char *kind = a.rest[0];
+    if (strchr(kind, '/')) { /* ORG/NAME[@REV] --layout L */
+        int r = submit_hub(&a);
+        free(a.rest);
+        return r;
+    }
+    json_t *args = NULL;
+    if (jobs_args_from_argv(kind, a.nrest, a.rest, &args) < 0) {
+        json_decref(args);
+        free(a.rest);
+        fprintf(stderr, "ckpt: %s\nsee 'ckpt submit --help'\n", ckpt_error_last());
+        return CLI_USAGE;
+    }
+    job_client c;
+    int rc = open_client(&c, &a);
+    json_t *job = NULL;
+    bool existed = false;
+    queue_submit_opts o = {.priority = a.priority, .depends_on = a.after, .max_attempts = a.max_attempts};
+    if (!rc && job_client_submit(&c, kind, args, &o, &job, &existed) < 0) rc = cli_fail();
+    json_decref(args);
+    if (!rc) {
+        int64_t id = json_integer_value(json_object_get(job, "id"));
+        if (a.json && !a.wait) cli_print_json(json_incref(job));
+        else if (!a.wait || !a.json) printf("%lld\n", (long long)id);
+        fflush(stdout);
+        if (existed) ckpt_info("an identical job is queued or running already: %lld", (long long)id);
+        if (a.wait) rc = wait_job(&c, id, a.json);
+    }
+    json_decref(job);
+    if (c.open || c.server) job_client_close(&c);
+    free(a.rest);
+    return rc;
+}
+
+int cmd_jobs(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt jobs [--state queued|running|succeeded|failed|cancelled] [--json]\n"
+               "                 [--server URL] [--home DIR]\n\n"
+               "Lists jobs, newest first: id, state, kind, progress, arguments, error.\n");
+        return CLI_OK;
+    }
+    job_args a;
+    int u = take_options("jobs", argc, argv, &a, false);
+    if (u) return u;
+    job_client c;
+    int rc = a.nrest ? cli_usage_error("jobs", "takes no arguments") : open_client(&c, &a);
+    json_t *jobs = NULL;
+    if (!rc && job_client_list(&c, a.state, &jobs) < 0) rc = cli_fail();
+    if (!rc && a.json) rc = cli_print_json(json_incref(jobs));
+    else if (!rc) {
+        size_t i;
+        json_t *j;
+        json_array_foreach(jobs, i, j) print_job_line(j);
+    }
+    json_decref(jobs);
+    if (!a.nrest) job_client_close(&c);
+    free(a.rest);
+    return rc;
+}
+
+/* `ckpt show ID`: called by `ckpt show` when its argument is a number. */
+int cmd_job_show(int argc, char **argv)
+{
+    job_args a;
+    int64_t id = 0;
+    job_client c;
+    int u = begin_job_command("show", argc, argv, &a, &id, &c);
+    if (u) return u;
+    json_t *j;
+    int rc = job_client_get(&c, id, &j) < 0 ? cli_fail() : cli_print_json(j);
+    job_client_close(&c);
+    return rc;
+}
+
+typedef int (*job_op)(job_client *, int64_t, json_t **);
+
+static int simple_op(const char *cmd, int argc, char **argv, job_op op, const char *help)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(help, stdout);
+        return CLI_OK;
+    }
+    job_args a;
+    int64_t id = 0;
+    job_client c;
+    int u = begin_job_command(cmd, argc, argv, &a, &id, &c);
+    if (u) return u;
+    json_t *j;
+    int rc = op(&c, id, &j) < 0 ? cli_fail() : CLI_OK;
+    if (!rc && a.json) rc = cli_print_json(j);
+    else if (!rc) {
+        printf("%lld %s\n", (long long)id, jstr(j, "state"));
+        json_decref(j);
+    }
+    job_client_close(&c);
+    return rc;
+}
+
+int cmd_cancel(int argc, char **argv)
+{
+    return simple_op("cancel", argc, argv, job_client_cancel,
+                     "usage: ckpt cancel ID [--server URL] [--home DIR]\n\n"
+                     "Cancels a job: a queued one at once; a running one's worker gets SIGTERM (SIGKILL\n"
+                     "after a grace period) and its partial output is removed.\n");
+}
+
+int cmd_retry(int argc, char **argv)
+{
+    return simple_op("retry", argc, argv, job_client_retry,
+                     "usage: ckpt retry ID [--server URL] [--home DIR]\n\n"
+                     "Queues a failed or cancelled job again, with a fresh attempt budget.\n");
+}
+
+int cmd_wait(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt wait ID [--json] [--server URL] [--home DIR]\n\n"
+               "Follows a job until it ends (a progress bar on a terminal, a line every 5 s\n"
+               "otherwise). Exit 0 when it succeeded, 1 when it failed or was cancelled.\n");
+        return CLI_OK;
+    }
+    job_args a;
+    int64_t id = 0;
+    job_client c;
+    int u = begin_job_command("wait", argc, argv, &a, &id, &c);
+    if (u) return u;
+    int rc = wait_job(&c, id, a.json);
+    job_client_close(&c);
+    return rc;
+}
+
+int cmd_logs(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt logs ID [-f] [--server URL] [--home DIR]\n\n"
+               "Prints a job's log lines; -f keeps following until the job ends.\n");
+        return CLI_OK;
+    }
+    job_args a;
+    int64_t id = 0;
+    job_client c;
+    int u = begin_job_command("logs", argc, argv, &a, &id, &c);
+    if (u) return u;
+    int64_t after = 0;
+    int rc = CLI_OK;
+    for (;;) {
+        json_t *lines;
+        if (job_client_logs(&c, id, after, &lines, &after) < 0) {
+            rc = cli_fail();
+            break;
+        }
+        size_t i;
+        json_t *l;
+        json_array_foreach(lines, i, l) printf("%s\n", jstr(l, "line"));
+        fflush(stdout);
+        json_decref(lines);
+        if (!a.follow) break;
+        json_t *j;
+        if (job_client_get(&c, id, &j) < 0) {
+            rc = cli_fail();
+            break;
+        }
+        bool done = job_done(j);
+        json_decref(j);
+        if (done) {
+            json_t *rest;
+            if (job_client_logs(&c, id, after, &rest, &after) == 0) {
+                json_array_foreach(rest, i, l) printf("%s\n", jstr(l, "line"));
+                json_decref(rest);
+            }
+            break;
+        }
+        struct timespec ts = {0, 300 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    job_client_close(&c);
+    return rc;
+}

@@ -1,0 +1,586 @@
+/*
+ * cmd_store.c — the store commands: `ckpt import`, `ckpt ls`, `ckpt show`,
+ * `ckpt pull`. Each takes --home DIR (default $CKPT_HOME, then
+ * $XDG_DATA_HOME/ckpt, then ~/.local/share/ckpt).
+ */
+#include "service/cli/cli.h"
+#include "service/cli/cli_opts.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "format/archive.h"
+#include "store/store.h"
+#include "transform/convert.h"
+#include "hub/hub.h"
+#include "store/materialize.h"
+
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { OPT_REPO = CLI_OPT_OWN, OPT_FORMAT, OPT_CONSOLIDATED };
+
+/* Every option of the store commands; each takes the ones its allowed[] lists. */
+static const int store_shared[] = {CLI_OPT_HOME,    CLI_OPT_JSON,   CLI_OPT_OUTPUT,
+                                   CLI_OPT_RANK,    CLI_OPT_FORCE,  CLI_OPT_QUIET,
+                                   CLI_OPT_DRY_RUN, CLI_OPT_SERVER, CLI_OPT_END};
+static const struct option store_own[] = {
+    {"repo", required_argument, 0, OPT_REPO},
+    {"format", required_argument, 0, OPT_FORMAT},
+    {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
+    {0, 0, 0, 0},
+};
+
+typedef struct {
+    cli_common common; /* --home, --json, -o, --force, --quiet, --dry-run, --server */
+    const char *repo, *format;
+    int rank;
+    bool consolidated;
+    int npos;
+    char **pos;
+} store_args;
+
+static int parse(const char *cmd, int argc, char **argv, const int *allowed, store_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->rank = -1;
+    cli_parser p = {.cmd = cmd,
+                    .shared = store_shared,
+                    .own = store_own,
+                    .dash_o = true,
+                    .allowed = allowed,
+                    .max_args = 2,
+                    .common = &a->common};
+    int c;
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
+        uint64_t v;
+        switch (c) {
+        case OPT_REPO:
+            a->repo = optarg;
+            break;
+        case CLI_OPT_RANK:
+            if (cli_parse_number(cmd, "--rank", optarg, 0, 1023, &v)) return CLI_USAGE;
+            a->rank = (int)v;
+            break;
+        case OPT_FORMAT:
+            a->format = optarg;
+            break;
+        case OPT_CONSOLIDATED:
+            a->consolidated = true;
+            break;
+        }
+    }
+    if (c < 0) return CLI_USAGE;
+    a->pos = p.args;
+    a->npos = p.nargs;
+    return CLI_OK;
+}
+
+/* The preamble every store command shares: --help, options, opening the
+ * store. Returns -1 to go on, else the exit status to return at once. */
+static int begin(const char *cmd, int argc, char **argv, const char *help, const int *allowed,
+                 store_args *a, ckpt_store *s)
+{
+    if (cli_wants_help(argc, argv)) {
+        fputs(help, stdout);
+        return CLI_OK;
+    }
+    int u = parse(cmd, argc, argv, allowed, a);
+    if (u) return u;
+    if (store_open(s, a->common.home) < 0) return cli_fail();
+    return -1;
+}
+
+static json_t *ckpt_json(const store_ckpt *c)
+{
+    char *ref = store_ckpt_ref(c);
+    json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:I,s:b,s:I}", "id", (json_int_t)c->id, "ref",
+                          ref ? ref : "", "repo", c->repo, "revision", c->revision, "commit",
+                          c->commit, "layout", c->layout, "total_size", (json_int_t)c->total_size,
+                          "lossy", c->lossy, "created_at", (json_int_t)c->created_at);
+    free(ref);
+    return j;
+}
+
+int cmd_import(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt import DIR|ARCHIVE --repo ORG/NAME[@REV] [--home DIR] [--json]\n\n"
+               "Stores a local Hugging Face checkpoint folder (or a .tar, .tar.gz or .tar.zst of\n"
+               "one). Every tensor is stored once, named by its sha256; other files are stored\n"
+               "whole. REV (default main) names this import; the newest import wins for a name.\n"
+               "Importing the same content again stores nothing new. Prints the ref.\n\n"
+               "example:\n  ckpt import ./Qwen2-0.5B --repo Qwen/Qwen2-0.5B@main\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {CLI_OPT_HOME, OPT_REPO, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
+    store_args a;
+    int u = parse("import", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("import", "expected one folder or archive to import");
+    if (!a.repo) return cli_usage_error("import", "--repo ORG/NAME[@REV] is required");
+    char *repo = ckpt_strdup(a.repo), *at = repo ? strchr(repo, '@') : NULL;
+    if (!repo) return cli_fail();
+    if (at) *at++ = '\0';
+    ckpt_store s;
+    if (store_open(&s, a.common.home) < 0) {
+        free(repo);
+        return cli_fail();
+    }
+    char *staged = NULL;
+    const char *dir = a.pos[0];
+    int rc = 0;
+    if (!ckpt_is_dir(dir)) {
+        char *base = store_tmp_base(&s, "import");
+        rc = base ? ckpt_archive_extract(dir, base, &staged) : CKPT_ENOMEM;
+        free(base);
+        dir = staged;
+    }
+    store_ckpt c;
+    bool existed = false;
+    store_import_opts io = {.repo = repo, .revision = at, .quiet = a.common.quiet};
+    if (!rc) rc = store_import_dir(&s, dir, &io, &c, &existed);
+    if (staged) {
+        ckpt_rm_rf(staged);
+        free(staged);
+    }
+    int ret = CLI_OK;
+    if (rc) {
+        ret = cli_fail();
+    } else {
+        char *ref = store_ckpt_ref(&c), size[32];
+        if (a.common.json)
+            cli_print_json(ckpt_json(&c));
+        else
+            printf("%s\n", ref);
+        ckpt_info("%s %s (commit %.12s, %s)", existed ? "already stored:" : "imported", ref,
+                  c.commit, ckpt_format_size((uint64_t)c.total_size, size, sizeof size));
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    store_close(&s);
+    free(repo);
+    return ret;
+}
+
+int cmd_ls(int argc, char **argv)
+{
+    static const char help[] =
+        "usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
+        "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
+        "size, creation time.\n";
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+    store_args a;
+    ckpt_store s;
+    int early = begin("ls", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s.cat, &st,
+                             "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY "
+                             "repo, commit_sha, layout");
+    json_t *list = json_array();
+    if (!rc && a.npos) sqlite3_bind_text(st, 1, a.pos[0], -1, SQLITE_STATIC);
+    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+        store_ckpt c;
+        if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
+        if (a.common.json) {
+            json_array_append_new(list, ckpt_json(&c));
+        } else {
+            char *ref = store_ckpt_ref(&c), size[32], when[32];
+            time_t t = (time_t)c.created_at;
+            strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
+            printf("%-60s %.12s %12s  %s\n", ref ? ref : "?", c.commit,
+                   ckpt_format_size((uint64_t)c.total_size, size, sizeof size), when);
+            free(ref);
+        }
+        store_ckpt_free(&c);
+    }
+    if (!rc) sqlite3_finalize(st);
+    int ret = rc ? cli_fail() : a.common.json ? cli_print_json(json_incref(list)) : CLI_OK;
+    json_decref(list);
+    store_close(&s);
+    return ret;
+}
+
+int cmd_show(int argc, char **argv)
+{
+    /* `ckpt show ID` (a number) shows a job; anything else is a stored checkpoint. */
+    for (int i = 1; i < argc; i++) {
+        if (argv[i][0] == '-') {
+            if (!strcmp(argv[i], "--home") || !strcmp(argv[i], "--server")) i++;
+            continue;
+        }
+        if (strspn(argv[i], "0123456789") == strlen(argv[i])) return cmd_job_show(argc, argv);
+        break;
+    }
+    if (cli_wants_help(argc, argv)) {
+        printf("usage: ckpt show REF [--home DIR] [--json]\n"
+               "       ckpt show JOB_ID [--server URL] [--home DIR]\n\n"
+               "Shows a stored checkpoint: its files (size, sha256), tensors per file, and for a\n"
+               "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+    store_args a;
+    int u = parse("show", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("show", "expected one REF");
+    ckpt_store s;
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
+    store_ckpt c;
+    int rc = store_resolve(&s, a.pos[0], &c);
+    if (rc) {
+        store_close(&s);
+        return cli_fail();
+    }
+    json_t *j = ckpt_json(&c), *files = json_array();
+    sqlite3_stmt *st;
+    rc = catalog_prepare(
+        &s.cat, &st,
+        "SELECT f.path, f.size, f.sha256, f.blob IS NULL, (SELECT count(*) FROM tensors t WHERE "
+        "t.checkpoint_id = f.checkpoint_id AND t.path = f.path), (SELECT count(*) FROM tensors t "
+        "WHERE t.checkpoint_id = f.checkpoint_id AND t.path = f.path AND t.recipe IS NOT NULL) "
+        "FROM files f WHERE f.checkpoint_id = ? ORDER BY f.path");
+    if (!rc) {
+        sqlite3_bind_int64(st, 1, c.id);
+        while (sqlite3_step(st) == SQLITE_ROW)
+            json_array_append_new(
+                files,
+                json_pack("{s:s,s:I,s:s,s:b,s:I,s:I}", "path", sqlite3_column_text(st, 0), "size",
+                          (json_int_t)sqlite3_column_int64(st, 1), "sha256",
+                          sqlite3_column_text(st, 2), "safetensors", sqlite3_column_int(st, 3),
+                          "tensors", (json_int_t)sqlite3_column_int64(st, 4), "recipes",
+                          (json_int_t)sqlite3_column_int64(st, 5)));
+        sqlite3_finalize(st);
+    }
+    json_object_set_new(j, "files", files);
+    if (c.source_id) {
+        store_ckpt src;
+        if (store_get(&s, c.source_id, &src) == 0) {
+            char *ref = store_ckpt_ref(&src);
+            json_object_set_new(j, "source", json_string(ref ? ref : ""));
+            free(ref);
+            store_ckpt_free(&src);
+        }
+    }
+    int ret = CLI_OK;
+    if (rc)
+        ret = cli_fail();
+    else if (a.common.json)
+        ret = cli_print_json(json_incref(j));
+    else {
+        char size[32];
+        printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n",
+               json_string_value(json_object_get(j, "ref")), c.commit,
+               *c.layout ? c.layout : "(original)",
+               ckpt_format_size((uint64_t)c.total_size, size, sizeof size),
+               c.lossy ? " (lossy cast)" : "");
+        if (json_object_get(j, "source"))
+            printf("  source %s\n", json_string_value(json_object_get(j, "source")));
+        size_t i;
+        json_t *f;
+        json_array_foreach(files, i, f)
+        {
+            printf("  %-50s %12s  %.16s  %lld tensors%s\n",
+                   json_string_value(json_object_get(f, "path")),
+                   ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size,
+                                    sizeof size),
+                   json_string_value(json_object_get(f, "sha256")),
+                   (long long)json_integer_value(json_object_get(f, "tensors")),
+                   json_integer_value(json_object_get(f, "recipes")) ? " (recipes)" : "");
+        }
+    }
+    json_decref(j);
+    store_ckpt_free(&c);
+    store_close(&s);
+    return ret;
+}
+
+/* `pull --server`: the daemon's Hub API serves REF as a revision (a layout as
+ * "<commit>.<layout>"); hub_fetch brings it into the local store, verified,
+ * with parallel ranges and resume. */
+static int fetch_remote(ckpt_store *s, const char *server, const char *ref, bool quiet, store_ckpt *out, bool *layout)
+{
+    char *repo, *rev, *lay;
+    int rc = store_ref_parse(ref, &repo, &rev, &lay);
+    if (rc) return rc;
+    *layout = lay != NULL;
+    /* The Hub client reads its endpoint and token from the environment. */
+    setenv("HF_ENDPOINT", server, 1);
+    const char *tok = getenv("CKPT_TOKEN");
+    if (tok && *tok) setenv("HF_TOKEN", tok, 1);
+    else unsetenv("HF_TOKEN");
+    hub_client h;
+    char commit[41];
+    rc = hub_client_init(&h);
+    if (!rc) {
+        rc = hub_resolve_revision(&h, repo, rev ? rev : "main", commit);
+        hub_client_free(&h);
+    }
+    char *hubrev = rc ? NULL : lay ? ckpt_sprintf("%s.%s", commit, lay) : ckpt_strdup(commit);
+    if (!rc && !hubrev) rc = CKPT_ENOMEM;
+    hub_fetch_result res;
+    memset(&res, 0, sizeof res);
+    hub_fetch_opts fo = {.repo = repo, .revision = hubrev, .quiet = quiet};
+    if (!rc) rc = hub_fetch(s, &fo, &res);
+    if (!rc) {
+        *out = res.ckpt;
+        memset(&res.ckpt, 0, sizeof res.ckpt);
+    }
+    hub_fetch_result_free(&res);
+    free(hubrev);
+    free(repo);
+    free(rev);
+    free(lay);
+    return rc;
+}
+
+int cmd_pull(int argc, char **argv)
+{
+    if (cli_wants_help(argc, argv)) {
+        printf(
+            "usage: ckpt pull REF -o DIR|- [--rank R] [--consolidated] [--format dir|tar|tar.zst]\n"
+            "                [--force] [--home DIR]\n\n"
+            "Writes a stored checkpoint out. Every file is rebuilt from its blobs (or from the\n"
+            "recipe a converted layout keeps) and its sha256 checked against the catalog\n"
+            "before DIR appears; a damaged store fails instead of writing bad bytes.\n\n"
+            "  -o DIR          destination folder (must be empty unless --force); '-' streams a\n"
+            "                  tar to standard output\n"
+            "  --rank R        of a tensor-parallel layout, only rank R's folder (at DIR's root)\n"
+            "                  plus config.json and ckpt-layout.json\n"
+            "  --consolidated  of a converted layout: the original layout rebuilt from it\n"
+            "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n"
+            "  --server URL    pull from a remote ckpt daemon (token in CKPT_TOKEN): its files\n"
+            "                  come over its Hub API with parallel ranges, resume and sha256\n"
+            "                  checks, and are kept in the local store as REPO@<its commit>\n\n"
+            "examples:\n  ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --rank 3 -o ./rank3\n"
+            "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
+        return CLI_OK;
+    }
+    static const int allowed[] = {CLI_OPT_HOME,  CLI_OPT_OUTPUT, CLI_OPT_RANK,
+                                  OPT_FORMAT,    CLI_OPT_FORCE,  OPT_CONSOLIDATED,
+                                  CLI_OPT_QUIET, CLI_OPT_SERVER, CLI_OPT_END};
+    store_args a;
+    int u = parse("pull", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("pull", "expected one REF");
+    if (!a.common.out)
+        return cli_usage_error("pull", "-o DIR (or -o - for a tar stream) is required");
+    const char *fmt = a.format ? a.format : (!strcmp(a.common.out, "-") ? "tar" : "dir");
+    if (strcmp(fmt, "dir") && strcmp(fmt, "tar") && strcmp(fmt, "tar.zst"))
+        return cli_usage_error("pull", "--format must be dir, tar or tar.zst");
+    if (!strcmp(fmt, "dir") && !strcmp(a.common.out, "-"))
+        return cli_usage_error("pull", "-o - needs --format tar or tar.zst");
+    if (a.consolidated && a.rank >= 0)
+        return cli_usage_error("pull", "--consolidated and --rank exclude each other");
+    ckpt_store s;
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
+    store_ckpt c;
+    bool layout = false;
+    int rc = a.common.server
+                 ? fetch_remote(&s, a.common.server, a.pos[0], a.common.quiet, &c, &layout)
+                 : store_resolve(&s, a.pos[0], &c);
+    if (rc) {
+        store_close(&s);
+        return cli_fail();
+    }
+    if (!a.common.server) layout = *c.layout != '\0';
+    if (a.consolidated && !layout) {
+        store_ckpt_free(&c);
+        store_close(&s);
+        return cli_usage_error("pull", "--consolidated applies to a converted layout (REF:LAYOUT)");
+    }
+    /* Directories are assembled in place; archives and consolidation go through a staging folder.
+     */
+    bool staged = strcmp(fmt, "dir") || a.consolidated;
+    char *stage = NULL;
+    if (staged) {
+        char *base = store_tmp_base(&s, "pull");
+        rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
+        free(base);
+    }
+    materialize_opts mo = {
+        .rank = a.rank, .force = a.common.force || staged, .quiet = a.common.quiet};
+    if (!rc) rc = store_materialize(&s, &c, staged ? stage : a.common.out, &mo);
+    if (!rc && a.consolidated) {
+        consolidate_opts co = {.quiet = a.common.quiet, .force = a.common.force};
+        if (!strcmp(fmt, "dir")) {
+            rc = consolidate_run(stage, a.common.out, &co);
+        } else {
+            char *cons = ckpt_sprintf("%s.consolidated", stage);
+            rc = cons ? consolidate_run(stage, cons, &co) : CKPT_ENOMEM;
+            ckpt_rm_rf(stage);
+            free(stage);
+            stage = cons;
+        }
+    }
+    if (!rc && strcmp(fmt, "dir"))
+        rc = ckpt_archive_write_tree(stage, a.common.out, !strcmp(fmt, "tar.zst"));
+    if (stage) {
+        ckpt_rm_rf(stage);
+        free(stage);
+    }
+    int ret = rc ? cli_fail() : CLI_OK;
+    if (!rc && strcmp(a.common.out, "-")) {
+        char *ref = store_ckpt_ref(&c);
+        ckpt_info("pulled %s%s%s -> %s", ref ? ref : "", a.consolidated ? " (consolidated)" : "",
+                  a.rank >= 0 ? " (one rank)" : "", a.common.out);
+        free(ref);
+    }
+    store_ckpt_free(&c);
+    store_close(&s);
+    return ret;
+}
+
+int cmd_rm(int argc, char **argv)
+{
+    static const char help[] =
+        "usage: ckpt rm REF [--home DIR]\n\n"
+        "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
+        "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n";
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_END};
+    store_args a;
+    ckpt_store s;
+    int early = begin("rm", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
+    if (a.npos != 1) return store_close(&s), cli_usage_error("rm", "expected one REF");
+    store_ckpt c;
+    int rc = store_resolve(&s, a.pos[0], &c);
+    if (!rc) {
+        rc = store_rm(&s, &c);
+        char *ref = store_ckpt_ref(&c);
+        if (!rc) ckpt_info("removed %s; run ckpt gc to free its space", ref ? ref : "");
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    store_close(&s);
+    return rc ? cli_fail() : CLI_OK;
+}
+
+int cmd_gc(int argc, char **argv)
+{
+    static const char help[] =
+        "usage: ckpt gc [--dry-run] [--home DIR] [--json]\n\n"
+        "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
+        "writes (temp files of processes that are gone). Blobs that a running import\n"
+        "has leased are kept. --dry-run only counts.\n";
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_DRY_RUN, CLI_OPT_JSON, CLI_OPT_END};
+    store_args a;
+    ckpt_store s;
+    int early = begin("gc", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
+    store_gc_result r;
+    int rc = store_gc(&s, a.common.dry_run, &r);
+    store_close(&s);
+    if (rc) return cli_fail();
+    char b[32];
+    if (a.common.json)
+        return cli_print_json(json_pack(
+            "{s:b,s:I,s:I,s:I,s:I}", "dry_run", a.common.dry_run, "blobs_removed",
+            (json_int_t)r.blobs_removed, "bytes_freed", (json_int_t)r.bytes_freed, "temps_removed",
+            (json_int_t)r.temps_removed, "leases_dropped", (json_int_t)r.leases_dropped));
+    printf("%s %llu blobs (%s), %llu leftovers of interrupted writes, %llu stale leases\n",
+           a.common.dry_run ? "would remove" : "removed", (unsigned long long)r.blobs_removed,
+           ckpt_format_size(r.bytes_freed, b, sizeof b), (unsigned long long)r.temps_removed,
+           (unsigned long long)r.leases_dropped);
+    return CLI_OK;
+}
+
+int cmd_du(int argc, char **argv)
+{
+    static const char help[] =
+        "usage: ckpt du [--home DIR] [--json]\n\n"
+        "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
+        "against physical bytes of the blobs on disk, and the deduplication ratio.\n";
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+    store_args a;
+    ckpt_store s;
+    int early = begin("du", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
+    store_du_result r;
+    int rc = store_du(&s, &r);
+    store_close(&s);
+    if (rc) return cli_fail();
+    double ratio = r.physical ? (double)r.logical / (double)r.physical : 0.0;
+    if (a.common.json)
+        return cli_print_json(json_pack(
+            "{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r.checkpoints, "logical_bytes",
+            (json_int_t)r.logical, "physical_bytes", (json_int_t)r.physical, "blobs",
+            (json_int_t)r.blobs, "catalog_bytes", (json_int_t)r.db_bytes, "dedup_ratio", ratio));
+    char l[32], p[32], d[32];
+    printf("%llu checkpoints, logical %s, physical %s in %llu blobs (+ catalog %s), dedup ratio "
+           "%.2f\n",
+           (unsigned long long)r.checkpoints, ckpt_format_size(r.logical, l, sizeof l),
+           ckpt_format_size(r.physical, p, sizeof p), (unsigned long long)r.blobs,
+           ckpt_format_size(r.db_bytes, d, sizeof d), ratio);
+    return CLI_OK;
+}
+
+static void print_line(void *ctx, const char *line)
+{
+    (void)ctx;
+    printf("%s\n", line);
+}
+
+int cmd_verify(int argc, char **argv)
+{
+    static const char help[] =
+        "usage: ckpt verify [REF] [--home DIR]\n\n"
+        "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
+        "and checks its sha256 against the catalog. Names each damaged blob with the\n"
+        "checkpoints and files it breaks. Exit 1 if anything is damaged.\n";
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_END};
+    store_args a;
+    ckpt_store s;
+    int early = begin("verify", argc, argv, help, allowed, &a, &s);
+    if (early >= 0) return early;
+    int64_t only = 0;
+    store_ckpt c;
+    int rc = 0;
+    if (a.npos == 1) {
+        if ((rc = store_resolve(&s, a.pos[0], &c)) == 0) {
+            only = c.id;
+            store_ckpt_free(&c);
+        }
+    }
+    uint64_t damaged = 0, broken_files = 0, checked = 0;
+    if (!rc) rc = store_verify_blobs(&s, only, print_line, NULL, &damaged);
+    /* Rebuild every file of every checkpoint in scope and compare sha256. */
+    sqlite3_stmt *st = NULL;
+    if (!rc && !damaged)
+        rc = catalog_prepare(&s.cat, &st,
+                             "SELECT id FROM checkpoints WHERE ?1 = 0 OR id = ?1 ORDER BY id");
+    if (st) sqlite3_bind_int64(st, 1, only);
+    while (!rc && st && sqlite3_step(st) == SQLITE_ROW) {
+        if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
+        char *base = store_tmp_base(&s, "verify"), *tmp = NULL;
+        rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
+        materialize_opts mo = {.rank = -1, .force = true, .quiet = true};
+        if (!rc && store_materialize(&s, &c, tmp, &mo) < 0) {
+            char *ref = store_ckpt_ref(&c);
+            printf("%s: %s\n", ref ? ref : "?", ckpt_error_last());
+            free(ref);
+            broken_files++;
+        }
+        checked++;
+        if (tmp) ckpt_rm_rf(tmp);
+        free(tmp);
+        free(base);
+        store_ckpt_free(&c);
+    }
+    sqlite3_finalize(st);
+    store_close(&s);
+    if (rc) return cli_fail();
+    if (damaged || broken_files) {
+        fprintf(stderr, "ckpt: verify: %llu damaged blobs, %llu checkpoints that do not rebuild\n",
+                (unsigned long long)damaged, (unsigned long long)broken_files);
+        return CLI_FAIL;
+    }
+    ckpt_info("verify: clean (%llu checkpoints rebuilt and checked)", (unsigned long long)checked);
+    return CLI_OK;
+}

@@ -1,0 +1,292 @@
+/*
+ * cmd_sync.c — `ckpt sync add|ls|rm|run`: schedules that follow a Hub repo
+ * (service/jobs/schedule.h). add/ls/rm work on CKPT_HOME's database; the daemon
+ * (`ckpt serve`) runs them. run queues a sync job now (also on a daemon with
+ * --server).
+ */
+#include "service/cli/cli.h"
+
+#include "common/error.h"
+#include "common/json.h"
+#include "common/util.h"
+#include "service/jobs/cron.h"
+#include "service/cli/job_client.h"
+#include "service/jobs/schedule.h"
+#include "transform/presets.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char sync_help[] =
+    "usage: ckpt sync add ORG/NAME[@REV] (--every DURATION | --cron \"M H DOM MON DOW\")\n"
+    "                     [--layout L [--tp N]]... [--include GLOB]... [--exclude GLOB]...\n"
+    "       ckpt sync ls [--json]\n"
+    "       ckpt sync rm ID\n"
+    "       ckpt sync run ID [--server URL]\n"
+    "       (each takes --home DIR)\n\n"
+    "Follows a repo on a Hugging Face Hub (HF_ENDPOINT): the daemon (`ckpt serve`)\n"
+    "runs a sync job when a schedule is due; it resolves REV (default main) and, when\n"
+    "the commit changed since the last run, queues a fetch of that commit and one\n"
+    "convert per --layout (each --tp applies to the --layout before it). An unchanged\n"
+    "commit queues nothing. A schedule never has two sync jobs at once, and after the\n"
+    "daemon was down it runs once, not once per missed period.\n\n"
+    "  --every DURATION   90s, 30m, 6h, 1d, 2w; the first run is at once\n"
+    "  --cron EXPR        five fields in UTC, e.g. \"0 3 * * *\" (03:00 UTC daily),\n"
+    "                     \"*/15 * * * mon-fri\"; or @hourly, @daily, @weekly, @monthly\n"
+    "  --include/--exclude  the fetch's file patterns (see ckpt fetch --help)\n\n"
+    "add prints the schedule's id; ls shows each schedule's next run, the last commit\n"
+    "it saw and what it did; rm removes one (queued jobs stay); run queues its sync\n"
+    "job now and prints the job id.\n\n"
+    "example:\n  ckpt sync add Qwen/Qwen2-0.5B --every 6h --layout neuron --tp 8 --layout fused\n";
+
+static int open_store(const char *home, ckpt_store *s)
+{
+    return store_open(s, home) < 0 ? cli_fail() : CLI_OK;
+}
+
+static int sync_add(int argc, char **argv, const char *home, bool json)
+{
+    schedule sc;
+    memset(&sc, 0, sizeof sc);
+    sc.layouts = json_array();
+    sc.fetch_args = json_object();
+    const char *target = NULL;
+    int ret = sc.layouts && sc.fetch_args ? CLI_OK : cli_fail();
+    for (int i = 0; !ret && i < argc; i++) {
+        const char *w = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool has_value = !strcmp(w, "--every") || !strcmp(w, "--cron") || !strcmp(w, "--layout") ||
+                         !strcmp(w, "--tp") || !strcmp(w, "--include") || !strcmp(w, "--exclude");
+        if (has_value && !v) {
+            ret = cli_usage_error("sync add", "%s needs a value", w);
+            break;
+        }
+        if (!strcmp(w, "--every")) {
+            if (sc.every_seconds || sc.cron)
+                ret = cli_usage_error("sync add", "give one --every or one --cron");
+            else if (schedule_parse_every(v, &sc.every_seconds) < 0)
+                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+        } else if (!strcmp(w, "--cron")) {
+            cron_spec c;
+            if (sc.every_seconds || sc.cron)
+                ret = cli_usage_error("sync add", "give one --every or one --cron");
+            else if (cron_parse(v, &c) < 0)
+                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+            else if (!(sc.cron = ckpt_strdup(v)))
+                ret = cli_fail();
+        } else if (!strcmp(w, "--layout")) {
+            preset_opts po = {.preset = v, .tp = 1};
+            if (preset_check(&po) < 0)
+                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+            else
+                json_array_append_new(sc.layouts, json_pack("{s:s}", "layout", v));
+        } else if (!strcmp(w, "--tp")) {
+            uint64_t tp;
+            json_t *last = json_array_get(sc.layouts, json_array_size(sc.layouts) - 1);
+            if (!last)
+                ret = cli_usage_error(
+                    "sync add", "--tp applies to the --layout before it; give --layout first");
+            else if (ckpt_parse_u64(v, &tp) < 0 || tp < 1 || tp > 1024)
+                ret = cli_usage_error("sync add", "--tp must be 1..1024");
+            else
+                json_object_set_new(last, "tp", json_integer((json_int_t)tp));
+        } else if (!strcmp(w, "--include") || !strcmp(w, "--exclude")) {
+            const char *key = w + 2;
+            json_t *list = json_object_get(sc.fetch_args, key);
+            if (!list) json_object_set_new(sc.fetch_args, key, list = json_array());
+            json_array_append_new(list, json_string(v));
+        } else if (w[0] == '-') {
+            ret = cli_usage_error("sync add", "unknown option '%s'", w);
+        } else if (target) {
+            ret = cli_usage_error("sync add", "expected one ORG/NAME[@REV]");
+        } else {
+            target = w;
+        }
+        if (has_value) i++;
+    }
+    if (!ret && !target) ret = cli_usage_error("sync add", "expected ORG/NAME[@REV]");
+    if (!ret && !sc.every_seconds && !sc.cron)
+        ret = cli_usage_error("sync add", "give --every DURATION or --cron EXPR");
+    if (!ret) {
+        const char *at = strchr(target, '@');
+        sc.repo = at ? ckpt_strndup(target, (size_t)(at - target)) : ckpt_strdup(target);
+        sc.revision = ckpt_strdup(at && at[1] ? at + 1 : "main");
+        if (!sc.repo || !sc.revision)
+            ret = cli_fail();
+        else if (store_repo_name_check(sc.repo) < 0)
+            ret = cli_usage_error("sync add", "%s", ckpt_error_last());
+    }
+    ckpt_store s;
+    if (!ret && !(ret = open_store(home, &s))) {
+        if (schedule_add(&s.cat, &sc) < 0)
+            ret = cli_fail();
+        else if (json) {
+            json_t *j = schedule_json(&sc);
+            char *text = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+            if (text) puts(text);
+            free(text);
+            json_decref(j);
+        } else {
+            printf("%lld\n", (long long)sc.id);
+        }
+        store_close(&s);
+    }
+    schedule_free(&sc);
+    return ret;
+}
+
+static void utc(double t, char *buf, size_t len)
+{
+    if (t <= 0) {
+        snprintf(buf, len, "-");
+        return;
+    }
+    time_t tt = (time_t)t;
+    struct tm tm;
+    gmtime_r(&tt, &tm);
+    strftime(buf, len, "%Y-%m-%d %H:%M:%SZ", &tm);
+}
+
+static int sync_ls(const char *home, bool json)
+{
+    ckpt_store s;
+    int ret = open_store(home, &s);
+    if (ret) return ret;
+    schedule *v;
+    size_t n;
+    if (schedule_list(&s.cat, &v, &n) < 0) {
+        store_close(&s);
+        return cli_fail();
+    }
+    if (json) {
+        json_t *a = json_array();
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(a, schedule_json(&v[i]));
+        char *text = cj_dumps(a, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        if (text)
+            puts(text);
+        else
+            ret = cli_fail();
+        free(text);
+        json_decref(a);
+    } else {
+        if (n)
+            printf("%-4s %-40s %-16s %-21s %-12s %s\n", "ID", "REPO@REV", "SCHEDULE",
+                   "NEXT RUN (UTC)", "LAST COMMIT", "LAST OUTCOME");
+        for (size_t i = 0; i < n; i++) {
+            char target[300], when[64], next[32], layouts[256] = "";
+            snprintf(target, sizeof target, "%s@%s", v[i].repo, v[i].revision);
+            if (v[i].cron)
+                snprintf(when, sizeof when, "cron %s", v[i].cron);
+            else {
+                static const struct {
+                    int64_t secs;
+                    char unit;
+                } units[] = {{604800, 'w'}, {86400, 'd'}, {3600, 'h'}, {60, 'm'}};
+                int64_t e = v[i].every_seconds;
+                char unit = 's';
+                for (size_t u = 0; u < sizeof units / sizeof units[0] && unit == 's'; u++)
+                    if (e % units[u].secs == 0) {
+                        e /= units[u].secs;
+                        unit = units[u].unit;
+                    }
+                snprintf(when, sizeof when, "every %lld%c", (long long)e, unit);
+            }
+            utc(v[i].next_run_at, next, sizeof next);
+            size_t k;
+            json_t *l;
+            json_array_foreach(v[i].layouts, k, l)
+            {
+                size_t o = strlen(layouts);
+                json_int_t tp = json_integer_value(json_object_get(l, "tp"));
+                snprintf(layouts + o, sizeof layouts - o, tp > 1 ? " %s tp%lld" : " %s",
+                         json_string_value(json_object_get(l, "layout")), (long long)tp);
+            }
+            printf("%-4lld %-40s %-16s %-21s %-12.12s %s\n", (long long)v[i].id, target, when, next,
+                   v[i].last_commit ? v[i].last_commit : "-",
+                   v[i].last_outcome ? v[i].last_outcome : "-");
+            if (*layouts) printf("     layouts:%s\n", layouts);
+        }
+    }
+    schedules_free(v, n);
+    store_close(&s);
+    return ret;
+}
+
+static int parse_id(const char *cmd, int n, char **rest, int64_t *id)
+{
+    uint64_t v;
+    if (n != 1 || ckpt_parse_u64(rest[0], &v) < 0 || v == 0 || v > INT64_MAX)
+        return cli_usage_error(cmd, "expected a schedule ID");
+    *id = (int64_t)v;
+    return CLI_OK;
+}
+
+int cmd_sync(int argc, char **argv)
+{
+    if (argc < 2 || cli_wants_help(argc, argv)) {
+        fputs(sync_help, argc < 2 ? stderr : stdout);
+        return argc < 2 ? CLI_USAGE : CLI_OK;
+    }
+    const char *sub = argv[1], *home = NULL, *server = NULL;
+    bool json = false;
+    /* --home, --server and --json anywhere; the rest stays for the subcommand. */
+    char **rest = calloc((size_t)argc, sizeof *rest);
+    if (!rest) return cli_fail();
+    int n = 0, ret = CLI_OK;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--home") && i + 1 < argc)
+            home = argv[++i];
+        else if (!strcmp(argv[i], "--server") && i + 1 < argc)
+            server = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
+        else
+            rest[n++] = argv[i];
+    }
+    int64_t id = 0;
+    if (!strcmp(sub, "add")) {
+        ret = sync_add(n, rest, home, json);
+    } else if (!strcmp(sub, "ls")) {
+        ret = n ? cli_usage_error("sync ls", "takes no arguments") : sync_ls(home, json);
+    } else if (!strcmp(sub, "rm")) {
+        ckpt_store s;
+        if (!(ret = parse_id("sync rm", n, rest, &id)) && !(ret = open_store(home, &s))) {
+            if (schedule_remove(&s.cat, id) < 0) ret = cli_fail();
+            store_close(&s);
+        }
+    } else if (!strcmp(sub, "run")) {
+        job_client c;
+        ckpt_store s;
+        if (!(ret = parse_id("sync run", n, rest, &id)) && !server && !getenv("CKPT_SERVER") &&
+            !(ret = open_store(home, &s))) {
+            schedule sc; /* locally, a missing schedule is an error now rather than a job that finds
+                            nothing */
+            if (schedule_get(&s.cat, id, &sc) < 0)
+                ret = cli_fail();
+            else
+                schedule_free(&sc);
+            store_close(&s);
+        }
+        if (!ret) {
+            if (job_client_open(&c, home, server) < 0)
+                ret = cli_fail();
+            else {
+                json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id), *job = NULL;
+                bool existed = false;
+                if (!args || job_client_submit(&c, "sync", args, &(queue_submit_opts){0}, &job, &existed) < 0)
+                    ret = cli_fail();
+                else
+                    printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));
+                json_decref(args);
+                json_decref(job);
+                job_client_close(&c);
+            }
+        }
+    } else {
+        ret = cli_usage_error("sync", "'%s' is not add, ls, rm or run", sub);
+    }
+    free(rest);
+    return ret;
+}

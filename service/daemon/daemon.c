@@ -1,0 +1,487 @@
+/*
+ * daemon.c — `ckpt serve`: the scheduler loop, worker processes, the HTTP API.
+ *
+ * One loop: reap lost leases, queue the sync jobs of due schedules
+ * (schedule.h), claim runnable jobs up to the worker limit (and
+ * per-kind limits), start one `ckpt worker --job ID` per job (the same binary,
+ * its own process group, PR_SET_PDEATHSIG so it dies with the daemon), read
+ * each worker's pipe (lines "@ckpt progress|result|error ..." and free log
+ * lines), renew leases of live workers, stop workers of cancelled or timed
+ * out jobs (SIGTERM to the group, SIGKILL after a grace period, then remove
+ * their partial output), and record how each ended. SIGTERM/SIGINT: stop
+ * claiming, let running jobs finish up to --grace seconds, then stop them and
+ * put their jobs back in the queue.
+ */
+#include "service/daemon/daemon.h"
+
+#include "common/error.h"
+#include "common/fault.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "service/http/http_api.h"
+#include "service/jobs/queue.h"
+#include "service/jobs/schedule.h"
+#include "store/store.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define DAEMON_TICK_MS 50
+#define DAEMON_RENEW_SECONDS 2.0
+#define DAEMON_KILL_GRACE 3.0
+#define DAEMON_LINE_MAX 8192
+#define DAEMON_SCHEDULE_SECONDS 0.5 /* how often due sync schedules are looked for */
+
+typedef struct {
+    int64_t id;
+    char *kind;
+    json_t *args;
+    pid_t pid;
+    int fd;
+    char buf[DAEMON_LINE_MAX];
+    size_t blen;
+    double started, deadline, term_sent, last_renew;
+    bool cancelling, releasing, eof; /* eof: its pipe is closed; waiting for its exit */
+    int status;
+    char *error, *result;
+    bool transient;
+} worker_slot;
+
+typedef struct {
+    const daemon_opts *o;
+    ckpt_store store;
+    char *owner;
+    char exe[PATH_MAX];
+    worker_slot *slots;
+    size_t nslots;
+    atomic_int running;
+} daemon_state;
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
+/* A worker's exit wakes the main loop at once (a byte down this pipe), so its
+ * slot is refilled without waiting for the tick and without polling a pipe
+ * that has already hung up. */
+static int child_pipe[2] = {-1, -1};
+
+static void on_child(int sig)
+{
+    (void)sig;
+    int saved = errno;
+    ssize_t n = write(child_pipe[1], "c", 1);
+    (void)n; /* full: a wake-up is already pending */
+    errno = saved;
+}
+
+/* Per-kind limits and timeouts. */
+static const struct {
+    const char *kind;
+    int limit; /* 0: the worker limit */
+    double timeout;
+} kind_table[] = {
+    {"import", 0, 6 * 3600},  {"convert", 0, 6 * 3600}, {"consolidate", 0, 6 * 3600}, {"fetch", 0, 12 * 3600},
+    {"verify", 1, 6 * 3600},  {"gc", 1, 3600},          {"sync", 2, 600},              {"noop", 0, 600},
+    {"merge-lora", 0, 6 * 3600}, {"unmerge-lora", 0, 6 * 3600},
+};
+
+static double kind_timeout(const daemon_opts *o, const char *kind)
+{
+    if (o->timeout_seconds > 0) return o->timeout_seconds;
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(kind_table); i++)
+        if (!strcmp(kind_table[i].kind, kind)) return kind_table[i].timeout;
+    return 3600;
+}
+
+static int spawn_worker(daemon_state *d, worker_slot *w)
+{
+    /* The command line is built before fork: the daemon has threads (the
+     * HTTP server), so the child may not allocate. The allowed roots go on
+     * it: the worker checks the paths of an HTTP job again, when it runs. */
+    char id[32];
+    snprintf(id, sizeof id, "%lld", (long long)w->id);
+    size_t nroots = 0;
+    while (d->o->allow_roots && d->o->allow_roots[nroots]) nroots++;
+    char **av = ckpt_calloc(2 * nroots + 8, sizeof *av);
+    if (!av) return CKPT_ENOMEM;
+    size_t k = 0;
+    av[k++] = d->exe;
+    av[k++] = "worker";
+    av[k++] = "--job";
+    av[k++] = id;
+    av[k++] = "--home";
+    av[k++] = (char *)d->store.home;
+    for (size_t r = 0; r < nroots; r++) {
+        av[k++] = "--allow-path";
+        av[k++] = d->o->allow_roots[r];
+    }
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) < 0) {
+        free(av);
+        return ckpt_error_sys("pipe");
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        free(av);
+        close(p[0]);
+        close(p[1]);
+        return ckpt_error_sys("fork");
+    }
+    if (pid == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent) _exit(70); /* the daemon died before we got here */
+        dup2(p[1], 1);
+        dup2(p[1], 2);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGINT, SIG_DFL);
+        execv(d->exe, av);
+        _exit(71);
+    }
+    free(av);
+    setpgid(pid, pid);
+    close(p[1]);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);
+    w->pid = pid;
+    w->fd = p[0];
+    w->started = w->last_renew = queue_now();
+    w->deadline = w->started + kind_timeout(d->o, w->kind);
+    atomic_fetch_add(&d->running, 1);
+    int rc = queue_set_pid(&d->store.cat, w->id, pid);
+    ckpt_fault("daemon.spawned");
+    return rc;
+}
+
+static void handle_line(daemon_state *d, worker_slot *w, char *line)
+{
+    if (!strncmp(line, "@ckpt progress ", 15)) {
+        long long done = 0, total = 0;
+        int used = 0;
+        if (sscanf(line + 15, "%lld %lld %n", &done, &total, &used) >= 2)
+            queue_progress(&d->store.cat, w->id, done, total, used ? line + 15 + used : NULL);
+    } else if (!strncmp(line, "@ckpt result ", 13)) {
+        free(w->result);
+        w->result = ckpt_strdup(line + 13);
+    } else if (!strncmp(line, "@ckpt error ", 12)) {
+        const char *msg = line + 12;
+        w->transient = !strncmp(msg, "transient ", 10);
+        msg = strchr(msg, ' ') ? strchr(msg, ' ') + 1 : msg;
+        free(w->error);
+        w->error = ckpt_strdup(msg);
+        queue_log(&d->store.cat, w->id, msg);
+    } else {
+        queue_log(&d->store.cat, w->id, line);
+    }
+}
+
+/* Reads what the worker wrote; splits lines. Returns false at end of file. */
+static bool drain(daemon_state *d, worker_slot *w)
+{
+    for (;;) {
+        ssize_t n = read(w->fd, w->buf + w->blen, sizeof w->buf - 1 - w->blen);
+        if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+        if (n <= 0) {
+            if (w->blen) {
+                w->buf[w->blen] = 0;
+                handle_line(d, w, w->buf);
+                w->blen = 0;
+            }
+            return false;
+        }
+        w->blen += (size_t)n;
+        w->buf[w->blen] = 0;
+        char *start = w->buf, *nl;
+        while ((nl = strchr(start, '\n'))) {
+            *nl = 0;
+            if (*start) handle_line(d, w, start);
+            start = nl + 1;
+        }
+        w->blen -= (size_t)(start - w->buf);
+        memmove(w->buf, start, w->blen);
+        if (w->blen == sizeof w->buf - 1) { /* an over-long line: log what we have */
+            w->buf[w->blen] = 0;
+            handle_line(d, w, w->buf);
+            w->blen = 0;
+        }
+    }
+}
+
+/* Removes what a stopped worker left: its temp entries in the store (named
+ * with its pid), and DST.tmp-* of a consolidate job. */
+static void cleanup_after(daemon_state *d, worker_slot *w)
+{
+    char pidtag[32];
+    snprintf(pidtag, sizeof pidtag, "-%d-", (int)w->pid);
+    DIR *dir = opendir(d->store.tmp_dir);
+    struct dirent *e;
+    while (dir && (e = readdir(dir))) {
+        if (!strstr(e->d_name, pidtag)) continue;
+        char *p = ckpt_path_join(d->store.tmp_dir, e->d_name);
+        if (p) ckpt_rm_rf(p);
+        free(p);
+    }
+    if (dir) closedir(dir);
+    const char *dst = json_string_value(json_object_get(w->args, "dst"));
+    if (dst && !strcmp(w->kind, "consolidate")) {
+        char *parent = ckpt_strdup(dst), *slash = parent ? strrchr(parent, '/') : NULL;
+        if (slash) {
+            *slash = 0;
+            const char *base = slash + 1;
+            DIR *pd = opendir(*parent ? parent : "/");
+            while (pd && (e = readdir(pd))) {
+                int wpid;
+                int64_t wstart;
+                /* only this worker's (the name holds its pid): never another writer's */
+                if (strncmp(e->d_name, base, strlen(base)) || strncmp(e->d_name + strlen(base), ".tmp-", 5) ||
+                    !ckpt_tmp_name_writer(e->d_name + strlen(base) + 5, &wpid, &wstart) || wpid != (int)w->pid)
+                    continue;
+                char *p = ckpt_path_join(*parent ? parent : "/", e->d_name);
+                if (p) ckpt_rm_rf(p);
+                free(p);
+            }
+            if (pd) closedir(pd);
+        }
+        free(parent);
+    }
+}
+
+static void finish_slot(daemon_state *d, worker_slot *w)
+{
+    catalog *c = &d->store.cat;
+    int st = w->status;
+    if (w->releasing) {
+        cleanup_after(d, w);
+        queue_release(c, w->id);
+    } else if (w->cancelling) {
+        if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0)) cleanup_after(d, w);
+        queue_mark_cancelled(c, w->id);
+    } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        queue_finish(c, w->id, true, false, NULL, w->result);
+    } else {
+        char msg[512];
+        if (WIFSIGNALED(st)) {
+            snprintf(msg, sizeof msg, "worker killed by signal %d%s", WTERMSIG(st),
+                     queue_now() > w->deadline ? " (job timed out)" : "");
+            cleanup_after(d, w);
+        }
+        bool timed_out = queue_now() > w->deadline;
+        const char *err = w->error ? w->error : WIFSIGNALED(st) ? msg : "worker failed without a message";
+        bool transient = w->error ? w->transient : !timed_out;
+        queue_finish(c, w->id, false, transient && !timed_out, err, NULL);
+    }
+    ckpt_fault("daemon.finished");
+    atomic_fetch_sub(&d->running, 1);
+    close(w->fd);
+    free(w->kind);
+    json_decref(w->args);
+    free(w->error);
+    free(w->result);
+    *w = d->slots[--d->nslots];
+}
+
+static void signal_group(worker_slot *w, int sig)
+{
+    if (w->pid > 0) kill(-w->pid, sig);
+}
+
+/* Cancels, timeouts, lease renewal. */
+static void supervise(daemon_state *d, bool stopping, double grace_end)
+{
+    double now = queue_now();
+    for (size_t i = 0; i < d->nslots; i++) {
+        worker_slot *w = &d->slots[i];
+        if (now - w->last_renew >= DAEMON_RENEW_SECONDS) {
+            w->last_renew = now;
+            queue_renew(&d->store.cat, d->owner, w->id);
+            queue_job j;
+            if (!w->cancelling && queue_get(&d->store.cat, w->id, &j) == 0) {
+                if (j.cancel_requested) {
+                    w->cancelling = true;
+                    queue_log(&d->store.cat, w->id, "cancel requested: stopping the worker");
+                }
+                queue_job_free(&j);
+            }
+        }
+        bool want_stop = w->cancelling || now > w->deadline || (stopping && now > grace_end);
+        if (stopping && now > grace_end && !w->cancelling) w->releasing = true;
+        if (want_stop && !w->term_sent) {
+            signal_group(w, SIGTERM);
+            w->term_sent = now;
+        } else if (want_stop && now - w->term_sent > DAEMON_KILL_GRACE) {
+            signal_group(w, SIGKILL);
+        }
+    }
+}
+
+static void collect_exits(daemon_state *d)
+{
+    for (size_t i = 0; i < d->nslots;) {
+        worker_slot *w = &d->slots[i];
+        int st;
+        pid_t r = waitpid(w->pid, &st, WNOHANG);
+        if (r == w->pid) {
+            drain(d, w); /* what it wrote before exiting (drain reads until the pipe is empty) */
+            w->status = st;
+            signal_group(w, SIGKILL); /* anything it left in its group */
+            finish_slot(d, w);
+            continue;
+        }
+        i++;
+    }
+}
+
+static void claim_more(daemon_state *d)
+{
+    int free_slots = d->o->workers - (int)d->nslots;
+    if (free_slots <= 0) return;
+    queue_kind_room rooms[CKPT_ARRAY_LEN(kind_table)];
+    for (size_t k = 0; k < CKPT_ARRAY_LEN(kind_table); k++) {
+        int limit = kind_table[k].limit ? kind_table[k].limit : d->o->workers;
+        int used = 0;
+        for (size_t i = 0; i < d->nslots; i++) used += !strcmp(d->slots[i].kind, kind_table[k].kind);
+        rooms[k] = (queue_kind_room){kind_table[k].kind, limit - used};
+    }
+    queue_job *jobs;
+    size_t n;
+    if (queue_claim(&d->store.cat, d->owner, free_slots, rooms, CKPT_ARRAY_LEN(rooms), &jobs, &n) < 0) {
+        ckpt_warn("claim: %s", ckpt_error_last());
+        return;
+    }
+    for (size_t i = 0; i < n; i++) {
+        worker_slot *w = &d->slots[d->nslots];
+        memset(w, 0, sizeof *w);
+        w->id = jobs[i].id;
+        w->kind = jobs[i].kind;
+        w->args = jobs[i].args;
+        jobs[i].kind = NULL;
+        jobs[i].args = NULL;
+        if (spawn_worker(d, w) < 0) {
+            queue_finish(&d->store.cat, w->id, false, true, ckpt_error_last(), NULL);
+            free(w->kind);
+            json_decref(w->args);
+            continue;
+        }
+        d->nslots++;
+    }
+    queue_jobs_free(jobs, n);
+}
+
+int daemon_run(const daemon_opts *o)
+{
+    daemon_state d;
+    memset(&d, 0, sizeof d);
+    d.o = o;
+    int rc = store_open(&d.store, o->home);
+    if (rc) return rc;
+    ssize_t n = readlink("/proc/self/exe", d.exe, sizeof d.exe - 1);
+    if (n <= 0) {
+        store_close(&d.store);
+        return ckpt_error_sys("/proc/self/exe");
+    }
+    d.exe[n] = 0;
+    d.owner = queue_owner_self();
+    d.slots = ckpt_calloc((size_t)o->workers + 1, sizeof *d.slots);
+    http_api *api = NULL;
+    if (!d.owner || !d.slots) rc = CKPT_ENOMEM;
+    http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home,
+                        .running_workers = &d.running, .allow_roots = o->allow_roots,
+                        .per_ip = o->per_ip, .idle_timeout = o->idle_timeout};
+    if (!rc && child_pipe[0] < 0 && pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK) < 0) rc = ckpt_error_sys("pipe");
+    if (!rc && !o->no_http) rc = http_api_start(&api, &ho);
+    if (rc) {
+        free(d.owner);
+        free(d.slots);
+        store_close(&d.store);
+        return rc;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    sa.sa_handler = on_child;
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
+    int requeued = 0;
+    queue_reap(&d.store.cat, d.owner, &requeued);
+    /* A daemon killed while writing serve.url leaves its temp file: drop those. */
+    DIR *hd = opendir(d.store.home);
+    struct dirent *he;
+    while (hd && (he = readdir(hd))) {
+        if (strncmp(he->d_name, ".serve.url.tmp-", 15)) continue;
+        char *p = ckpt_path_join(d.store.home, he->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    if (hd) closedir(hd);
+    char *url_file = ckpt_path_join(d.store.home, "serve.url");
+    if (api) {
+        ckpt_info("ckpt serve: %s, %d workers, home %s%s", http_api_url(api), o->workers, d.store.home,
+                  requeued ? "" : "");
+        if (url_file) ckpt_write_file_atomic(url_file, http_api_url(api), strlen(http_api_url(api)));
+    }
+    if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
+    double last_reap = 0, last_schedules = 0, grace_end = 0;
+    bool stopping = false;
+    for (;;) {
+        double now = queue_now();
+        if (stop_requested && !stopping) {
+            stopping = true;
+            grace_end = now + o->grace_seconds;
+            ckpt_info("stopping: no new jobs; waiting up to %.0f s for %zu running", o->grace_seconds, d.nslots);
+        }
+        if (stopping && d.nslots == 0) break;
+        if (!stopping && now - last_reap >= 1.0) {
+            last_reap = now;
+            queue_reap(&d.store.cat, d.owner, NULL);
+        }
+        if (!stopping && now - last_schedules >= DAEMON_SCHEDULE_SECONDS) {
+            last_schedules = now;
+            if (schedule_queue_due(&d.store.cat, now, NULL) < 0) ckpt_warn("schedules: %s", ckpt_error_last());
+        }
+        if (!stopping) claim_more(&d);
+        struct pollfd pfd[257];
+        size_t slot_of[257], np = 0;
+        pfd[np++] = (struct pollfd){.fd = child_pipe[0], .events = POLLIN};
+        for (size_t i = 0; i < d.nslots && np < CKPT_ARRAY_LEN(pfd); i++) {
+            if (d.slots[i].eof) continue;
+            slot_of[np] = i;
+            pfd[np++] = (struct pollfd){.fd = d.slots[i].fd, .events = POLLIN};
+        }
+        poll(pfd, np, DAEMON_TICK_MS);
+        if (pfd[0].revents) {
+            char sink[64];
+            while (read(child_pipe[0], sink, sizeof sink) > 0) {}
+        }
+        for (size_t i = 1; i < np; i++)
+            if (pfd[i].revents && !drain(&d, &d.slots[slot_of[i]])) d.slots[slot_of[i]].eof = true;
+        collect_exits(&d);
+        supervise(&d, stopping, grace_end);
+    }
+    http_api_stop(api);
+    if (url_file) unlink(url_file);
+    free(url_file);
+    free(d.slots);
+    free(d.owner);
+    store_close(&d.store);
+    ckpt_info("ckpt serve: stopped");
+    return 0;
+}

@@ -1,0 +1,453 @@
+/* http_api.c — the job API over libmicrohttpd (see http_api.h). */
+#include "service/http/http_api.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "service/http/http_util.h"
+#include "service/jobs/jobs_run.h"
+#include "service/jobs/queue.h"
+#include "service/http/store_http.h"
+#include "store/store.h"
+#include "store/catalog.h"
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    unsigned char digest[HTTP_TOKEN_DIGEST]; /* sha256 of the token: compared, never the token itself */
+    bool admin;
+} api_token;
+
+struct http_api {
+    struct MHD_Daemon *mhd;
+    /* Catalog connections, one per request at a time: a request that hashes
+     * or waits on a slow disk holds up only its own connection. mu guards
+     * busy[] alone, never a request. */
+    ckpt_store pool[HTTP_STORE_POOL];
+    bool busy[HTTP_STORE_POOL];
+    char *home;
+    pthread_mutex_t mu;
+    pthread_cond_t freed;
+    api_token *tokens;
+    size_t ntokens;
+    char url[128];
+    atomic_int *running;
+    char *const *roots; /* --allow-path folders, canonical, NULL-terminated (the daemon's) */
+};
+
+typedef struct {
+    char *body;
+    size_t len;
+    bool too_big;
+} request;
+
+static int load_tokens(http_api *h, const char *path)
+{
+    char *text;
+    size_t len;
+    int rc = ckpt_read_file(path, 1u << 20, &text, &len);
+    if (rc) return rc;
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line && !rc; line = strtok_r(NULL, "\n", &save)) {
+        while (isspace((unsigned char)*line)) line++;
+        if (!*line || *line == '#') continue;
+        char *tok = line, *role = line;
+        while (*role && !isspace((unsigned char)*role)) role++;
+        if (*role) *role++ = '\0';
+        while (isspace((unsigned char)*role)) role++;
+        char *end = role + strlen(role);
+        while (end > role && isspace((unsigned char)end[-1])) *--end = '\0';
+        if (*role && strcmp(role, "read") && strcmp(role, "admin")) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: role '%s' is neither read nor admin", path, role);
+            break;
+        }
+        if (strlen(tok) < 16) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: a token is shorter than 16 characters", path);
+            break;
+        }
+        if (h->ntokens >= HTTP_MAX_TOKENS) {
+            rc = ckpt_error_set(CKPT_ELIMIT, "%s: more than %d tokens", path, HTTP_MAX_TOKENS);
+            break;
+        }
+        size_t cap = h->ntokens;
+        if ((rc = ckpt_grow(&h->tokens, &cap, h->ntokens + 1, sizeof *h->tokens))) break;
+        http_token_digest(tok, strlen(tok), h->tokens[h->ntokens].digest);
+        h->tokens[h->ntokens].admin = !*role || !strcmp(role, "admin");
+        h->ntokens++;
+    }
+    if (!rc && h->ntokens == 0) rc = ckpt_error_set(CKPT_EINVAL, "%s: no tokens", path);
+    free(text);
+    return rc;
+}
+
+/* 0 no token matched, 1 read, 2 admin. The given token is hashed and every
+ * configured digest compared in constant time, so neither the time taken nor
+ * an early exit tells how long a token is or how much of it matched. */
+static int token_role(const http_api *h, const char *auth)
+{
+    if (!auth || strncmp(auth, "Bearer ", 7)) return 0;
+    unsigned char given[HTTP_TOKEN_DIGEST];
+    http_token_digest(auth + 7, strlen(auth + 7), given);
+    int role = 0;
+    for (size_t i = 0; i < h->ntokens; i++) {
+        int same = http_token_equal(given, h->tokens[i].digest);
+        int r = h->tokens[i].admin ? 2 : 1;
+        role = same && r > role ? r : role;
+    }
+    return role;
+}
+
+static enum MHD_Result send_json(struct MHD_Connection *c, unsigned code, json_t *j)
+{
+    return http_send_json(c, code, j);
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const char *msg)
+{
+    return http_send_error(c, code, msg, NULL, NULL);
+}
+
+static unsigned code_for(int rc)
+{
+    switch (rc) {
+    case CKPT_ENOTFOUND: return 404;
+    case CKPT_EINVAL:
+    case CKPT_ELIMIT: return 400;
+    case CKPT_EEXIST: return 409;
+    default: return 500;
+    }
+}
+
+static enum MHD_Result job_reply(http_api *h, ckpt_store *s, struct MHD_Connection *c, unsigned code, int64_t id)
+{
+    queue_job j;
+    int rc = queue_get(&s->cat, id, &j);
+    if (rc) return send_error(c, code_for(rc), ckpt_error_last());
+    json_t *o = queue_job_json(&j);
+    queue_job_free(&j);
+    return send_json(c, code, o);
+}
+
+static enum MHD_Result post_job(http_api *h, ckpt_store *s, struct MHD_Connection *c, const request *req)
+{
+    json_error_t err;
+    json_t *body = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &err);
+    if (!json_is_object(body)) {
+        json_decref(body);
+        char msg[256];
+        snprintf(msg, sizeof msg, "body is not a JSON object: %s", err.text);
+        return send_error(c, 400, msg);
+    }
+    const char *kind = json_string_value(json_object_get(body, "kind"));
+    json_t *args = json_object_get(body, "args");
+    if (!args) args = json_object();
+    else json_incref(args);
+    queue_submit_opts o = {.priority = (int)json_integer_value(json_object_get(body, "priority")),
+                           .max_attempts = (int)json_integer_value(json_object_get(body, "max_attempts")),
+                           .depends_on = json_integer_value(json_object_get(body, "depends_on"))};
+    int rc = !kind ? ckpt_error_set(CKPT_EINVAL, "missing 'kind'")
+             : !queue_kind_known(kind) ? ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind)
+                                       : jobs_args_check(kind, args);
+    if (!rc && json_object_get(args, JOBS_ORIGIN_KEY))
+        rc = ckpt_error_set(CKPT_EINVAL, "'%s' is set by the server, not by clients", JOBS_ORIGIN_KEY);
+    if (!rc) json_object_set_new(args, JOBS_ORIGIN_KEY, json_string("http"));
+    if (!rc && jobs_paths_check(kind, args, h->roots) < 0) {
+        json_decref(args);
+        json_decref(body);
+        return send_error(c, 403, ckpt_error_last());
+    }
+    int64_t id = 0;
+    bool existed = false;
+    if (!rc) rc = queue_submit(&s->cat, kind, args, &o, &id, &existed);
+    json_decref(args);
+    json_decref(body);
+    if (rc) return send_error(c, code_for(rc), ckpt_error_last());
+    return job_reply(h, s, c, existed ? 200 : 201, id);
+}
+
+static enum MHD_Result list_jobs(http_api *h, ckpt_store *s, struct MHD_Connection *c)
+{
+    const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
+    const char *limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    queue_job *jobs;
+    size_t n;
+    int rc = queue_list(&s->cat, state, limit ? atoi(limit) : 100, &jobs, &n);
+    if (rc) return send_error(c, 500, ckpt_error_last());
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++) json_array_append_new(a, queue_job_json(&jobs[i]));
+    queue_jobs_free(jobs, n);
+    return send_json(c, 200, json_pack("{s:o}", "jobs", a));
+}
+
+static enum MHD_Result metrics(http_api *h, ckpt_store *s, struct MHD_Connection *c)
+{
+    json_t *counts;
+    if (queue_counts(&s->cat, &counts) < 0) return send_error(c, 500, ckpt_error_last());
+    size_t cap = 4096, len = 0;
+    char *out = ckpt_malloc(cap);
+    if (!out) {
+        json_decref(counts);
+        return send_error(c, 500, "out of memory");
+    }
+#define EMIT(...)                                                                                                      \
+    do {                                                                                                               \
+        int n_ = snprintf(out + len, cap - len, __VA_ARGS__);                                                          \
+        if (n_ > 0 && (size_t)n_ >= cap - len) {                                                                       \
+            char *t_ = realloc(out, cap * 2 + (size_t)n_);                                                             \
+            if (t_) {                                                                                                  \
+                out = t_;                                                                                              \
+                cap = cap * 2 + (size_t)n_;                                                                            \
+                n_ = snprintf(out + len, cap - len, __VA_ARGS__);                                                      \
+            } else n_ = 0;                                                                                             \
+        }                                                                                                              \
+        if (n_ > 0) len += (size_t)n_;                                                                                 \
+    } while (0)
+    size_t i;
+    json_t *row;
+    EMIT("# HELP ckpt_jobs Jobs by state and kind.\n# TYPE ckpt_jobs gauge\n");
+    json_array_foreach(counts, i, row) EMIT("ckpt_jobs{state=\"%s\",kind=\"%s\"} %lld\n",
+                                            json_string_value(json_object_get(row, "state")),
+                                            json_string_value(json_object_get(row, "kind")),
+                                            (long long)json_integer_value(json_object_get(row, "count")));
+    EMIT("# HELP ckpt_job_duration_seconds_sum Seconds spent in finished jobs.\n# TYPE ckpt_job_duration_seconds_sum counter\n");
+    json_array_foreach(counts, i, row) EMIT("ckpt_job_duration_seconds_sum{state=\"%s\",kind=\"%s\"} %.3f\n",
+                                            json_string_value(json_object_get(row, "state")),
+                                            json_string_value(json_object_get(row, "kind")),
+                                            json_real_value(json_object_get(row, "seconds")));
+    EMIT("# HELP ckpt_bytes_processed_total Bytes jobs reported as done.\n# TYPE ckpt_bytes_processed_total counter\n");
+    json_array_foreach(counts, i, row) EMIT("ckpt_bytes_processed_total{state=\"%s\",kind=\"%s\"} %lld\n",
+                                            json_string_value(json_object_get(row, "state")),
+                                            json_string_value(json_object_get(row, "kind")),
+                                            (long long)json_integer_value(json_object_get(row, "bytes")));
+    EMIT("# HELP ckpt_workers Worker processes running.\n# TYPE ckpt_workers gauge\nckpt_workers %d\n",
+         h->running ? atomic_load(h->running) : 0);
+#undef EMIT
+    json_decref(counts);
+    return http_send_text(c, 200, "text/plain; version=0.0.4", out);
+}
+
+/* /v1/jobs/{id}[/logs|/retry] */
+static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *method,
+                                 const char *rest, int role)
+{
+    char *end;
+    long long id = strtoll(rest, &end, 10);
+    if (end == rest || id <= 0) return send_error(c, 404, "no such job");
+    if (!*end && !strcmp(method, "GET")) return job_reply(h, s, c, 200, id);
+    if (!*end && !strcmp(method, "DELETE")) {
+        if (role < 2) return send_error(c, 403, "cancelling needs an admin token");
+        bool running;
+        int rc = queue_cancel(&s->cat, id, &running);
+        if (rc) return send_error(c, code_for(rc), ckpt_error_last());
+        return job_reply(h, s, c, 202, id);
+    }
+    if (!strcmp(end, "/retry") && !strcmp(method, "POST")) {
+        if (role < 2) return send_error(c, 403, "retrying needs an admin token");
+        int rc = queue_retry(&s->cat, id);
+        if (rc) return send_error(c, code_for(rc), ckpt_error_last());
+        return job_reply(h, s, c, 200, id);
+    }
+    if (!strcmp(end, "/logs") && !strcmp(method, "GET")) {
+        const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
+        queue_job j;
+        int rc = queue_get(&s->cat, id, &j);
+        if (rc) return send_error(c, code_for(rc), ckpt_error_last());
+        queue_job_free(&j);
+        json_t *lines;
+        int64_t last;
+        queue_logs(&s->cat, id, after ? atoll(after) : 0, &lines, &last);
+        return send_json(c, 200, json_pack("{s:o,s:I}", "lines", lines, "last", (json_int_t)last));
+    }
+    return send_error(c, 405, "method not allowed here");
+}
+
+static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *url, const char *method,
+                             const request *req)
+{
+    int role = 2;
+    if (h->ntokens) {
+        role = token_role(h, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
+        if (!role) return send_error(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required");
+    }
+    if (req->too_big) return send_error(c, 413, "request body too large");
+    bool handled;
+    enum MHD_Result sr = store_http_route(s, c, url, method, req->body, req->len, &handled);
+    if (handled) return sr;
+    if (!strcmp(url, "/metrics")) return metrics(h, s, c);
+    if (!strcmp(url, "/v1/jobs")) {
+        if (!strcmp(method, "GET")) return list_jobs(h, s, c);
+        if (!strcmp(method, "POST")) {
+            if (role < 2) return send_error(c, 403, "submitting needs an admin token");
+            return post_job(h, s, c, req);
+        }
+        return send_error(c, 405, "method not allowed here");
+    }
+    if (!strncmp(url, "/v1/jobs/", 9)) return job_route(h, s, c, method, url + 9, role);
+    return send_error(c, 404, "no such endpoint");
+}
+
+/* Takes a free catalog connection (opened on first use), waiting while all
+ * are in use; -1 when one cannot be opened. */
+static int pool_take(http_api *h)
+{
+    pthread_mutex_lock(&h->mu);
+    int slot = -1;
+    for (;;) {
+        for (int i = 0; i < HTTP_STORE_POOL && slot < 0; i++)
+            if (!h->busy[i]) slot = i;
+        if (slot >= 0) break;
+        pthread_cond_wait(&h->freed, &h->mu);
+    }
+    h->busy[slot] = true;
+    pthread_mutex_unlock(&h->mu);
+    if (!h->pool[slot].home && store_open(&h->pool[slot], h->home) < 0) {
+        memset(&h->pool[slot], 0, sizeof h->pool[slot]);
+        pthread_mutex_lock(&h->mu);
+        h->busy[slot] = false;
+        pthread_cond_signal(&h->freed);
+        pthread_mutex_unlock(&h->mu);
+        return -1;
+    }
+    return slot;
+}
+
+static void pool_give(http_api *h, int slot)
+{
+    pthread_mutex_lock(&h->mu);
+    h->busy[slot] = false;
+    pthread_cond_signal(&h->freed);
+    pthread_mutex_unlock(&h->mu);
+}
+
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    http_api *h = cls;
+    (void)version;
+    request *req = *con_cls;
+    if (!req) {
+        req = calloc(1, sizeof *req);
+        if (!req) return MHD_NO;
+        *con_cls = req;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+        if (cl && strtoull(cl, NULL, 10) > HTTP_MAX_BODY) req->too_big = true;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!req->too_big && req->len + *upload_size <= HTTP_MAX_BODY) {
+            char *b = realloc(req->body, req->len + *upload_size + 1);
+            if (!b) return MHD_NO;
+            memcpy(b + req->len, upload, *upload_size);
+            req->body = b;
+            req->len += *upload_size;
+            req->body[req->len] = 0;
+        } else {
+            req->too_big = true; /* keep reading and dropping, then answer 413 */
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    /* /healthz needs no store and waits for nothing. */
+    if (!strcmp(url, "/healthz"))
+        return send_json(c, 200,
+                         json_pack("{s:s,s:i}", "status", "ok", "workers", h->running ? atomic_load(h->running) : 0));
+    int slot = pool_take(h);
+    if (slot < 0) return send_error(c, 500, ckpt_error_last());
+    enum MHD_Result r = route(h, &h->pool[slot], c, url, method, req);
+    pool_give(h, slot);
+    return r;
+}
+
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)toe;
+    request *req = *con_cls;
+    if (req) {
+        free(req->body);
+        free(req);
+    }
+    *con_cls = NULL;
+}
+
+int http_api_start(http_api **out, const http_api_opts *o)
+{
+    http_api *h = calloc(1, sizeof *h);
+    if (!h) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    pthread_mutex_init(&h->mu, NULL);
+    pthread_cond_init(&h->freed, NULL);
+    h->running = o->running_workers;
+    h->roots = o->allow_roots;
+    int rc = o->token_file ? load_tokens(h, o->token_file) : 0;
+    char host[64] = "127.0.0.1";
+    unsigned port = 8470;
+    if (!rc && o->listen) {
+        const char *colon = strrchr(o->listen, ':');
+        if (!colon || (size_t)(colon - o->listen) >= sizeof host || sscanf(colon + 1, "%u", &port) != 1 || port > 65535)
+            rc = ckpt_error_set(CKPT_EINVAL, "--listen '%s' is not HOST:PORT", o->listen);
+        else snprintf(host, sizeof host, "%.*s", (int)(colon - o->listen), o->listen);
+    }
+    struct sockaddr_in sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons((uint16_t)port);
+    if (!rc && inet_pton(AF_INET, host, &sa.sin_addr) != 1)
+        rc = ckpt_error_set(CKPT_EINVAL, "--listen host '%s' is not an IPv4 address", host);
+    if (!rc && !h->ntokens && ntohl(sa.sin_addr.s_addr) >> 24 != 127) {
+        ckpt_warn("no --token-file: listening on loopback only (127.0.0.1), not %s", host);
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+        snprintf(host, sizeof host, "127.0.0.1");
+    }
+    if (!rc) rc = store_open(&h->pool[0], o->home); /* the first connection: CKPT_HOME must open */
+    if (!rc && !(h->home = ckpt_strdup(h->pool[0].home))) rc = CKPT_ENOMEM;
+    if (!rc) {
+        /* A thread per connection: a slow client or a long recipe assembly holds up no one else. */
+        h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
+                                      MHD_USE_ERROR_LOG,
+                                  0, NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+                                  MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
+                                  (unsigned)(o->idle_timeout > 0 ? o->idle_timeout : HTTP_IDLE_TIMEOUT_DEFAULT),
+                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
+                                  MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                  (unsigned)(o->per_ip > 0 ? o->per_ip : HTTP_PER_IP_DEFAULT),
+                                  MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
+        if (!h->mhd) rc = ckpt_error_set(CKPT_EIO, "cannot listen on %s:%u (in use?)", host, port);
+    }
+    if (!rc) {
+        const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->mhd, MHD_DAEMON_INFO_BIND_PORT);
+        snprintf(h->url, sizeof h->url, "http://%s:%u", host, di ? di->port : port);
+        if (!h->ntokens) ckpt_info("no --token-file: the API is open to this machine only (loopback)");
+        *out = h;
+        return 0;
+    }
+    http_api_stop(h);
+    return rc;
+}
+
+const char *http_api_url(const http_api *h)
+{
+    return h->url;
+}
+
+void http_api_stop(http_api *h)
+{
+    if (!h) return;
+    if (h->mhd) MHD_stop_daemon(h->mhd);
+    for (int i = 0; i < HTTP_STORE_POOL; i++)
+        if (h->pool[i].home) store_close(&h->pool[i]);
+    free(h->home);
+    pthread_cond_destroy(&h->freed);
+    free(h->tokens);
+    pthread_mutex_destroy(&h->mu);
+    free(h);
+}

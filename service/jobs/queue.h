@@ -1,0 +1,97 @@
+/*
+ * queue.h — the job queue in SQLite (schema/002_jobs.sql).
+ *
+ * A job is a kind ("import", "convert", ...) and a JSON object of arguments.
+ * Life: queued -> running (claimed under a lease) -> succeeded | failed |
+ * cancelled. A lease is renewed while the job's worker lives; a lease that
+ * expires (daemon or worker killed) puts the job back in the queue with
+ * backoff, or fails it after max_attempts. Transient failures retry with
+ * exponential backoff and jitter (capped); permanent ones fail at once.
+ *
+ * Every write is one BEGIN IMMEDIATE transaction (catalog_begin), so
+ * concurrent submitters and daemons never see SQLITE_BUSY. Submitting the
+ * same kind and arguments while such a job is queued or running returns that
+ * job (a partial unique index on the canonical arguments' hash).
+ */
+#ifndef CKPT_SERVICE_QUEUE_H
+#define CKPT_SERVICE_QUEUE_H
+
+#include "store/catalog.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define QUEUE_LEASE_SECONDS 10.0
+#define QUEUE_BACKOFF_BASE 1.0
+#define QUEUE_BACKOFF_CAP 300.0
+#define QUEUE_MAX_ARGS_BYTES (64u << 10)
+#define QUEUE_MAX_LOG_LINE 4096
+
+typedef struct {
+    int64_t id;
+    char *kind;
+    json_t *args;
+    char state[16];
+    int priority, attempt, max_attempts;
+    double run_after, created_at, started_at, finished_at, lease_expires;
+    int64_t depends_on;
+    int worker_pid;
+    int64_t progress_done, progress_total;
+    char *phase, *error, *result, *lease_owner;
+    bool cancel_requested;
+} queue_job;
+
+typedef struct {
+    int priority;     /* default 0; lower first */
+    int max_attempts; /* 0: 3 */
+    int64_t depends_on;
+} queue_submit_opts;
+
+/* The job kinds a daemon knows; submit refuses others. */
+bool queue_kind_known(const char *kind);
+double queue_now(void);
+
+int queue_submit(catalog *c, const char *kind, const json_t *args, const queue_submit_opts *o, int64_t *id,
+                 bool *existed);
+/* Claims up to n runnable jobs for owner: queued, due, dependency succeeded,
+ * in (priority, run_after, id) order, skipping kinds at their limit (kinds
+ * lists kind names with how many more each may start; NULL: no limits). */
+typedef struct {
+    const char *kind;
+    int room;
+} queue_kind_room;
+int queue_claim(catalog *c, const char *owner, int n, const queue_kind_room *rooms, size_t nrooms, queue_job **jobs,
+                size_t *njobs);
+int queue_set_pid(catalog *c, int64_t id, int pid);
+int queue_renew(catalog *c, const char *owner, int64_t id);
+/* Requeues (with backoff) or fails the running jobs whose lease expired, or
+ * whose owner is dead; fails queued jobs whose dependency failed. */
+int queue_reap(catalog *c, const char *self_owner, int *requeued);
+int queue_progress(catalog *c, int64_t id, int64_t done, int64_t total, const char *phase);
+int queue_log(catalog *c, int64_t id, const char *line);
+/* Ends a running job: ok, or failed (transient failures retry while attempts remain). */
+int queue_finish(catalog *c, int64_t id, bool ok, bool transient, const char *error, const char *result);
+/* Puts a running job back in the queue without counting the attempt (daemon shutdown). */
+int queue_release(catalog *c, int64_t id);
+/* Cancels a queued job at once; marks a running one for the daemon to stop.
+ * *running tells which. */
+int queue_cancel(catalog *c, int64_t id, bool *running);
+int queue_mark_cancelled(catalog *c, int64_t id);
+int queue_retry(catalog *c, int64_t id);
+int queue_get(catalog *c, int64_t id, queue_job *out);
+/* Jobs, newest first; state NULL for all. */
+int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_t *n);
+void queue_job_free(queue_job *j);
+void queue_jobs_free(queue_job *jobs, size_t n);
+json_t *queue_job_json(const queue_job *j);
+/* Log lines after seq `after` (0: from the start); *last gets the last seq. */
+int queue_logs(catalog *c, int64_t id, int64_t after, json_t **lines, int64_t *last);
+/* Counts by state and kind, for /metrics. */
+int queue_counts(catalog *c, json_t **out);
+/* A lease owner name for this process: "host:pid:start". malloc'd. */
+char *queue_owner_self(void);
+/* True when the process named by an owner string still runs. */
+bool queue_owner_alive(const char *owner);
+
+#endif

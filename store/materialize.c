@@ -1,0 +1,500 @@
+/* materialize.c — stored checkpoint -> directory (see materialize.h). */
+#include "store/materialize.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/sha256.h"
+#include "common/util.h"
+#include "transform/convert.h"
+#include "plan/executor.h"
+#include "store/rebuild.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef struct {
+    char *path, *out_rel, *blob, sha256[65];
+    uint64_t size;
+    uint8_t *header;
+    size_t header_len;
+} stored_file;
+
+typedef struct {
+    ckpt_store *s;
+    int64_t id;
+    stored_file *files;
+    size_t nfiles, cap;
+    exec_plan exec;
+    plan_tensor *tensors; /* owned, one per output tensor */
+    size_t ntensors, tcap;
+} pull_state;
+
+/* Where a stored path goes in the output, or NULL when the rank filter drops it. */
+static char *output_rel(const char *path, int rank)
+{
+    if (rank < 0) return ckpt_strdup(path);
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
+    if (!strncmp(path, prefix, strlen(prefix))) return ckpt_strdup(path + strlen(prefix));
+    if (strchr(path, '/')) return NULL;
+    return ckpt_strdup(path);
+}
+
+/* The number of tp_rank_NN/ folders of a file list (0: not tensor-parallel):
+ * folders are numbered 00 .. n-1. */
+static int count_ranks(const store_file_row *rows, size_t n)
+{
+    int max = -1;
+    for (size_t i = 0; i < n; i++) {
+        const char *p = rows[i].path;
+        if (strncmp(p, "tp_rank_", 8)) continue;
+        char *end;
+        long r = strtol(p + 8, &end, 10);
+        if (end != p + 8 && *end == '/' && r >= 0 && r < 100000 && r > max) max = (int)r;
+    }
+    return max + 1;
+}
+
+int materialize_rank_check_files(const store_file_row *rows, size_t n, int64_t id, int rank)
+{
+    if (rank < 0) return 0;
+    int ranks = count_ranks(rows, n);
+    if (ranks == 0)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "rank %d: checkpoint %lld is not tensor-parallel (no tp_rank_NN/ "
+                              "folders); pull it without a rank",
+                              rank, (long long)id);
+    if (rank >= ranks)
+        return ckpt_error_set(CKPT_EINVAL, "rank %d is out of range: checkpoint %lld has ranks 0-%d",
+                              rank, (long long)id, ranks - 1);
+    return 0;
+}
+
+int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank)
+{
+    store_file_row *rows;
+    size_t n;
+    int rc = store_files_load(s, c->id, &rows, &n);
+    if (rc) return rc;
+    rc = materialize_rank_check_files(rows, n, c->id, rank);
+    store_files_free(rows, n);
+    return rc;
+}
+
+static int load_files(pull_state *ps, int rank)
+{
+    store_file_row *rows;
+    size_t n;
+    int rc = store_files_load(ps->s, ps->id, &rows, &n);
+    if (rc) return rc;
+    if ((rc = materialize_rank_check_files(rows, n, ps->id, rank))) {
+        store_files_free(rows, n);
+        return rc;
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        char *rel = output_rel(rows[i].path, rank);
+        if (!rel) continue;
+        if ((rc = ckpt_grow(&ps->files, &ps->cap, ps->nfiles + 1, sizeof *ps->files))) {
+            free(rel);
+            break;
+        }
+        stored_file *f = &ps->files[ps->nfiles++];
+        /* Take the row's strings over. */
+        *f = (stored_file){.path = rows[i].path, .out_rel = rel, .blob = rows[i].blob, .size = rows[i].size,
+                           .header = rows[i].header, .header_len = rows[i].header_len};
+        memcpy(f->sha256, rows[i].sha256, sizeof f->sha256);
+        rows[i].path = rows[i].blob = NULL;
+        rows[i].header = NULL;
+    }
+    store_files_free(rows, n);
+    if (!rc && ps->nfiles == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "nothing to pull (no files for rank %d)", rank);
+    return rc;
+}
+
+typedef struct {
+    pull_state *ps;
+    sqlite3_stmt *st;
+} lookup_ctx;
+
+static char *blob_path_cb(void *ctx, const char *sha256)
+{
+    return store_blob_path(((lookup_ctx *)ctx)->ps->s, sha256);
+}
+
+static int lookup_cb(void *ctx, const char *path, const char *name, const char **blob, const char **recipe)
+{
+    lookup_ctx *lc = ctx;
+    sqlite3_reset(lc->st);
+    sqlite3_bind_int64(lc->st, 1, lc->ps->id);
+    sqlite3_bind_text(lc->st, 2, path, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(lc->st, 3, name, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(lc->st) != SQLITE_ROW)
+        return ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no record", path, name);
+    *blob = (const char *)sqlite3_column_text(lc->st, 0);
+    *recipe = (const char *)sqlite3_column_text(lc->st, 1);
+    return 0;
+}
+
+/* The executor's plan of one stored safetensors file (rebuild.c). */
+static int plan_file(pull_state *ps, stored_file *f, exec_file *ef)
+{
+    lookup_ctx lc = {.ps = ps};
+    int rc = catalog_prepare(&ps->s->cat, &lc.st,
+                             "SELECT blob, recipe FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
+    if (rc) return rc;
+    rebuild_ctx rb = {.exec = &ps->exec,
+                      .tensors = ps->tensors,
+                      .ntensors = &ps->ntensors,
+                      .blob_path = blob_path_cb,
+                      .lookup = lookup_cb,
+                      .ctx = &lc};
+    rc = rebuild_plan_file(&rb, f->path, f->out_rel, f->header, f->header_len, f->size, ef);
+    sqlite3_finalize(lc.st);
+    return rc;
+}
+
+static int check_blobs_exist(pull_state *ps)
+{
+    for (size_t i = 0; i < ps->exec.nsrc_paths; i++)
+        if (access(ps->exec.src_paths[i], R_OK) < 0)
+            return ckpt_error_set(CKPT_ECORRUPT, "blob %s is missing from the store (run ckpt verify)",
+                                  ckpt_basename(ps->exec.src_paths[i]));
+    return 0;
+}
+
+static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
+{
+    char *src = store_blob_path(ps->s, f->blob), *dst = ckpt_path_join(tmp, f->out_rel);
+    int rc = src && dst ? 0 : CKPT_ENOMEM;
+    char *slash = dst ? strrchr(dst, '/') : NULL;
+    if (!rc && slash) {
+        *slash = 0;
+        rc = ckpt_mkdir_p(dst, 0755);
+        *slash = '/';
+    }
+    int in = rc ? -1 : open(src, O_RDONLY | O_CLOEXEC);
+    if (!rc && in < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob %s (file %s) is missing from the store", f->blob, f->path);
+    int out = rc ? -1 : open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (!rc && out < 0) rc = ckpt_error_sys("%s: create", dst);
+    if (!rc) rc = ckpt_copy_range(in, 0, out, 0, f->size, src);
+    if (!rc && fsync(out) < 0) rc = ckpt_error_sys("%s: fsync", dst);
+    if (in >= 0) close(in);
+    if (out >= 0) close(out);
+    free(src);
+    free(dst);
+    return rc;
+}
+
+/* Hashing is most of a pull's CPU, so it runs alongside the copying. An
+ * original's blobs are hashed as the executor reads them (each once) and
+ * checked against their names; a layout's safetensors files (recipes over
+ * blobs, or one rank reading a fraction of each blob) are hashed as their
+ * tensors land (exec_opts.out_sha256) and checked against the catalog. Plain
+ * files (config.json, ...) are hashed after copying, by VERIFY_THREADS threads
+ * taking them in turn. Either way a damaged blob fails the pull before DST
+ * exists. */
+#define VERIFY_THREADS 2
+
+typedef struct {
+    pull_state *ps;
+    const char *tmp;
+    pthread_mutex_t mu;
+    size_t next;
+    int rc;
+    char msg[1024];
+} verify_ctx;
+
+static void *verify_main(void *arg)
+{
+    verify_ctx *v = arg;
+    for (;;) {
+        pthread_mutex_lock(&v->mu);
+        size_t i = v->next++;
+        bool stop = v->rc || i >= v->ps->nfiles;
+        pthread_mutex_unlock(&v->mu);
+        if (stop) return NULL;
+        stored_file *f = &v->ps->files[i];
+        if (f->header) continue; /* verified while written (exec_run) */
+        char *path = ckpt_path_join(v->tmp, f->out_rel);
+        char hex[65];
+        int rc = path ? ckpt_sha256_file_hex(path, hex) : CKPT_ENOMEM;
+        free(path);
+        if (!rc && strcmp(hex, f->sha256))
+            rc = ckpt_error_set(CKPT_ECORRUPT,
+                                "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
+                                "(run ckpt verify); nothing was written",
+                                f->path, hex, f->sha256);
+        if (rc) {
+            pthread_mutex_lock(&v->mu);
+            if (!v->rc) {
+                v->rc = rc;
+                snprintf(v->msg, sizeof v->msg, "%s", ckpt_error_last());
+            }
+            pthread_mutex_unlock(&v->mu);
+        }
+    }
+}
+
+static int verify_written(pull_state *ps, const char *tmp)
+{
+    verify_ctx v = {.ps = ps, .tmp = tmp};
+    pthread_mutex_init(&v.mu, NULL);
+    pthread_t th[VERIFY_THREADS];
+    int started = 0;
+    for (int i = 0; i < VERIFY_THREADS && (size_t)i < ps->nfiles; i++)
+        if (pthread_create(&th[i], NULL, verify_main, &v) == 0) started++;
+    if (started == 0) verify_main(&v);
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&v.mu);
+    return v.rc ? ckpt_error_set(v.rc, "%s", v.msg) : 0;
+}
+
+/* Every blob hashed to its name (sources[].name is the blob's sha256). */
+static int check_blob_hashes(const pull_state *ps, char (*got)[65])
+{
+    for (size_t i = 0; i < ps->exec.nsources; i++) {
+        const plan_source *src = &ps->exec.sources[i];
+        if (strcmp(got[src->file], src->name))
+            return ckpt_error_set(CKPT_ECORRUPT,
+                                  "blob %s is damaged (its bytes hash to %s): the checkpoint cannot be rebuilt "
+                                  "(run ckpt verify); nothing was written",
+                                  src->name, got[src->file]);
+    }
+    return 0;
+}
+
+/* Every safetensors file written hashed to the catalog's sha256 (exec files
+ * are the stored files with a header, in order). */
+static int check_file_hashes(const pull_state *ps, char (*got)[65])
+{
+    size_t k = 0;
+    for (size_t i = 0; i < ps->nfiles; i++) {
+        const stored_file *f = &ps->files[i];
+        if (!f->header) continue;
+        if (strcmp(got[k], f->sha256))
+            return ckpt_error_set(CKPT_ECORRUPT,
+                                  "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
+                                  "(run ckpt verify); nothing was written",
+                                  f->path, got[k], f->sha256);
+        k++;
+    }
+    return 0;
+}
+
+static void pull_free(pull_state *ps)
+{
+    for (size_t i = 0; i < ps->nfiles; i++) {
+        free(ps->files[i].path);
+        free(ps->files[i].out_rel);
+        free(ps->files[i].blob);
+        free(ps->files[i].header);
+    }
+    free(ps->files);
+    for (size_t i = 0; i < ps->ntensors; i++) plan_tensor_free(&ps->tensors[i]);
+    free(ps->tensors);
+    exec_plan_free(&ps->exec);
+}
+
+int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
+{
+    pull_state ps;
+    memset(&ps, 0, sizeof ps);
+    ps.s = s;
+    ps.id = c->id;
+    /* Every catalog read of the plan in one read transaction (a WAL snapshot:
+     * writers are not blocked): a concurrent rm either happened before it (a
+     * clear error) or not at all as far as this pull is concerned. The bytes
+     * come from blobs, which only gc removes. */
+    int rc = catalog_exec(&s->cat, "SAVEPOINT materialize_read");
+    bool in_read = rc == 0;
+    if (!rc) {
+        sqlite3_stmt *st;
+        rc = catalog_prepare(&s->cat, &st, "SELECT 1 FROM checkpoints WHERE id = ?");
+        if (!rc) {
+            sqlite3_bind_int64(st, 1, c->id);
+            if (sqlite3_step(st) != SQLITE_ROW)
+                rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld (%s@%.12s%s%s) was removed before it could be read",
+                                    (long long)c->id, c->repo, c->commit, *c->layout ? ":" : "", c->layout);
+            sqlite3_finalize(st);
+        }
+    }
+    if (!rc) rc = load_files(&ps, o->rank);
+    size_t total_tensors = 0;
+    for (size_t i = 0; !rc && i < ps.nfiles; i++) {
+        if (!ps.files[i].header) continue;
+        st_file sf;
+        if (st_parse(&sf, ps.files[i].path, ps.files[i].header, ps.files[i].header_len, ps.files[i].size) < 0) {
+            rc = ckpt_error_prefix(CKPT_ECORRUPT, "stored header");
+            break;
+        }
+        total_tensors += sf.ntensors;
+        st_close(&sf);
+    }
+    if (!rc) {
+        ps.tensors = ckpt_calloc(total_tensors + 1, sizeof *ps.tensors);
+        ps.exec.files = ckpt_calloc(ps.nfiles + 1, sizeof *ps.exec.files);
+        if (!ps.tensors || !ps.exec.files) rc = CKPT_ENOMEM;
+    }
+    for (size_t i = 0; !rc && i < ps.nfiles; i++) {
+        if (!ps.files[i].header) continue;
+        rc = plan_file(&ps, &ps.files[i], &ps.exec.files[ps.exec.nfiles++]);
+    }
+    if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
+    if (!rc) rc = check_blobs_exist(&ps);
+    char *tmp = NULL;
+    if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (!rc) {
+        /* An original's files are its blobs end to end, each read whole:
+         * checking the blobs is checking the files. A layout's files are
+         * checked themselves, which also vouches for the recipes and the
+         * executor. */
+        bool verify_blobs = ps.exec.nsrc_paths && (!c->layout || !*c->layout);
+        char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
+        char(*out_sha)[65] = !verify_blobs && ps.exec.nfiles ? ckpt_calloc(ps.exec.nfiles, sizeof *out_sha) : NULL;
+        if (verify_blobs ? !blob_sha : ps.exec.nfiles && !out_sha) rc = CKPT_ENOMEM;
+        exec_opts eo = {.threads = o->threads,
+                        .quiet = o->quiet,
+                        .label = "pull",
+                        .hash_sources = verify_blobs,
+                        .hash_fresh = true,
+                        .source_sha256 = blob_sha,
+                        .out_sha256 = out_sha};
+        if (!rc) rc = exec_run(&ps.exec, tmp, &eo);
+        if (!rc && verify_blobs) rc = check_blob_hashes(&ps, blob_sha);
+        if (!rc && out_sha) rc = check_file_hashes(&ps, out_sha);
+        free(blob_sha);
+        free(out_sha);
+        for (size_t i = 0; !rc && i < ps.nfiles; i++)
+            if (!ps.files[i].header) rc = copy_plain(&ps, &ps.files[i], tmp);
+        if (!rc) rc = verify_written(&ps, tmp);
+        if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+        if (rc) ckpt_rm_rf(tmp);
+        free(tmp);
+    }
+    pull_free(&ps);
+    return rc;
+}
+
+/* ---- random access to one stored file (HTTP serving) ---- */
+
+struct store_file_reader {
+    pull_state ps;
+    stored_file *file; /* in ps.files */
+    exec_file *ef;     /* NULL for a whole-blob file */
+    int *fds;          /* open ps.exec.src_paths */
+    int blob_fd;       /* whole-blob file */
+    uint8_t *slab, *band;
+    exec_slab_cache cache; /* what the slab holds */
+};
+
+void store_file_close(store_file_reader *r)
+{
+    if (!r) return;
+    for (size_t i = 0; r->fds && i < r->ps.exec.nsrc_paths; i++)
+        if (r->fds[i] >= 0) close(r->fds[i]);
+    free(r->fds);
+    if (r->blob_fd >= 0) close(r->blob_fd);
+    free(r->slab);
+    free(r->band);
+    pull_free(&r->ps);
+    free(r);
+}
+
+int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path)
+{
+    *out = NULL;
+    store_file_reader *r = ckpt_calloc(1, sizeof *r);
+    if (!r) return CKPT_ENOMEM;
+    r->blob_fd = -1;
+    r->ps.s = s;
+    r->ps.id = c->id;
+    int rc = load_files(&r->ps, -1);
+    for (size_t i = 0; !rc && i < r->ps.nfiles; i++)
+        if (!strcmp(r->ps.files[i].path, path)) r->file = &r->ps.files[i];
+    if (!rc && !r->file) rc = ckpt_error_set(CKPT_ENOTFOUND, "no file '%s' in this checkpoint", path);
+    if (!rc && !r->file->header) {
+        char *bp = store_blob_path(s, r->file->blob);
+        r->blob_fd = bp ? open(bp, O_RDONLY | O_CLOEXEC) : -1;
+        if (r->blob_fd < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob of '%s' is missing from the store", path);
+        free(bp);
+    } else if (!rc) {
+        st_file sf;
+        rc = st_parse(&sf, path, r->file->header, r->file->header_len, r->file->size);
+        if (!rc) {
+            r->ps.tensors = ckpt_calloc(sf.ntensors + 1, sizeof *r->ps.tensors);
+            r->ps.exec.files = ckpt_calloc(2, sizeof *r->ps.exec.files);
+            st_close(&sf);
+            if (!r->ps.tensors || !r->ps.exec.files) rc = CKPT_ENOMEM;
+        }
+        if (!rc) {
+            r->ef = &r->ps.exec.files[r->ps.exec.nfiles++];
+            rc = plan_file(&r->ps, r->file, r->ef);
+        }
+        if (!rc) rc = check_blobs_exist(&r->ps);
+        r->fds = rc ? NULL : ckpt_calloc(r->ps.exec.nsrc_paths + 1, sizeof *r->fds);
+        if (!rc && !r->fds) rc = CKPT_ENOMEM;
+        for (size_t i = 0; !rc && i < r->ps.exec.nsrc_paths; i++) {
+            r->fds[i] = open(r->ps.exec.src_paths[i], O_RDONLY | O_CLOEXEC);
+            if (r->fds[i] < 0) rc = ckpt_error_sys("%s: open", r->ps.exec.src_paths[i]);
+        }
+    }
+    if (rc) {
+        store_file_close(r);
+        return rc;
+    }
+    *out = r;
+    return 0;
+}
+
+uint64_t store_file_size(const store_file_reader *r)
+{
+    return r->file->size;
+}
+
+const char *store_file_sha256(const store_file_reader *r)
+{
+    return r->file->sha256;
+}
+
+int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len)
+{
+    if (off > r->file->size || len > r->file->size - off) return ckpt_error_set(CKPT_EINVAL, "read past the end of '%s'", r->file->path);
+    if (!r->ef) return ckpt_pread_full(r->blob_fd, buf, len, off, r->file->path);
+    uint8_t *out = buf;
+    /* The header, then tensors in offset order. */
+    if (off < r->file->header_len) {
+        size_t n = r->file->header_len - off < len ? (size_t)(r->file->header_len - off) : len;
+        memcpy(out, r->file->header + off, n);
+        out += n;
+        off += n;
+        len -= n;
+    }
+    const st_layout *l = &r->ef->layout;
+    size_t lo = 0, hi = l->ntensors;
+    while (lo < hi) { /* first tensor ending after off */
+        size_t mid = (lo + hi) / 2;
+        if (l->tensors[mid].offset + l->tensors[mid].nbytes <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t i = lo; len && i < l->ntensors; i++) {
+        const st_out_tensor *ot = &l->tensors[i];
+        uint64_t in_t = off - ot->offset;
+        size_t n = ot->nbytes - in_t < len ? (size_t)(ot->nbytes - in_t) : len;
+        if (n && (!r->slab || !r->band)) {
+            if (!r->slab) r->slab = malloc(EXEC_READ_SLAB_BYTES);
+            if (!r->band) r->band = malloc(EXEC_BAND_BYTES);
+            if (!r->slab || !r->band) return ckpt_error_set(CKPT_ENOMEM, "out of memory for read buffers");
+        }
+        int rc = n ? exec_tensor_read(&r->ps.exec, r->fds, r->ef->tensors[ot->user], in_t, out, n, r->slab, r->band, &r->cache) : 0;
+        if (rc) return rc;
+        out += n;
+        off += n;
+        len -= n;
+    }
+    return len ? ckpt_error_set(CKPT_ECORRUPT, "'%s': bytes past the last tensor", r->file->path) : 0;
+}

@@ -1,0 +1,41 @@
+/*
+ * materialize.h — turn a stored checkpoint back into files.
+ *
+ * Safetensors files are assembled by the executor: the stored header is
+ * written as it is, and each tensor is streamed from its blob or assembled
+ * from its recipe's parts. Other files are copied from their blobs. Every
+ * written file is hashed and compared with the catalog's sha256 before the
+ * destination appears, so a damaged blob fails the pull instead of
+ * producing bad bytes.
+ */
+#ifndef CKPT_WORKERS_MATERIALIZE_H
+#define CKPT_WORKERS_MATERIALIZE_H
+
+#include "store/store.h"
+
+typedef struct {
+    int rank;      /* -1: all files; else only tp_rank_RR/ (written at the root) and top-level files;
+                      a rank the layout does not have is an error */
+    bool force;    /* replace a non-empty destination */
+    bool quiet;
+    int threads;
+} materialize_opts;
+
+int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o);
+/* rank -1, or one of the checkpoint's tp_rank_NN/ folders; else CKPT_EINVAL
+ * (a checkpoint without such folders has no ranks). */
+int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank);
+/* The same over a checkpoint's file rows (id names it in the message): a rank
+ * (>= 0) must name one of its tp_rank_NN/ folders. */
+int materialize_rank_check_files(const store_file_row *rows, size_t n, int64_t id, int rank);
+
+/* Random access to one stored file, without materialising it: the header
+ * from the catalog, tensor bytes from blobs or assembled from recipes. */
+typedef struct store_file_reader store_file_reader;
+int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path);
+uint64_t store_file_size(const store_file_reader *r);
+const char *store_file_sha256(const store_file_reader *r);
+int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len);
+void store_file_close(store_file_reader *r);
+
+#endif

@@ -1,0 +1,182 @@
+/* rebuild.c — the plan of one stored safetensors file (see rebuild.h). */
+#include "store/rebuild.h"
+
+#include "common/error.h"
+#include "common/json.h"
+#include "common/util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A source for (blob, dtype, shape): the blob file is the source file, the tensor starts at 0. */
+static int add_source(const rebuild_ctx *rb, const char *blob, ckpt_dtype dt, int ndim, const uint64_t *shape,
+                      const char *what, int32_t *idx)
+{
+    if (ndim < 0 || ndim > PLAN_MAX_DIM)
+        return ckpt_error_set(CKPT_ECORRUPT, "%s: rank %d, at most %d is supported", what, ndim, PLAN_MAX_DIM);
+    exec_plan *p = rb->exec;
+    char *want = rb->blob_path(rb->ctx, blob);
+    if (!want) return CKPT_ENOMEM;
+    size_t pi;
+    for (pi = p->nsrc_paths; pi > 0; pi--) /* recent first: a tensor's parts share blobs */
+        if (!strcmp(p->src_paths[pi - 1], want)) break;
+    if (pi == 0) {
+        char **np = ckpt_realloc(p->src_paths, (p->nsrc_paths + 1) * sizeof *np);
+        if (!np) {
+            free(want);
+            return CKPT_ENOMEM;
+        }
+        p->src_paths = np;
+        p->src_paths[p->nsrc_paths] = want;
+        pi = ++p->nsrc_paths;
+    } else {
+        free(want);
+    }
+    plan_source *ns = ckpt_realloc(p->sources, (p->nsources + 1) * sizeof *ns);
+    if (!ns) return CKPT_ENOMEM;
+    p->sources = ns;
+    plan_source *src = &p->sources[p->nsources];
+    memset(src, 0, sizeof *src);
+    if (!(src->name = ckpt_strdup(blob))) return CKPT_ENOMEM;
+    src->file = pi - 1;
+    src->dtype = dt;
+    src->ndim = ndim;
+    if (ndim) memcpy(src->shape, shape, (size_t)ndim * sizeof *shape);
+    p->nsources++; /* counted before the checks below, so exec_plan_free frees its name */
+    int rc = ckpt_dtype_nbytes(dt, ndim, shape, &src->nbytes);
+    if (rc) return ckpt_error_prefix(CKPT_ECORRUPT, "%s", what);
+    *idx = (int32_t)(p->nsources - 1);
+    return 0;
+}
+
+static bool is_sha256(const char *s)
+{
+    if (!s || strlen(s) != 64) return false;
+    for (size_t i = 0; i < 64; i++)
+        if (!((s[i] >= '0' && s[i] <= '9') || (s[i] >= 'a' && s[i] <= 'f'))) return false;
+    return true;
+}
+
+static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *recipe, const char *what)
+{
+    json_t *j;
+    int rc = cj_load_buf(&j, recipe, strlen(recipe), what);
+    if (rc) return rc;
+    if (!json_is_array(j)) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: the recipe is not an array", what);
+    size_t i;
+    json_t *jp;
+    json_array_foreach(j, i, jp)
+    {
+        if (rc) break;
+        plan_part p;
+        if (json_is_true(json_object_get(jp, "zero"))) {
+            rc = plan_part_from_json(&p, jp, t->ndim, 0, what);
+            if (!rc) rc = plan_tensor_add_part(t, &p);
+            continue;
+        }
+        const char *blob = json_string_value(json_object_get(jp, "blob"));
+        const char *dts = json_string_value(json_object_get(jp, "dtype"));
+        json_t *js = json_object_get(jp, "shape");
+        ckpt_dtype dt;
+        size_t ndim = json_array_size(js);
+        uint64_t shape[PLAN_MAX_DIM];
+        if (!is_sha256(blob) || !dts || ckpt_dtype_from_name(dts, &dt) < 0 || !json_is_array(js) ||
+            ndim > PLAN_MAX_DIM) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part %zu", what, i);
+            break;
+        }
+        for (size_t k = 0; k < ndim; k++) {
+            json_t *v = json_array_get(js, k);
+            if (!json_is_integer(v) || json_integer_value(v) < 0) {
+                rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part %zu", what, i);
+                break;
+            }
+            shape[k] = (uint64_t)json_integer_value(v);
+        }
+        /* The executor converts between float dtypes only. */
+        if (!rc && dt != t->dtype && !(ckpt_dtype_is_castable_float(dt) && ckpt_dtype_is_castable_float(t->dtype)))
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: recipe part %zu is %s, the tensor %s", what, i,
+                                ckpt_dtype_name(dt), ckpt_dtype_name(t->dtype));
+        int32_t idx;
+        if (!rc) rc = plan_part_from_json(&p, jp, t->ndim, (int)ndim, what);
+        if (!rc) rc = add_source(rb, blob, dt, (int)ndim, shape, what, &idx);
+        if (!rc) {
+            p.src = idx;
+            rc = plan_tensor_add_part(t, &p);
+        }
+    }
+    json_decref(j);
+    return rc;
+}
+
+int rebuild_plan_file(const rebuild_ctx *rb, const char *path, const char *out_rel, const uint8_t *header,
+                      size_t header_len, uint64_t size, exec_file *ef)
+{
+    st_file sf;
+    int rc = st_parse(&sf, path, header, header_len, size);
+    if (rc) return ckpt_error_prefix(CKPT_ECORRUPT, "stored header");
+    st_layout_init(&ef->layout);
+    ef->rel = ckpt_strdup(out_rel);
+    ef->layout.header = ckpt_malloc(header_len);
+    ef->layout.tensors = ckpt_calloc(sf.ntensors + 1, sizeof *ef->layout.tensors);
+    ef->tensors = ckpt_calloc(sf.ntensors + 1, sizeof *ef->tensors);
+    if (!ef->rel || !ef->layout.header || !ef->layout.tensors || !ef->tensors) rc = CKPT_ENOMEM;
+    if (!rc) {
+        memcpy(ef->layout.header, header, header_len);
+        ef->layout.header_len = header_len;
+        ef->layout.file_size = size;
+        ef->layout.finished = true;
+    }
+    for (size_t i = 0; !rc && i < sf.ntensors; i++) {
+        const st_tensor *t = &sf.tensors[i];
+        char what[512];
+        snprintf(what, sizeof what, "catalog: %s: tensor '%.200s'", path, t->name);
+        /* The reader holds at most CKPT_MAX_RANK dimensions, the same limit
+         * as PLAN_MAX_DIM; checked again here, where a shape is copied. */
+        if (t->ndim < 0 || t->ndim > PLAN_MAX_DIM) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: rank %d, at most %d is supported", what, t->ndim, PLAN_MAX_DIM);
+            break;
+        }
+        st_out_tensor *ot = &ef->layout.tensors[i];
+        ot->name = ckpt_strdup(t->name);
+        ot->dtype = t->dtype;
+        ot->ndim = t->ndim;
+        if (t->ndim) memcpy(ot->shape, t->shape, (size_t)t->ndim * sizeof *t->shape);
+        ot->nbytes = t->nbytes;
+        ot->offset = t->offset;
+        ot->user = i;
+        ef->layout.ntensors++;
+        plan_tensor *pt = &rb->tensors[(*rb->ntensors)++];
+        memset(pt, 0, sizeof *pt);
+        pt->name = ckpt_strdup(t->name);
+        pt->dtype = t->dtype;
+        pt->ndim = t->ndim;
+        if (t->ndim) memcpy(pt->shape, t->shape, (size_t)t->ndim * sizeof *t->shape);
+        ef->tensors[i] = pt;
+        ef->ntensors++;
+        if (!ot->name || !pt->name) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        const char *blob = NULL, *recipe = NULL;
+        rc = rb->lookup(rb->ctx, path, t->name, &blob, &recipe);
+        if (rc) break;
+        if (blob) {
+            int32_t idx;
+            if (!is_sha256(blob)) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad blob name", what);
+            if (!rc) rc = add_source(rb, blob, t->dtype, t->ndim, t->shape, what, &idx);
+            if (!rc && t->nbytes) {
+                plan_part p;
+                plan_part_whole(&p, idx, t->ndim, t->shape);
+                rc = plan_tensor_add_part(pt, &p);
+            }
+        } else if (recipe) {
+            rc = recipe_tensor(rb, pt, recipe, what);
+        } else {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: neither blob nor recipe", what);
+        }
+    }
+    st_close(&sf);
+    return rc;
+}

@@ -1,0 +1,218 @@
+/*
+ * store.h — the content-addressed store under CKPT_HOME.
+ *
+ *   CKPT_HOME/ckpt.db          the catalog (catalog.h, schema/)
+ *   CKPT_HOME/blobs/ab/cdef..  blobs: tensor bytes or whole files, named by sha256
+ *   CKPT_HOME/tmp/             staging: blobs being written, pulls being assembled
+ *
+ * Durability: a blob is written to tmp/, its sha256 leased in the catalog
+ * (blob_leases, so a concurrent gc keeps it), made durable (syncfs), renamed
+ * into blobs/ and the directory synced; only then does one catalog
+ * transaction make the checkpoint visible and drop the leases. A process
+ * killed at any point leaves either nothing visible or a complete
+ * checkpoint; what it leaves in tmp/ and blobs/ is found by gc (leases and
+ * temp names carry the writer's pid and start time).
+ *
+ * Refs: "REPO@REV" names an original (REV a branch/tag name given at import,
+ * or a commit, or a unique commit prefix); "REPO@REV:LAYOUT" a converted one.
+ * Without @REV the newest checkpoint of the repo is meant.
+ */
+#ifndef CKPT_STORAGE_STORE_H
+#define CKPT_STORAGE_STORE_H
+
+#include "store/catalog.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define STORE_MAX_FILES 100000
+#define STORE_MAX_PATH 1024
+
+typedef struct {
+    char *home;
+    char *blob_dir;
+    char *tmp_dir;
+    catalog cat;
+} ckpt_store;
+
+typedef struct {
+    int64_t id;
+    char *repo, *revision, *commit, *layout;
+    int64_t source_id; /* 0 when none */
+    bool lossy;
+    int64_t total_size, created_at;
+} store_ckpt;
+
+/* home NULL: $CKPT_HOME, else $XDG_DATA_HOME/ckpt, else ~/.local/share/ckpt. */
+int store_open(ckpt_store *s, const char *home);
+void store_close(ckpt_store *s);
+/* "<tmp>/<kind>-<pid>-<start time>": a base for temp names that gc can tell
+ * apart from a live process's work. malloc'd. */
+char *store_tmp_base(const ckpt_store *s, const char *kind);
+/* blobs/ab/cdef...; malloc'd. */
+char *store_blob_path(const ckpt_store *s, const char *sha256);
+
+/* ---- writing blobs ---- */
+
+/* A blob being written: bytes go to fd (a temp file in tmp/), hash alongside. */
+typedef struct {
+    int fd;
+    char *tmp_path;
+    void *hash; /* ckpt_sha256 */
+    uint64_t size;
+    char sha256[65];
+} store_blob_writer;
+
+int store_blob_begin(ckpt_store *s, store_blob_writer *w);
+int store_blob_write(store_blob_writer *w, const void *buf, size_t len);
+/* Finishes the hash; the temp file stays until store_blobs_publish. */
+int store_blob_end(store_blob_writer *w);
+void store_blob_abort(store_blob_writer *w);
+/* For a writer that fills w->fd itself, at any offsets and from several
+ * places at once (a parallel download), and hashes the bytes as it verifies
+ * them: records size and sha256 (64 hex digits) in place of
+ * store_blob_write/store_blob_end. The caller vouches for the hash. */
+int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha256);
+
+/* Publishes finished blobs: leases their names, syncs the temp files, renames
+ * them into blobs/ (dropping a temp whose blob already exists), syncs. The
+ * writers are closed and freed. */
+int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n);
+/* Leases blob sha256 for this process (so no gc removes it before the
+ * checkpoint using it commits) and says whether it is stored already with
+ * that size: then a writer can skip writing those bytes. */
+int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have);
+/* Leases the n blobs a new checkpoint will reference without writing them
+ * (a layout's recipes over its source's blobs), then checks they exist: a
+ * concurrent rm + gc can no longer take them away before the commit. */
+int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
+/* Drops this process's leases (after the checkpoint committed or on failure). */
+int store_leases_release(ckpt_store *s);
+/* The same on a failure path: the failure's message stays the message (a
+ * full disk is reported where it struck, not as the release that failed
+ * after it); leases left behind are stale once this process exits. */
+void store_leases_release_after_error(ckpt_store *s);
+
+/* ---- checkpoints ---- */
+
+/* A checkpoint as the catalog records it, ready to commit. */
+typedef struct {
+    char *name;
+    char *blob;   /* sha256 of the bytes, or NULL */
+    char *recipe; /* JSON parts over blobs, or NULL */
+} store_tensor_rec;
+
+typedef struct {
+    char *path;
+    uint64_t size;
+    char sha256[65];
+    char *blob;      /* whole-file blob (not safetensors) */
+    uint8_t *header; /* safetensors: exact header bytes */
+    size_t header_len;
+    size_t ntensors, cap;
+    store_tensor_rec *tensors;
+} store_file_rec;
+
+typedef struct {
+    const char *repo, *revision, *commit, *layout;
+    int64_t source_id;
+    bool lossy;
+    size_t nfiles, cap;
+    store_file_rec *files;
+} store_ckpt_rec;
+
+void store_ckpt_rec_free(store_ckpt_rec *r);
+/* Inserts the checkpoint, its files, tensors and blob references, points the
+ * ref (repo, revision) at it and drops this process's leases, in one
+ * transaction. The blobs must be published already. When the same (repo,
+ * commit, layout) was committed meanwhile, that one stands: *id is its id and
+ * *existed (may be NULL) is set. */
+int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed);
+/* Adds the files of r (none of whose paths checkpoint id has) to checkpoint
+ * id, points the ref (r->repo, r->revision) at it and drops this process's
+ * leases, in one transaction (a fetch topping up a commit fetched with
+ * narrower --include patterns). The blobs must be published already. A
+ * checkpoint removed meanwhile is CKPT_ENOTFOUND, saying so. */
+int store_add_files(ckpt_store *s, int64_t id, const store_ckpt_rec *r);
+/* The id of (repo, commit, layout), or 0. */
+int store_find(ckpt_store *s, const char *repo, const char *commit, const char *layout, int64_t *id);
+/* Points ref (repo, name) at id. */
+int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id);
+
+typedef struct {
+    const char *repo;     /* ORG/NAME */
+    const char *revision; /* NULL: "main" */
+    bool quiet;
+} store_import_opts;
+
+/* The content id of a checkpoint made here rather than fetched (an import
+ * without a commit, a merge): sha256 over "path\0sha256\n" of its files in
+ * the order given (path order), 40 hex digits. */
+int store_content_id(const store_ckpt_rec *r, char out[41]);
+
+/* Imports a Hugging Face directory; *existed when the same content was there. */
+int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed);
+
+/* Splits "REPO[@REV][:LAYOUT]"; pieces malloc'd (rev/layout NULL when absent). */
+int store_ref_parse(const char *ref, char **repo, char **rev, char **layout);
+int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out);
+int store_get(ckpt_store *s, int64_t id, store_ckpt *out);
+/* "repo@revision" or "repo@revision:layout"; malloc'd. */
+char *store_ckpt_ref(const store_ckpt *c);
+void store_ckpt_free(store_ckpt *c);
+/* The one rule for the path of a stored file (import, fetch, every catalog
+ * commit): relative, '/'-separated, at most STORE_MAX_PATH bytes, no empty or
+ * '.' segment, no '..', '\\', '://' or control character anywhere, segments
+ * of at most 255 bytes: the names every reader (pull, verify, serve, the
+ * index parser) gives back. An error names the path. */
+int store_path_check(const char *path);
+/* Checks "ORG/NAME": safe characters, one slash. */
+int store_repo_name_check(const char *repo);
+
+/* A stored file as the catalog records it. */
+typedef struct {
+    char *path;
+    uint64_t size;
+    char sha256[65];
+    char *blob;      /* whole-file blob, or NULL for a safetensors file */
+    uint8_t *header; /* safetensors: the exact header bytes */
+    size_t header_len;
+} store_file_row;
+
+/* The files of checkpoint id, in path order. */
+int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n);
+void store_files_free(store_file_row *rows, size_t n);
+
+/* ---- maintenance (store_maint.c) ---- */
+
+/* Start time (clock ticks after boot) of process pid, or -1 when it is gone
+ * or has exited (a zombie its parent has not reaped is no longer a writer). */
+int64_t store_proc_start_time(int pid);
+
+typedef struct {
+    uint64_t blobs_removed, bytes_freed, temps_removed, leases_dropped;
+} store_gc_result;
+
+/* Deletes blobs no checkpoint references and nobody leases, leftovers of
+ * killed writers in tmp/, and stale leases; dry_run only counts. */
+int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res);
+
+typedef struct {
+    uint64_t logical;  /* bytes of every file of every checkpoint */
+    uint64_t physical; /* bytes of the blob files on disk */
+    uint64_t blobs, checkpoints, db_bytes;
+} store_du_result;
+
+int store_du(ckpt_store *s, store_du_result *res);
+/* Removes a checkpoint from the catalog (its blobs go at the next gc). */
+int store_rm(ckpt_store *s, const store_ckpt *c);
+
+/* Called by store_verify for each problem found (a line for people). */
+typedef void (*store_verify_report)(void *ctx, const char *line);
+/* Re-hashes the blobs of one checkpoint (id != 0) or of all, and reports each
+ * damaged or missing blob with the checkpoints and files it breaks. *damaged
+ * counts them. Rebuilding files is the caller's (materialize). */
+int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, void *ctx, uint64_t *damaged);
+
+#endif

@@ -1,0 +1,115 @@
+/* store_archive.c — a stored checkpoint as a streamed tar (see store_archive.h). */
+#include "store/store_archive.h"
+
+#include "common/error.h"
+#include "common/sha256.h"
+#include "common/util.h"
+#include "format/archive.h"
+#include "store/materialize.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct store_archive {
+    store_ckpt c;
+    ckpt_archive_entry *e; /* output names (a rank's files at the root) */
+    char **paths;          /* stored paths */
+    char (*sha)[65];
+    size_t n;
+    /* while writing */
+    ckpt_store *s;
+    store_file_reader *r;
+    size_t r_i;
+    ckpt_sha256 h;
+};
+
+void store_archive_free(store_archive *ar)
+{
+    if (!ar) return;
+    for (size_t i = 0; i < ar->n; i++) {
+        free((char *)ar->e[i].name);
+        free(ar->paths[i]);
+    }
+    free(ar->e);
+    free(ar->paths);
+    free(ar->sha);
+    store_ckpt_free(&ar->c);
+    free(ar);
+}
+
+int store_archive_plan(ckpt_store *s, const store_ckpt *c, int rank, store_archive **out)
+{
+    *out = NULL;
+    if (rank > 1023) return ckpt_error_set(CKPT_EINVAL, "rank %d is not a number 0..1023", rank);
+    store_archive *ar = ckpt_calloc(1, sizeof *ar);
+    if (!ar) return CKPT_ENOMEM;
+    int rc = store_get(s, c->id, &ar->c);
+    store_file_row *rows = NULL;
+    size_t n = 0;
+    if (!rc) rc = store_files_load(s, c->id, &rows, &n);
+    if (!rc) rc = materialize_rank_check_files(rows, n, c->id, rank); /* the rule pull follows */
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
+    if (!rc) {
+        ar->e = ckpt_calloc(n + 1, sizeof *ar->e);
+        ar->paths = ckpt_calloc(n + 1, sizeof *ar->paths);
+        ar->sha = ckpt_calloc(n + 1, sizeof *ar->sha);
+        if (!ar->e || !ar->paths || !ar->sha) rc = CKPT_ENOMEM;
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        const char *p = rows[i].path, *name = p;
+        if (rank >= 0) {
+            if (!strncmp(p, prefix, strlen(prefix))) name = p + strlen(prefix);
+            else if (strchr(p, '/')) continue;
+        }
+        ar->e[ar->n] = (ckpt_archive_entry){.name = ckpt_strdup(name), .size = rows[i].size};
+        ar->paths[ar->n] = ckpt_strdup(p);
+        memcpy(ar->sha[ar->n], rows[i].sha256, sizeof ar->sha[ar->n]);
+        ar->n++;
+        if (!ar->e[ar->n - 1].name || !ar->paths[ar->n - 1]) rc = CKPT_ENOMEM;
+        store_file_reader *r;
+        if (!rc && (rc = store_file_open(&r, s, &ar->c, p)) == 0) store_file_close(r);
+    }
+    store_files_free(rows, n);
+    if (rc) {
+        store_archive_free(ar);
+        return rc;
+    }
+    *out = ar;
+    return 0;
+}
+
+static int archive_read(void *ctx, size_t i, uint64_t off, void *buf, size_t len)
+{
+    store_archive *ar = ctx;
+    int rc;
+    if (!ar->r || ar->r_i != i) {
+        store_file_close(ar->r);
+        ar->r = NULL;
+        if ((rc = store_file_open(&ar->r, ar->s, &ar->c, ar->paths[i]))) return rc;
+        ar->r_i = i;
+        ckpt_sha256_free(&ar->h);
+        if ((rc = ckpt_sha256_init(&ar->h))) return rc;
+    }
+    if ((rc = store_file_read(ar->r, off, buf, len))) return rc;
+    if ((rc = ckpt_sha256_update(&ar->h, buf, len))) return rc;
+    if (off + len == ar->e[i].size) {
+        char hex[65];
+        rc = ckpt_sha256_final_hex(&ar->h, hex);
+        if (!rc && strcmp(hex, ar->sha[i]))
+            rc = ckpt_error_set(CKPT_ECORRUPT, "'%s': the stored bytes do not match their sha256", ar->paths[i]);
+    }
+    return rc;
+}
+
+int store_archive_write(store_archive *ar, ckpt_store *s, int fd, bool zstd)
+{
+    ar->s = s;
+    int rc = ckpt_archive_write_entries(fd, zstd, ar->e, ar->n, ar->c.created_at, archive_read, ar);
+    store_file_close(ar->r);
+    ar->r = NULL;
+    ckpt_sha256_free(&ar->h); /* a file an error cut short */
+    ar->s = NULL;
+    return rc;
+}

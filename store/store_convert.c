@@ -1,0 +1,342 @@
+/* store_convert.c — layouts inside the store, as recipes over blobs (see store_convert.h). */
+#include "store/store_convert.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/sha256.h"
+#include "common/util.h"
+#include "transform/layout_meta.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    store_file_row *v;
+    size_t n;
+} src_files;
+
+static const store_file_row *find_file(const src_files *f, const char *path)
+{
+    for (size_t i = 0; i < f->n; i++)
+        if (!strcmp(f->v[i].path, path)) return &f->v[i];
+    return NULL;
+}
+
+/* Reads a whole-file blob as text. */
+static int blob_text(ckpt_store *s, const store_file_row *f, char **out)
+{
+    char *path = store_blob_path(s, f->blob);
+    int rc = path ? ckpt_read_file(path, CKPT_INDEX_MAX_BYTES, out, NULL) : CKPT_ENOMEM;
+    free(path);
+    return rc;
+}
+
+/* The source checkpoint as the offline planner would open it: the shards of
+ * model.safetensors.index.json, else model.safetensors. */
+int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_file_row *rows, size_t nrows,
+                              ckpt_checkpoint *c, json_t **config, char **index_text, const char **index_name,
+                              char (**hashes)[65])
+{
+    const src_files fl = {(store_file_row *)rows, nrows}, *files = &fl;
+    const char *names_single[] = {"model.safetensors"};
+    ckpt_index ix;
+    memset(&ix, 0, sizeof ix);
+    int rc = 0;
+    const store_file_row *index = find_file(files, "model.safetensors.index.json");
+    const char *const *shards = names_single;
+    size_t nshards = 1;
+    if (index && index->blob) {
+        rc = blob_text(s, index, index_text);
+        if (!rc) rc = ckpt_index_parse(&ix, index->path, *index_text, strlen(*index_text));
+        if (rc) return rc;
+        shards = (const char *const *)ix.shards;
+        nshards = ix.nshards;
+        *index_name = index->path;
+    }
+    st_file *parsed = ckpt_calloc(nshards + 1, sizeof *parsed);
+    *hashes = ckpt_calloc(nshards + 1, sizeof **hashes);
+    if (!parsed || !*hashes) rc = CKPT_ENOMEM;
+    size_t nparsed = 0;
+    for (size_t i = 0; !rc && i < nshards; i++) {
+        const store_file_row *f = find_file(files, shards[i]);
+        if (!f || !f->header) {
+            rc = ckpt_error_set(CKPT_ENOTFOUND, "%s@%s has no safetensors file '%s'", src->repo, src->revision, shards[i]);
+            break;
+        }
+        if ((rc = st_parse(&parsed[i], f->path, f->header, f->header_len, f->size))) break;
+        memcpy((*hashes)[i], f->sha256, 65);
+        nparsed++;
+    }
+    char *label = rc ? NULL : ckpt_sprintf("%s@%s", src->repo, src->revision);
+    if (!rc && !label) rc = CKPT_ENOMEM;
+    if (!rc) rc = ckpt_checkpoint_from_files(c, label, parsed, nparsed);
+    else
+        for (size_t i = 0; i < nparsed; i++) st_close(&parsed[i]);
+    free(label);
+    free(parsed);
+    ckpt_index_free(&ix);
+    const store_file_row *cfg = find_file(files, "config.json");
+    if (!rc && cfg && cfg->blob) {
+        char *path = store_blob_path(s, cfg->blob);
+        rc = path ? cj_load_file(config, path, CONVERT_CONFIG_MAX_BYTES) : CKPT_ENOMEM;
+        free(path);
+    }
+    return rc;
+}
+
+int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
+    const unsigned char *b = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_text(st, 0) : NULL;
+    *out = b ? ckpt_strdup((const char *)b) : NULL;
+    if (!b) rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
+    sqlite3_finalize(st);
+    return rc;
+}
+
+static bool is_whole_source(const plan_tensor *t, const plan_source *src)
+{
+    if (t->nparts != 1 || t->dtype != src->dtype || t->ndim != src->ndim) return false;
+    const plan_part *p = &t->parts[0];
+    for (int k = 0; k < t->ndim; k++)
+        if (p->axis_map[k] != k || p->src_lo[k] || p->lo[k] || p->ext[k] != src->shape[k]) return false;
+    return true;
+}
+
+static char *recipe_json(const plan_tensor *t, const exec_plan *p, char **blobs)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; a && i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        const plan_source *src = pt->src == PLAN_ZERO ? NULL : &p->sources[pt->src];
+        json_t *j = plan_part_to_json(pt, t->ndim, src ? src->ndim : 0, src ? src->name : NULL);
+        if (j && src) {
+            json_t *shape = json_array();
+            for (int k = 0; k < src->ndim; k++) json_array_append_new(shape, json_integer((json_int_t)src->shape[k]));
+            json_object_del(j, "src");
+            json_object_set_new(j, "blob", json_string(blobs[pt->src]));
+            json_object_set_new(j, "dtype", json_string(ckpt_dtype_name(src->dtype)));
+            json_object_set_new(j, "shape", shape);
+        }
+        json_array_append_new(a, j);
+    }
+    char *s = a ? cj_dumps(a, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(a);
+    return s;
+}
+
+store_file_rec *store_convert_rec_add_file(store_ckpt_rec *r, const char *path)
+{
+    if (ckpt_grow(&r->files, &r->cap, r->nfiles + 1, sizeof *r->files)) return NULL;
+    store_file_rec *f = &r->files[r->nfiles];
+    memset(f, 0, sizeof *f);
+    if (!(f->path = ckpt_strdup(path))) return NULL;
+    r->nfiles++;
+    return f;
+}
+
+/* A small new file (index, ckpt-layout.json) as a blob. */
+static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, const char *text, store_blob_writer *ws,
+                         size_t *nws)
+{
+    store_file_rec *f = store_convert_rec_add_file(r, path);
+    if (!f) return CKPT_ENOMEM;
+    store_blob_writer *w = &ws[(*nws)];
+    int rc = store_blob_begin(s, w);
+    if (rc) return rc;
+    (*nws)++;
+    rc = store_blob_write(w, text, strlen(text));
+    if (!rc) rc = store_blob_end(w);
+    if (rc) return rc;
+    f->size = w->size;
+    memcpy(f->sha256, w->sha256, 65);
+    return (f->blob = ckpt_strdup(w->sha256)) ? 0 : CKPT_ENOMEM;
+}
+
+bool store_convert_is_side_file(const char *name)
+{
+    size_t n = strlen(name);
+    return !strchr(name, '/') && name[0] != '.' && !(n >= 12 && !strcmp(name + n - 12, ".safetensors")) &&
+           !strstr(name, ".safetensors.index.json") && strcmp(name, CONVERT_LAYOUT_FILE);
+}
+
+/* Assembles the output safetensors files once, to learn their sha256. */
+static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const convert_opts *o, char (*out)[65])
+{
+    exec_plan *p = &cp->exec;
+    /* Each source tensor is its own blob file, at offset 0. */
+    for (size_t i = 0; i < p->nsrc_paths; i++) free(p->src_paths[i]);
+    free(p->src_paths);
+    p->nsrc_paths = 0;
+    p->src_paths = ckpt_calloc(p->nsources + 1, sizeof *p->src_paths);
+    if (!p->src_paths) return CKPT_ENOMEM;
+    for (size_t i = 0; i < p->nsources; i++) {
+        if (!(p->src_paths[i] = store_blob_path(s, blobs[i]))) return CKPT_ENOMEM;
+        p->nsrc_paths++;
+        p->sources[i].file = i;
+        p->sources[i].offset = 0;
+    }
+    char *base = store_tmp_base(s, "convert"), *tmp = NULL;
+    int rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
+    free(base);
+    if (rc) return rc;
+    exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "convert", .no_fsync = true};
+    rc = exec_run(p, tmp, &eo);
+    for (size_t f = 0; !rc && f < p->nfiles; f++) {
+        char *path = ckpt_path_join(tmp, p->files[f].rel);
+        rc = path ? ckpt_sha256_file_hex(path, out[f]) : CKPT_ENOMEM;
+        free(path);
+    }
+    ckpt_rm_rf(tmp);
+    free(tmp);
+    return rc;
+}
+
+static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,
+                        char (*file_sha)[65], char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
+                        size_t *nws)
+{
+    int rc = 0;
+    for (size_t f = 0; !rc && f < cp->exec.nfiles; f++) {
+        const exec_file *ef = &cp->exec.files[f];
+        store_file_rec *fr = store_convert_rec_add_file(r, ef->rel);
+        if (!fr) return CKPT_ENOMEM;
+        fr->size = ef->layout.file_size;
+        memcpy(fr->sha256, file_sha[f], 65);
+        fr->header_len = ef->layout.header_len;
+        fr->header = ckpt_malloc(fr->header_len);
+        fr->tensors = ckpt_calloc(ef->layout.ntensors + 1, sizeof *fr->tensors);
+        if (!fr->header || !fr->tensors) return CKPT_ENOMEM;
+        memcpy(fr->header, ef->layout.header, fr->header_len);
+        for (size_t i = 0; !rc && i < ef->layout.ntensors; i++) {
+            const plan_tensor *t = ef->tensors[ef->layout.tensors[i].user];
+            store_tensor_rec *tr = &fr->tensors[fr->ntensors++];
+            tr->name = ckpt_strdup(t->name);
+            if (t->nparts && t->parts[0].src != PLAN_ZERO && is_whole_source(t, &cp->exec.sources[t->parts[0].src]))
+                tr->blob = ckpt_strdup(blobs[t->parts[0].src]);
+            else
+                tr->recipe = recipe_json(t, &cp->exec, blobs);
+            if (!tr->name || (!tr->blob && !tr->recipe)) rc = CKPT_ENOMEM;
+        }
+    }
+    for (size_t r2 = 0; !rc && r2 < cp->nfolders; r2++) {
+        if (!cp->index_texts[r2]) continue;
+        char *path = *cp->folder_dirs[r2] ? ckpt_sprintf("%s/model.safetensors.index.json", cp->folder_dirs[r2])
+                                          : ckpt_strdup("model.safetensors.index.json");
+        rc = path ? add_text_file(s, r, path, cp->index_texts[r2], ws, nws) : CKPT_ENOMEM;
+        free(path);
+    }
+    json_t *meta = rc ? NULL : layout_meta_build(cp, src_hashes, true);
+    char *text = meta ? cj_render(meta) : NULL;
+    json_decref(meta);
+    if (!rc && !text) rc = CKPT_ENOMEM;
+    if (!rc) rc = add_text_file(s, r, CONVERT_LAYOUT_FILE, text, ws, nws);
+    free(text);
+    for (size_t i = 0; !rc && i < files->n; i++) {
+        const store_file_row *sf = &files->v[i];
+        if (!sf->blob || !store_convert_is_side_file(sf->path)) continue;
+        store_file_rec *fr = store_convert_rec_add_file(r, sf->path);
+        if (!fr) return CKPT_ENOMEM;
+        fr->size = sf->size;
+        memcpy(fr->sha256, sf->sha256, 65);
+        if (!(fr->blob = ckpt_strdup(sf->blob))) rc = CKPT_ENOMEM;
+    }
+    (void)src;
+    return rc;
+}
+
+int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_ckpt *out, bool *existed)
+{
+    *existed = false;
+    memset(out, 0, sizeof *out);
+    store_ckpt src;
+    int rc = store_resolve(s, ref, &src);
+    if (rc) return rc;
+    if (*src.layout) {
+        rc = ckpt_error_set(CKPT_EINVAL, "'%s' is a converted layout; convert from the original (%s@%s)", ref, src.repo,
+                            src.revision);
+        store_ckpt_free(&src);
+        return rc;
+    }
+    src_files files = {0};
+    ckpt_checkpoint c;
+    memset(&c, 0, sizeof c);
+    json_t *config = NULL;
+    char *index_text = NULL;
+    const char *index_name = NULL;
+    char(*src_hashes)[65] = NULL;
+    convert_plan cp;
+    memset(&cp, 0, sizeof cp);
+    bool planned = false;
+    rc = store_files_load(s, src.id, &files.v, &files.n);
+    /* A training state's optimizer files would be left behind while its
+     * metadata.json still announces them: refuse, and say what works. */
+    for (size_t i = 0; !rc && i < files.n; i++)
+        if (!strncmp(files.v[i].path, "optimizer", 9) && strstr(files.v[i].path, ".safetensors"))
+            rc = ckpt_error_set(CKPT_EINVAL,
+                                "%s is a training state with optimizer files (%s), which a layout in the "
+                                "store does not carry; `ckpt state export` writes it in a layout (--layout, "
+                                "--tp, --rank) with its optimizer slots, or without them (--no-optimizer)",
+                                ref, files.v[i].path);
+    if (!rc) rc = store_convert_open_source(s, &src, files.v, files.n, &c, &config, &index_text, &index_name, &src_hashes);
+    if (!rc) {
+        rc = convert_plan_build_from(&cp, &c, "", config, index_name, index_text, o);
+        config = NULL;
+        planned = rc == 0;
+    }
+    if (!rc && cp.lora)
+        rc = ckpt_error_set(CKPT_EINVAL,
+                            "rule %zu (lora_merge): merging inside the store is its own job: `ckpt submit "
+                            "merge-lora %s ADAPTER`, then convert the merged checkpoint",
+                            cp.result.merges[0].rule, ref);
+    int64_t id = 0;
+    if (!rc) rc = store_find(s, src.repo, src.commit, cp.layout_name, &id);
+    if (!rc && id) {
+        *existed = true;
+        rc = store_get(s, id, out);
+    } else if (!rc) {
+        char **blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *blobs);
+        char(*file_sha)[65] = ckpt_calloc(cp.exec.nfiles + 1, sizeof *file_sha);
+        store_blob_writer *ws = ckpt_calloc(cp.nfolders + 2, sizeof *ws);
+        size_t nws = 0;
+        if (!blobs || !file_sha || !ws) rc = CKPT_ENOMEM;
+        for (size_t i = 0; !rc && i < cp.exec.nsources; i++) {
+            const plan_source *ps = &cp.exec.sources[i];
+            rc = store_convert_tensor_blob(s, src.id, cp.src.files[ps->file].path, ps->name, &blobs[i]);
+        }
+        /* The recipes reference the source's blobs: lease them until the commit. */
+        if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
+        store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
+                            .source_id = src.id, .lossy = cp.result.lossy};
+        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, file_sha, src_hashes, &r, ws, &nws);
+        if (!rc) rc = hash_outputs(s, &cp, blobs, o, file_sha);
+        /* hash_outputs fills file_sha after build_record copied it: copy again. */
+        for (size_t f = 0; !rc && f < cp.exec.nfiles; f++) memcpy(r.files[f].sha256, file_sha[f], 65);
+        if (!rc) rc = store_blobs_publish(s, ws, nws);
+        else
+            for (size_t i = 0; i < nws; i++) store_blob_abort(&ws[i]);
+        if (!rc) rc = store_commit_checkpoint(s, &r, &id, existed);
+        if (rc) store_leases_release_after_error(s);
+        if (!rc) rc = store_get(s, id, out);
+        store_ckpt_rec_free(&r);
+        for (size_t i = 0; blobs && i < cp.exec.nsources; i++) free(blobs[i]);
+        free(blobs);
+        free(file_sha);
+        free(ws);
+    }
+    if (planned) convert_plan_free(&cp);
+    else ckpt_checkpoint_close(&c);
+    json_decref(config);
+    free(index_text);
+    free(src_hashes);
+    store_files_free(files.v, files.n);
+    store_ckpt_free(&src);
+    return rc;
+}

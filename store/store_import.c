@@ -1,0 +1,426 @@
+/*
+ * store_import.c — ingest a local Hugging Face directory into the store.
+ *
+ * Each safetensors file is validated (st_open), then read once, in order: the
+ * bytes feed the file's sha256 (in a thread of its own), and each tensor's
+ * range is written to its own blob (hashed as it goes). Other files become whole-file blobs. When every
+ * blob is published, one transaction adds the checkpoint. A directory without
+ * a commit id gets a content id: the sha256 of its files' paths and hashes,
+ * so importing the same directory twice finds the same checkpoint.
+ */
+#include "store/store.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "common/util.h"
+#include "format/safetensors.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define IMPORT_CHUNK (8u << 20)
+#define IMPORT_RING 3 /* chunks in flight between the reader and the file hasher */
+
+typedef struct {
+    char *path; /* relative */
+    dev_t dev;  /* what walk found there: the file opened later must be it */
+    ino_t ino;
+} found_file;
+
+typedef struct {
+    found_file *v;
+    size_t n, cap;
+} file_list;
+
+/* Import reads regular files only and follows no symbolic link, not even one
+ * that stays in the folder: a link is resolved when it is opened, so what it
+ * pointed to when checked says nothing about what is read, and a folder that
+ * is given to the daemon could otherwise hand it ~/.ssh/id_rsa or
+ * /proc/self/environ. Devices, FIFOs and sockets are refused too. Walked with
+ * lstat; each file opened is checked to be the one walked (import_open). */
+static int walk(const char *root, const char *rel, file_list *fl, int depth)
+{
+    if (depth > 16) return ckpt_error_set(CKPT_ELIMIT, "%s/%s: folders nested too deep", root, rel);
+    char *dir = *rel ? ckpt_path_join(root, rel) : ckpt_strdup(root);
+    if (!dir) return CKPT_ENOMEM;
+    DIR *d = opendir(dir);
+    if (!d) {
+        int rc = ckpt_error_sys("%s: open directory", dir);
+        free(dir);
+        return rc;
+    }
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue; /* ., .., .git, .cache, temp files */
+        char *r = *rel ? ckpt_sprintf("%s/%s", rel, e->d_name) : ckpt_strdup(e->d_name);
+        char *full = r ? ckpt_path_join(root, r) : NULL;
+        struct stat st;
+        if (!r || !full) rc = CKPT_ENOMEM;
+        else if ((rc = store_path_check(r))) ckpt_error_prefix(rc, "%s", root);
+        else if (lstat(full, &st) < 0) rc = ckpt_error_sys("%s: stat", full);
+        else if (S_ISLNK(st.st_mode))
+            rc = ckpt_error_set(CKPT_EINVAL,
+                                "%s: a symbolic link; import reads regular files only and follows no link "
+                                "(copy the folder with cp -rL to import what the links point to)",
+                                full);
+        else if (S_ISDIR(st.st_mode)) rc = walk(root, r, fl, depth + 1);
+        else if (!S_ISREG(st.st_mode))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: not a regular file (a device, FIFO or socket); import refuses it",
+                                full);
+        else if (fl->n >= STORE_MAX_FILES) rc = ckpt_error_set(CKPT_ELIMIT, "%s: more than %d files", root, STORE_MAX_FILES);
+        else if (!(rc = ckpt_grow(&fl->v, &fl->cap, fl->n + 1, sizeof *fl->v))) {
+            fl->v[fl->n++] = (found_file){.path = r, .dev = st.st_dev, .ino = st.st_ino};
+            r = NULL;
+        }
+        free(r);
+        free(full);
+    }
+    closedir(d);
+    free(dir);
+    return rc;
+}
+
+/* fd (open path) is the regular file walk found there, not something put in
+ * its place since (a link, a FIFO, another file). */
+static int check_same_file(int fd, const char *path, const found_file *ff)
+{
+    struct stat st;
+    if (fstat(fd, &st) < 0) return ckpt_error_sys("%s: stat", path);
+    if (!S_ISREG(st.st_mode) || st.st_dev != ff->dev || st.st_ino != ff->ino)
+        return ckpt_error_set(CKPT_EINVAL, "%s: replaced while the folder was being imported; import refuses it", path);
+    return 0;
+}
+
+static int cmp_found(const void *a, const void *b)
+{
+    return strcmp(((const found_file *)a)->path, ((const found_file *)b)->path);
+}
+
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* Blob writers of one import, published together. */
+typedef struct {
+    store_blob_writer *w;
+    size_t n, cap;
+} writer_list;
+
+static store_blob_writer *new_writer(ckpt_store *s, writer_list *wl, int *rc)
+{
+    *rc = ckpt_grow(&wl->w, &wl->cap, wl->n + 1, sizeof *wl->w);
+    if (*rc) return NULL;
+    store_blob_writer *w = &wl->w[wl->n];
+    *rc = store_blob_begin(s, w);
+    if (*rc) return NULL;
+    wl->n++;
+    return w;
+}
+
+/* Whole file -> one blob. */
+static int import_plain(ckpt_store *s, const char *path, const found_file *ff, store_file_rec *fr, writer_list *wl,
+                        uint8_t *buf)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) return ckpt_error_sys("%s: open", path);
+    int rc = check_same_file(fd, path, ff);
+    store_blob_writer *w = rc ? NULL : new_writer(s, wl, &rc);
+    for (;;) {
+        if (rc) break;
+        ssize_t n = read(fd, buf, IMPORT_CHUNK);
+        if (n < 0) rc = ckpt_error_sys("%s: read", path);
+        if (n <= 0) break;
+        rc = store_blob_write(w, buf, (size_t)n);
+    }
+    close(fd);
+    if (!rc) rc = store_blob_end(w);
+    if (rc) return rc;
+    fr->size = w->size;
+    memcpy(fr->sha256, w->sha256, sizeof fr->sha256);
+    fr->blob = ckpt_strdup(w->sha256);
+    return fr->blob ? 0 : CKPT_ENOMEM;
+}
+
+/* The file's sha256 is computed by a thread of its own while the reader
+ * hashes and writes each tensor: every byte feeds two hashes, and one core
+ * each makes an import about twice as fast. The reader fills the chunks of a
+ * ring in turn and posts them; a chunk is refilled only once hashed. */
+typedef struct {
+    uint8_t *ring[IMPORT_RING];
+    size_t len[IMPORT_RING];
+    uint64_t posted, hashed;
+    ckpt_sha256 h;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool closing;
+    int err;
+} file_hasher;
+
+static void *file_hasher_main(void *arg)
+{
+    file_hasher *fh = arg;
+    pthread_mutex_lock(&fh->mu);
+    for (;;) {
+        while (fh->hashed == fh->posted && !fh->closing) pthread_cond_wait(&fh->cv, &fh->mu);
+        if (fh->hashed == fh->posted) break;
+        size_t slot = (size_t)(fh->hashed % IMPORT_RING);
+        pthread_mutex_unlock(&fh->mu);
+        int rc = fh->err ? 0 : ckpt_sha256_update(&fh->h, fh->ring[slot], fh->len[slot]);
+        pthread_mutex_lock(&fh->mu);
+        if (rc && !fh->err) fh->err = rc;
+        fh->hashed++;
+        pthread_cond_broadcast(&fh->cv);
+    }
+    pthread_mutex_unlock(&fh->mu);
+    return NULL;
+}
+
+/* The next chunk to read into, once the hasher is done with it. */
+static uint8_t *file_hasher_slot(file_hasher *fh)
+{
+    pthread_mutex_lock(&fh->mu);
+    while (fh->posted - fh->hashed >= IMPORT_RING) pthread_cond_wait(&fh->cv, &fh->mu);
+    uint8_t *b = fh->ring[fh->posted % IMPORT_RING];
+    pthread_mutex_unlock(&fh->mu);
+    return b;
+}
+
+static void file_hasher_post(file_hasher *fh, size_t len)
+{
+    pthread_mutex_lock(&fh->mu);
+    fh->len[fh->posted % IMPORT_RING] = len;
+    fh->posted++;
+    pthread_cond_broadcast(&fh->cv);
+    pthread_mutex_unlock(&fh->mu);
+}
+
+static int file_hasher_start(file_hasher *fh, uint8_t *const bufs[IMPORT_RING])
+{
+    memset(fh, 0, sizeof *fh);
+    memcpy(fh->ring, bufs, sizeof fh->ring);
+    int rc = ckpt_sha256_init(&fh->h);
+    if (rc) return rc;
+    pthread_mutex_init(&fh->mu, NULL);
+    pthread_cond_init(&fh->cv, NULL);
+    if (pthread_create(&fh->thread, NULL, file_hasher_main, fh)) {
+        pthread_mutex_destroy(&fh->mu);
+        pthread_cond_destroy(&fh->cv);
+        ckpt_sha256_free(&fh->h);
+        return ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
+    }
+    return 0;
+}
+
+/* Waits for what was posted; the file's sha256 into hex (when hex). */
+static int file_hasher_finish(file_hasher *fh, char hex[65])
+{
+    pthread_mutex_lock(&fh->mu);
+    fh->closing = true;
+    pthread_cond_broadcast(&fh->cv);
+    pthread_mutex_unlock(&fh->mu);
+    pthread_join(fh->thread, NULL);
+    pthread_mutex_destroy(&fh->mu);
+    pthread_cond_destroy(&fh->cv);
+    int rc = fh->err;
+    if (!rc && hex) return ckpt_sha256_final_hex(&fh->h, hex);
+    ckpt_sha256_free(&fh->h);
+    return rc;
+}
+
+/* One tensor's bytes [off, off + n) of fd: into the file's hasher fh (unless
+ * NULL), a tensor hash th (unless NULL) and a blob writer w (unless NULL).
+ * Chunks come from fh's ring; spare (a chunk of its own) when fh is NULL. */
+static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, file_hasher *fh, uint8_t *spare,
+                       ckpt_sha256 *th, store_blob_writer *w)
+{
+    for (uint64_t done = 0; done < n;) {
+        size_t k = n - done < IMPORT_CHUNK ? (size_t)(n - done) : IMPORT_CHUNK;
+        uint8_t *buf = fh ? file_hasher_slot(fh) : spare;
+        int rc = ckpt_pread_full(fd, buf, k, off + done, path);
+        if (!rc && fh) file_hasher_post(fh, k);
+        if (!rc && th) rc = ckpt_sha256_update(th, buf, k);
+        if (!rc && w) rc = store_blob_write(w, buf, k);
+        if (rc) return rc;
+        done += k;
+    }
+    return 0;
+}
+
+/* Safetensors file -> header bytes + one blob per tensor, file hashed
+ * alongside. Tensors the store holds already are not written again: after a
+ * tensor found stored (an import of the same or an overlapping checkpoint),
+ * the next is hashed first and written only when it turns out new (reading it
+ * twice); after a new one, the next is hashed while written. */
+static int import_safetensors(ckpt_store *s, const char *path, const found_file *ff, store_file_rec *fr,
+                              writer_list *wl, uint8_t *const bufs[IMPORT_RING + 1], bool *probe)
+{
+    st_file f;
+    int rc = st_open(&f, path);
+    if (rc) return rc;
+    if ((rc = check_same_file(f.fd, path, ff))) {
+        st_close(&f);
+        return rc;
+    }
+    fr->size = f.file_size;
+    fr->header_len = (size_t)f.data_start;
+    fr->header = ckpt_malloc(fr->header_len);
+    fr->tensors = ckpt_calloc(f.ntensors + 1, sizeof *fr->tensors);
+    fr->ntensors = fr->cap = f.ntensors;
+    file_hasher fh;
+    bool hashing = false;
+    if (!fr->header || !fr->tensors) rc = CKPT_ENOMEM;
+    if (!rc) rc = ckpt_pread_full(f.fd, fr->header, fr->header_len, 0, path);
+    if (!rc && !(rc = file_hasher_start(&fh, bufs))) hashing = true;
+    if (!rc) { /* the header goes first, through the ring like the rest */
+        for (size_t done = 0; done < fr->header_len;) {
+            size_t k = fr->header_len - done < IMPORT_CHUNK ? fr->header_len - done : IMPORT_CHUNK;
+            memcpy(file_hasher_slot(&fh), fr->header + done, k);
+            file_hasher_post(&fh, k);
+            done += k;
+        }
+    }
+    posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    for (size_t i = 0; !rc && i < f.ntensors; i++) {
+        const st_tensor *t = &f.tensors[i]; /* in offset order: the data section is read front to back */
+        char sha[65] = "";
+        bool have = false, fed = false;
+        if (*probe) {
+            ckpt_sha256 th;
+            if (!(rc = ckpt_sha256_init(&th))) {
+                rc = feed_tensor(f.fd, path, t->offset, t->nbytes, &fh, NULL, &th, NULL);
+                if (!rc) rc = ckpt_sha256_final_hex(&th, sha);
+                else ckpt_sha256_free(&th);
+            }
+            fed = !rc;
+            if (!rc) rc = store_blob_claim(s, sha, t->nbytes, &have);
+        }
+        if (!rc && !have) {
+            store_blob_writer *w = new_writer(s, wl, &rc);
+            if (!rc) rc = feed_tensor(f.fd, path, t->offset, t->nbytes, fed ? NULL : &fh, bufs[IMPORT_RING], NULL, w);
+            if (!rc) rc = store_blob_end(w);
+            if (!rc && fed && strcmp(sha, w->sha256))
+                rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", path, t->name);
+            if (!rc) memcpy(sha, w->sha256, sizeof sha);
+            /* Stored already: the next tensor may be too. */
+            if (!rc) {
+                char *bp = store_blob_path(s, sha);
+                *probe = bp && access(bp, F_OK) == 0;
+                free(bp);
+            }
+        } else if (!rc) {
+            *probe = true;
+        }
+        if (!rc) {
+            fr->tensors[i].name = ckpt_strdup(t->name);
+            fr->tensors[i].blob = ckpt_strdup(sha);
+            if (!fr->tensors[i].name || !fr->tensors[i].blob) rc = CKPT_ENOMEM;
+        }
+    }
+    if (hashing) {
+        int hrc = file_hasher_finish(&fh, rc ? NULL : fr->sha256);
+        if (!rc) rc = hrc;
+    }
+    st_close(&f);
+    return rc;
+}
+
+int store_content_id(const store_ckpt_rec *r, char out[41])
+{
+    ckpt_sha256 h;
+    int rc = ckpt_sha256_init(&h);
+    for (size_t f = 0; !rc && f < r->nfiles; f++) {
+        rc = ckpt_sha256_update(&h, r->files[f].path, strlen(r->files[f].path) + 1);
+        if (!rc) rc = ckpt_sha256_update(&h, r->files[f].sha256, 64);
+        if (!rc) rc = ckpt_sha256_update(&h, "\n", 1);
+    }
+    char hex[65];
+    if (rc) {
+        ckpt_sha256_free(&h);
+        return rc;
+    }
+    rc = ckpt_sha256_final_hex(&h, hex);
+    memcpy(out, hex, 40);
+    out[40] = 0;
+    return rc;
+}
+
+static bool is_commit_sha(const char *s)
+{
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (!isxdigit((unsigned char)s[n]) || isupper((unsigned char)s[n])) return false;
+    return n == 40;
+}
+
+int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed)
+{
+    *existed = false;
+    memset(out, 0, sizeof *out);
+    int rc = store_repo_name_check(o->repo);
+    if (rc) return rc;
+    if (!ckpt_is_dir(dir)) return ckpt_error_set(CKPT_ENOTFOUND, "%s: not a directory", dir);
+    file_list fl = {0};
+    rc = walk(dir, "", &fl, 0);
+    if (!rc && fl.n == 0) rc = ckpt_error_set(CKPT_EINVAL, "%s: no files to import", dir);
+    if (!rc) qsort(fl.v, fl.n, sizeof *fl.v, cmp_found);
+    store_ckpt_rec rec = {.repo = o->repo, .revision = o->revision ? o->revision : "main", .layout = ""};
+    writer_list wl = {0};
+    uint8_t *bufs[IMPORT_RING + 1] = {0}; /* the file hasher's ring, and one spare */
+    for (size_t i = 0; !rc && i <= IMPORT_RING; i++)
+        if (!(bufs[i] = ckpt_malloc(IMPORT_CHUNK))) rc = CKPT_ENOMEM;
+    if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);
+    ckpt_progress prog;
+    ckpt_progress_start(&prog, "import", fl.n);
+    bool probe = true; /* hash a tensor before writing it: is it stored already? */
+    for (size_t i = 0; !rc && i < fl.n; i++) {
+        store_file_rec *fr = &rec.files[rec.nfiles++];
+        memset(fr, 0, sizeof *fr);
+        fr->path = fl.v[i].path;
+        fl.v[i].path = NULL;
+        char *full = ckpt_path_join(dir, fr->path);
+        if (!full) rc = CKPT_ENOMEM;
+        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, &fl.v[i], fr, &wl, bufs, &probe);
+        else rc = import_plain(s, full, &fl.v[i], fr, &wl, bufs[0]);
+        free(full);
+        if (!o->quiet) ckpt_progress_update(&prog, i + 1);
+    }
+    char commit[41];
+    if (!rc) rc = store_content_id(&rec, commit);
+    const char *rev = rec.revision;
+    rec.commit = is_commit_sha(rev) ? rev : commit;
+    int64_t id = 0;
+    if (!rc) rc = store_find(s, rec.repo, rec.commit, "", &id);
+    if (!rc && id) {
+        /* Same content already stored: keep its blobs, point the revision at it. */
+        *existed = true;
+        for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
+        wl.n = 0;
+        rc = store_set_ref(s, rec.repo, rev, id);
+        store_leases_release(s); /* what the probe claimed */
+    } else if (!rc) {
+        rc = store_blobs_publish(s, wl.w, wl.n);
+        wl.n = 0;
+        if (!rc) rc = store_commit_checkpoint(s, &rec, &id, existed);
+    }
+    if (rc) store_leases_release_after_error(s);
+    if (!rc) rc = store_get(s, id, out);
+    for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
+    free(wl.w);
+    for (size_t i = 0; i < fl.n; i++) free(fl.v[i].path);
+    free(fl.v);
+    for (size_t i = 0; i <= IMPORT_RING; i++) free(bufs[i]);
+    store_ckpt_rec_free(&rec);
+    return rc;
+}

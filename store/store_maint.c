@@ -1,0 +1,272 @@
+/*
+ * store_maint.c — gc, du, rm and blob verification for the store.
+ *
+ * gc holds the catalog's write lock (BEGIN IMMEDIATE) while it decides and
+ * deletes, so no import can lease a blob in between: a blob survives when a
+ * checkpoint references it or a live process leases it. Temp files and
+ * folders in tmp/ carry their writer's pid and start time; those of dead
+ * writers are removed.
+ */
+#include "store/store.h"
+
+#include "common/error.h"
+#include "common/fault.h"
+#include "common/fsutil.h"
+#include "common/sha256.h"
+#include "common/util.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static bool writer_alive(int pid, int64_t start)
+{
+    return pid > 0 && store_proc_start_time(pid) == start;
+}
+
+/* "<kind>-<pid>-<start>..." from a tmp/ entry name (kind may hold dashes
+ * itself: "state-export-<pid>-<start>.tmp-..."); false when not ours. */
+static bool parse_temp_name(const char *name, int *pid, long long *start)
+{
+    for (const char *dash = strchr(name, '-'); dash; dash = strchr(dash + 1, '-')) {
+        int used = 0;
+        if (sscanf(dash + 1, "%d-%lld%n", pid, start, &used) == 2 && *pid > 0 &&
+            (dash[1 + used] == '\0' || dash[1 + used] == '.' || dash[1 + used] == '-'))
+            return true;
+    }
+    return false;
+}
+
+static int drop_stale_leases(ckpt_store *s, uint64_t *dropped)
+{
+    sqlite3_stmt *st, *del;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT DISTINCT pid, start_time FROM blob_leases");
+    if (!rc) rc = catalog_prepare(&s->cat, &del, "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
+    else return rc;
+    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+        int pid = sqlite3_column_int(st, 0);
+        int64_t start = sqlite3_column_int64(st, 1);
+        if (writer_alive(pid, start)) continue;
+        sqlite3_bind_int(del, 1, pid);
+        sqlite3_bind_int64(del, 2, start);
+        if (sqlite3_step(del) != SQLITE_DONE) rc = catalog_error(&s->cat, "drop stale lease");
+        *dropped += (uint64_t)sqlite3_changes(s->cat.db);
+        sqlite3_reset(del);
+    }
+    sqlite3_finalize(st);
+    sqlite3_finalize(del);
+    return rc;
+}
+
+static int blob_wanted(ckpt_store *s, sqlite3_stmt *q, const char *sha, bool *wanted)
+{
+    sqlite3_bind_text(q, 1, sha, -1, SQLITE_STATIC);
+    int step = sqlite3_step(q);
+    *wanted = step == SQLITE_ROW;
+    sqlite3_reset(q);
+    return step == SQLITE_ROW || step == SQLITE_DONE ? 0 : catalog_error(&s->cat, "look up blob");
+}
+
+/* Calls fn for each blob file: its sha256 (from the path) and full path. */
+typedef int (*blob_fn)(void *ctx, const char *sha, const char *path, uint64_t size);
+
+static int for_each_blob(ckpt_store *s, blob_fn fn, void *ctx)
+{
+    DIR *top = opendir(s->blob_dir);
+    if (!top) return ckpt_error_sys("%s: open", s->blob_dir);
+    int rc = 0;
+    struct dirent *d;
+    while (!rc && (d = readdir(top))) {
+        if (strlen(d->d_name) != 2) continue;
+        char *sub = ckpt_path_join(s->blob_dir, d->d_name);
+        DIR *dd = sub ? opendir(sub) : NULL;
+        struct dirent *e;
+        while (dd && !rc && (e = readdir(dd))) {
+            if (strlen(e->d_name) != 62) continue;
+            char sha[65], *path = ckpt_path_join(sub, e->d_name);
+            snprintf(sha, sizeof sha, "%.2s%.62s", d->d_name, e->d_name);
+            struct stat st;
+            if (path && stat(path, &st) == 0) rc = fn(ctx, sha, path, (uint64_t)st.st_size);
+            free(path);
+        }
+        if (dd) closedir(dd);
+        free(sub);
+    }
+    closedir(top);
+    return rc;
+}
+
+typedef struct {
+    ckpt_store *s;
+    sqlite3_stmt *q;
+    bool dry_run;
+    store_gc_result *res;
+} gc_ctx;
+
+static int gc_blob(void *vctx, const char *sha, const char *path, uint64_t size)
+{
+    gc_ctx *g = vctx;
+    bool wanted;
+    int rc = blob_wanted(g->s, g->q, sha, &wanted);
+    if (rc || wanted) return rc;
+    if (!g->dry_run && unlink(path) < 0) return ckpt_error_sys("%s: remove", path);
+    if (!g->dry_run) ckpt_fault("gc.blob_removed");
+    g->res->blobs_removed++;
+    g->res->bytes_freed += size;
+    return 0;
+}
+
+static int gc_temps(ckpt_store *s, bool dry_run, store_gc_result *res)
+{
+    DIR *d = opendir(s->tmp_dir);
+    if (!d) return ckpt_error_sys("%s: open", s->tmp_dir);
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        int pid;
+        long long start;
+        if (e->d_name[0] == '.' || !parse_temp_name(e->d_name, &pid, &start)) continue;
+        if (writer_alive(pid, start)) continue;
+        char *path = ckpt_path_join(s->tmp_dir, e->d_name);
+        if (!path) rc = CKPT_ENOMEM;
+        else if (!dry_run) rc = ckpt_rm_rf(path);
+        res->temps_removed++;
+        free(path);
+    }
+    closedir(d);
+    return rc;
+}
+
+int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res)
+{
+    memset(res, 0, sizeof *res);
+    int rc = catalog_begin(&s->cat);
+    if (rc) return rc;
+    gc_ctx g = {.s = s, .dry_run = dry_run, .res = res};
+    rc = drop_stale_leases(s, &res->leases_dropped);
+    if (!rc)
+        rc = catalog_prepare(&s->cat, &g.q,
+                             "SELECT 1 FROM checkpoint_blobs WHERE blob = ?1 UNION ALL SELECT 1 FROM blob_leases WHERE blob = ?1 LIMIT 1");
+    if (!rc) rc = for_each_blob(s, gc_blob, &g);
+    sqlite3_finalize(g.q);
+    if (!rc) rc = gc_temps(s, dry_run, res);
+    if (rc || dry_run) {
+        catalog_rollback(&s->cat);
+        return rc;
+    }
+    return catalog_commit(&s->cat);
+}
+
+static int du_blob(void *vctx, const char *sha, const char *path, uint64_t size)
+{
+    store_du_result *r = vctx;
+    (void)sha;
+    (void)path;
+    r->blobs++;
+    r->physical += size;
+    return 0;
+}
+
+int store_du(ckpt_store *s, store_du_result *res)
+{
+    memset(res, 0, sizeof *res);
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT count(*), coalesce(sum(total_size), 0) FROM checkpoints");
+    if (rc) return rc;
+    if (sqlite3_step(st) == SQLITE_ROW) {
+        res->checkpoints = (uint64_t)sqlite3_column_int64(st, 0);
+        res->logical = (uint64_t)sqlite3_column_int64(st, 1);
+    }
+    sqlite3_finalize(st);
+    struct stat sb;
+    if (stat(s->cat.path, &sb) == 0) res->db_bytes = (uint64_t)sb.st_size;
+    return for_each_blob(s, du_blob, res);
+}
+
+int store_rm(ckpt_store *s, const store_ckpt *c)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_begin(&s->cat);
+    if (!rc) rc = catalog_prepare(&s->cat, &st, "DELETE FROM checkpoints WHERE id = ?");
+    if (!rc) {
+        sqlite3_bind_int64(st, 1, c->id);
+        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "remove checkpoint");
+        sqlite3_finalize(st);
+    }
+    if (rc) {
+        catalog_rollback(&s->cat);
+        return rc;
+    }
+    return catalog_commit(&s->cat);
+}
+
+/* Reports which checkpoints and files a damaged blob breaks. */
+static void report_users(ckpt_store *s, const char *sha, const char *problem, store_verify_report report, void *ctx)
+{
+    sqlite3_stmt *st;
+    if (catalog_prepare(&s->cat, &st,
+                        "SELECT c.id, f.path, NULL FROM files f JOIN checkpoints c ON c.id = f.checkpoint_id WHERE f.blob = ?1 "
+                        "UNION ALL SELECT c.id, t.path, t.name FROM tensors t JOIN checkpoints c ON c.id = t.checkpoint_id "
+                        "WHERE t.blob = ?1 OR (t.recipe IS NOT NULL AND instr(t.recipe, ?1) > 0) ORDER BY 1, 2, 3") < 0)
+        return;
+    sqlite3_bind_text(st, 1, sha, -1, SQLITE_STATIC);
+    char line[2048];
+    snprintf(line, sizeof line, "damaged blob %s: %s", sha, problem);
+    report(ctx, line);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        store_ckpt c;
+        if (store_get(s, sqlite3_column_int64(st, 0), &c) < 0) continue;
+        char *ref = store_ckpt_ref(&c);
+        const unsigned char *tensor = sqlite3_column_text(st, 2);
+        snprintf(line, sizeof line, "  breaks %s file %s%s%s%s", ref ? ref : "?", sqlite3_column_text(st, 1),
+                 tensor ? " (tensor '" : "", tensor ? (const char *)tensor : "", tensor ? "')" : "");
+        report(ctx, line);
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    sqlite3_finalize(st);
+}
+
+int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, void *ctx, uint64_t *damaged)
+{
+    *damaged = 0;
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st,
+                             "SELECT DISTINCT blob FROM checkpoint_blobs WHERE ?1 = 0 OR checkpoint_id = ?1 ORDER BY blob");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    char **list = NULL;
+    size_t n = 0, cap = 0;
+    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+        if ((rc = ckpt_grow(&list, &cap, n + 1, sizeof *list))) break;
+        if (!(list[n] = ckpt_strdup((const char *)sqlite3_column_text(st, 0)))) rc = CKPT_ENOMEM;
+        else n++;
+    }
+    sqlite3_finalize(st);
+    for (size_t i = 0; !rc && i < n; i++) {
+        char *path = store_blob_path(s, list[i]), hex[65];
+        if (!path) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        const char *problem = NULL;
+        char detail[128];
+        if (!ckpt_exists(path)) problem = "missing";
+        else if (ckpt_sha256_file_hex(path, hex) < 0) problem = "unreadable";
+        else if (strcmp(hex, list[i])) {
+            snprintf(detail, sizeof detail, "its bytes hash to %.16s...", hex);
+            problem = detail;
+        }
+        if (problem) {
+            (*damaged)++;
+            report_users(s, list[i], problem, report, ctx);
+        }
+        free(path);
+    }
+    for (size_t i = 0; i < n; i++) free(list[i]);
+    free(list);
+    return rc;
+}

@@ -1,0 +1,418 @@
+/*
+ * consolidate.c — rebuild the original checkpoint from a converted directory
+ * and its ckpt-layout.json alone (spec §8).
+ *
+ * Every output part says which box of which original tensor it holds, so the
+ * inverse needs no knowledge of the rules: each part becomes a part of the
+ * original tensor reading from the stored tensor. Padding (zero parts) maps
+ * to nothing and is dropped. A box held more than once — a replicated tensor
+ * on every rank, a KV head replicated m times — is written from its first
+ * holder (rank 0 first) and every other copy is checked equal, naming the
+ * rank that differs. The original files are rebuilt with their own tensors
+ * and __metadata__, and the original index text is written back, so without
+ * a lossy cast the files are byte-identical to the source.
+ */
+#include "transform/convert.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "lora/lora.h"
+#include "transform/state_convert.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    plan_tensor t; /* the original tensor being rebuilt */
+    size_t file;   /* index into source.files */
+} orig_tensor;
+
+typedef struct {
+    json_t *layout;
+    int tp;
+    ckpt_checkpoint *ranks; /* tp entries */
+    size_t *first_source;   /* per rank: index of its first plan_source */
+    exec_plan exec;
+    orig_tensor *orig; /* sorted by name */
+    size_t norig;
+    const char *what; /* path of ckpt-layout.json */
+} consolidation;
+
+static int cmp_orig(const void *a, const void *b)
+{
+    return strcmp(((const orig_tensor *)a)->name, ((const orig_tensor *)b)->name);
+}
+
+static orig_tensor *find_orig(consolidation *c, const char *name)
+{
+    orig_tensor key = {.name = name};
+    return bsearch(&key, c->orig, c->norig, sizeof *c->orig, cmp_orig);
+}
+
+static int parse_shape(const json_t *a, int *ndim, uint64_t *shape, const char *what, const char *name)
+{
+    if (!json_is_array(a) || json_array_size(a) > PLAN_MAX_DIM)
+        return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s': bad shape", what, name);
+    *ndim = (int)json_array_size(a);
+    for (int k = 0; k < *ndim; k++) {
+        json_t *v = json_array_get(a, (size_t)k);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s': bad shape", what, name);
+        shape[k] = (uint64_t)json_integer_value(v);
+    }
+    return 0;
+}
+
+static int parse_dtype(const json_t *j, ckpt_dtype *dt, const char *what, const char *name)
+{
+    const char *s = json_string_value(json_object_get(j, "dtype"));
+    if (!s || ckpt_dtype_from_name(s, dt) < 0)
+        return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s': bad dtype", what, name);
+    return 0;
+}
+
+/* The original tensors, from source.files[].tensors. */
+static int load_originals(consolidation *c)
+{
+    json_t *files = json_object_get(json_object_get(c->layout, "source"), "files");
+    if (!json_is_array(files)) return ckpt_error_set(CKPT_EINVAL, "%s: missing source.files", c->what);
+    size_t n = 0, fi;
+    json_t *f;
+    json_array_foreach(files, fi, f) n += json_array_size(json_object_get(f, "tensors"));
+    c->orig = ckpt_calloc(n + 1, sizeof *c->orig);
+    if (!c->orig) return CKPT_ENOMEM;
+    json_array_foreach(files, fi, f)
+    {
+        size_t ti;
+        json_t *t;
+        json_array_foreach(json_object_get(f, "tensors"), ti, t)
+        {
+            orig_tensor *o = &c->orig[c->norig];
+            const char *name = json_string_value(json_object_get(t, "name"));
+            if (!name) return ckpt_error_set(CKPT_EINVAL, "%s: source tensor without a name", c->what);
+            o->name = name;
+            o->file = fi;
+            o->t.rank = PLAN_ALL_RANKS;
+            if (!(o->t.name = ckpt_strdup(name))) return CKPT_ENOMEM;
+            c->norig++;
+            int rc = parse_dtype(t, &o->t.dtype, c->what, name);
+            if (!rc) rc = parse_shape(json_object_get(t, "shape"), &o->t.ndim, o->t.shape, c->what, name);
+            if (rc) return rc;
+        }
+    }
+    qsort(c->orig, c->norig, sizeof *c->orig, cmp_orig);
+    for (size_t i = 1; i < c->norig; i++)
+        if (!strcmp(c->orig[i].name, c->orig[i - 1].name))
+            return ckpt_error_set(CKPT_EINVAL, "%s: source tensor '%s' listed twice", c->what, c->orig[i].name);
+    return 0;
+}
+
+static int open_ranks(consolidation *c, const char *src)
+{
+    c->ranks = ckpt_calloc((size_t)c->tp, sizeof *c->ranks);
+    c->first_source = ckpt_calloc((size_t)c->tp, sizeof *c->first_source);
+    if (!c->ranks || !c->first_source) return CKPT_ENOMEM;
+    for (int r = 0; r < c->tp; r++) {
+        char sub[32];
+        snprintf(sub, sizeof sub, "tp_rank_%02d", r);
+        char *dir = c->tp > 1 ? ckpt_path_join(src, sub) : ckpt_strdup(src);
+        if (!dir) return CKPT_ENOMEM;
+        int rc = lora_layout_is_adapter(c->layout) /* a converted LoRA adapter: adapter_model.safetensors */
+                     ? ckpt_checkpoint_open_prefix(&c->ranks[r], dir, LORA_WEIGHTS_PREFIX)
+                     : state_checkpoint_open(&c->ranks[r], dir); /* with a training state's optimizer files */
+        free(dir);
+        if (!rc) rc = convert_add_sources(&c->exec, &c->ranks[r], &c->first_source[r]);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static bool same_box(const plan_part *a, const plan_part *b, int ndim)
+{
+    for (int k = 0; k < ndim; k++)
+        if (a->lo[k] != b->lo[k] || a->ext[k] != b->ext[k]) return false;
+    return true;
+}
+
+/* Adds the inverse of stored part p (of stored tensor src_index, rank r) to orig. */
+static int add_inverse(consolidation *c, orig_tensor *o, const plan_part *p, int stored_ndim, int32_t src_index,
+                       int rank)
+{
+    plan_part inv;
+    memset(&inv, 0, sizeof inv);
+    inv.src = src_index;
+    for (int a = 0; a < o->t.ndim; a++) {
+        inv.axis_map[a] = -1;
+        inv.lo[a] = p->src_lo[a];
+        inv.ext[a] = 1;
+    }
+    for (int k = 0; k < stored_ndim; k++) {
+        inv.src_lo[k] = p->lo[k];
+        int a = p->axis_map[k];
+        if (a < 0) continue;
+        inv.axis_map[a] = (int8_t)k;
+        inv.ext[a] = p->ext[k];
+    }
+    for (int a = 0; a < o->t.ndim; a++)
+        if (inv.lo[a] + inv.ext[a] > o->t.shape[a])
+            return ckpt_error_set(CKPT_EINVAL, "%s: a part of '%s' lies outside the original tensor", c->what, o->name);
+    for (size_t i = 0; i < o->t.nparts; i++) {
+        if (!same_box(&o->t.parts[i], &inv, o->t.ndim)) continue;
+        int rc = ckpt_grow(&o->t.checks, &o->t.checks_cap, o->t.nchecks + 1, sizeof *o->t.checks);
+        if (rc) return rc;
+        struct plan_check *ck = &o->t.checks[o->t.nchecks];
+        ck->primary = o->t.parts[i];
+        ck->dup = inv;
+        ck->what = c->tp > 1 ? ckpt_sprintf("rank %d", rank) : ckpt_strdup("a replica");
+        if (!ck->what) return CKPT_ENOMEM;
+        o->t.nchecks++;
+        return 0;
+    }
+    return plan_tensor_add_part(&o->t, &inv);
+}
+
+static int invert_entry(consolidation *c, const json_t *e)
+{
+    const char *name = json_string_value(json_object_get(e, "name"));
+    if (!name) return ckpt_error_set(CKPT_EINVAL, "%s: an output tensor has no name", c->what);
+    json_t *jr = json_object_get(e, "rank");
+    int r0 = 0, r1 = c->tp;
+    if (json_is_integer(jr)) {
+        json_int_t r = json_integer_value(jr);
+        if (r < 0 || r >= c->tp) return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' has rank %lld", c->what, name, (long long)r);
+        r0 = (int)r;
+        r1 = r0 + 1;
+    }
+    ckpt_dtype dt;
+    int ndim;
+    uint64_t shape[PLAN_MAX_DIM];
+    int rc = parse_dtype(e, &dt, c->what, name);
+    if (!rc) rc = parse_shape(json_object_get(e, "shape"), &ndim, shape, c->what, name);
+    if (rc) return rc;
+    json_t *parts = json_object_get(e, "parts");
+    if (!json_is_array(parts)) return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' has no parts", c->what, name);
+    for (int r = r0; r < r1; r++) {
+        const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&c->ranks[r], name);
+        if (!ref) return ckpt_error_set(CKPT_ENOTFOUND, "rank %d: tensor '%s' listed in %s is missing", r, name, c->what);
+        const st_tensor *st = ref->t;
+        bool match = st->dtype == dt && st->ndim == ndim;
+        for (int k = 0; match && k < ndim; k++) match = st->shape[k] == shape[k];
+        if (!match)
+            return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' does not have the dtype and shape %s records",
+                                  c->ranks[r].files[ref->file].path, name, c->what);
+        int32_t src_index = (int32_t)(c->first_source[r] + (size_t)(ref - c->ranks[r].tensors));
+        size_t pi;
+        json_t *jp;
+        json_array_foreach(parts, pi, jp)
+        {
+            if (json_is_true(json_object_get(jp, "zero"))) continue;
+            const char *sname = json_string_value(json_object_get(jp, "src"));
+            orig_tensor *o = sname ? find_orig(c, sname) : NULL;
+            if (!o) return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' names an unknown source tensor", c->what, name);
+            plan_part p;
+            char what[512];
+            snprintf(what, sizeof what, "%s: tensor '%s' part %zu", c->what, name, pi);
+            /* The executor converts between float dtypes only (a cast layout). */
+            if (o->t.dtype != dt && !(ckpt_dtype_is_castable_float(o->t.dtype) && ckpt_dtype_is_castable_float(dt)))
+                return ckpt_error_set(CKPT_EINVAL, "%s: the stored tensor is %s, its source '%s' %s: only float dtypes convert",
+                                      what, ckpt_dtype_name(dt), o->name, ckpt_dtype_name(o->t.dtype));
+            if ((rc = plan_part_from_json(&p, jp, ndim, o->t.ndim, what))) return rc;
+            for (int k = 0; k < ndim; k++)
+                if (p.lo[k] + p.ext[k] > shape[k]) return ckpt_error_set(CKPT_EINVAL, "%s lies outside the tensor", what);
+            if ((rc = add_inverse(c, o, &p, ndim, src_index, r))) return rc;
+        }
+    }
+    return 0;
+}
+
+static int cmp_part_lo0(const void *a, const void *b, void *arg)
+{
+    const plan_tensor *t = arg;
+    const plan_part *pa = &t->parts[*(const size_t *)a], *pb = &t->parts[*(const size_t *)b];
+    return pa->lo[0] < pb->lo[0] ? -1 : pa->lo[0] > pb->lo[0];
+}
+
+static bool boxes_meet(const plan_part *a, const plan_part *b, int ndim)
+{
+    for (int k = 0; k < ndim; k++)
+        if (a->lo[k] >= b->lo[k] + b->ext[k] || b->lo[k] >= a->lo[k] + a->ext[k]) return false;
+    return true;
+}
+
+/* The parts of an original tensor do not overlap: with their element counts
+ * summing to the tensor's (check_coverage), they then cover it exactly. A
+ * sweep along axis 0 compares only parts whose rows meet. */
+#define OVERLAP_MAX_COMPARES 100000000ULL
+static int check_disjoint(consolidation *c, const orig_tensor *o)
+{
+    const plan_tensor *t = &o->t;
+    if (t->nparts < 2) return 0;
+    if (t->ndim == 0)
+        return ckpt_error_set(CKPT_EINVAL, "%s: the shards hold scalar '%s' more than once in different places", c->what,
+                              o->name);
+    size_t *order = ckpt_calloc(t->nparts, sizeof *order);
+    if (!order) return CKPT_ENOMEM;
+    for (size_t i = 0; i < t->nparts; i++) order[i] = i;
+    qsort_r(order, t->nparts, sizeof *order, cmp_part_lo0, (void *)t);
+    int rc = 0;
+    uint64_t compares = 0;
+    for (size_t i = 0; !rc && i < t->nparts; i++) {
+        const plan_part *a = &t->parts[order[i]];
+        for (size_t j = i + 1; !rc && j < t->nparts; j++) {
+            const plan_part *b = &t->parts[order[j]];
+            if (b->lo[0] >= a->lo[0] + a->ext[0]) break;
+            if (++compares > OVERLAP_MAX_COMPARES)
+                rc = ckpt_error_set(CKPT_ELIMIT, "%s: '%s' has too many overlapping parts", c->what, o->name);
+            else if (boxes_meet(a, b, t->ndim)) {
+                char la[160], lb[160];
+                rc = ckpt_error_set(CKPT_EINVAL,
+                                    "%s: two parts of '%s' overlap (at %s and %s): the layout metadata is damaged",
+                                    c->what, o->name, plan_shape_str(t->ndim, a->lo, la, sizeof la),
+                                    plan_shape_str(t->ndim, b->lo, lb, sizeof lb));
+            }
+        }
+    }
+    free(order);
+    return rc;
+}
+
+static int check_coverage(consolidation *c)
+{
+    for (size_t i = 0; i < c->norig; i++) {
+        int rc = check_disjoint(c, &c->orig[i]);
+        if (rc) return rc;
+    }
+    for (size_t i = 0; i < c->norig; i++) {
+        const plan_tensor *t = &c->orig[i].t;
+        uint64_t covered = 0, numel = plan_tensor_numel(t);
+        for (size_t j = 0; j < t->nparts; j++) {
+            uint64_t v = 1;
+            for (int k = 0; k < t->ndim; k++) v *= t->parts[j].ext[k];
+            covered += v;
+        }
+        if (covered != numel)
+            return ckpt_error_set(CKPT_EINVAL,
+                                  "%s: the shards hold %llu of the %llu elements of '%s' (dropped by the rules, or the "
+                                  "layout metadata is damaged)",
+                                  c->what, (unsigned long long)covered, (unsigned long long)numel, c->orig[i].name);
+    }
+    return 0;
+}
+
+/* One output file per original file, with its tensors and __metadata__. */
+static int layout_files(consolidation *c)
+{
+    json_t *files = json_object_get(json_object_get(c->layout, "source"), "files");
+    size_t nf = json_array_size(files);
+    c->exec.files = ckpt_calloc(nf + 1, sizeof *c->exec.files);
+    if (!c->exec.files) return CKPT_ENOMEM;
+    size_t fi;
+    json_t *f;
+    json_array_foreach(files, fi, f)
+    {
+        exec_file *ef = &c->exec.files[fi];
+        c->exec.nfiles++;
+        st_layout_init(&ef->layout);
+        const char *name = json_string_value(json_object_get(f, "name"));
+        if (!name || !ckpt_shard_name_safe(name))
+            return ckpt_error_set(CKPT_EINVAL, "%s: unsafe or missing source file name", c->what);
+        if (!(ef->rel = ckpt_strdup(name))) return CKPT_ENOMEM;
+        size_t nt = json_array_size(json_object_get(f, "tensors"));
+        ef->tensors = ckpt_calloc(nt + 1, sizeof *ef->tensors);
+        if (!ef->tensors) return CKPT_ENOMEM;
+        int rc = 0;
+        for (size_t i = 0; !rc && i < c->norig; i++) {
+            orig_tensor *o = &c->orig[i];
+            if (o->file != fi) continue;
+            ef->tensors[ef->ntensors] = &o->t;
+            rc = st_layout_add(&ef->layout, o->name, o->t.dtype, o->t.ndim, o->t.shape, ef->ntensors);
+            ef->ntensors++;
+        }
+        const char *key;
+        json_t *val;
+        json_object_foreach(json_object_get(f, "metadata"), key, val)
+        {
+            if (!rc) rc = json_is_string(val) ? st_layout_set_meta(&ef->layout, key, json_string_value(val))
+                                              : ckpt_error_set(CKPT_EINVAL, "%s: metadata of '%s' is not text", c->what, name);
+        }
+        if (!rc) rc = st_layout_finish(&ef->layout);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int write_index(consolidation *c, const char *tmp)
+{
+    json_t *src = json_object_get(c->layout, "source");
+    const char *text = json_string_value(json_object_get(src, "index"));
+    const char *name = json_string_value(json_object_get(src, "index_name"));
+    if (!text) return 0;
+    if (!name || !ckpt_shard_name_safe(name) || strchr(name, '/'))
+        return ckpt_error_set(CKPT_EINVAL, "%s: unsafe index name", c->what);
+    char *path = ckpt_path_join(tmp, name);
+    int rc = path ? ckpt_write_file_atomic(path, text, json_string_length(json_object_get(src, "index"))) : CKPT_ENOMEM;
+    free(path);
+    return rc;
+}
+
+static void consolidation_free(consolidation *c)
+{
+    for (int r = 0; c->ranks && r < c->tp; r++) ckpt_checkpoint_close(&c->ranks[r]);
+    free(c->ranks);
+    free(c->first_source);
+    for (size_t i = 0; i < c->norig; i++) plan_tensor_free(&c->orig[i].t);
+    free(c->orig);
+    exec_plan_free(&c->exec);
+    json_decref(c->layout);
+}
+
+int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
+{
+    consolidation c;
+    memset(&c, 0, sizeof c);
+    char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);
+    if (!lpath) return CKPT_ENOMEM;
+    c.what = lpath;
+    int rc = cj_load_file(&c.layout, lpath, CONVERT_LAYOUT_MAX_BYTES);
+    if (rc == CKPT_ENOTFOUND)
+        rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: no %s here; is this the output of ckpt convert?", src, CONVERT_LAYOUT_FILE);
+    int64_t tp = 1, version = 0;
+    if (!rc) rc = cj_int(c.layout, "version", &version, lpath);
+    if (!rc && version != 1) rc = ckpt_error_set(CKPT_EINVAL, "%s: version %lld is not supported", lpath, (long long)version);
+    if (!rc) rc = cj_int(c.layout, "tp", &tp, lpath);
+    if (!rc && (tp < 1 || tp > PLAN_MAX_TP)) rc = ckpt_error_set(CKPT_EINVAL, "%s: bad tp %lld", lpath, (long long)tp);
+    c.tp = (int)tp;
+    o->lossy = json_is_true(json_object_get(c.layout, "lossy"));
+    if (!rc) rc = load_originals(&c);
+    if (!rc) rc = open_ranks(&c, src);
+    size_t i;
+    json_t *e;
+    if (!rc) json_array_foreach(json_object_get(c.layout, "tensors"), i, e)
+        {
+            if (!rc) rc = invert_entry(&c, e);
+        }
+    if (!rc) rc = check_coverage(&c);
+    if (!rc) rc = layout_files(&c);
+    char *tmp = NULL;
+    if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (!rc) {
+        exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "consolidate"};
+        rc = exec_run(&c.exec, tmp, &eo);
+        if (!rc) rc = write_index(&c, tmp);
+        if (!rc) rc = convert_copy_side_files(src, tmp);
+        if (!rc) rc = state_consolidate_finish(c.layout, src, tmp, c.tp);
+        if (!rc) rc = lora_consolidate_finish(c.layout, tmp);
+        if (!rc) rc = ckpt_fsync_dir(tmp);
+        if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+        if (rc) ckpt_rm_rf(tmp);
+        free(tmp);
+    }
+    consolidation_free(&c);
+    free(lpath);
+    return rc;
+}

@@ -1,0 +1,396 @@
+/* convert.c — plan a conversion from headers and config.json, then write it (see convert.h). */
+#include "transform/convert.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/interrupt.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "transform/layout_meta.h"
+#include "transform/lora_plan.h"
+#include "transform/presets.h"
+#include "transform/state_convert.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_source)
+{
+    size_t base_path = p->nsrc_paths;
+    char **paths = ckpt_realloc(p->src_paths, (p->nsrc_paths + c->nfiles + 1) * sizeof *paths);
+    if (!paths) return CKPT_ENOMEM;
+    p->src_paths = paths;
+    for (size_t f = 0; f < c->nfiles; f++) {
+        if (!(p->src_paths[p->nsrc_paths] = ckpt_strdup(c->files[f].path))) return CKPT_ENOMEM;
+        p->nsrc_paths++;
+    }
+    plan_source *src = ckpt_realloc(p->sources, (p->nsources + c->ntensors + 1) * sizeof *src);
+    if (!src) return CKPT_ENOMEM;
+    p->sources = src;
+    *first_source = p->nsources;
+    for (size_t i = 0; i < c->ntensors; i++) {
+        const st_tensor *t = c->tensors[i].t;
+        plan_source *s = &p->sources[p->nsources];
+        memset(s, 0, sizeof *s);
+        if (t->ndim > PLAN_MAX_DIM)
+            return ckpt_error_set(CKPT_ELIMIT, "tensor '%s' has %d dimensions; transforms handle at most %d", t->name,
+                                  t->ndim, PLAN_MAX_DIM);
+        if (!(s->name = ckpt_strdup(t->name))) return CKPT_ENOMEM;
+        s->file = base_path + c->tensors[i].file;
+        s->dtype = t->dtype;
+        s->ndim = t->ndim;
+        memcpy(s->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+        s->offset = t->offset;
+        s->nbytes = t->nbytes;
+        p->nsources++;
+    }
+    return 0;
+}
+
+static int cmp_tensor_ptr(const void *a, const void *b)
+{
+    const plan_tensor *x = *(plan_tensor *const *)a, *y = *(plan_tensor *const *)b;
+    return plan_name_cmp(x->name, y->name);
+}
+
+int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
+                          char **index_text)
+{
+    return convert_layout_folder_prefix(p, dir, "model", tensors, n, max_shard_size, index_text);
+}
+
+int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
+                                 uint64_t max_shard_size, char **index_text)
+{
+    *index_text = NULL;
+    qsort(tensors, n, sizeof *tensors, cmp_tensor_ptr);
+    uint64_t *sizes = ckpt_calloc(n + 1, sizeof *sizes);
+    size_t *shard_of = ckpt_calloc(n + 1, sizeof *shard_of);
+    char **names = ckpt_calloc(n + 1, sizeof *names), **files = ckpt_calloc(n + 1, sizeof *files);
+    int rc = sizes && shard_of && names && files ? 0 : CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = ckpt_dtype_nbytes(tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape, &sizes[i]);
+        if (rc) ckpt_error_prefix(rc, "tensor '%s'", tensors[i]->name);
+    }
+    size_t nshards = 0;
+    if (!rc) rc = ckpt_shard_assign(sizes, n, max_shard_size, shard_of, &nshards);
+    if (!rc && n == 0) nshards = 1;
+    size_t first = p->nfiles;
+    exec_file *ef = rc ? NULL : ckpt_realloc(p->files, (p->nfiles + nshards + 1) * sizeof *ef);
+    if (!rc && !ef) rc = CKPT_ENOMEM;
+    if (!rc) {
+        p->files = ef;
+        memset(&p->files[first], 0, nshards * sizeof *ef);
+    }
+    uint64_t total = 0;
+    for (size_t s = 0; !rc && s < nshards; s++) {
+        exec_file *f = &p->files[first + s];
+        p->nfiles++;
+        char *base = ckpt_shard_name(prefix, s, nshards);
+        f->rel = base ? (*dir ? ckpt_path_join(dir, base) : ckpt_strdup(base)) : NULL;
+        free(base);
+        f->tensors = ckpt_calloc(n + 1, sizeof *f->tensors);
+        st_layout_init(&f->layout);
+        if (!f->rel || !f->tensors) rc = CKPT_ENOMEM;
+        for (size_t i = 0; !rc && i < n; i++) {
+            if (shard_of[i] != s) continue;
+            f->tensors[f->ntensors] = tensors[i];
+            rc = st_layout_add(&f->layout, tensors[i]->name, tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape,
+                               f->ntensors);
+            f->ntensors++;
+            names[i] = tensors[i]->name;
+            files[i] = (char *)ckpt_basename(f->rel);
+            total += sizes[i];
+        }
+        if (!rc) rc = st_layout_set_meta(&f->layout, "format", "pt");
+        if (!rc) rc = st_layout_finish(&f->layout);
+    }
+    if (!rc && nshards > 1 && !(*index_text = ckpt_index_render(total, n, names, files))) rc = CKPT_ENOMEM;
+    free(sizes);
+    free(shard_of);
+    free(names);
+    free(files);
+    return rc;
+}
+
+/* --lora ADAPTER [--lora-scale S]: {"op": "lora_merge", ...} before the other rules. */
+static int prepend_lora(json_t *doc, const convert_opts *o)
+{
+    json_t *list = json_object_get(doc, "rules");
+    if (!o->lora || !json_is_array(list)) return 0;
+    char *abs = realpath(o->lora, NULL);
+    json_t *r = json_pack("{s:s,s:s}", "op", "lora_merge", "adapter", abs ? abs : o->lora);
+    free(abs);
+    if (r && o->lora_scale != 0) json_object_set_new(r, "scale", json_real(o->lora_scale));
+    if (!r || json_array_insert_new(list, 0, r)) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
+}
+
+static int build_rules(convert_plan *cp, const convert_opts *o)
+{
+    const char *what = o->rules_file;
+    int rc;
+    if (o->rules_file) {
+        rc = cj_load_file(&cp->rules_json, o->rules_file, RULES_MAX_BYTES);
+    } else {
+        if (!o->layout)
+            return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf, or --rules FILE)");
+        preset_opts po = {.preset = o->layout, .tp = o->tp > 0 ? o->tp : 1, .kv_size_multiplier = o->kv_size_multiplier,
+                          .dtype = o->dtype};
+        rc = preset_rules(&cp->rules_json, cp->config, &po, "config.json");
+        what = "preset rules";
+    }
+    if (!rc) rc = prepend_lora(cp->rules_json, o);
+    return rc ? rc : rules_parse(&cp->rules, cp->rules_json, what);
+}
+
+static int build_folders(convert_plan *cp, uint64_t max_shard)
+{
+    int tp = cp->tp;
+    cp->nfolders = (size_t)tp;
+    cp->folder_dirs = ckpt_calloc((size_t)tp, sizeof *cp->folder_dirs);
+    cp->index_texts = ckpt_calloc((size_t)tp, sizeof *cp->index_texts);
+    plan_tensor **list = ckpt_calloc(cp->set.n + 1, sizeof *list);
+    int rc = cp->folder_dirs && cp->index_texts && list ? 0 : CKPT_ENOMEM;
+    for (int r = 0; !rc && r < tp; r++) {
+        size_t n = 0, nparams = cp->set.n - state_plan_nslots(cp);
+        for (size_t i = 0; i < nparams; i++)
+            if (cp->set.t[i].rank == PLAN_ALL_RANKS || cp->set.t[i].rank == r) list[n++] = &cp->set.t[i];
+        cp->folder_dirs[r] = tp > 1 ? ckpt_sprintf("tp_rank_%02d", r) : ckpt_strdup("");
+        if (!cp->folder_dirs[r]) rc = CKPT_ENOMEM;
+        if (!rc) rc = convert_layout_folder(&cp->exec, cp->folder_dirs[r], list, n, max_shard, &cp->index_texts[r]);
+        if (!rc) rc = state_plan_layout_folder(cp, (size_t)r, max_shard);
+    }
+    free(list);
+    return rc;
+}
+
+int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *src_dir, json_t *config,
+                            const char *index_name, const char *index_text, const convert_opts *o)
+{
+    memset(cp, 0, sizeof *cp);
+    cp->src = *src;
+    memset(src, 0, sizeof *src);
+    cp->config = config;
+    cp->src_dir = ckpt_strdup(src_dir);
+    int rc = cp->src_dir ? 0 : CKPT_ENOMEM;
+    if (!rc && index_text) {
+        cp->index_name = ckpt_strdup(index_name);
+        cp->index_text = ckpt_strdup(index_text);
+        if (!cp->index_name || !cp->index_text) rc = CKPT_ENOMEM;
+    }
+    if (!rc) rc = build_rules(cp, o);
+    size_t first = 0;
+    if (!rc) rc = convert_add_sources(&cp->exec, &cp->src, &first);
+    if (!rc) rc = state_plan_init(cp);
+    for (size_t i = 0; !rc && i < cp->exec.nsources; i++) {
+        if (state_plan_is_slot_source(cp, i)) continue; /* optimizer slots follow their parameters below */
+        plan_tensor t;
+        rc = plan_tensor_from_source(&t, &cp->exec.sources[i], (int32_t)i);
+        if (!rc) rc = plan_set_push(&cp->set, &t);
+    }
+    if (!rc) rc = rules_apply(&cp->rules, &cp->set, &cp->result);
+    if (!rc) rc = lora_plan_derive(cp); /* lora_merge: merged weights become computed sources */
+    for (size_t i = 0; !rc && i < cp->set.n; i++) plan_tensor_coalesce(&cp->set.t[i]);
+    if (!rc) rc = state_plan_add_slots(cp);
+    if (!rc) {
+        cp->tp = cp->rules.tp;
+        for (size_t i = 0; i < cp->set.n && !rc; i++) {
+            int r = cp->set.t[i].rank;
+            if (r != PLAN_ALL_RANKS && r >= cp->tp)
+                rc = ckpt_error_set(CKPT_EINVAL, "tensor '%s' is split for rank %d but the layout has tp %d",
+                                    cp->set.t[i].name, r, cp->tp);
+        }
+    }
+    if (!rc && !(cp->layout_name = ckpt_strdup(cp->rules.layout))) rc = CKPT_ENOMEM;
+    if (!rc) rc = build_folders(cp, o->max_shard_size ? o->max_shard_size : CONVERT_DEFAULT_SHARD_SIZE);
+    if (rc) convert_plan_free(cp);
+    return rc;
+}
+
+int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o)
+{
+    ckpt_checkpoint c;
+    memset(cp, 0, sizeof *cp);
+    int rc = state_checkpoint_open(&c, src); /* a training state: model and optimizer files */
+    if (rc) return rc;
+    json_t *config = NULL;
+    char *cfg_path = ckpt_path_join(c.dir, "config.json"), *index_text = NULL;
+    if (!cfg_path) rc = CKPT_ENOMEM;
+    else if (ckpt_exists(cfg_path)) rc = cj_load_file(&config, cfg_path, CONVERT_CONFIG_MAX_BYTES);
+    free(cfg_path);
+    if (!rc && c.index_path) rc = ckpt_read_file(c.index_path, CKPT_INDEX_MAX_BYTES, &index_text, NULL);
+    char *dir = rc ? NULL : ckpt_strdup(c.dir);
+    if (!rc && !dir) rc = CKPT_ENOMEM;
+    if (rc) {
+        json_decref(config);
+        ckpt_checkpoint_close(&c);
+        return rc;
+    }
+    const char *index_name = c.index_path ? ckpt_basename(c.index_path) : NULL;
+    char *name_copy = index_name ? ckpt_strdup(index_name) : NULL;
+    rc = convert_plan_build_from(cp, &c, dir, config, name_copy, index_text, o);
+    free(name_copy);
+    free(index_text);
+    free(dir);
+    return rc;
+}
+
+json_t *convert_plan_json(const convert_plan *cp, bool with_parts)
+{
+    return layout_meta_build(cp, NULL, with_parts);
+}
+
+void convert_plan_free(convert_plan *cp)
+{
+    state_plan_free(cp);
+    ckpt_checkpoint_close(&cp->src);
+    free(cp->src_dir);
+    json_decref(cp->config);
+    lora_plan_free(cp);
+    rules_result_free(&cp->result);
+    json_decref(cp->rules_json);
+    rules_free(&cp->rules);
+    plan_set_free(&cp->set);
+    exec_plan_free(&cp->exec);
+    free(cp->layout_name);
+    free(cp->index_name);
+    free(cp->index_text);
+    for (size_t i = 0; i < cp->nfolders; i++) {
+        free(cp->folder_dirs ? cp->folder_dirs[i] : NULL);
+        free(cp->index_texts ? cp->index_texts[i] : NULL);
+    }
+    free(cp->folder_dirs);
+    free(cp->index_texts);
+    memset(cp, 0, sizeof *cp);
+}
+
+int convert_prepare_dst(const char *dst, bool force, char **tmpdir)
+{
+    struct stat st;
+    if (stat(dst, &st) == 0) {
+        if (!S_ISDIR(st.st_mode)) return ckpt_error_set(CKPT_EEXIST, "%s exists and is not a directory", dst);
+        if (!force && !ckpt_dir_is_empty_or_missing(dst))
+            return ckpt_error_set(CKPT_EEXIST, "%s is not empty (use --force to replace it)", dst);
+    }
+    return ckpt_tmpdir_create(dst, tmpdir);
+}
+
+int convert_commit_dst(const char *tmpdir, const char *dst, bool force)
+{
+    if (force && ckpt_is_dir(dst) && !ckpt_dir_is_empty_or_missing(dst)) {
+        char *old = NULL;
+        int rc = ckpt_tmpdir_create(dst, &old);
+        if (rc) return rc;
+        /* An interrupt waits until the old output is back or the new one in place. */
+        ckpt_interrupt_hold();
+        rmdir(old);
+        if (rename(dst, old) < 0) {
+            rc = ckpt_error_sys("%s: cannot move the old directory aside", dst);
+            ckpt_interrupt_release();
+            free(old);
+            return rc;
+        }
+        rc = ckpt_dir_commit(tmpdir, dst);
+        if (rc) rename(old, dst);
+        ckpt_interrupt_release();
+        if (!rc) ckpt_rm_rf(old);
+        free(old);
+        return rc;
+    }
+    return ckpt_dir_commit(tmpdir, dst);
+}
+
+static bool is_weight_file(const char *name)
+{
+    size_t n = strlen(name);
+    const char *suffixes[] = {".safetensors", ".safetensors.index.json", CONVERT_LAYOUT_FILE};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(suffixes); i++) {
+        size_t l = strlen(suffixes[i]);
+        if (n >= l && !strcmp(name + n - l, suffixes[i])) return true;
+    }
+    return name[0] == '.' || strstr(name, ".tmp-") != NULL;
+}
+
+int convert_copy_side_files(const char *src_dir, const char *out_dir)
+{
+    DIR *d = opendir(src_dir);
+    if (!d) return ckpt_error_sys("%s: open directory", src_dir);
+    int rc = 0;
+    struct dirent *e;
+    while (!rc && (e = readdir(d))) {
+        if (is_weight_file(e->d_name)) continue;
+        char *from = ckpt_path_join(src_dir, e->d_name), *to = ckpt_path_join(out_dir, e->d_name);
+        struct stat st;
+        if (!from || !to) rc = CKPT_ENOMEM;
+        else if (lstat(from, &st) == 0 && S_ISREG(st.st_mode)) {
+            char *buf;
+            size_t len;
+            rc = ckpt_read_file(from, CONVERT_CONFIG_MAX_BYTES * 64, &buf, &len);
+            if (!rc) {
+                rc = ckpt_write_file_atomic(to, buf, len);
+                free(buf);
+            }
+        }
+        free(from);
+        free(to);
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Writes each folder's index file and fsyncs the folders. */
+static int write_indexes(const convert_plan *cp, const char *tmp)
+{
+    for (size_t r = 0; r < cp->nfolders; r++) {
+        char *dir = *cp->folder_dirs[r] ? ckpt_path_join(tmp, cp->folder_dirs[r]) : ckpt_strdup(tmp);
+        if (!dir) return CKPT_ENOMEM;
+        int rc = ckpt_mkdir_p(dir, 0755);
+        if (!rc && cp->index_texts[r]) {
+            char *path = ckpt_path_join(dir, "model.safetensors.index.json");
+            rc = path ? ckpt_write_file_atomic(path, cp->index_texts[r], strlen(cp->index_texts[r])) : CKPT_ENOMEM;
+            free(path);
+        }
+        if (!rc) rc = ckpt_fsync_dir(dir);
+        free(dir);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
+{
+    char *tmp = NULL;
+    int rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (rc) return rc;
+    char(*hashes)[65] = ckpt_calloc(cp->exec.nsrc_paths + 1, sizeof *hashes);
+    if (!hashes) rc = CKPT_ENOMEM;
+    /* The checkpoint's own files come first; a LoRA staging file or optimizer files after them are not hashed. */
+    exec_opts eo = {.threads = o->threads, .hash_sources = !o->no_hash, .hash_count = cp->src.nfiles,
+                    .source_sha256 = hashes, .quiet = o->quiet, .label = "convert"};
+    if (!rc) rc = lora_plan_compute(cp, tmp, o);
+    if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
+    if (!rc) rc = lora_plan_finish(cp);
+    if (!rc) rc = write_indexes(cp, tmp);
+    if (!rc) rc = state_plan_write(cp, tmp);
+    if (!rc) rc = convert_copy_side_files(cp->src_dir, tmp);
+    json_t *meta = rc ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
+    if (!rc && !meta) rc = CKPT_ENOMEM;
+    if (!rc) {
+        char *path = ckpt_path_join(tmp, CONVERT_LAYOUT_FILE);
+        rc = path ? cj_write_file(path, meta) : CKPT_ENOMEM;
+        free(path);
+    }
+    json_decref(meta);
+    free(hashes);
+    if (!rc) rc = ckpt_fsync_dir(tmp);
+    if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+    if (rc) ckpt_rm_rf(tmp);
+    free(tmp);
+    return rc;
+}

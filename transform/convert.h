@@ -1,0 +1,113 @@
+/*
+ * convert.h — plan and run a conversion of a checkpoint directory into a
+ * layout, and its inverse, consolidation.
+ *
+ *   convert_plan cp;
+ *   if (convert_plan_build(&cp, "src/", &opts) < 0) ...   // headers + config.json only
+ *   json_t *j = convert_plan_json(&cp, false);             // what `ckpt plan --json` prints
+ *   if (convert_write(&cp, "dst/", &opts) < 0) ...         // streams bytes, DST appears complete
+ *   convert_plan_free(&cp);
+ *
+ * Output directory: config.json and the other small files of the source
+ * (tokenizer, generation config) copied, ckpt-layout.json (spec §7), and the
+ * weights: in DST itself for tp 1, else in DST/tp_rank_00 .. tp_rank_{tp-1},
+ * each model.safetensors or shards + model.safetensors.index.json. Everything
+ * is written into DST.tmp-XXXXXX and renamed into place at the end; on any
+ * failure the temporary directory is removed and DST is untouched.
+ *
+ * ckpt-layout.json records the source (files with sha256 and size, each
+ * file's tensors and __metadata__, the index text), the rules, and for every
+ * output tensor its parts, so consolidate_run() rebuilds the original files
+ * byte for byte from the shards and this document alone.
+ */
+#ifndef CKPT_WORKERS_CONVERT_H
+#define CKPT_WORKERS_CONVERT_H
+
+#include "format/checkpoint.h"
+#include "plan/executor.h"
+#include "plan/plan.h"
+#include "transform/rules.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+
+#define CONVERT_DEFAULT_SHARD_SIZE 5000000000ULL /* Hugging Face's "5GB" */
+#define CONVERT_CONFIG_MAX_BYTES (16u << 20)
+#define CONVERT_LAYOUT_MAX_BYTES (1u << 30)
+#define CONVERT_LAYOUT_FILE "ckpt-layout.json"
+
+typedef struct {
+    const char *layout;     /* preset: neuron, fused, easydel, hf (ignored with rules_file) */
+    const char *rules_file; /* a rules document instead of a preset */
+    int tp;                 /* 0 or 1: no tensor parallelism */
+    int64_t kv_size_multiplier;
+    const char *dtype;       /* NULL: keep */
+    uint64_t max_shard_size; /* 0: CONVERT_DEFAULT_SHARD_SIZE */
+    int threads;             /* 0: 2 */
+    bool force;              /* replace a non-empty DST */
+    bool quiet;
+    bool no_hash; /* do not hash the sources (sha256 left empty in the metadata) */
+    const char *lora;  /* merge this PEFT adapter first: a lora_merge rule put before the layout's */
+    double lora_scale; /* its scale (0: 1) */
+} convert_opts;
+
+typedef struct {
+    ckpt_checkpoint src;
+    char *src_dir;
+    json_t *config; /* NULL when the source has no config.json */
+    json_t *rules_json;
+    rules_doc rules;
+    rules_result result;
+    plan_set set; /* the output tensors */
+    exec_plan exec;
+    int tp;
+    char *layout_name;
+    char *index_name; /* the source's index file name and text, or NULL */
+    char *index_text;
+    size_t nfolders;
+    char **folder_dirs;  /* "" or "tp_rank_03" */
+    char **index_texts;  /* index JSON per folder, NULL when the folder has one file */
+    struct state_plan *state; /* a training state's optimizer slots (state_convert.h), or NULL */
+    struct lora_plan *lora;   /* merged LoRA weights of lora_merge rules (lora_plan.h), or NULL */
+} convert_plan;
+
+int convert_plan_build(convert_plan *cp, const char *src, const convert_opts *o);
+/* Plans from a checkpoint opened already (taken over, like config and the
+ * index text, which may be NULL); src_dir is where side files come from. */
+int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *src_dir, json_t *config,
+                            const char *index_name, const char *index_text, const convert_opts *o);
+/* The plan as JSON: layout, files, and per tensor dtype, shape, parts (with_parts) and metadata. */
+json_t *convert_plan_json(const convert_plan *cp, bool with_parts);
+int convert_write(convert_plan *cp, const char *dst, const convert_opts *o);
+void convert_plan_free(convert_plan *cp);
+
+typedef struct {
+    int threads;
+    bool force;
+    bool quiet;
+    bool lossy; /* out: the layout used a narrowing cast, so bytes may differ */
+} consolidate_opts;
+
+/* Rebuilds the original checkpoint from a converted directory. */
+int consolidate_run(const char *src, const char *dst, consolidate_opts *o);
+
+/* Shared by convert and consolidate. */
+/* Refuses a non-empty dst unless force; returns the temp dir to write into. */
+int convert_prepare_dst(const char *dst, bool force, char **tmpdir);
+/* Commits tmpdir onto dst (replacing dst when force). */
+int convert_commit_dst(const char *tmpdir, const char *dst, bool force);
+/* Copies the small non-weight files (config.json, tokenizer, ...) of src_dir
+ * into out_dir, skipping safetensors, their indexes and ckpt-layout.json. */
+int convert_copy_side_files(const char *src_dir, const char *out_dir);
+/* Adds a whole-checkpoint source list to p: every tensor of every file. */
+int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_source);
+/* Lays out one output folder: tensors (natural name order) split into shards
+ * of max_shard_size; appends exec_files under `dir` ("" or "tp_rank_03") and
+ * returns the index JSON text (NULL when one file) in *index_text. */
+int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
+                          char **index_text);
+/* The same with files named "<prefix>.safetensors" / "<prefix>-0000i-of-0000n.safetensors" ("optimizer"). */
+int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
+                                 uint64_t max_shard_size, char **index_text);
+
+#endif

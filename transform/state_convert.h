@@ -1,0 +1,64 @@
+/*
+ * state_convert.h — training states through convert and consolidate.
+ *
+ * A state directory holds model files and optimizer files whose tensors are
+ * "<param>/<slot>", shaped like their parameter. convert plans the model's
+ * parameters with the layout's rules as for any checkpoint; then every output
+ * tensor gets one twin per optimizer slot, named "<output>/<slot>", made of
+ * the same parts with each source parameter P replaced by "P/<slot>". So
+ * every rule applied to a parameter (fusing, GQA head selection, padding,
+ * row/column slices, stacking, transposes, casts) applies to its slots in
+ * exactly the same way. Twins are written to optimizer*.safetensors beside
+ * the model files of their folder, and consolidation inverts them like any
+ * output tensor (ckpt-layout.json lists them with their parts), rebuilding
+ * the optimizer files and their index byte for byte.
+ *
+ * Rank folders of a converted state are states themselves: metadata.json,
+ * optimizer.json and config.json are copied into each, so a tensor-parallel
+ * job can load its rank's folder directly and save its own state there. When
+ * such per-rank states are consolidated, metadata.json and optimizer.json
+ * come from rank 0 (every rank must be at the same step).
+ *
+ * The hooks are called from convert.c, consolidate.c and layout_meta.c; on a
+ * plain checkpoint (no optimizer files, no metadata.json) they do nothing.
+ */
+#ifndef CKPT_WORKERS_STATE_CONVERT_H
+#define CKPT_WORKERS_STATE_CONVERT_H
+
+#include "transform/convert.h"
+
+#include <jansson.h>
+
+struct state_plan {
+    size_t nslots;      /* the last nslots tensors of cp->set are optimizer slot twins */
+    bool is_state;      /* the source folder has a ckpt-state metadata.json */
+    bool has_opt_files; /* the source has optimizer files beside its model files */
+    size_t nfolders;
+    char **opt_index_texts;   /* per output folder, NULL when the optimizer fits one file */
+    char *src_opt_index_text; /* the source's optimizer.safetensors.index.json, or NULL */
+};
+
+/* Opens a checkpoint; a directory that also holds optimizer files
+ * (optimizer.safetensors or its index) is opened as one checkpoint of model
+ * and optimizer files (dir, path and index_path those of the model). */
+int state_checkpoint_open(ckpt_checkpoint *c, const char *path);
+
+/* convert_plan_build_from: after the sources are known / after the rules ran. */
+int state_plan_init(convert_plan *cp);
+bool state_plan_is_slot_source(const convert_plan *cp, size_t source);
+int state_plan_add_slots(convert_plan *cp);
+size_t state_plan_nslots(const convert_plan *cp);
+/* build_folders: lays out folder r's slot twins as optimizer files. */
+int state_plan_layout_folder(convert_plan *cp, size_t r, uint64_t max_shard_size);
+/* convert_write: optimizer indexes, and the state's side files in every rank folder. */
+int state_plan_write(const convert_plan *cp, const char *tmp);
+/* layout_meta_build: adds "state" (the optimizer index) to ckpt-layout.json. */
+void state_plan_meta(const convert_plan *cp, json_t *root);
+void state_plan_free(convert_plan *cp);
+
+/* consolidate_run, after the side files are copied into tmp: the optimizer
+ * index, and for per-rank states metadata.json / optimizer.json of rank 0
+ * (checking every rank is at the same step). */
+int state_consolidate_finish(const json_t *layout, const char *src, const char *tmp, int tp);
+
+#endif
