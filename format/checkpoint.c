@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
+#include "format/torch.h"
 
 #include <inttypes.h>
 #include <libgen.h>
@@ -196,7 +197,7 @@ static bool checkpoint_has_suffix(const char *s, const char *suffix)
 /* Opens and validates one more file into c->files (allocated by the caller). */
 static int checkpoint_add_file(ckpt_checkpoint *c, const char *path)
 {
-    int rc = st_open(&c->files[c->nfiles], path);
+    int rc = tensor_file_open(&c->files[c->nfiles], path); /* safetensors, or torch.save (torch.h) */
     if (!rc) c->nfiles++;
     return rc;
 }
@@ -233,6 +234,16 @@ static int checkpoint_collect(ckpt_checkpoint *c, const char *what)
     return 0;
 }
 
+/* A name the index maps to a torch.save shard that holds it as a second name
+ * of a shared tensor (tied weights: torch.h records it in the file's metadata). */
+static bool checkpoint_torch_alias(const ckpt_checkpoint *c, const ckpt_index *ix, size_t i)
+{
+    for (size_t f = 0; f < c->nfiles; f++)
+        if (c->files[f].from_torch && !strcmp(ix->shards[f], ix->files[i]) && st_meta_get(&c->files[f], ix->names[i]))
+            return true;
+    return false;
+}
+
 /* The index against the files (c->files[k] is ix->shards[k]). */
 static int checkpoint_check_index(ckpt_checkpoint *c, const ckpt_index *ix)
 {
@@ -242,6 +253,7 @@ static int checkpoint_check_index(ckpt_checkpoint *c, const ckpt_index *ix)
     int rc = 0;
     for (size_t i = 0; i < ix->nentries && !rc; i++) {
         const ckpt_tensor_ref *ref = ckpt_checkpoint_find(c, ix->names[i]);
+        if (!ref && checkpoint_torch_alias(c, ix, i)) continue;
         if (!ref)
             rc = ckpt_error_set(CKPT_EINVAL,
                                 "%s: tensor '%s' is mapped to '%s', which does not hold it", what,
@@ -259,7 +271,10 @@ static int checkpoint_check_index(ckpt_checkpoint *c, const ckpt_index *ix)
                                 ix->shards[c->tensors[i].file], c->tensors[i].t->name);
     }
     free(listed);
-    if (!rc && ix->has_total_size && ix->total_size != c->total_size)
+    /* total_size of a torch index counts tied tensors once or twice, as the
+     * transformers version that wrote it did: not checked there */
+    bool torch = c->nfiles && c->files[0].from_torch;
+    if (!rc && ix->has_total_size && !torch && ix->total_size != c->total_size)
         rc = ckpt_error_set(CKPT_EINVAL,
                             "%s: metadata.total_size is %" PRIu64 " but the tensors hold %" PRIu64
                             " bytes",
@@ -310,6 +325,23 @@ static int checkpoint_opened(ckpt_checkpoint *c, int rc)
     return rc;
 }
 
+static bool ckpt_exists_in(const char *dir, const char *name)
+{
+    char *p = ckpt_path_join(dir, name);
+    bool yes = p && ckpt_exists(p);
+    free(p);
+    return yes;
+}
+
+/* A folder of torch.save files (Hugging Face's older layout, torch.h). */
+static int checkpoint_open_torch(ckpt_checkpoint *c, const char *dir, const char *name, bool index)
+{
+    char *p = ckpt_path_join(dir, name);
+    int rc = !p ? CKPT_ENOMEM : index ? checkpoint_open_index(c, p) : checkpoint_open_single(c, p);
+    free(p);
+    return rc;
+}
+
 static int checkpoint_open_in_dir(ckpt_checkpoint *c, const char *dir, const char *prefix)
 {
     if (!prefix || !ckpt_shard_name_safe(prefix) || strchr(prefix, '/'))
@@ -325,6 +357,10 @@ static int checkpoint_open_in_dir(ckpt_checkpoint *c, const char *dir, const cha
         rc = checkpoint_open_index(c, index_path);
     else if (ckpt_exists(file_path))
         rc = checkpoint_open_single(c, file_path);
+    else if (!strcmp(prefix, "model") && ckpt_exists_in(dir, "pytorch_model.bin.index.json"))
+        rc = checkpoint_open_torch(c, dir, "pytorch_model.bin.index.json", true);
+    else if (!strcmp(prefix, "model") && ckpt_exists_in(dir, "pytorch_model.bin"))
+        rc = checkpoint_open_torch(c, dir, "pytorch_model.bin", false);
     else
         rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: holds neither %s nor %s", dir, index_name,
                             file_name);

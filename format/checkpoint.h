@@ -7,7 +7,14 @@
  *   - an index .json file,
  *   - a directory holding model.safetensors.index.json or model.safetensors
  *     (or, with ckpt_checkpoint_open_prefix, "<prefix>.safetensors[.index.json]",
- *     e.g. prefix "optimizer" in a training state).
+ *     e.g. prefix "optimizer" in a training state),
+ *   - torch.save files in their place (format/torch.h): a pytorch_model.bin,
+ *     .pt or .pth, a pytorch_model.bin.index.json with its .bin shards, or a
+ *     directory holding those when it has no model.safetensors[.index.json].
+ *     Their st_files have from_torch set; a tied tensor's second name is in
+ *     the file's metadata, which the index check accepts, and a torch
+ *     index's total_size is not checked (transformers counted tied bytes
+ *     differently over versions).
  * Every shard is validated; the index is checked against the files: every
  * mapped tensor exists in its file, no file holds an unlisted tensor, no
  * tensor is in two files, total_size equals the sum of tensor bytes, and

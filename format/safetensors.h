@@ -60,6 +60,7 @@ typedef struct {
     size_t *by_name;    /* indexes into tensors, sorted by name (for st_find) */
     size_t nmeta;
     char **meta_keys, **meta_vals; /* __metadata__, in file order */
+    bool from_torch; /* a torch.save file read by format/torch.h: no header, tensors are byte ranges of it */
 } st_file;
 
 /* Opens and validates path. On failure *f is left closed. */

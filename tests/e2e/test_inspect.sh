@@ -9,7 +9,7 @@
 # 2. Generation is deterministic for a seed and different across seeds.
 # 3. Hostile files: each exits 1 with one line on stderr naming the file, the
 #    reference error and the tensor; never a crash. Files of other formats
-#    (torch.save zip or pickle, GGUF) are named for what they are.
+#    (a pickle without torch's magic number, GGUF) are named for what they are.
 # 4. Usage errors exit 2.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
@@ -285,7 +285,12 @@ with zipfile.ZipFile(f"{d}/pytorch_model.bin", "w") as z:
 open(f"{d}/legacy.pt", "wb").write(pickle.dumps({"w": [1.0]}, protocol=2) + b"\0" * 64)
 open(f"{d}/model.gguf", "wb").write(b"GGUF" + struct.pack("<I", 3) + b"\0" * 64)
 EOF
-for case in "pytorch_model.bin:PyTorch (torch.save)" "legacy.pt:PyTorch (torch.save, pickle)" "model.gguf:a GGUF file"; do
+# A zip holding a pickle of lists is read by the torch reader (issue 16),
+# which names the entry that is no tensor.
+expect_status 1 "$ckpt" inspect "$work/hostile/pytorch_model.bin"
+[[ "$(cat "$work/err")" == *"pytorch_model.bin: torch: entry 'w' is a list, not a tensor"* ]] ||
+    fail "zip of a non-tensor pickle: $(cat "$work/err")"
+for case in "legacy.pt:PyTorch (torch.save, pickle)" "model.gguf:a GGUF file"; do
     name=${case%%:*} want=${case#*:}
     expect_status 1 "$ckpt" inspect "$work/hostile/$name"
     line=$(cat "$work/err")

@@ -1,0 +1,61 @@
+/*
+ * torch.h — torch.save files read as tensor tables, in place, without torch.
+ *
+ * Two containers, both as torch/serialization.py (torch 1.6 – 2.x) writes them:
+ *   - zip (torch >= 1.6): "<archive>/data.pkl" (the pickle), storages in
+ *     "<archive>/data/<key>" stored uncompressed, "<archive>/version",
+ *     optionally "<archive>/byteorder" ("little"; "big" is refused). Every
+ *     entry lives under one top folder; the zip directory is checked by
+ *     zipdir.h (no overlaps, sizes agree, zip64).
+ *   - legacy (torch < 1.6, or _use_new_zipfile_serialization=False): pickled
+ *     magic number 0x1950a86a20f9469cfc6c, protocol version 1001, sys_info,
+ *     the object pickle, the list of storage keys; then each storage in that
+ *     order as an 8-byte little-endian element count and its bytes.
+ * The pickle runs on the restricted machine (pickle.h) with an allow-list of
+ * what torch writes for tensors and state dicts: collections.OrderedDict,
+ * torch._utils._rebuild_tensor_v2 / _v3 / _rebuild_parameter(_with_state),
+ * torch._tensor._rebuild_from_type_v2, torch.nn.parameter.Parameter,
+ * torch.*Storage, torch.UntypedStorage, the dtypes, torch.Size, torch.device,
+ * _codecs.encode, builtins set/frozenset. Anything else — os.system,
+ * builtins.eval, a pickled nn.Module — is refused naming the global and the file.
+ *
+ * What a file yields: the top-level dict (or its "state_dict" / "model" entry
+ * when it wraps one) maps names to tensors; each tensor is a storage (dtype,
+ * element count, byte range in the file) plus offset, size and stride in
+ * elements. The result is an st_file (safetensors.h) so everything that reads
+ * checkpoints reads it unchanged: one st_tensor per kept tensor, with `offset`
+ * the absolute byte offset of its bytes in the .bin file, `begin` = offset,
+ * data_start 0, header_len 0, from_torch true. Rules, as Hugging Face's
+ * conversion (safetensors convert.py _remove_duplicate_names) has them:
+ *   - a tensor must be a contiguous view (row-major strides; size-1 axes
+ *     free) lying inside its storage; other views (a transposed lm_head, a
+ *     strided slice) are refused naming the tensor: ckpt does not yet plan
+ *     their copy;
+ *   - tensors whose bytes overlap in one storage are one shared tensor (tied
+ *     embeddings): the name kept is the first in sorted order among those
+ *     covering the whole overlap group; the others become metadata entries
+ *     {removed name: kept name}, as convert.py writes them; overlapping views
+ *     where none covers the group are refused.
+ * Every dtype safetensors holds maps (bool, u8…u64, i8…i64, f16, bf16, f32,
+ * f64, c64, float8 e4m3fn/e5m2/e4m3fnuz/e5m2fnuz/e8m0fnu); complex128,
+ * quantized and sparse tensors are refused.
+ */
+#ifndef CKPT_FORMAT_TORCH_H
+#define CKPT_FORMAT_TORCH_H
+
+#include "format/safetensors.h"
+#include "format/zipdir.h"
+
+#define TORCH_MAX_PICKLE (1u << 30) /* data.pkl we read into memory */
+#define TORCH_MAX_NESTING 64       /* depth of dicts walked for the state dict */
+
+/* "zip", "legacy" or NULL: what the first bytes of a file look like. */
+const char *torch_sniff(const uint8_t *head, size_t len);
+/* Opens path as a torch.save file (f->fd stays open for tensor reads). */
+int torch_open(st_file *f, const char *path);
+/* The same over any byte source (the fuzzers, tests): `label` names it. */
+int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size);
+/* Opens a tensor file of either kind: torch.save by its first bytes, else safetensors. */
+int tensor_file_open(st_file *f, const char *path);
+
+#endif
