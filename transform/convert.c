@@ -7,12 +7,14 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "format/torch.h"
 #include "transform/layout_meta.h"
 #include "transform/lora_plan.h"
 #include "transform/presets.h"
 #include "transform/state_convert.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -309,12 +311,26 @@ int convert_commit_dst(const char *tmpdir, const char *dst, bool force)
 static bool is_weight_file(const char *name)
 {
     size_t n = strlen(name);
-    const char *suffixes[] = {".safetensors", ".safetensors.index.json", CONVERT_LAYOUT_FILE};
+    /* torch.save weights too (format/torch.h): converted, not copied */
+    const char *suffixes[] = {".safetensors", ".safetensors.index.json", CONVERT_LAYOUT_FILE, ".bin.index.json", ".pt", ".pth"};
     for (size_t i = 0; i < CKPT_ARRAY_LEN(suffixes); i++) {
         size_t l = strlen(suffixes[i]);
         if (n >= l && !strcmp(name + n - l, suffixes[i])) return true;
     }
+    if (!strncmp(name, "pytorch_model", 13) && n >= 4 && !strcmp(name + n - 4, ".bin")) return true;
     return name[0] == '.' || strstr(name, ".tmp-") != NULL;
+}
+
+/* Any other .bin that is a torch.save file: weights (or a pickle), not a side file. */
+static bool is_torch_bin(const char *path, const char *name)
+{
+    size_t n = strlen(name);
+    if (n < 4 || strcmp(name + n - 4, ".bin")) return false;
+    uint8_t head[32];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    ssize_t got = fd < 0 ? -1 : pread(fd, head, sizeof head, 0);
+    if (fd >= 0) close(fd);
+    return got > 0 && torch_sniff(head, (size_t)got) != NULL;
 }
 
 int convert_copy_side_files(const char *src_dir, const char *out_dir)
@@ -326,6 +342,11 @@ int convert_copy_side_files(const char *src_dir, const char *out_dir)
     while (!rc && (e = readdir(d))) {
         if (is_weight_file(e->d_name)) continue;
         char *from = ckpt_path_join(src_dir, e->d_name), *to = ckpt_path_join(out_dir, e->d_name);
+        if (from && is_torch_bin(from, e->d_name)) {
+            free(from);
+            free(to);
+            continue;
+        }
         struct stat st;
         if (!from || !to) rc = CKPT_ENOMEM;
         else if (lstat(from, &st) == 0 && S_ISREG(st.st_mode)) {

@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# test_torch.sh — torch.save checkpoints in (issue 16), end to end, on files
+# written by real torch (tests/torch_gen.py; Debian's python3-torch).
+#
+# 1. Every generated checkpoint (a mini Llama as pytorch_model.bin with tied
+#    lm_head, the same sharded with pytorch_model.bin.index.json, the legacy
+#    format, {"state_dict"} and {"model"} wrappers, views at offsets,
+#    nn.Parameters, pickle protocol 4, every dtype): `ckpt inspect --json`
+#    lists exactly the tensors torch holds (tied names once, the others in
+#    the metadata as {removed: kept}), and `ckpt convert --layout hf` writes
+#    model.safetensors (+ index when sharded) with {"format":"pt"} whose
+#    tensor bytes equal torch's byte for byte; no .bin is copied along.
+# 2. Views ckpt cannot read in place (a transposed lm_head, a different view
+#    of the same bytes) and hostile files (code execution through REDUCE,
+#    STACK_GLOBAL, BUILD, NEWOBJ, INST; memo, stack and mark bombs; storages
+#    and views out of range; compressed, overlapping, lying zips): each exits
+#    1 with one line naming the file and the reason, writes nothing, and no
+#    code runs (the marker file the pickles try to create never appears).
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
+set -euo pipefail
+
+ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
+work=${E2E_WORK:?}
+tests=$(cd "${E2E_DIR:?}/.." && pwd)
+trap 'find "$work" -mindepth 1 -delete' EXIT
+
+fail() {
+    echo "FAIL: $*" >&2
+    exit 1
+}
+. "$E2E_DIR/lib.sh"
+
+# torch is Debian's python3-torch (make deps): /usr/bin/python3 when the
+# python3 on PATH is another one.
+py=""
+for cand in python3 /usr/bin/python3; do
+    if command -v "$cand" >/dev/null && "$cand" -c 'import torch' 2>/dev/null; then py=$cand; break; fi
+done
+[ -n "$py" ] || fail "no python3 with torch (make deps installs python3-torch)"
+
+gen=$work/gen
+"$py" "$tests/torch_gen.py" "$gen" >/dev/null 2>"$work/gen.err" || fail "torch_gen.py: $(cat "$work/gen.err")"
+
+# check_listing LISTING EXPECT [noalias]: ckpt's --json listing against
+# torch's tensors; the tied names in its metadata unless noalias.
+check_listing() {
+    python3 - "$1" "$2" "${3:-}" <<'EOF'
+import json, sys
+got = json.load(open(sys.argv[1]))
+exp = json.load(open(sys.argv[2]))
+want = {n: (t["dtype"], t["shape"]) for n, t in exp["tensors"].items() if n not in exp["aliases"]}
+have = {t["name"]: (t["dtype"], t["shape"]) for t in got["tensors"]}
+if have != want:
+    sys.exit(f"listing differs: extra {sorted(set(have) - set(want))}, missing {sorted(set(want) - set(have))}, "
+             f"changed {[n for n in have if n in want and have[n] != want[n]]}")
+if exp["aliases"] and sys.argv[3] != "noalias" and got["metadata"] != exp["aliases"]:
+    sys.exit(f"aliases: {got['metadata']} != {exp['aliases']}")
+EOF
+}
+
+# check_converted DIR EXPECT: DIR holds model.safetensors (or shards + index)
+# whose tensors are torch's bytes, each file with {"format": "pt"}.
+check_converted() {
+    python3 - "$1" "$2" <<'EOF'
+import hashlib, json, os, struct, sys
+d, exp = sys.argv[1], json.load(open(sys.argv[2]))
+files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+index = os.path.join(d, "model.safetensors.index.json")
+if len(files) > 1:
+    ix = json.load(open(index))
+    if set(ix) != {"metadata", "weight_map"} or set(ix["metadata"]) != {"total_size"}:
+        sys.exit(f"index shape: {list(ix)}")
+    if sorted(set(ix["weight_map"].values())) != files:
+        sys.exit(f"index files {sorted(set(ix['weight_map'].values()))} != {files}")
+    if files[0] != f"model-00001-of-{len(files):05d}.safetensors":
+        sys.exit(f"shard names: {files}")
+elif files != ["model.safetensors"] or os.path.exists(index):
+    sys.exit(f"files: {files}")
+for f in os.listdir(d):
+    if f.endswith((".bin", ".pt", ".pth", ".bin.index.json")):
+        sys.exit(f"torch file copied into the output: {f}")
+seen = {}
+for f in files:
+    raw = open(os.path.join(d, f), "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8:8 + n])
+    if hdr.pop("__metadata__", {}).get("format") != "pt":
+        sys.exit(f"{f}: no format pt metadata")
+    for name, t in hdr.items():
+        a, b = t["data_offsets"]
+        seen[name] = (t["dtype"], t["shape"], hashlib.sha256(raw[8 + n + a:8 + n + b]).hexdigest())
+want = {n: (t["dtype"], t["shape"], t["sha256"]) for n, t in exp["tensors"].items() if n not in exp["aliases"]}
+if seen != want:
+    bad = [k for k in set(seen) | set(want) if seen.get(k) != want.get(k)]
+    sys.exit(f"tensors differ from torch's: {sorted(bad)[:5]}")
+EOF
+}
+
+# ---- 1. real torch files: inspect and convert ----
+mkdir -p "$work/src"
+for case in llama legacy sharded wrapped.pt model.pth proto4.pt dtypes.bin; do
+    src=$gen/$case expect=$gen/$case.expect.json
+    case $case in
+    sharded) expect=$gen/sharded/expect.json ;;
+    llama | legacy) expect=$gen/$case/pytorch_model.bin.expect.json ;;
+    *)  # a single file: in a folder of its own, so convert copies no neighbours
+        mkdir -p "$work/src/$case" && cp "$gen/$case" "$work/src/$case/" && src=$work/src/$case/$case ;;
+    esac
+    expect_status 0 "$ckpt" inspect --json "$src"
+    check_listing "$work/out" "$expect" || fail "$case: inspect"
+    expect_status 0 "$ckpt" convert "$src" "$work/conv-$case" --layout hf
+    check_converted "$work/conv-$case" "$expect" || fail "$case: convert"
+    echo "ok $case: inspect and convert match torch"
+done
+
+# the sharded .bin opened through its index file, and a sharded output
+expect_status 0 "$ckpt" inspect --json "$gen/sharded/pytorch_model.bin.index.json"
+check_listing "$work/out" "$gen/sharded/expect.json" || fail "sharded via index: inspect"
+expect_status 0 "$ckpt" convert "$gen/sharded" "$work/conv-sharded-small" --layout hf --max-shard-size 100KB
+check_converted "$work/conv-sharded-small" "$gen/sharded/expect.json" || fail "sharded output"
+cmp -s "$gen/sharded/config.json" "$work/conv-sharded-small/config.json" || fail "config.json not copied"
+echo "ok sharded .bin -> $(ls "$work/conv-sharded-small" | grep -c 'safetensors$') safetensors shards + index"
+
+# the converted checkpoint reads back as any other (and matches the source listing)
+expect_status 0 "$ckpt" inspect --json "$work/conv-llama"
+# (the tied name is not repeated in the safetensors metadata: see docs/torch.md)
+check_listing "$work/out" "$gen/llama/pytorch_model.bin.expect.json" noalias || fail "converted llama: inspect"
+# ckpt-layout.json records the source file, its sha256 and the tied name
+python3 - "$work/conv-llama/ckpt-layout.json" "$gen/llama/pytorch_model.bin" <<'EOF' || fail "ckpt-layout.json source"
+import hashlib, json, sys
+src = json.load(open(sys.argv[1]))["source"]["files"]
+assert [f["name"] for f in src] == ["pytorch_model.bin"], src
+assert src[0]["sha256"] == hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest()
+assert src[0]["metadata"] == {"lm_head.weight": "model.embed_tokens.weight"}, src[0]["metadata"]
+EOF
+echo "ok ckpt-layout.json records the .bin, its sha256 and the tied lm_head"
+
+# ---- 2. refused: views ckpt cannot read in place, hostile files ----
+refuse() { # refuse FILE WANT
+    local f=$1 want=$2 name
+    name=$(basename "$f")
+    expect_status 1 "$ckpt" inspect "$f"
+    [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$name: stderr is not one line: $(cat "$work/err")"
+    [[ "$(cat "$work/err")" == *"$name"*"$want"* ]] || fail "$name: $(cat "$work/err")"
+}
+refuse "$gen/transposed.pt" "tensor 'lm_head.weight' is a non-contiguous view"
+refuse "$gen/overlap.pt" "tensors 'a' and 'b' are different views of overlapping bytes"
+echo "ok transposed and overlapping views refused"
+
+hostile=$work/hostile marker=$work/hostile/MARKER
+mkdir -p "$hostile"
+python3 "$E2E_DIR/torch_hostile.py" "$hostile" "$marker"
+count=0
+while IFS=$'\t' read -r name want; do
+    refuse "$hostile/$name" "$want"
+    count=$((count + 1))
+done <"$hostile/cases.txt"
+# convert too: nothing written, nothing run
+mkdir -p "$work/hsrc" && cp "$hostile/reduce_os_system.pt" "$work/hsrc/pytorch_model.bin"
+expect_status 1 "$ckpt" convert "$work/hsrc" "$work/hdst" --layout hf
+[ ! -e "$work/hdst" ] || fail "a refused convert left $work/hdst"
+[ -z "$(ls -A "$work" | grep -- '-tmp\|\.tmp-' || true)" ] || fail "a refused convert left temp files: $(ls -A "$work")"
+[ ! -e "$marker" ] || fail "a hostile pickle ran code: $marker exists"
+echo "ok $count hostile files refused, nothing run, nothing written"
