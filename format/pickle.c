@@ -118,8 +118,11 @@ static int make_from_stack(pk_m *m, pk_kind kind, size_t from, uint32_t *id)
 
 static int need(pk_m *m, size_t n, const uint8_t **p)
 {
-    if (m->len - m->pos < n) m->truncated = true;
-    if (m->len - m->pos < n) return fail(m, CKPT_EINVAL, "truncated (opcode 0x%02x needs more bytes)", m->buf[m->op_pos]);
+    if (m->len - m->pos < n) {
+        m->truncated = true;
+        if (m->op_pos >= m->len) return fail(m, CKPT_EINVAL, "truncated (no opcode)");
+        return fail(m, CKPT_EINVAL, "truncated (opcode 0x%02x needs more bytes)", m->buf[m->op_pos]);
+    }
     *p = m->buf + m->pos;
     m->pos += n;
     return 0;

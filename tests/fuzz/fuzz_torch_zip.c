@@ -1,0 +1,60 @@
+/*
+ * fuzz_torch_zip.c — libFuzzer harness for the torch.save reader
+ * (format/torch.c over format/zipdir.c and format/pickle.c).
+ *
+ * The input is a whole file (a zip torch.save, or a legacy one). torch_parse
+ * must reject it or return a tensor table that obeys what the planner relies
+ * on: every tensor inside the file, its bytes matching dtype x shape, names
+ * unique and findable, no two tensors sharing bytes, aliases naming kept
+ * tensors. Sanitizers catch the rest.
+ */
+#include "format/torch.h"
+
+#include "common/error.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define REQUIRE(cond)                                                                              \
+    do {                                                                                           \
+        if (!(cond)) abort();                                                                      \
+    } while (0)
+
+typedef struct {
+    const uint8_t *b;
+    size_t n;
+} mem;
+
+static int mem_read(void *ctx, void *out, size_t len, uint64_t off)
+{
+    const mem *m = ctx;
+    if (off > m->n || len > m->n - off) return ckpt_error_set(CKPT_EINVAL, "fuzz: read past the end");
+    memcpy(out, m->b + off, len);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    mem m = {data, size};
+    st_file f;
+    if (torch_parse(&f, "fuzz.bin", mem_read, &m, size) != 0) return 0;
+    REQUIRE(f.from_torch && f.file_size == size);
+    uint64_t prev_end = 0;
+    for (size_t i = 0; i < f.ntensors; i++) {
+        const st_tensor *t = &f.tensors[i];
+        uint64_t nbytes;
+        REQUIRE(t->ndim >= 0 && t->ndim <= CKPT_MAX_RANK);
+        REQUIRE(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &nbytes) == 0 && nbytes == t->nbytes);
+        REQUIRE(t->offset <= size && t->nbytes <= size - t->offset);
+        REQUIRE(t->nbytes == 0 || t->offset >= prev_end); /* in offset order, sharing no bytes */
+        if (t->nbytes) prev_end = t->offset + t->nbytes;
+        REQUIRE(st_find(&f, t->name) == t);
+    }
+    for (size_t i = 0; i < f.nmeta; i++) {
+        REQUIRE(st_find(&f, f.meta_vals[i]) != NULL);
+        REQUIRE(st_find(&f, f.meta_keys[i]) == NULL);
+    }
+    st_close(&f);
+    return 0;
+}
