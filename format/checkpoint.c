@@ -219,6 +219,11 @@ static int checkpoint_collect(ckpt_checkpoint *c, const char *what)
     for (size_t f = 0; f < c->nfiles; f++) {
         for (size_t i = 0; i < c->files[f].ntensors; i++) {
             const st_tensor *t = &c->files[f].tensors[i];
+            if (t->view && !c->views)
+                return ckpt_error_set(CKPT_EINVAL,
+                                      "%s: tensor '%s' is a transposed (permuted) view; only convert and inspect "
+                                      "read such tensors (convert it first)",
+                                      c->files[f].path, t->name);
             c->tensors[c->ntensors++] = (ckpt_tensor_ref){t, f};
             if (!ckpt_add(c->total_size, t->nbytes, &c->total_size))
                 return ckpt_error_set(CKPT_ELIMIT, "%s: tensor bytes overflow 64 bits", what);
@@ -379,9 +384,10 @@ int ckpt_checkpoint_open_prefix(ckpt_checkpoint *c, const char *dir, const char 
     return checkpoint_opened(c, checkpoint_open_in_dir(c, dir, prefix));
 }
 
-int ckpt_checkpoint_open(ckpt_checkpoint *c, const char *path)
+static int checkpoint_open_path(ckpt_checkpoint *c, const char *path, bool views)
 {
     memset(c, 0, sizeof *c);
+    c->views = views;
     c->path = ckpt_strdup(path);
     if (!c->path) return CKPT_ENOMEM;
     int rc;
@@ -392,6 +398,16 @@ int ckpt_checkpoint_open(ckpt_checkpoint *c, const char *path)
     else
         rc = checkpoint_open_single(c, path);
     return checkpoint_opened(c, rc);
+}
+
+int ckpt_checkpoint_open(ckpt_checkpoint *c, const char *path)
+{
+    return checkpoint_open_path(c, path, false);
+}
+
+int ckpt_checkpoint_open_views(ckpt_checkpoint *c, const char *path)
+{
+    return checkpoint_open_path(c, path, true);
 }
 
 void ckpt_checkpoint_close(ckpt_checkpoint *c)

@@ -47,9 +47,16 @@ typedef struct {
     size_t ntensors;
     ckpt_tensor_ref *tensors; /* sorted by name */
     uint64_t total_size;      /* sum of tensor bytes */
+    bool views;               /* opened with ckpt_checkpoint_open_views */
 } ckpt_checkpoint;
 
 int ckpt_checkpoint_open(ckpt_checkpoint *c, const char *path);
+/* The same, also accepting torch tensors that are permuted views of their
+ * bytes (st_tensor.view: a transposed lm_head), for callers that plan their
+ * copy (convert, through the plan's axis maps) or only list them (inspect).
+ * ckpt_checkpoint_open refuses them, naming the tensor: readers of raw bytes
+ * (LoRA merge, states) would misread them. */
+int ckpt_checkpoint_open_views(ckpt_checkpoint *c, const char *path);
 int ckpt_checkpoint_open_prefix(ckpt_checkpoint *c, const char *dir, const char *prefix);
 void ckpt_checkpoint_close(ckpt_checkpoint *c);
 /* A checkpoint made of files parsed already (st_parse of stored headers):

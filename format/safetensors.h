@@ -47,6 +47,13 @@ typedef struct {
     uint64_t begin, end; /* data_offsets, relative to the data section */
     uint64_t offset;     /* absolute byte offset in the file: 8 + N + begin */
     uint64_t nbytes;     /* end - begin */
+    /* Set only by the torch reader (torch.h) for a permuted view (a transposed
+     * lm_head): the bytes at offset hold, row-major, the tensor with its axes
+     * in stored order: stored_shape[a] = shape[k] where view_axes[k] == a.
+     * Only checkpoints opened with ckpt_checkpoint_open_views hold these. */
+    bool view;
+    int8_t view_axes[CKPT_MAX_RANK];
+    uint64_t stored_shape[CKPT_MAX_RANK];
 } st_tensor;
 
 typedef struct {

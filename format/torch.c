@@ -127,6 +127,9 @@ typedef struct {
     uint64_t lo, hi; /* byte range in the storage */
     bool alias;
     const char *kept; /* for an alias */
+    bool permuted;    /* a permutation of a contiguous block (st_tensor.view) */
+    int8_t axes[CKPT_MAX_RANK];
+    uint64_t stored[CKPT_MAX_RANK];
 } tview;
 
 typedef struct {
@@ -240,6 +243,35 @@ static int read_dims(tctx *c, const char *tname, const pk_node *size, const pk_n
     return 0;
 }
 
+/* A view whose axes, sorted by stride (size-1 axes where they stand), are a
+ * contiguous block — a transpose or any permutation: its bytes are the block,
+ * and v->axes says which stored axis each axis walks. */
+static bool permuted_block(tview *v, const uint64_t *strides)
+{
+    int order[CKPT_MAX_RANK], n = 0;
+    for (int k = 0; k < v->ndim; k++) /* size-1 axes first: where they go moves no byte */
+        if (v->shape[k] == 1) order[n++] = k;
+    int first = n;
+    for (int k = 0; k < v->ndim; k++)
+        if (v->shape[k] != 1) order[n++] = k;
+    for (int i = first + 1; i < n; i++) /* the others by stride, descending (stable) */
+        for (int j = i; j > first && strides[order[j - 1]] < strides[order[j]]; j--) {
+            int t = order[j - 1];
+            order[j - 1] = order[j], order[j] = t;
+        }
+    uint64_t expect = 1;
+    for (int a = n - 1; a >= first; a--) {
+        if (strides[order[a]] != expect) return false;
+        expect *= v->shape[order[a]];
+    }
+    for (int a = 0; a < n; a++) {
+        v->axes[order[a]] = (int8_t)a;
+        v->stored[a] = v->shape[order[a]];
+    }
+    v->permuted = true;
+    return true;
+}
+
 /* _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, hooks[, metadata]) or
  * _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype[, metadata]). */
 static int rebuild_tensor(tctx *c, const pk_node *args, bool v3, const char *tname, tview *v)
@@ -287,9 +319,9 @@ static int rebuild_tensor(tctx *c, const pk_node *args, bool v3, const char *tna
         return terr(c, CKPT_EINVAL,
                     "tensor '%s': view (offset %" PRIu64 ") reaches element %" PRIu64 " of a storage of %" PRIu64 " elements",
                     tname, off, last, cap);
-    if (!contiguous)
+    if (!contiguous && !permuted_block(v, strides))
         return terr(c, CKPT_EINVAL,
-                    "tensor '%s' is a non-contiguous view (a transpose or strided slice); ckpt cannot copy it yet: "
+                    "tensor '%s' is a strided view (not a permutation of a contiguous block); ckpt cannot copy it: "
                     "save it with .contiguous()",
                     tname);
     v->lo = off * el;
@@ -408,7 +440,8 @@ static int dedupe(tctx *c)
         for (size_t k = i + 1; k < j; k++) {
             const tview *a = &c->tv[i], *b = &c->tv[k];
             if (b->lo != a->lo || b->hi != a->hi || b->dtype != a->dtype || b->ndim != a->ndim ||
-                memcmp(b->shape, a->shape, (size_t)a->ndim * sizeof a->shape[0]))
+                memcmp(b->shape, a->shape, (size_t)a->ndim * sizeof a->shape[0]) || b->permuted != a->permuted ||
+                (a->permuted && memcmp(b->axes, a->axes, (size_t)a->ndim)))
                 return terr(c, CKPT_EINVAL, "tensors '%s' and '%s' are different views of overlapping bytes of storage '%s'", a->name,
                             b->name, c->st[a->store].key);
             if (keeps_over(b, &c->tv[keep])) keep = k;
@@ -649,6 +682,11 @@ static int fill(tctx *c, st_file *f)
         t->nbytes = v->hi - v->lo;
         t->begin = t->offset;
         t->end = t->offset + t->nbytes;
+        if (v->permuted) {
+            t->view = true;
+            memcpy(t->view_axes, v->axes, sizeof t->view_axes);
+            memcpy(t->stored_shape, v->stored, sizeof t->stored_shape);
+        }
     }
     if (!rc) {
         qsort(f->tensors, f->ntensors, sizeof *f->tensors, cmp_offset);

@@ -27,10 +27,13 @@
  * the absolute byte offset of its bytes in the .bin file, `begin` = offset,
  * data_start 0, header_len 0, from_torch true. Rules, as Hugging Face's
  * conversion (safetensors convert.py _remove_duplicate_names) has them:
- *   - a tensor must be a contiguous view (row-major strides; size-1 axes
- *     free) lying inside its storage; other views (a transposed lm_head, a
- *     strided slice) are refused naming the tensor: ckpt does not yet plan
- *     their copy;
+ *   - a tensor must lie inside its storage and be a contiguous view
+ *     (row-major strides; size-1 axes free), or a permutation of a
+ *     contiguous block (a transposed lm_head): then st_tensor.view is set,
+ *     its byte range is the block and view_axes/stored_shape say how to walk
+ *     it (checkpoint.h: only ckpt_checkpoint_open_views accepts those; the
+ *     converter's plan makes the .contiguous() copy). Strided slices are
+ *     refused naming the tensor;
  *   - tensors whose bytes overlap in one storage are one shared tensor (tied
  *     embeddings): the name kept is the first in sorted order among those
  *     covering the whole overlap group; the others become metadata entries

@@ -17,7 +17,9 @@ tests/unit/test_torch.c).
     model.pth         {"model": {...}} whose tensors are nn.Parameters
     proto4.pt         pickle protocol 4 (FRAME, MEMOIZE, SHORT_BINUNICODE)
     dtypes.bin        every dtype torch 1.13 has that safetensors holds
-    transposed.pt     lm_head saved as w.t(): refused (a non-contiguous view)
+    transposed.pt     lm_head saved as w.t(), a permuted 3-d tensor, a bf16
+                      transpose: read as views, copied by convert's plan
+    strided.pt        w[:, ::2]: refused (not a permutation of a block)
     overlap.pt        a tensor and a different view of the same bytes: refused
   Beside each file F: F.expect.json = {"tensors": {name: {"dtype", "shape",
   "sha256"}}, "aliases": {removed: kept}} from torch itself: sha256 of
@@ -188,8 +190,14 @@ def main(out):
     write(os.path.join(out, "dtypes.bin"), dt, dt)
 
     w = torch.randn(16, 8, generator=gen)
-    tr = collections.OrderedDict([("embed.weight", w), ("lm_head.weight", w.t())])
+    tr = collections.OrderedDict([("embed.weight", torch.randn(16, 8, generator=gen)),
+                                  ("lm_head.weight", torch.randn(8, 16, generator=gen).t()),
+                                  ("conv.weight", torch.randn(3, 4, 5, generator=gen).permute(2, 0, 1)),
+                                  ("bf16.weight", torch.randn(6, 4, generator=gen).to(torch.bfloat16).t()),
+                                  ("col", torch.randn(1, 7, generator=gen).t())])
     write(os.path.join(out, "transposed.pt"), tr, tr)
+    strided = collections.OrderedDict([("every_other", w[:, ::2])])
+    write(os.path.join(out, "strided.pt"), strided, strided)
     ov = collections.OrderedDict([("a", w), ("b", w[2:4])])
     write(os.path.join(out, "overlap.pt"), ov, ov)
 

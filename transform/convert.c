@@ -46,12 +46,27 @@ int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_so
         s->file = base_path + c->tensors[i].file;
         s->dtype = t->dtype;
         s->ndim = t->ndim;
-        memcpy(s->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+        /* a torch view's bytes are its block in stored order (convert_view_part) */
+        memcpy(s->shape, t->view ? t->stored_shape : t->shape, (size_t)t->ndim * sizeof t->shape[0]);
         s->offset = t->offset;
         s->nbytes = t->nbytes;
         p->nsources++;
     }
     return 0;
+}
+
+/* A torch view (st_tensor.view): the tensor has the view's shape and its
+ * one part walks the stored block with the view's axis map, so the executor
+ * makes the .contiguous() copy in tiles (executor.h). */
+static void convert_view_part(plan_tensor *t, const st_tensor *st)
+{
+    if (!st->view || !t->nparts) return;
+    memcpy(t->shape, st->shape, (size_t)st->ndim * sizeof t->shape[0]);
+    plan_part *p = &t->parts[0];
+    for (int k = 0; k < st->ndim; k++) {
+        p->axis_map[k] = st->view_axes[k];
+        p->ext[k] = st->shape[k];
+    }
 }
 
 static int cmp_tensor_ptr(const void *a, const void *b)
@@ -194,6 +209,7 @@ int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *
         if (state_plan_is_slot_source(cp, i)) continue; /* optimizer slots follow their parameters below */
         plan_tensor t;
         rc = plan_tensor_from_source(&t, &cp->exec.sources[i], (int32_t)i);
+        if (!rc && i >= first && i - first < cp->src.ntensors) convert_view_part(&t, cp->src.tensors[i - first].t);
         if (!rc) rc = plan_set_push(&cp->set, &t);
     }
     if (!rc) rc = rules_apply(&cp->rules, &cp->set, &cp->result);

@@ -26,7 +26,7 @@ int state_checkpoint_open(ckpt_checkpoint *c, const char *path)
 {
     if (!ckpt_is_dir(path) ||
         (!dir_has(path, "optimizer.safetensors") && !dir_has(path, OPT_INDEX_NAME)))
-        return ckpt_checkpoint_open(c, path);
+        return ckpt_checkpoint_open_views(c, path); /* convert plans a torch view's copy */
     memset(c, 0, sizeof *c);
     ckpt_checkpoint model, opt;
     int rc = ckpt_checkpoint_open(&model, path);

@@ -193,7 +193,7 @@ int cmd_inspect(int argc, char **argv)
     }
     if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
     ckpt_checkpoint c;
-    if (ckpt_checkpoint_open(&c, path) < 0) return cli_fail();
+    if (ckpt_checkpoint_open_views(&c, path) < 0) return cli_fail();
     int rc = as_json ? print_json(&c) : print_text(&c);
     ckpt_checkpoint_close(&c);
     return rc < 0 ? cli_fail() : CLI_OK;

@@ -99,7 +99,7 @@ def main(d, marker):
          state_dict(("w", tensor("0", 1 << 30, 0, [4], [1]))))
     case("view_out_of_range.pt", "reaches element 5 of a storage of 4 elements",
          state_dict(("w", tensor("0", 4, 2, [4], [1]))))
-    case("view_strided.pt", "non-contiguous view",
+    case("view_strided.pt", "is a strided view",
          state_dict(("w", tensor("0", 4, 0, [2], [2]))))
     case("overlapping_views.pt", "different views of overlapping bytes",
          state_dict(("a", tensor("0", 4, 0, [4], [1])), ("b", tensor("0", 4, 1, [2], [1]))))

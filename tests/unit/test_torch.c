@@ -10,6 +10,7 @@
  */
 #include "common/error.h"
 #include "common/util.h"
+#include "format/checkpoint.h"
 #include "format/pickle.h"
 #include "format/torch.h"
 #include "format/zipdir.h"
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -384,7 +386,7 @@ static void test_torch_zip_refusals(void **state)
         const char *want;
     } views[] = {
         {1, 1, four, one, "reaches element 4 of a storage of 4 elements"},
-        {0, 1, two, s2, "is a non-contiguous view"},
+        {0, 1, two, s2, "is a strided view"},
     };
     for (size_t i = 0; i < CKPT_ARRAY_LEN(views); i++) {
         buf p = {0};
@@ -536,6 +538,43 @@ static void test_torch_mutations(void **state)
     free(leg.b);
 }
 
+/* A transposed view: read as its block with an axis map; only the views
+ * opener (convert, inspect) accepts it. */
+static void test_torch_transposed_view(void **state)
+{
+    (void)state;
+    int size[] = {2, 2}, stride[] = {1, 2};
+    buf p = {0}, img = {0};
+    put(&p, "\x80\x02}(", 4);
+    p_str(&p, "lm_head.weight");
+    p_tensor(&p, "0", 4, 0, 2, size, stride, false);
+    put(&p, "u.", 2);
+    torch_zip(&img, &p, sizeof DATA, 0, NULL);
+    st_file f;
+    assert_int_equal(parse_image(&f, &img), 0);
+    const st_tensor *t = st_find(&f, "lm_head.weight");
+    assert_non_null(t);
+    assert_true(t->view);
+    assert_int_equal(t->view_axes[0], 1);
+    assert_int_equal(t->view_axes[1], 0);
+    assert_int_equal(t->nbytes, 16);
+    st_close(&f);
+
+    char path[] = "/tmp/test_torch_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, img.b, img.n), (ssize_t)img.n);
+    close(fd);
+    ckpt_checkpoint c;
+    expect_error(ckpt_checkpoint_open(&c, path), CKPT_EINVAL, "tensor 'lm_head.weight' is a transposed (permuted) view");
+    assert_int_equal(ckpt_checkpoint_open_views(&c, path), 0);
+    assert_int_equal(c.ntensors, 1);
+    ckpt_checkpoint_close(&c);
+    unlink(path);
+    free(p.b);
+    free(img.b);
+}
+
 static void test_sniff(void **state)
 {
     (void)state;
@@ -552,7 +591,7 @@ int main(void)
         cmocka_unit_test(test_pickle_refusals),     cmocka_unit_test(test_torch_zip_state_dict),
         cmocka_unit_test(test_torch_zip_refusals),  cmocka_unit_test(test_zipdir_rules),
         cmocka_unit_test(test_torch_legacy),        cmocka_unit_test(test_torch_mutations),
-        cmocka_unit_test(test_sniff),
+        cmocka_unit_test(test_sniff),               cmocka_unit_test(test_torch_transposed_view),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
