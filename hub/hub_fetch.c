@@ -20,6 +20,26 @@ void hub_fetch_result_free(hub_fetch_result *r)
     memset(r, 0, sizeof *r);
 }
 
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* With the default patterns, a repository without any safetensors file (an
+ * older or fine-tuned one) gives its torch.save weights instead:
+ * pytorch_model.bin or its shards (the index is a .json, taken anyway). They
+ * are read by format/torch.h, never unpickled by Python. */
+static bool torch_weights_instead(const hub_tree *t, const hub_filter *f, const hub_entry *e)
+{
+    if (f->ninclude || strncmp(e->path, "pytorch_model", 13) || !ends_with(e->path, ".bin")) return false;
+    for (size_t i = 0; i < t->n; i++)
+        if (ends_with(t->v[i].path, ".safetensors")) return false;
+    hub_filter only_excludes = {.include = (const char *const[]){"*"}, .ninclude = 1, .exclude = f->exclude,
+                                .nexclude = f->nexclude};
+    return hub_filter_match(&only_excludes, e->path);
+}
+
 /* The files of the tree the filter takes, sorted by path (the tree is). */
 static int pick(const hub_tree *t, const hub_filter *f, const char *repo, hub_entry **out,
                 size_t *n, uint64_t *bytes)
@@ -28,16 +48,21 @@ static int pick(const hub_tree *t, const hub_filter *f, const char *repo, hub_en
     *n = 0;
     *bytes = 0;
     if (!*out) return CKPT_ENOMEM;
-    size_t skipped = 0;
+    size_t skipped = 0, torch = 0;
     for (size_t i = 0; i < t->n; i++) {
         const hub_entry *e = &t->v[i];
-        if (!hub_filter_match(f, e->path))
+        bool instead = !hub_filter_match(f, e->path) && torch_weights_instead(t, f, e);
+        torch += instead;
+        if (!instead && !hub_filter_match(f, e->path))
             skipped++;
         else {
             (*out)[(*n)++] = *e; /* shares the path with the tree */
             *bytes += e->size;
         }
     }
+    if (torch)
+        ckpt_info("%s: no safetensors files; taking its %zu torch.save weight file%s (pytorch_model*.bin)", repo, torch,
+                  torch == 1 ? "" : "s");
     if (skipped)
         ckpt_info(
             "%s: %zu of %zu files picked (the others left out by the include/exclude patterns)",

@@ -163,3 +163,25 @@ expect_status 1 "$ckpt" convert "$work/hsrc" "$work/hdst" --layout hf
 [ -z "$(ls -A "$work" | grep -- '-tmp\|\.tmp-' || true)" ] || fail "a refused convert left temp files: $(ls -A "$work")"
 [ ! -e "$marker" ] || fail "a hostile pickle ran code: $marker exists"
 echo "ok $count hostile files refused, nothing run, nothing written"
+
+# ---- 3. a repository with only torch.save weights, from a Hub ----
+# (the test hub serves a store: the sharded .bin checkpoint is imported there)
+testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
+[ -x "$testhub" ] || fail "$testhub is not built"
+export HF_HOME=$work/hf-home CKPT_HUB_BACKOFF_MS=10
+unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
+CKPT_HOME=$work/hub "$ckpt" import "$gen/sharded" --repo org/binonly@main >/dev/null 2>&1 || fail "import of a .bin folder"
+"$testhub" --home "$work/hub" --url-file "$work/hub.url" --log "$work/hub.log" --faults "" 2>>"$work/hub.err" &
+hub_pid=$!
+trap 'kill -TERM $hub_pid 2>/dev/null; wait $hub_pid 2>/dev/null; find "$work" -mindepth 1 -delete' EXIT
+for _ in $(seq 1200); do [ -s "$work/hub.url" ] && break; sleep 0.05; done
+[ -s "$work/hub.url" ] || fail "test hub did not start: $(cat "$work/hub.err")"
+CKPT_HOME=$work/store HF_ENDPOINT=$(cat "$work/hub.url") expect_status 0 timeout 300 "$ckpt" fetch org/binonly
+grep -q "no safetensors files; taking its 2 torch.save weight files" "$work/err" || fail "fetch did not say it took the .bin files: $(cat "$work/err")"
+CKPT_HOME=$work/store expect_status 0 "$ckpt" pull org/binonly@main -o "$work/pulled"
+for f in pytorch_model-00001-of-00002.bin pytorch_model-00002-of-00002.bin pytorch_model.bin.index.json config.json; do
+    cmp -s "$gen/sharded/$f" "$work/pulled/$f" || fail "fetched $f differs from the repository's"
+done
+expect_status 0 "$ckpt" convert "$work/pulled" "$work/conv-fetched" --layout hf
+check_converted "$work/conv-fetched" "$gen/sharded/expect.json" || fail "fetched .bin: convert"
+echo "ok a .bin-only repository fetches (its pytorch_model*.bin taken), pulls back identical and converts"
