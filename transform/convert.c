@@ -69,6 +69,27 @@ static void convert_view_part(plan_tensor *t, const st_tensor *st)
     }
 }
 
+/* The names a torch file tied to this tensor (torch.h keeps them as file
+ * metadata {removed: kept}) travel with it as meta "tied_names", so the
+ * output file holding it says {removed: new name}, as convert.py writes. */
+static int convert_note_tied(plan_tensor *t, const ckpt_checkpoint *c, const ckpt_tensor_ref *ref)
+{
+    const st_file *f = &c->files[ref->file];
+    json_t *list = NULL;
+    for (size_t m = 0; f->from_torch && m < f->nmeta; m++) {
+        if (strcmp(f->meta_vals[m], ref->t->name)) continue;
+        if (!list && !(list = json_array())) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+        if (json_array_append_new(list, json_string(f->meta_keys[m]))) {
+            json_decref(list);
+            return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+        }
+    }
+    if (!list) return 0;
+    if ((!t->meta && !(t->meta = json_object())) || json_object_set_new(t->meta, "tied_names", list))
+        return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
+}
+
 static int cmp_tensor_ptr(const void *a, const void *b)
 {
     const plan_tensor *x = *(plan_tensor *const *)a, *y = *(plan_tensor *const *)b;
@@ -120,6 +141,10 @@ int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *pref
             rc = st_layout_add(&f->layout, tensors[i]->name, tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape,
                                f->ntensors);
             f->ntensors++;
+            json_t *tied = tensors[i]->meta ? json_object_get(tensors[i]->meta, "tied_names") : NULL;
+            for (size_t k = 0; !rc && k < json_array_size(tied); k++)
+                if (json_is_string(json_array_get(tied, k)))
+                    rc = st_layout_set_meta(&f->layout, json_string_value(json_array_get(tied, k)), tensors[i]->name);
             names[i] = tensors[i]->name;
             files[i] = (char *)ckpt_basename(f->rel);
             total += sizes[i];
@@ -209,7 +234,11 @@ int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *
         if (state_plan_is_slot_source(cp, i)) continue; /* optimizer slots follow their parameters below */
         plan_tensor t;
         rc = plan_tensor_from_source(&t, &cp->exec.sources[i], (int32_t)i);
-        if (!rc && i >= first && i - first < cp->src.ntensors) convert_view_part(&t, cp->src.tensors[i - first].t);
+        if (!rc && i >= first && i - first < cp->src.ntensors) {
+            convert_view_part(&t, cp->src.tensors[i - first].t);
+            rc = convert_note_tied(&t, &cp->src, &cp->src.tensors[i - first]);
+            if (rc) plan_tensor_free(&t);
+        }
         if (!rc) rc = plan_set_push(&cp->set, &t);
     }
     if (!rc) rc = rules_apply(&cp->rules, &cp->set, &cp->result);

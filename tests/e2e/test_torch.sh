@@ -9,8 +9,10 @@
 #    views, which convert copies through its plan): `ckpt inspect --json`
 #    lists exactly the tensors torch holds (tied names once, the others in
 #    the metadata as {removed: kept}), and `ckpt convert --layout hf` writes
-#    model.safetensors (+ index when sharded) with {"format":"pt"} whose
-#    tensor bytes equal torch's byte for byte; no .bin is copied along.
+#    model.safetensors (+ index when sharded) with {"format":"pt"} and the
+#    tied names ({"lm_head.weight": "model.embed_tokens.weight"}, as
+#    convert.py writes them) whose tensor bytes equal torch's byte for byte;
+#    no .bin is copied along.
 # 2. Views ckpt cannot read (a strided slice, a different view of the same
 #    bytes) and hostile files (code execution through REDUCE,
 #    STACK_GLOBAL, BUILD, NEWOBJ, INST; memo, stack and mark bombs; storages
@@ -80,13 +82,18 @@ elif files != ["model.safetensors"] or os.path.exists(index):
 for f in os.listdir(d):
     if f.endswith((".bin", ".pt", ".pth", ".bin.index.json")):
         sys.exit(f"torch file copied into the output: {f}")
-seen = {}
+seen, tied = {}, {}
 for f in files:
     raw = open(os.path.join(d, f), "rb").read()
     n = struct.unpack("<Q", raw[:8])[0]
     hdr = json.loads(raw[8:8 + n])
-    if hdr.pop("__metadata__", {}).get("format") != "pt":
+    meta = hdr.pop("__metadata__", {})
+    if meta.pop("format", None) != "pt":
         sys.exit(f"{f}: no format pt metadata")
+    for k, v in meta.items():  # convert.py's {removed: kept}, in the file holding kept
+        if v not in hdr:
+            sys.exit(f"{f}: tied name {k} -> {v}, which the file does not hold")
+        tied[k] = v
     for name, t in hdr.items():
         a, b = t["data_offsets"]
         seen[name] = (t["dtype"], t["shape"], hashlib.sha256(raw[8 + n + a:8 + n + b]).hexdigest())
@@ -94,6 +101,8 @@ want = {n: (t["dtype"], t["shape"], t["sha256"]) for n, t in exp["tensors"].item
 if seen != want:
     bad = [k for k in set(seen) | set(want) if seen.get(k) != want.get(k)]
     sys.exit(f"tensors differ from torch's: {sorted(bad)[:5]}")
+if tied != exp["aliases"]:
+    sys.exit(f"tied names in the metadata {tied} != {exp['aliases']}")
 EOF
 }
 
@@ -124,7 +133,6 @@ echo "ok sharded .bin -> $(ls "$work/conv-sharded-small" | grep -c 'safetensors$
 
 # the converted checkpoint reads back as any other (and matches the source listing)
 expect_status 0 "$ckpt" inspect --json "$work/conv-llama"
-# (the tied name is not repeated in the safetensors metadata: see docs/torch.md)
 check_listing "$work/out" "$gen/llama/pytorch_model.bin.expect.json" noalias || fail "converted llama: inspect"
 # ckpt-layout.json records the source file, its sha256 and the tied name
 python3 - "$work/conv-llama/ckpt-layout.json" "$gen/llama/pytorch_model.bin" <<'EOF' || fail "ckpt-layout.json source"
@@ -133,6 +141,8 @@ src = json.load(open(sys.argv[1]))["source"]["files"]
 assert [f["name"] for f in src] == ["pytorch_model.bin"], src
 assert src[0]["sha256"] == hashlib.sha256(open(sys.argv[2], "rb").read()).hexdigest()
 assert src[0]["metadata"] == {"lm_head.weight": "model.embed_tokens.weight"}, src[0]["metadata"]
+t = [t for t in json.load(open(sys.argv[1]))["tensors"] if t["name"] == "model.embed_tokens.weight"]
+assert t and t[0].get("tied_names") == ["lm_head.weight"], t
 EOF
 echo "ok ckpt-layout.json records the .bin, its sha256 and the tied lm_head"
 
