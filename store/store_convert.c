@@ -47,6 +47,13 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     const store_file_row *index = find_file(files, "model.safetensors.index.json");
     const char *const *shards = names_single;
     size_t nshards = 1;
+    if (!index && !find_file(files, "model.safetensors") &&
+        (find_file(files, "pytorch_model.bin") || find_file(files, "pytorch_model.bin.index.json")))
+        /* stored whole (fetch of a .bin-only repository); recipes address tensor blobs, not ranges of a file */
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s@%s holds torch.save weights (pytorch_model*.bin), which conversion in the store "
+                              "does not read yet: `ckpt pull %s@%s -o DIR`, then `ckpt convert DIR ...`",
+                              src->repo, src->revision, src->repo, src->revision);
     if (index && index->blob) {
         rc = blob_text(s, index, index_text);
         if (!rc) rc = ckpt_index_parse(&ix, index->path, *index_text, strlen(*index_text));

@@ -195,3 +195,8 @@ done
 expect_status 0 "$ckpt" convert "$work/pulled" "$work/conv-fetched" --layout hf
 check_converted "$work/conv-fetched" "$gen/sharded/expect.json" || fail "fetched .bin: convert"
 echo "ok a .bin-only repository fetches (its pytorch_model*.bin taken), pulls back identical and converts"
+# conversion inside the store (recipes over tensor blobs) does not read them yet, and says so
+CKPT_HOME=$work/store expect_status 1 "$ckpt" convert org/binonly@main --layout hf
+grep -q "holds torch.save weights (pytorch_model\*.bin), which conversion in the store does not read yet" "$work/err" ||
+    fail "store convert of .bin weights: $(cat "$work/err")"
+echo "ok store conversion of .bin weights refused with a way out"
