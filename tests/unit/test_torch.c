@@ -129,6 +129,8 @@ typedef struct {
     uint16_t method;
 } zentry;
 
+static bool zip64; /* zip_build writes zip64 central fields and end records */
+
 static void zip_build(buf *o, const zentry *e, size_t n)
 {
     uint64_t *offs = calloc(n, sizeof *offs);
@@ -146,12 +148,28 @@ static void zip_build(buf *o, const zentry *e, size_t n)
     for (size_t i = 0; i < n; i++) {
         put32(o, 0x02014b50);
         put16(o, 20), put16(o, 20), put16(o, 0), put16(o, e[i].method), put32(o, 0);
-        put32(o, zipdir_crc32(0, e[i].data, e[i].len)), put32(o, (uint32_t)e[i].len), put32(o, (uint32_t)e[i].len);
-        put16(o, (uint16_t)strlen(e[i].name)), put16(o, 0), put16(o, 0), put16(o, 0), put16(o, 0), put32(o, 0);
-        put32(o, (uint32_t)offs[i]);
+        put32(o, zipdir_crc32(0, e[i].data, e[i].len));
+        put32(o, zip64 ? 0xFFFFFFFFu : (uint32_t)e[i].len), put32(o, zip64 ? 0xFFFFFFFFu : (uint32_t)e[i].len);
+        put16(o, (uint16_t)strlen(e[i].name)), put16(o, zip64 ? 28 : 0), put16(o, 0), put16(o, 0), put16(o, 0), put32(o, 0);
+        put32(o, zip64 ? 0xFFFFFFFFu : (uint32_t)offs[i]);
         puts_(o, e[i].name);
+        if (zip64) { /* the zip64 extra field: size, compressed size, local header offset */
+            put16(o, 1), put16(o, 24);
+            put64(o, e[i].len), put64(o, e[i].len), put64(o, offs[i]);
+        }
     }
     uint64_t cd_size = o->n - cd;
+    if (zip64) {
+        uint64_t rec = o->n;
+        put32(o, 0x06064b50), put64(o, 44), put16(o, 45), put16(o, 45), put32(o, 0), put32(o, 0);
+        put64(o, n), put64(o, n), put64(o, cd_size), put64(o, cd);
+        put32(o, 0x07064b50), put32(o, 0), put64(o, rec), put32(o, 1);
+        put32(o, 0x06054b50);
+        put16(o, 0), put16(o, 0), put16(o, 0xFFFF), put16(o, 0xFFFF);
+        put32(o, 0xFFFFFFFFu), put32(o, 0xFFFFFFFFu), put16(o, 0);
+        free(offs);
+        return;
+    }
     put32(o, 0x06054b50);
     put16(o, 0), put16(o, 0), put16(o, (uint16_t)n), put16(o, (uint16_t)n);
     put32(o, (uint32_t)cd_size), put32(o, (uint32_t)cd), put16(o, 0);
@@ -351,6 +369,26 @@ static void test_torch_zip_state_dict(void **state)
     assert_int_equal(t->nbytes, 16);
     assert_memory_equal(img.b + t->offset, DATA, 16); /* the bytes, in place */
     assert_string_equal(st_meta_get(&f, "w_tied"), "w");
+    st_close(&f);
+    free(pkl.b);
+    free(img.b);
+}
+
+/* The same archive with zip64 central fields and end records (what torch's
+ * writer emits past 4 GB): the same table. */
+static void test_torch_zip64(void **state)
+{
+    (void)state;
+    buf pkl = {0}, img = {0};
+    p_state_dict(&pkl, false);
+    zip64 = true;
+    torch_zip(&img, &pkl, sizeof DATA, 0, NULL);
+    zip64 = false;
+    st_file f;
+    assert_int_equal(parse_image(&f, &img), 0);
+    const st_tensor *t = st_find(&f, "w");
+    assert_non_null(t);
+    assert_memory_equal(img.b + t->offset, DATA, 16);
     st_close(&f);
     free(pkl.b);
     free(img.b);
@@ -592,6 +630,7 @@ int main(void)
         cmocka_unit_test(test_torch_zip_refusals),  cmocka_unit_test(test_zipdir_rules),
         cmocka_unit_test(test_torch_legacy),        cmocka_unit_test(test_torch_mutations),
         cmocka_unit_test(test_sniff),               cmocka_unit_test(test_torch_transposed_view),
+        cmocka_unit_test(test_torch_zip64),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
