@@ -35,6 +35,7 @@
 #include "format/checkpoint.h"
 #include "format/dtype.h"
 #include "lora/lora.h"
+#include "transform/lora_plan.h"
 
 #include <cblas.h>
 #include <math.h>
