@@ -1,6 +1,6 @@
 /*
  * rules_internal.h — what the rule ops share (rules.c holds parsing and the
- * simple ops, rule_gqa.c the attention fusion of spec §4). Not a public API.
+ * simple ops, rule_gqa.c the attention fusion of docs/transforms.md §4). Not a public API.
  */
 #ifndef CKPT_WORKERS_RULES_INTERNAL_H
 #define CKPT_WORKERS_RULES_INTERNAL_H
@@ -75,7 +75,7 @@ int note_partition(plan_tensor *t, int axis, int64_t stride, int64_t tp, uint64_
 int require_unsharded(const rule *r, const plan_tensor *t);
 int require_byte_dtype(const rule *r, const plan_tensor *t);
 int resolve_axis(const rule *r, const plan_tensor *t, int64_t axis, int *out);
-/* Pads `axis` to a multiple of pad_multiple and cuts tp rank tensors (spec §5). */
+/* Pads `axis` to a multiple of pad_multiple and cuts tp rank tensors (docs/transforms.md §5). */
 int split_for_ranks(const rule *r, const plan_tensor *t, int axis, int64_t tp, int64_t pad_multiple,
                     int64_t stride, plan_tensor *out, uint64_t *padded_len);
 /* Drops the first n0 tensors flagged in gone (tensors an op consumed). */
