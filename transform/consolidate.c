@@ -1,6 +1,6 @@
 /*
  * consolidate.c — rebuild the original checkpoint from a converted directory
- * and its ckpt-layout.json alone (spec §8).
+ * and its ckpt-layout.json alone (docs/transforms.md §8).
  *
  * Every output part says which box of which original tensor it holds, so the
  * inverse needs no knowledge of the rules: each part becomes a part of the

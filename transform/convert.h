@@ -9,7 +9,7 @@
  *   convert_plan_free(&cp);
  *
  * Output directory: config.json and the other small files of the source
- * (tokenizer, generation config) copied, ckpt-layout.json (spec §7), and the
+ * (tokenizer, generation config) copied, ckpt-layout.json (docs/transforms.md §7), and the
  * weights: in DST itself for tp 1, else in DST/tp_rank_00 .. tp_rank_{tp-1},
  * each model.safetensors or shards + model.safetensors.index.json. Everything
  * is written into DST.tmp-XXXXXX and renamed into place at the end; on any

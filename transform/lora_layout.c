@@ -5,7 +5,7 @@
  * for every output weight T, which boxes of which source weights it holds.
  * The adapter follows T part by part. For a weight made by slicing, padding
  * and fusing along the output axis (column parallel, fused Q/K/V and
- * gate/up, the GQA head order of spec §4 with KV replicas), every part of an
+ * gate/up, the GQA head order of docs/transforms.md §4 with KV replicas), every part of an
  * adapted member m is whole along the input axis, so
  *   A_T = [A_m1; A_m2; ...]          members in order of first appearance,
  *                                      rank R = r_1 + r_2 + ..., replicated

@@ -172,7 +172,7 @@ int require_unsharded(const rule *r, const plan_tensor *t)
 
 /* Pads axis to a multiple of pad_multiple (which must then divide by tp*stride)
  * and returns the rank pieces: rank r gets pieces r, r+tp, ... of tp*stride
- * equal pieces, concatenated (spec §5). out[] receives tp tensors. */
+ * equal pieces, concatenated (docs/transforms.md §5). out[] receives tp tensors. */
 int split_for_ranks(const rule *r, const plan_tensor *t, int axis, int64_t tp, int64_t pad_multiple,
                            int64_t stride, plan_tensor *out, uint64_t *padded_len)
 {

@@ -1,7 +1,7 @@
 /*
  * rule_gqa.c — fuse_qkv_gqa: Q/K/V fusion for grouped-query attention under
- * tensor parallelism, the Neuron layout of spec/transforms.md §4, with the
- * query-head padding of §5.
+ * tensor parallelism, the Neuron layout of docs/transforms.md §4, with its
+ * query-head padding.
  *
  * For each attention module (the rule's pattern matches its q weight and
  * captures the module prefix as $1), rank r gets

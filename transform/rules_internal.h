@@ -89,7 +89,7 @@ int note_partition(plan_tensor *t, int axis, int64_t stride, int64_t tp, uint64_
 int require_unsharded(const rule *r, const plan_tensor *t);
 int require_byte_dtype(const rule *r, const plan_tensor *t);
 int resolve_axis(const rule *r, const plan_tensor *t, int64_t axis, int *out);
-/* Pads `axis` to a multiple of pad_multiple and cuts tp rank tensors (spec §5). */
+/* Pads `axis` to a multiple of pad_multiple and cuts tp rank tensors (docs/transforms.md §5). */
 int split_for_ranks(const rule *r, const plan_tensor *t, int axis, int64_t tp, int64_t pad_multiple,
                     int64_t stride, plan_tensor *out, uint64_t *padded_len);
 /* Removes the tensors flagged in gone (one flag per tensor of the set). */
