@@ -271,8 +271,9 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
         if (fd >= 0) close(fd);
         free(path);
     }
-    if (archive_write_close(a) != ARCHIVE_OK && !rc)
+    if (!rc && archive_write_close(a) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
+    if (rc) archive_write_fail(a); /* no tar end after a failure: a reader sees a truncated archive */
     archive_write_free(a);
     free(buf);
     for (size_t i = 0; i < nl.n; i++) free(nl.v[i]);
@@ -323,6 +324,9 @@ int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, s
     }
     if (!rc && archive_write_close(a) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
+    /* After a failure, no tar end (archive_write_free would write one): the
+     * reader of a stream sees a truncated archive, never a valid short one. */
+    if (rc) archive_write_fail(a);
     archive_write_free(a);
     free(buf);
     return rc;

@@ -9,7 +9,8 @@
 #include "service/http/http_util.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
-#include "service/http/store_http.h"
+#include "service/http/hub_api.h"
+#include "service/http/store_api.h"
 #include "store/store.h"
 #include "store/catalog.h"
 
@@ -280,7 +281,9 @@ static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *
     }
     if (req->too_big) return send_error(c, 413, "request body too large");
     bool handled;
-    enum MHD_Result sr = store_http_route(s, c, url, method, req->body, req->len, &handled);
+    enum MHD_Result sr = store_api_route(s, c, url, method, &handled);
+    if (handled) return sr;
+    sr = hub_api_route(s, c, url, method, req->body, req->len, &handled);
     if (handled) return sr;
     if (!strcmp(url, "/metrics")) return metrics(h, s, c);
     if (!strcmp(url, "/v1/jobs")) {
@@ -420,7 +423,7 @@ int http_api_start(http_api **out, const http_api_opts *o)
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                   (unsigned)(o->per_ip > 0 ? o->per_ip : HTTP_PER_IP_DEFAULT),
-                                  MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
+                                  MHD_OPTION_UNESCAPE_CALLBACK, http_keep_raw, NULL, MHD_OPTION_END);
         if (!h->mhd) rc = ckpt_error_set(CKPT_EIO, "cannot listen on %s:%u (in use?)", host, port);
     }
     if (!rc) {
