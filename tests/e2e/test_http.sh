@@ -52,7 +52,7 @@ fi
 cp "$DIR/hub_client.mjs" "$NPMDIR/"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny main "$W/orig") || fail "hub client on the original"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny neuron-tp2 "$W/tp2") || fail "hub client on the layout"
-commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["commit"])')
+commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][0]["commit"])')
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny "$commit.neuron-tp2" "$W/tp2") || fail "layout by <commit>.<layout>"
 
 # --- Range edge cases (spec/hub.md) ---
