@@ -103,9 +103,9 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
             if (ckpt_parse_size(v, &n) < 0) return usage(kind, "bad --max-shard-size");
             json_object_set_new(a, "max_shard_size", json_integer((json_int_t)n));
         } else if (!strcmp(name, "scale")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d == 0) return usage(kind, "--scale takes a finite, non-zero number");
+            double d;
+            if (ckpt_parse_double("--scale", v, -1e30, 1e30, &d) < 0 || d == 0)
+                return usage(kind, "--scale takes a finite, non-zero number");
             json_object_set_new(a, "scale", json_real(d));
         } else {
             char msg[128];
