@@ -17,6 +17,7 @@
 #include "hub/hub.h"
 #include "store/materialize.h"
 #include "store/store_info.h"
+#include "store/store_pull.h"
 #include "store/store_verify.h"
 
 #include <getopt.h>
@@ -359,36 +360,10 @@ int cmd_pull(int argc, char **argv)
         store_close(&s);
         return cli_usage_error("pull", "--consolidated applies to a converted layout (REF:LAYOUT)");
     }
-    /* Directories are assembled in place; archives and consolidation go through a staging folder.
-     */
-    bool staged = strcmp(fmt, "dir") || a.consolidated;
-    char *stage = NULL;
-    if (staged) {
-        char *base = store_tmp_base(&s, "pull");
-        rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
-        free(base);
-    }
-    materialize_opts mo = {
-        .rank = a.rank, .force = a.common.force || staged, .quiet = a.common.quiet};
-    if (!rc) rc = store_materialize(&s, &c, staged ? stage : a.common.out, &mo);
-    if (!rc && a.consolidated) {
-        consolidate_opts co = {.quiet = a.common.quiet, .force = a.common.force};
-        if (!strcmp(fmt, "dir")) {
-            rc = consolidate_run(stage, a.common.out, &co);
-        } else {
-            char *cons = ckpt_sprintf("%s.consolidated", stage);
-            rc = cons ? consolidate_run(stage, cons, &co) : CKPT_ENOMEM;
-            ckpt_rm_rf(stage);
-            free(stage);
-            stage = cons;
-        }
-    }
-    if (!rc && strcmp(fmt, "dir"))
-        rc = ckpt_archive_write_tree(stage, a.common.out, !strcmp(fmt, "tar.zst"));
-    if (stage) {
-        ckpt_rm_rf(stage);
-        free(stage);
-    }
+    store_pull_opts po = {.rank = a.rank, .consolidated = a.consolidated, .force = a.common.force,
+                          .quiet = a.common.quiet};
+    rc = store_pull_format_parse(fmt, &po.format);
+    if (!rc) rc = store_pull(&s, &c, a.common.out, &po);
     int ret = rc ? cli_fail() : CLI_OK;
     if (!rc && strcmp(a.common.out, "-")) {
         char *ref = store_ckpt_ref(&c);
