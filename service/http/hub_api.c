@@ -249,25 +249,31 @@ static int blob_git_oid(const char *path, uint64_t size, char out[41])
     return rc;
 }
 
-static void file_oid(ckpt_store *s, const store_file_row *f, char out[41])
+/* A blob that cannot be read is an error (the store is damaged), never the
+ * oid of some other content. */
+static int file_oid(ckpt_store *s, const store_file_row *f, char out[41])
 {
     char ptr[256];
     if (is_lfs(f) || !f->blob) {
         lfs_pointer(f, ptr, sizeof ptr);
         git_oid(ptr, strlen(ptr), out);
-        return;
+        return 0;
     }
-    if (oid_cached(f->sha256, out)) return;
+    if (oid_cached(f->sha256, out)) return 0;
     char *path = store_blob_path(s, f->blob);
-    if (path && blob_git_oid(path, f->size, out) == 0) oid_remember(f->sha256, out);
-    else git_oid("", 0, out);
+    int rc = path ? blob_git_oid(path, f->size, out) : CKPT_ENOMEM;
+    if (!rc) oid_remember(f->sha256, out);
+    else rc = ckpt_error_prefix(rc, "git oid of '%s'", f->path);
     free(path);
+    return rc;
 }
 
-static json_t *file_entry(ckpt_store *s, const store_file_row *f, const hub_rev *rev, bool expand)
+/* Appends the entry of a file to into. */
+static int file_entry(ckpt_store *s, const store_file_row *f, const hub_rev *rev, bool expand, json_t *into)
 {
     char oid[41], ptr[256];
-    file_oid(s, f, oid);
+    int rc = file_oid(s, f, oid);
+    if (rc) return rc;
     json_t *e = json_pack("{s:s,s:s,s:I,s:s}", "type", "file", "path", f->path, "size", (json_int_t)f->size, "oid", oid);
     if (e && is_lfs(f))
         json_object_set_new(e, "lfs", json_pack("{s:s,s:I,s:I}", "oid", f->sha256, "size", (json_int_t)f->size,
@@ -279,16 +285,21 @@ static json_t *file_entry(ckpt_store *s, const store_file_row *f, const hub_rev 
         json_object_set_new(e, "lastCommit", json_pack("{s:s,s:s,s:s}", "id", rev->sha, "title",
                                                        *rev->c.layout ? "ckpt convert" : "ckpt import", "date", date));
     }
-    return e;
+    if (!e || json_array_append_new(into, e) < 0) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
 }
 
-static json_t *dir_entry(const char *path, const hub_rev *rev)
+/* Appends the entry of a directory to into. */
+static int dir_entry(const char *path, const hub_rev *rev, json_t *into)
 {
     char *key = ckpt_sprintf("%s/%s", rev->sha, path);
-    char oid[41] = "0000000000000000000000000000000000000000";
-    if (key) sha1_hex(key, strlen(key), oid);
+    if (!key) return CKPT_ENOMEM;
+    char oid[41];
+    sha1_hex(key, strlen(key), oid);
     free(key);
-    return json_pack("{s:s,s:s,s:s}", "type", "directory", "path", path, "oid", oid);
+    json_t *j = json_pack("{s:s,s:s,s:s}", "type", "directory", "path", path, "oid", oid);
+    if (!j || json_array_append_new(into, j) < 0) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
 }
 
 /* ---- Hub endpoints ---- */
@@ -399,9 +410,10 @@ static enum MHD_Result hub_tree(ckpt_store *s, struct MHD_Connection *c, const c
         return hub_failed(c, rc, "read the files", repo);
     }
     json_t *all = json_array();
+    rc = all ? 0 : CKPT_ENOMEM;
     {
         /* Directories first seen on the way, then files, in path order. */
-        for (size_t i = 0; i < fs.n; i++) {
+        for (size_t i = 0; !rc && i < fs.n; i++) {
             const char *p = fs.v[i].path;
             if (sublen && (strncmp(p, sub, sublen) || p[sublen] != '/')) continue;
             const char *rest = sublen ? p + sublen + 1 : p;
@@ -411,13 +423,19 @@ static enum MHD_Result hub_tree(ckpt_store *s, struct MHD_Connection *c, const c
                 size_t k;
                 json_t *e;
                 json_array_foreach(all, k, e) seen |= dir && !strcmp(json_string_value(json_object_get(e, "path")), dir);
-                if (dir && !seen) json_array_append_new(all, dir_entry(dir, &r));
+                if (!dir) rc = CKPT_ENOMEM;
+                else if (!seen) rc = dir_entry(dir, &r, all);
                 free(dir);
-                if (!recursive) break;
+                if (!recursive || rc) break;
             }
-            if (recursive || !strchr(rest, '/')) json_array_append_new(all, file_entry(s, &fs.v[i], &r, false));
+            if (!rc && (recursive || !strchr(rest, '/'))) rc = file_entry(s, &fs.v[i], &r, false, all);
         }
         hub_files_free(&fs);
+    }
+    if (rc) {
+        json_decref(all);
+        store_ckpt_free(&r.c);
+        return hub_failed(c, rc, "list the tree", repo);
     }
     if (sublen && json_array_size(all) == 0) {
         json_decref(all);
@@ -501,6 +519,7 @@ static enum MHD_Result hub_paths_info(ckpt_store *s, struct MHD_Connection *c, c
         return hub_failed(c, rc, "read the files", repo);
     }
     json_t *out = json_array();
+    rc = out ? 0 : CKPT_ENOMEM;
     {
         size_t i;
         json_t *p;
@@ -509,16 +528,21 @@ static enum MHD_Result hub_paths_info(ckpt_store *s, struct MHD_Connection *c, c
             const char *want = json_string_value(p);
             size_t wl = strlen(want);
             bool dir = false;
-            for (size_t k = 0; k < fs.n; k++) {
-                if (!strcmp(fs.v[k].path, want)) json_array_append_new(out, file_entry(s, &fs.v[k], &r, expand));
+            for (size_t k = 0; !rc && k < fs.n; k++) {
+                if (!strcmp(fs.v[k].path, want)) rc = file_entry(s, &fs.v[k], &r, expand, out);
                 else if (!dir && !strncmp(fs.v[k].path, want, wl) && fs.v[k].path[wl] == '/') dir = true;
             }
-            if (dir) json_array_append_new(out, dir_entry(want, &r));
+            if (!rc && dir) rc = dir_entry(want, &r, out);
+            if (rc) break;
         }
         hub_files_free(&fs);
     }
     json_decref(paths);
     store_ckpt_free(&r.c);
+    if (rc) {
+        json_decref(out);
+        return hub_failed(c, rc, "describe the paths", repo);
+    }
     return http_send_json(c, 200, out);
 }
 
@@ -546,9 +570,9 @@ static enum MHD_Result hub_resolve(ckpt_store *s, struct MHD_Connection *c, cons
         MHD_destroy_response(resp);
     } else {
         char oid[41];
-        file_oid(s, f, oid);
+        rc = file_oid(s, f, oid);
         http_hub_file hf = {.commit = r.sha, .lfs = is_lfs(f), .etag = oid};
-        ret = http_send_stored_file(s, c, &r.c, path, &hf);
+        ret = rc ? hub_failed(c, rc, "read the file", repo) : http_send_stored_file(s, c, &r.c, path, &hf);
     }
     hub_files_free(&fs);
     store_ckpt_free(&r.c);
