@@ -70,7 +70,12 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
                 return cli_usage_error(cmd, "--idle-timeout must be 1..3600 seconds");
             a->idle_timeout = (int)n;
         }
-        else if (!strcmp(w, "--priority") && v) a->priority = atoi(v);
+        else if (!strcmp(w, "--priority") && v) {
+            int64_t p;
+            if (ckpt_parse_i64_field("--priority", v, -1000000, 1000000, &p) < 0)
+                return cli_usage_error(cmd, "%s", ckpt_error_last());
+            a->priority = (int)p;
+        }
         else if (!strcmp(w, "--after") && v) {
             if (ckpt_parse_u64(v, &n) < 0 || n == 0) return cli_usage_error(cmd, "--after takes a job ID");
             a->after = (int64_t)n;
@@ -81,8 +86,12 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
         } else if (!strcmp(w, "--workers") && v) {
             if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 256) return cli_usage_error(cmd, "--workers must be 1..256");
             a->workers = (int)n;
-        } else if (!strcmp(w, "--grace") && v) a->grace = atof(v);
-        else if (!strcmp(w, "--timeout") && v) a->timeout = atof(v);
+        } else if (!strcmp(w, "--grace") && v) {
+            if (ckpt_parse_double("--grace", v, 0, 86400, &a->grace) < 0) return cli_usage_error(cmd, "%s", ckpt_error_last());
+        } else if (!strcmp(w, "--timeout") && v) {
+            if (ckpt_parse_double("--timeout", v, 0, 31536000, &a->timeout) < 0)
+                return cli_usage_error(cmd, "%s", ckpt_error_last());
+        }
         else {
             takes = false;
             if (!strcmp(w, "--json")) a->json = true;

@@ -129,7 +129,7 @@ CKPT_HOME=$W/c-hub "$B" pull "$REF" -o "$W/out-hub" --server "$HURL" >"$W/pull.o
 resumed "$W/hub.log" 2 1000
 diff -r "$W/local" "$W/out-hub" >/dev/null || fail "pull through the test hub differs from a local pull"
 note "test hub: drop fired on the layout's pseudo-commit, resumed, identical"
-commit=$("$B" ls --json | python3 -c 'import json,sys; print([c["commit"] for c in json.load(sys.stdin) if not c.get("layout")][0])')
+commit=$("$B" ls --json | python3 -c 'import json,sys; print([c["commit"] for c in json.load(sys.stdin)["checkpoints"] if not c.get("layout")][0])')
 for rev in "$commit.neuron-tp4" neuron-tp4; do
     curl -s -X POST --data-binary "drop=100000@1" "$HURL/_testhub/faults" >/dev/null || fail "cannot set faults"
     rc=0
