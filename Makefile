@@ -50,7 +50,7 @@ SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
+.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps check-layers
 
 all: $(BUILD)/ckpt
 
@@ -58,6 +58,7 @@ help:
 	@echo "make deps     install the Debian packages the build and tests need (root)"
 	@echo "make          build $(BUILD)/ckpt"
 	@echo "make test     build with ASan+UBSan and run every test"
+	@echo "make check-layers  check the folders' layer order and module cycles"
 	@echo "make demo     generate a model and run the pipeline on it"
 	@echo "make bench    run the benchmarks in bench/"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
@@ -121,8 +122,8 @@ install-lib: lib
 	install -m 0644 include/ckpt.h $(DESTDIR)$(PREFIX)/include/ckpt.h
 
 # The local Hub of the tests and the demo (tests/hub/testhub.c): the daemon's
-# Hub read API (service/http/store_http.c) with faults injected on demand.
-TESTHUB_OBJS := $(BUILD)/obj/service/http/store_http.o $(BUILD)/obj/service/http/http_util.o
+# Hub read API (service/http/hub_api.c) with faults injected on demand.
+TESTHUB_OBJS := $(BUILD)/obj/service/http/hub_api.o $(BUILD)/obj/service/http/http_util.o
 $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TESTHUB_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
 
@@ -131,6 +132,10 @@ $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 # is "N passed, N failed" (tests/run_all.sh).
 test: deps
 	@MAKE="$(MAKE)" FUZZ_SECONDS=10 tests/run_all.sh
+
+# The folders' layer order and no cycle between modules (tests/check_layers.py).
+check-layers: $(BUILD)/ckpt
+	@python3 tests/check_layers.py $(BUILD)
 
 unit: $(TEST_BINS)
 	@set -e; fail=0; for t in $(TEST_BINS); do \

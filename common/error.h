@@ -27,6 +27,7 @@ typedef enum {
     CKPT_ECORRUPT = -7, /* stored bytes do not match their hash */
     CKPT_EBUSY = -8,    /* transient: retry may succeed */
     CKPT_ECANCELLED = -9,
+    CKPT_EINTERNAL = -10, /* a library failed in a way a retry will not fix (a digest context) */
 } ckpt_code;
 
 /* Sets the thread's error message and returns code (always negative). */

@@ -146,9 +146,7 @@ int cli_parse_size(const char *cmd, const char *option, const char *text, uint64
 
 int cli_parse_factor(const char *cmd, const char *option, const char *text, double *out)
 {
-    char *end;
-    *out = strtod(text, &end);
-    if (end == text || *end || !isfinite(*out) || *out == 0)
+    if (ckpt_parse_double(option, text, -1e30, 1e30, out) < 0 || *out == 0)
         return cli_usage_error(cmd, "%s takes a finite, non-zero number", option);
     return CLI_OK;
 }

@@ -21,33 +21,24 @@
 #    code runs (the marker file the pickles try to create never appears).
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
-
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-work=${E2E_WORK:?}
-tests=$(cd "${E2E_DIR:?}/.." && pwd)
-trap 'find "$work" -mindepth 1 -delete' EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-. "$E2E_DIR/lib.sh"
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+tests=$(cd "$E2E_DIR/.." && pwd)
 
 # torch is Debian's python3-torch (make deps): /usr/bin/python3 when the
 # python3 on PATH is another one.
-py=""
-for cand in python3 /usr/bin/python3; do
-    if command -v "$cand" >/dev/null && "$cand" -c 'import torch' 2>/dev/null; then py=$cand; break; fi
+torch_py=""
+for cand in "$py" /usr/bin/python3; do
+    if "$cand" -c 'import torch' 2>/dev/null; then torch_py=$cand; break; fi
 done
-[ -n "$py" ] || fail "no python3 with torch (make deps installs python3-torch)"
+[ -n "$torch_py" ] || fail "no python3 with torch (make deps installs python3-torch)"
 
 gen=$work/gen
-"$py" "$tests/torch_gen.py" "$gen" >/dev/null 2>"$work/gen.err" || fail "torch_gen.py: $(cat "$work/gen.err")"
+"$torch_py" "$tests/torch_gen.py" "$gen" >/dev/null 2>"$work/gen.err" || fail "torch_gen.py: $(cat "$work/gen.err")"
 
 # check_listing LISTING EXPECT [noalias]: ckpt's --json listing against
 # torch's tensors; the tied names in its metadata unless noalias.
 check_listing() {
-    python3 - "$1" "$2" "${3:-}" <<'EOF'
+    "$py" - "$1" "$2" "${3:-}" <<'EOF'
 import json, sys
 got = json.load(open(sys.argv[1]))
 exp = json.load(open(sys.argv[2]))
@@ -64,7 +55,7 @@ EOF
 # check_converted DIR EXPECT: DIR holds model.safetensors (or shards + index)
 # whose tensors are torch's bytes, each file with {"format": "pt"}.
 check_converted() {
-    python3 - "$1" "$2" <<'EOF'
+    "$py" - "$1" "$2" <<'EOF'
 import hashlib, json, os, struct, sys
 d, exp = sys.argv[1], json.load(open(sys.argv[2]))
 files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
@@ -135,7 +126,7 @@ echo "ok sharded .bin -> $(ls "$work/conv-sharded-small" | grep -c 'safetensors$
 expect_status 0 "$ckpt" inspect --json "$work/conv-llama"
 check_listing "$work/out" "$gen/llama/pytorch_model.bin.expect.json" noalias || fail "converted llama: inspect"
 # ckpt-layout.json records the source file, its sha256 and the tied name
-python3 - "$work/conv-llama/ckpt-layout.json" "$gen/llama/pytorch_model.bin" <<'EOF' || fail "ckpt-layout.json source"
+"$py" - "$work/conv-llama/ckpt-layout.json" "$gen/llama/pytorch_model.bin" <<'EOF' || fail "ckpt-layout.json source"
 import hashlib, json, sys
 src = json.load(open(sys.argv[1]))["source"]["files"]
 assert [f["name"] for f in src] == ["pytorch_model.bin"], src
@@ -160,7 +151,7 @@ echo "ok strided and overlapping views refused"
 
 hostile=$work/hostile marker=$work/hostile/MARKER
 mkdir -p "$hostile"
-python3 "$E2E_DIR/torch_hostile.py" "$hostile" "$marker"
+"$py" "$E2E_DIR/torch_hostile.py" "$hostile" "$marker"
 count=0
 while IFS=$'\t' read -r name want; do
     refuse "$hostile/$name" "$want"
@@ -176,17 +167,11 @@ echo "ok $count hostile files refused, nothing run, nothing written"
 
 # ---- 3. a repository with only torch.save weights, from a Hub ----
 # (the test hub serves a store: the sharded .bin checkpoint is imported there)
-testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
-[ -x "$testhub" ] || fail "$testhub is not built"
 export HF_HOME=$work/hf-home CKPT_HUB_BACKOFF_MS=10
 unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
 CKPT_HOME=$work/hub "$ckpt" import "$gen/sharded" --repo org/binonly@main >/dev/null 2>&1 || fail "import of a .bin folder"
-"$testhub" --home "$work/hub" --url-file "$work/hub.url" --log "$work/hub.log" --faults "" 2>>"$work/hub.err" &
-hub_pid=$!
-trap 'kill -TERM $hub_pid 2>/dev/null; wait $hub_pid 2>/dev/null; find "$work" -mindepth 1 -delete' EXIT
-for _ in $(seq 1200); do [ -s "$work/hub.url" ] && break; sleep 0.05; done
-[ -s "$work/hub.url" ] || fail "test hub did not start: $(cat "$work/hub.err")"
-CKPT_HOME=$work/store HF_ENDPOINT=$(cat "$work/hub.url") expect_status 0 timeout 300 "$ckpt" fetch org/binonly
+start_testhub hub
+CKPT_HOME=$work/store HF_ENDPOINT=$hub_url expect_status 0 timeout 300 "$ckpt" fetch org/binonly
 grep -q "no safetensors files; taking its 2 torch.save weight files" "$work/err" || fail "fetch did not say it took the .bin files: $(cat "$work/err")"
 CKPT_HOME=$work/store expect_status 0 "$ckpt" pull org/binonly@main -o "$work/pulled"
 for f in pytorch_model-00001-of-00002.bin pytorch_model-00002-of-00002.bin pytorch_model.bin.index.json config.json; do
