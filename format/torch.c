@@ -184,9 +184,12 @@ static bool as_u64(const pk_node *n, uint64_t *v)
 
 /* ---- storages ---- */
 
-/* A persistent id: ('storage', type, key, location, numel[, view_metadata]). */
-static int load_storage(tctx *c, const pk_node *pid, const char *tname, size_t *out)
+/* A persistent id: ('storage', type, key, location, numel[, view_metadata]).
+ * tname NULL: registering every storage of a legacy file, used by a tensor
+ * of the state dict or not (their bytes follow one another in the file). */
+static int load_storage(tctx *c, const pk_node *pid, const char *tname_or_null, size_t *out)
 {
+    const char *tname = tname_or_null ? tname_or_null : "(outside the state dict)";
     const pk_node *t = pk_item(&c->doc, pid, 0);
     if (t->kind != PK_TUPLE || t->n < 5 || t->n > 6)
         return terr(c, CKPT_EINVAL, "tensor '%s': a persistent id that is not a storage tuple", tname);
@@ -203,15 +206,17 @@ static int load_storage(tctx *c, const pk_node *pid, const char *tname, size_t *
     if (t->n == 6 && item(c, t, 5)->kind != PK_NONE)
         return terr(c, CKPT_EINVAL, "tensor '%s': a storage view (torch < 0.4) is not supported", tname);
     const torch_type *tt = &STORAGES[type->tag - TAG_STORAGE0];
-    if (tt->dt == NO_DT)
-        return terr(c, CKPT_EINVAL, "tensor '%s': storage type torch.%s has no safetensors dtype", tname, tt->name);
     for (size_t i = 0; i < c->nst; i++) {
         if (strcmp(c->st[i].key, key->s)) continue;
         if (c->st[i].numel != numel || c->st[i].type_name != tt->name)
             return terr(c, CKPT_EINVAL, "storage '%s' is described twice, differently (tensor '%s')", key->s, tname);
         *out = i;
-        return 0;
+        return tt->dt == NO_DT && tname_or_null
+                   ? terr(c, CKPT_EINVAL, "tensor '%s': storage type torch.%s has no safetensors dtype", tname, tt->name)
+                   : 0;
     }
+    if (tt->dt == NO_DT && tname_or_null)
+        return terr(c, CKPT_EINVAL, "tensor '%s': storage type torch.%s has no safetensors dtype", tname, tt->name);
     if (ckpt_grow(&c->st, &c->cap_st, c->nst + 1, sizeof *c->st)) return CKPT_ENOMEM;
     tstore *s = &c->st[c->nst];
     memset(s, 0, sizeof *s);
@@ -592,6 +597,10 @@ static int parse_legacy(tctx *c)
         if (len > TORCH_MAX_PICKLE) len = TORCH_MAX_PICKLE;
     }
     if (!rc) rc = collect(c);
+    for (size_t i = 0; !rc && i < c->doc.n; i++) { /* storages of entries outside the state dict too */
+        size_t ignored;
+        if (c->doc.nodes[i].kind == PK_PERSID) rc = load_storage(c, &c->doc.nodes[i], NULL, &ignored);
+    }
     const pk_node *kl = rc ? NULL : pk_at(&keys, keys.root);
     if (kl && kl->kind != PK_LIST) rc = terr(c, CKPT_EINVAL, "the legacy storage key list is not a list");
     uint64_t off = end;

@@ -14,6 +14,8 @@ tests/unit/test_torch.c).
                       (_use_new_zipfile_serialization=False)
     wrapped.pt        {"state_dict": {...}, "epoch": 3, "optimizer": {...}} with
                       q/k/v saved as views at offsets of one fused storage
+    wrapped_legacy.pt the same in the legacy format (the optimizer's tensor
+                      is a storage of the file outside the state dict)
     model.pth         {"model": {...}} whose tensors are nn.Parameters
     proto4.pt         pickle protocol 4 (FRAME, MEMOIZE, SHORT_BINUNICODE)
     dtypes.bin        every dtype torch 1.13 has that safetensors holds
@@ -166,8 +168,12 @@ def main(out):
     inner["norm.weight"] = torch.ones(64)
     inner["empty"] = torch.zeros(0, 4)
     inner["scalar"] = torch.tensor(2.5)
-    opt = {"state": {0: {"step": 3}}, "param_groups": [{"lr": 1e-3}]}
+    opt = {"state": {0: {"step": 3, "exp_avg": torch.randn(64, generator=gen, dtype=torch.float64)}},
+           "param_groups": [{"lr": 1e-3}]}
     write(os.path.join(out, "wrapped.pt"), {"state_dict": inner, "epoch": 3, "optimizer": opt}, inner)
+    # legacy: the optimizer's storage lies between the state dict's in the file
+    write(os.path.join(out, "wrapped_legacy.pt"), {"state_dict": inner, "epoch": 3, "optimizer": opt}, inner,
+          _use_new_zipfile_serialization=False)
 
     params = collections.OrderedDict()
     params["linear.weight"] = torch.nn.Parameter(torch.randn(8, 4, generator=gen))

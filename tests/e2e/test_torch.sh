@@ -99,7 +99,7 @@ EOF
 
 # ---- 1. real torch files: inspect and convert ----
 mkdir -p "$work/src"
-for case in llama legacy sharded wrapped.pt model.pth proto4.pt dtypes.bin transposed.pt; do
+for case in llama legacy sharded wrapped.pt wrapped_legacy.pt model.pth proto4.pt dtypes.bin transposed.pt; do
     src=$gen/$case expect=$gen/$case.expect.json
     case $case in
     sharded) expect=$gen/sharded/expect.json ;;

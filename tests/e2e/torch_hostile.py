@@ -42,12 +42,13 @@ def state_dict(*items):
 
 def torch_zip(path, pkl, storages, compress=None):
     """A zip laid out as torch.save's: archive/data.pkl, archive/data/<key>, archive/version."""
+    def info(name):  # a fixed date: the files (and the fuzz corpus) are the same every run
+        return zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as z:
-        z.writestr("archive/data.pkl", pkl)
+        z.writestr(info("archive/data.pkl"), pkl)
         for key, data in storages.items():
-            z.writestr(zipfile.ZipInfo("archive/data/" + key), data,
-                       compress_type=compress or zipfile.ZIP_STORED)
-        z.writestr("archive/version", b"3\n")
+            z.writestr(info("archive/data/" + key), data, compress_type=compress or zipfile.ZIP_STORED)
+        z.writestr(info("archive/version"), b"3\n")
 
 
 def main(d, marker):

@@ -7,7 +7,8 @@ corpus/fuzz_torch_zip/ gets small files written by real torch.save (zip and
 legacy, protocols 2 and 4, wrappers, tied weights, every dtype; from
 tests/torch_gen.py) and the hostile files of tests/e2e/torch_hostile.py that
 fit libFuzzer's -max_len; corpus/fuzz_pickle/ gets the pickles inside them
-(data.pkl of each zip). Deterministic for a torch version; committed.
+(data.pkl of each zip). Deterministic for a torch version but for the
+legacy files, whose storage keys are memory addresses; committed.
 """
 import collections
 import os
