@@ -14,12 +14,13 @@ CC      ?= cc
 DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
-	libzstd-dev zstd python3 python3-numpy curl ca-certificates
+	libzstd-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
+	curl ca-certificates
 
 # libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
-PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto
-LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto
+PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto libzstd
+LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto libzstd
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(LINKED_PKGS) 2>/dev/null) -ldl -lpthread -lm
 
