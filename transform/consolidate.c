@@ -19,7 +19,9 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "format/easydel.h"
 #include "lora/lora.h"
+#include "transform/easydel_import.h"
 #include "transform/lora_plan.h"
 #include "transform/state_convert.h"
 
@@ -374,6 +376,7 @@ static void consolidation_free(consolidation *c)
 
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
+    if (easydel_is_checkpoint(src)) return easydel_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);
     char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);

@@ -206,9 +206,9 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (!rc) rc = write_indexes(cp, tmp);
     if (!rc) rc = state_plan_write(cp, tmp);
     if (!rc) rc = outdir_copy_side_files(cp->src_dir, tmp);
-    json_t *meta = rc ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
-    if (!rc && !meta) rc = CKPT_ENOMEM;
-    if (!rc) {
+    json_t *meta = rc || o->no_layout_file ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
+    if (!rc && !meta && !o->no_layout_file) rc = CKPT_ENOMEM;
+    if (!rc && meta) {
         char *path = ckpt_path_join(tmp, CONVERT_LAYOUT_FILE);
         rc = path ? cj_write_file(path, meta) : CKPT_ENOMEM;
         free(path);

@@ -48,6 +48,7 @@ typedef struct {
     bool force;              /* replace a non-empty DST */
     bool quiet;
     bool no_hash; /* do not hash the sources (sha256 left empty in the metadata) */
+    bool no_layout_file; /* write no ckpt-layout.json (an import, not a layout to consolidate) */
     const char *lora;  /* merge this PEFT adapter first: a lora_merge rule put before the layout's */
     double lora_scale; /* its scale (0: 1) */
 } convert_opts;
