@@ -321,6 +321,9 @@ int zarr_open_beneath(int root_fd, const char *rel, bool want_dir, const char *l
         int flags = O_RDONLY | O_NOFOLLOW | O_CLOEXEC | ((!last || want_dir) ? O_DIRECTORY : 0);
         int nfd = openat(fd, part, flags);
         int err = errno;
+        struct stat lst;
+        if (nfd < 0 && err == ENOTDIR && fstatat(fd, part, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode))
+            err = ELOOP; /* O_NOFOLLOW | O_DIRECTORY on a link says ENOTDIR */
         close(fd);
         if (nfd < 0) {
             int code = err == ENOENT ? CKPT_ENOTFOUND : err == ELOOP || err == ENOTDIR ? CKPT_EINVAL : CKPT_EIO;
@@ -407,6 +410,9 @@ static int open_chunk(const zarr_array *a, const uint64_t *idx, char *key, size_
             part[n] = 0;
             int nfd = openat(cur, part, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | (e ? O_DIRECTORY : 0));
             int err = errno;
+            struct stat lst;
+            if (nfd < 0 && err == ENOTDIR && fstatat(cur, part, &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode))
+                err = ELOOP;
             close(cur);
             if (nfd < 0) {
                 if (err == ENOENT) return CKPT_ENOTFOUND;
