@@ -126,6 +126,9 @@ static int add_entry(easydel_ckpt *c, size_t *cap, const char *prefix, const jso
         same = json_is_integer(x) && json_integer_value(x) >= 0 && (uint64_t)json_integer_value(x) == a->z.shape[d];
     }
     if (!same) return ckpt_error_set(CKPT_EINVAL, "%s: the index's shape differs from .zarray's", label);
+    if (!ckpt_add(c->total_nbytes, a->z.nbytes, &c->total_nbytes) || c->total_nbytes > EASYDEL_MAX_TOTAL_BYTES)
+        return ckpt_error_set(CKPT_ELIMIT, "%s: the arrays hold more than %llu bytes", EASYDEL_INDEX_FILE,
+                              (unsigned long long)EASYDEL_MAX_TOTAL_BYTES);
     return 0;
 }
 

@@ -29,6 +29,7 @@
 #define EASYDEL_INDEX_MAX_BYTES (64u << 20)
 #define EASYDEL_META_MAX_BYTES (1u << 20)
 #define EASYDEL_MAX_ARRAYS 1000000
+#define EASYDEL_MAX_TOTAL_BYTES (1ull << 52) /* raw bytes of a whole save */
 
 typedef struct {
     char *prefix; /* "model", "tx", or "" (a version 1 index) */
@@ -43,6 +44,7 @@ typedef struct {
     char *version; /* the index's "version", or NULL */
     bool has_step;
     int64_t step;
+    uint64_t total_nbytes; /* raw bytes of every array */
     size_t narrays;
     easydel_array *arrays; /* in index order, prefixes in the index's order */
 } easydel_ckpt;

@@ -260,6 +260,11 @@ int zarr_parse_meta(zarr_array *a, const char *label, const char *text, size_t l
             goto out;
         }
     }
+    if (nb > ZARR_MAX_ARRAY_BYTES) {
+        rc = zerr(a, CKPT_ELIMIT, ".zarray: the array is %llu bytes, above the limit %llu", (unsigned long long)nb,
+                  (unsigned long long)ZARR_MAX_ARRAY_BYTES);
+        goto out;
+    }
     a->chunk_nbytes = cn;
     a->nbytes = nb;
     a->nchunks = nch;

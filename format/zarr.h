@@ -40,6 +40,7 @@
 #define ZARR_MAX_CHUNKS (1ull << 24)          /* chunks of one array */
 #define ZARR_MAX_DIM (1ull << 40)             /* elements along one dimension */
 #define ZARR_MAX_CHUNK_BYTES (1ull << 36)     /* raw bytes of one chunk */
+#define ZARR_MAX_ARRAY_BYTES (1ull << 46)     /* raw bytes of one array (64 TiB) */
 #define ZARR_IO_BYTES (1u << 20)              /* read and write piece */
 
 typedef struct {

@@ -38,7 +38,7 @@ static void check_accepted(const zarr_array *a)
         last[d] = a->grid[d] ? a->grid[d] - 1 : 0;
     }
     REQUIRE(cn == a->chunk_nbytes && cn <= ZARR_MAX_CHUNK_BYTES);
-    REQUIRE(nb == a->nbytes);
+    REQUIRE(nb == a->nbytes && nb <= ZARR_MAX_ARRAY_BYTES);
     REQUIRE(nch == a->nchunks && nch <= ZARR_MAX_CHUNKS);
     char key[256];
     REQUIRE(zarr_chunk_key(a, last, key, sizeof key));
