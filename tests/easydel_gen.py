@@ -39,17 +39,23 @@ JAX = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64",
 
 
 def read_safetensors(path):
+    """(name, dtype, shape, reader) per tensor; reader() reads its bytes (one tensor in memory at a time)."""
     with open(path, "rb") as f:
         n = struct.unpack("<Q", f.read(8))[0]
         header = json.loads(f.read(n))
-        base = 8 + n
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            b, e = info["data_offsets"]
-            f.seek(base + b)
-            raw = f.read(e - b)
-            yield name, info["dtype"], info["shape"], raw
+    base = 8 + n
+    out = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+
+        def reader(b=b, e=e):
+            with open(path, "rb") as f:
+                f.seek(base + b)
+                return f.read(e - b)
+        out.append((name, info["dtype"], info["shape"], reader))
+    return out
 
 
 def tensors_of(src):
@@ -58,7 +64,7 @@ def tensors_of(src):
     out = []
     for fn in files:
         out.extend(read_safetensors(os.path.join(src, fn)))
-    return sorted(out)
+    return sorted(out, key=lambda t: t[0])
 
 
 def write_array(out, rel, dtype, shape, raw, chunks, slash):
@@ -99,7 +105,8 @@ def main():
     a = ap.parse_args()
     os.makedirs(a.out)
     model, tx = [], []
-    for name, dtype, shape, raw in tensors_of(a.src):
+    for name, dtype, shape, reader in tensors_of(a.src):
+        raw = reader()
         rel = "model/" + name.replace(".", "/")
         model.append(write_array(a.out, rel, dtype, shape, raw, chunking(shape, a.chunk_rows), a.slash))
         if not a.no_tx:  # optax adam: (ScaleByAdamState(count, mu, nu), EmptyState())
