@@ -115,6 +115,19 @@ cmp -s hf-llama/model.safetensors back-llama/model.safetensors || fail "--force 
 $zpy "$gen" ed-llama save-h --no-tx || fail "easydel_gen (hostile base)"
 rm -rf hf-* ed-* back-* save-qwen2 save-mixtral save-qwen3-moe save-llama
 
+# ---- killed mid-way: DST never half there, the next run cleans up ----
+note "crash points"
+CKPT_FAULT_TRACE="$work/trace" "$ckpt" consolidate save-h out-trace >/dev/null 2>&1 || fail "traced consolidate"
+rm -rf out-trace
+for point in file.synced exec.file_done dir.before_rename; do
+    grep -qx "$point" "$work/trace" || fail "consolidate never passes $point"
+    expect_status 137 env CKPT_FAULT="$point" "$ckpt" consolidate save-h out-crash
+    [ ! -e out-crash ] || fail "killed at $point: DST appeared"
+done
+expect_status 0 "$ckpt" consolidate save-h out-crash
+ls -d out-crash.tmp-* 2>/dev/null && fail "temp folders of killed runs left"
+rm -rf out-crash "$work/trace"
+
 # ---- 2. hostile saves ----
 # hostile NAME PYTHON MESSAGE [inspect]: a copy of save-h changed by PYTHON
 # (run in the copy's folder) must make consolidate (and inspect, with
