@@ -35,8 +35,10 @@ CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(INCS) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(OPT) $(LDFLAGS)
 
 # The folders in layer order, lowest first: a file may include headers of its
-# own folder and of folders before it (make check-layers).
-LIB_DIRS  := common include format plan lora transform state store fixtures hub
+# own folder and of folders before it (make check-layers). include/ (the public
+# ckpt.h, which needs nothing) is the bottom: common/error.h and format/dtype.h
+# take its enums.
+LIB_DIRS  := include common format plan lora transform state store fixtures hub
 SVC_DIRS  := service/jobs service/http service/daemon service/cli
 LIB_SRCS  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 SVC_SRCS  := $(foreach d,$(SVC_DIRS),$(wildcard $(d)/*.c))
@@ -50,7 +52,7 @@ SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
+.PHONY: all help deps test unit header-check e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
 
 all: $(BUILD)/ckpt
 
@@ -114,6 +116,39 @@ $(BUILD)/tests/state_example: tests/state_example.c include/ckpt.h $(BUILD)/libc
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(WARN) $(OPT) -Iinclude $(CFLAGS) -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
 
+# The public header on its own (tests/header/): strict C11 and C++ with
+# -Iinclude only, linked against the library; in either order with the
+# library's own headers; and the example program of its comment, cut out of
+# the header by tests/header/example.sh, built and run. `make unit` runs them.
+CXX ?= c++
+HEADER_BINS := $(BUILD)/tests/header/standalone $(BUILD)/tests/header/standalone-cxx \
+	$(BUILD)/tests/header/example
+HEADER_OBJS := $(BUILD)/tests/header/order.o $(BUILD)/tests/header/order-first.o
+$(BUILD)/tests/header/standalone: tests/header/standalone.c include/ckpt.h $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -pedantic $(WARN) $(OPT) -Iinclude -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+$(BUILD)/tests/header/standalone-cxx: tests/header/standalone.cc include/ckpt.h $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++11 -pedantic -Wall -Wextra -Werror $(OPT) -Iinclude -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+$(BUILD)/tests/header/order.o: tests/header/order.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+$(BUILD)/tests/header/order-first.o: tests/header/order.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DCKPT_H_FIRST -c $< -o $@
+$(BUILD)/gen/ckpt_example.c: include/ckpt.h tests/header/example.sh
+	@mkdir -p $(dir $@)
+	sh tests/header/example.sh include/ckpt.h > $@.tmp && mv $@.tmp $@
+$(BUILD)/tests/header/example: $(BUILD)/gen/ckpt_example.c $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -pedantic $(WARN) $(OPT) -Iinclude -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+
+header-check: $(HEADER_BINS) $(HEADER_OBJS)
+	@set -e; d=$$(mktemp -d "$${TMPDIR:-/tmp}/ckpt-header.XXXXXX"); trap 'rm -rf "$$d"' EXIT; \
+	  echo "== header: standalone (C11), standalone-cxx (C++11), order, example"; \
+	  $(BUILD)/tests/header/standalone; $(BUILD)/tests/header/standalone-cxx; \
+	  $(BUILD)/tests/header/example "$$d/run/latest"
+
 install-lib: lib
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
 	install -m 0644 $(BUILD)/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
@@ -132,10 +167,10 @@ $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 test: deps
 	@MAKE="$(MAKE)" FUZZ_SECONDS=10 tests/run_all.sh
 
-unit: $(TEST_BINS)
+unit: $(TEST_BINS) $(HEADER_BINS) $(HEADER_OBJS)
 	@set -e; fail=0; for t in $(TEST_BINS); do \
 	  echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || fail=1; \
-	done; exit $$fail
+	done; $(MAKE) --no-print-directory header-check || fail=1; exit $$fail
 
 e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) tests/e2e/run.sh
