@@ -6,6 +6,10 @@
 # building side by side), SAN=1 builds with ASan+UBSan.
 
 PREFIX  ?= /usr/local
+# The release, as `ckpt --version` prints it (service/cli/main.c), for ckpt.pc;
+# SOVERSION changes when libckpt.so's ABI (include/ckpt.h) breaks.
+VERSION   := 0.1.0
+SOVERSION := 0
 DESTDIR ?=
 BUILD   ?= build
 SAN     ?= 0
@@ -52,7 +56,7 @@ SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
 
-.PHONY: all help deps test unit header-check e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
+.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
 
 all: $(BUILD)/ckpt
 
@@ -63,8 +67,8 @@ help:
 	@echo "make demo     generate a model and run the pipeline on it"
 	@echo "make bench    run the benchmarks in bench/"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
-	@echo "make lib      build $(BUILD)/libckpt.a and $(BUILD)/libckpt.so"
-	@echo "make install-lib  install libckpt and its public header ckpt.h"
+	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
+	@echo "make install-lib  install libckpt, its public header ckpt.h and ckpt.pc"
 	@echo "make install  install to \$$DESTDIR\$$PREFIX"
 	@echo "make format   clang-format every source file"
 
@@ -105,10 +109,19 @@ $(BUILD)/tests/%: tests/unit/%.c $(SUP_OBJS) $(BUILD)/libckpt.a
 # test_lora records the merge engine's GEMM calls: it wraps cblas_sgemm.
 $(BUILD)/tests/test_lora: TEST_LDFLAGS := -Wl,--wrap=cblas_sgemm
 
-lib: $(BUILD)/libckpt.a
+# The library: one -fPIC build in $(BUILD)-pic gives both the static archive
+# that install-lib installs (PIC objects link into PIE programs and into other
+# shared libraries) and libckpt.so, whose exports are exactly ckpt.h's
+# functions (include/libckpt.map; tests/header/check_exports.py checks both).
+lib:
+	@mkdir -p $(BUILD)
 	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a
-	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--version-script=include/libckpt.map \
+	$(CC) -shared $(LDFLAGS_ALL) -o $(BUILD)/libckpt.so -Wl,-soname,libckpt.so.$(SOVERSION) \
+	  -Wl,--version-script=include/libckpt.map \
 	  -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
+
+check-exports: lib
+	python3 tests/header/check_exports.py include/ckpt.h include/libckpt.map $(BUILD)/libckpt.so
 
 # The library's example program (training states), built from the public
 # header alone: -Iinclude, not -I., so ckpt.h must stand on its own.
@@ -147,13 +160,28 @@ header-check: $(HEADER_BINS) $(HEADER_OBJS)
 	@set -e; d=$$(mktemp -d "$${TMPDIR:-/tmp}/ckpt-header.XXXXXX"); trap 'rm -rf "$$d"' EXIT; \
 	  echo "== header: standalone (C11), standalone-cxx (C++11), order, example"; \
 	  $(BUILD)/tests/header/standalone; $(BUILD)/tests/header/standalone-cxx; \
-	  $(BUILD)/tests/header/example "$$d/run/latest"
+	  $(BUILD)/tests/header/example "$$d/run/latest"; \
+	  python3 tests/header/check_exports.py include/ckpt.h include/libckpt.map
 
-install-lib: lib
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
-	install -m 0644 $(BUILD)/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
-	install -m 0755 $(BUILD)/libckpt.so $(DESTDIR)$(PREFIX)/lib/libckpt.so
+# ckpt.pc for pkg-config: Libs links the shared library; a static link
+# (pkg-config --static) adds what libckpt.a needs: the Debian libraries it
+# links (Requires.private) and libdl, libpthread, libm.
+# Written every time: it holds PREFIX, which may differ from the last run.
+$(BUILD)/ckpt.pc: FORCE
+	@mkdir -p $(dir $@)
+	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${exec_prefix}/lib' \
+	  'includedir=$${prefix}/include' '' 'Name: ckpt' \
+	  'Description: training states (save_state / load_state) in safetensors: libckpt' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lckpt' \
+	  'Libs.private: -ldl -lpthread -lm' 'Requires.private: $(LINKED_PKGS)' > $@
+
+install-lib: lib $(BUILD)/ckpt.pc
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 0644 $(BUILD)-pic/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
+	install -m 0755 $(BUILD)/libckpt.so $(DESTDIR)$(PREFIX)/lib/libckpt.so.$(SOVERSION)
+	ln -sf libckpt.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libckpt.so
 	install -m 0644 include/ckpt.h $(DESTDIR)$(PREFIX)/include/ckpt.h
+	install -m 0644 $(BUILD)/ckpt.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckpt.pc
 
 # The local Hub of the tests and the demo (tests/hub/testhub.c): the daemon's
 # Hub read API (service/http/store_http.c) with faults injected on demand.
@@ -209,12 +237,14 @@ bench: all
 $(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
 	sh deploy/mkman.sh $(BUILD)/ckpt $@
 
-install: all $(BUILD)/ckpt.1
+install: all $(BUILD)/ckpt.1 install-lib
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/ckpt
 	install -m 0644 $(BUILD)/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1
 	if [ -f deploy/systemd/ckpt.service ]; then install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
 	  install -m 0644 deploy/systemd/ckpt.service $(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service; fi
+
+FORCE:
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')
