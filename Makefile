@@ -1,7 +1,7 @@
 # ckpt — build, test, demo. `make help` lists the targets.
 #
 # Sources are found by wildcard: a new .c file in one of the subsystem folders
-# (LIB_DIRS, SVC_DIRS; docs/ARCHITECTURE.md says which is which) joins the binary; a new tests/unit/test_*.c becomes a cmocka
+# (LIB_DIRS, SVC_DIRS; docs/ARCHITECTURE.md says which is which) joins the binary; a new tests/unit/<folder>/test_*.c becomes a cmocka
 # test program. BUILD may be set to build in another folder (helpers and CI
 # building side by side), SAN=1 builds with ASan+UBSan.
 
@@ -46,15 +46,19 @@ LIB_DIRS  := include common format plan lora transform state store fixtures hub
 SVC_DIRS  := service/jobs service/http service/daemon service/cli
 LIB_SRCS  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 SVC_SRCS  := $(foreach d,$(SVC_DIRS),$(wildcard $(d)/*.c))
-TEST_SRCS := $(wildcard tests/unit/test_*.c)
+# Unit tests mirror the tree: tests/unit/<folder>/test_*.c, each built into
+# $(BUILD)/tests/test_* (names are unique across folders).
+TEST_SRCS := $(wildcard tests/unit/*/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 SCHEMA_SQL := $(sort $(wildcard schema/[0-9]*.sql))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o
 SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
+# The service objects but the CLI's main(): what unit tests of service/ link.
+SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
-TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
 
 .PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
 
@@ -102,9 +106,18 @@ $(BUILD)/libckpt.a: $(LIB_OBJS)
 $(BUILD)/ckpt: $(SVC_OBJS) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $(SVC_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(SUP_OBJS) $(BUILD)/libckpt.a
+$(BUILD)/libckpt-svc.a: $(SVC_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(SUP_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS) -lcmocka
+	rm -f $@ && ar rcs $@ $^
+
+# Every unit test links the libraries (never includes a .c file), so editing a
+# source rebuilds the tests that use it.
+define unit_test_rule
+$(BUILD)/tests/$(notdir $(1:.c=)): $(1) $$(SUP_OBJS) $(BUILD)/libckpt-svc.a $(BUILD)/libckpt.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS_ALL) $$(TEST_LDFLAGS) -o $$@ $$< $$(SUP_OBJS) $(BUILD)/libckpt-svc.a $(BUILD)/libckpt.a $$(PKG_LIBS) -lcmocka
+endef
+$(foreach t,$(TEST_SRCS),$(eval $(call unit_test_rule,$(t))))
 
 # test_lora records the merge engine's GEMM calls: it wraps cblas_sgemm.
 $(BUILD)/tests/test_lora: TEST_LDFLAGS := -Wl,--wrap=cblas_sgemm
