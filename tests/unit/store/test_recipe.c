@@ -56,15 +56,19 @@ static void setup_store(fixture *f)
     assert_int_equal(store_open(&f->s, home), 0);
     bool existed = true;
     store_import_opts io = {.repo = "t/recipe", .quiet = true};
-    if (store_import_dir(&f->s, src, &io, &f->orig, &existed) < 0) fail_msg("import: %s", ckpt_error_last());
+    if (store_import_dir(&f->s, src, &io, &f->orig, &existed) < 0)
+        fail_msg("import: %s", ckpt_error_last());
     convert_opts co = {.layout = "neuron", .tp = 2, .quiet = true};
-    if (store_convert(&f->s, "t/recipe", &co, &f->conv, &existed) < 0) fail_msg("convert: %s", ckpt_error_last());
+    if (store_convert(&f->s, "t/recipe", &co, &f->conv, &existed) < 0)
+        fail_msg("convert: %s", ckpt_error_last());
     sqlite3_stmt *st;
-    assert_int_equal(sqlite3_prepare_v2(f->s.cat.db,
-                                        "SELECT path, name, recipe FROM tensors WHERE checkpoint_id = ? AND "
-                                        "recipe IS NOT NULL AND name LIKE '%down_proj.weight' ORDER BY path LIMIT 1",
-                                        -1, &st, NULL),
-                     SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(
+            f->s.cat.db,
+            "SELECT path, name, recipe FROM tensors WHERE checkpoint_id = ? AND "
+            "recipe IS NOT NULL AND name LIKE '%down_proj.weight' ORDER BY path LIMIT 1",
+            -1, &st, NULL),
+        SQLITE_OK);
     sqlite3_bind_int64(st, 1, f->conv.id);
     assert_int_equal(sqlite3_step(st), SQLITE_ROW);
     f->path = ckpt_strdup((const char *)sqlite3_column_text(st, 0));
@@ -103,10 +107,12 @@ static int teardown(void **state)
 static void set_recipe(fixture *f, const char *recipe)
 {
     sqlite3_stmt *st;
-    assert_int_equal(sqlite3_prepare_v2(f->s.cat.db,
-                                        "UPDATE tensors SET recipe = ? WHERE checkpoint_id = ? AND path = ? AND name = ?",
-                                        -1, &st, NULL),
-                     SQLITE_OK);
+    assert_int_equal(
+        sqlite3_prepare_v2(
+            f->s.cat.db,
+            "UPDATE tensors SET recipe = ? WHERE checkpoint_id = ? AND path = ? AND name = ?", -1,
+            &st, NULL),
+        SQLITE_OK);
     sqlite3_bind_text(st, 1, recipe, -1, SQLITE_TRANSIENT);
     sqlite3_bind_int64(st, 2, f->conv.id);
     sqlite3_bind_text(st, 3, f->path, -1, SQLITE_TRANSIENT);
@@ -188,7 +194,8 @@ static void edit_past_blob(json_t *parts)
 
 static void edit_outside_tensor(json_t *parts)
 {
-    json_array_set_new(json_object_get(first_blob_part(parts), "lo"), 0, json_integer((json_int_t)1 << 40));
+    json_array_set_new(json_object_get(first_blob_part(parts), "lo"), 0,
+                       json_integer((json_int_t)1 << 40));
 }
 
 static void edit_drop_part(json_t *parts)
