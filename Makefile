@@ -60,7 +60,7 @@ SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
 
-.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps
+.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps check-layers
 
 all: $(BUILD)/ckpt
 
@@ -68,6 +68,7 @@ help:
 	@echo "make deps     install the Debian packages the build and tests need (root)"
 	@echo "make          build $(BUILD)/ckpt"
 	@echo "make test     build with ASan+UBSan and run every test"
+	@echo "make check-layers  check the folders' layer order and module cycles"
 	@echo "make demo     generate a model and run the pipeline on it"
 	@echo "make bench    run the benchmarks in bench/"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
@@ -207,6 +208,10 @@ $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 # is "N passed, N failed" (tests/run_all.sh).
 test: deps
 	@MAKE="$(MAKE)" FUZZ_SECONDS=10 tests/run_all.sh
+
+# The folders' layer order and no cycle between modules (tests/check_layers.py).
+check-layers: $(BUILD)/ckpt
+	@python3 tests/check_layers.py $(BUILD)
 
 unit: $(TEST_BINS) $(HEADER_BINS) $(HEADER_OBJS)
 	@set -e; fail=0; for t in $(TEST_BINS); do \

@@ -9,11 +9,12 @@ save one safetensors file per rank.
     neuron_convert.py --check PY_DST CKPT_DST
 
 It produces the same tensors as `ckpt convert SRC DST --layout neuron --tp N`
-(spec/transforms.md §4 and §5, transform/presets.c):
+(docs/transforms.md §4 and §5, transform/presets.c):
   - model.layers.N.self_attn.qkv_proj.weight_qkv = [Q_r; K_r; V_r] with the
-    GQA head selection of §4 (default m = tp / gcd(KV, tp)), query heads padded
-    with zero heads at the end of each KV group when needed; biases likewise as
-    qkv_proj.bias_qkv; o_proj.weight columns of Q_r's heads, same order;
+    GQA head selection of docs/transforms.md §4 (default m = tp / gcd(KV, tp)),
+    query heads padded with zero heads at the end of each KV group when
+    needed; biases likewise as qkv_proj.bias_qkv; o_proj.weight columns of
+    Q_r's heads, same order;
   - mlp.gate_up_proj.weight = [gate block r; up block r] (intermediate size
     padded to a multiple of tp); mlp.down_proj.weight split on axis 1;
   - embed_tokens.weight and lm_head.weight split on axis 0, vocabulary padded
@@ -123,7 +124,8 @@ def save_file(path, tensors, fsync=False):
 # ---- the conversion --------------------------------------------------------
 
 def pad_split(arr, axis, tp):
-    """Pads `axis` with zeros to a multiple of tp and cuts tp equal blocks (spec §5)."""
+    """Pads `axis` with zeros to a multiple of tp and cuts tp equal blocks
+    (docs/transforms.md §5)."""
     length = arr.shape[axis]
     padded = -(-length // tp) * tp
     if padded != length:
@@ -134,7 +136,7 @@ def pad_split(arr, axis, tp):
 
 
 class Gqa:
-    """The head selection of spec §4 (as transform/rule_gqa.c computes it)."""
+    """The head selection of docs/transforms.md §4 (as transform/rule_gqa.c computes it)."""
 
     def __init__(self, heads, kv_heads, head_dim, tp, kv_mult=None):
         if heads % kv_heads:

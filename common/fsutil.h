@@ -1,8 +1,8 @@
 /*
  * fsutil.h — files that appear complete or not at all, and I/O that finishes.
  *
- * The durability protocol (DESIGN.md): a thing becomes visible only when it is
- * complete. For one file:
+ * The durability protocol (docs/ARCHITECTURE.md, "Durability"): a thing
+ * becomes visible only when it is complete. For one file:
  *
  *   ckpt_atomic_file af;
  *   if (ckpt_atomic_open(&af, "/dst/model.safetensors") < 0) ...   // creates /dst/.model.safetensors.tmp-XXXXXX

@@ -3,7 +3,7 @@
  */
 #include "common/interrupt.h"
 
-#include "common/fsutil.h"
+#include <sys/stat.h>
 
 #include <pthread.h>
 #include <signal.h>
@@ -18,6 +18,7 @@
 static pthread_mutex_t mu = PTHREAD_RECURSIVE_MUTEX_INITIALIZER_NP;
 static char *paths[INTR_MAX_PATHS];
 static atomic_bool active;
+static int (*remove_tree)(const char *path); /* set by ckpt_interrupt_init */
 static atomic_int pending; /* a signal the waiter is acting on (or is about to) */
 static _Thread_local int hold_depth;
 
@@ -75,9 +76,10 @@ static void *waiter(void *arg)
         if (!p) continue;
         paths[i] = NULL;
         /* Other threads may still be writing into it: a few passes. */
-        for (int pass = 0; pass < 5 && ckpt_exists(p); pass++)
-            ckpt_rm_rf(p);
-        removed += !ckpt_exists(p);
+        struct stat st;
+        for (int pass = 0; pass < 5 && lstat(p, &st) == 0; pass++)
+            remove_tree(p);
+        removed += lstat(p, &st) != 0;
         free(p);
     }
     char msg[96];
@@ -88,8 +90,9 @@ static void *waiter(void *arg)
     return NULL;
 }
 
-int ckpt_interrupt_init(void)
+int ckpt_interrupt_init(int (*remove_tree_fn)(const char *path))
 {
+    remove_tree = remove_tree_fn;
     static sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

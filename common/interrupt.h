@@ -3,7 +3,7 @@
  * output: the temp output is removed, then the process exits with the
  * conventional status (130 for SIGINT, 143 for SIGTERM).
  *
- *   ckpt_interrupt_init();            // first thing, before any thread starts
+ *   ckpt_interrupt_init(ckpt_rm_rf);  // first thing, before any thread starts
  *   ckpt_tmpdir_create(dst, &tmp);    // tracks tmp (common/fsutil.c)
  *   ...
  *   ckpt_dir_commit(tmp, dst);        // renames, then stops tracking, as one step
@@ -23,8 +23,10 @@
 
 #include <stdbool.h>
 
-/* Installs the handling described above. Call once, before any thread. */
-int ckpt_interrupt_init(void);
+/* Installs the handling described above. Call once, before any thread.
+ * remove_tree removes a tracked path, file or folder (ckpt_rm_rf: passed in
+ * so that this file, which fsutil.c uses, does not use fsutil.c). */
+int ckpt_interrupt_init(int (*remove_tree)(const char *path));
 /* True once ckpt_interrupt_init has run. */
 bool ckpt_interrupt_active(void);
 

@@ -1,6 +1,6 @@
 /*
  * checkpoint.h — a Hugging Face checkpoint: one safetensors file, or shards
- * with a "<prefix>.safetensors.index.json" (spec/safetensors.md, "Sharded").
+ * with a "<prefix>.safetensors.index.json" (docs/safetensors.md, "Sharded checkpoints").
  *
  * ckpt_checkpoint_open(path) accepts:
  *   - a .safetensors file,

@@ -1,7 +1,7 @@
 /*
- * safetensors.c — read, validate and write safetensors files (spec/safetensors.md).
+ * safetensors.c — read, validate and write safetensors files (docs/safetensors.md).
  *
- * The reader checks the rows of the spec's table in the order the reference
+ * The reader checks the rows of docs/safetensors.md's table in the order the reference
  * implementation does (length prefix, UTF-8, JSON shape, then offsets and
  * sizes in data_offsets order, then the file length), and every failure
  * names the file, the reference error and the tensor. Nothing about a tensor
@@ -295,7 +295,7 @@ static bool st_json_u64(const json_t *v, uint64_t *out)
     return true;
 }
 
-/* The dtype spelled exactly as the spec does (no lowercase aliases). */
+/* The dtype spelled exactly as docs/safetensors.md lists it (no lowercase aliases). */
 static bool st_dtype_exact(const char *s, ckpt_dtype *out)
 {
     for (int dt = 0; dt < CKPT_DT_COUNT; dt++) {

@@ -1,7 +1,7 @@
 /*
- * safetensors.h — read, validate and write safetensors files (spec/safetensors.md).
+ * safetensors.h — read, validate and write safetensors files (docs/safetensors.md).
  *
- * Reading: st_open() validates every rule of the spec before returning, so a
+ * Reading: st_open() validates every check of docs/safetensors.md before returning, so a
  * caller never sees an unchecked byte. Errors are CKPT_EINVAL (or CKPT_ELIMIT
  * for ValidationOverflow / HeaderTooLarge) with a message of the form
  *   "<path>: <ReferenceName>: <detail naming the tensor>"
@@ -34,7 +34,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define ST_MAX_HEADER 100000000ULL /* spec: N above this is HeaderTooLarge */
+#define ST_MAX_HEADER 100000000ULL /* docs/safetensors.md: N above this is HeaderTooLarge */
 #define ST_MAX_TENSORS 1000000     /* tensors in one file */
 #define ST_MAX_NAME 4096           /* bytes in a tensor name */
 #define ST_MAX_META 4096           /* __metadata__ entries */

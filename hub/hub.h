@@ -1,5 +1,5 @@
 /*
- * hub.h — downloading checkpoints from a Hugging Face Hub (spec/hub.md).
+ * hub.h — downloading checkpoints from a Hugging Face Hub (docs/hub.md).
  *
  * A fetch, step by step (hub_fetch):
  *

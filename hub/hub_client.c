@@ -1,5 +1,5 @@
 /*
- * hub_client.c — talking to a Hub's API (spec/hub.md): configuration from
+ * hub_client.c — talking to a Hub's API (docs/hub.md): configuration from
  * the environment, JSON requests with retries and hand-followed redirects,
  * the revision and tree calls, the checks on names the server sends, the
  * include/exclude filter, and error answers turned into sentences.

@@ -39,25 +39,28 @@
  * from different shard files (a buffered write holds its file's lock), so
  * memory is about threads x 2 x LORA_BLOCK_BYTES plus the A and B of the
  * modules in flight, whatever the checkpoint. DST appears complete or not at
- * all (convert.h).
+ * all (format/outdir.h).
  *
  * The same engine merges without the files around it (lora_merge_targets):
  * the lora_merge rule of `ckpt convert` computes merged weights into a
- * staging file that the layout then slices and fuses (rule_lora.c,
- * lora_plan.h), and the store's merge-lora job computes them straight into
+ * staging file that the layout then slices and fuses (transform/rule_lora.c,
+ * transform/lora_plan.h), and the store's merge-lora job computes them straight into
  * blobs (store_lora.h).
  *
  * Converting (lora_convert_run) plans the base's layout first, from headers
  * and config.json only, and makes the adapter follow it part by part, so
  * every layout that slices, pads and fuses [out, in] weights carries
- * adapters exactly (lora_layout.c explains how). ckpt-layout.json records the
+ * adapters exactly (transform/lora_layout.c explains how; declared in
+ * transform/lora_plan.h). ckpt-layout.json records the
  * parts, so `ckpt consolidate` restores the adapter byte for byte.
  */
 #ifndef CKPT_WORKERS_LORA_H
 #define CKPT_WORKERS_LORA_H
 
 #include "format/checkpoint.h"
-#include "transform/convert.h"
+#include "format/outdir.h"
+#include "format/safetensors.h"
+#include "plan/plan.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -160,20 +163,8 @@ typedef struct {
  * targets of adapter ad (o->scale, o->unmerge, o->threads, o->quiet; force is
  * ignored), block by block with bounded memory, and fills stats (modules,
  * bytes, gflop, gemm and wall seconds). Used by the lora_merge rule
- * (lora_rule.c) and the store's merge-lora job (store_lora.c). */
+ * (transform/rule_lora.c, transform/lora_plan.c) and the store's merge-lora job (store_lora.c). */
 int lora_merge_targets(const lora_adapter *ad, const lora_merge_target *t, size_t n, const lora_merge_opts *o,
                        lora_merge_stats *stats);
-
-/* ---- adapters in layouts (lora_layout.c) ---- */
-
-/* Converts the adapter into the layout `o` describes for base (a Hugging
- * Face checkpoint folder with config.json). o->dtype must be NULL. */
-int lora_convert_run(const char *adapter, const char *base, const char *dst, const convert_opts *o);
-/* Consolidation hooks (consolidate.c): whether a ckpt-layout.json describes
- * a converted adapter (its rank folders hold adapter_model.safetensors), and
- * after the side files are copied, writing back the original
- * adapter_config.json it records. Both do nothing for other layouts. */
-bool lora_layout_is_adapter(const json_t *layout);
-int lora_consolidate_finish(const json_t *layout, const char *tmp);
 
 #endif

@@ -781,7 +781,7 @@ int lora_merge_run(const char *base, const char *adapter, const char *dst, const
     if (!rc) rc = ckpt_checkpoint_open(&c.base, base);
     if (!rc) rc = lora_adapter_check_base(&c.ad, &c.base);
     char *tmp = NULL;
-    if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) rc = open_outputs(&c, tmp);
     if (!rc) rc = plan_items(&c);
     double t1 = ckpt_now();
@@ -789,9 +789,9 @@ int lora_merge_run(const char *base, const char *adapter, const char *dst, const
     double t2 = ckpt_now();
     if (!rc) rc = close_outputs(&c, true);
     if (!rc) rc = copy_index(&c, tmp);
-    if (!rc) rc = convert_copy_side_files(c.base.dir, tmp);
+    if (!rc) rc = outdir_copy_side_files(c.base.dir, tmp);
     if (!rc) rc = ckpt_fsync_dir(tmp);
-    if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+    if (!rc) rc = outdir_commit(tmp, dst, o->force);
     if (rc && tmp) {
         close_outputs(&c, false);
         ckpt_rm_rf(tmp);

@@ -15,7 +15,7 @@
  *
  * Element i of the box (0 <= i[k] < ext[k]) is tensor element lo + i and
  * source element src_lo + (i[k] on axis axis_map[k]). Every transform of
- * spec/transforms.md — slicing for tensor parallelism with padding, fusing,
+ * docs/transforms.md — slicing for tensor parallelism with padding, fusing,
  * stacking experts, transposing, selecting attention heads — is algebra on
  * parts (plan_tensor_slice, _pad, _concat, _stack, _transpose), so rules
  * compose freely and the planner touches no tensor byte. The executor

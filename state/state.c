@@ -833,23 +833,6 @@ static int save_to(const char *dir, const ckpt_state *st, const ckpt_state_save_
 
 /* ---- load ---- */
 
-bool state_split_slot_name(const char *name, size_t *param_len)
-{
-    const char *slash = strrchr(name, '/');
-    if (!slash || slash == name || !slash[1]) return false;
-    *param_len = (size_t)(slash - name);
-    return true;
-}
-
-bool state_is_optimizer_file(const char *base)
-{
-    if (!strcmp(base, "optimizer.safetensors")) return true;
-    unsigned i, n;
-    int end = 0;
-    return sscanf(base, "optimizer-%5u-of-%5u.safetensors%n", &i, &n, &end) == 2 && end > 0 &&
-           !base[end] && strlen(base) == strlen("optimizer-00001-of-00002.safetensors");
-}
-
 static char *dir_file(const char *dir, const char *name)
 {
     return ckpt_path_join(dir, name);

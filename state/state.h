@@ -16,16 +16,13 @@
 
 #include "common/error.h"
 #include "format/checkpoint.h"
+#include "transform/state_convert.h"
 #include "format/dtype.h"
 #include "include/ckpt.h"
 
 #include <jansson.h>
 #include <stdbool.h>
 
-#define STATE_METADATA_FILE "metadata.json"
-#define STATE_OPTIMIZER_FILE "optimizer.json"
-#define STATE_CONFIG_FILE "config.json"
-#define STATE_JSON_MAX_BYTES (16u << 20) /* metadata.json, optimizer.json, config.json */
 #define STATE_MAX_SLOTS 64               /* slot names of one optimizer */
 #define STATE_DEFAULT_SHARD_SIZE 5000000000ULL
 
@@ -83,10 +80,6 @@ int state_read_side_files(ckpt_state *st, const char *dir, bool want_optimizer, 
  * shape. model and opt may be one checkpoint of both (state_checkpoint_open). */
 int state_check_optimizer(const ckpt_state *st, const ckpt_checkpoint *model,
                           const ckpt_checkpoint *opt);
-/* Splits "<param>/<slot>" at the last '/'; false when there is none. */
-bool state_split_slot_name(const char *name, size_t *param_len);
-/* True for "optimizer.safetensors" and "optimizer-0000i-of-0000n.safetensors" (a base name). */
-bool state_is_optimizer_file(const char *base);
 /* Loads a state saved in its own layout (ckpt_state_load without a layout). */
 int state_load_dir(const char *dir, const ckpt_state_load_options *o, ckpt_state **out);
 /* A state at step 0 holding the parameters (mapped) and config.json of a

@@ -347,7 +347,7 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
     if (!rc) rc = check_blobs_exist(&ps);
     char *tmp = NULL;
-    if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) {
         /* An original's files are its blobs end to end, each read whole:
          * checking the blobs is checking the files. A layout's files are
@@ -372,7 +372,7 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
         for (size_t i = 0; !rc && i < ps.nfiles; i++)
             if (!ps.files[i].header) rc = copy_plain(&ps, &ps.files[i], tmp);
         if (!rc) rc = verify_written(&ps, tmp);
-        if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+        if (!rc) rc = outdir_commit(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);
         free(tmp);
     }

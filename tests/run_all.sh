@@ -6,6 +6,8 @@
 # Stages, each run even when an earlier one failed:
 #   build   the sanitizer build (ASan+UBSan) in build/san: ckpt, the test Hub,
 #           the library example and every tests/unit/<folder>/test_*.c program
+#   layers  tests/check_layers.py over the build: folders in layer order, no
+#           cycle between modules (docs/ARCHITECTURE.md)
 #   unit    each cmocka program; its own summary lines are printed, and its
 #           passed/failed counts are added up (a program that dies before its
 #           summary counts as one failure); then `make header-check` (ckpt.h
@@ -47,6 +49,10 @@ if ! $MAKE -j2 -k --no-print-directory BUILD=$SAN_BUILD SAN=1 "$SAN_BUILD/ckpt" 
 fi
 [ -x "$SAN_BUILD/ckpt" ] && [ -x "$SAN_BUILD/ckpt-testhub" ] && [ -x "$SAN_BUILD/tests/state_example" ] || build_ok=0
 if [ $build_ok = 1 ]; then add build 1 0; else add build 0 1; fi
+
+# ---- layers ----
+stage "layers"
+if [ $build_ok = 1 ] && python3 tests/check_layers.py "$SAN_BUILD"; then add check-layers 1 0; else add check-layers 0 1; fi
 
 # ---- unit ----
 stage "unit (cmocka)"

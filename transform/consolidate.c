@@ -1,6 +1,6 @@
 /*
  * consolidate.c — rebuild the original checkpoint from a converted directory
- * and its ckpt-layout.json alone (spec §8).
+ * and its ckpt-layout.json alone (docs/transforms.md §8).
  *
  * Every output part says which box of which original tensor it holds, so the
  * inverse needs no knowledge of the rules: each part becomes a part of the
@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "lora/lora.h"
+#include "transform/lora_plan.h"
 #include "transform/state_convert.h"
 
 #include <stdio.h>
@@ -399,16 +400,16 @@ int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
     if (!rc) rc = check_coverage(&c);
     if (!rc) rc = layout_files(&c);
     char *tmp = NULL;
-    if (!rc) rc = convert_prepare_dst(dst, o->force, &tmp);
+    if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) {
         exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "consolidate"};
         rc = exec_run(&c.exec, tmp, &eo);
         if (!rc) rc = write_index(&c, tmp);
-        if (!rc) rc = convert_copy_side_files(src, tmp);
+        if (!rc) rc = outdir_copy_side_files(src, tmp);
         if (!rc) rc = state_consolidate_finish(c.layout, src, tmp, c.tp);
         if (!rc) rc = lora_consolidate_finish(c.layout, tmp);
         if (!rc) rc = ckpt_fsync_dir(tmp);
-        if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+        if (!rc) rc = outdir_commit(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);
         free(tmp);
     }

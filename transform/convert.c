@@ -19,105 +19,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_source)
-{
-    size_t base_path = p->nsrc_paths;
-    char **paths = ckpt_realloc(p->src_paths, (p->nsrc_paths + c->nfiles + 1) * sizeof *paths);
-    if (!paths) return CKPT_ENOMEM;
-    p->src_paths = paths;
-    for (size_t f = 0; f < c->nfiles; f++) {
-        if (!(p->src_paths[p->nsrc_paths] = ckpt_strdup(c->files[f].path))) return CKPT_ENOMEM;
-        p->nsrc_paths++;
-    }
-    plan_source *src = ckpt_realloc(p->sources, (p->nsources + c->ntensors + 1) * sizeof *src);
-    if (!src) return CKPT_ENOMEM;
-    p->sources = src;
-    *first_source = p->nsources;
-    for (size_t i = 0; i < c->ntensors; i++) {
-        const st_tensor *t = c->tensors[i].t;
-        plan_source *s = &p->sources[p->nsources];
-        memset(s, 0, sizeof *s);
-        if (t->ndim > PLAN_MAX_DIM)
-            return ckpt_error_set(CKPT_ELIMIT, "tensor '%s' has %d dimensions; transforms handle at most %d", t->name,
-                                  t->ndim, PLAN_MAX_DIM);
-        if (!(s->name = ckpt_strdup(t->name))) return CKPT_ENOMEM;
-        s->file = base_path + c->tensors[i].file;
-        s->dtype = t->dtype;
-        s->ndim = t->ndim;
-        memcpy(s->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
-        s->offset = t->offset;
-        s->nbytes = t->nbytes;
-        p->nsources++;
-    }
-    return 0;
-}
-
-static int cmp_tensor_ptr(const void *a, const void *b)
-{
-    const plan_tensor *x = *(plan_tensor *const *)a, *y = *(plan_tensor *const *)b;
-    return plan_name_cmp(x->name, y->name);
-}
-
-int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
-                          char **index_text)
-{
-    return convert_layout_folder_prefix(p, dir, "model", tensors, n, max_shard_size, index_text);
-}
-
-int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
-                                 uint64_t max_shard_size, char **index_text)
-{
-    *index_text = NULL;
-    qsort(tensors, n, sizeof *tensors, cmp_tensor_ptr);
-    uint64_t *sizes = ckpt_calloc(n + 1, sizeof *sizes);
-    size_t *shard_of = ckpt_calloc(n + 1, sizeof *shard_of);
-    char **names = ckpt_calloc(n + 1, sizeof *names), **files = ckpt_calloc(n + 1, sizeof *files);
-    int rc = sizes && shard_of && names && files ? 0 : CKPT_ENOMEM;
-    for (size_t i = 0; !rc && i < n; i++) {
-        rc = ckpt_dtype_nbytes(tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape, &sizes[i]);
-        if (rc) ckpt_error_prefix(rc, "tensor '%s'", tensors[i]->name);
-    }
-    size_t nshards = 0;
-    if (!rc) rc = ckpt_shard_assign(sizes, n, max_shard_size, shard_of, &nshards);
-    if (!rc && n == 0) nshards = 1;
-    size_t first = p->nfiles;
-    exec_file *ef = rc ? NULL : ckpt_realloc(p->files, (p->nfiles + nshards + 1) * sizeof *ef);
-    if (!rc && !ef) rc = CKPT_ENOMEM;
-    if (!rc) {
-        p->files = ef;
-        memset(&p->files[first], 0, nshards * sizeof *ef);
-    }
-    uint64_t total = 0;
-    for (size_t s = 0; !rc && s < nshards; s++) {
-        exec_file *f = &p->files[first + s];
-        p->nfiles++;
-        char *base = ckpt_shard_name(prefix, s, nshards);
-        f->rel = base ? (*dir ? ckpt_path_join(dir, base) : ckpt_strdup(base)) : NULL;
-        free(base);
-        f->tensors = ckpt_calloc(n + 1, sizeof *f->tensors);
-        st_layout_init(&f->layout);
-        if (!f->rel || !f->tensors) rc = CKPT_ENOMEM;
-        for (size_t i = 0; !rc && i < n; i++) {
-            if (shard_of[i] != s) continue;
-            f->tensors[f->ntensors] = tensors[i];
-            rc = st_layout_add(&f->layout, tensors[i]->name, tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape,
-                               f->ntensors);
-            f->ntensors++;
-            names[i] = tensors[i]->name;
-            files[i] = (char *)ckpt_basename(f->rel);
-            total += sizes[i];
-        }
-        if (!rc) rc = st_layout_set_meta(&f->layout, "format", "pt");
-        if (!rc) rc = st_layout_finish(&f->layout);
-    }
-    if (!rc && nshards > 1 && !(*index_text = ckpt_index_render(total, n, names, files))) rc = CKPT_ENOMEM;
-    free(sizes);
-    free(shard_of);
-    free(names);
-    free(files);
-    return rc;
-}
-
 /* --lora ADAPTER [--lora-scale S]: {"op": "lora_merge", ...} before the other rules. */
 static int prepend_lora(json_t *doc, const convert_opts *o)
 {
@@ -270,80 +171,6 @@ void convert_plan_free(convert_plan *cp)
     memset(cp, 0, sizeof *cp);
 }
 
-int convert_prepare_dst(const char *dst, bool force, char **tmpdir)
-{
-    struct stat st;
-    if (stat(dst, &st) == 0) {
-        if (!S_ISDIR(st.st_mode)) return ckpt_error_set(CKPT_EEXIST, "%s exists and is not a directory", dst);
-        if (!force && !ckpt_dir_is_empty_or_missing(dst))
-            return ckpt_error_set(CKPT_EEXIST, "%s is not empty (use --force to replace it)", dst);
-    }
-    return ckpt_tmpdir_create(dst, tmpdir);
-}
-
-int convert_commit_dst(const char *tmpdir, const char *dst, bool force)
-{
-    if (force && ckpt_is_dir(dst) && !ckpt_dir_is_empty_or_missing(dst)) {
-        char *old = NULL;
-        int rc = ckpt_tmpdir_create(dst, &old);
-        if (rc) return rc;
-        /* An interrupt waits until the old output is back or the new one in place. */
-        ckpt_interrupt_hold();
-        rmdir(old);
-        if (rename(dst, old) < 0) {
-            rc = ckpt_error_sys("%s: cannot move the old directory aside", dst);
-            ckpt_interrupt_release();
-            free(old);
-            return rc;
-        }
-        rc = ckpt_dir_commit(tmpdir, dst);
-        if (rc) rename(old, dst);
-        ckpt_interrupt_release();
-        if (!rc) ckpt_rm_rf(old);
-        free(old);
-        return rc;
-    }
-    return ckpt_dir_commit(tmpdir, dst);
-}
-
-static bool is_weight_file(const char *name)
-{
-    size_t n = strlen(name);
-    const char *suffixes[] = {".safetensors", ".safetensors.index.json", CONVERT_LAYOUT_FILE};
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(suffixes); i++) {
-        size_t l = strlen(suffixes[i]);
-        if (n >= l && !strcmp(name + n - l, suffixes[i])) return true;
-    }
-    return name[0] == '.' || strstr(name, ".tmp-") != NULL;
-}
-
-int convert_copy_side_files(const char *src_dir, const char *out_dir)
-{
-    DIR *d = opendir(src_dir);
-    if (!d) return ckpt_error_sys("%s: open directory", src_dir);
-    int rc = 0;
-    struct dirent *e;
-    while (!rc && (e = readdir(d))) {
-        if (is_weight_file(e->d_name)) continue;
-        char *from = ckpt_path_join(src_dir, e->d_name), *to = ckpt_path_join(out_dir, e->d_name);
-        struct stat st;
-        if (!from || !to) rc = CKPT_ENOMEM;
-        else if (lstat(from, &st) == 0 && S_ISREG(st.st_mode)) {
-            char *buf;
-            size_t len;
-            rc = ckpt_read_file(from, CONVERT_CONFIG_MAX_BYTES * 64, &buf, &len);
-            if (!rc) {
-                rc = ckpt_write_file_atomic(to, buf, len);
-                free(buf);
-            }
-        }
-        free(from);
-        free(to);
-    }
-    closedir(d);
-    return rc;
-}
-
 /* Writes each folder's index file and fsyncs the folders. */
 static int write_indexes(const convert_plan *cp, const char *tmp)
 {
@@ -366,7 +193,7 @@ static int write_indexes(const convert_plan *cp, const char *tmp)
 int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
 {
     char *tmp = NULL;
-    int rc = convert_prepare_dst(dst, o->force, &tmp);
+    int rc = outdir_prepare(dst, o->force, &tmp);
     if (rc) return rc;
     char(*hashes)[65] = ckpt_calloc(cp->exec.nsrc_paths + 1, sizeof *hashes);
     if (!hashes) rc = CKPT_ENOMEM;
@@ -378,7 +205,7 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (!rc) rc = lora_plan_finish(cp);
     if (!rc) rc = write_indexes(cp, tmp);
     if (!rc) rc = state_plan_write(cp, tmp);
-    if (!rc) rc = convert_copy_side_files(cp->src_dir, tmp);
+    if (!rc) rc = outdir_copy_side_files(cp->src_dir, tmp);
     json_t *meta = rc ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
     if (!rc && !meta) rc = CKPT_ENOMEM;
     if (!rc) {
@@ -389,7 +216,7 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     json_decref(meta);
     free(hashes);
     if (!rc) rc = ckpt_fsync_dir(tmp);
-    if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+    if (!rc) rc = outdir_commit(tmp, dst, o->force);
     if (rc) ckpt_rm_rf(tmp);
     free(tmp);
     return rc;

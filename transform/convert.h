@@ -9,7 +9,7 @@
  *   convert_plan_free(&cp);
  *
  * Output directory: config.json and the other small files of the source
- * (tokenizer, generation config) copied, ckpt-layout.json (spec §7), and the
+ * (tokenizer, generation config) copied, ckpt-layout.json (docs/transforms.md §7), and the
  * weights: in DST itself for tp 1, else in DST/tp_rank_00 .. tp_rank_{tp-1},
  * each model.safetensors or shards + model.safetensors.index.json. Everything
  * is written into DST.tmp-XXXXXX and renamed into place at the end; on any
@@ -24,6 +24,7 @@
 #define CKPT_WORKERS_CONVERT_H
 
 #include "format/checkpoint.h"
+#include "format/outdir.h"
 #include "plan/executor.h"
 #include "plan/plan.h"
 #include "transform/rules.h"
@@ -34,7 +35,7 @@
 #define CONVERT_DEFAULT_SHARD_SIZE 5000000000ULL /* Hugging Face's "5GB" */
 #define CONVERT_CONFIG_MAX_BYTES (16u << 20)
 #define CONVERT_LAYOUT_MAX_BYTES (1u << 30)
-#define CONVERT_LAYOUT_FILE "ckpt-layout.json"
+#define CONVERT_LAYOUT_FILE OUTDIR_LAYOUT_FILE
 
 typedef struct {
     const char *layout;     /* preset: neuron, fused, easydel, hf (ignored with rules_file) */
@@ -91,14 +92,7 @@ typedef struct {
 /* Rebuilds the original checkpoint from a converted directory. */
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o);
 
-/* Shared by convert and consolidate. */
-/* Refuses a non-empty dst unless force; returns the temp dir to write into. */
-int convert_prepare_dst(const char *dst, bool force, char **tmpdir);
-/* Commits tmpdir onto dst (replacing dst when force). */
-int convert_commit_dst(const char *tmpdir, const char *dst, bool force);
-/* Copies the small non-weight files (config.json, tokenizer, ...) of src_dir
- * into out_dir, skipping safetensors, their indexes and ckpt-layout.json. */
-int convert_copy_side_files(const char *src_dir, const char *out_dir);
+/* convert_layout.c */
 /* Adds a whole-checkpoint source list to p: every tensor of every file. */
 int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_source);
 /* Lays out one output folder: tensors (natural name order) split into shards

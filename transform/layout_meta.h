@@ -1,5 +1,5 @@
 /*
- * layout_meta.h — ckpt-layout.json, the parameter metadata of spec §7.
+ * layout_meta.h — ckpt-layout.json, the parameter metadata of docs/transforms.md §7.
  *
  *   {"format": "ckpt-layout", "version": 1, "layout": "neuron-tp8", "tp": 8, "lossy": false,
  *    "source": {"index_name": ..., "index": "<original index text>" | null,

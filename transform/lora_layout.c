@@ -5,7 +5,7 @@
  * for every output weight T, which boxes of which source weights it holds.
  * The adapter follows T part by part. For a weight made by slicing, padding
  * and fusing along the output axis (column parallel, fused Q/K/V and
- * gate/up, the GQA head order of spec §4 with KV replicas), every part of an
+ * gate/up, the GQA head order of docs/transforms.md §4 with KV replicas), every part of an
  * adapted member m is whole along the input axis, so
  *   A_T = [A_m1; A_m2; ...]          members in order of first appearance,
  *                                      rank R = r_1 + r_2 + ..., replicated
@@ -26,6 +26,7 @@
  * rank_pattern/alpha_pattern keep each module's scale alpha/r (alpha/sqrt(r)).
  */
 #include "lora/lora.h"
+#include "transform/lora_plan.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -611,7 +612,7 @@ static int write_json(const char *dir, const char *name, const json_t *j)
 static int write_output(lora_conv *c, const char *dst, const convert_opts *o)
 {
     char *tmp = NULL;
-    int rc = convert_prepare_dst(dst, o->force, &tmp);
+    int rc = outdir_prepare(dst, o->force, &tmp);
     if (rc) return rc;
     char(*hashes)[65] = ckpt_calloc(c->ex.nsrc_paths + 1, sizeof *hashes);
     if (!hashes) rc = CKPT_ENOMEM;
@@ -626,7 +627,7 @@ static int write_output(lora_conv *c, const char *dst, const convert_opts *o)
         rc = dir ? ckpt_fsync_dir(dir) : CKPT_ENOMEM;
         free(dir);
     }
-    if (!rc) rc = convert_copy_side_files(c->ad.dir, tmp);
+    if (!rc) rc = outdir_copy_side_files(c->ad.dir, tmp);
     if (!rc) {
         json_t *cfg = converted_config(c);
         rc = write_json(tmp, LORA_CONFIG_FILE, cfg);
@@ -639,7 +640,7 @@ static int write_output(lora_conv *c, const char *dst, const convert_opts *o)
     }
     free(hashes);
     if (!rc) rc = ckpt_fsync_dir(tmp);
-    if (!rc) rc = convert_commit_dst(tmp, dst, o->force);
+    if (!rc) rc = outdir_commit(tmp, dst, o->force);
     if (rc) ckpt_rm_rf(tmp);
     free(tmp);
     return rc;

@@ -27,6 +27,7 @@
 #ifndef CKPT_WORKERS_LORA_PLAN_H
 #define CKPT_WORKERS_LORA_PLAN_H
 
+#include "lora/lora.h"
 #include "transform/convert.h"
 
 #define LORA_STAGING_FILE ".lora-merged"
@@ -55,5 +56,17 @@ int lora_plan_finish(convert_plan *cp);
 /* The "lora_merge" list for ckpt-layout.json (a new reference), or NULL. */
 json_t *lora_plan_meta(const convert_plan *cp);
 void lora_plan_free(convert_plan *cp);
+
+/* ---- adapters in layouts (lora_layout.c) ---- */
+
+/* Converts the adapter into the layout `o` describes for base (a Hugging
+ * Face checkpoint folder with config.json). o->dtype must be NULL. */
+int lora_convert_run(const char *adapter, const char *base, const char *dst, const convert_opts *o);
+/* Consolidation hooks (consolidate.c): whether a ckpt-layout.json describes
+ * a converted adapter (its rank folders hold adapter_model.safetensors), and
+ * after the side files are copied, writing back the original
+ * adapter_config.json it records. Both do nothing for other layouts. */
+bool lora_layout_is_adapter(const json_t *layout);
+int lora_consolidate_finish(const json_t *layout, const char *tmp);
 
 #endif

@@ -184,10 +184,40 @@ static int easydel_rules(json_t *rules, const model_geom *g, const preset_opts *
     return rc;
 }
 
+static int hf_rules(json_t *rules, const model_geom *g, const preset_opts *o)
+{
+    return o->tp > 1 ? hf_tp_rules(rules, g, o->tp) : 0;
+}
+
+/* The presets: a new layout is a row here and its rules function above
+ * (docs/layouts.md describes each). */
+typedef struct {
+    const char *name;
+    int (*rules)(json_t *rules, const model_geom *g, const preset_opts *o);
+    bool tp_in_name;      /* the layout name carries -tpN even at tp 1 */
+    bool kv_multiplier;   /* takes --kv-size-multiplier */
+    bool config_optional; /* needs no config.json at tp 1 */
+} preset_def;
+
+static const preset_def presets[] = {
+    {"neuron", neuron_rules, true, true, false},
+    {"fused", fused_rules, false, false, false},
+    {"easydel", easydel_rules, false, false, false},
+    {"hf", hf_rules, false, false, true},
+};
+
+static const preset_def *preset_find(const char *name)
+{
+    for (size_t i = 0; name && i < CKPT_ARRAY_LEN(presets); i++)
+        if (!strcmp(presets[i].name, name)) return &presets[i];
+    return NULL;
+}
+
 char *preset_layout_name(const preset_opts *o)
 {
     char tp[32] = "", kv[32] = "", dt[16] = "";
-    if (!strcmp(o->preset, "neuron") || o->tp > 1) snprintf(tp, sizeof tp, "-tp%d", o->tp);
+    const preset_def *d = preset_find(o->preset);
+    if ((d && d->tp_in_name) || o->tp > 1) snprintf(tp, sizeof tp, "-tp%d", o->tp);
     if (o->kv_size_multiplier) snprintf(kv, sizeof kv, "-kv%lld", (long long)o->kv_size_multiplier);
     if (o->dtype) {
         snprintf(dt, sizeof dt, "-%s", o->dtype);
@@ -198,17 +228,18 @@ char *preset_layout_name(const preset_opts *o)
 
 int preset_check(const preset_opts *o)
 {
-    static const char *const known[] = {"neuron", "fused", "easydel", "hf"};
-    bool ok = false;
-    for (size_t i = 0; o->preset && i < CKPT_ARRAY_LEN(known); i++) ok |= !strcmp(o->preset, known[i]);
-    if (!ok)
-        return ckpt_error_set(CKPT_EINVAL, "unknown layout '%s' (known: neuron, fused, easydel, hf)",
-                              o->preset ? o->preset : "");
+    const preset_def *d = preset_find(o->preset);
+    if (!d) {
+        char known[128] = "";
+        for (size_t i = 0; i < CKPT_ARRAY_LEN(presets); i++)
+            snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", presets[i].name);
+        return ckpt_error_set(CKPT_EINVAL, "unknown layout '%s' (known: %s)", o->preset ? o->preset : "", known);
+    }
     if (o->tp < 1 || o->tp > 1024) return ckpt_error_set(CKPT_EINVAL, "--tp must be between 1 and 1024");
     ckpt_dtype dt;
     if (o->dtype && (ckpt_dtype_from_name(o->dtype, &dt) < 0 || !ckpt_dtype_is_castable_float(dt)))
         return ckpt_error_set(CKPT_EINVAL, "--dtype '%s' is not one of bf16, f16, f32", o->dtype);
-    if (o->kv_size_multiplier && strcmp(o->preset, "neuron"))
+    if (o->kv_size_multiplier && !d->kv_multiplier)
         return ckpt_error_set(CKPT_EINVAL, "--kv-size-multiplier applies to the neuron layout only");
     return 0;
 }
@@ -219,17 +250,15 @@ int preset_rules(json_t **out, const json_t *config, const preset_opts *o, const
     int rc = preset_check(o);
     if (rc) return rc;
     model_geom g = {0};
-    bool needs_config = strcmp(o->preset, "hf") != 0 || o->tp > 1;
+    const preset_def *d = preset_find(o->preset);
+    bool needs_config = !d->config_optional || o->tp > 1;
     if (needs_config) {
         if (!config) return ckpt_error_set(CKPT_ENOTFOUND, "%s: layout '%s' needs config.json", what, o->preset);
         if ((rc = read_geometry(config, &g, what))) return rc;
     }
     json_t *rules = json_array();
     if (!rules) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    if (!strcmp(o->preset, "neuron")) rc = neuron_rules(rules, &g, o);
-    else if (!strcmp(o->preset, "fused")) rc = fused_rules(rules, &g, o);
-    else if (!strcmp(o->preset, "easydel")) rc = easydel_rules(rules, &g, o);
-    else if (o->tp > 1) rc = hf_tp_rules(rules, &g, o->tp);
+    rc = d->rules(rules, &g, o);
     if (!rc && o->dtype) rc = add(rules, json_pack("{s:s,s:s}", "op", "cast", "dtype", o->dtype));
     char *name = rc ? NULL : preset_layout_name(o);
     if (!rc && !name) rc = CKPT_ENOMEM;

@@ -1,7 +1,7 @@
 /*
  * presets.h — rules documents generated from a model's config.json.
  *
- * Presets (issue "Transform engine"; semantics in spec/transforms.md):
+ * Presets (issue "Transform engine"; semantics in docs/transforms.md):
  *   neuron   optimum-neuron tensor parallel: GQA QKV fused per rank
  *            (qkv_proj.weight_qkv / bias_qkv), o_proj and down_proj row-parallel,
  *            gate_up_proj fused per rank, experts stacked and transposed

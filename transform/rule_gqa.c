@@ -1,7 +1,7 @@
 /*
  * rule_gqa.c — fuse_qkv_gqa: Q/K/V fusion for grouped-query attention under
- * tensor parallelism, the Neuron layout of spec/transforms.md §4, with the
- * query-head padding of §5.
+ * tensor parallelism, the Neuron layout of docs/transforms.md §4, with its
+ * query-head padding.
  *
  * For each attention module (the rule's pattern matches its q weight and
  * captures the module prefix as $1), rank r gets
@@ -223,7 +223,28 @@ static int build_rank(const rule *r, plan_set *s, const char *prefix, const attn
     return rc;
 }
 
-int apply_fuse_qkv_gqa(const rule *r, plan_set *s)
+int parse_fuse_qkv_gqa(rule *r, int doc_tp)
+{
+    int rc = 0;
+    if ((rc = rule_parse_str(r, "q", &r->q, "q_proj", false)) || (rc = rule_parse_str(r, "k", &r->k, "k_proj", false)) ||
+        (rc = rule_parse_str(r, "v", &r->v, "v_proj", false)) || (rc = rule_parse_str(r, "o", &r->o, "o_proj", false)) ||
+        (rc = rule_parse_str(r, "output", &r->replacement, "qkv_proj", false)) ||
+        (rc = rule_parse_str(r, "weight_name", &r->weight_name, "weight_qkv", false)) ||
+        (rc = rule_parse_str(r, "bias_name", &r->bias_name, "bias_qkv", false)) ||
+        (rc = rule_parse_bool(r, "fused", &r->fused, true)) ||
+        (rc = rule_parse_bool(r, "pad_heads", &r->pad_heads, true)) ||
+        (rc = rule_parse_int(r, "tp", &r->tp, doc_tp, 1, PLAN_MAX_TP)) ||
+        (rc = rule_parse_int(r, "num_attention_heads", &r->heads, 0, 1, 1 << 20)) ||
+        (rc = rule_parse_int(r, "num_key_value_heads", &r->kv_heads, 0, 1, 1 << 20)) ||
+        (rc = rule_parse_int(r, "head_dim", &r->head_dim, 0, 1, 1 << 20)) ||
+        (rc = rule_parse_int(r, "kv_size_multiplier", &r->kv_mult, 0, 0, PLAN_MAX_TP)))
+        return rc;
+    if (!r->heads || !r->kv_heads || !r->head_dim)
+        return rule_err(r, CKPT_EINVAL, "needs num_attention_heads, num_key_value_heads and head_dim");
+    return rule_check_tp(r, doc_tp);
+}
+
+int rule_apply_fuse_qkv_gqa(const rule *r, plan_set *s, rules_result *res)
 {
     gqa_geom g = {0};
     int rc = gqa_geometry(r, &g);

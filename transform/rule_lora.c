@@ -25,10 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-int parse_lora_merge(rule *r)
+int parse_lora_merge(rule *r, int doc_tp)
 {
     char what[64];
-    snprintf(what, sizeof what, "rule %zu (%s)", r->index, rules_op_names[r->op]);
+    snprintf(what, sizeof what, "rule %zu (%s)", r->index, r->def->name);
     json_t *a = json_object_get(r->json, "adapter");
     if (!a) return rule_err(r, CKPT_EINVAL, "missing 'adapter' (the PEFT adapter folder to merge)");
     if (!json_is_string(a) || !json_string_length(a) || json_string_length(a) > RULE_NAME_MAX)
@@ -48,7 +48,7 @@ int parse_lora_merge(rule *r)
     if (rc) {
         free(r->adapter);
         r->adapter = NULL;
-        return ckpt_error_prefix(rc, "rule %zu (%s): adapter '%s'", r->index, rules_op_names[r->op],
+        return ckpt_error_prefix(rc, "rule %zu (%s): adapter '%s'", r->index, r->def->name,
                                  r->adapter_path);
     }
     return 0;
@@ -105,7 +105,7 @@ static int record(const rule *r, const plan_tensor *t, const lora_module *m, rul
     return 0;
 }
 
-int apply_lora_merge(const rule *r, plan_set *s, rules_result *res)
+int rule_apply_lora_merge(const rule *r, plan_set *s, rules_result *res)
 {
     const lora_adapter *ad = r->adapter;
     bool *done = ckpt_calloc(ad->nmods + 1, sizeof *done);
@@ -131,7 +131,7 @@ int apply_lora_merge(const rule *r, plan_set *s, rules_result *res)
             break;
         }
         if ((rc = lora_check_weight(ad, m, t->name, t->dtype, t->ndim, t->shape))) {
-            ckpt_error_prefix(rc, "rule %zu (%s)", r->index, rules_op_names[r->op]);
+            ckpt_error_prefix(rc, "rule %zu (%s)", r->index, r->def->name);
             break;
         }
         done[m - ad->mods] = true;

@@ -10,7 +10,7 @@
  * tensors of the working set whose current name its PCRE2 `pattern` matches. rename
  * rewrites every match in the name ($1.. in the replacement); ops that build
  * one tensor from several name it with `output`, a template expanded from the
- * captures of the matched name. Semantics: spec/transforms.md.
+ * captures of the matched name. Semantics: docs/transforms.md.
  *
  * rules_parse() checks the whole document (unknown ops or fields, bad
  * regexes, bad numbers) before anything runs; rules_apply() raises every

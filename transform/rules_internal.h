@@ -1,6 +1,9 @@
 /*
- * rules_internal.h — what the rule ops share (rules.c holds parsing and the
- * simple ops, rule_gqa.c the attention fusion of spec §4). Not a public API.
+ * rules_internal.h — what the rule ops share. rules.c holds the op table
+ * and the loops over a document; rule_core.c the helpers below; each op is
+ * a parse_<op> and a rule_apply_<op> in rule_basic.c (rename, drop, cast,
+ * transpose, tp_split), rule_fuse.c (fuse, stack/unstack_experts),
+ * rule_gqa.c (fuse_qkv_gqa) or rule_lora.c (lora_merge). Not a public API.
  */
 #ifndef CKPT_WORKERS_RULES_INTERNAL_H
 #define CKPT_WORKERS_RULES_INTERNAL_H
@@ -29,10 +32,21 @@ typedef enum {
     OP_LORA_MERGE,
 } rule_op;
 
-extern const char *const rules_op_names[RULES_NOPS];
+/* One row of the op table (rules.c). */
+typedef struct rule_op_def {
+    const char *name;
+    const char *fields[16]; /* what the op takes besides "op", "pattern", "comment" (a typo is an error) */
+    bool pattern_optional;  /* without "pattern" the op applies to every tensor */
+    int (*parse)(rule *r, int doc_tp);                          /* the op's fields into *r */
+    int (*apply)(const rule *r, plan_set *s, rules_result *res); /* the op on the working set */
+    void (*free)(rule *r);                                      /* what parse allocated, or NULL */
+} rule_op_def;
+
+extern const rule_op_def rule_ops[RULES_NOPS];
 
 struct rule {
     rule_op op;
+    const rule_op_def *def; /* rule_ops[op] */
     size_t index; /* 1-based, for messages */
     json_t *json;
     pcre2_code *re;
@@ -75,18 +89,49 @@ int note_partition(plan_tensor *t, int axis, int64_t stride, int64_t tp, uint64_
 int require_unsharded(const rule *r, const plan_tensor *t);
 int require_byte_dtype(const rule *r, const plan_tensor *t);
 int resolve_axis(const rule *r, const plan_tensor *t, int64_t axis, int *out);
-/* Pads `axis` to a multiple of pad_multiple and cuts tp rank tensors (spec §5). */
+/* Pads `axis` to a multiple of pad_multiple and cuts tp rank tensors (docs/transforms.md §5). */
 int split_for_ranks(const rule *r, const plan_tensor *t, int axis, int64_t tp, int64_t pad_multiple,
                     int64_t stride, plan_tensor *out, uint64_t *padded_len);
+/* Removes the tensors flagged in gone (one flag per tensor of the set). */
+void rules_remove_flagged(plan_set *s, const bool *gone);
 /* Drops the first n0 tensors flagged in gone (tensors an op consumed). */
 int rules_remove_consumed(plan_set *s, const bool *gone, size_t n0);
 /* Fails when two tensors of one rank share a name. */
 int rules_check_unique(const rule *r, const plan_set *s);
 
-int apply_fuse_qkv_gqa(const rule *r, plan_set *s);
-/* lora_merge (rule_lora.c) */
-int parse_lora_merge(rule *r);
+/* Reading a rule's fields: errors name the rule and the field. */
+int rule_parse_int(rule *r, const char *key, int64_t *out, int64_t dflt, int64_t min, int64_t max);
+int rule_parse_str(rule *r, const char *key, const char **out, const char *dflt, bool required);
+int rule_parse_bool(rule *r, const char *key, bool *out, bool dflt);
+/* "members": 1 to RULE_MAX_MEMBERS distinct names. */
+int rule_parse_members(rule *r);
+/* A rule's tp must be the document's (or 1). */
+int rule_check_tp(const rule *r, int doc_tp);
+/* Substitutes repl for the match(es) in name; replacement_only expands the
+ * template alone. malloc'd, or NULL (error set). */
+char *rule_subst(const rule *r, matcher *m, const char *name, const char *repl, bool replacement_only);
+
+/* The ops: one parse and one apply each (rules.c's table). */
+int parse_rename(rule *r, int doc_tp);
+int parse_drop(rule *r, int doc_tp);
+int parse_cast(rule *r, int doc_tp);
+int parse_transpose(rule *r, int doc_tp);
+int parse_tp_split(rule *r, int doc_tp);
+int parse_fuse(rule *r, int doc_tp);
+int parse_stack_experts(rule *r, int doc_tp);
+int parse_unstack_experts(rule *r, int doc_tp);
+int parse_fuse_qkv_gqa(rule *r, int doc_tp);
+int parse_lora_merge(rule *r, int doc_tp);
 void free_lora_merge(rule *r);
-int apply_lora_merge(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_rename(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_drop(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_cast(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_transpose(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_tp_split(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_fuse(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_stack_experts(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_unstack_experts(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_fuse_qkv_gqa(const rule *r, plan_set *s, rules_result *res);
+int rule_apply_lora_merge(const rule *r, plan_set *s, rules_result *res);
 
 #endif

@@ -6,7 +6,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
-#include "state/state.h"
+#include "include/ckpt.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -295,7 +295,7 @@ int state_plan_write(const convert_plan *cp, const char *tmp)
             free(path);
         }
         /* Each rank folder a state of its own. */
-        if (!rc && *sub && sp->is_state) rc = convert_copy_side_files(cp->src_dir, dir);
+        if (!rc && *sub && sp->is_state) rc = outdir_copy_side_files(cp->src_dir, dir);
         if (!rc) rc = ckpt_fsync_dir(dir);
         free(dir);
     }
@@ -371,7 +371,24 @@ int state_consolidate_finish(const json_t *layout, const char *src, const char *
                 src, r, (long long)step, (long long)step0);
     }
     char *rank0 = ckpt_sprintf("%s/tp_rank_00", src);
-    rc = rank0 ? convert_copy_side_files(rank0, tmp) : CKPT_ENOMEM;
+    rc = rank0 ? outdir_copy_side_files(rank0, tmp) : CKPT_ENOMEM;
     free(rank0);
     return rc;
+}
+
+bool state_split_slot_name(const char *name, size_t *param_len)
+{
+    const char *slash = strrchr(name, '/');
+    if (!slash || slash == name || !slash[1]) return false;
+    *param_len = (size_t)(slash - name);
+    return true;
+}
+
+bool state_is_optimizer_file(const char *base)
+{
+    if (!strcmp(base, "optimizer.safetensors")) return true;
+    unsigned i, n;
+    int end = 0;
+    return sscanf(base, "optimizer-%5u-of-%5u.safetensors%n", &i, &n, &end) == 2 && end > 0 &&
+           !base[end] && strlen(base) == strlen("optimizer-00001-of-00002.safetensors");
 }

@@ -61,4 +61,14 @@ void state_plan_free(convert_plan *cp);
  * (checking every rank is at the same step). */
 int state_consolidate_finish(const json_t *layout, const char *src, const char *tmp, int tp);
 
+/* A state's names (state/state.c uses them too). */
+#define STATE_METADATA_FILE "metadata.json"
+#define STATE_OPTIMIZER_FILE "optimizer.json"
+#define STATE_CONFIG_FILE "config.json"
+#define STATE_JSON_MAX_BYTES (16u << 20) /* metadata.json, optimizer.json, config.json */
+/* Splits "<param>/<slot>" at the last '/'; false when there is none. */
+bool state_split_slot_name(const char *name, size_t *param_len);
+/* True for "optimizer.safetensors" and "optimizer-0000i-of-0000n.safetensors" (a base name). */
+bool state_is_optimizer_file(const char *base);
+
 #endif

@@ -1,8 +1,16 @@
 /*
  * cli.h — the command table and what every command shares.
  *
- * Each command is `int cmd_<name>(int argc, char **argv)` in its own file
- * service/cmd_<name>.c (git's builtin/ shape); argv[0] is the command name.
+ * Each command is `int cmd_<name>(int argc, char **argv)`; argv[0] is the
+ * command name. Commands live in the file of their family, which shares
+ * its options (cli_opts.h): cmd_convert.c (plan, convert, consolidate),
+ * cmd_store.c (import, ls, show, pull, rm, gc, du, verify), cmd_jobs.c
+ * (serve, worker, submit, jobs, logs, wait, cancel, retry), cmd_lora.c
+ * (merge-lora, unmerge-lora, convert-lora), and one file each for inspect,
+ * gen-model, fetch, sync and state. The table of every command is
+ * commands.c: a new command is a row there, its cmd_<name> below, and its
+ * function in its family's file. main.c dispatches; cli.c holds the shared
+ * helpers below.
  * Exit status: 0 success, 1 a failure the command explains on stderr
  * (CLI_FAIL), 2 bad usage (CLI_USAGE). `--help` prints the command's help to
  * stdout and exits 0.
@@ -12,16 +20,26 @@
 
 #include <jansson.h>
 #include <stdbool.h>
+#include <stddef.h>
 
 #define CLI_OK 0
 #define CLI_FAIL 1
 #define CLI_USAGE 2
 
+/* cli_command.flags */
+#define CLI_WRITES 1u /* writes an output folder: an interrupt removes its temp output (common/interrupt.h) */
+
 typedef struct {
     const char *name;
     int (*fn)(int argc, char **argv);
-    const char *summary;
+    unsigned flags;
+    const char *summary; /* one line of `ckpt --help` */
 } cli_command;
+
+/* The table (commands.c), and a lookup by name (NULL if none). */
+extern const cli_command cli_commands[];
+extern const size_t cli_ncommands;
+const cli_command *cli_command_find(const char *name);
 
 /* Prints "ckpt <cmd>: <msg>" plus "see 'ckpt <cmd> --help'" to stderr; returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

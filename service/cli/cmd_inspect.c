@@ -6,6 +6,7 @@
  * one-line error names the file, the check and the tensor.
  */
 #include "service/cli/cli.h"
+#include "service/cli/cli_opts.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -176,21 +177,17 @@ int cmd_inspect(int argc, char **argv)
         help();
         return CLI_OK;
     }
+    static const int shared[] = {CLI_OPT_JSON, CLI_OPT_END};
     const char *cmd = argv[0], *path = NULL;
-    bool as_json = false, options_done = false;
-    for (int i = 1; i < argc; i++) {
-        if (!options_done && !strcmp(argv[i], "--json")) {
-            as_json = true;
-        } else if (!options_done && !strcmp(argv[i], "--")) {
-            options_done = true;
-        } else if (!options_done && argv[i][0] == '-' && argv[i][1]) {
-            return cli_usage_error(cmd, "unknown option '%s'", argv[i]);
-        } else if (path) {
-            return cli_usage_error(cmd, "expected one PATH, got '%s' and '%s'", path, argv[i]);
-        } else {
-            path = argv[i];
-        }
+    cli_common common = {0};
+    cli_parser p = {.cmd = cmd, .shared = shared, .common = &common};
+    int opt;
+    while ((opt = cli_getopt(&p, argc, argv)) > 0) {
     }
+    if (opt < 0) return CLI_USAGE;
+    if (p.nargs > 1) return cli_usage_error(cmd, "expected one PATH, got '%s' and '%s'", p.args[0], p.args[1]);
+    if (p.nargs) path = p.args[0];
+    bool as_json = common.json;
     if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
     ckpt_checkpoint c;
     if (ckpt_checkpoint_open(&c, path) < 0) return cli_fail();

@@ -196,7 +196,9 @@ int cmd_worker(int argc, char **argv)
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt worker --job ID [--home DIR]\n\n"
                "Internal: runs one claimed job; started by `ckpt serve`. Progress and the\n"
-               "outcome go to standard output as '@ckpt' lines; anything else is the job's log.\n");
+               "outcome go to standard output as '@ckpt' lines; anything else is the job's log.\n\n"
+               "example (what the daemon runs for a claimed job 42):\n"
+               "  ckpt worker --job 42 --home /var/lib/ckpt\n");
         return CLI_OK;
     }
     const char *home = NULL;
@@ -357,7 +359,10 @@ int cmd_submit(int argc, char **argv)
                "good (default 3). --wait follows the job to its end\n"
                "with progress, and exits as the job ended. Layout names, --tp, --dtype and refs\n"
                "are checked now (exit 2), not when the job runs. With --server, jobs naming host\n"
-               "paths need the daemon's --allow-path (see ckpt serve --help).\n");
+               "paths need the daemon's --allow-path (see ckpt serve --help).\n\n"
+               "examples:\n"
+               "  ckpt submit Qwen/Qwen2-0.5B --layout neuron --tp 8 --wait\n"
+               "  ckpt submit convert Qwen/Qwen2-0.5B@main --layout fused --priority -1\n");
         return CLI_OK;
     }
     job_args a;
@@ -407,7 +412,10 @@ int cmd_jobs(int argc, char **argv)
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt jobs [--state queued|running|succeeded|failed|cancelled] [--json]\n"
                "                 [--server URL] [--home DIR]\n\n"
-               "Lists jobs, newest first: id, state, kind, progress, arguments, error.\n");
+               "Lists jobs, newest first: id, state, kind, progress, arguments, error.\n\n"
+               "examples:\n"
+               "  ckpt jobs --state failed\n"
+               "  ckpt jobs --server http://127.0.0.1:8470 --json\n");
         return CLI_OK;
     }
     job_args a;
@@ -472,14 +480,18 @@ int cmd_cancel(int argc, char **argv)
     return simple_op("cancel", argc, argv, job_client_cancel,
                      "usage: ckpt cancel ID [--server URL] [--home DIR]\n\n"
                      "Cancels a job: a queued one at once; a running one's worker gets SIGTERM (SIGKILL\n"
-                     "after a grace period) and its partial output is removed.\n");
+                     "after a grace period) and its partial output is removed.\n\n"
+                     "example:\n"
+                     "  ckpt cancel 42\n");
 }
 
 int cmd_retry(int argc, char **argv)
 {
     return simple_op("retry", argc, argv, job_client_retry,
                      "usage: ckpt retry ID [--server URL] [--home DIR]\n\n"
-                     "Queues a failed or cancelled job again, with a fresh attempt budget.\n");
+                     "Queues a failed or cancelled job again, with a fresh attempt budget.\n\n"
+                     "example:\n"
+                     "  ckpt retry 42 && ckpt wait 42\n");
 }
 
 int cmd_wait(int argc, char **argv)
@@ -487,7 +499,9 @@ int cmd_wait(int argc, char **argv)
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt wait ID [--json] [--server URL] [--home DIR]\n\n"
                "Follows a job until it ends (a progress bar on a terminal, a line every 5 s\n"
-               "otherwise). Exit 0 when it succeeded, 1 when it failed or was cancelled.\n");
+               "otherwise). Exit 0 when it succeeded, 1 when it failed or was cancelled.\n\n"
+               "example:\n"
+               "  id=$(ckpt submit convert Qwen/Qwen2-0.5B@main --layout fused) && ckpt wait \"$id\"\n");
         return CLI_OK;
     }
     job_args a;
@@ -504,7 +518,9 @@ int cmd_logs(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt logs ID [-f] [--server URL] [--home DIR]\n\n"
-               "Prints a job's log lines; -f keeps following until the job ends.\n");
+               "Prints a job's log lines; -f keeps following until the job ends.\n\n"
+               "example:\n"
+               "  ckpt logs 42 -f\n");
         return CLI_OK;
     }
     job_args a;

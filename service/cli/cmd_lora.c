@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "lora/lora.h"
+#include "transform/lora_plan.h"
 
 #include <getopt.h>
 #include <stdio.h>

@@ -531,7 +531,10 @@ static int state_ls(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt state ls [RUN] [--home DIR] [--json]\n\n"
-               "Lists the stored steps of every run (or of RUN): run, step, size, when stored.\n");
+               "Lists the stored steps of every run (or of RUN): run, step, size, when stored.\n\n"
+               "examples:\n"
+               "  ckpt state ls\n"
+               "  ckpt state ls llama-sft --json\n");
         return CLI_OK;
     }
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
@@ -731,7 +734,10 @@ static void state_usage(FILE *out)
                  "optimizer safetensors, optimizer.json, config.json).\n\n");
     for (size_t i = 0; i < CKPT_ARRAY_LEN(subcommands); i++)
         fprintf(out, "  %-8s %s\n", subcommands[i].name, subcommands[i].summary);
-    fprintf(out, "\n'ckpt state <subcommand> --help' explains one.\n");
+    fprintf(out, "\n'ckpt state <subcommand> --help' explains one.\n\n"
+                 "examples:\n"
+                 "  ckpt state save ./Qwen2-0.5B ./state --optimizer adamw --set lr=3e-4 --step 0\n"
+                 "  ckpt state import ./state --run qwen-sft --step 0 && ckpt state ls qwen-sft\n");
 }
 
 int cmd_state(int argc, char **argv)

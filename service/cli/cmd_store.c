@@ -173,7 +173,10 @@ int cmd_ls(int argc, char **argv)
     static const char help[] =
         "usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
         "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
-        "size, creation time.\n";
+        "size, creation time.\n\n"
+        "examples:\n"
+        "  ckpt ls\n"
+        "  ckpt ls Qwen/Qwen2-0.5B --json\n";
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
@@ -222,7 +225,11 @@ int cmd_show(int argc, char **argv)
         printf("usage: ckpt show REF [--home DIR] [--json]\n"
                "       ckpt show JOB_ID [--server URL] [--home DIR]\n\n"
                "Shows a stored checkpoint: its files (size, sha256), tensors per file, and for a\n"
-               "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n");
+               "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n"
+               "A number shows that job instead (as JSON).\n\n"
+               "examples:\n"
+               "  ckpt show Qwen/Qwen2-0.5B@main:neuron-tp2\n"
+               "  ckpt show 42\n");
         return CLI_OK;
     }
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
@@ -442,7 +449,9 @@ int cmd_rm(int argc, char **argv)
     static const char help[] =
         "usage: ckpt rm REF [--home DIR]\n\n"
         "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
-        "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n";
+        "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n\n"
+        "example:\n"
+        "  ckpt rm Qwen/Qwen2-0.5B@main:fused && ckpt gc\n";
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_END};
     store_args a;
     ckpt_store s;
@@ -468,7 +477,10 @@ int cmd_gc(int argc, char **argv)
         "usage: ckpt gc [--dry-run] [--home DIR] [--json]\n\n"
         "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
         "writes (temp files of processes that are gone). Blobs that a running import\n"
-        "has leased are kept. --dry-run only counts.\n";
+        "has leased are kept. --dry-run only counts.\n\n"
+        "examples:\n"
+        "  ckpt gc --dry-run\n"
+        "  ckpt gc --json\n";
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_DRY_RUN, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
@@ -496,7 +508,9 @@ int cmd_du(int argc, char **argv)
     static const char help[] =
         "usage: ckpt du [--home DIR] [--json]\n\n"
         "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
-        "against physical bytes of the blobs on disk, and the deduplication ratio.\n";
+        "against physical bytes of the blobs on disk, and the deduplication ratio.\n\n"
+        "example:\n"
+        "  ckpt du --json\n";
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
@@ -533,7 +547,10 @@ int cmd_verify(int argc, char **argv)
         "usage: ckpt verify [REF] [--home DIR]\n\n"
         "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
         "and checks its sha256 against the catalog. Names each damaged blob with the\n"
-        "checkpoints and files it breaks. Exit 1 if anything is damaged.\n";
+        "checkpoints and files it breaks. Exit 1 if anything is damaged.\n\n"
+        "examples:\n"
+        "  ckpt verify\n"
+        "  ckpt verify Qwen/Qwen2-0.5B@main\n";
     static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_END};
     store_args a;
     ckpt_store s;

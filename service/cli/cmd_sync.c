@@ -5,6 +5,7 @@
  * --server).
  */
 #include "service/cli/cli.h"
+#include "service/cli/cli_opts.h"
 
 #include "common/error.h"
 #include "common/json.h"
@@ -46,93 +47,81 @@ static int open_store(const char *home, ckpt_store *s)
     return store_open(s, home) < 0 ? cli_fail() : CLI_OK;
 }
 
-static int sync_add(int argc, char **argv, const char *home, bool json)
+enum { O_EVERY = CLI_OPT_OWN, O_CRON, O_INCLUDE, O_EXCLUDE };
+static const int sync_shared[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_END};
+static const struct option sync_own[] = {{"every", required_argument, NULL, O_EVERY},
+                                         {"cron", required_argument, NULL, O_CRON},
+                                         {"include", required_argument, NULL, O_INCLUDE},
+                                         {"exclude", required_argument, NULL, O_EXCLUDE},
+                                         {0}};
+
+/* One option of `sync add` into sc, in the order given (--tp applies to the --layout before it). */
+static int sync_add_option(schedule *sc, int c, const char *v)
 {
-    schedule sc;
-    memset(&sc, 0, sizeof sc);
-    sc.layouts = json_array();
-    sc.fetch_args = json_object();
-    const char *target = NULL;
-    int ret = sc.layouts && sc.fetch_args ? CLI_OK : cli_fail();
-    for (int i = 0; !ret && i < argc; i++) {
-        const char *w = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool has_value = !strcmp(w, "--every") || !strcmp(w, "--cron") || !strcmp(w, "--layout") ||
-                         !strcmp(w, "--tp") || !strcmp(w, "--include") || !strcmp(w, "--exclude");
-        if (has_value && !v) {
-            ret = cli_usage_error("sync add", "%s needs a value", w);
-            break;
-        }
-        if (!strcmp(w, "--every")) {
-            if (sc.every_seconds || sc.cron)
-                ret = cli_usage_error("sync add", "give one --every or one --cron");
-            else if (schedule_parse_every(v, &sc.every_seconds) < 0)
-                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
-        } else if (!strcmp(w, "--cron")) {
-            cron_spec c;
-            if (sc.every_seconds || sc.cron)
-                ret = cli_usage_error("sync add", "give one --every or one --cron");
-            else if (cron_parse(v, &c) < 0)
-                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
-            else if (!(sc.cron = ckpt_strdup(v)))
-                ret = cli_fail();
-        } else if (!strcmp(w, "--layout")) {
-            preset_opts po = {.preset = v, .tp = 1};
-            if (preset_check(&po) < 0)
-                ret = cli_usage_error("sync add", "%s", ckpt_error_last());
-            else
-                json_array_append_new(sc.layouts, json_pack("{s:s}", "layout", v));
-        } else if (!strcmp(w, "--tp")) {
-            uint64_t tp;
-            json_t *last = json_array_get(sc.layouts, json_array_size(sc.layouts) - 1);
-            if (!last)
-                ret = cli_usage_error(
-                    "sync add", "--tp applies to the --layout before it; give --layout first");
-            else if (ckpt_parse_u64(v, &tp) < 0 || tp < 1 || tp > 1024)
-                ret = cli_usage_error("sync add", "--tp must be 1..1024");
-            else
-                json_object_set_new(last, "tp", json_integer((json_int_t)tp));
-        } else if (!strcmp(w, "--include") || !strcmp(w, "--exclude")) {
-            const char *key = w + 2;
-            json_t *list = json_object_get(sc.fetch_args, key);
-            if (!list) json_object_set_new(sc.fetch_args, key, list = json_array());
-            json_array_append_new(list, json_string(v));
-        } else if (w[0] == '-') {
-            ret = cli_usage_error("sync add", "unknown option '%s'", w);
-        } else if (target) {
-            ret = cli_usage_error("sync add", "expected one ORG/NAME[@REV]");
-        } else {
-            target = w;
-        }
-        if (has_value) i++;
+    switch (c) {
+    case O_EVERY:
+        if (sc->every_seconds || sc->cron) return cli_usage_error("sync add", "give one --every or one --cron");
+        if (schedule_parse_every(v, &sc->every_seconds) < 0)
+            return cli_usage_error("sync add", "%s", ckpt_error_last());
+        return CLI_OK;
+    case O_CRON: {
+        cron_spec cs;
+        if (sc->every_seconds || sc->cron) return cli_usage_error("sync add", "give one --every or one --cron");
+        if (cron_parse(v, &cs) < 0) return cli_usage_error("sync add", "%s", ckpt_error_last());
+        return (sc->cron = ckpt_strdup(v)) ? CLI_OK : cli_fail();
     }
-    if (!ret && !target) ret = cli_usage_error("sync add", "expected ORG/NAME[@REV]");
-    if (!ret && !sc.every_seconds && !sc.cron)
+    case CLI_OPT_LAYOUT: {
+        preset_opts po = {.preset = v, .tp = 1};
+        if (preset_check(&po) < 0) return cli_usage_error("sync add", "%s", ckpt_error_last());
+        return json_array_append_new(sc->layouts, json_pack("{s:s}", "layout", v)) ? cli_fail() : CLI_OK;
+    }
+    case CLI_OPT_TP: {
+        uint64_t tp;
+        json_t *last = json_array_get(sc->layouts, json_array_size(sc->layouts) - 1);
+        if (!last) return cli_usage_error("sync add", "--tp applies to the --layout before it; give --layout first");
+        if (cli_parse_number("sync add", "--tp", v, 1, 1024, &tp)) return CLI_USAGE;
+        return json_object_set_new(last, "tp", json_integer((json_int_t)tp)) ? cli_fail() : CLI_OK;
+    }
+    default: { /* O_INCLUDE, O_EXCLUDE */
+        const char *key = c == O_INCLUDE ? "include" : "exclude";
+        json_t *list = json_object_get(sc->fetch_args, key);
+        if (!list) json_object_set_new(sc->fetch_args, key, list = json_array());
+        return list && !json_array_append_new(list, json_string(v)) ? CLI_OK : cli_fail();
+    }
+    }
+}
+
+static int sync_add(schedule *sc, const char *target, const char *home, bool json)
+{
+    int ret = CLI_OK;
+    if (!target) ret = cli_usage_error("sync add", "expected ORG/NAME[@REV]");
+    if (!ret && !sc->every_seconds && !sc->cron)
         ret = cli_usage_error("sync add", "give --every DURATION or --cron EXPR");
     if (!ret) {
         const char *at = strchr(target, '@');
-        sc.repo = at ? ckpt_strndup(target, (size_t)(at - target)) : ckpt_strdup(target);
-        sc.revision = ckpt_strdup(at && at[1] ? at + 1 : "main");
-        if (!sc.repo || !sc.revision)
+        sc->repo = at ? ckpt_strndup(target, (size_t)(at - target)) : ckpt_strdup(target);
+        sc->revision = ckpt_strdup(at && at[1] ? at + 1 : "main");
+        if (!sc->repo || !sc->revision)
             ret = cli_fail();
-        else if (store_repo_name_check(sc.repo) < 0)
+        else if (store_repo_name_check(sc->repo) < 0)
             ret = cli_usage_error("sync add", "%s", ckpt_error_last());
     }
     ckpt_store s;
     if (!ret && !(ret = open_store(home, &s))) {
-        if (schedule_add(&s.cat, &sc) < 0)
+        if (schedule_add(&s.cat, sc) < 0)
             ret = cli_fail();
         else if (json) {
-            json_t *j = schedule_json(&sc);
+            json_t *j = schedule_json(sc);
             char *text = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
             if (text) puts(text);
             free(text);
             json_decref(j);
         } else {
-            printf("%lld\n", (long long)sc.id);
+            printf("%lld\n", (long long)sc->id);
         }
         store_close(&s);
     }
-    schedule_free(&sc);
+    schedule_free(sc);
     return ret;
 }
 
@@ -229,25 +218,33 @@ int cmd_sync(int argc, char **argv)
         fputs(sync_help, argc < 2 ? stderr : stdout);
         return argc < 2 ? CLI_USAGE : CLI_OK;
     }
-    const char *sub = argv[1], *home = NULL, *server = NULL;
-    bool json = false;
-    /* --home, --server and --json anywhere; the rest stays for the subcommand. */
-    char **rest = calloc((size_t)argc, sizeof *rest);
-    if (!rest) return cli_fail();
-    int n = 0, ret = CLI_OK;
-    for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--home") && i + 1 < argc)
-            home = argv[++i];
-        else if (!strcmp(argv[i], "--server") && i + 1 < argc)
-            server = argv[++i];
-        else if (!strcmp(argv[i], "--json"))
-            json = true;
-        else
-            rest[n++] = argv[i];
+    const char *sub = argv[1];
+    bool add = !strcmp(sub, "add");
+    char what[32];
+    snprintf(what, sizeof what, "sync %.16s", sub);
+    /* --home, --server and --json for every subcommand; add takes the schedule's own options. */
+    static const int others[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
+    cli_common common = {0};
+    cli_parser p = {.cmd = what, .shared = sync_shared, .own = sync_own, .allowed = add ? NULL : others,
+                    .say_needs_value = true, .common = &common};
+    schedule sc;
+    memset(&sc, 0, sizeof sc);
+    sc.layouts = json_array();
+    sc.fetch_args = json_object();
+    int c, ret = sc.layouts && sc.fetch_args ? CLI_OK : cli_fail();
+    while (!ret && (c = cli_getopt(&p, argc - 1, argv + 1)) > 0) ret = sync_add_option(&sc, c, optarg);
+    if (!ret && c < 0) ret = CLI_USAGE;
+    const char *home = common.home, *server = common.server;
+    bool json = common.json;
+    int n = p.nargs;
+    char **rest = p.args;
+    if (ret) {
+        schedule_free(&sc);
+        return ret;
     }
     int64_t id = 0;
-    if (!strcmp(sub, "add")) {
-        ret = sync_add(n, rest, home, json);
+    if (add) {
+        ret = n > 1 ? cli_usage_error("sync add", "expected one ORG/NAME[@REV]") : sync_add(&sc, n ? rest[0] : NULL, home, json);
     } else if (!strcmp(sub, "ls")) {
         ret = n ? cli_usage_error("sync ls", "takes no arguments") : sync_ls(home, json);
     } else if (!strcmp(sub, "rm")) {
@@ -257,36 +254,36 @@ int cmd_sync(int argc, char **argv)
             store_close(&s);
         }
     } else if (!strcmp(sub, "run")) {
-        job_client c;
+        job_client jc;
         ckpt_store s;
         if (!(ret = parse_id("sync run", n, rest, &id)) && !server && !getenv("CKPT_SERVER") &&
             !(ret = open_store(home, &s))) {
-            schedule sc; /* locally, a missing schedule is an error now rather than a job that finds
-                            nothing */
-            if (schedule_get(&s.cat, id, &sc) < 0)
+            schedule got; /* locally, a missing schedule is an error now rather than a job that finds
+                             nothing */
+            if (schedule_get(&s.cat, id, &got) < 0)
                 ret = cli_fail();
             else
-                schedule_free(&sc);
+                schedule_free(&got);
             store_close(&s);
         }
         if (!ret) {
-            if (job_client_open(&c, home, server) < 0)
+            if (job_client_open(&jc, home, server) < 0)
                 ret = cli_fail();
             else {
                 json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id), *job = NULL;
                 bool existed = false;
-                if (!args || job_client_submit(&c, "sync", args, &(queue_submit_opts){0}, &job, &existed) < 0)
+                if (!args || job_client_submit(&jc, "sync", args, &(queue_submit_opts){0}, &job, &existed) < 0)
                     ret = cli_fail();
                 else
                     printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));
                 json_decref(args);
                 json_decref(job);
-                job_client_close(&c);
+                job_client_close(&jc);
             }
         }
     } else {
         ret = cli_usage_error("sync", "'%s' is not add, ls, rm or run", sub);
     }
-    free(rest);
+    schedule_free(&sc);
     return ret;
 }

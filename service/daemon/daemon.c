@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "service/http/http_api.h"
+#include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
 #include "service/jobs/schedule.h"
 #include "store/store.h"
@@ -90,23 +91,11 @@ static void on_child(int sig)
     errno = saved;
 }
 
-/* Per-kind limits and timeouts. */
-static const struct {
-    const char *kind;
-    int limit; /* 0: the worker limit */
-    double timeout;
-} kind_table[] = {
-    {"import", 0, 6 * 3600},  {"convert", 0, 6 * 3600}, {"consolidate", 0, 6 * 3600}, {"fetch", 0, 12 * 3600},
-    {"verify", 1, 6 * 3600},  {"gc", 1, 3600},          {"sync", 2, 600},              {"noop", 0, 600},
-    {"merge-lora", 0, 6 * 3600}, {"unmerge-lora", 0, 6 * 3600},
-};
-
 static double kind_timeout(const daemon_opts *o, const char *kind)
 {
     if (o->timeout_seconds > 0) return o->timeout_seconds;
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(kind_table); i++)
-        if (!strcmp(kind_table[i].kind, kind)) return kind_table[i].timeout;
-    return 3600;
+    const job_kind *k = jobs_kind_find(kind);
+    return k ? k->timeout : 3600;
 }
 
 static int spawn_worker(daemon_state *d, worker_slot *w)
@@ -351,16 +340,16 @@ static void claim_more(daemon_state *d)
 {
     int free_slots = d->o->workers - (int)d->nslots;
     if (free_slots <= 0) return;
-    queue_kind_room rooms[CKPT_ARRAY_LEN(kind_table)];
-    for (size_t k = 0; k < CKPT_ARRAY_LEN(kind_table); k++) {
-        int limit = kind_table[k].limit ? kind_table[k].limit : d->o->workers;
+    queue_kind_room rooms[jobs_nkinds];
+    for (size_t k = 0; k < jobs_nkinds; k++) {
+        int limit = jobs_kinds[k].limit ? jobs_kinds[k].limit : d->o->workers;
         int used = 0;
-        for (size_t i = 0; i < d->nslots; i++) used += !strcmp(d->slots[i].kind, kind_table[k].kind);
-        rooms[k] = (queue_kind_room){kind_table[k].kind, limit - used};
+        for (size_t i = 0; i < d->nslots; i++) used += !strcmp(d->slots[i].kind, jobs_kinds[k].name);
+        rooms[k] = (queue_kind_room){jobs_kinds[k].name, limit - used};
     }
     queue_job *jobs;
     size_t n;
-    if (queue_claim(&d->store.cat, d->owner, free_slots, rooms, CKPT_ARRAY_LEN(rooms), &jobs, &n) < 0) {
+    if (queue_claim(&d->store.cat, d->owner, free_slots, rooms, jobs_nkinds, &jobs, &n) < 0) {
         ckpt_warn("claim: %s", ckpt_error_last());
         return;
     }

@@ -155,7 +155,7 @@ static enum MHD_Result post_job(http_api *h, ckpt_store *s, struct MHD_Connectio
                            .max_attempts = (int)json_integer_value(json_object_get(body, "max_attempts")),
                            .depends_on = json_integer_value(json_object_get(body, "depends_on"))};
     int rc = !kind ? ckpt_error_set(CKPT_EINVAL, "missing 'kind'")
-             : !queue_kind_known(kind) ? ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind)
+             : !jobs_kind_find(kind) ? ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind)
                                        : jobs_args_check(kind, args);
     if (!rc && json_object_get(args, JOBS_ORIGIN_KEY))
         rc = ckpt_error_set(CKPT_EINVAL, "'%s' is set by the server, not by clients", JOBS_ORIGIN_KEY);

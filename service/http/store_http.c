@@ -65,7 +65,7 @@ typedef struct {
     int n;
 } segments;
 
-/* Splits the raw path on '/' first, then decodes each piece (spec/hub.md). */
+/* Splits the raw path on '/' first, then decodes each piece (docs/hub.md). */
 static bool split_path(const char *url, segments *sg)
 {
     memset(sg, 0, sizeof *sg);
@@ -621,7 +621,8 @@ static enum MHD_Result send_file(ckpt_store *s, struct MHD_Connection *c, const 
     int pr = parse_range(range, T, &a, &b);
     char etag[80], crange[96];
     snprintf(etag, sizeof etag, "\"%s\"", hub && !lfs ? oid : store_file_sha256(r));
-    if (pr < 0 && T == 0 && range && !strcmp(range, "bytes=0-0")) pr = 2; /* spec: 200 with bytes 0-0 of an empty file */
+    /* docs/hub.md: bytes=0-0 of an empty file answers 200 */
+    if (pr < 0 && T == 0 && range && !strcmp(range, "bytes=0-0")) pr = 2;
     if (pr < 0) {
         store_file_close(r);
         snprintf(crange, sizeof crange, "bytes */%llu", (unsigned long long)T);

@@ -6,7 +6,7 @@
  *   GET|HEAD /v1/checkpoints/{ref}/files/{path}   a file, single Range requests, ETag = sha256
  *   GET  /v1/checkpoints/{ref}/archive.tar[.zst][?rank=R]   a tar stream
  *
- * and the Hugging Face Hub read API of spec/hub.md, so that huggingface_hub
+ * and the Hugging Face Hub read API of docs/hub.md, so that huggingface_hub
  * (HF_ENDPOINT=http://host:port) and @huggingface/hub (hubUrl) can list,
  * download and read safetensors metadata from the store:
  *

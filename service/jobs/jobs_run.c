@@ -38,6 +38,14 @@ static int usage(const char *kind, const char *msg)
     return ckpt_error_set(CKPT_EINVAL, "submit %s: %s", kind, msg);
 }
 
+static int unknown_kind(const char *kind)
+{
+    char known[256] = "";
+    for (size_t i = 0; i < jobs_nkinds; i++)
+        snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s", i ? ", " : "", jobs_kinds[i].name);
+    return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s' (%s)", kind, known);
+}
+
 /* noop: sleeps sleep_ms, then (with until_file, a path inside the store's
  * home) waits until that file exists: tests hold a job running for exactly as
  * long as they need, whatever the machine's speed. The daemon's timeout and
@@ -80,7 +88,7 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
         uint64_t n;
         if (!strcmp(name, "repo") || !strcmp(name, "layout") || !strcmp(name, "dtype")) {
             json_object_set_new(a, name, json_string(v));
-        } else if (!strcmp(name, "until-file") && !strcmp(kind, "noop")) {
+        } else if (!strcmp(name, "until-file") && !strcmp(kind, JOBS_NOOP)) {
             char *abs = absolute(v);
             json_object_set_new(a, "until_file", json_string(abs ? abs : v));
             free(abs);
@@ -112,47 +120,10 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
             return usage(kind, msg);
         }
     }
-    if (!strcmp(kind, "import")) {
-        if (npos != 1 || !json_object_get(a, "repo")) return usage(kind, "expected DIR --repo ORG/NAME[@REV]");
-        char *abs = absolute(pos[0]);
-        json_object_set_new(a, "dir", json_string(abs ? abs : pos[0]));
-        free(abs);
-    } else if (!strcmp(kind, "convert")) {
-        if (npos != 1 || !json_object_get(a, "layout")) return usage(kind, "expected REF --layout L [--tp N]");
-        json_object_set_new(a, "ref", json_string(pos[0]));
-    } else if (!strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora")) {
-        if (npos != 2) return usage(kind, "expected REF ADAPTER [--scale S] (ADAPTER: a folder or a stored ref)");
-        json_object_set_new(a, "ref", json_string(pos[0]));
-        char *abs = ckpt_is_dir(pos[1]) ? absolute(pos[1]) : NULL; /* a folder; anything else is a ref */
-        json_object_set_new(a, "adapter", json_string(abs ? abs : pos[1]));
-        free(abs);
-    } else if (!strcmp(kind, "consolidate")) {
-        if (npos != 2) return usage(kind, "expected SRC DST");
-        char *s = absolute(pos[0]), *d = absolute(pos[1]);
-        json_object_set_new(a, "src", json_string(s ? s : pos[0]));
-        json_object_set_new(a, "dst", json_string(d ? d : pos[1]));
-        free(s);
-        free(d);
-    } else if (!strcmp(kind, "verify")) {
-        if (npos > 1) return usage(kind, "expected at most one REF");
-        if (npos) json_object_set_new(a, "ref", json_string(pos[0]));
-    } else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) {
-        if (npos) return usage(kind, "takes no arguments");
-    } else if (!strcmp(kind, "fetch")) {
-        if (npos != 1 || json_object_get(a, "repo")) return usage(kind, "expected ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...");
-        const char *at = strchr(pos[0], '@');
-        json_object_set_new(a, "repo", at ? json_stringn(pos[0], (size_t)(at - pos[0])) : json_string(pos[0]));
-        json_object_set_new(a, "revision", json_string(at && at[1] ? at + 1 : "main"));
-    } else if (!strcmp(kind, "sync")) {
-        uint64_t id;
-        if (npos != 1 || ckpt_parse_u64(pos[0], &id) < 0 || id == 0 || id > INT64_MAX) return usage(kind, "expected a schedule ID");
-        json_object_set_new(a, "schedule", json_integer((json_int_t)id));
-    } else {
-        return ckpt_error_set(CKPT_EINVAL,
-                              "unknown job kind '%s' (import, convert, merge-lora, unmerge-lora, consolidate, verify, gc, "
-                              "fetch, sync, noop)",
-                              kind);
-    }
+    const job_kind *k = jobs_kind_find(kind);
+    if (!k) return unknown_kind(kind);
+    int rc = k->words(a, pos, npos);
+    if (rc) return rc == CKPT_EINVAL ? usage(kind, k->usage) : rc; /* -1 from a words function: wrong words */
     return jobs_args_check(kind, a);
 }
 
@@ -202,63 +173,19 @@ static int check_ref(const char *kind, const char *key, const char *ref)
     return rc ? ckpt_error_prefix(rc, "job '%s': %s", kind, key) : 0;
 }
 
-/* What can be told without the store: layout names, --tp, --dtype, refs and
- * repo names. Checked at submit time (CLI, HTTP) and again in the worker. */
-static int check_values(const char *kind, const json_t *a)
+/* "ref", wherever a kind has one, must parse. */
+static int check_ref_arg(const char *kind, const json_t *a)
 {
     const char *ref = json_string_value(json_object_get(a, "ref"));
-    int rc = ref ? check_ref(kind, "ref", ref) : 0;
-    if (!rc && !strcmp(kind, "convert")) {
-        json_int_t tp = json_integer_value(json_object_get(a, "tp"));
-        preset_opts po = {.preset = json_string_value(json_object_get(a, "layout")),
-                          .tp = tp == 0 ? 1 : tp > 1024 ? 1025 : (int)tp, /* 0 or absent: no TP */
-                          .kv_size_multiplier = json_integer_value(json_object_get(a, "kv_size_multiplier")),
-                          .dtype = json_string_value(json_object_get(a, "dtype"))};
-        rc = preset_check(&po);
-        if (rc) rc = ckpt_error_prefix(rc, "job 'convert'");
-    }
-    if (!rc && (!strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora"))) {
-        const char *ad = json_string_value(json_object_get(a, "adapter"));
-        if (ad[0] != '/') rc = check_ref(kind, "adapter (a stored ref, or an absolute folder path)", ad);
-    }
-    if (!rc && (!strcmp(kind, "import") || !strcmp(kind, "fetch"))) {
-        const char *repo = json_string_value(json_object_get(a, "repo"));
-        const char *at = strchr(repo, '@');
-        char *name = at ? ckpt_strndup(repo, (size_t)(at - repo)) : ckpt_strdup(repo);
-        rc = !name ? CKPT_ENOMEM : store_repo_name_check(name);
-        if (!rc && at && (!strcmp(kind, "fetch") || !at[1]))
-            rc = ckpt_error_set(CKPT_EINVAL, "'%s': %s", repo,
-                                at[1] ? "give the revision in 'revision', not in 'repo'" : "empty revision after '@'");
-        if (rc && name) rc = ckpt_error_prefix(rc, "job '%s': repo", kind);
-        free(name);
-    }
-    if (!rc && !strcmp(kind, "import") && json_string_value(json_object_get(a, "dir"))[0] != '/')
-        rc = ckpt_error_set(CKPT_EINVAL, "job 'import': 'dir' must be an absolute path");
-    if (!rc && !strcmp(kind, "consolidate") && (json_string_value(json_object_get(a, "src"))[0] != '/' ||
-                                                json_string_value(json_object_get(a, "dst"))[0] != '/'))
-        rc = ckpt_error_set(CKPT_EINVAL, "job 'consolidate': 'src' and 'dst' must be absolute paths");
-    return rc;
+    return ref ? check_ref(kind, "ref", ref) : 0;
 }
 
 int jobs_args_check(const char *kind, const json_t *a)
 {
     if (!json_is_object(a)) return ckpt_error_set(CKPT_EINVAL, "job arguments must be a JSON object");
-    bool ok;
-    if (!strcmp(kind, "import")) ok = has_str(a, "dir") && has_str(a, "repo");
-    else if (!strcmp(kind, "convert")) ok = has_str(a, "ref") && has_str(a, "layout");
-    else if (!strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora")) {
-        json_t *sc = json_object_get(a, "scale");
-        ok = has_str(a, "ref") && has_str(a, "adapter") &&
-             (!sc || (json_is_number(sc) && isfinite(json_number_value(sc)) && json_number_value(sc) != 0));
-    }
-    else if (!strcmp(kind, "consolidate")) ok = has_str(a, "src") && has_str(a, "dst");
-    else if (!strcmp(kind, "verify")) ok = !json_object_get(a, "ref") || has_str(a, "ref");
-    else if (!strcmp(kind, "gc") || !strcmp(kind, "noop")) ok = true;
-    else if (!strcmp(kind, "fetch"))
-        ok = has_str(a, "repo") && (!json_object_get(a, "revision") || has_str(a, "revision")) &&
-             (!json_object_get(a, "commit") || has_str(a, "commit"));
-    else if (!strcmp(kind, "sync")) ok = json_integer_value(json_object_get(a, "schedule")) > 0;
-    else return ckpt_error_set(CKPT_EINVAL, "unknown job kind '%s'", kind);
+    const job_kind *k = jobs_kind_find(kind);
+    if (!k) return unknown_kind(kind);
+    bool ok = k->shape(a);
     if (!ok) return ckpt_error_set(CKPT_EINVAL, "job '%s': missing or mistyped arguments", kind);
     const char *key;
     json_t *v;
@@ -273,7 +200,8 @@ int jobs_args_check(const char *kind, const json_t *a)
         if (!json_is_string(v) && !json_is_integer(v) && !strings && !(json_is_real(v) && !strcmp(key, "scale")))
             return ckpt_error_set(CKPT_EINVAL, "job '%s': '%s' must be a string, a number or a list of strings", kind, key);
     }
-    return check_values(kind, a);
+    int rc = check_ref_arg(kind, a);
+    return !rc && k->values ? k->values(kind, a) : rc;
 }
 
 /* ---- host paths and the roots they must stay under ---- */
@@ -341,23 +269,19 @@ bool jobs_from_remote(const json_t *args)
 
 int jobs_paths_check(const char *kind, json_t *args, char *const *roots)
 {
-    static const struct {
-        const char *kind, *key;
-        bool may_be_new;
-    } path_args[] = {{"import", "dir", false},        {"consolidate", "src", false}, {"consolidate", "dst", true},
-                     {"merge-lora", "adapter", false}, {"unmerge-lora", "adapter", false}};
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(path_args); i++) {
-        if (strcmp(kind, path_args[i].kind)) continue;
-        const char *key = path_args[i].key, *p = json_string_value(json_object_get(args, key));
+    const job_kind *k = jobs_kind_find(kind);
+    if (!k) return unknown_kind(kind);
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(k->paths) && k->paths[i].key; i++) {
+        const char *key = k->paths[i].key, *p = json_string_value(json_object_get(args, key));
         if (!p || p[0] != '/') continue; /* an adapter given as a stored ref */
         if (!roots || !roots[0])
             return ckpt_error_set(CKPT_EINVAL,
                                   "job '%s': '%s' is a host path, and jobs from the HTTP API may not name host paths "
                                   "unless the daemon runs with --allow-path DIR",
                                   kind, key);
-        char *canon = canonical(p, path_args[i].may_be_new);
+        char *canon = canonical(p, k->paths[i].may_be_new);
         bool ok = false;
-        for (size_t r = 0; canon && roots[r] && !ok; r++) ok = beneath(canon, roots[r], path_args[i].may_be_new);
+        for (size_t r = 0; canon && roots[r] && !ok; r++) ok = beneath(canon, roots[r], k->paths[i].may_be_new);
         if (!ok) {
             int rc = ckpt_error_set(CKPT_EINVAL, "job '%s': %s '%s' is not under an --allow-path folder of the daemon",
                                     kind, key, p);
@@ -504,30 +428,235 @@ static int run_verify(ckpt_store *s, const json_t *a, json_t **result)
     return rc;
 }
 
+static int run_merge(ckpt_store *s, const json_t *a, json_t **result)
+{
+    return run_merge_lora(s, a, false, result);
+}
+
+static int run_unmerge(ckpt_store *s, const json_t *a, json_t **result)
+{
+    return run_merge_lora(s, a, true, result);
+}
+
+static int run_consolidate(ckpt_store *s, const json_t *a, json_t **result)
+{
+    consolidate_opts co = {0};
+    int rc = consolidate_run(json_string_value(json_object_get(a, "src")), json_string_value(json_object_get(a, "dst")), &co);
+    if (!rc) *result = json_pack("{s:b}", "lossy", co.lossy);
+    return rc;
+}
+
+static int run_sync(ckpt_store *s, const json_t *a, json_t **result)
+{
+    return sync_run(s, json_integer_value(json_object_get(a, "schedule")), result);
+}
+
+static int run_gc(ckpt_store *s, const json_t *a, json_t **result)
+{
+    store_gc_result g;
+    int rc = store_gc(s, false, &g);
+    if (!rc) *result = json_pack("{s:I,s:I}", "blobs_removed", (json_int_t)g.blobs_removed, "bytes_freed", (json_int_t)g.bytes_freed);
+    return rc;
+}
+
+static int run_noop_job(ckpt_store *s, const json_t *a, json_t **result)
+{
+    return run_noop(s, a);
+}
+
+/* ---- each kind's positional words (the options are common to all) ---- */
+
+static int abs_arg(json_t *a, const char *key, const char *path)
+{
+    char *abs = absolute(path);
+    int rc = json_object_set_new(a, key, json_string(abs ? abs : path)) ? CKPT_ENOMEM : 0;
+    free(abs);
+    return rc;
+}
+
+static int words_import(json_t *a, const char **pos, int npos)
+{
+    if (npos != 1 || !json_object_get(a, "repo")) return -1;
+    return abs_arg(a, "dir", pos[0]);
+}
+
+static int words_convert(json_t *a, const char **pos, int npos)
+{
+    if (npos != 1 || !json_object_get(a, "layout")) return -1;
+    return json_object_set_new(a, "ref", json_string(pos[0])) ? CKPT_ENOMEM : 0;
+}
+
+static int words_merge(json_t *a, const char **pos, int npos)
+{
+    if (npos != 2) return -1;
+    json_object_set_new(a, "ref", json_string(pos[0]));
+    if (ckpt_is_dir(pos[1])) return abs_arg(a, "adapter", pos[1]); /* a folder; anything else is a ref */
+    return json_object_set_new(a, "adapter", json_string(pos[1])) ? CKPT_ENOMEM : 0;
+}
+
+static int words_consolidate(json_t *a, const char **pos, int npos)
+{
+    if (npos != 2) return -1;
+    int rc = abs_arg(a, "src", pos[0]);
+    return rc ? rc : abs_arg(a, "dst", pos[1]);
+}
+
+static int words_verify(json_t *a, const char **pos, int npos)
+{
+    if (npos > 1) return -1;
+    return npos && json_object_set_new(a, "ref", json_string(pos[0])) ? CKPT_ENOMEM : 0;
+}
+
+static int words_none(json_t *a, const char **pos, int npos)
+{
+    return npos ? -1 : 0;
+}
+
+static int words_fetch(json_t *a, const char **pos, int npos)
+{
+    if (npos != 1 || json_object_get(a, "repo")) return -1;
+    const char *at = strchr(pos[0], '@');
+    json_object_set_new(a, "repo", at ? json_stringn(pos[0], (size_t)(at - pos[0])) : json_string(pos[0]));
+    json_object_set_new(a, "revision", json_string(at && at[1] ? at + 1 : "main"));
+    return 0;
+}
+
+static int words_sync(json_t *a, const char **pos, int npos)
+{
+    uint64_t id;
+    if (npos != 1 || ckpt_parse_u64(pos[0], &id) < 0 || id == 0 || id > INT64_MAX) return -1;
+    return json_object_set_new(a, "schedule", json_integer((json_int_t)id)) ? CKPT_ENOMEM : 0;
+}
+
+/* ---- each kind's fields: present, of the right type ---- */
+
+static bool shape_import(const json_t *a)
+{
+    return has_str(a, "dir") && has_str(a, "repo");
+}
+
+static bool shape_convert(const json_t *a)
+{
+    return has_str(a, "ref") && has_str(a, "layout");
+}
+
+static bool shape_merge(const json_t *a)
+{
+    json_t *sc = json_object_get(a, "scale");
+    return has_str(a, "ref") && has_str(a, "adapter") &&
+           (!sc || (json_is_number(sc) && isfinite(json_number_value(sc)) && json_number_value(sc) != 0));
+}
+
+static bool shape_consolidate(const json_t *a)
+{
+    return has_str(a, "src") && has_str(a, "dst");
+}
+
+static bool shape_verify(const json_t *a)
+{
+    return !json_object_get(a, "ref") || has_str(a, "ref");
+}
+
+static bool shape_any(const json_t *a)
+{
+    return true;
+}
+
+static bool shape_fetch(const json_t *a)
+{
+    return has_str(a, "repo") && (!json_object_get(a, "revision") || has_str(a, "revision")) &&
+           (!json_object_get(a, "commit") || has_str(a, "commit"));
+}
+
+static bool shape_sync(const json_t *a)
+{
+    return json_integer_value(json_object_get(a, "schedule")) > 0;
+}
+
+/* ---- what each kind's values must be, told without the store (submit time and again in the worker) ---- */
+
+static int values_convert(const char *kind, const json_t *a)
+{
+    json_int_t tp = json_integer_value(json_object_get(a, "tp"));
+    preset_opts po = {.preset = json_string_value(json_object_get(a, "layout")),
+                      .tp = tp == 0 ? 1 : tp > 1024 ? 1025 : (int)tp, /* 0 or absent: no TP */
+                      .kv_size_multiplier = json_integer_value(json_object_get(a, "kv_size_multiplier")),
+                      .dtype = json_string_value(json_object_get(a, "dtype"))};
+    int rc = preset_check(&po);
+    return rc ? ckpt_error_prefix(rc, "job 'convert'") : 0;
+}
+
+static int values_merge(const char *kind, const json_t *a)
+{
+    const char *ad = json_string_value(json_object_get(a, "adapter"));
+    return ad[0] != '/' ? check_ref(kind, "adapter (a stored ref, or an absolute folder path)", ad) : 0;
+}
+
+static int values_repo(const char *kind, const json_t *a)
+{
+    const char *repo = json_string_value(json_object_get(a, "repo"));
+    const char *at = strchr(repo, '@');
+    char *name = at ? ckpt_strndup(repo, (size_t)(at - repo)) : ckpt_strdup(repo);
+    int rc = !name ? CKPT_ENOMEM : store_repo_name_check(name);
+    if (!rc && at && (!strcmp(kind, "fetch") || !at[1]))
+        rc = ckpt_error_set(CKPT_EINVAL, "'%s': %s", repo,
+                            at[1] ? "give the revision in 'revision', not in 'repo'" : "empty revision after '@'");
+    if (rc && name) rc = ckpt_error_prefix(rc, "job '%s': repo", kind);
+    free(name);
+    return rc;
+}
+
+static int values_import(const char *kind, const json_t *a)
+{
+    int rc = values_repo(kind, a);
+    if (!rc && json_string_value(json_object_get(a, "dir"))[0] != '/')
+        rc = ckpt_error_set(CKPT_EINVAL, "job 'import': 'dir' must be an absolute path");
+    return rc;
+}
+
+static int values_consolidate(const char *kind, const json_t *a)
+{
+    if (json_string_value(json_object_get(a, "src"))[0] != '/' || json_string_value(json_object_get(a, "dst"))[0] != '/')
+        return ckpt_error_set(CKPT_EINVAL, "job 'consolidate': 'src' and 'dst' must be absolute paths");
+    return 0;
+}
+
+/* The job kinds. A new kind is a row here and its functions above; the
+ * daemon takes its limit and timeout from the row, `ckpt submit` and the
+ * HTTP API its arguments. */
+const job_kind jobs_kinds[] = {
+    {"import", "expected DIR --repo ORG/NAME[@REV]", words_import, shape_import, values_import,
+     {{"dir", false}}, run_import, 0, 6 * 3600},
+    {"convert", "expected REF --layout L [--tp N]", words_convert, shape_convert, values_convert, {{0}}, run_convert,
+     0, 6 * 3600},
+    {"merge-lora", "expected REF ADAPTER [--scale S] (ADAPTER: a folder or a stored ref)", words_merge, shape_merge,
+     values_merge, {{"adapter", false}}, run_merge, 0, 6 * 3600},
+    {"unmerge-lora", "expected REF ADAPTER [--scale S] (ADAPTER: a folder or a stored ref)", words_merge, shape_merge,
+     values_merge, {{"adapter", false}}, run_unmerge, 0, 6 * 3600},
+    {"consolidate", "expected SRC DST", words_consolidate, shape_consolidate, values_consolidate,
+     {{"src", false}, {"dst", true}}, run_consolidate, 0, 6 * 3600},
+    {"verify", "expected at most one REF", words_verify, shape_verify, NULL, {{0}}, run_verify, 1, 6 * 3600},
+    {"gc", "takes no arguments", words_none, shape_any, NULL, {{0}}, run_gc, 1, 3600},
+    {"fetch", "expected ORG/NAME[@REV] [--include GLOB]... [--exclude GLOB]...", words_fetch, shape_fetch, values_repo,
+     {{0}}, run_fetch, 0, 12 * 3600},
+    {"sync", "expected a schedule ID", words_sync, shape_sync, NULL, {{0}}, run_sync, 2, 600},
+    {JOBS_NOOP, "takes no arguments", words_none, shape_any, NULL, {{0}}, run_noop_job, 0, 600},
+};
+const size_t jobs_nkinds = CKPT_ARRAY_LEN(jobs_kinds);
+
+const job_kind *jobs_kind_find(const char *name)
+{
+    for (size_t i = 0; name && i < jobs_nkinds; i++)
+        if (!strcmp(jobs_kinds[i].name, name)) return &jobs_kinds[i];
+    return NULL;
+}
+
 int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transient, json_t **result)
 {
     *transient = false;
     *result = NULL;
     int rc = jobs_args_check(kind, args);
-    if (rc) return rc;
-    if (!strcmp(kind, "import")) rc = run_import(s, args, result);
-    else if (!strcmp(kind, "convert")) rc = run_convert(s, args, result);
-    else if (!strcmp(kind, "merge-lora")) rc = run_merge_lora(s, args, false, result);
-    else if (!strcmp(kind, "unmerge-lora")) rc = run_merge_lora(s, args, true, result);
-    else if (!strcmp(kind, "consolidate")) {
-        consolidate_opts co = {0};
-        rc = consolidate_run(json_string_value(json_object_get(args, "src")), json_string_value(json_object_get(args, "dst")), &co);
-        if (!rc) *result = json_pack("{s:b}", "lossy", co.lossy);
-    } else if (!strcmp(kind, "verify")) rc = run_verify(s, args, result);
-    else if (!strcmp(kind, "fetch")) rc = run_fetch(s, args, result);
-    else if (!strcmp(kind, "sync")) rc = sync_run(s, json_integer_value(json_object_get(args, "schedule")), result);
-    else if (!strcmp(kind, "gc")) {
-        store_gc_result g;
-        rc = store_gc(s, false, &g);
-        if (!rc) *result = json_pack("{s:I,s:I}", "blobs_removed", (json_int_t)g.blobs_removed, "bytes_freed", (json_int_t)g.bytes_freed);
-    } else if (!strcmp(kind, "noop")) {
-        rc = run_noop(s, args);
-    }
+    if (!rc) rc = jobs_kind_find(kind)->run(s, args, result);
     if (rc) *transient = is_transient(rc);
     return rc;
 }

@@ -23,6 +23,28 @@
 #include <jansson.h>
 #include <stdbool.h>
 
+/* A job kind: one row of jobs_kinds (jobs_run.c). */
+typedef struct {
+    const char *name;
+    const char *usage;                                   /* the words it takes, for messages */
+    int (*words)(json_t *args, const char **pos, int npos); /* positional words into args; CKPT_EINVAL: wrong words */
+    bool (*shape)(const json_t *args);                   /* its fields are there, of the right types */
+    int (*values)(const char *kind, const json_t *args); /* what can be checked without the store; NULL: nothing */
+    struct {
+        const char *key; /* a host path argument, checked against --allow-path (jobs_paths_check) */
+        bool may_be_new; /* it is an output: it may not exist yet */
+    } paths[2];
+    int (*run)(ckpt_store *s, const json_t *args, json_t **result);
+    int limit;      /* jobs of this kind running at once; 0: as many as workers */
+    double timeout; /* seconds, unless the daemon's --timeout says otherwise */
+} job_kind;
+
+#define JOBS_NOOP "noop"
+extern const job_kind jobs_kinds[];
+extern const size_t jobs_nkinds;
+/* The kind named name, or NULL. */
+const job_kind *jobs_kind_find(const char *name);
+
 /* Builds a job's arguments from words after the kind (argv[0] is the kind).
  * Unknown options are usage errors: CKPT_EINVAL with a message. */
 int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args);

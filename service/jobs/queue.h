@@ -48,8 +48,12 @@ typedef struct {
     int64_t depends_on;
 } queue_submit_opts;
 
-/* The job kinds a daemon knows; submit refuses others. */
-bool queue_kind_known(const char *kind);
+/* A kind's name has the form of one (lowercase letters and '-', at most
+ * QUEUE_KIND_MAX): submit refuses others. Which kinds exist is the job-kind
+ * table's business (service/jobs/jobs_run.h): callers check the arguments
+ * with jobs_args_check, which refuses an unknown kind, before they submit. */
+#define QUEUE_KIND_MAX 32
+bool queue_kind_valid(const char *kind);
 double queue_now(void);
 
 int queue_submit(catalog *c, const char *kind, const json_t *args, const queue_submit_opts *o, int64_t *id,

@@ -1,11 +1,113 @@
-# lib.sh — helpers the e2e scripts share; sourced after the script defines
-# `fail` and `work`:  . "$E2E_DIR/lib.sh"
+# lib.sh — what the e2e scripts share. A script starts with
+#
+#   set -euo pipefail
+#   . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+#
+# and then has:
+#   $ckpt, $work        the binary under test (CKPT_BIN) and the script's own
+#                       scratch folder (E2E_WORK), which is emptied at exit
+#                       (run.sh wants it left empty)
+#   $testhub            the local Hub (CKPT_TESTHUB, or beside CKPT_BIN)
+#   $py                 python3, resolved once (a pyenv shim costs 0.3 s a call)
+#   fail MSG            prints "FAIL: MSG", then the tails of the logs in
+#                       E2E_LOGS (globs, set by the script) and what the
+#                       script's on_fail function prints, if it has one; exits 1
+#   note MSG            a progress line with the seconds since the start
+#   expect_status WANT CMD...   runs CMD; its exit status must be WANT;
+#                       stdout in $work/out, stderr in $work/err
+#   wait_until LIMIT WHAT CMD...  polls CMD until it succeeds; fails after
+#                       LIMIT seconds (at least 60: a ceiling for a hang, not a
+#                       measure of speed)
+#   wait_file FILE      wait_until the file exists and is not empty
+#   serve_bg PID        a server of the script: at exit it gets SIGTERM and
+#                       must exit 0 (a sanitizer report is a failure)
+#   start_testhub NAME [FAULTS] [ARGS...]  a test Hub on the store $work/hub
+#                       (or HUB_HOME), log in $work/NAME.log; sets
+#                       ${NAME}_url and ${NAME}_pid
+# At exit: the script's on_exit function if it has one, then every
+# serve_bg server is stopped and checked, every other background job
+# killed, and $work emptied.
 
-# expect_status WANT CMD...: runs CMD, checks its exit status; stdout in
-# $work/out, stderr in $work/err.
+ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
+work=${E2E_WORK:?run me through tests/e2e/run.sh}
+testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
+py=$(python3 -c 'import sys; print(sys.executable)')
+E2E_LOGS=()
+e2e_servers=()
+
+fail() {
+    echo "FAIL: $*" >&2
+    local pattern l
+    for pattern in "${E2E_LOGS[@]}"; do
+        for l in $pattern; do
+            [ -f "$l" ] && { echo "--- $(basename "$l") (tail)"; tail -n 15 "$l"; } >&2
+        done
+    done
+    if declare -F on_fail >/dev/null; then on_fail >&2 || true; fi
+    exit 1
+}
+
+note() { echo "-- $* (${SECONDS}s)"; }
+
 expect_status() {
     local want=$1 rc=0
     shift
     "$@" >"$work/out" 2>"$work/err" || rc=$?
     [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stdout: $(head -c 1500 "$work/out"); stderr: $(head -c 1500 "$work/err")"
 }
+
+wait_until() {
+    local limit=$1 what=$2 end
+    shift 2
+    [ "${limit%.*}" -ge 60 ] || limit=60
+    end=$(($(date +%s%N) + ${limit%.*} * 1000000000))
+    until "$@" >/dev/null 2>&1; do
+        [ "$(date +%s%N)" -lt "$end" ] || fail "timed out after ${limit%.*} s waiting for: $what"
+        sleep 0.05
+    done
+}
+
+wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }
+
+serve_bg() { e2e_servers+=("$1"); }
+
+# serve_stop PID: SIGTERM now; it must exit 0.
+serve_stop() {
+    local p rc=0 left=()
+    for p in "${e2e_servers[@]}"; do [ "$p" = "$1" ] || left+=("$p"); done
+    e2e_servers=("${left[@]}")
+    kill -TERM "$1" 2>/dev/null || true
+    wait "$1" || rc=$?
+    [ "$rc" -eq 0 ] || fail "pid $1 exited $rc after SIGTERM (sanitizer report?)"
+}
+
+start_testhub() {
+    local name=$1 spec=${2:-}
+    shift $(($# < 2 ? $# : 2))
+    [ -x "$testhub" ] || fail "$testhub is not built (make BUILD=... \$BUILD/ckpt-testhub)"
+    rm -f "$work/$name.url"
+    "$testhub" --home "${HUB_HOME:-$work/hub}" --url-file "$work/$name.url" --log "$work/$name.log" \
+        --faults "$spec" "$@" 2>>"$work/$name.err" &
+    local pid=$!
+    serve_bg "$pid"
+    wait_file "$work/$name.url"
+    printf -v "${name}_url" '%s' "$(cat "$work/$name.url")"
+    printf -v "${name}_pid" '%s' "$pid"
+}
+
+e2e_exit() {
+    local rc=$? p bad=0
+    trap - EXIT
+    if declare -F on_exit >/dev/null; then on_exit || true; fi
+    for p in "${e2e_servers[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${e2e_servers[@]}"; do wait "$p" 2>/dev/null || bad=$?; done
+    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    find "$work" -mindepth 1 -delete 2>/dev/null || true
+    if [ "$bad" -ne 0 ] && [ "$rc" -eq 0 ]; then
+        echo "FAIL: a server exited $bad when stopped (sanitizer report?)" >&2
+        rc=1
+    fi
+    exit "$rc"
+}
+trap e2e_exit EXIT

@@ -21,10 +21,8 @@
 # Run through run.sh (needs CKPT_BIN, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-work=${E2E_WORK:?}
-# pyenv shims cost 0.3 s a call; resolve the interpreter once.
-py=$(python3 -c 'import sys; print(sys.executable)')
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+E2E_LOGS=("$work/h*.serve.log")
 
 # Worker processes of this test (any daemon): "ckpt worker --job N --home $work/...".
 workers() {
@@ -39,27 +37,13 @@ workers() {
     return 0
 }
 
-cleanup() {
+# At exit (lib.sh): daemons and background submits are this shell's
+# children and are killed; their workers are not, so they go here.
+on_exit() {
     local p
-    # Daemons (and background submits) are this shell's unwaited children.
     for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
     for p in $(workers); do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    find "$work" -mindepth 1 -delete
 }
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    local d
-    for d in "$work"/h*; do
-        [ -f "$d.serve.log" ] && { echo "--- $d.serve.log (tail)"; tail -n 15 "$d.serve.log"; } >&2
-    done
-    exit 1
-}
-note() { echo "-- $* ($SECONDS s)"; }
-
-. "${E2E_DIR:?}/lib.sh" # expect_status
 run() {
     expect_status 0 "$@"
     cat "$work/out"
@@ -68,19 +52,6 @@ run() {
 # jf ID EXPR: a Python expression over the job j (from `ckpt show ID`), printed.
 jf() {
     "$ckpt" show "$1" | "$py" -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$2"
-}
-# wait_until SECONDS WHAT CMD...: retries CMD every 0.05 s until it succeeds.
-# SECONDS is what the wait should take; the ceiling is at least 60 s, so a
-# loaded machine only makes the test slower: it catches hangs, not slowness.
-wait_until() {
-    local limit=$1 what=$2 end
-    shift 2
-    [ "${limit%.*}" -ge 60 ] || limit=60
-    end=$(($(date +%s%N) + ${limit%.*} * 1000000000))
-    until "$@" >/dev/null 2>&1; do
-        [ "$(date +%s%N)" -lt "$end" ] || fail "timed out after $limit s waiting for: $what"
-        sleep 0.05
-    done
 }
 state_is() { [ "$(jf "$1" 'j["state"]')" = "$2" ]; }
 # no_active: nothing queued or running.

@@ -21,45 +21,12 @@
 # Run through run.sh (needs CKPT_BIN, CKPT_TESTHUB, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
-work=${E2E_WORK:?}
-[ -x "$testhub" ] || { echo "FAIL: $testhub is not built (make BUILD=... \$BUILD/ckpt-testhub)" >&2; exit 1; }
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 export CKPT_HUB_BACKOFF_MS=10 # retries in milliseconds, not seconds
 unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
 export HF_HOME=$work/hf-home # no token file from the machine running the tests
 
-hub_pids=()
-cleanup() {
-    local p rc=0
-    for p in "${hub_pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${hub_pids[@]}"; do wait "$p" 2>/dev/null || rc=$?; done
-    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    find "$work" -mindepth 1 -delete
-    [ "$rc" -eq 0 ] || { echo "FAIL: a test hub exited $rc (sanitizer report?)" >&2; exit 1; }
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    for l in "$work"/hub*.log; do [ -f "$l" ] && { echo "--- $l (tail)"; tail -n 12 "$l"; } >&2; done
-    exit 1
-}
-note() { echo "-- $* ($SECONDS s)"; }
-
-# start_hub NAME [faults]: a test hub on the hub store; sets ${NAME}_url.
-start_hub() {
-    local name=$1 spec=${2:-}
-    rm -f "$work/$name.url"
-    "$testhub" --home "$work/hub" --url-file "$work/$name.url" --log "$work/$name.log" --faults "$spec" 2>>"$work/$name.err" &
-    hub_pids+=($!)
-    local i
-    # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
-    for i in $(seq 1200); do [ -s "$work/$name.url" ] && break; sleep 0.05; done
-    [ -s "$work/$name.url" ] || fail "$name did not start: $(cat "$work/$name.err")"
-    printf -v "${name}_url" '%s' "$(cat "$work/$name.url")"
-}
+E2E_LOGS=("$work/hub*.log")
 # faults SPEC: replaces hub A's faults.
 faults() { curl -sf -X POST --data-binary "$1" "$hubA_url/_testhub/faults" >/dev/null || fail "cannot set faults '$1'"; }
 lines() { wc -l <"$work/$1.log"; }
@@ -104,8 +71,8 @@ fetch_fails() {
 "$ckpt" gen-model qwen2 "$work/m1" --scale 8 --layers 2 --shard-mb 2 >/dev/null 2>&1
 "$ckpt" gen-model qwen2 "$work/m2" --scale 8 --layers 2 --shard-mb 2 --seed 7 >/dev/null 2>&1
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
-start_hub hubA
-start_hub hubB
+start_testhub hubA
+start_testhub hubB
 commit1=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | python3 -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 note "hub A $hubA_url, hub B $hubB_url, org/tiny@main = $commit1"
 

@@ -55,7 +55,7 @@ cp "$DIR/hub_client.mjs" "$NPMDIR/"
 commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["commit"])')
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny "$commit.neuron-tp2" "$W/tp2") || fail "layout by <commit>.<layout>"
 
-# --- Range edge cases (spec/hub.md) ---
+# --- Range edge cases (docs/hub.md) ---
 F=$URL/Qwen/tiny/resolve/main/config.json
 T=$(stat -c %s "$W/orig/config.json")
 status() { curl -s -o "$W/body" -D "$W/hdr" -w '%{http_code}' "$@"; }

@@ -14,23 +14,9 @@
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-dump="python3 ${E2E_DIR:?}/st_dump.py"
-work=${E2E_WORK:?}
-trap 'find "$work" -mindepth 1 -delete' EXIT
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+dump="python3 $E2E_DIR/st_dump.py"
 
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-
-# expect_status WANT CMD...: runs CMD, checks its exit status, keeps stderr in $work/err.
-expect_status() {
-    local want=$1 rc=0
-    shift
-    "$@" >"$work/out" 2>"$work/err" || rc=$?
-    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stderr: $(head -c 2000 "$work/err")"
-}
 
 # ---- 1. generated checkpoints against the independent reader ----
 

@@ -15,18 +15,8 @@
 # Run through run.sh (needs CKPT_BIN, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-work=${E2E_WORK:?}
-trap 'find "$work" -mindepth 1 -delete' EXIT
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 export CKPT_HOME="$work/home"
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-note() { echo "-- [${SECONDS}s] $*"; }
-
-. "${E2E_DIR:?}/lib.sh" # expect_status
 # no_temps: nothing named *.tmp-* anywhere under $work (the store's tmp/ included).
 no_temps() {
     local left

@@ -14,15 +14,8 @@
 # Run through run.sh (needs E2E_DIR, E2E_WORK; CKPT_BIN is not used).
 set -euo pipefail
 
-work=${E2E_WORK:?run me through tests/e2e/run.sh}
-root=$(cd "${E2E_DIR:?}/../.." && pwd)
-trap 'find "$work" -mindepth 1 -delete' EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-. "$E2E_DIR/lib.sh"
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+root=$(cd "$E2E_DIR/../.." && pwd)
 
 # ---- 1. install ----
 prefix=/usr/local
@@ -33,14 +26,14 @@ expect_status 0 env -u MAKEFLAGS -u MAKELEVEL make -C "$root" --no-print-directo
 for f in lib/libckpt.a lib/libckpt.so lib/libckpt.so.0 include/ckpt.h lib/pkgconfig/ckpt.pc; do
     [ -e "$dest$prefix/$f" ] || fail "install-lib did not write $prefix/$f"
 done
-echo "[${SECONDS}s] ok install-lib"
+note "ok install-lib"
 
 # ---- 2. exports ----
-expect_status 0 python3 "$root/tests/header/check_exports.py" "$root/include/ckpt.h" \
+expect_status 0 "$py" "$root/tests/header/check_exports.py" "$root/include/ckpt.h" \
     "$root/include/libckpt.map" "$dest$prefix/lib/libckpt.so"
 ! nm -D --defined-only "$dest$prefix/lib/libckpt.so" | grep -q ' ckpt_error_set$' ||
     fail "libckpt.so exports the internal ckpt_error_set"
-echo "[${SECONDS}s] ok exports: $(tail -n 1 "$work/out")"
+note "ok exports: $(tail -n 1 "$work/out")"
 
 # ---- 3. pkg-config and the header's example ----
 pc() { PKG_CONFIG_PATH="$dest$prefix/lib/pkgconfig" pkg-config --define-variable=prefix="$dest$prefix" "$@" ckpt; }
@@ -61,4 +54,4 @@ expect_status 0 cc -std=c11 -Wall -Werror -o "$work/example-static" "$work/examp
 expect_status 0 "$work/example-static" "$work/run/latest"
 grep -q '^step 300: ' "$work/out" || fail "static example: $(cat "$work/out")"
 ! ldd "$work/example-static" | grep -q libckpt || fail "the static example uses libckpt.so"
-echo "[${SECONDS}s] ok pkg-config: shared and static builds of ckpt.h's example run"
+note "ok pkg-config: shared and static builds of ckpt.h's example run"

@@ -39,23 +39,12 @@
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-here=${E2E_DIR:?}
-work=${E2E_WORK:?}
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+here=$E2E_DIR
 gen="python3 $here/../lora_gen.py"
 ref="/usr/bin/python3 $here/../lora_ref.py"
 dpid=
-cleanup() {
-    [ -z "$dpid" ] || { kill -9 "$dpid" 2>/dev/null || true; wait "$dpid" 2>/dev/null || true; }
-    find "$work" -mindepth 1 -delete
-}
-trap cleanup EXIT
 export CKPT_QUIET=1
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
 
 have_numpy=0
 /usr/bin/python3 -c 'import numpy' 2>/dev/null && have_numpy=1
@@ -89,13 +78,6 @@ import ctypes
 lib = ctypes.CDLL("libopenblas.so.0")
 lib.openblas_get_corename.restype = ctypes.c_char_p
 print(lib.openblas_get_corename().decode())' 2>/dev/null)" = "$1" ]
-}
-
-expect_status() {
-    local want=$1 rc=0
-    shift
-    "$@" >"$work/out" 2>"$work/err" || rc=$?
-    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stderr: $(head -c 2000 "$work/err")"
 }
 
 # expect_error NEEDLE CMD...: exit 1, one line on stderr containing NEEDLE, no DST (the last argument).

@@ -21,50 +21,15 @@
 # beside CKPT_BIN).
 set -euo pipefail
 
-B=${CKPT_BIN:?run me through tests/e2e/run.sh}
-W=${E2E_WORK:?run me through tests/e2e/run.sh}
-DIR=$(cd "$(dirname "$0")" && pwd)
-testhub=${CKPT_TESTHUB:-$(dirname "$B")/ckpt-testhub}
-[ -x "$testhub" ] || { echo "FAIL: $testhub is not built (make BUILD=... \$BUILD/ckpt-testhub)" >&2; exit 1; }
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+B=$ckpt W=$work
+DIR=$E2E_DIR
 export CKPT_HOME=$W/home CKPT_QUIET=1
 export CKPT_HUB_BACKOFF_MS=10 # retries in milliseconds, not seconds
 unset HF_TOKEN HUGGING_FACE_HUB_TOKEN CKPT_TOKEN
 export HF_HOME=$W/hf-home # no token file from the machine running the tests
+E2E_LOGS=("$W/*.log")
 
-pids=()
-cleanup() {
-    local p rc=0
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || rc=$?; done
-    find "$W" -mindepth 1 -delete # run.sh wants the work folder left empty
-    [ "$rc" -eq 0 ] || { echo "FAIL: a server exited $rc (sanitizer report?)" >&2; exit 1; }
-}
-trap cleanup EXIT
-fail() { # the logs' tails first: run.sh shows the last 60 lines
-    for l in "$W"/*.log; do [ -f "$l" ] && { echo "--- $(basename "$l") (tail)"; tail -n 8 "$l"; } >&2; done
-    echo "FAIL: $*" >&2
-    exit 1
-}
-note() { echo "-- $* ($SECONDS s)"; }
-
-wait_file() { # wait_file F: until F is non-empty (60 s ceiling)
-    local i
-    # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
-    for i in $(seq 1200); do [ -s "$1" ] && return 0; sleep 0.05; done
-    fail "$1 did not appear"
-}
-stop() { # stop PID: SIGTERM, and its exit status must be 0
-    local p rc=0 left=()
-    for p in "${pids[@]}"; do [ "$p" = "$1" ] || left+=("$p"); done
-    pids=("${left[@]}")
-    kill -TERM "$1"
-    wait "$1" || rc=$?
-    [ "$rc" -eq 0 ] || fail "pid $1 exited $rc (sanitizer report?)"
-}
-
-# resumed LOG N [CUT]: LOG has exactly N cut lines (cut=K: cutproxy.py; or
-# "fault=drop" after CUT bytes: the test hub), and each is followed by a
-# request for the same URL whose Range starts at the next byte.
 resumed() {
     local why
     why=$(python3 - "$@" 2>&1 <<'PY'
@@ -113,7 +78,7 @@ note "neuron tp 4 layout: rank files of $size bytes"
 # --- ckpt serve behind the cutting proxy ---
 "$B" serve --listen 127.0.0.1:0 --workers 1 >"$W/serve.log" 2>&1 &
 DPID=$!
-pids+=("$DPID")
+serve_bg "$DPID"
 wait_file "$CKPT_HOME/serve.url"
 DURL=$(cat "$CKPT_HOME/serve.url")
 
@@ -132,11 +97,11 @@ pull_cut() {
     python3 "$DIR/cutproxy.py" --target "${DURL#http://}" --url-file "$W/proxy.url" \
         --log "$W/proxy$n.log" "${rules[@]}" 2>>"$W/proxy-stderr.log" &
     local ppid=$!
-    pids+=("$ppid")
+    serve_bg "$ppid"
     wait_file "$W/proxy.url"
     CKPT_HOME=$W/c$n "$B" pull "$REF" "${opts[@]}" -o "$W/out$n" --server "$(cat "$W/proxy.url")" \
         >"$W/pull.out" 2>"$W/pull.err" || fail "$what: pull failed: $(cat "$W/pull.err")"
-    stop "$ppid"
+    serve_stop "$ppid"
     resumed "$W/proxy$n.log" "$ncuts"
     diff -r "$want" "$W/out$n" >/dev/null || fail "$what: differs from a local pull: $(diff -rq "$want" "$W/out$n" | head -5)"
     [ -d "$W/c$n/tmp" ] && [ -z "$(ls -A "$W/c$n/tmp")" ] || fail "$what: left $(ls -A "$W/c$n/tmp" 2>&1) in tmp/"
@@ -149,14 +114,14 @@ pull_cut "--rank 2" 1 "$W/local-r2" --rank 2 -- "500000,only=tp_rank_02/,resumed
 pull_cut "--consolidated" 2 "$W/local-cons" --consolidated -- "250000@2,only=tp_rank_03/,resumed"
 
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$DURL/healthz")" = 200 ] || fail "the daemon is unwell after the cuts"
-stop "$DPID"
+serve_stop "$DPID"
 ! grep -Eq 'AddressSanitizer|runtime error|LeakSanitizer' "$W/serve.log" || fail "sanitizer report in the daemon's log"
 
 # --- the test hub's drop fault on a converted layout's revisions ---
 "$testhub" --home "$CKPT_HOME" --url-file "$W/hub.url" --log "$W/hub.log" \
     --faults "drop=1000@2,only=tp_rank_01/" 2>>"$W/hub-stderr.log" &
 HPID=$!
-pids+=("$HPID")
+serve_bg "$HPID"
 wait_file "$W/hub.url"
 HURL=$(cat "$W/hub.url")
 CKPT_HOME=$W/c-hub "$B" pull "$REF" -o "$W/out-hub" --server "$HURL" >"$W/pull.out" 2>"$W/pull.err" ||
@@ -187,5 +152,5 @@ code=$(curl -s -o "$W/rank.out" -w '%{http_code}' "$HURL/v1/checkpoints/Qwen%2Fo
 [ "$code" = 200 ] && tar -tf "$W/rank.out" | grep -q '^model.safetensors$' || fail "archive.tar?rank=3: $code"
 rm -f "$W/rank.out"
 note "test hub: archive.tar?rank= out of range, not a number, on an original: 400"
-stop "$HPID"
+serve_stop "$HPID"
 echo "pull --server with cut connections: ok"

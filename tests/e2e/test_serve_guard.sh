@@ -25,28 +25,10 @@
 # Run through run.sh (needs CKPT_BIN, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-work=${E2E_WORK:?}
-py=$(python3 -c 'import sys; print(sys.executable)')
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+E2E_LOGS=("$work/serve.log")
 export CKPT_QUIET=1
 dpid=
-
-cleanup() {
-    local p
-    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    find "$work" -mindepth 1 -delete
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    [ -f "$work/serve.log" ] && { echo "--- serve.log (tail)"; tail -n 15 "$work/serve.log"; } >&2
-    exit 1
-}
-note() { echo "-- $* ($SECONDS s)"; }
-
-. "${E2E_DIR:?}/lib.sh" # expect_status
 
 # ready_daemon [serve options]: starts `ckpt serve` and waits (bounded: 20 s,
 # far above the start time of a sanitizer build) for serve.url; sets $url.

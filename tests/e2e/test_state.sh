@@ -18,24 +18,9 @@
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-work=${E2E_WORK:?}
-tensors="python3 ${E2E_DIR:?}/state_tensors.py"
-trap 'find "$work" -mindepth 1 -delete' EXIT
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+tensors="python3 $E2E_DIR/state_tensors.py"
 export CKPT_HOME="$work/home"
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-
-# expect_status WANT CMD...: runs CMD, checks its exit status; stdout in $work/out, stderr in $work/err.
-expect_status() {
-    local want=$1 rc=0
-    shift
-    "$@" >"$work/out" 2>"$work/err" || rc=$?
-    [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stderr: $(head -c 2000 "$work/err")"
-}
 
 # same_tensors A B: the two folders hold the same tensors (names, dtypes, shapes, bytes).
 same_tensors() {

@@ -23,24 +23,8 @@
 # zstd, sha256sum (no sqlite3: blobs are found by hashing the source bytes).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-dump="python3 ${E2E_DIR:?}/st_dump.py"
-work=${E2E_WORK:?}
-cleanup() {
-    local p
-    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    find "$work" -mindepth 1 -delete
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-note() { echo "-- [${SECONDS}s] $*"; }
-
-. "${E2E_DIR:?}/lib.sh" # expect_status
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+dump="python3 $E2E_DIR/st_dump.py"
 # run CMD...: expect_status 0 and print CMD's stdout.
 run() {
     expect_status 0 "$@"

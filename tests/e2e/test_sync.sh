@@ -13,48 +13,18 @@
 # Run through run.sh (needs CKPT_BIN, CKPT_TESTHUB, E2E_WORK).
 set -euo pipefail
 
-ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
-testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
-work=${E2E_WORK:?}
-[ -x "$testhub" ] || { echo "FAIL: $testhub is not built" >&2; exit 1; }
-py=$(python3 -c 'import sys; print(sys.executable)')
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 export CKPT_HUB_BACKOFF_MS=10
 unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
 export HF_HOME=$work/hf-home
 export CKPT_HOME=$work/client
 PERIOD=2
 
-hub_pid="" dpid=""
-cleanup() {
-    local rc=0
-    [ -n "$dpid" ] && kill -TERM "$dpid" 2>/dev/null && { wait "$dpid" 2>/dev/null || true; }
-    [ -n "$hub_pid" ] && kill -TERM "$hub_pid" 2>/dev/null && { wait "$hub_pid" 2>/dev/null || rc=$?; }
-    for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    find "$work" -mindepth 1 -delete
-    [ "$rc" -eq 0 ] || { echo "FAIL: the test hub exited $rc" >&2; exit 1; }
-}
-trap cleanup EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    { echo "--- jobs"; "$ckpt" jobs 2>&1 | head -n 30; echo "--- sync ls"; "$ckpt" sync ls 2>&1; echo "--- serve.log (tail)"; tail -n 20 "$work/serve.log"; } >&2 || true
-    exit 1
-}
-note() { echo "-- $* ($SECONDS s)"; }
-
-# wait_until SECONDS WHAT CMD...: polls CMD every 0.1 s; the ceiling (at least
-# 60 s) catches hangs, never slowness.
-wait_until() {
-    local limit=$1 what=$2 end
-    shift 2
-    [ "$limit" -ge 60 ] || limit=60
-    end=$(($(date +%s%N) + limit * 1000000000))
-    until "$@" >/dev/null 2>&1; do
-        [ "$(date +%s%N)" -lt "$end" ] || fail "timed out after $limit s waiting for: $what"
-        sleep 0.1
-    done
-}
+dpid=""
+E2E_LOGS=("$work/serve.log")
+on_fail() { echo "--- jobs"; "$ckpt" jobs 2>&1 | head -n 30; echo "--- sync ls"; "$ckpt" sync ls 2>&1; }
+# The daemon first; lib.sh then stops the test Hub and checks its exit status.
+on_exit() { [ -z "$dpid" ] || { kill -TERM "$dpid" 2>/dev/null && wait "$dpid" 2>/dev/null; } || true; }
 # jobs_py EXPR: a Python expression over `jobs` (all jobs, oldest first), printed;
 # jobs_check CODE: Python statements over the same, failing on an exception.
 jobs_prelude='
@@ -94,11 +64,7 @@ now() { "$py" -c 'import time; print(time.time())'; }
 "$ckpt" gen-model qwen2 "$work/m1" --scale 8 --layers 2 >/dev/null 2>&1
 "$ckpt" gen-model qwen2 "$work/m2" --scale 8 --layers 2 --seed 3 >/dev/null 2>&1
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
-"$testhub" --home "$work/hub" --url-file "$work/hub.url" --log "$work/hub.log" 2>"$work/hub.err" &
-hub_pid=$!
-# (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
-for i in $(seq 1200); do [ -s "$work/hub.url" ] && break; sleep 0.05; done
-hub_url=$(cat "$work/hub.url")
+start_testhub hub
 c1=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 
 # ---- bad input ----

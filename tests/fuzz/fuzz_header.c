@@ -2,8 +2,8 @@
  * fuzz_header.c — libFuzzer harness for the safetensors header validator.
  *
  * The input is a whole file (buf = data, len = file_size = size). st_parse must
- * either reject it with an error or accept a header that really obeys the
- * spec; on acceptance the harness re-checks the spec's invariants itself and
+ * either reject it with an error or accept a header that really obeys
+ * docs/safetensors.md; on acceptance the harness re-checks its invariants itself and
  * aborts if st_parse let anything through. Sanitizers catch the rest.
  */
 #include "format/safetensors.h"

@@ -17,7 +17,7 @@
         if (!(cond)) abort();                                                                      \
     } while (0)
 
-/* The rule from the spec, checked independently of ckpt_shard_name_safe:
+/* The rule of docs/safetensors.md, checked independently of ckpt_shard_name_safe:
  * no leading '/', no "://", no '\\', no ".." path component. */
 static void check_name_safe(const char *name)
 {

@@ -1,7 +1,7 @@
 /*
  * test_safetensors.c — the safetensors reader and writer (format/safetensors.c).
  *
- * Reader: one crafted bad file per row of spec/safetensors.md's table, each
+ * Reader: one crafted bad file per row of docs/safetensors.md's table, each
  * checked through st_open (from disk) and st_parse (from memory) for the
  * error code, the "<path>: <ReferenceName>: " prefix and the tensor name;
  * then the valid edge cases (scalar, zero-size, "{}", unknown keys,

@@ -16,7 +16,7 @@
  *   - the adapter reader: rank_pattern / alpha_pattern with PEFT's key
  *     matching, rsLoRA scales, target_modules as a list (suffix at a dot), a
  *     regex and all-linear, and the errors for bad configs and tensors;
- *   - the neuron layout of spec §4's worked example (H=8, KV=2, hd=4, tp=4):
+ *   - the neuron layout of docs/transforms.md §4's worked example (H=8, KV=2, hd=4, tp=4):
  *     rank 1's fused adapter is A = [A_q; A_k; A_v] and B block-diagonal with
  *     q rows 16..23, k and v rows 4..7; o_proj's A holds columns 16..23;
  *     consolidation gives the adapter back byte for byte;
@@ -35,6 +35,7 @@
 #include "format/checkpoint.h"
 #include "format/dtype.h"
 #include "lora/lora.h"
+#include "transform/lora_plan.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -758,7 +759,7 @@ static void test_merge_base_errors(void **state)
     assert_false(ckpt_exists(fx->dst));
 }
 
-/* ---- the neuron layout of spec §4's worked example ---- */
+/* ---- the neuron layout of docs/transforms.md §4's worked example ---- */
 
 /* Element (row, col) of tensor `tag` is tag * 10000 + row * 100 + col: says where it comes from. */
 static double where(int tag, uint64_t r, uint64_t c)

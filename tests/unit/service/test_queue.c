@@ -170,8 +170,8 @@ static void test_submit_refuses(void **state)
     int64_t id;
     bool existed;
     json_t *obj = json_object(), *arr = json_array();
-    assert_int_equal(queue_submit(&f->cat, "frobnicate", obj, NULL, &id, &existed), CKPT_EINVAL);
-    assert_contains(ckpt_error_last(), "frobnicate");
+    assert_int_equal(queue_submit(&f->cat, "Frob nicate", obj, NULL, &id, &existed), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "Frob nicate");
     assert_int_equal(queue_submit(&f->cat, "noop", arr, NULL, &id, &existed), CKPT_EINVAL);
     queue_submit_opts o = {.depends_on = 4242};
     assert_int_equal(queue_submit(&f->cat, "noop", obj, &o, &id, &existed), CKPT_ENOTFOUND);

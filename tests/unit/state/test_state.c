@@ -4,7 +4,7 @@
  *
  * 1. Save and load: an exact round trip for every dtype (one file and
  *    sharded), zero-copy mapped tensors, casts on save and on load against
- *    bit patterns worked out by hand from the spec's rounding, a process
+ *    bit patterns worked out by hand from docs/transforms.md §6's rounding, a process
  *    killed (SIGKILL) at every named step of a save leaving the previous state
  *    whole (or the new one once committed),
  *    and bad input — an optimizer tensor naming a missing parameter, a future

@@ -1,6 +1,6 @@
 /*
  * test_transforms.c — the transform engine on tiny checkpoints, against
- * spec/transforms.md: rules (transform/rules.c, rule_gqa.c), presets, the
+ * docs/transforms.md: rules (transform/rules.c, rule_gqa.c), presets, the
  * planner and executor (convert.c, executor.c), ckpt-layout.json
  * (layout_meta.c) and consolidation (consolidate.c).
  *
@@ -9,18 +9,19 @@
  * with tag `id` is id*1e6 + row*1000 + col, where col is the index on the
  * last axis and row the flat index over the others (exact in F32 for ids up
  * to 15, and in I32). A converted tensor is read back and each block of it
- * is checked to hold exactly the source rows or columns the spec names, or
- * zero bytes for padding, so a permuted head or a misplaced pad shows up
+ * is checked to hold exactly the source rows or columns docs/transforms.md
+ * names, or zero bytes for padding, so a permuted head or a misplaced pad shows up
  * with its position.
  *
- * Covered: the GQA examples of spec §4 on every rank, query-head padding of
- * §5 (Qwen2's 14/2 heads on tp 4 and 8), tp_split padding and strides, fused
- * linears under tp, expert stacking order and its inverse, rename, drop,
- * transpose, cast, the neuron preset's dense and expert layouts, the
- * metadata of ckpt-layout.json, the --print-rules round trip, plan-time
- * errors (naming rule and tensor, leaving no DST), a full disk, and executor
- * edge cases (scalars, empty tensors, a tensor larger than the slab and band
- * buffers). Conversions are consolidated back and compared byte for byte.
+ * Covered: the GQA examples of docs/transforms.md §4 on every rank, its
+ * query-head padding (Qwen2's 14/2 heads on tp 4 and 8), tp_split padding
+ * and strides (docs/transforms.md §5), fused linears under tp, expert
+ * stacking order and its inverse, rename, drop, transpose, cast, the neuron
+ * preset's dense and expert layouts, the metadata of ckpt-layout.json, the
+ * --print-rules round trip, plan-time errors (naming rule and tensor,
+ * leaving no DST), a full disk, and executor edge cases (scalars, empty
+ * tensors, a tensor larger than the slab and band buffers). Conversions are
+ * consolidated back and compared byte for byte.
  *
  * Each test works in a fresh directory under $TMPDIR (or /tmp).
  */
@@ -398,7 +399,7 @@ static void expect_heads(const view *v, int axis, uint64_t at, const int *heads,
     }
 }
 
-/* Rank r's share of s split on axis 0 (rows) or 1 (columns) as spec §5 says:
+/* Rank r's share of s split on axis 0 (rows) or 1 (columns) as docs/transforms.md §5 says:
  * padded with zeros to a multiple of pad_multiple, cut into tp*stride
  * pieces, pieces r, r+tp, ... concatenated; expected in v from `at` on along
  * that axis. Returns the length the share takes. */
@@ -606,7 +607,7 @@ static void expect_parameter(const json_t *layout, const char *name, int dim, in
     expect_json(json_object_get(json_object_get(layout, "parameters"), name), want, name);
 }
 
-/* ---- attention models (spec §4) ---- */
+/* ---- attention models (docs/transforms.md §4) ---- */
 
 #define ATTN "model.layers.0.self_attn."
 enum { Q, K, V, O, QB, KB, VB };
@@ -690,7 +691,7 @@ static void expect_gqa_ranks(const attn_model *m, const char *dst, int tp, const
         expect_gqa_rank(m, dst, tp > 1 ? r : -1, q + (size_t)r * nq, nq, kv + (size_t)r * nkv, nkv);
 }
 
-/* ---- GQA (spec §4) ---- */
+/* ---- GQA (docs/transforms.md §4) ---- */
 
 static void test_gqa_worked_example_tp4(void **state)
 {
@@ -702,7 +703,7 @@ static void test_gqa_worked_example_tp4(void **state)
     /* m = 2, kpr = 1, G = 4, gpr = 2 */
     static const int q[4][2] = {{0, 1}, {4, 5}, {2, 3}, {6, 7}}, kv[4][1] = {{0}, {1}, {0}, {1}};
     expect_gqa_ranks(&m, fx->dst, 4, &q[0][0], 2, &kv[0][0], 1);
-    /* The spec's own words: rank 1's qkv is q rows 16..23, k rows 4..7, v rows
+    /* docs/transforms.md §4's worked example: rank 1's qkv is q rows 16..23, k rows 4..7, v rows
      * 4..7, shape [16, 16]; rank 1's o_proj is columns 16..23. */
     view v = load(fx->dst, 1, ATTN "qkv_proj.weight_qkv");
     expect_shape(&v, CKPT_DT_F32, 2, SHAPE(16, 16));
@@ -723,7 +724,8 @@ static void test_gqa_second_example_tp8(void **state)
     attn_model m;
     attn_model_init(&m, 32, 4, 2, 8, false);
     attn_model_write(&m, fx->src, -1);
-    /* The spec's m = 4 (kpr = 2, gpr = 2); r0..r2 are its list, the rest follow its formula. */
+    /* docs/transforms.md §4's m = 4 example (kpr = 2, gpr = 2); r0..r2 are its
+     * list, the rest follow its formula. */
     convert_opts o = preset("neuron", 8);
     o.kv_size_multiplier = 4;
     convert_ok(fx->src, fx->dst, o);
@@ -815,7 +817,7 @@ static void test_gqa_head_padding(void **state)
     expect_round_trip(fx, fx->dst2);
 }
 
-/* ---- tp_split, fuse (spec §3, §5) ---- */
+/* ---- tp_split, fuse (docs/transforms.md §3, §5) ---- */
 
 static void test_tp_split_padding(void **state)
 {
@@ -969,7 +971,7 @@ static void test_fuse(void **state)
     expect_round_trip(fx, fx->dst2);
 }
 
-/* ---- experts (spec §2) ---- */
+/* ---- experts (docs/transforms.md §2) ---- */
 
 #define NEXPERTS 11
 static const char *const expert_names[NEXPERTS] = {
@@ -1070,7 +1072,7 @@ static void test_unstack_experts(void **state)
     free(dst_file);
 }
 
-/* ---- rename, drop, transpose, cast (spec §1, §6) ---- */
+/* ---- rename, drop, transpose, cast (docs/transforms.md §1, §6) ---- */
 
 static void test_rename_drop_transpose(void **state)
 {
@@ -1306,7 +1308,7 @@ static void test_neuron_experts(void **state)
     expect_round_trip(fx, fx->dst);
 }
 
-/* ckpt-layout.json of the mini Llama on neuron tp 4 (spec §7). */
+/* ckpt-layout.json of the mini Llama on neuron tp 4 (docs/transforms.md §7). */
 static void test_layout_metadata(void **state)
 {
     fixture *fx = *state;

@@ -1,0 +1,35 @@
+/*
+ * outdir.h — an output checkpoint folder, written as one step: everything
+ * goes into a temp folder beside DST, which replaces DST only when complete
+ * (common/fsutil.h has the durability protocol), so a failure or an
+ * interrupt never leaves a half-written DST.
+ *
+ *   char *tmp;
+ *   if (outdir_prepare(dst, force, &tmp) < 0) ...        // refuses a non-empty dst unless force
+ *   ... write files into tmp ...
+ *   outdir_copy_side_files(src_dir, tmp);                  // config.json, tokenizer, ...
+ *   if (outdir_commit(tmp, dst, force) < 0) ...            // else ckpt_rm_rf(tmp)
+ *
+ * Used by convert, consolidate, the LoRA merge and the store's pull.
+ */
+#ifndef CKPT_FORMAT_OUTDIR_H
+#define CKPT_FORMAT_OUTDIR_H
+
+#include <stdbool.h>
+
+/* The layout metadata a converted folder carries (docs/transforms.md). */
+#define OUTDIR_LAYOUT_FILE "ckpt-layout.json"
+/* The largest side file (config.json, tokenizer.json, ...) copied along. */
+#define OUTDIR_SIDE_FILE_MAX_BYTES (1u << 30)
+
+/* Refuses a non-empty dst unless force; returns the temp dir to write into. */
+int outdir_prepare(const char *dst, bool force, char **tmpdir);
+/* Commits tmpdir onto dst (replacing dst when force: the old one is moved
+ * aside, the new one renamed in, the old one removed; an interrupt waits). */
+int outdir_commit(const char *tmpdir, const char *dst, bool force);
+/* Copies the small non-weight files (config.json, tokenizer, ...) of src_dir
+ * into out_dir, skipping safetensors files, their indexes, ckpt-layout.json,
+ * hidden files and temp names. */
+int outdir_copy_side_files(const char *src_dir, const char *out_dir);
+
+#endif

@@ -1,0 +1,109 @@
+/* convert_layout.c — the sources and output files of a conversion plan: every tensor of a checkpoint as a
+ * plan source, and output tensors laid out into shard files of one folder (see convert.h). */
+#include "transform/convert.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/util.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_source)
+{
+    size_t base_path = p->nsrc_paths;
+    char **paths = ckpt_realloc(p->src_paths, (p->nsrc_paths + c->nfiles + 1) * sizeof *paths);
+    if (!paths) return CKPT_ENOMEM;
+    p->src_paths = paths;
+    for (size_t f = 0; f < c->nfiles; f++) {
+        if (!(p->src_paths[p->nsrc_paths] = ckpt_strdup(c->files[f].path))) return CKPT_ENOMEM;
+        p->nsrc_paths++;
+    }
+    plan_source *src = ckpt_realloc(p->sources, (p->nsources + c->ntensors + 1) * sizeof *src);
+    if (!src) return CKPT_ENOMEM;
+    p->sources = src;
+    *first_source = p->nsources;
+    for (size_t i = 0; i < c->ntensors; i++) {
+        const st_tensor *t = c->tensors[i].t;
+        plan_source *s = &p->sources[p->nsources];
+        memset(s, 0, sizeof *s);
+        if (t->ndim > PLAN_MAX_DIM)
+            return ckpt_error_set(CKPT_ELIMIT, "tensor '%s' has %d dimensions; transforms handle at most %d", t->name,
+                                  t->ndim, PLAN_MAX_DIM);
+        if (!(s->name = ckpt_strdup(t->name))) return CKPT_ENOMEM;
+        s->file = base_path + c->tensors[i].file;
+        s->dtype = t->dtype;
+        s->ndim = t->ndim;
+        memcpy(s->shape, t->shape, (size_t)t->ndim * sizeof t->shape[0]);
+        s->offset = t->offset;
+        s->nbytes = t->nbytes;
+        p->nsources++;
+    }
+    return 0;
+}
+
+static int cmp_tensor_ptr(const void *a, const void *b)
+{
+    const plan_tensor *x = *(plan_tensor *const *)a, *y = *(plan_tensor *const *)b;
+    return plan_name_cmp(x->name, y->name);
+}
+
+int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
+                          char **index_text)
+{
+    return convert_layout_folder_prefix(p, dir, "model", tensors, n, max_shard_size, index_text);
+}
+
+int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
+                                 uint64_t max_shard_size, char **index_text)
+{
+    *index_text = NULL;
+    qsort(tensors, n, sizeof *tensors, cmp_tensor_ptr);
+    uint64_t *sizes = ckpt_calloc(n + 1, sizeof *sizes);
+    size_t *shard_of = ckpt_calloc(n + 1, sizeof *shard_of);
+    char **names = ckpt_calloc(n + 1, sizeof *names), **files = ckpt_calloc(n + 1, sizeof *files);
+    int rc = sizes && shard_of && names && files ? 0 : CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        rc = ckpt_dtype_nbytes(tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape, &sizes[i]);
+        if (rc) ckpt_error_prefix(rc, "tensor '%s'", tensors[i]->name);
+    }
+    size_t nshards = 0;
+    if (!rc) rc = ckpt_shard_assign(sizes, n, max_shard_size, shard_of, &nshards);
+    if (!rc && n == 0) nshards = 1;
+    size_t first = p->nfiles;
+    exec_file *ef = rc ? NULL : ckpt_realloc(p->files, (p->nfiles + nshards + 1) * sizeof *ef);
+    if (!rc && !ef) rc = CKPT_ENOMEM;
+    if (!rc) {
+        p->files = ef;
+        memset(&p->files[first], 0, nshards * sizeof *ef);
+    }
+    uint64_t total = 0;
+    for (size_t s = 0; !rc && s < nshards; s++) {
+        exec_file *f = &p->files[first + s];
+        p->nfiles++;
+        char *base = ckpt_shard_name(prefix, s, nshards);
+        f->rel = base ? (*dir ? ckpt_path_join(dir, base) : ckpt_strdup(base)) : NULL;
+        free(base);
+        f->tensors = ckpt_calloc(n + 1, sizeof *f->tensors);
+        st_layout_init(&f->layout);
+        if (!f->rel || !f->tensors) rc = CKPT_ENOMEM;
+        for (size_t i = 0; !rc && i < n; i++) {
+            if (shard_of[i] != s) continue;
+            f->tensors[f->ntensors] = tensors[i];
+            rc = st_layout_add(&f->layout, tensors[i]->name, tensors[i]->dtype, tensors[i]->ndim, tensors[i]->shape,
+                               f->ntensors);
+            f->ntensors++;
+            names[i] = tensors[i]->name;
+            files[i] = (char *)ckpt_basename(f->rel);
+            total += sizes[i];
+        }
+        if (!rc) rc = st_layout_set_meta(&f->layout, "format", "pt");
+        if (!rc) rc = st_layout_finish(&f->layout);
+    }
+    if (!rc && nshards > 1 && !(*index_text = ckpt_index_render(total, n, names, files))) rc = CKPT_ENOMEM;
+    free(sizes);
+    free(shard_of);
+    free(names);
+    free(files);
+    return rc;
+}
