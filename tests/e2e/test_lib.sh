@@ -31,8 +31,9 @@ note "ok install-lib"
 # ---- 2. exports ----
 expect_status 0 "$py" "$root/tests/header/check_exports.py" "$root/include/ckpt.h" \
     "$root/include/libckpt.map" "$dest$prefix/lib/libckpt.so"
-! nm -D --defined-only "$dest$prefix/lib/libckpt.so" | grep -q ' ckpt_error_set$' ||
-    fail "libckpt.so exports the internal ckpt_error_set"
+# Listings go through files: grep -q closing a pipe early fails it under pipefail.
+nm -D --defined-only "$dest$prefix/lib/libckpt.so" >"$work/nm"
+! grep -q ' ckpt_error_set$' "$work/nm" || fail "libckpt.so exports the internal ckpt_error_set"
 note "ok exports: $(tail -n 1 "$work/out")"
 
 # ---- 3. pkg-config and the header's example ----
@@ -43,8 +44,8 @@ sh "$root/tests/header/example.sh" "$root/include/ckpt.h" >"$work/example.c"
 expect_status 0 cc -std=c11 -Wall -Werror -o "$work/example-shared" "$work/example.c" $(pc --cflags --libs)
 expect_status 0 env LD_LIBRARY_PATH="$dest$prefix/lib" "$work/example-shared" "$work/run/latest"
 grep -q '^step 300: model.layers.0.mlp.down_proj.weight \[64, 32\]$' "$work/out" || fail "shared example: $(cat "$work/out")"
-LD_LIBRARY_PATH="$dest$prefix/lib" ldd "$work/example-shared" | grep -q "libckpt.so.0 => $dest" ||
-    fail "the shared example does not use the installed libckpt.so.0"
+LD_LIBRARY_PATH="$dest$prefix/lib" ldd "$work/example-shared" >"$work/ldd"
+grep -q "libckpt.so.0 => $dest" "$work/ldd" || fail "the shared example does not use the installed libckpt.so.0: $(cat "$work/ldd")"
 rm -rf "$work/run"
 # Static: the same flags with --static, libckpt.a named explicitly (the
 # folder holds both) so the link needs Libs.private and Requires.private.
@@ -53,5 +54,6 @@ expect_status 0 cc -std=c11 -Wall -Werror -o "$work/example-static" "$work/examp
     $(pc --static --libs | sed 's/-lckpt\b/-l:libckpt.a/')
 expect_status 0 "$work/example-static" "$work/run/latest"
 grep -q '^step 300: ' "$work/out" || fail "static example: $(cat "$work/out")"
-! ldd "$work/example-static" | grep -q libckpt || fail "the static example uses libckpt.so"
+ldd "$work/example-static" >"$work/ldd"
+! grep -q libckpt "$work/ldd" || fail "the static example uses libckpt.so"
 note "ok pkg-config: shared and static builds of ckpt.h's example run"
