@@ -7,9 +7,9 @@
  * prefix matches; these tests pin the outcomes (equal, prefix, longer,
  * shorter, empty, one byte off at either end).
  *
- * service/ is not in libckpt.a, so http_util.c is compiled into this program.
+ * Linked against libckpt-svc.a (the service objects), like every unit test.
  */
-#include "service/http/http_util.c"
+#include "service/http/http_util.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
