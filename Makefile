@@ -198,8 +198,10 @@ install-lib: lib $(BUILD)/ckpt.pc
 	install -m 0644 $(BUILD)/ckpt.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckpt.pc
 
 # The local Hub of the tests and the demo (tests/hub/testhub.c): the daemon's
-# Hub read API (service/http/hub_api.c) with faults injected on demand.
-TESTHUB_OBJS := $(BUILD)/obj/service/http/hub_api.o $(BUILD)/obj/service/http/http_util.o
+# Hub read API (service/http/hub_api.c) and /v1/checkpoints (store_api.c),
+# with faults injected on demand.
+TESTHUB_OBJS := $(BUILD)/obj/service/http/hub_api.o $(BUILD)/obj/service/http/store_api.o \
+	$(BUILD)/obj/service/http/http_util.o
 $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TESTHUB_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
 
