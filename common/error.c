@@ -72,6 +72,7 @@ const char *ckpt_code_name(int code)
     case CKPT_ECORRUPT: return "corrupt data";
     case CKPT_EBUSY: return "busy";
     case CKPT_ECANCELLED: return "cancelled";
+    case CKPT_EINTERNAL: return "internal error";
     default: return "error";
     }
 }

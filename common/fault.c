@@ -16,11 +16,12 @@
 
 #define FAULT_MAX_POINTS 8
 #define FAULT_NAME_MAX 64
+#define FAULT_ERR (-1) /* not a signal: ckpt_fault_error() reports a failure */
 
 typedef struct {
     char name[FAULT_NAME_MAX];
     long at;           /* the pass that kills */
-    int sig;           /* SIGKILL, or SIGTERM / SIGINT / SIGSTOP (":TERM", ":INT", ":STOP") */
+    int sig;           /* SIGKILL, or SIGTERM / SIGINT / SIGSTOP (":TERM", ":INT", ":STOP"), or FAULT_ERR (":ERR") */
     atomic_long seen;  /* passes so far */
 } fault_point;
 
@@ -50,6 +51,7 @@ static void parse(const char *spec)
                 if (slen == 4 && !strncmp(end + 1, "TERM", 4)) p->sig = SIGTERM;
                 if (slen == 3 && !strncmp(end + 1, "INT", 3)) p->sig = SIGINT;
                 if (slen == 4 && !strncmp(end + 1, "STOP", 4)) p->sig = SIGSTOP;
+                if (slen == 3 && !strncmp(end + 1, "ERR", 3)) p->sig = FAULT_ERR;
             }
             atomic_store(&p->seen, 0);
         }
@@ -83,7 +85,8 @@ static bool once(void)
     return true;
 }
 
-void ckpt_fault(const char *point)
+/* Arms from the environment on first use; true when there is anything to do. */
+static bool fault_armed(void)
 {
     int a = atomic_load(&armed);
     if (a == 0) {
@@ -92,7 +95,11 @@ void ckpt_fault(const char *point)
         pthread_mutex_unlock(&arm_mu);
         a = atomic_load(&armed);
     }
-    if (a != 2) return;
+    return a == 2;
+}
+
+static void trace(const char *point)
+{
     if (trace_fd >= 0) {
         char line[FAULT_NAME_MAX + 1];
         size_t n = strnlen(point, FAULT_NAME_MAX - 1);
@@ -100,9 +107,15 @@ void ckpt_fault(const char *point)
         line[n] = '\n';
         (void)!write(trace_fd, line, n + 1); /* O_APPEND: one line per write */
     }
+}
+
+void ckpt_fault(const char *point)
+{
+    if (!fault_armed()) return;
+    trace(point);
     for (int i = 0; i < npoints; i++)
-        if (!strcmp(points[i].name, point) && atomic_fetch_add(&points[i].seen, 1) + 1 == points[i].at &&
-            once()) {
+        if (points[i].sig != FAULT_ERR && !strcmp(points[i].name, point) &&
+            atomic_fetch_add(&points[i].seen, 1) + 1 == points[i].at && once()) {
             if (points[i].sig == SIGKILL || points[i].sig == SIGSTOP) {
                 raise(points[i].sig); /* STOP: the process waits here for SIGCONT */
                 continue;
@@ -113,4 +126,15 @@ void ckpt_fault(const char *point)
             kill(getpid(), points[i].sig);
             ckpt_interrupt_wait_for_exit();
         }
+}
+
+bool ckpt_fault_error(const char *point)
+{
+    if (!fault_armed()) return false; /* not traced: CKPT_FAULT_TRACE lists the kill points */
+    bool fail = false;
+    for (int i = 0; i < npoints; i++)
+        if (points[i].sig == FAULT_ERR && !strcmp(points[i].name, point) &&
+            atomic_fetch_add(&points[i].seen, 1) + 1 >= points[i].at)
+            fail = true;
+    return fail;
 }

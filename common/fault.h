@@ -17,6 +17,9 @@
  * the point then waits there while the handler removes the temp output and
  * exits 143 or 130 (unless the point is inside a critical section, which
  * finishes first); without it, the signal's default action ends the process.
+ * SIG ERR applies to the points code checks with ckpt_fault_error() instead:
+ * from the Nth pass on, each pass reports a failure there (a catalog read that
+ * fails, a stream that breaks), so a test can see how the failure is handled.
  * SIG STOP stops the process there (SIGSTOP) until a test has done something
  * concurrently (a `ckpt rm`) and sends SIGCONT: a race made deterministic.
  * N counts passes of that point in this process (threads included).
@@ -33,8 +36,15 @@
 #ifndef CKPT_COMMON_FAULT_H
 #define CKPT_COMMON_FAULT_H
 
+#include <stdbool.h>
+
 /* Passes the named point: kills the process here when CKPT_FAULT asks for it. */
 void ckpt_fault(const char *point);
+
+/* Passes the named error point: true when CKPT_FAULT names it with ":ERR" and
+ * this is its Nth pass or a later one; the caller then fails as it would on a
+ * real error of that step (setting the error message, naming the point). */
+bool ckpt_fault_error(const char *point);
 
 /* Re-reads the spec (as CKPT_FAULT would give it; NULL disarms) and resets the
  * counters: for a forked child in a unit test, and for a daemon's worker. */

@@ -138,6 +138,10 @@ LAZY(lib_archive, int, archive_entry_size_is_set, (struct archive_entry *e), (e)
 LAZY(lib_archive, struct archive *, archive_write_new, (void), ())
 LAZY(lib_archive, int, archive_write_free, (struct archive *a), (a))
 LAZY(lib_archive, int, archive_write_close, (struct archive *a), (a))
+LAZY(lib_archive, int, archive_write_open2,
+     (struct archive *a, void *cd, archive_open_callback *o, archive_write_callback *w, archive_close_callback *c,
+      archive_free_callback *f),
+     (a, cd, o, w, c, f))
 LAZY(lib_archive, int, archive_write_add_filter_zstd, (struct archive *a), (a))
 LAZY(lib_archive, int, archive_write_set_format_pax_restricted, (struct archive *a), (a))
 LAZY(lib_archive, int, archive_write_set_bytes_in_last_block, (struct archive *a, int n), (a, n))

@@ -26,7 +26,7 @@ int ckpt_sha256_init(ckpt_sha256 *h)
 
 int ckpt_sha256_update(ckpt_sha256 *h, const void *buf, size_t len)
 {
-    if (EVP_DigestUpdate(h->ctx, buf, len) != 1) return ckpt_error_set(CKPT_EIO, "sha256: update failed");
+    if (EVP_DigestUpdate(h->ctx, buf, len) != 1) return ckpt_error_set(CKPT_EINTERNAL, "sha256: the digest library failed (update)");
     return 0;
 }
 
@@ -36,7 +36,7 @@ int ckpt_sha256_final_hex(ckpt_sha256 *h, char hex[65])
     unsigned int n = 0;
     int ok = EVP_DigestFinal_ex(h->ctx, md, &n) == 1 && n == 32;
     ckpt_sha256_free(h);
-    if (!ok) return ckpt_error_set(CKPT_EIO, "sha256: final failed");
+    if (!ok) return ckpt_error_set(CKPT_EINTERNAL, "sha256: the digest library failed (final)");
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
     return 0;
 }

@@ -5,6 +5,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,4 +142,45 @@ double ckpt_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int ckpt_parse_u64_field(const char *field, const char *s, uint64_t min, uint64_t max, uint64_t *out)
+{
+    uint64_t v;
+    if (!s || ckpt_parse_u64(s, &v) < 0 || v < min || v > max)
+        return ckpt_error_set(CKPT_EINVAL, "%s: '%.64s' is not a whole number from %llu to %llu", field, s ? s : "",
+                              (unsigned long long)min, (unsigned long long)max);
+    *out = v;
+    return 0;
+}
+
+int ckpt_parse_i64_field(const char *field, const char *s, int64_t min, int64_t max, int64_t *out)
+{
+    const char *d = s && *s == '-' ? s + 1 : s;
+    uint64_t v;
+    bool ok = d && ckpt_parse_u64(d, &v) == 0;
+    int64_t r = 0;
+    if (ok && d != s) {
+        ok = v <= (uint64_t)INT64_MAX + 1;
+        if (ok) r = v == (uint64_t)INT64_MAX + 1 ? INT64_MIN : -(int64_t)v;
+    } else if (ok) {
+        ok = v <= (uint64_t)INT64_MAX;
+        if (ok) r = (int64_t)v;
+    }
+    if (!ok || r < min || r > max)
+        return ckpt_error_set(CKPT_EINVAL, "%s: '%.64s' is not a whole number from %lld to %lld", field, s ? s : "",
+                              (long long)min, (long long)max);
+    *out = r;
+    return 0;
+}
+
+int ckpt_parse_double(const char *field, const char *s, double min, double max, double *out)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = s && *s && !isspace((unsigned char)*s) ? strtod(s, &end) : NAN;
+    if (!s || end == s || !end || *end || errno || !isfinite(v) || v < min || v > max)
+        return ckpt_error_set(CKPT_EINVAL, "%s: '%.64s' is not a number from %g to %g", field, s ? s : "", min, max);
+    *out = v;
+    return 0;
 }

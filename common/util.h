@@ -42,6 +42,15 @@ int ckpt_parse_size(const char *s, uint64_t *out);
 const char *ckpt_format_size(uint64_t bytes, char *buf, size_t len);
 /* Parses a non-negative decimal integer that fits in uint64 (whole string). */
 int ckpt_parse_u64(const char *s, uint64_t *out);
+/* The checked parsers for numbers from outside (options, environment
+ * variables, query parameters, headers): the whole string must be the number,
+ * within [min, max]; junk, overflow and (for u64) a sign are CKPT_EINVAL with
+ * a message naming field, e.g. "--priority: 'x' is not a whole number from
+ * -1000 to 1000". Never atoi/atof/strtol on outside input. */
+int ckpt_parse_u64_field(const char *field, const char *s, uint64_t min, uint64_t max, uint64_t *out);
+int ckpt_parse_i64_field(const char *field, const char *s, int64_t min, int64_t max, int64_t *out);
+/* A finite decimal number (strtod syntax, no leading space) in [min, max]. */
+int ckpt_parse_double(const char *field, const char *s, double min, double max, double *out);
 
 /* Monotonic seconds. */
 double ckpt_now(void);

@@ -18,6 +18,45 @@
 
 #define ARCHIVE_BLOCK (1u << 20)
 
+/* Where a tar being written goes: an fd, until a failure. Then the sink
+ * discards, so closing the archive (which frees libarchive's buffers) writes
+ * no tar end: a reader of the stream sees a truncated archive, never a valid
+ * short one. */
+typedef struct {
+    int fd;
+    bool discard;
+    int err; /* errno of a failed write */
+} tar_sink;
+
+static la_ssize_t sink_write(struct archive *a, void *cd, const void *buf, size_t n)
+{
+    (void)a;
+    tar_sink *k = cd;
+    if (k->discard) return (la_ssize_t)n;
+    const char *p = buf;
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(k->fd, p + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) {
+            k->err = errno;
+            return -1;
+        }
+        done += (size_t)w;
+    }
+    return (la_ssize_t)n;
+}
+
+/* Closes a, its tar end going to the sink only when rc is 0; frees it. */
+static int sink_finish(struct archive *a, tar_sink *k, int rc)
+{
+    if (rc) k->discard = true;
+    if (archive_write_close(a) != ARCHIVE_OK && !rc)
+        rc = k->err ? ckpt_error_set(CKPT_EIO, "writing the archive: %s", strerror(k->err))
+                    : ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
+    archive_write_free(a);
+    return rc;
+}
+
 static bool entry_name_safe(const char *name)
 {
     if (!*name || name[0] == '/' || strlen(name) > 4096) return false;
@@ -240,7 +279,10 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
     if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
     bool to_stdout = !strcmp(out, "-");
-    if (!rc && (to_stdout ? archive_write_open_fd(a, 1) : archive_write_open_filename(a, out)) != ARCHIVE_OK)
+    tar_sink sink = {.fd = to_stdout ? 1 : -1};
+    if (!rc && !to_stdout && (sink.fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
+        rc = ckpt_error_sys("%s: create", out);
+    if (!rc && archive_write_open2(a, &sink, NULL, sink_write, NULL, NULL) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "%s: %s", to_stdout ? "standard output" : out, archive_error_string(a));
     char *buf = rc ? NULL : ckpt_malloc(ARCHIVE_BLOCK);
     if (!rc && !buf) rc = CKPT_ENOMEM;
@@ -264,16 +306,16 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
                 if (n < 0) rc = ckpt_error_sys("%s: read", path);
                 if (n <= 0) break;
                 if (archive_write_data(a, buf, (size_t)n) != n)
-                    rc = ckpt_error_set(CKPT_EIO, "writing the archive: %s", archive_error_string(a));
+                    rc = sink.err ? ckpt_error_set(CKPT_EIO, "writing the archive: %s", strerror(sink.err))
+                                  : ckpt_error_set(CKPT_EIO, "writing the archive: %s", archive_error_string(a));
             }
             archive_entry_free(e);
         }
         if (fd >= 0) close(fd);
         free(path);
     }
-    if (archive_write_close(a) != ARCHIVE_OK && !rc)
-        rc = ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
-    archive_write_free(a);
+    rc = sink_finish(a, &sink, rc); /* no tar end after a failure */
+    if (!to_stdout && sink.fd >= 0 && close(sink.fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", out);
     free(buf);
     for (size_t i = 0; i < nl.n; i++) free(nl.v[i]);
     free(nl.v);
@@ -291,7 +333,8 @@ int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, s
     archive_write_set_bytes_in_last_block(a, 1); /* no zero padding after a zstd frame */
     if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
-    if (!rc && archive_write_open_fd(a, fd) != ARCHIVE_OK)
+    tar_sink sink = {.fd = fd};
+    if (!rc && archive_write_open2(a, &sink, NULL, sink_write, NULL, NULL) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "archive output: %s", archive_error_string(a));
     char *buf = rc ? NULL : ckpt_malloc(ARCHIVE_BLOCK);
     if (!rc && !buf) rc = CKPT_ENOMEM;
@@ -316,14 +359,13 @@ int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, s
             size_t len = e[i].size - off < ARCHIVE_BLOCK ? (size_t)(e[i].size - off) : ARCHIVE_BLOCK;
             if ((rc = rd(ctx, i, off, buf, len))) break;
             if (archive_write_data(a, buf, len) != (la_ssize_t)len)
-                rc = ckpt_error_set(CKPT_EIO, "writing the archive: %s", archive_error_string(a));
+                rc = sink.err ? ckpt_error_set(CKPT_EIO, "writing the archive: %s", strerror(sink.err))
+                              : ckpt_error_set(CKPT_EIO, "writing the archive: %s", archive_error_string(a));
             off += len;
         }
         archive_entry_free(ae);
     }
-    if (!rc && archive_write_close(a) != ARCHIVE_OK)
-        rc = ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
-    archive_write_free(a);
+    rc = sink_finish(a, &sink, rc); /* no tar end after a failure */
     free(buf);
     return rc;
 }

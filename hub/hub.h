@@ -63,6 +63,10 @@
  * revision not found, file not found, gated repository (accept the licence
  * and pass a token), bad token. Permanent ones are CKPT_ENOTFOUND or
  * CKPT_EINVAL; ones a later retry may cure (network, 5xx) CKPT_EIO.
+ * Verifying a download: bytes that do not hash to what the Hub says are
+ * downloaded again once, then CKPT_ECORRUPT; reading the written bytes back
+ * fails with CKPT_EIO (transient: a job retries it); a failure of the digest
+ * library is CKPT_EINTERNAL (not retried).
  */
 #ifndef CKPT_WORKERS_HUB_H
 #define CKPT_WORKERS_HUB_H

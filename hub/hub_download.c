@@ -131,8 +131,12 @@ struct dl_file {
     bool all_done;
     uint64_t hashed[2]; /* per stream */
     bool in_work[2], sdone[2];
-    int sresult[2];
-    int verdict; /* 0 pending, 1 good, -1 mismatch, -2 could not read */
+    int sresult[2]; /* per stream: 1 good, CKPT_ECORRUPT mismatch, another code: hashing failed */
+    /* 0 pending, 1 good, CKPT_ECORRUPT: the bytes do not match (f->actual says
+     * what came; downloaded again once), another negative code: verifying
+     * failed (CKPT_EIO reading the temp file back, CKPT_EINTERNAL the digest
+     * library, CKPT_ENOMEM), with the message in herr: the fetch stops with it */
+    int verdict;
     char actual[96];
     char herr[2][300];
     /* stream 0's own */
@@ -409,10 +413,11 @@ static void hash_drop(dl_file *f)
 /* Finishes tensor hashes up to position pos (the tensors ending at or before it). */
 static int tensors_upto(dl_file *f, uint64_t pos)
 {
+    int rc;
     while (f->ti < f->nrg && f->rg[f->ti].off + f->rg[f->ti].len <= pos) {
-        if (!f->tsha_on && ckpt_sha256_init(&f->tsha) < 0) return -1;
+        if (!f->tsha_on && (rc = ckpt_sha256_init(&f->tsha)) < 0) return rc;
         f->tsha_on = false;
-        if (ckpt_sha256_final_hex(&f->tsha, f->blob_sha[f->ti]) < 0) return -1;
+        if ((rc = ckpt_sha256_final_hex(&f->tsha, f->blob_sha[f->ti])) < 0) return rc;
         f->ti++;
     }
     return 0;
@@ -421,16 +426,17 @@ static int tensors_upto(dl_file *f, uint64_t pos)
 /* Stream 0: the file's sha256 (and git blob id) over file bytes [from, to). */
 static int hash_file(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
 {
+    int rc;
     if (from == 0) {
-        if (ckpt_sha256_init(&f->fsha) < 0) return -1;
+        if ((rc = ckpt_sha256_init(&f->fsha)) < 0) return rc;
         f->fsha_on = true;
         if (!f->e->sha256[0] && f->e->oid[0]) {
             char head[64];
             int hn = snprintf(head, sizeof head, "blob %llu", (unsigned long long)f->e->size) + 1;
             f->sha1 = EVP_MD_CTX_new();
-            if (!f->sha1 || !EVP_DigestInit_ex(f->sha1, EVP_sha1(), NULL) ||
-                !EVP_DigestUpdate(f->sha1, head, (size_t)hn))
-                return ckpt_error_set(CKPT_ENOMEM, "sha1 context");
+            if (!f->sha1) return ckpt_error_set(CKPT_ENOMEM, "sha1: out of memory for a digest context");
+            if (!EVP_DigestInit_ex(f->sha1, EVP_sha1(), NULL) || !EVP_DigestUpdate(f->sha1, head, (size_t)hn))
+                return ckpt_error_set(CKPT_EINTERNAL, "sha1: the digest library failed to start");
         }
     }
     while (from < to) {
@@ -446,12 +452,12 @@ static int hash_file(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
             const region *r = &f->rg[k];
             uint64_t stop = r->off + r->len < to ? r->off + r->len : to;
             n = stop - from < DL_HASH_STEP ? (size_t)(stop - from) : DL_HASH_STEP;
-            if (ckpt_pread_full(r->fd, buf, n, from - r->off, f->e->path) < 0) return -1;
+            if ((rc = ckpt_pread_full(r->fd, buf, n, from - r->off, f->e->path)) < 0) return rc;
             data = buf;
         }
-        if (ckpt_sha256_update(&f->fsha, data, n) < 0) return -1;
+        if ((rc = ckpt_sha256_update(&f->fsha, data, n)) < 0) return rc;
         if (f->sha1 && !EVP_DigestUpdate(f->sha1, data, n))
-            return ckpt_error_set(CKPT_EIO, "sha1 update");
+            return ckpt_error_set(CKPT_EINTERNAL, "sha1: the digest library failed (update)");
         from += n;
     }
     return 0;
@@ -462,52 +468,56 @@ static int hash_tensors(dl_file *f, uint8_t *buf, uint64_t from, uint64_t to)
 {
     if (!f->st || f->bad_header) return 0;
     if (from < f->hdr_len) from = f->hdr_len;
+    int rc;
     while (from < to) {
-        if (tensors_upto(f, from) < 0) return -1;
+        if ((rc = tensors_upto(f, from)) < 0) return rc;
         size_t k = region_at(f, from);
         if (k >= f->nrg)
             return ckpt_error_set(CKPT_EINVAL, "%s: bytes past the last tensor", f->e->path);
         const region *r = &f->rg[k];
         uint64_t stop = r->off + r->len < to ? r->off + r->len : to;
         size_t n = stop - from < DL_HASH_STEP ? (size_t)(stop - from) : DL_HASH_STEP;
-        if (ckpt_pread_full(r->fd, buf, n, from - r->off, f->e->path) < 0) return -1;
+        if ((rc = ckpt_pread_full(r->fd, buf, n, from - r->off, f->e->path)) < 0) return rc;
         if (!f->tsha_on) {
-            if (ckpt_sha256_init(&f->tsha) < 0) return -1;
+            if ((rc = ckpt_sha256_init(&f->tsha)) < 0) return rc;
             f->tsha_on = true;
         }
-        if (ckpt_sha256_update(&f->tsha, buf, n) < 0) return -1;
+        if ((rc = ckpt_sha256_update(&f->tsha, buf, n)) < 0) return rc;
         from += n;
     }
     return tensors_upto(f, to);
 }
 
-/* Stream 0's end: 1 good, -1 mismatch (f->actual says what came), -2 error. */
+/* Stream 0's end: 1 good, CKPT_ECORRUPT mismatch (f->actual says what came),
+ * another negative code: hashing failed. */
 static int finish_file(dl_file *f, uint8_t *buf)
 {
     const hub_entry *e = f->e;
     if (f->bad_header) {
         snprintf(f->actual, sizeof f->actual, "a header that does not parse");
-        return -1;
+        return CKPT_ECORRUPT;
     }
-    if (!f->fsha_on && hash_file(f, buf, 0, 0) < 0) return -2; /* an empty file */
+    int rc;
+    if (!f->fsha_on && (rc = hash_file(f, buf, 0, 0)) < 0) return rc; /* an empty file */
     f->fsha_on = false;
-    if (ckpt_sha256_final_hex(&f->fsha, f->sha256) < 0) return -2;
+    if ((rc = ckpt_sha256_final_hex(&f->fsha, f->sha256)) < 0) return rc;
     if (e->sha256[0] && strcmp(f->sha256, e->sha256)) {
         snprintf(f->actual, sizeof f->actual, "%s", f->sha256);
-        return -1;
+        return CKPT_ECORRUPT;
     }
     if (f->sha1) {
         unsigned char md[EVP_MAX_MD_SIZE];
         unsigned int n = 0;
         char oid[41] = "";
-        EVP_DigestFinal_ex(f->sha1, md, &n);
+        int ok = EVP_DigestFinal_ex(f->sha1, md, &n);
         EVP_MD_CTX_free(f->sha1);
         f->sha1 = NULL;
+        if (!ok) return ckpt_error_set(CKPT_EINTERNAL, "sha1: the digest library failed (final)");
         for (unsigned i = 0; i < n && i < 20; i++)
             snprintf(oid + 2 * i, 3, "%02x", md[i]);
         if (strcmp(oid, e->oid)) {
             snprintf(f->actual, sizeof f->actual, "%s", oid);
-            return -1;
+            return CKPT_ECORRUPT;
         }
     }
     if (!f->st) memcpy(f->blob_sha[0], f->sha256, 65); /* a whole-file blob */
@@ -518,10 +528,10 @@ static int finish_file(dl_file *f, uint8_t *buf)
 static int finish_tensors(dl_file *f)
 {
     if (!f->st || f->bad_header) return 1;
-    if (tensors_upto(f, f->e->size) < 0) return -2;
+    int rc = tensors_upto(f, f->e->size);
+    if (rc < 0) return rc;
     if (f->ti == f->nrg) return 1;
-    ckpt_error_set(CKPT_EIO, "%s: %zu of %zu tensors hashed", f->e->path, f->ti, f->nrg);
-    return -2;
+    return ckpt_error_set(CKPT_EINTERNAL, "%s: %zu of %zu tensors hashed", f->e->path, f->ti, f->nrg);
 }
 
 /* Runs one stream over the files queued for it. */
@@ -549,13 +559,14 @@ static void *hasher_main(void *arg)
                 pthread_mutex_lock(&d->mu);
                 f->hashed[k] = to;
                 if (rc < 0) {
-                    f->sresult[k] = -2;
+                    f->sresult[k] = rc == CKPT_ECORRUPT ? CKPT_EINTERNAL : rc; /* no mismatch before the end */
                     f->sdone[k] = true;
                 }
             } else if (f->all_done) {
                 pthread_mutex_unlock(&d->mu);
                 int v = k == 0 ? finish_file(f, hs->buf) : finish_tensors(f);
-                if (v == -2 && !f->herr[k][0])
+                if (k == 1 && v == CKPT_ECORRUPT) v = CKPT_EINTERNAL; /* tensor hashes have nothing to match */
+                if (v < 0 && v != CKPT_ECORRUPT && !f->herr[k][0])
                     snprintf(f->herr[k], sizeof f->herr[k], "%s", ckpt_error_last());
                 pthread_mutex_lock(&d->mu);
                 f->sresult[k] = v;
@@ -564,9 +575,9 @@ static void *hasher_main(void *arg)
                 break; /* waits for more bytes */
             }
             if (f->sdone[0] && f->sdone[1]) { /* both streams are through: the verdict */
-                f->verdict = f->sresult[0] == -2 || f->sresult[1] == -2 ? -2
-                             : f->sresult[0] < 0                        ? -1
-                                                                        : 1;
+                /* A failure to hash wins over a mismatch: the bytes were not judged. */
+                int r0 = f->sresult[0], r1 = f->sresult[1];
+                f->verdict = r0 < 0 && r0 != CKPT_ECORRUPT ? r0 : r1 < 0 ? r1 : r0 == CKPT_ECORRUPT ? CKPT_ECORRUPT : 1;
                 if (ckpt_grow(&d->verdicts, &d->verdict_cap, d->nverdicts + 1,
                               sizeof *d->verdicts) == 0)
                     d->verdicts[d->nverdicts++] = (size_t)(f - d->files);
@@ -983,8 +994,11 @@ static void take_verdicts(dl *d)
         const char *want = e->sha256[0] ? e->sha256 : e->oid;
         if (f->verdict == 1) {
             d->verified++;
-        } else if (f->verdict == -2) {
-            set_fatal(d, ckpt_error_set(CKPT_EIO, "%s", f->herr[0][0] ? f->herr[0] : f->herr[1]));
+        } else if (f->verdict != CKPT_ECORRUPT) {
+            /* Not the bytes' fault: reading them back or the digest failed.
+             * The code says which (CKPT_EIO is transient for the job). */
+            set_fatal(d, ckpt_error_set(f->verdict, "%s: verifying the download: %s", e->path,
+                                        f->herr[0][0] ? f->herr[0] : f->herr[1]));
         } else if (f->bad_header && f->downloads < 2) {
             ckpt_warn("%s: the header does not parse (%s); downloading it again", e->path,
                       f->bad_header);

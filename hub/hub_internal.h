@@ -1,7 +1,7 @@
 /*
  * hub_internal.h — what hub_client.c, hub_download.c and hub_fetch.c share:
  * URLs, the token rule, backoff, and turning a Hub error answer into a
- * sentence. Not for use outside workers/hub_*.c.
+ * sentence. Not for use outside hub/hub_*.c.
  */
 #ifndef CKPT_WORKERS_HUB_INTERNAL_H
 #define CKPT_WORKERS_HUB_INTERNAL_H

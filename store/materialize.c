@@ -442,6 +442,7 @@ int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c,
             r->fds[i] = open(r->ps.exec.src_paths[i], O_RDONLY | O_CLOEXEC);
             if (r->fds[i] < 0) rc = ckpt_error_sys("%s: open", r->ps.exec.src_paths[i]);
         }
+        if (!rc) rc = exec_check_sources(&r->ps.exec, r->fds); /* blobs as long as the recipes read */
     }
     if (rc) {
         store_file_close(r);

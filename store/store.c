@@ -646,6 +646,8 @@ static int query_one(ckpt_store *s, const char *sql, const char *a, const char *
 
 int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out)
 {
+    if (ckpt_fault_error("store.lookup"))
+        return ckpt_error_set(CKPT_EIO, "'%s': the catalog could not be read (fault point store.lookup)", ref);
     char *repo, *rev, *layout;
     int rc = store_ref_parse(ref, &repo, &rev, &layout);
     if (rc) return rc;

@@ -212,7 +212,8 @@ int store_rm(ckpt_store *s, const store_ckpt *c);
 typedef void (*store_verify_report)(void *ctx, const char *line);
 /* Re-hashes the blobs of one checkpoint (id != 0) or of all, and reports each
  * damaged or missing blob with the checkpoints and files it breaks. *damaged
- * counts them. Rebuilding files is the caller's (materialize). */
+ * counts them. The full check (this, then every file rebuilt) is
+ * store_verify (store_verify.h), which `ckpt verify` and the verify job use. */
 int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, void *ctx, uint64_t *damaged);
 
 #endif

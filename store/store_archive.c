@@ -2,6 +2,7 @@
 #include "store/store_archive.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/sha256.h"
 #include "common/util.h"
 #include "format/archive.h"
@@ -85,6 +86,8 @@ static int archive_read(void *ctx, size_t i, uint64_t off, void *buf, size_t len
     store_archive *ar = ctx;
     int rc;
     if (!ar->r || ar->r_i != i) {
+        if (ckpt_fault_error("archive.entry"))
+            return ckpt_error_set(CKPT_EIO, "'%s': read failed (fault point archive.entry)", ar->paths[i]);
         store_file_close(ar->r);
         ar->r = NULL;
         if ((rc = store_file_open(&ar->r, ar->s, &ar->c, ar->paths[i]))) return rc;

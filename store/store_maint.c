@@ -240,11 +240,13 @@ int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, vo
     sqlite3_bind_int64(st, 1, id);
     char **list = NULL;
     size_t n = 0, cap = 0;
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+    int step;
+    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
         if ((rc = ckpt_grow(&list, &cap, n + 1, sizeof *list))) break;
         if (!(list[n] = ckpt_strdup((const char *)sqlite3_column_text(st, 0)))) rc = CKPT_ENOMEM;
         else n++;
     }
+    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, "verify: list blobs");
     sqlite3_finalize(st);
     for (size_t i = 0; !rc && i < n; i++) {
         char *path = store_blob_path(s, list[i]), hex[65];

@@ -16,6 +16,9 @@
 #include "transform/convert.h"
 #include "hub/hub.h"
 #include "store/materialize.h"
+#include "store/store_info.h"
+#include "store/store_pull.h"
+#include "store/store_verify.h"
 
 #include <getopt.h>
 #include <stdio.h>
@@ -96,16 +99,6 @@ static int begin(const char *cmd, int argc, char **argv, const char *help, const
     return -1;
 }
 
-static json_t *ckpt_json(const store_ckpt *c)
-{
-    char *ref = store_ckpt_ref(c);
-    json_t *j = json_pack("{s:I,s:s,s:s,s:s,s:s,s:s,s:I,s:b,s:I}", "id", (json_int_t)c->id, "ref",
-                          ref ? ref : "", "repo", c->repo, "revision", c->revision, "commit",
-                          c->commit, "layout", c->layout, "total_size", (json_int_t)c->total_size,
-                          "lossy", c->lossy, "created_at", (json_int_t)c->created_at);
-    free(ref);
-    return j;
-}
 
 int cmd_import(int argc, char **argv)
 {
@@ -154,9 +147,11 @@ int cmd_import(int argc, char **argv)
         ret = cli_fail();
     } else {
         char *ref = store_ckpt_ref(&c), size[32];
-        if (a.common.json)
-            cli_print_json(ckpt_json(&c));
-        else
+        json_t *j;
+        if (a.common.json) {
+            if (store_ckpt_json(&s, &c, false, &j) < 0) ret = cli_fail();
+            else cli_print_json(j);
+        } else
             printf("%s\n", ref);
         ckpt_info("%s %s (commit %.12s, %s)", existed ? "already stored:" : "imported", ref,
                   c.commit, ckpt_format_size((uint64_t)c.total_size, size, sizeof size));
@@ -182,30 +177,27 @@ int cmd_ls(int argc, char **argv)
     ckpt_store s;
     int early = begin("ls", argc, argv, help, allowed, &a, &s);
     if (early >= 0) return early;
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(&s.cat, &st,
-                             "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY "
-                             "repo, commit_sha, layout");
-    json_t *list = json_array();
-    if (!rc && a.npos) sqlite3_bind_text(st, 1, a.pos[0], -1, SQLITE_STATIC);
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
-        store_ckpt c;
-        if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
-        if (a.common.json) {
-            json_array_append_new(list, ckpt_json(&c));
-        } else {
-            char *ref = store_ckpt_ref(&c), size[32], when[32];
-            time_t t = (time_t)c.created_at;
-            strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
-            printf("%-60s %.12s %12s  %s\n", ref ? ref : "?", c.commit,
-                   ckpt_format_size((uint64_t)c.total_size, size, sizeof size), when);
-            free(ref);
+    const char *repo = a.npos ? a.pos[0] : NULL;
+    int ret = CLI_OK;
+    if (a.common.json) {
+        json_t *list;
+        ret = store_list_json(&s, repo, &list) < 0 ? cli_fail() : cli_print_json(list);
+    } else {
+        store_ckpt *v;
+        size_t n;
+        if (store_list(&s, repo, &v, &n) < 0) ret = cli_fail();
+        else {
+            for (size_t i = 0; i < n; i++) {
+                char *ref = store_ckpt_ref(&v[i]), size[32], when[32];
+                time_t t = (time_t)v[i].created_at;
+                strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
+                printf("%-60s %.12s %12s  %s\n", ref ? ref : "?", v[i].commit,
+                       ckpt_format_size((uint64_t)v[i].total_size, size, sizeof size), when);
+                free(ref);
+            }
+            store_list_free(v, n);
         }
-        store_ckpt_free(&c);
     }
-    if (!rc) sqlite3_finalize(st);
-    int ret = rc ? cli_fail() : a.common.json ? cli_print_json(json_incref(list)) : CLI_OK;
-    json_decref(list);
     store_close(&s);
     return ret;
 }
@@ -245,36 +237,9 @@ int cmd_show(int argc, char **argv)
         store_close(&s);
         return cli_fail();
     }
-    json_t *j = ckpt_json(&c), *files = json_array();
-    sqlite3_stmt *st;
-    rc = catalog_prepare(
-        &s.cat, &st,
-        "SELECT f.path, f.size, f.sha256, f.blob IS NULL, (SELECT count(*) FROM tensors t WHERE "
-        "t.checkpoint_id = f.checkpoint_id AND t.path = f.path), (SELECT count(*) FROM tensors t "
-        "WHERE t.checkpoint_id = f.checkpoint_id AND t.path = f.path AND t.recipe IS NOT NULL) "
-        "FROM files f WHERE f.checkpoint_id = ? ORDER BY f.path");
-    if (!rc) {
-        sqlite3_bind_int64(st, 1, c.id);
-        while (sqlite3_step(st) == SQLITE_ROW)
-            json_array_append_new(
-                files,
-                json_pack("{s:s,s:I,s:s,s:b,s:I,s:I}", "path", sqlite3_column_text(st, 0), "size",
-                          (json_int_t)sqlite3_column_int64(st, 1), "sha256",
-                          sqlite3_column_text(st, 2), "safetensors", sqlite3_column_int(st, 3),
-                          "tensors", (json_int_t)sqlite3_column_int64(st, 4), "recipes",
-                          (json_int_t)sqlite3_column_int64(st, 5)));
-        sqlite3_finalize(st);
-    }
-    json_object_set_new(j, "files", files);
-    if (c.source_id) {
-        store_ckpt src;
-        if (store_get(&s, c.source_id, &src) == 0) {
-            char *ref = store_ckpt_ref(&src);
-            json_object_set_new(j, "source", json_string(ref ? ref : ""));
-            free(ref);
-            store_ckpt_free(&src);
-        }
-    }
+    json_t *j = NULL;
+    rc = store_ckpt_json(&s, &c, true, &j);
+    json_t *files = json_object_get(j, "files");
     int ret = CLI_OK;
     if (rc)
         ret = cli_fail();
@@ -287,7 +252,7 @@ int cmd_show(int argc, char **argv)
                *c.layout ? c.layout : "(original)",
                ckpt_format_size((uint64_t)c.total_size, size, sizeof size),
                c.lossy ? " (lossy cast)" : "");
-        if (json_object_get(j, "source"))
+        if (json_is_string(json_object_get(j, "source")))
             printf("  source %s\n", json_string_value(json_object_get(j, "source")));
         size_t i;
         json_t *f;
@@ -402,36 +367,10 @@ int cmd_pull(int argc, char **argv)
         store_close(&s);
         return cli_usage_error("pull", "--consolidated applies to a converted layout (REF:LAYOUT)");
     }
-    /* Directories are assembled in place; archives and consolidation go through a staging folder.
-     */
-    bool staged = strcmp(fmt, "dir") || a.consolidated;
-    char *stage = NULL;
-    if (staged) {
-        char *base = store_tmp_base(&s, "pull");
-        rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
-        free(base);
-    }
-    materialize_opts mo = {
-        .rank = a.rank, .force = a.common.force || staged, .quiet = a.common.quiet};
-    if (!rc) rc = store_materialize(&s, &c, staged ? stage : a.common.out, &mo);
-    if (!rc && a.consolidated) {
-        consolidate_opts co = {.quiet = a.common.quiet, .force = a.common.force};
-        if (!strcmp(fmt, "dir")) {
-            rc = consolidate_run(stage, a.common.out, &co);
-        } else {
-            char *cons = ckpt_sprintf("%s.consolidated", stage);
-            rc = cons ? consolidate_run(stage, cons, &co) : CKPT_ENOMEM;
-            ckpt_rm_rf(stage);
-            free(stage);
-            stage = cons;
-        }
-    }
-    if (!rc && strcmp(fmt, "dir"))
-        rc = ckpt_archive_write_tree(stage, a.common.out, !strcmp(fmt, "tar.zst"));
-    if (stage) {
-        ckpt_rm_rf(stage);
-        free(stage);
-    }
+    store_pull_opts po = {.rank = a.rank, .consolidated = a.consolidated, .force = a.common.force,
+                          .quiet = a.common.quiet};
+    rc = store_pull_format_parse(fmt, &po.format);
+    if (!rc) rc = store_pull(&s, &c, a.common.out, &po);
     int ret = rc ? cli_fail() : CLI_OK;
     if (!rc && strcmp(a.common.out, "-")) {
         char *ref = store_ckpt_ref(&c);
@@ -544,60 +483,29 @@ static void print_line(void *ctx, const char *line)
 int cmd_verify(int argc, char **argv)
 {
     static const char help[] =
-        "usage: ckpt verify [REF] [--home DIR]\n\n"
+        "usage: ckpt verify [REF] [--home DIR] [--json]\n\n"
         "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
         "and checks its sha256 against the catalog. Names each damaged blob with the\n"
         "checkpoints and files it breaks. Exit 1 if anything is damaged.\n\n"
         "examples:\n"
         "  ckpt verify\n"
-        "  ckpt verify Qwen/Qwen2-0.5B@main\n";
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_END};
+        "  ckpt verify Qwen/Qwen2-0.5B@main --json\n";
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_JSON, CLI_OPT_END};
     store_args a;
     ckpt_store s;
     int early = begin("verify", argc, argv, help, allowed, &a, &s);
     if (early >= 0) return early;
-    int64_t only = 0;
-    store_ckpt c;
-    int rc = 0;
-    if (a.npos == 1) {
-        if ((rc = store_resolve(&s, a.pos[0], &c)) == 0) {
-            only = c.id;
-            store_ckpt_free(&c);
-        }
-    }
-    uint64_t damaged = 0, broken_files = 0, checked = 0;
-    if (!rc) rc = store_verify_blobs(&s, only, print_line, NULL, &damaged);
-    /* Rebuild every file of every checkpoint in scope and compare sha256. */
-    sqlite3_stmt *st = NULL;
-    if (!rc && !damaged)
-        rc = catalog_prepare(&s.cat, &st,
-                             "SELECT id FROM checkpoints WHERE ?1 = 0 OR id = ?1 ORDER BY id");
-    if (st) sqlite3_bind_int64(st, 1, only);
-    while (!rc && st && sqlite3_step(st) == SQLITE_ROW) {
-        if ((rc = store_get(&s, sqlite3_column_int64(st, 0), &c))) break;
-        char *base = store_tmp_base(&s, "verify"), *tmp = NULL;
-        rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
-        materialize_opts mo = {.rank = -1, .force = true, .quiet = true};
-        if (!rc && store_materialize(&s, &c, tmp, &mo) < 0) {
-            char *ref = store_ckpt_ref(&c);
-            printf("%s: %s\n", ref ? ref : "?", ckpt_error_last());
-            free(ref);
-            broken_files++;
-        }
-        checked++;
-        if (tmp) ckpt_rm_rf(tmp);
-        free(tmp);
-        free(base);
-        store_ckpt_free(&c);
-    }
-    sqlite3_finalize(st);
+    if (a.npos > 1) return store_close(&s), cli_usage_error("verify", "expected at most one REF");
+    store_verify_result r;
+    int rc = store_verify(&s, a.npos ? a.pos[0] : NULL, print_line, NULL, &r);
     store_close(&s);
     if (rc) return cli_fail();
-    if (damaged || broken_files) {
+    if (a.common.json) cli_print_json(store_verify_json(&r));
+    if (!store_verify_clean(&r)) {
         fprintf(stderr, "ckpt: verify: %llu damaged blobs, %llu checkpoints that do not rebuild\n",
-                (unsigned long long)damaged, (unsigned long long)broken_files);
+                (unsigned long long)r.damaged_blobs, (unsigned long long)r.broken_checkpoints);
         return CLI_FAIL;
     }
-    ckpt_info("verify: clean (%llu checkpoints rebuilt and checked)", (unsigned long long)checked);
+    ckpt_info("verify: clean (%llu checkpoints rebuilt and checked)", (unsigned long long)r.checkpoints_checked);
     return CLI_OK;
 }

@@ -9,7 +9,8 @@
 #include "service/http/http_util.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
-#include "service/http/store_http.h"
+#include "service/http/hub_api.h"
+#include "service/http/store_api.h"
 #include "store/store.h"
 #include "store/catalog.h"
 
@@ -180,7 +181,9 @@ static enum MHD_Result list_jobs(http_api *h, ckpt_store *s, struct MHD_Connecti
     const char *limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
     queue_job *jobs;
     size_t n;
-    int rc = queue_list(&s->cat, state, limit ? atoi(limit) : 100, &jobs, &n);
+    uint64_t lim = 100;
+    if (limit && ckpt_parse_u64_field("limit", limit, 1, 100000, &lim) < 0) return send_error(c, 400, ckpt_error_last());
+    int rc = queue_list(&s->cat, state, (int)lim, &jobs, &n);
     if (rc) return send_error(c, 500, ckpt_error_last());
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(a, queue_job_json(&jobs[i]));
@@ -239,9 +242,14 @@ static enum MHD_Result metrics(http_api *h, ckpt_store *s, struct MHD_Connection
 static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *method,
                                  const char *rest, int role)
 {
-    char *end;
-    long long id = strtoll(rest, &end, 10);
-    if (end == rest || id <= 0) return send_error(c, 404, "no such job");
+    size_t digits = strspn(rest, "0123456789");
+    char idtext[24];
+    uint64_t uid = 0;
+    snprintf(idtext, sizeof idtext, "%.*s", (int)(digits < sizeof idtext ? digits : sizeof idtext - 1), rest);
+    if (!digits || digits >= sizeof idtext || ckpt_parse_u64_field("job id", idtext, 1, INT64_MAX, &uid) < 0)
+        return send_error(c, 404, "no such job");
+    long long id = (long long)uid;
+    const char *end = rest + digits;
     if (!*end && !strcmp(method, "GET")) return job_reply(h, s, c, 200, id);
     if (!*end && !strcmp(method, "DELETE")) {
         if (role < 2) return send_error(c, 403, "cancelling needs an admin token");
@@ -280,7 +288,9 @@ static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *
     }
     if (req->too_big) return send_error(c, 413, "request body too large");
     bool handled;
-    enum MHD_Result sr = store_http_route(s, c, url, method, req->body, req->len, &handled);
+    enum MHD_Result sr = store_api_route(s, c, url, method, &handled);
+    if (handled) return sr;
+    sr = hub_api_route(s, c, url, method, req->body, req->len, &handled);
     if (handled) return sr;
     if (!strcmp(url, "/metrics")) return metrics(h, s, c);
     if (!strcmp(url, "/v1/jobs")) {
@@ -339,7 +349,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!req) return MHD_NO;
         *con_cls = req;
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > HTTP_MAX_BODY) req->too_big = true;
+        uint64_t len;
+        /* A length that is not a number is too big to trust; libmicrohttpd rejects it too. */
+        if (cl && (ckpt_parse_u64_field("Content-Length", cl, 0, UINT64_MAX, &len) < 0 || len > HTTP_MAX_BODY))
+            req->too_big = true;
         return MHD_YES;
     }
     if (*upload_size) {
@@ -420,7 +433,7 @@ int http_api_start(http_api **out, const http_api_opts *o)
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT,
                                   (unsigned)(o->per_ip > 0 ? o->per_ip : HTTP_PER_IP_DEFAULT),
-                                  MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
+                                  MHD_OPTION_UNESCAPE_CALLBACK, http_keep_raw, NULL, MHD_OPTION_END);
         if (!h->mhd) rc = ckpt_error_set(CKPT_EIO, "cannot listen on %s:%u (in use?)", host, port);
     }
     if (!rc) {

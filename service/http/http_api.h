@@ -9,7 +9,7 @@
  *   GET    /v1/jobs/{id}/logs[?after=SEQ]
  *   GET    /healthz                (no token needed)
  *   GET    /metrics                Prometheus text
- *   and the store's routes (store_http.h): /v1/checkpoints..., the Hub read API
+ *   and the store's routes: /v1/checkpoints... (store_api.h), the Hub read API (hub_api.h)
  *
  * Tokens (--token-file: one "TOKEN [read|admin]" per line, admin when the role
  * is left out): with any configured, every request but /healthz needs

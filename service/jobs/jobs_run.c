@@ -14,6 +14,7 @@
 #include "transform/presets.h"
 #include "store/store_convert.h"
 #include "store/store_lora.h"
+#include "store/store_verify.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -110,9 +111,9 @@ int jobs_args_from_argv(const char *kind, int argc, char **argv, json_t **args)
             if (ckpt_parse_size(v, &n) < 0) return usage(kind, "bad --max-shard-size");
             json_object_set_new(a, "max_shard_size", json_integer((json_int_t)n));
         } else if (!strcmp(name, "scale")) {
-            char *end;
-            double d = strtod(v, &end);
-            if (end == v || *end || !isfinite(d) || d == 0) return usage(kind, "--scale takes a finite, non-zero number");
+            double d;
+            if (ckpt_parse_double("--scale", v, -1e30, 1e30, &d) < 0 || d == 0)
+                return usage(kind, "--scale takes a finite, non-zero number");
             json_object_set_new(a, "scale", json_real(d));
         } else {
             char msg[128];
@@ -411,21 +412,19 @@ static void log_line(void *ctx, const char *line)
     fprintf(stderr, "%s\n", line); /* the worker's stderr is its job log */
 }
 
+/* The full check of store_verify.h, as `ckpt verify` runs it: damage is
+ * logged line by line and fails the job (not transient); the result is the
+ * report's JSON either way. */
 static int run_verify(ckpt_store *s, const json_t *a, json_t **result)
 {
-    int64_t only = 0;
-    const char *ref = json_string_value(json_object_get(a, "ref"));
-    store_ckpt c;
-    int rc = 0;
-    if (ref && !(rc = store_resolve(s, ref, &c))) {
-        only = c.id;
-        store_ckpt_free(&c);
-    }
-    uint64_t damaged = 0;
-    if (!rc) rc = store_verify_blobs(s, only, log_line, NULL, &damaged);
-    if (!rc && damaged) rc = ckpt_error_set(CKPT_ECORRUPT, "%llu damaged blobs (run ckpt verify for details)", (unsigned long long)damaged);
-    if (!rc) *result = json_pack("{s:I}", "damaged_blobs", (json_int_t)damaged);
-    return rc;
+    store_verify_result r;
+    int rc = store_verify(s, json_string_value(json_object_get(a, "ref")), log_line, NULL, &r);
+    if (rc) return rc;
+    *result = store_verify_json(&r);
+    if (!store_verify_clean(&r))
+        return ckpt_error_set(CKPT_ECORRUPT, "%llu damaged blobs, %llu checkpoints that do not rebuild (see the job log)",
+                              (unsigned long long)r.damaged_blobs, (unsigned long long)r.broken_checkpoints);
+    return 0;
 }
 
 static int run_merge(ckpt_store *s, const json_t *a, json_t **result)

@@ -192,7 +192,7 @@ stop_daemon
 "$ckpt" ls --json >"$work/ls.json"
 "$py" - "$work/jobs.json" "$work/ls.json" <<'EOF' || fail "kill test: bad end state"
 import collections, json, sys
-jobs, cks = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+jobs, cks = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["checkpoints"]
 bad = [(j["id"], j["state"], j.get("error")) for j in jobs if j["state"] != "succeeded"]
 if bad: sys.exit(f"jobs not succeeded: {bad}")
 if len(jobs) != 10: sys.exit(f"{len(jobs)} jobs, expected 10")
@@ -241,7 +241,7 @@ kill -9 "$wpid"
 wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" succeeded
 [ "$(jf "$id" 'j["attempt"]')" = 2 ] || fail "job $id: attempt $(jf "$id" 'j["attempt"]'), expected 2"
 [ "$(jf "$id" 'j["result"]["ref"]')" = "t/big@main:hf-f32" ] || fail "job $id: result $(jf "$id" 'j.get("result")')"
-[ "$("$ckpt" ls --json | "$py" -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)))')" = 1 ] ||
+[ "$("$ckpt" ls --json | "$py" -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)["checkpoints"]))')" = 1 ] ||
     fail "t/big@main:hf-f32 is not stored exactly once"
 expect_status 0 "$ckpt" logs "$id"
 tmp_empty "after the worker kill and retry"

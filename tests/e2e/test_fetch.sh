@@ -98,7 +98,7 @@ grep -q "is in the store with 1 of the .* files picked; fetching the other" "$wo
 "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/pull.err" || fail "pull after the top-up: $(cat "$work/pull.err")"
 diff -r "$work/m1" "$work/pulled" >/dev/null || fail "after the top-up the stored commit differs from the original"
 rm -rf "$work/pulled"
-[ "$("$ckpt" ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)))')" = 1 ] || fail "the top-up made a second checkpoint: $("$ckpt" ls)"
+[ "$("$ckpt" ls --json | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["checkpoints"]))')" = 1 ] || fail "the top-up made a second checkpoint: $("$ckpt" ls)"
 "$ckpt" verify org/tiny@main >/dev/null 2>"$work/err" || fail "verify after the top-up: $(cat "$work/err")"
 HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "third fetch: $(cat "$work/err")"
 grep -q "in the store already" "$work/err" || fail "a complete commit fetched again: $(cat "$work/err")"

@@ -2,6 +2,8 @@
 # test_http.sh — the store over HTTP: the npm client @huggingface/hub against
 # the daemon (list, download whole and sliced, safetensors metadata) for an
 # original and a converted layout; Range edge cases and Hub error codes;
+# /v1/checkpoints = ckpt ls/show --json; a catalog that cannot be read is a
+# 500 (CKPT_FAULT store.lookup); a tar stream that fails mid-way is cut;
 # 16 concurrent downloads with bounded daemon memory; tokens.
 set -euo pipefail
 B=${CKPT_BIN:?}
@@ -52,7 +54,7 @@ fi
 cp "$DIR/hub_client.mjs" "$NPMDIR/"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny main "$W/orig") || fail "hub client on the original"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny neuron-tp2 "$W/tp2") || fail "hub client on the layout"
-commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["commit"])')
+commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][0]["commit"])')
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny "$commit.neuron-tp2" "$W/tp2") || fail "layout by <commit>.<layout>"
 
 # --- Range edge cases (docs/hub.md) ---
@@ -121,6 +123,56 @@ diff -r "$W/orig" "$W/r-cons" >/dev/null || fail "remote consolidated pull diffe
 stop_daemon
 
 echo "remote pulls identical (resume after cut connections: the same download code, test_fetch.sh)"
+
+# --- /v1/checkpoints answers the JSON of ckpt ls --json and ckpt show --json ---
+# same_json FILE CMD...: FILE holds the JSON CMD prints.
+same_json() {
+    local f=$1
+    shift
+    "$@" | python3 -c 'import json, sys; sys.exit(json.load(sys.stdin) != json.load(open(sys.argv[1])))' "$f"
+}
+start_daemon
+[ "$(status "$URL/v1/checkpoints")" = 200 ] || fail "/v1/checkpoints: $(cat "$W/body")"
+same_json "$W/body" "$B" ls --json || fail "/v1/checkpoints differs from ckpt ls --json: $(head -c 500 "$W/body")"
+[ "$(status "$URL/v1/checkpoints?repo=Qwen/tiny")" = 200 ] || fail "/v1/checkpoints?repo="
+same_json "$W/body" "$B" ls Qwen/tiny --json || fail "/v1/checkpoints?repo= differs from ckpt ls REPO --json"
+[ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@main:neuron-tp2")" = 200 ] || fail "/v1/checkpoints/{ref}: $(cat "$W/body")"
+same_json "$W/body" "$B" show Qwen/tiny@main:neuron-tp2 --json || fail "/v1/checkpoints/{ref} differs from ckpt show --json"
+python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (j["source"] == "Qwen/tiny@main" and j["files"] and all(k in j["files"][0] for k in ("path", "size", "sha256", "safetensors", "tensors", "recipes"))))' "$W/body" ||
+    fail "/v1/checkpoints/{ref}: not the documented shape: $(head -c 500 "$W/body")"
+[ "$(status "$URL/v1/checkpoints?repo=Qwen/none")" = 200 ] && grep -q '"checkpoints":\[\]' "$W/body" || fail "an unknown repo lists nothing"
+[ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@nope")" = 404 ] || fail "an unknown ref: $(cat "$W/body")"
+# outside numbers are checked: junk is a 400 naming the field, not a default
+[ "$(status "$URL/v1/jobs?limit=abc")" = 400 ] && grep -q 'limit' "$W/body" || fail "?limit=abc: $(cat "$W/body")"
+[ "$(status "$URL/api/models/Qwen/tiny/tree/main?cursor=-1")" = 400 ] && grep -q 'cursor' "$W/body" || fail "?cursor=-1: $(cat "$W/body")"
+[ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@main:neuron-tp2/archive.tar?rank=1x")" = 400 ] || fail "?rank=1x"
+stop_daemon
+
+# --- a catalog that cannot be read: 500 naming the lookup, never a 404 or an empty list ---
+# (the error point store.lookup fails every catalog lookup of the daemon: common/fault.h)
+CKPT_FAULT=store.lookup:1:ERR start_daemon
+[ "$(status "$URL/v1/checkpoints")" = 500 ] && grep -q 'list checkpoints' "$W/body" && grep -q 'store.lookup' "$W/body" ||
+    fail "a failed listing: $(status "$URL/v1/checkpoints") $(cat "$W/body")"
+[ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@main")" = 500 ] && grep -q 'store.lookup' "$W/body" ||
+    fail "a failed ref lookup: $(cat "$W/body")"
+[ "$(status "$URL/api/models/Qwen/tiny/revision/main")" = 500 ] && grep -q 'look up the repository' "$W/body" ||
+    fail "a failed Hub repo lookup: $(cat "$W/body")"
+[ "$(status -I "$URL/Qwen/tiny/resolve/main/config.json")" = 500 ] || fail "a failed Hub resolve is not a 500"
+[ "$(status "$URL/healthz")" = 200 ] || fail "healthz with a failing catalog"
+stop_daemon
+
+# --- a tar stream that fails mid-way is cut: no tar end, no final chunk, logged ---
+# (archive.entry:3 fails reading the third file with bytes, the second shard, into the tar)
+CKPT_FAULT=archive.entry:3:ERR start_daemon
+rc=0
+code=$(curl -s -o "$W/cut.tar" -w '%{http_code}' "$URL/v1/checkpoints/Qwen%2Ftiny@main/archive.tar") || rc=$?
+[ "$rc" != 0 ] || fail "an archive that failed mid-stream ended cleanly (HTTP $code)"
+[ -s "$W/cut.tar" ] || fail "the cut archive has not even its first file"
+python3 -c 'import sys; d = open(sys.argv[1], "rb").read(); sys.exit(len(d) >= 1024 and d[-1024:] == bytes(1024))' "$W/cut.tar" ||
+    fail "the cut archive ends with a tar end (two zero blocks)"
+grep -q 'aborted mid-stream' "$W/serve.log" || fail "the cut archive was not logged: $(tail -5 "$W/serve.log")"
+stop_daemon
+echo "/v1/checkpoints JSON = ckpt ls/show --json; failed lookups 500; a failed tar stream is cut and logged"
 
 # --- tokens: reads need a token when any is configured ---
 printf 'admintoken-0123456789abcdef admin\nreadtoken-0123456789abcdef read\n' >"$W/tokens"

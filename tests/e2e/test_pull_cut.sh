@@ -129,7 +129,7 @@ CKPT_HOME=$W/c-hub "$B" pull "$REF" -o "$W/out-hub" --server "$HURL" >"$W/pull.o
 resumed "$W/hub.log" 2 1000
 diff -r "$W/local" "$W/out-hub" >/dev/null || fail "pull through the test hub differs from a local pull"
 note "test hub: drop fired on the layout's pseudo-commit, resumed, identical"
-commit=$("$B" ls --json | python3 -c 'import json,sys; print([c["commit"] for c in json.load(sys.stdin) if not c.get("layout")][0])')
+commit=$("$B" ls --json | python3 -c 'import json,sys; print([c["commit"] for c in json.load(sys.stdin)["checkpoints"] if not c.get("layout")][0])')
 for rev in "$commit.neuron-tp4" neuron-tp4; do
     curl -s -X POST --data-binary "drop=100000@1" "$HURL/_testhub/faults" >/dev/null || fail "cannot set faults"
     rc=0
@@ -145,7 +145,7 @@ while IFS='|' read -r ref query want; do
     [ "$code" = 400 ] && grep -q "$want" "$W/rank.out" || fail "$ref archive.tar?$query: $code $(head -c 300 "$W/rank.out")"
 done <<'RANKS'
 Qwen%2Fodd@main:neuron-tp4|rank=4|rank 4 is out of range: checkpoint [0-9]* has ranks 0-3
-Qwen%2Fodd@main:neuron-tp4|rank=x|rank 'x' is not a number
+Qwen%2Fodd@main:neuron-tp4|rank=x|rank: 'x' is not a whole number
 Qwen%2Fodd@main|rank=0|is not tensor-parallel
 RANKS
 code=$(curl -s -o "$W/rank.out" -w '%{http_code}' "$HURL/v1/checkpoints/Qwen%2Fodd@main:neuron-tp4/archive.tar?rank=3")

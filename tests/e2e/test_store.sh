@@ -56,7 +56,7 @@ same_tree() {
 jget() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 du_field() { "$ckpt" du --json | jget "$1"; }
 # refs: the sorted refs `ckpt ls --json` lists.
-refs() { "$ckpt" ls --json | python3 -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin))))'; }
+refs() { "$ckpt" ls --json | python3 -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin)["checkpoints"])))'; }
 # show_sums REF: "sha256  path" of REF's files as the catalog records them (same form as sums).
 show_sums() {
     "$ckpt" show "$1" --json | python3 -c '

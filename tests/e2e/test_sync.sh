@@ -38,7 +38,7 @@ jobs_check() { "$ckpt" jobs --json | "$py" -c "$jobs_prelude$1"; }
 # stored COMMIT LAYOUT: the client store holds org/tiny at COMMIT in LAYOUT ("" the original).
 stored() {
     "$ckpt" ls --json | "$py" -c 'import json, sys
-sys.exit(not any(c["commit"] == sys.argv[1] and c["layout"] == sys.argv[2] for c in json.load(sys.stdin)))' "$1" "$2"
+sys.exit(not any(c["commit"] == sys.argv[1] and c["layout"] == sys.argv[2] for c in json.load(sys.stdin)["checkpoints"]))' "$1" "$2"
 }
 # at_least N EXPR: EXPR (jobs_py) is at least N — re-evaluated by each wait_until try.
 at_least() { [ "$(jobs_py "$2")" -ge "$1" ]; }

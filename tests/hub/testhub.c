@@ -7,9 +7,10 @@
  *                [--log F] [--faults SPEC]
  *
  * It serves the checkpoints stored in HUB_HOME (`ckpt import`ed gen-model
- * folders) through the daemon's own Hub read API (service/http/store_http.c:
+ * folders) through the daemon's own Hub read API (service/http/hub_api.c:
  * revision, tree with paging, paths-info, resolve with Range and LFS
- * headers). Requests that a fault applies to are answered here instead.
+ * headers) and its /v1/checkpoints routes (service/http/store_api.c).
+ * Requests that a fault applies to are answered here instead.
  *
  * SPEC is a comma-separated list of faults, each NAME[=VALUE][@COUNT]; COUNT
  * is how many requests it hits before it stops (default: all):
@@ -50,7 +51,8 @@
 #include "common/fsutil.h"
 #include "common/util.h"
 #include "service/http/http_util.h"
-#include "service/http/store_http.h"
+#include "service/http/hub_api.h"
+#include "service/http/store_api.h"
 #include "store/catalog.h"
 #include "store/store.h"
 #include "store/materialize.h"
@@ -275,7 +277,7 @@ static enum MHD_Result send_tree_fault(struct MHD_Connection *c, const char *url
     snprintf(commit, sizeof commit, "%.*s", (int)strcspn(t + 6, "?/"), t + 6);
     store_ckpt ck;
     char sha[41];
-    if (!store_http_resolve_rev(&hub.store, repo, commit, &ck, sha))
+    if (hub_api_resolve_rev(&hub.store, repo, commit, &ck, sha) < 0)
         return http_send_error(c, 404, "no such revision", "RevisionNotFound", NULL);
     json_t *list = json_array();
     store_file_row *rows;
@@ -374,7 +376,7 @@ static enum MHD_Result faulty_resolve(struct MHD_Connection *c, const char *line
     *served = false;
     store_ckpt ck;
     char sha[41];
-    if (!store_http_resolve_rev(&hub.store, repo, rev, &ck, sha))
+    if (hub_api_resolve_rev(&hub.store, repo, rev, &ck, sha) < 0)
         return MHD_YES; /* the usual answer says what is missing */
     store_file_reader *r;
     if (store_file_open(&r, &hub.store, &ck, path) < 0) {
@@ -571,7 +573,8 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     }
     logf_("%s", line);
     bool handled;
-    enum MHD_Result ret = store_http_route(&hub.store, c, url, method, up->body, up->len, &handled);
+    enum MHD_Result ret = store_api_route(&hub.store, c, url, method, &handled);
+    if (!handled) ret = hub_api_route(&hub.store, c, url, method, up->body, up->len, &handled);
     if (!handled) ret = http_send_error(c, 404, "no such endpoint", NULL, NULL);
     if (*f->push_dir && !strncmp(url, "/api/models/", 12) && strstr(url, "/revision/") &&
         url_repo(url, repo, sizeof repo)) {
@@ -670,7 +673,7 @@ int main(int argc, char **argv)
             MHD_USE_ERROR_LOG,
         0, NULL, NULL, handler, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
         MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-        MHD_OPTION_UNESCAPE_CALLBACK, store_http_keep_raw, NULL, MHD_OPTION_END);
+        MHD_OPTION_UNESCAPE_CALLBACK, http_keep_raw, NULL, MHD_OPTION_END);
     if (!d) {
         fprintf(stderr, "ckpt-testhub: cannot listen on %s\n", listen);
         return 1;

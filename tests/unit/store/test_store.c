@@ -12,6 +12,8 @@
 #include "format/archive.h"
 #include "fixtures/genmodel.h"
 #include "store/store_archive.h"
+#include "store/store_info.h"
+#include "store/store_verify.h"
 #include "store/rebuild.h"
 
 #include <dirent.h>
@@ -230,6 +232,16 @@ static void test_archive_stream(void **state)
     fclose(f);
     assert_int_equal(archive_to(&s, ar, root, "b.tar"), CKPT_ECORRUPT);
     assert_contains(ckpt_error_last(), "config.json");
+    {
+        /* No tar end after the failure: a reader sees a truncated archive. */
+        char *bp = ckpt_path_join(root, "b.tar"), *bt;
+        size_t bl;
+        static const char zeros[1024];
+        assert_int_equal(ckpt_read_file(bp, 1u << 30, &bt, &bl), 0);
+        assert_true(bl < sizeof zeros || memcmp(bt + bl - sizeof zeros, zeros, sizeof zeros) != 0);
+        free(bt);
+        free(bp);
+    }
     store_archive_free(ar);
     /* Gone: the plan fails. */
     assert_int_equal(unlink(blob), 0);
@@ -581,6 +593,84 @@ static int teardown_unmount(void **state)
     return scratch_teardown(state);
 }
 
+
+static void count_line(void *ctx, const char *line)
+{
+    (void)line;
+    (*(int *)ctx)++;
+}
+
+/* The listing and checkpoint JSON of store_info.h, and store_verify: clean,
+ * then a damaged blob counted (not an error), a bad ref an error. */
+static void test_info_and_verify(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(root, &s, &ck);
+    bool exists = false;
+    assert_int_equal(store_repo_exists(&s, "t/lease", &exists), 0);
+    assert_true(exists);
+    assert_int_equal(store_repo_exists(&s, "t/none", &exists), 0);
+    assert_false(exists);
+    json_t *list;
+    assert_int_equal(store_list_json(&s, NULL, &list), 0);
+    json_t *items = json_object_get(list, "checkpoints");
+    assert_int_equal(json_array_size(items), 1);
+    json_t *c0 = json_array_get(items, 0);
+    assert_string_equal(json_string_value(json_object_get(c0, "repo")), "t/lease");
+    assert_true(json_is_null(json_object_get(c0, "source")));
+    assert_null(json_object_get(c0, "files"));
+    json_decref(list);
+    assert_int_equal(store_list_json(&s, "t/none", &list), 0);
+    assert_int_equal(json_array_size(json_object_get(list, "checkpoints")), 0);
+    json_decref(list);
+    json_t *j;
+    assert_int_equal(store_ckpt_json(&s, &ck, true, &j), 0);
+    json_t *files = json_object_get(j, "files");
+    assert_int_equal(json_array_size(files), 2);
+    json_t *st = json_array_get(files, 1);
+    assert_string_equal(json_string_value(json_object_get(st, "path")), "model.safetensors");
+    assert_true(json_is_true(json_object_get(st, "safetensors")));
+    assert_true(json_integer_value(json_object_get(st, "tensors")) > 0);
+    json_decref(j);
+
+    store_verify_result r;
+    int lines = 0;
+    assert_int_equal(store_verify(&s, NULL, count_line, &lines, &r), 0);
+    assert_true(store_verify_clean(&r));
+    assert_int_equal(r.checkpoints_checked, 1);
+    assert_int_equal(lines, 0);
+    assert_int_equal(store_verify(&s, "t/none@main", count_line, &lines, &r), CKPT_ENOTFOUND);
+    /* A damaged tensor blob: counted and reported, not an error. */
+    store_file_row *rows;
+    size_t n;
+    assert_int_equal(store_files_load(&s, ck.id, &rows, &n), 0);
+    char *blob = NULL;
+    for (size_t i = 0; i < n; i++)
+        if (rows[i].blob) blob = store_blob_path(&s, rows[i].blob);
+    store_files_free(rows, n);
+    assert_non_null(blob);
+    chmod(blob, 0600);
+    FILE *f = fopen(blob, "r+b");
+    assert_non_null(f);
+    int c = fgetc(f);
+    fseek(f, 0, SEEK_SET);
+    fputc(c ^ 1, f);
+    fclose(f);
+    assert_int_equal(store_verify(&s, "t/lease", count_line, &lines, &r), 0);
+    assert_false(store_verify_clean(&r));
+    assert_int_equal(r.damaged_blobs, 1);
+    assert_true(lines >= 2); /* the blob, and the file it breaks */
+    json_t *rj = store_verify_json(&r);
+    assert_false(json_is_true(json_object_get(rj, "clean")));
+    assert_int_equal(json_integer_value(json_object_get(rj, "damaged_blobs")), 1);
+    json_decref(rj);
+    free(blob);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
@@ -596,6 +686,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
         cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_info_and_verify, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

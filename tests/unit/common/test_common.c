@@ -75,6 +75,40 @@ static void assert_file_is(const char *path, const char *text)
 
 /* ---- parsing ---- */
 
+/* The checked parsers for outside numbers: junk, overflow, signs where none
+ * belong and values out of range are CKPT_EINVAL naming the field. */
+static void test_parse_fields(void **state)
+{
+    (void)state;
+    uint64_t u;
+    int64_t i;
+    double d;
+    assert_int_equal(ckpt_parse_u64_field("limit", "50", 1, 100, &u), 0);
+    assert_true(u == 50);
+    static const char *bad_u[] = {"", "0", "101", "-1", "+5", " 5", "5 ", "5x", "0x10", "99999999999999999999"};
+    for (size_t k = 0; k < sizeof bad_u / sizeof *bad_u; k++) {
+        assert_int_equal(ckpt_parse_u64_field("limit", bad_u[k], 1, 100, &u), CKPT_EINVAL);
+        assert_non_null(strstr(ckpt_error_last(), "limit: "));
+    }
+    assert_int_equal(ckpt_parse_i64_field("--priority", "-7", -10, 10, &i), 0);
+    assert_true(i == -7);
+    assert_int_equal(ckpt_parse_i64_field("--priority", "-9223372036854775808", INT64_MIN, 0, &i), 0);
+    assert_true(i == INT64_MIN);
+    static const char *bad_i[] = {"", "-", "--1", "11", "-11", "1e3", "9223372036854775808", "-9223372036854775809"};
+    for (size_t k = 0; k < sizeof bad_i / sizeof *bad_i; k++) {
+        assert_int_equal(ckpt_parse_i64_field("--priority", bad_i[k], -10, 10, &i), CKPT_EINVAL);
+        assert_non_null(strstr(ckpt_error_last(), "--priority: "));
+    }
+    assert_int_equal(ckpt_parse_double("--grace", "2.5", 0, 60, &d), 0);
+    assert_true(d == 2.5);
+    static const char *bad_d[] = {"", "x", "1.5s", " 1", "nan", "inf", "-1", "61", "1e999"};
+    for (size_t k = 0; k < sizeof bad_d / sizeof *bad_d; k++) {
+        assert_int_equal(ckpt_parse_double("--grace", bad_d[k], 0, 60, &d), CKPT_EINVAL);
+        assert_non_null(strstr(ckpt_error_last(), "--grace: "));
+    }
+    assert_int_equal(ckpt_parse_u64_field("limit", NULL, 1, 100, &u), CKPT_EINVAL);
+}
+
 static void test_parse_size(void **state)
 {
     (void)state;
@@ -527,7 +561,7 @@ static void test_modes_follow_umask(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_parse_size),          cmocka_unit_test(test_parse_u64),
+        cmocka_unit_test(test_parse_size),          cmocka_unit_test(test_parse_u64), cmocka_unit_test(test_parse_fields),
         SCRATCH_TEST(test_atomic_commit),           SCRATCH_TEST(test_atomic_abort),
         SCRATCH_TEST(test_atomic_open_missing_dir), SCRATCH_TEST(test_read_file_limits),
         SCRATCH_TEST(test_tmpdir_commit),           SCRATCH_TEST(test_tmpdir_stale),

@@ -1,0 +1,627 @@
+/* hub_api.c — the Hugging Face Hub read API over the store (see hub_api.h). */
+#include "service/http/hub_api.h"
+
+#include "common/error.h"
+#include "common/log.h"
+#include "common/util.h"
+#include "service/http/http_util.h"
+#include "store/store_info.h"
+
+#include <ctype.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HUB_API_CHUNK (1u << 20)
+#define INLINE_OID_MAX (64u << 20) /* non-LFS files hashed for their git oid up to this size */
+
+/* ---- revisions ---- */
+
+typedef struct {
+    store_ckpt c;
+    char sha[41]; /* the commit clients see */
+    bool found;
+} hub_rev;
+
+static void sha1_hex(const void *data, size_t len, char out[41])
+{
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_Digest(data, len, md, &n, EVP_sha1(), NULL);
+    for (unsigned i = 0; i < 20 && i < n; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+static void set_sha(hub_rev *r)
+{
+    if (!*r->c.layout) {
+        snprintf(r->sha, sizeof r->sha, "%.40s", r->c.commit);
+        return;
+    }
+    char *key = ckpt_sprintf("%s.%s", r->c.commit, r->c.layout);
+    if (key) sha1_hex(key, strlen(key), r->sha);
+    free(key);
+}
+
+/* 1 found, 0 no such checkpoint, < 0 the lookup failed. */
+static int try_ref(ckpt_store *s, const char *ref, hub_rev *out)
+{
+    if (!ref) return CKPT_ENOMEM;
+    int rc = store_resolve(s, ref, &out->c);
+    if (rc == CKPT_ENOTFOUND || rc == CKPT_EINVAL) return 0; /* EINVAL: a rev that cannot be in a ref */
+    if (rc) return rc;
+    out->found = true;
+    set_sha(out);
+    return 1;
+}
+
+static bool is_hex40(const char *s)
+{
+    size_t n = 0;
+    while (isxdigit((unsigned char)s[n])) n++;
+    return n == 40;
+}
+
+/* A layout revision named by its pseudo-commit: 1 found, 0 none, < 0 failed. */
+static int find_by_layout_sha(ckpt_store *s, const char *repo, const char *sha, hub_rev *out)
+{
+    store_ckpt *v;
+    size_t n;
+    int rc = store_repo_layouts(s, repo, &v, &n);
+    if (rc) return rc;
+    int found = 0;
+    for (size_t i = 0; i < n && !found; i++) {
+        out->c = v[i];
+        set_sha(out);
+        if (!strcmp(out->sha, sha)) {
+            found = out->found = true;
+            memset(&v[i], 0, sizeof v[i]); /* now out's */
+        }
+    }
+    if (!found) memset(&out->c, 0, sizeof out->c);
+    store_list_free(v, n);
+    return found;
+}
+
+/* 0 found, CKPT_ENOTFOUND nothing matches, another error: a lookup failed. */
+static int resolve_rev(ckpt_store *s, const char *repo, const char *rev_in, hub_rev *out)
+{
+    memset(out, 0, sizeof *out);
+    const char *rev = !strcmp(rev_in, "HEAD") ? "main" : rev_in;
+    if (strchr(rev, ':') || strchr(rev, '@')) return CKPT_ENOTFOUND;
+    const char *dot = strchr(rev, '.');
+    char *ref = NULL;
+    int ok = 0;
+    if (dot && dot - rev == 40 && is_hex40(rev)) { /* <commit>.<layout> */
+        ref = ckpt_sprintf("%s@%.40s:%s", repo, rev, dot + 1);
+        ok = try_ref(s, ref, out);
+    }
+    if (!ok) {
+        free(ref);
+        ref = ckpt_sprintf("%s@%s", repo, rev); /* a name given at import, a commit or its prefix */
+        ok = try_ref(s, ref, out);
+    }
+    if (!ok && is_hex40(rev)) ok = find_by_layout_sha(s, repo, rev, out);
+    if (!ok) {
+        free(ref);
+        ref = ckpt_sprintf("%s@main:%s", repo, rev); /* a layout of main */
+        ok = try_ref(s, ref, out);
+    }
+    if (!ok) {
+        free(ref);
+        ref = ckpt_sprintf("%s:%s", repo, rev); /* a layout of the newest original */
+        ok = try_ref(s, ref, out);
+    }
+    free(ref);
+    return ok > 0 ? 0 : ok == 0 ? CKPT_ENOTFOUND : ok;
+}
+
+int hub_api_resolve_rev(ckpt_store *s, const char *repo, const char *rev, store_ckpt *ck, char sha[41])
+{
+    hub_rev r;
+    int rc = resolve_rev(s, repo, rev, &r);
+    if (rc) return rc == CKPT_ENOTFOUND ? ckpt_error_set(rc, "%s: no revision '%s'", repo, rev) : rc;
+    *ck = r.c;
+    memcpy(sha, r.sha, sizeof r.sha);
+    return 0;
+}
+
+/* ---- files of a checkpoint ---- */
+
+typedef struct {
+    store_file_row *v;
+    size_t n;
+} hub_files;
+
+static int load_hub_files(ckpt_store *s, int64_t id, hub_files *out)
+{
+    return store_files_load(s, id, &out->v, &out->n);
+}
+
+static void hub_files_free(hub_files *f)
+{
+    store_files_free(f->v, f->n);
+}
+
+/* Safetensors files (and anything too large to hash for a git oid) are LFS files. */
+static bool is_lfs(const store_file_row *f)
+{
+    return f->header != NULL || f->size > INLINE_OID_MAX;
+}
+
+static const char *lfs_pointer(const store_file_row *f, char *buf, size_t len)
+{
+    snprintf(buf, len, "version https://git-lfs.github.com/spec/v1\noid sha256:%s\nsize %llu\n", f->sha256,
+             (unsigned long long)f->size);
+    return buf;
+}
+
+/* git's blob id: sha1("blob <size>\0" + content). */
+static void git_oid(const void *data, size_t len, char out[41])
+{
+    char head[64];
+    int hn = snprintf(head, sizeof head, "blob %zu", len) + 1;
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(ctx, EVP_sha1(), NULL);
+    EVP_DigestUpdate(ctx, head, (size_t)hn);
+    EVP_DigestUpdate(ctx, data, len);
+    EVP_DigestFinal_ex(ctx, md, &n);
+    EVP_MD_CTX_free(ctx);
+    for (unsigned i = 0; i < 20 && i < n; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+/* git oids of non-LFS files by content sha256: a file's bytes never change
+ * under its sha256, so each blob is hashed once per daemon, not on every
+ * tree, paths-info and resolve call. Direct-mapped on the sha256's first
+ * hex digits; a collision just hashes again. */
+#define OID_CACHE_SLOTS 4096
+static struct {
+    char sha256[65];
+    char oid[41];
+} oid_cache[OID_CACHE_SLOTS];
+static pthread_mutex_t oid_cache_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static size_t oid_slot(const char *sha256)
+{
+    char head[5];
+    snprintf(head, sizeof head, "%.4s", sha256);
+    return (size_t)strtoul(head, NULL, 16) % OID_CACHE_SLOTS;
+}
+
+static bool oid_cached(const char *sha256, char out[41])
+{
+    size_t i = oid_slot(sha256);
+    pthread_mutex_lock(&oid_cache_mu);
+    bool hit = !strcmp(oid_cache[i].sha256, sha256);
+    if (hit) memcpy(out, oid_cache[i].oid, 41);
+    pthread_mutex_unlock(&oid_cache_mu);
+    return hit;
+}
+
+static void oid_remember(const char *sha256, const char oid[41])
+{
+    size_t i = oid_slot(sha256);
+    pthread_mutex_lock(&oid_cache_mu);
+    snprintf(oid_cache[i].sha256, sizeof oid_cache[i].sha256, "%s", sha256);
+    memcpy(oid_cache[i].oid, oid, 41);
+    pthread_mutex_unlock(&oid_cache_mu);
+}
+
+/* git's blob id of a stored blob, read in pieces (no lock held). */
+static int blob_git_oid(const char *path, uint64_t size, char out[41])
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ckpt_error_sys("%s: open", path);
+    char head[64];
+    int hn = snprintf(head, sizeof head, "blob %llu", (unsigned long long)size) + 1;
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    char *buf = ckpt_malloc(HUB_API_CHUNK);
+    int rc = ctx && buf ? 0 : CKPT_ENOMEM;
+    if (!rc) {
+        EVP_DigestInit_ex(ctx, EVP_sha1(), NULL);
+        EVP_DigestUpdate(ctx, head, (size_t)hn);
+    }
+    uint64_t left = size;
+    while (!rc && left) {
+        ssize_t n = read(fd, buf, left < HUB_API_CHUNK ? (size_t)left : HUB_API_CHUNK);
+        if (n < 0) rc = ckpt_error_sys("%s: read", path);
+        else if (n == 0) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: shorter than its catalog size", path);
+        else {
+            EVP_DigestUpdate(ctx, buf, (size_t)n);
+            left -= (uint64_t)n;
+        }
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdn = 0;
+    if (ctx) EVP_DigestFinal_ex(ctx, md, &mdn);
+    if (!rc)
+        for (unsigned i = 0; i < 20 && i < mdn; i++) snprintf(out + 2 * i, 3, "%02x", md[i]);
+    EVP_MD_CTX_free(ctx);
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+/* A blob that cannot be read is an error (the store is damaged), never the
+ * oid of some other content. */
+static int file_oid(ckpt_store *s, const store_file_row *f, char out[41])
+{
+    char ptr[256];
+    if (is_lfs(f) || !f->blob) {
+        lfs_pointer(f, ptr, sizeof ptr);
+        git_oid(ptr, strlen(ptr), out);
+        return 0;
+    }
+    if (oid_cached(f->sha256, out)) return 0;
+    char *path = store_blob_path(s, f->blob);
+    int rc = path ? blob_git_oid(path, f->size, out) : CKPT_ENOMEM;
+    if (!rc) oid_remember(f->sha256, out);
+    else rc = ckpt_error_prefix(rc, "git oid of '%s'", f->path);
+    free(path);
+    return rc;
+}
+
+/* Appends the entry of a file to into. */
+static int file_entry(ckpt_store *s, const store_file_row *f, const hub_rev *rev, bool expand, json_t *into)
+{
+    char oid[41], ptr[256];
+    int rc = file_oid(s, f, oid);
+    if (rc) return rc;
+    json_t *e = json_pack("{s:s,s:s,s:I,s:s}", "type", "file", "path", f->path, "size", (json_int_t)f->size, "oid", oid);
+    if (e && is_lfs(f))
+        json_object_set_new(e, "lfs", json_pack("{s:s,s:I,s:I}", "oid", f->sha256, "size", (json_int_t)f->size,
+                                                "pointerSize", (json_int_t)strlen(lfs_pointer(f, ptr, sizeof ptr))));
+    if (e && expand) {
+        char date[32];
+        time_t t = (time_t)rev->c.created_at;
+        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S.000Z", gmtime(&t));
+        json_object_set_new(e, "lastCommit", json_pack("{s:s,s:s,s:s}", "id", rev->sha, "title",
+                                                       *rev->c.layout ? "ckpt convert" : "ckpt import", "date", date));
+    }
+    if (!e || json_array_append_new(into, e) < 0) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Appends the entry of a directory to into. */
+static int dir_entry(const char *path, const hub_rev *rev, json_t *into)
+{
+    char *key = ckpt_sprintf("%s/%s", rev->sha, path);
+    if (!key) return CKPT_ENOMEM;
+    char oid[41];
+    sha1_hex(key, strlen(key), oid);
+    free(key);
+    json_t *j = json_pack("{s:s,s:s,s:s}", "type", "directory", "path", path, "oid", oid);
+    if (!j || json_array_append_new(into, j) < 0) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* ---- Hub endpoints ---- */
+
+static enum MHD_Result hub_not_found(struct MHD_Connection *c, const char *what, const char *code, const char *commit)
+{
+    return http_send_error(c, 404, what, code, commit);
+}
+
+/* A lookup that failed (not: found nothing): 500 naming it. */
+static enum MHD_Result hub_failed(struct MHD_Connection *c, int rc, const char *what, const char *repo)
+{
+    char *w = ckpt_sprintf("%s of %s", what, repo);
+    enum MHD_Result ret = http_send_store_error(c, rc == CKPT_ENOTFOUND || rc == CKPT_EINVAL ? CKPT_EIO : rc,
+                                                w ? w : what);
+    free(w);
+    return ret;
+}
+
+/* Resolves repo + rev or answers the right 404 (or a 500 when a lookup failed). */
+static bool hub_lookup(ckpt_store *s, struct MHD_Connection *c, const char *repo, const char *rev, hub_rev *out,
+                       enum MHD_Result *ret)
+{
+    bool exists = false;
+    int rc = store_repo_name_check(repo) < 0 ? 0 : store_repo_exists(s, repo, &exists);
+    if (rc) {
+        *ret = hub_failed(c, rc, "look up the repository", repo);
+        return false;
+    }
+    if (!exists) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "Repository Not Found for url: %s", repo);
+        *ret = hub_not_found(c, msg, "RepoNotFound", NULL);
+        return false;
+    }
+    rc = resolve_rev(s, repo, rev, out);
+    if (rc && rc != CKPT_ENOTFOUND) {
+        *ret = hub_failed(c, rc, "resolve the revision", repo);
+        return false;
+    }
+    if (rc) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "Invalid rev id: %s", rev);
+        *ret = hub_not_found(c, msg, "RevisionNotFound", NULL);
+        return false;
+    }
+    return true;
+}
+
+static enum MHD_Result hub_revision(ckpt_store *s, struct MHD_Connection *c, const char *repo, const char *rev)
+{
+    hub_rev r;
+    enum MHD_Result ret;
+    if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
+    hub_files fs;
+    int rc = load_hub_files(s, r.c.id, &fs);
+    if (rc) {
+        store_ckpt_free(&r.c);
+        return hub_failed(c, rc, "read the files", repo);
+    }
+    json_t *sib = json_array();
+    for (size_t i = 0; i < fs.n; i++) json_array_append_new(sib, json_pack("{s:s}", "rfilename", fs.v[i].path));
+    hub_files_free(&fs);
+    char date[32];
+    time_t t = (time_t)r.c.created_at;
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S.000Z", gmtime(&t));
+    char id[64];
+    snprintf(id, sizeof id, "%.24s", r.sha);
+    json_t *j = json_pack("{s:s,s:s,s:s,s:o,s:b,s:b,s:i,s:i,s:s,s:n,s:o}", "_id", id, "id", repo, "sha", r.sha,
+                          "siblings", sib, "private", 0, "gated", 0, "downloads", 0, "likes", 0, "lastModified", date,
+                          "pipeline_tag", "tags", json_array());
+    store_ckpt_free(&r.c);
+    return http_send_json(c, 200, j);
+}
+
+static bool query_flag(struct MHD_Connection *c, const char *name)
+{
+    const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+    return v && (!strcmp(v, "true") || !strcmp(v, "True") || !strcmp(v, "1"));
+}
+
+/* CKPT_HUB_PAGE_SIZE (1..1000000), else the default; junk is warned about once. */
+static size_t page_size(void)
+{
+    const char *e = getenv("CKPT_HUB_PAGE_SIZE");
+    uint64_t n;
+    if (!e || !*e) return HUB_PAGE_SIZE_DEFAULT;
+    if (ckpt_parse_u64_field("CKPT_HUB_PAGE_SIZE", e, 1, 1000000, &n) < 0) {
+        static atomic_bool warned;
+        if (!atomic_exchange(&warned, true)) ckpt_warn("%s; using %d", ckpt_error_last(), HUB_PAGE_SIZE_DEFAULT);
+        return HUB_PAGE_SIZE_DEFAULT;
+    }
+    return (size_t)n;
+}
+
+static enum MHD_Result hub_tree(ckpt_store *s, struct MHD_Connection *c, const char *repo, const char *rev,
+                                const char *sub, const char *raw_url)
+{
+    hub_rev r;
+    enum MHD_Result ret;
+    if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
+    bool recursive = query_flag(c, "recursive");
+    size_t sublen = sub ? strlen(sub) : 0;
+    hub_files fs;
+    int rc = load_hub_files(s, r.c.id, &fs);
+    if (rc) {
+        store_ckpt_free(&r.c);
+        return hub_failed(c, rc, "read the files", repo);
+    }
+    json_t *all = json_array();
+    rc = all ? 0 : CKPT_ENOMEM;
+    {
+        /* Directories first seen on the way, then files, in path order. */
+        for (size_t i = 0; !rc && i < fs.n; i++) {
+            const char *p = fs.v[i].path;
+            if (sublen && (strncmp(p, sub, sublen) || p[sublen] != '/')) continue;
+            const char *rest = sublen ? p + sublen + 1 : p;
+            for (const char *slash = strchr(rest, '/'); slash; slash = recursive ? strchr(slash + 1, '/') : NULL) {
+                char *dir = ckpt_strndup(p, (size_t)(slash - p));
+                bool seen = false;
+                size_t k;
+                json_t *e;
+                json_array_foreach(all, k, e) seen |= dir && !strcmp(json_string_value(json_object_get(e, "path")), dir);
+                if (!dir) rc = CKPT_ENOMEM;
+                else if (!seen) rc = dir_entry(dir, &r, all);
+                free(dir);
+                if (!recursive || rc) break;
+            }
+            if (!rc && (recursive || !strchr(rest, '/'))) rc = file_entry(s, &fs.v[i], &r, false, all);
+        }
+        hub_files_free(&fs);
+    }
+    if (rc) {
+        json_decref(all);
+        store_ckpt_free(&r.c);
+        return hub_failed(c, rc, "list the tree", repo);
+    }
+    if (sublen && json_array_size(all) == 0) {
+        json_decref(all);
+        store_ckpt_free(&r.c);
+        return hub_not_found(c, "Entry not found", "EntryNotFound", r.sha);
+    }
+    const char *cur = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "cursor");
+    uint64_t start = 0;
+    if (cur && ckpt_parse_u64_field("cursor", cur, 0, UINT64_MAX, &start) < 0) {
+        json_decref(all);
+        store_ckpt_free(&r.c);
+        return http_send_error(c, 400, ckpt_error_last(), NULL, NULL);
+    }
+    size_t per = page_size(), total = json_array_size(all);
+    json_t *page = json_array();
+    for (size_t i = start < total ? (size_t)start : total; i < total && i < start + per; i++) json_array_append(page, json_array_get(all, i));
+    json_decref(all);
+    char *body = json_dumps(page, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(page);
+    struct MHD_Response *resp = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+    if (!resp) {
+        store_ckpt_free(&r.c);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    if (start + per < total) {
+        const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
+        char path[2048];
+        snprintf(path, sizeof path, "%s", raw_url);
+        char *q = strchr(path, '?');
+        if (q) *q = 0;
+        char link[3072];
+        snprintf(link, sizeof link, "<http://%s%s?recursive=%s&cursor=%llu>; rel=\"next\"", host ? host : "127.0.0.1",
+                 path, recursive ? "true" : "false", (unsigned long long)(start + per));
+        MHD_add_response_header(resp, "Link", link);
+    }
+    ret = MHD_queue_response(c, 200, resp);
+    MHD_destroy_response(resp);
+    store_ckpt_free(&r.c);
+    return ret;
+}
+
+/* paths-info: JSON {"paths": [...], "expand": bool} or a form body. */
+static enum MHD_Result hub_paths_info(ckpt_store *s, struct MHD_Connection *c, const char *repo, const char *rev,
+                                      const char *body, size_t body_len)
+{
+    hub_rev r;
+    enum MHD_Result ret;
+    if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
+    json_t *paths = json_array();
+    bool expand = false;
+    json_error_t err;
+    json_t *j = body_len ? json_loadb(body, body_len, 0, &err) : NULL;
+    if (json_is_object(j)) {
+        json_t *p = json_object_get(j, "paths");
+        size_t i;
+        json_t *v;
+        json_array_foreach(p, i, v) if (json_is_string(v)) json_array_append(paths, v);
+        if (json_is_string(p)) json_array_append(paths, p);
+        expand = json_is_true(json_object_get(j, "expand"));
+    } else if (body_len) {
+        char *form = ckpt_strndup(body, body_len), *save = NULL;
+        for (char *kv = form ? strtok_r(form, "&", &save) : NULL; kv; kv = strtok_r(NULL, "&", &save)) {
+            char *eq = strchr(kv, '=');
+            if (!eq) continue;
+            *eq = 0;
+            for (char *p = eq + 1; *p; p++)
+                if (*p == '+') *p = ' ';
+            if (!http_pct_decode(kv) || !http_pct_decode(eq + 1)) continue;
+            if (!strcmp(kv, "paths")) json_array_append_new(paths, json_string(eq + 1));
+            if (!strcmp(kv, "expand")) expand = !strcmp(eq + 1, "true") || !strcmp(eq + 1, "True") || !strcmp(eq + 1, "1");
+        }
+        free(form);
+    }
+    json_decref(j);
+    hub_files fs;
+    int rc = load_hub_files(s, r.c.id, &fs);
+    if (rc) {
+        json_decref(paths);
+        store_ckpt_free(&r.c);
+        return hub_failed(c, rc, "read the files", repo);
+    }
+    json_t *out = json_array();
+    rc = out ? 0 : CKPT_ENOMEM;
+    {
+        size_t i;
+        json_t *p;
+        json_array_foreach(paths, i, p)
+        {
+            const char *want = json_string_value(p);
+            size_t wl = strlen(want);
+            bool dir = false;
+            for (size_t k = 0; !rc && k < fs.n; k++) {
+                if (!strcmp(fs.v[k].path, want)) rc = file_entry(s, &fs.v[k], &r, expand, out);
+                else if (!dir && !strncmp(fs.v[k].path, want, wl) && fs.v[k].path[wl] == '/') dir = true;
+            }
+            if (!rc && dir) rc = dir_entry(want, &r, out);
+            if (rc) break;
+        }
+        hub_files_free(&fs);
+    }
+    json_decref(paths);
+    store_ckpt_free(&r.c);
+    if (rc) {
+        json_decref(out);
+        return hub_failed(c, rc, "describe the paths", repo);
+    }
+    return http_send_json(c, 200, out);
+}
+
+static enum MHD_Result hub_resolve(ckpt_store *s, struct MHD_Connection *c, const char *repo, const char *rev,
+                                   const char *path, bool raw_head_only)
+{
+    hub_rev r;
+    enum MHD_Result ret;
+    if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
+    hub_files fs;
+    const store_file_row *f = NULL;
+    int rc = load_hub_files(s, r.c.id, &fs);
+    if (rc) {
+        store_ckpt_free(&r.c);
+        return hub_failed(c, rc, "read the files", repo);
+    }
+    for (size_t i = 0; i < fs.n && !f; i++)
+        if (!strcmp(fs.v[i].path, path)) f = &fs.v[i];
+    if (!f) {
+        ret = hub_not_found(c, "Entry not found", "EntryNotFound", r.sha);
+    } else if (raw_head_only) {
+        struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+        MHD_add_response_header(resp, "X-Repo-Commit", r.sha);
+        ret = MHD_queue_response(c, 200, resp);
+        MHD_destroy_response(resp);
+    } else {
+        char oid[41];
+        rc = file_oid(s, f, oid);
+        http_hub_file hf = {.commit = r.sha, .lfs = is_lfs(f), .etag = oid};
+        ret = rc ? hub_failed(c, rc, "read the file", repo) : http_send_stored_file(s, c, &r.c, path, &hf);
+    }
+    hub_files_free(&fs);
+    store_ckpt_free(&r.c);
+    return ret;
+}
+
+
+enum MHD_Result hub_api_route(ckpt_store *s, struct MHD_Connection *c, const char *url, const char *method,
+                              const char *body, size_t body_len, bool *handled)
+{
+    *handled = false;
+    if (!strncmp(url, "/v1/", 4) || !strcmp(url, "/metrics") || !strcmp(url, "/healthz")) return MHD_NO;
+    http_segments sg;
+    if (!http_split_path(url, &sg)) {
+        free(sg.buf);
+        *handled = true;
+        return http_send_error(c, 400, "bad path encoding", NULL, NULL);
+    }
+    enum MHD_Result ret = MHD_NO;
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    if (sg.n >= 6 && !strcmp(sg.seg[0], "api") && !strcmp(sg.seg[1], "models")) {
+        char repo[512];
+        snprintf(repo, sizeof repo, "%s/%s", sg.seg[2], sg.seg[3]);
+        const char *what = sg.seg[4];
+        *handled = true;
+        if (!strcmp(what, "revision") && get) {
+            char *rev = http_join_from(&sg, 5);
+            ret = rev ? hub_revision(s, c, repo, rev) : MHD_NO;
+            free(rev);
+        } else if (!strcmp(what, "tree") && get) {
+            char *sub = sg.n > 6 ? http_join_from(&sg, 6) : NULL;
+            ret = hub_tree(s, c, repo, sg.seg[5], sub, url);
+            free(sub);
+        } else if (!strcmp(what, "paths-info") && !strcmp(method, "POST")) {
+            ret = hub_paths_info(s, c, repo, sg.seg[5], body, body_len);
+        } else {
+            ret = http_send_error(c, 404, "no such endpoint", NULL, NULL);
+        }
+    } else if (sg.n >= 5 && (!strcmp(sg.seg[2], "resolve") || !strcmp(sg.seg[2], "raw")) && get) {
+        char repo[512];
+        snprintf(repo, sizeof repo, "%s/%s", sg.seg[0], sg.seg[1]);
+        char *path = http_join_from(&sg, 4);
+        *handled = true;
+        bool raw = !strcmp(sg.seg[2], "raw");
+        if (!path || !http_path_safe(path)) ret = http_send_error(c, 400, "bad file path", NULL, NULL);
+        else if (raw && strcmp(method, "HEAD")) ret = http_send_error(c, 405, "raw: HEAD only", NULL, NULL);
+        else ret = hub_resolve(s, c, repo, sg.seg[3], path, raw);
+        free(path);
+    }
+    free(sg.buf);
+    return ret;
+}

@@ -1,0 +1,58 @@
+/* store_pull.c — a stored checkpoint written out (see store_pull.h). */
+#include "store/store_pull.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/util.h"
+#include "format/archive.h"
+#include "store/materialize.h"
+#include "transform/convert.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int store_pull_format_parse(const char *text, store_pull_format *out)
+{
+    if (!strcmp(text, "dir")) *out = STORE_PULL_DIR;
+    else if (!strcmp(text, "tar")) *out = STORE_PULL_TAR;
+    else if (!strcmp(text, "tar.zst")) *out = STORE_PULL_TAR_ZST;
+    else return ckpt_error_set(CKPT_EINVAL, "format '%s': expected dir, tar or tar.zst", text);
+    return 0;
+}
+
+int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_pull_opts *o)
+{
+    bool dir = o->format == STORE_PULL_DIR;
+    if (dir && !strcmp(out, "-")) return ckpt_error_set(CKPT_EINVAL, "pull: '-' (standard output) needs a tar format");
+    if (o->consolidated && o->rank >= 0)
+        return ckpt_error_set(CKPT_EINVAL, "pull: --consolidated and --rank exclude each other");
+    /* Directories are assembled in place; archives and consolidation go through a staging folder. */
+    bool staged = !dir || o->consolidated;
+    char *stage = NULL;
+    int rc = 0;
+    if (staged) {
+        char *base = store_tmp_base(s, "pull");
+        rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
+        free(base);
+    }
+    materialize_opts mo = {.rank = o->rank, .force = o->force || staged, .quiet = o->quiet};
+    if (!rc) rc = store_materialize(s, c, staged ? stage : out, &mo);
+    if (!rc && o->consolidated) {
+        consolidate_opts co = {.quiet = o->quiet, .force = o->force};
+        if (dir) {
+            rc = consolidate_run(stage, out, &co);
+        } else {
+            char *cons = ckpt_sprintf("%s.consolidated", stage);
+            rc = cons ? consolidate_run(stage, cons, &co) : CKPT_ENOMEM;
+            ckpt_rm_rf(stage);
+            free(stage);
+            stage = cons;
+        }
+    }
+    if (!rc && !dir) rc = ckpt_archive_write_tree(stage, out, o->format == STORE_PULL_TAR_ZST);
+    if (stage) {
+        ckpt_rm_rf(stage);
+        free(stage);
+    }
+    return rc;
+}
