@@ -40,7 +40,7 @@ static int build_rules(convert_plan *cp, const convert_opts *o)
         rc = cj_load_file(&cp->rules_json, o->rules_file, RULES_MAX_BYTES);
     } else {
         if (!o->layout)
-            return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf, or --rules FILE)");
+            return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf|vllm, or --rules FILE)");
         preset_opts po = {.preset = o->layout, .tp = o->tp > 0 ? o->tp : 1, .kv_size_multiplier = o->kv_size_multiplier,
                           .dtype = o->dtype};
         rc = preset_rules(&cp->rules_json, cp->config, &po, "config.json");

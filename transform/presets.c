@@ -1,4 +1,4 @@
-/* presets.c — rules generated from config.json for the neuron, fused, easydel and hf layouts. */
+/* presets.c — rules generated from config.json for the neuron, fused, easydel, hf and vllm layouts. */
 #include "transform/presets.h"
 
 #include "common/error.h"
