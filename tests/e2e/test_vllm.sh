@@ -16,6 +16,9 @@
 # 3. --max-shard-size splits a rank into parts as vLLM's save_model does
 #    (model-rank-R-part-P, P from 0), and consolidation still works.
 # 4. `ckpt plan --print-rules` fed back with --rules writes the same files.
+# 5. In the store: convert --layout vllm then pull equals the offline convert;
+#    pull --rank R gives rank R's files only (each vLLM worker fetches its own
+#    bytes); --consolidated gives the source.
 #
 #   CKPT_BIN=build/ckpt bash tests/e2e/test_vllm.sh   (or through run.sh)
 set -euo pipefail
@@ -170,4 +173,35 @@ rm -rf "$work/conv" "$work/conv2"
 run "$ckpt" convert "$work/llama" "$work/conv" --layout vllm --tp 4 --no-hash
 run "$ckpt" convert "$work/llama" "$work/conv2" --rules "$work/rules.json" --no-hash
 same_tree "$work/conv" "$work/conv2" "--rules of --print-rules"
-echo "vllm: ok"
+echo "vllm files: ok"
+
+# ---- 5. in the store: convert, pull, pull --rank R, --consolidated ----
+
+export CKPT_HOME=$work/home
+rm -rf "$work/conv" "$work/pull"
+run "$ckpt" import "$work/mixtral" --repo t/mixtral
+run "$ckpt" convert t/mixtral --layout vllm --tp 4
+ref=$(cat "$work/out")
+case "$ref" in *vllm-tp4*) ;; *) fail "store convert printed '$ref'" ;; esac
+run "$ckpt" convert "$work/mixtral" "$work/conv" --layout vllm --tp 4
+run "$ckpt" pull "$ref" -o "$work/pull"
+diff -r "$work/conv" "$work/pull" >"$work/diff" || fail "pull $ref differs from the offline convert: $(head -c 1500 "$work/diff")"
+rm -rf "$work/pull"
+for r in 0 2; do
+    run "$ckpt" pull "$ref" --rank "$r" -o "$work/pull"
+    (cd "$work/pull" && ls) >"$work/files"
+    printf '%s\n' ckpt-layout.json config.json "model-rank-$r-part-0.safetensors" | sort >"$work/want"
+    (cd "$work/mixtral" && ls | grep -v '\.safetensors' | grep -v '^config.json$') >>"$work/want" || true
+    sort -o "$work/want" "$work/want"
+    cmp -s "$work/files" "$work/want" || fail "pull --rank $r wrote $(tr '\n' ' ' <"$work/files")"
+    for f in "$work/pull"/*; do
+        cmp -s "$f" "$work/conv/$(basename "$f")" || fail "pull --rank $r: $(basename "$f") differs from the offline convert"
+    done
+    rm -rf "$work/pull"
+done
+expect_status 1 "$ckpt" pull "$ref" --rank 4 -o "$work/pull"
+grep -q "out of range" "$work/err" || fail "pull --rank 4 of tp 4: $(cat "$work/err")"
+run "$ckpt" pull "$ref" --consolidated -o "$work/pull"
+same_tree "$work/mixtral" "$work/pull" "pull $ref --consolidated"
+rm -rf "$work/pull" "$work/conv"
+echo "vllm in the store: ok"
