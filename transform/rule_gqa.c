@@ -250,7 +250,7 @@ int parse_fuse_qkv_gqa(rule *r, int doc_tp)
     const char *order = NULL;
     if ((rc = rule_parse_str(r, "kv_order", &order, "interleaved", false))) return rc;
     if (strcmp(order, "interleaved") && strcmp(order, "adjacent"))
-        return rule_err(r, CKPT_EINVAL, "kv_order must be \"interleaved\" or \"adjacent\", not \"%s\"", order);
+        return rule_err(r, CKPT_EINVAL, "kv_order must be 'interleaved' or 'adjacent', not '%s'", order);
     r->kv_adjacent = !strcmp(order, "adjacent");
     if (!r->heads || !r->kv_heads || !r->head_dim)
         return rule_err(r, CKPT_EINVAL, "needs num_attention_heads, num_key_value_heads and head_dim");

@@ -1913,6 +1913,12 @@ static void test_error_rules(void **state)
         {"{'rules': [{'op': 'fuse', 'pattern': '^(a)[.](weight|gain)$', "
          "'members': ['weight', 'gain'], 'output': '$1.fused'}]}",
          NEEDLES("rule 1 (fuse)", "'a.gain'")},
+        {"{'rank_files': 'r{rank}.safetensors', 'rules': []}", NEEDLES(fx->rules, "rank_files 'r{rank}.safetensors'")},
+        {"{'rank_files': 'x/{rank}-{part}.safetensors', 'rules': []}", NEEDLES(fx->rules, "no '/'")},
+        {"{'rank_files': '{rank}-{part}-{rank}.safetensors', 'rules': []}", NEEDLES(fx->rules, "once each")},
+        {"{'rules': [{'op': 'fuse_qkv_gqa', 'pattern': 'q', 'num_attention_heads': 2, "
+         "'num_key_value_heads': 1, 'head_dim': 1, 'kv_order': 'tiled'}]}",
+         NEEDLES(fx->rules, "rule 1 (fuse_qkv_gqa)", "kv_order", "'tiled'")},
     };
     for (size_t i = 0; i < CKPT_ARRAY_LEN(cases); i++) {
         write_json_text(fx->rules, cases[i].doc);
