@@ -20,21 +20,10 @@
 #    pull --rank R gives rank R's files only (each vLLM worker fetches its own
 #    bytes); --consolidated gives the source.
 #
-#   CKPT_BIN=build/ckpt bash tests/e2e/test_vllm.sh   (or through run.sh)
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK). Uses python3.
 set -euo pipefail
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 
-ckpt=${CKPT_BIN:?set CKPT_BIN to the ckpt binary}
-export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}exitcode=86"
-export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}exitcode=87:halt_on_error=1"
-work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-vllm.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
-
-. "${E2E_DIR:-$(dirname "$0")}/lib.sh"
 run() { CKPT_QUIET=1 expect_status 0 "$@"; }
 
 same_tree() {
@@ -47,7 +36,7 @@ check_ranks() {
         "$ckpt" inspect --json "$2/model-rank-$r-part-0.safetensors" >"$work/inspect-$r.json" ||
             fail "inspect of rank $r failed"
     done
-    python3 - "$1/config.json" "$work" "$3" "$1" <<'EOF' || fail "$2: shapes differ (above)"
+    "$py" - "$1/config.json" "$work" "$3" "$1" <<'EOF' || fail "$2: shapes differ (above)"
 import json, sys, glob, os
 cfg = json.load(open(sys.argv[1]))
 tp, src = int(sys.argv[3]), sys.argv[4]
@@ -155,7 +144,7 @@ for r in 0 1; do
         [ -f "$work/conv/model-rank-$r-part-$p.safetensors" ] || fail "rank $r: part $p missing (parts count from 0)"
         sz=$(stat -c %s "$work/conv/model-rank-$r-part-$p.safetensors")
         nt=$("$ckpt" inspect --json "$work/conv/model-rank-$r-part-$p.safetensors" |
-            python3 -c 'import json,sys; print(len(json.load(sys.stdin)["tensors"]))')
+            "$py" -c 'import json,sys; print(len(json.load(sys.stdin)["tensors"]))')
         # vLLM's rule: a part only passes the limit when it holds one tensor
         [ "$sz" -le 210000 ] || [ "$nt" -eq 1 ] || fail "rank $r part $p: $sz bytes in $nt tensors"
     done
