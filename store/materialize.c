@@ -49,18 +49,16 @@ static int vllm_file_rank(const char *path)
     return (int)r;
 }
 
-/* Where a stored path goes in the output, or NULL when the rank filter drops it:
- * tp_rank_NN/ folders lose their prefix; vLLM's per-rank files keep their names. */
-static char *output_rel(const char *path, int rank)
+const char *materialize_rank_path(const char *path, int rank)
 {
-    if (rank < 0) return ckpt_strdup(path);
+    if (rank < 0) return path;
     char prefix[32];
     snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
-    if (!strncmp(path, prefix, strlen(prefix))) return ckpt_strdup(path + strlen(prefix));
+    if (!strncmp(path, prefix, strlen(prefix))) return path + strlen(prefix);
     if (strchr(path, '/')) return NULL;
     int vr = vllm_file_rank(path);
     if (vr >= 0 && vr != rank) return NULL;
-    return ckpt_strdup(path);
+    return path;
 }
 
 /* The number of tp_rank_NN/ folders of a file list, or of vLLM's
@@ -118,8 +116,13 @@ static int load_files(pull_state *ps, int rank)
         return rc;
     }
     for (size_t i = 0; !rc && i < n; i++) {
-        char *rel = output_rel(rows[i].path, rank);
-        if (!rel) continue;
+        const char *keep = materialize_rank_path(rows[i].path, rank);
+        if (!keep) continue;
+        char *rel = ckpt_strdup(keep);
+        if (!rel) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
         if ((rc = ckpt_grow(&ps->files, &ps->cap, ps->nfiles + 1, sizeof *ps->files))) {
             free(rel);
             break;

@@ -18,7 +18,7 @@
 # 4. `ckpt plan --print-rules` fed back with --rules writes the same files.
 # 5. In the store: convert --layout vllm then pull equals the offline convert;
 #    pull --rank R gives rank R's files only (each vLLM worker fetches its own
-#    bytes); --consolidated gives the source.
+#    bytes), as a folder and as a tar stream; --consolidated gives the source.
 #
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK). Uses python3.
 set -euo pipefail
@@ -188,6 +188,16 @@ for r in 0 2; do
     done
     rm -rf "$work/pull"
 done
+# the same rank as a tar stream (what GET ...?rank= and -o - serve)
+"$ckpt" pull "$ref" --rank 3 -o - --format tar >"$work/r3.tar" 2>"$work/err" || fail "pull --rank 3 -o -: $(cat "$work/err")"
+mkdir "$work/r3" && tar -xf "$work/r3.tar" -C "$work/r3"
+(cd "$work/r3" && ls) >"$work/files"
+printf '%s\n' ckpt-layout.json config.json model-rank-3-part-0.safetensors | sort >"$work/want"
+(cd "$work/mixtral" && ls | grep -v '\.safetensors' | grep -v '^config.json$') >>"$work/want" || true
+sort -o "$work/want" "$work/want"
+cmp -s "$work/files" "$work/want" || fail "pull --rank 3 as tar holds $(tr '\n' ' ' <"$work/files")"
+for f in "$work/r3"/*; do cmp -s "$f" "$work/conv/$(basename "$f")" || fail "tar rank 3: $(basename "$f") differs"; done
+rm -rf "$work/r3" "$work/r3.tar"
 expect_status 1 "$ckpt" pull "$ref" --rank 4 -o "$work/pull"
 grep -q "out of range" "$work/err" || fail "pull --rank 4 of tp 4: $(cat "$work/err")"
 run "$ckpt" pull "$ref" --consolidated -o "$work/pull"
