@@ -61,6 +61,7 @@ struct rule {
     /* fuse_qkv_gqa */
     const char *q, *k, *v, *o, *weight_name, *bias_name;
     int64_t heads, kv_heads, head_dim, kv_mult;
+    bool kv_adjacent; /* kv_order "adjacent": the m copies of a KV head on adjacent ranks (vLLM) */
     /* lora_merge: the adapter, opened when the rule is parsed (lora.h) */
     const char *adapter_path;
     struct lora_adapter *adapter;
