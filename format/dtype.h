@@ -7,8 +7,8 @@
  * ties to even; NaN stays NaN (quiet, sign kept); overflow gives infinity;
  * widening is exact.
  */
-#ifndef CKPT_STORAGE_DTYPE_H
-#define CKPT_STORAGE_DTYPE_H
+#ifndef CKPT_FORMAT_DTYPE_H
+#define CKPT_FORMAT_DTYPE_H
 
 #include "include/ckpt.h"
 

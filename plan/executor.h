@@ -22,8 +22,8 @@
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */
-#ifndef CKPT_WORKERS_EXECUTOR_H
-#define CKPT_WORKERS_EXECUTOR_H
+#ifndef CKPT_PLAN_EXECUTOR_H
+#define CKPT_PLAN_EXECUTOR_H
 
 #include "format/safetensors.h"
 #include "plan/plan.h"

@@ -24,8 +24,8 @@
  * A tensor's rank is the tensor-parallel rank it belongs to, or PLAN_ALL_RANKS
  * for a tensor every rank holds (replicated) or a layout without ranks.
  */
-#ifndef CKPT_WORKERS_PLAN_H
-#define CKPT_WORKERS_PLAN_H
+#ifndef CKPT_PLAN_PLAN_H
+#define CKPT_PLAN_PLAN_H
 
 #include "format/dtype.h"
 

@@ -8,8 +8,8 @@
  * destination appears, so a damaged blob fails the pull instead of
  * producing bad bytes.
  */
-#ifndef CKPT_WORKERS_MATERIALIZE_H
-#define CKPT_WORKERS_MATERIALIZE_H
+#ifndef CKPT_STORE_MATERIALIZE_H
+#define CKPT_STORE_MATERIALIZE_H
 
 #include "store/store.h"
 

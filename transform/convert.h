@@ -20,8 +20,8 @@
  * output tensor its parts, so consolidate_run() rebuilds the original files
  * byte for byte from the shards and this document alone.
  */
-#ifndef CKPT_WORKERS_CONVERT_H
-#define CKPT_WORKERS_CONVERT_H
+#ifndef CKPT_TRANSFORM_CONVERT_H
+#define CKPT_TRANSFORM_CONVERT_H
 
 #include "format/checkpoint.h"
 #include "format/outdir.h"

@@ -22,8 +22,8 @@
  * The generated document is what `ckpt plan --print-rules` prints; feeding it
  * back with --rules gives the same output.
  */
-#ifndef CKPT_WORKERS_PRESETS_H
-#define CKPT_WORKERS_PRESETS_H
+#ifndef CKPT_TRANSFORM_PRESETS_H
+#define CKPT_TRANSFORM_PRESETS_H
 
 #include <jansson.h>
 #include <stdint.h>

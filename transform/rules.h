@@ -18,8 +18,8 @@
  * cannot be split, shapes that do not match) before a byte is written, each
  * naming the rule ("rule 3 (fuse)") and the tensor.
  */
-#ifndef CKPT_WORKERS_RULES_H
-#define CKPT_WORKERS_RULES_H
+#ifndef CKPT_TRANSFORM_RULES_H
+#define CKPT_TRANSFORM_RULES_H
 
 #include "plan/plan.h"
 

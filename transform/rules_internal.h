@@ -5,8 +5,8 @@
  * transpose, tp_split), rule_fuse.c (fuse, stack/unstack_experts),
  * rule_gqa.c (fuse_qkv_gqa) or rule_lora.c (lora_merge). Not a public API.
  */
-#ifndef CKPT_WORKERS_RULES_INTERNAL_H
-#define CKPT_WORKERS_RULES_INTERNAL_H
+#ifndef CKPT_TRANSFORM_RULES_INTERNAL_H
+#define CKPT_TRANSFORM_RULES_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "transform/rules.h"

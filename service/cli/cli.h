@@ -15,8 +15,8 @@
  * (CLI_FAIL), 2 bad usage (CLI_USAGE). `--help` prints the command's help to
  * stdout and exits 0.
  */
-#ifndef CKPT_SERVICE_CLI_H
-#define CKPT_SERVICE_CLI_H
+#ifndef CKPT_SERVICE_CLI_CLI_H
+#define CKPT_SERVICE_CLI_CLI_H
 
 #include <jansson.h>
 #include <stdbool.h>

@@ -36,8 +36,8 @@
  * Messages go through cli_usage_error() (service/cli/cli.h), so they name the
  * command and point at its --help.
  */
-#ifndef CKPT_SERVICE_CLI_OPTS_H
-#define CKPT_SERVICE_CLI_OPTS_H
+#ifndef CKPT_SERVICE_CLI_CLI_OPTS_H
+#define CKPT_SERVICE_CLI_CLI_OPTS_H
 
 #include <getopt.h>
 #include <stdbool.h>
