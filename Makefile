@@ -1,11 +1,15 @@
 # ckpt — build, test, demo. `make help` lists the targets.
 #
 # Sources are found by wildcard: a new .c file in one of the subsystem folders
-# (LIB_DIRS, SVC_DIRS; docs/ARCHITECTURE.md says which is which) joins the binary; a new tests/unit/test_*.c becomes a cmocka
+# (LIB_DIRS, SVC_DIRS; docs/ARCHITECTURE.md says which is which) joins the binary; a new tests/unit/<folder>/test_*.c becomes a cmocka
 # test program. BUILD may be set to build in another folder (helpers and CI
 # building side by side), SAN=1 builds with ASan+UBSan.
 
 PREFIX  ?= /usr/local
+# The release, as `ckpt --version` prints it (service/cli/main.c), for ckpt.pc;
+# SOVERSION changes when libckpt.so's ABI (include/ckpt.h) breaks.
+VERSION   := 0.1.0
+SOVERSION := 0
 DESTDIR ?=
 BUILD   ?= build
 SAN     ?= 0
@@ -14,12 +18,13 @@ CC      ?= cc
 DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
-	libzstd-dev zstd python3 python3-numpy python3-torch curl ca-certificates
+	libzstd-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
+	python3-torch curl ca-certificates
 
 # libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
-PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto
-LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto
+PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto libzstd
+LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto libzstd
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(LINKED_PKGS) 2>/dev/null) -ldl -lpthread -lm
 
@@ -35,22 +40,28 @@ CFLAGS_ALL = $(CSTD) $(WARN) $(OPT) $(INCS) $(PKG_CFLAGS) $(CFLAGS)
 LDFLAGS_ALL = $(OPT) $(LDFLAGS)
 
 # The folders in layer order, lowest first: a file may include headers of its
-# own folder and of folders before it (make check-layers).
-LIB_DIRS  := common include format plan lora transform state store fixtures hub
+# own folder and of folders before it (make check-layers). include/ (the public
+# ckpt.h, which needs nothing) is the bottom: common/error.h and format/dtype.h
+# take its enums.
+LIB_DIRS  := include common format plan lora transform state store fixtures hub
 SVC_DIRS  := service/jobs service/http service/daemon service/cli
 LIB_SRCS  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 SVC_SRCS  := $(foreach d,$(SVC_DIRS),$(wildcard $(d)/*.c))
-TEST_SRCS := $(wildcard tests/unit/test_*.c)
+# Unit tests mirror the tree: tests/unit/<folder>/test_*.c, each built into
+# $(BUILD)/tests/test_* (names are unique across folders).
+TEST_SRCS := $(wildcard tests/unit/*/test_*.c)
 TEST_SUPPORT := $(wildcard tests/support/*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 SCHEMA_SQL := $(sort $(wildcard schema/[0-9]*.sql))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o
 SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
+# The service objects but the CLI's main(): what unit tests of service/ link.
+SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
-TEST_BINS := $(TEST_SRCS:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
 
-.PHONY: all help deps test unit e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps check-layers
+.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps check-layers
 
 all: $(BUILD)/ckpt
 
@@ -62,8 +73,8 @@ help:
 	@echo "make demo     generate a model and run the pipeline on it"
 	@echo "make bench    run the benchmarks in bench/"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
-	@echo "make lib      build $(BUILD)/libckpt.a and $(BUILD)/libckpt.so"
-	@echo "make install-lib  install libckpt and its public header ckpt.h"
+	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
+	@echo "make install-lib  install libckpt, its public header ckpt.h and ckpt.pc"
 	@echo "make install  install to \$$DESTDIR\$$PREFIX"
 	@echo "make format   clang-format every source file"
 
@@ -97,17 +108,35 @@ $(BUILD)/libckpt.a: $(LIB_OBJS)
 $(BUILD)/ckpt: $(SVC_OBJS) $(BUILD)/libckpt.a
 	$(CC) $(LDFLAGS_ALL) -o $@ $(SVC_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
 
-$(BUILD)/tests/%: tests/unit/%.c $(SUP_OBJS) $(BUILD)/libckpt.a
+$(BUILD)/libckpt-svc.a: $(SVC_LIB_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS_ALL) $(TEST_LDFLAGS) -o $@ $< $(SUP_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS) -lcmocka
+	rm -f $@ && ar rcs $@ $^
+
+# Every unit test links the libraries (never includes a .c file), so editing a
+# source rebuilds the tests that use it.
+define unit_test_rule
+$(BUILD)/tests/$(notdir $(1:.c=)): $(1) $$(SUP_OBJS) $(BUILD)/libckpt-svc.a $(BUILD)/libckpt.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS_ALL) $$(TEST_LDFLAGS) -o $$@ $$< $$(SUP_OBJS) $(BUILD)/libckpt-svc.a $(BUILD)/libckpt.a $$(PKG_LIBS) -lcmocka
+endef
+$(foreach t,$(TEST_SRCS),$(eval $(call unit_test_rule,$(t))))
 
 # test_lora records the merge engine's GEMM calls: it wraps cblas_sgemm.
 $(BUILD)/tests/test_lora: TEST_LDFLAGS := -Wl,--wrap=cblas_sgemm
 
-lib: $(BUILD)/libckpt.a
+# The library: one -fPIC build in $(BUILD)-pic gives both the static archive
+# that install-lib installs (PIC objects link into PIE programs and into other
+# shared libraries) and libckpt.so, whose exports are exactly ckpt.h's
+# functions (include/libckpt.map; tests/header/check_exports.py checks both).
+lib:
+	@mkdir -p $(BUILD)
 	$(MAKE) BUILD=$(BUILD)-pic CFLAGS="$(CFLAGS) -fPIC" $(BUILD)-pic/libckpt.a
-	$(CC) -shared -o $(BUILD)/libckpt.so -Wl,--version-script=include/libckpt.map \
+	$(CC) -shared $(LDFLAGS_ALL) -o $(BUILD)/libckpt.so -Wl,-soname,libckpt.so.$(SOVERSION) \
+	  -Wl,--version-script=include/libckpt.map \
 	  -Wl,--whole-archive $(BUILD)-pic/libckpt.a -Wl,--no-whole-archive $(PKG_LIBS)
+
+check-exports: lib
+	python3 tests/header/check_exports.py include/ckpt.h include/libckpt.map $(BUILD)/libckpt.so
 
 # The library's example program (training states), built from the public
 # header alone: -Iinclude, not -I., so ckpt.h must stand on its own.
@@ -115,15 +144,65 @@ $(BUILD)/tests/state_example: tests/state_example.c include/ckpt.h $(BUILD)/libc
 	@mkdir -p $(dir $@)
 	$(CC) $(CSTD) $(WARN) $(OPT) -Iinclude $(CFLAGS) -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
 
-install-lib: lib
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include
-	install -m 0644 $(BUILD)/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
-	install -m 0755 $(BUILD)/libckpt.so $(DESTDIR)$(PREFIX)/lib/libckpt.so
+# The public header on its own (tests/header/): strict C11 and C++ with
+# -Iinclude only, linked against the library; in either order with the
+# library's own headers; and the example program of its comment, cut out of
+# the header by tests/header/example.sh, built and run. `make unit` runs them.
+CXX ?= c++
+HEADER_BINS := $(BUILD)/tests/header/standalone $(BUILD)/tests/header/standalone-cxx \
+	$(BUILD)/tests/header/example
+HEADER_OBJS := $(BUILD)/tests/header/order.o $(BUILD)/tests/header/order-first.o
+$(BUILD)/tests/header/standalone: tests/header/standalone.c include/ckpt.h $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -pedantic $(WARN) $(OPT) -Iinclude -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+$(BUILD)/tests/header/standalone-cxx: tests/header/standalone.cc include/ckpt.h $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++11 -pedantic -Wall -Wextra -Werror $(OPT) -Iinclude -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+$(BUILD)/tests/header/order.o: tests/header/order.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+$(BUILD)/tests/header/order-first.o: tests/header/order.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -DCKPT_H_FIRST -c $< -o $@
+$(BUILD)/gen/ckpt_example.c: include/ckpt.h tests/header/example.sh
+	@mkdir -p $(dir $@)
+	sh tests/header/example.sh include/ckpt.h > $@.tmp && mv $@.tmp $@
+$(BUILD)/tests/header/example: $(BUILD)/gen/ckpt_example.c $(BUILD)/libckpt.a
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -pedantic $(WARN) $(OPT) -Iinclude -o $@ $< $(BUILD)/libckpt.a $(PKG_LIBS)
+
+header-check: $(HEADER_BINS) $(HEADER_OBJS)
+	@set -e; d=$$(mktemp -d "$${TMPDIR:-/tmp}/ckpt-header.XXXXXX"); trap 'rm -rf "$$d"' EXIT; \
+	  echo "== header: standalone (C11), standalone-cxx (C++11), order, example"; \
+	  $(BUILD)/tests/header/standalone; $(BUILD)/tests/header/standalone-cxx; \
+	  $(BUILD)/tests/header/example "$$d/run/latest"; \
+	  python3 tests/header/check_exports.py include/ckpt.h include/libckpt.map
+
+# ckpt.pc for pkg-config: Libs links the shared library; a static link
+# (pkg-config --static) adds what libckpt.a needs: the Debian libraries it
+# links (Requires.private) and libdl, libpthread, libm.
+# Written every time: it holds PREFIX, which may differ from the last run.
+$(BUILD)/ckpt.pc: FORCE
+	@mkdir -p $(dir $@)
+	printf '%s\n' 'prefix=$(PREFIX)' 'exec_prefix=$${prefix}' 'libdir=$${exec_prefix}/lib' \
+	  'includedir=$${prefix}/include' '' 'Name: ckpt' \
+	  'Description: training states (save_state / load_state) in safetensors: libckpt' \
+	  'Version: $(VERSION)' 'Cflags: -I$${includedir}' 'Libs: -L$${libdir} -lckpt' \
+	  'Libs.private: -ldl -lpthread -lm' 'Requires.private: $(LINKED_PKGS)' > $@
+
+install-lib: lib $(BUILD)/ckpt.pc
+	install -d $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/include
+	install -m 0644 $(BUILD)-pic/libckpt.a $(DESTDIR)$(PREFIX)/lib/libckpt.a
+	install -m 0755 $(BUILD)/libckpt.so $(DESTDIR)$(PREFIX)/lib/libckpt.so.$(SOVERSION)
+	ln -sf libckpt.so.$(SOVERSION) $(DESTDIR)$(PREFIX)/lib/libckpt.so
 	install -m 0644 include/ckpt.h $(DESTDIR)$(PREFIX)/include/ckpt.h
+	install -m 0644 $(BUILD)/ckpt.pc $(DESTDIR)$(PREFIX)/lib/pkgconfig/ckpt.pc
 
 # The local Hub of the tests and the demo (tests/hub/testhub.c): the daemon's
-# Hub read API (service/http/hub_api.c) with faults injected on demand.
-TESTHUB_OBJS := $(BUILD)/obj/service/http/hub_api.o $(BUILD)/obj/service/http/http_util.o
+# Hub read API (service/http/hub_api.c) and /v1/checkpoints (store_api.c),
+# with faults injected on demand.
+TESTHUB_OBJS := $(BUILD)/obj/service/http/hub_api.o $(BUILD)/obj/service/http/store_api.o \
+	$(BUILD)/obj/service/http/http_util.o
 $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 	$(CC) $(CFLAGS_ALL) -o $@ $< $(TESTHUB_OBJS) $(BUILD)/libckpt.a $(PKG_LIBS)
 
@@ -137,10 +216,10 @@ test: deps
 check-layers: $(BUILD)/ckpt
 	@python3 tests/check_layers.py $(BUILD)
 
-unit: $(TEST_BINS)
+unit: $(TEST_BINS) $(HEADER_BINS) $(HEADER_OBJS)
 	@set -e; fail=0; for t in $(TEST_BINS); do \
 	  echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || fail=1; \
-	done; exit $$fail
+	done; $(MAKE) --no-print-directory header-check || fail=1; exit $$fail
 
 e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) tests/e2e/run.sh
@@ -151,7 +230,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 # The harnesses exercise format/ (which uses only common/), so only those are
 # compiled in: sources are linked whole, and an unrelated half-written file
 # elsewhere must not break the fuzz build. UB aborts so libFuzzer records it.
-FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c \
+FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c format/zarr.c \
 	format/pickle.c format/zipdir.c format/torch.c
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h format/*.h)
 	@mkdir -p $(dir $@)
@@ -180,12 +259,14 @@ bench: all
 $(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
 	sh deploy/mkman.sh $(BUILD)/ckpt $@
 
-install: all $(BUILD)/ckpt.1
+install: all $(BUILD)/ckpt.1 install-lib
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/ckpt
 	install -m 0644 $(BUILD)/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1
 	if [ -f deploy/systemd/ckpt.service ]; then install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
 	  install -m 0644 deploy/systemd/ckpt.service $(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service; fi
+
+FORCE:
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h')

@@ -14,32 +14,19 @@
 #ifndef CKPT_COMMON_ERROR_H
 #define CKPT_COMMON_ERROR_H
 
+#include "include/ckpt.h"
+
 #include <stdarg.h>
 
-typedef enum {
-    CKPT_OK = 0,
-    CKPT_EINVAL = -1,   /* bad input: a hostile or malformed file, bad rules, bad args */
-    CKPT_EIO = -2,      /* the OS refused: open, read, write, fsync, rename */
-    CKPT_ENOMEM = -3,   /* allocation failed */
-    CKPT_ENOTFOUND = -4, /* a named thing does not exist */
-    CKPT_ELIMIT = -5,   /* a size, count or length exceeds a limit */
-    CKPT_EEXIST = -6,   /* the target exists and may not be replaced */
-    CKPT_ECORRUPT = -7, /* stored bytes do not match their hash */
-    CKPT_EBUSY = -8,    /* transient: retry may succeed */
-    CKPT_ECANCELLED = -9,
-    CKPT_EINTERNAL = -10, /* a library failed in a way a retry will not fix (a digest context) */
-} ckpt_code;
+/* ckpt_code (CKPT_OK, CKPT_EINVAL, ...), ckpt_error_last, ckpt_error_clear and
+ * ckpt_code_name are the public ones of include/ckpt.h: defined once, there. */
 
 /* Sets the thread's error message and returns code (always negative). */
 int ckpt_error_set(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Like ckpt_error_set with ": strerror(errno)" appended; code CKPT_EIO unless ENOMEM/ENOSPC noted. */
+/* Like ckpt_error_set with ": strerror(errno)" appended; code CKPT_EIO unless ENOMEM/ENOSPC noted.
+ */
 int ckpt_error_sys(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Prepends "<context>: " to the current message; returns code unchanged. */
 int ckpt_error_prefix(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The last message set on this thread ("" if none). */
-const char *ckpt_error_last(void);
-void ckpt_error_clear(void);
-/* A short name for a code: "invalid input", "I/O error", ... */
-const char *ckpt_code_name(int code);
 
 #endif

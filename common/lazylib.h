@@ -9,8 +9,8 @@
  * (by soname) and resolves the symbol. A job that never downloads, archives,
  * serves or multiplies never loads them.
  */
-#ifndef CKPT_LAZYLIB_H
-#define CKPT_LAZYLIB_H
+#ifndef CKPT_COMMON_LAZYLIB_H
+#define CKPT_COMMON_LAZYLIB_H
 
 typedef struct lazylib {
     const char *soname;  /* e.g. "libcurl.so.4" */

@@ -6,8 +6,8 @@
  * (absolute paths, "..", links), keeps only regular files and folders, and
  * limits the entry count and total size.
  */
-#ifndef CKPT_STORAGE_ARCHIVE_H
-#define CKPT_STORAGE_ARCHIVE_H
+#ifndef CKPT_FORMAT_ARCHIVE_H
+#define CKPT_FORMAT_ARCHIVE_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -25,8 +25,8 @@
  * tensor would push the current one past max_shard_size; a tensor larger than
  * the limit sits alone), and ckpt_index_render() writes the index JSON.
  */
-#ifndef CKPT_STORAGE_CHECKPOINT_H
-#define CKPT_STORAGE_CHECKPOINT_H
+#ifndef CKPT_FORMAT_CHECKPOINT_H
+#define CKPT_FORMAT_CHECKPOINT_H
 
 #include "format/safetensors.h"
 

@@ -7,43 +7,19 @@
  * ties to even; NaN stays NaN (quiet, sign kept); overflow gives infinity;
  * widening is exact.
  */
-#ifndef CKPT_STORAGE_DTYPE_H
-#define CKPT_STORAGE_DTYPE_H
+#ifndef CKPT_FORMAT_DTYPE_H
+#define CKPT_FORMAT_DTYPE_H
+
+#include "include/ckpt.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum {
-    CKPT_DT_BOOL,
-    CKPT_DT_F4,
-    CKPT_DT_F6_E2M3,
-    CKPT_DT_F6_E3M2,
-    CKPT_DT_U8,
-    CKPT_DT_I8,
-    CKPT_DT_F8_E5M2,
-    CKPT_DT_F8_E4M3,
-    CKPT_DT_F8_E8M0,
-    CKPT_DT_F8_E4M3FNUZ,
-    CKPT_DT_F8_E5M2FNUZ,
-    CKPT_DT_I16,
-    CKPT_DT_U16,
-    CKPT_DT_F16,
-    CKPT_DT_BF16,
-    CKPT_DT_I32,
-    CKPT_DT_U32,
-    CKPT_DT_F32,
-    CKPT_DT_C64,
-    CKPT_DT_F64,
-    CKPT_DT_I64,
-    CKPT_DT_U64,
-    CKPT_DT_COUNT
-} ckpt_dtype;
-
-/* Largest tensor rank, one limit everywhere: the safetensors reader, the
- * store (import, fetch), states, and the plan/rebuild structures
- * (PLAN_MAX_DIM is this) all hold at most this many dimensions. */
-#define CKPT_MAX_RANK 8
+/* ckpt_dtype (CKPT_DT_*, in the reference Dtype order) and CKPT_MAX_RANK (the
+ * one rank limit: the reader, the store, states, and PLAN_MAX_DIM) are
+ * defined once, in the public include/ckpt.h. The functions below that
+ * ckpt.h also declares are the same functions, with the inside details. */
 
 const char *ckpt_dtype_name(ckpt_dtype dt);
 /* Parses "F32", "BF16", ...; also accepts lowercase "bf16", "f16", "f32", "f64". */

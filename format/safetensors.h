@@ -24,8 +24,8 @@
  * each tensor's bytes at tensors[i].offset (absolute in the file), usually
  * through ckpt_atomic_file, or uses st_write_file() with a fill callback.
  */
-#ifndef CKPT_STORAGE_SAFETENSORS_H
-#define CKPT_STORAGE_SAFETENSORS_H
+#ifndef CKPT_FORMAT_SAFETENSORS_H
+#define CKPT_FORMAT_SAFETENSORS_H
 
 #include "format/dtype.h"
 

@@ -68,8 +68,8 @@
  * fails with CKPT_EIO (transient: a job retries it); a failure of the digest
  * library is CKPT_EINTERNAL (not retried).
  */
-#ifndef CKPT_WORKERS_HUB_H
-#define CKPT_WORKERS_HUB_H
+#ifndef CKPT_HUB_HUB_H
+#define CKPT_HUB_HUB_H
 
 #include "store/store.h"
 

@@ -3,8 +3,8 @@
  * URLs, the token rule, backoff, and turning a Hub error answer into a
  * sentence. Not for use outside hub/hub_*.c.
  */
-#ifndef CKPT_WORKERS_HUB_INTERNAL_H
-#define CKPT_WORKERS_HUB_INTERNAL_H
+#ifndef CKPT_HUB_HUB_INTERNAL_H
+#define CKPT_HUB_HUB_INTERNAL_H
 
 #include "hub/hub.h"
 

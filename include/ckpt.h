@@ -8,36 +8,6 @@
  * shaped like their parameter), the optimizer's name, hyperparameters and
  * scalar state (such as the update count), and optionally config.json.
  *
- *   ckpt_state *st;
- *   if (ckpt_state_new(&st) < 0) die(ckpt_error_last());
- *   ckpt_tensor *w;
- *   uint64_t shape[2] = {4096, 4096};
- *   ckpt_state_add_param(&w, st, "model.layers.0.mlp.up_proj.weight", CKPT_DT_BF16, 2, shape,
- * NULL); ckpt_tensor *m; ckpt_state_add_slot(&m, st, "model.layers.0.mlp.up_proj.weight", "adam_m",
- * CKPT_DT_F32, NULL); ckpt_state_set_optimizer(st, "adamw"); ckpt_state_set_hyperparameter(st,
- * "lr", 3e-4); for (step = 1; ...; step++) {
- *       ... update w->data and m->data in place ...
- *       ckpt_state_set_step(st, step);
- *       ckpt_state_set_scalar(st, "count", step);
- *       if (step % 100 == 0 && ckpt_state_save("run/latest", st, NULL) < 0) die(ckpt_error_last());
- *   }
- *   ckpt_state_free(st);
- *
- *   ckpt_state *back;
- *   ckpt_state_load_options lo = CKPT_STATE_LOAD_OPTIONS_INIT;
- *   lo.layout = "neuron"; lo.tp = 8; lo.rank = 3;        // one tensor-parallel rank's slice
- *   if (ckpt_state_load("run/latest", &lo, &back) < 0) die(ckpt_error_last());
- *
- * The directory (a format other tools may write too):
- *   metadata.json    {"format": "ckpt-state", "version": 1, "step": 1200,
- *                     "timestamp": "2026-11-21T10:00:00Z", "has_optimizer_state": true,
- *                     "dtypes": {"model": ["BF16"], "optimizer": ["F32"]}} (more keys allowed and
- * kept) model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json
- *   optimizer.safetensors, or optimizer-0000i-of-0000n.safetensors +
- * optimizer.safetensors.index.json optimizer.json   {"name": "adamw", "hyperparameters": {"lr":
- * 0.0003, ...}, "slots": ["adam_m", "adam_v"], "scalars": {"count": 1200}} config.json      when
- * the state has one
- *
  * Saving is atomic: the directory is written beside its target and renamed
  * into place, so it appears complete or not at all, and a state saved over
  * an existing one replaces it (an atomic exchange of the two directories)
@@ -62,7 +32,83 @@
  * Argument order follows libgit2 (out-parameters first), except
  * ckpt_state_save(dir, state, opts) and ckpt_state_load(dir, opts, &state),
  * which keep save_state/load_state's order.
+ *
+ * This header is the one definition of the error codes and dtypes: the
+ * library's own headers (common/error.h, format/dtype.h) include it.
  */
+/* clang-format off */
+/*
+ * Example: a training loop that saves every 100 steps, then one
+ * tensor-parallel rank's slice of the saved state. The tests build and run
+ * exactly this program, cut out of this comment (tests/header/example.sh):
+ *
+ *   #include <ckpt.h>
+ *   #include <stdio.h>
+ *   #include <stdlib.h>
+ *
+ *   static void die(const char *what)
+ *   {
+ *       fprintf(stderr, "%s: %s\n", what, ckpt_error_last());
+ *       exit(1);
+ *   }
+ *
+ *   int main(int argc, char **argv)
+ *   {
+ *       const char *dir = argc > 1 ? argv[1] : "run/latest";
+ *       ckpt_state *st;
+ *       if (ckpt_state_new(&st) < 0) die("new");
+ *
+ *       ckpt_tensor *w, *m;
+ *       uint64_t shape[2] = {64, 256};
+ *       if (ckpt_state_add_param(&w, st, "model.layers.0.mlp.down_proj.weight",
+ *                                CKPT_DT_BF16, 2, shape, NULL) < 0 ||
+ *           ckpt_state_add_slot(&m, st, w->name, "adam_m", CKPT_DT_F32, NULL) < 0 ||
+ *           ckpt_state_set_optimizer(st, "adamw") < 0 ||
+ *           ckpt_state_set_hyperparameter(st, "lr", 3e-4) < 0 ||
+ *           ckpt_state_set_config(st, "{\"model_type\": \"llama\", \"hidden_size\": 64,"
+ *                                     " \"num_attention_heads\": 8}") < 0)
+ *           die("build");
+ *
+ *       for (uint64_t step = 1; step <= 300; step++) {
+ *           uint16_t *wd = w->data; // BF16 values, updated in place
+ *           float *md = m->data;
+ *           for (uint64_t i = 0; i < w->numel; i++) {
+ *               md[i] = 0.9f * md[i] + 0.1f * (float)(i % 7);
+ *               wd[i] = ckpt_f32_to_bf16(ckpt_bf16_to_f32(wd[i]) - 3e-4f * md[i]);
+ *           }
+ *           ckpt_state_set_step(st, step);
+ *           if (ckpt_state_set_scalar(st, "count", (double)step) < 0) die("count");
+ *           if (step % 100 == 0 && ckpt_state_save(dir, st, NULL) < 0) die("save");
+ *       }
+ *       ckpt_state_free(st);
+ *
+ *       ckpt_state *back;
+ *       ckpt_state_load_options lo = CKPT_STATE_LOAD_OPTIONS_INIT;
+ *       lo.layout = "neuron"; // rank 3 of 8: only its columns are read
+ *       lo.tp = 8;
+ *       lo.rank = 3;
+ *       if (ckpt_state_load(dir, &lo, &back) < 0) die("load");
+ *       const ckpt_tensor *r = ckpt_state_param_at(back, 0);
+ *       printf("step %llu: %s [%llu, %llu]\n", (unsigned long long)ckpt_state_step(back),
+ *              r->name, (unsigned long long)r->shape[0], (unsigned long long)r->shape[1]);
+ *       ckpt_state_free(back);
+ *       return 0;
+ *   }
+ *
+ * The directory it saves (a format other tools may write too):
+ *
+ *   metadata.json      {"format": "ckpt-state", "version": 1, "step": 300,
+ *                       "timestamp": "2026-11-21T10:00:00Z", "has_optimizer_state": true,
+ *                       "dtypes": {"model": ["BF16"], "optimizer": ["F32"]}}
+ *                      (more keys allowed and kept)
+ *   model.safetensors, or model-0000i-of-0000n.safetensors + model.safetensors.index.json
+ *   optimizer.safetensors, or optimizer-0000i-of-0000n.safetensors
+ *                      + optimizer.safetensors.index.json
+ *   optimizer.json     {"name": "adamw", "hyperparameters": {"lr": 0.0003, ...},
+ *                       "slots": ["adam_m"], "scalars": {"count": 300}}
+ *   config.json        when the state has one
+ */
+/* clang-format on */
 #ifndef CKPT_PUBLIC_CKPT_H
 #define CKPT_PUBLIC_CKPT_H
 
@@ -74,8 +120,7 @@
 extern "C" {
 #endif
 
-/* ---- errors (the same values as inside the library, common/error.h) ---- */
-#ifndef CKPT_COMMON_ERROR_H
+/* ---- errors (common/error.h inside the library adds the setters) ---- */
 typedef enum {
     CKPT_OK = 0,
     CKPT_EINVAL = -1,    /* bad input: a malformed file, a bad argument */
@@ -87,16 +132,17 @@ typedef enum {
     CKPT_ECORRUPT = -7,  /* stored bytes do not match their hash */
     CKPT_EBUSY = -8,     /* transient: retry may succeed */
     CKPT_ECANCELLED = -9,
+    CKPT_EINTERNAL = -10, /* a library failed in a way a retry will not fix (a digest context) */
 } ckpt_code;
-#endif
 /* The last error message of this thread ("" when none). */
 const char *ckpt_error_last(void);
 void ckpt_error_clear(void);
 /* A short name for a code: "invalid input", "I/O error", ... */
 const char *ckpt_code_name(int code);
 
-/* ---- dtypes (the safetensors dtypes, format/dtype.h inside the library) ---- */
-#ifndef CKPT_STORAGE_DTYPE_H
+/* ---- dtypes (the safetensors dtypes; format/dtype.h inside the library) ----
+ * The order is the reference implementation's Dtype order: the library's
+ * writer sorts tensors by it, so its files match the reference writer's. */
 typedef enum {
     CKPT_DT_BOOL,
     CKPT_DT_F4,
@@ -122,8 +168,9 @@ typedef enum {
     CKPT_DT_U64,
     CKPT_DT_COUNT
 } ckpt_dtype;
+/* Largest tensor rank, one limit everywhere: the safetensors reader, the
+ * store, states, and the plan/rebuild structures. */
 #define CKPT_MAX_RANK 8
-#endif
 /* "F32", "BF16", ... */
 const char *ckpt_dtype_name(ckpt_dtype dt);
 /* Parses "F32", "BF16" (also "bf16", "f16", "f32", "f64"). */
@@ -139,8 +186,8 @@ float ckpt_f16_to_f32(uint16_t h);
 /* ---- states ---- */
 
 #define CKPT_STATE_FORMAT "ckpt-state"
-#define CKPT_STATE_VERSION 1 /* metadata.json "version" written; a larger one is refused on load   \
-                              */
+/* metadata.json "version" written; a larger one is refused on load */
+#define CKPT_STATE_VERSION 1
 
 typedef struct ckpt_state ckpt_state;
 
@@ -211,9 +258,9 @@ const char *ckpt_state_config(const ckpt_state *st);
 #define CKPT_STATE_SAVE_OPTIONS_VERSION 1
 typedef struct {
     unsigned int version; /* CKPT_STATE_SAVE_OPTIONS_VERSION */
-    const char
-        *float_dtype;    /* NULL: keep; "bf16", "f16", "f32" or "f64": cast every floating tensor */
-    bool save_optimizer; /* write optimizer.safetensors and optimizer.json (default true) */
+    /* NULL: keep; "bf16", "f16", "f32" or "f64": cast every floating tensor */
+    const char *float_dtype;
+    bool save_optimizer;     /* write optimizer.safetensors and optimizer.json (default true) */
     uint64_t max_shard_size; /* bytes of tensors per file; 0: 5 GB, Hugging Face's default */
     bool keep_timestamp;     /* write the loaded state's timestamp instead of now */
 } ckpt_state_save_options;

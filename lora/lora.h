@@ -54,8 +54,8 @@
  * transform/lora_plan.h). ckpt-layout.json records the
  * parts, so `ckpt consolidate` restores the adapter byte for byte.
  */
-#ifndef CKPT_WORKERS_LORA_H
-#define CKPT_WORKERS_LORA_H
+#ifndef CKPT_LORA_LORA_H
+#define CKPT_LORA_LORA_H
 
 #include "format/checkpoint.h"
 #include "format/outdir.h"

@@ -8,6 +8,7 @@
 #include "common/sha256.h"
 #include "common/util.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -185,6 +186,9 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
     size_t ses = ckpt_dtype_size(s->dtype);
     uint64_t span = 1;
     for (int k = 0; k < w.nd; k++) span += (w.ext[k] - 1) * w.ss[k];
+    /* Every byte read lies inside the source tensor (its parts were checked
+     * against its shape, plan_part_in_source). */
+    assert(ses > 0 && w.src <= s->nbytes / ses && span <= s->nbytes / ses - w.src);
     if (s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
         /* One contiguous run, no cast: read it straight into place, not through the band. */
         int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
@@ -284,7 +288,9 @@ static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off
     for (size_t i = 0; i < t->nparts; i++) {
         const plan_part *pt = &t->parts[i];
         if (pt->src == PLAN_ZERO) continue; /* the file was extended with zeros */
+        assert(pt->src >= 0 && (size_t)pt->src < c->p->nsources);
         const plan_source *s = &c->p->sources[pt->src];
+        assert(plan_part_in_tensor(pt, t->ndim, t->shape) && plan_part_in_source(pt, t->ndim, s));
         size_t es = ckpt_dtype_size(s->dtype);
         uint64_t src_off, dst_off, len;
         if (es == 0) {
@@ -305,6 +311,9 @@ static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off
             src_off = s->offset + w.src * es;
             dst_off = t_off + w.dst * es;
             len = n * es;
+            /* The run lies inside both the source tensor and the output tensor. */
+            assert(w.src * es <= s->nbytes && len <= s->nbytes - w.src * es);
+            assert(w.dst + n <= plan_tensor_numel(t));
         }
         int rc = ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
@@ -320,12 +329,18 @@ static int fill_box(worker *wk, const plan_tensor *t, const uint64_t *blo, const
     uint64_t bstr[PLAN_MAX_DIM], n = 1;
     row_major_strides(t->ndim, bext, bstr);
     for (int k = 0; k < t->ndim; k++) n *= bext[k];
+    plan_part whole_box = {.src = PLAN_ZERO};
+    memcpy(whole_box.lo, blo, (size_t)t->ndim * sizeof *blo);
+    memcpy(whole_box.ext, bext, (size_t)t->ndim * sizeof *bext);
+    assert(plan_part_in_tensor(&whole_box, t->ndim, t->shape));
     memset(buf, 0, n * ckpt_dtype_size(t->dtype));
     for (size_t i = 0; i < t->nparts; i++) {
         const plan_part *pt = &t->parts[i];
         uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
         if (pt->src == PLAN_ZERO || !part_intersect(pt, t->ndim, blo, bext, lo, ext)) continue;
+        assert(pt->src >= 0 && (size_t)pt->src < c->p->nsources);
         const plan_source *s = &c->p->sources[pt->src];
+        assert(plan_part_in_tensor(pt, t->ndim, t->shape) && plan_part_in_source(pt, t->ndim, s));
         if (ckpt_dtype_size(s->dtype) == 0)
             return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype %s cannot be sliced or cast", t->name,
                                   ckpt_dtype_name(s->dtype));
@@ -344,6 +359,7 @@ static int write_box(const plan_tensor *t, const uint64_t *blo, const uint64_t *
     size_t es = ckpt_dtype_size(t->dtype);
     uint64_t ts[PLAN_MAX_DIM];
     row_major_strides(t->ndim, t->shape, ts);
+    for (int k = 0; k < t->ndim; k++) assert(blo[k] <= t->shape[k] && bext[k] <= t->shape[k] - blo[k]);
     /* Contiguous in the file when every axis after the first partial one is whole. */
     int first = 0;
     while (first < t->ndim && bext[first] == 1) first++;
@@ -451,6 +467,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_of
     while (slab_next(&it, lo, ext)) {
         uint64_t n = 1;
         for (int k = 0; k < t->ndim; k++) n *= ext[k];
+        assert(n * es <= EXEC_SLAB_BYTES); /* the slab holds the box */
         int rc = fill_box(wk, t, lo, ext, wk->slab);
         if (!rc) rc = write_box(t, lo, ext, wk->slab, out_fd, t_off, path);
         if (rc) return rc;
@@ -524,6 +541,10 @@ static int run_item(worker *wk, const work_item *it)
     const plan_tensor *t = f->tensors[ot->user];
     int fd = c->out_fds[it->file];
     const char *path = c->out_paths[it->file];
+    uint64_t tbytes = 0;
+    assert(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tbytes) == 0 && tbytes == ot->nbytes);
+    assert(ot->offset >= f->layout.header_len && ot->nbytes <= UINT64_MAX - ot->offset);
+    (void)tbytes;
     int rc = tensor_is_fast(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     return rc;
@@ -752,6 +773,29 @@ static int open_outputs(exec_ctx *c, const char *out_dir)
     return 0;
 }
 
+int exec_check_sources(const exec_plan *p, const int *src_fds)
+{
+    uint64_t *size = ckpt_calloc(p->nsrc_paths + 1, sizeof *size);
+    if (!size) return CKPT_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
+        struct stat sb;
+        if (fstat(src_fds[i], &sb) < 0) rc = ckpt_error_sys("%s: stat", p->src_paths[i]);
+        else size[i] = (uint64_t)sb.st_size;
+    }
+    for (size_t i = 0; !rc && i < p->nsources; i++) {
+        const plan_source *s = &p->sources[i];
+        if (s->file >= p->nsrc_paths)
+            rc = ckpt_error_set(CKPT_EINVAL, "tensor '%s': source file %zu of %zu", s->name, s->file, p->nsrc_paths);
+        else if (s->offset > size[s->file] || s->nbytes > size[s->file] - s->offset)
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: %llu bytes, but tensor '%s' needs bytes [%llu, %llu)",
+                                p->src_paths[s->file], (unsigned long long)size[s->file], s->name,
+                                (unsigned long long)s->offset, (unsigned long long)(s->offset + s->nbytes));
+    }
+    free(size);
+    return rc;
+}
+
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
 {
     exec_ctx c;
@@ -776,6 +820,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         c.src_fds[i] = open(p->src_paths[i], O_RDONLY | O_CLOEXEC);
         if (c.src_fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
     }
+    if (!rc) rc = exec_check_sources(p, c.src_fds);
     if (!rc) rc = open_outputs(&c, out_dir);
     /* Round-robin across files, so the threads mostly write different files. */
     c.left = ckpt_calloc(p->nfiles + 1, sizeof *c.left);
@@ -920,6 +965,7 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
             start += lo[k] * ts[k];
             n *= ext[k];
         }
+        assert(n * es <= EXEC_READ_SLAB_BYTES && start + n <= nbytes / es);
         uint64_t a = start * es, b = (start + n) * es;
         if (b <= off) continue;
         if (a >= want_end) break;

@@ -22,8 +22,8 @@
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */
-#ifndef CKPT_WORKERS_EXECUTOR_H
-#define CKPT_WORKERS_EXECUTOR_H
+#ifndef CKPT_PLAN_EXECUTOR_H
+#define CKPT_PLAN_EXECUTOR_H
 
 #include "format/safetensors.h"
 #include "plan/plan.h"
@@ -67,6 +67,13 @@ typedef struct {
 } exec_opts;
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
+
+/* Checks that every source tensor's bytes [offset, offset+nbytes) lie inside
+ * its file (src_fds: open descriptors of p->src_paths): a short file would
+ * otherwise be read past its end (a bus error through mmap). CKPT_ECORRUPT
+ * naming the file and tensor. exec_run does it; exec_tensor_read's callers
+ * do it once after opening the files. */
+int exec_check_sources(const exec_plan *p, const int *src_fds);
 
 /* What exec_tensor_read assembled last: bytes [a, b) of tensor t, still in
  * the slab. Zeroed before the first read and kept with the slab, it lets

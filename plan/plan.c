@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/util.h"
 
+#include <assert.h>
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,8 +22,69 @@ uint64_t plan_tensor_numel(const plan_tensor *t)
     return n;
 }
 
+bool plan_part_in_tensor(const plan_part *p, int ndim, const uint64_t *shape)
+{
+    if (ndim < 0 || ndim > PLAN_MAX_DIM) return false;
+    for (int k = 0; k < ndim; k++)
+        if (p->lo[k] > shape[k] || p->ext[k] > shape[k] - p->lo[k]) return false;
+    return true;
+}
+
+bool plan_part_in_source(const plan_part *p, int ndim, const plan_source *src)
+{
+    if (p->src == PLAN_ZERO) return true;
+    if (src->ndim < 0 || src->ndim > PLAN_MAX_DIM) return false;
+    uint64_t walked[PLAN_MAX_DIM] = {0}; /* extent along each source axis, 0: not walked */
+    bool empty = false, used[PLAN_MAX_DIM] = {false};
+    for (int k = 0; k < ndim; k++) {
+        int a = p->axis_map[k];
+        empty |= p->ext[k] == 0;
+        if (a < 0) {
+            if (p->ext[k] > 1) return false; /* an axis the source lacks has extent 1 */
+            continue;
+        }
+        if (a >= src->ndim || used[a]) return false;
+        used[a] = true;
+        walked[a] = p->ext[k];
+    }
+    for (int a = 0; a < src->ndim; a++) {
+        if (used[a]) {
+            if (p->src_lo[a] > src->shape[a] || walked[a] > src->shape[a] - p->src_lo[a]) return false;
+        } else if (!empty && p->src_lo[a] >= src->shape[a]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+int plan_part_check(const plan_part *p, int ndim, const uint64_t *shape, const plan_source *src, int code,
+                    const char *what)
+{
+    if (ndim < 0 || ndim > PLAN_MAX_DIM) return ckpt_error_set(code, "%s: rank %d", what, ndim);
+    for (int k = 0; k < ndim; k++)
+        if (p->lo[k] > shape[k] || p->ext[k] > shape[k] - p->lo[k])
+            return ckpt_error_set(code, "%s: part [%llu, +%llu) of axis %d lies outside the tensor's %llu", what,
+                                  (unsigned long long)p->lo[k], (unsigned long long)p->ext[k], k,
+                                  (unsigned long long)shape[k]);
+    if (p->src == PLAN_ZERO || !src || plan_part_in_source(p, ndim, src)) return 0;
+    char buf[160];
+    for (int k = 0; k < ndim; k++) {
+        int a = p->axis_map[k];
+        if (a >= 0 && a < src->ndim && a < PLAN_MAX_DIM &&
+            (p->src_lo[a] > src->shape[a] || p->ext[k] > src->shape[a] - p->src_lo[a]))
+            return ckpt_error_set(code, "%s: part reads [%llu, +%llu) of axis %d of source '%s' %s", what,
+                                  (unsigned long long)p->src_lo[a], (unsigned long long)p->ext[k], a, src->name,
+                                  plan_shape_str(src->ndim, src->shape, buf, sizeof buf));
+    }
+    return ckpt_error_set(code, "%s: part does not fit source '%s' %s (axis_map or start out of range)", what,
+                          src->name, plan_shape_str(src->ndim, src->shape, buf, sizeof buf));
+}
+
 int plan_tensor_add_part(plan_tensor *t, const plan_part *p)
 {
+    /* Parts from outside are checked before they get here (plan_part_check);
+     * the algebra keeps every part inside its tensor. */
+    assert(plan_part_in_tensor(p, t->ndim, t->shape));
     if (t->nparts >= PLAN_MAX_PARTS_PER_TENSOR)
         return ckpt_error_set(CKPT_ELIMIT, "tensor '%s': more than %u parts", t->name, PLAN_MAX_PARTS_PER_TENSOR);
     int rc = ckpt_grow(&t->parts, &t->cap, t->nparts + 1, sizeof *t->parts);
@@ -171,6 +233,15 @@ int plan_tensor_concat(plan_tensor *out, plan_tensor *const *ins, size_t n, int 
     }
     int rc = tensor_like(out, a);
     if (rc) return rc;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (ins[i]->shape[axis] > UINT64_MAX - total) {
+            plan_tensor_free(out);
+            return ckpt_error_set(CKPT_ELIMIT, "tensor '%s': concatenation overflows axis %d", a->name, axis);
+        }
+        total += ins[i]->shape[axis];
+    }
+    out->shape[axis] = total; /* first: every part added lies inside it */
     uint64_t off = 0;
     for (size_t i = 0; i < n && !rc; i++) {
         for (size_t j = 0; j < ins[i]->nparts && !rc; j++) {
@@ -180,7 +251,7 @@ int plan_tensor_concat(plan_tensor *out, plan_tensor *const *ins, size_t n, int 
         }
         off += ins[i]->shape[axis];
     }
-    out->shape[axis] = off;
+    assert(rc || off == total);
     if (rc) plan_tensor_free(out);
     return rc;
 }
@@ -246,6 +317,7 @@ int plan_tensor_transpose(plan_tensor *out, const plan_tensor *in, int a, int b)
         SWAP(p->axis_map[a], p->axis_map[b]);
         SWAP(p->lo[a], p->lo[b]);
         SWAP(p->ext[a], p->ext[b]);
+        assert(plan_part_in_tensor(p, out->ndim, out->shape));
     }
 #undef SWAP
     return 0;
@@ -268,6 +340,7 @@ int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis)
         }
         p->axis_map[in->ndim - 1] = 0;
         p->lo[in->ndim - 1] = p->ext[in->ndim - 1] = 0;
+        assert(plan_part_in_tensor(p, out->ndim, out->shape));
     }
     return 0;
 }
@@ -297,6 +370,7 @@ void plan_tensor_coalesce(plan_tensor *t)
         for (int k = 0; w > 0 && k < t->ndim && !merged; k++) {
             if (part_continues(&t->parts[w - 1], &t->parts[i], t->ndim, k)) {
                 t->parts[w - 1].ext[k] += t->parts[i].ext[k];
+                assert(plan_part_in_tensor(&t->parts[w - 1], t->ndim, t->shape));
                 merged = true;
             }
         }

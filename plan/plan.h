@@ -24,8 +24,8 @@
  * A tensor's rank is the tensor-parallel rank it belongs to, or PLAN_ALL_RANKS
  * for a tensor every rank holds (replicated) or a layout without ranks.
  */
-#ifndef CKPT_WORKERS_PLAN_H
-#define CKPT_WORKERS_PLAN_H
+#ifndef CKPT_PLAN_PLAN_H
+#define CKPT_PLAN_PLAN_H
 
 #include "format/dtype.h"
 
@@ -115,6 +115,23 @@ int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis);
 void plan_tensor_coalesce(plan_tensor *t);
 /* Appends a rule description to t->meta["transforms"]. Steals `desc`. */
 int plan_tensor_note(plan_tensor *t, json_t *desc);
+
+/* ---- the invariants the bytes depend on ----
+ * A part's box [lo, lo+ext) lies inside its tensor's shape on every axis. A
+ * part of a source names distinct source axes in axis_map, and the source
+ * elements it covers lie inside the source: src_lo[a] + ext[k] <= shape[a]
+ * for the tensor axis k walking source axis a, src_lo[a] < shape[a] for a
+ * source axis no tensor axis walks (an empty part, with an extent 0, covers
+ * nothing). The executor reads source bytes and writes output bytes at
+ * offsets computed from these, so plans built here assert them (plan.c,
+ * executor.c); parts read from outside (a store catalog's recipes,
+ * ckpt-layout.json) are checked with plan_part_check first. */
+bool plan_part_in_tensor(const plan_part *p, int ndim, const uint64_t *shape);
+bool plan_part_in_source(const plan_part *p, int ndim, const plan_source *src);
+/* Both as a checked error: code (CKPT_ECORRUPT, CKPT_EINVAL) and a message
+ * "<what>: ..." naming the axis and bounds; src NULL for a zero part. */
+int plan_part_check(const plan_part *p, int ndim, const uint64_t *shape, const plan_source *src, int code,
+                    const char *what);
 
 /* ---- sets ---- */
 void plan_set_free(plan_set *s);

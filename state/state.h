@@ -11,8 +11,8 @@
  * into a file mapping the state keeps (state_map_file). Lookups by name go
  * through one hash table holding parameters ("w") and slots ("w/adam_m").
  */
-#ifndef CKPT_STORAGE_STATE_H
-#define CKPT_STORAGE_STATE_H
+#ifndef CKPT_STATE_STATE_H
+#define CKPT_STATE_STATE_H
 
 #include "common/error.h"
 #include "format/checkpoint.h"

@@ -10,8 +10,8 @@
  * Writes go through catalog_begin() (BEGIN IMMEDIATE, retried while another
  * process holds the write lock) and catalog_commit()/catalog_rollback().
  */
-#ifndef CKPT_STORAGE_CATALOG_H
-#define CKPT_STORAGE_CATALOG_H
+#ifndef CKPT_STORE_CATALOG_H
+#define CKPT_STORE_CATALOG_H
 
 #include <sqlite3.h>
 #include <stdbool.h>

@@ -34,24 +34,43 @@ typedef struct {
     size_t ntensors, tcap;
 } pull_state;
 
-/* Where a stored path goes in the output, or NULL when the rank filter drops it. */
-static char *output_rel(const char *path, int rank)
+/* The rank of a vLLM sharded-state file, "model-rank-<R>-part-<P>.safetensors"
+ * in the checkpoint's top folder (the vllm layout's rank_files), or -1. */
+static int vllm_file_rank(const char *path)
 {
-    if (rank < 0) return ckpt_strdup(path);
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
-    if (!strncmp(path, prefix, strlen(prefix))) return ckpt_strdup(path + strlen(prefix));
-    if (strchr(path, '/')) return NULL;
-    return ckpt_strdup(path);
+    static const char pre[] = "model-rank-";
+    if (strchr(path, '/') || strncmp(path, pre, sizeof pre - 1)) return -1;
+    char *end;
+    long r = strtol(path + sizeof pre - 1, &end, 10);
+    if (end == path + sizeof pre - 1 || strncmp(end, "-part-", 6) || r < 0 || r >= 100000) return -1;
+    char *end2;
+    (void)strtol(end + 6, &end2, 10);
+    if (end2 == end + 6 || strcmp(end2, ".safetensors")) return -1;
+    return (int)r;
 }
 
-/* The number of tp_rank_NN/ folders of a file list (0: not tensor-parallel):
- * folders are numbered 00 .. n-1. */
+const char *materialize_rank_path(const char *path, int rank)
+{
+    if (rank < 0) return path;
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
+    if (!strncmp(path, prefix, strlen(prefix))) return path + strlen(prefix);
+    if (strchr(path, '/')) return NULL;
+    int vr = vllm_file_rank(path);
+    if (vr >= 0 && vr != rank) return NULL;
+    return path;
+}
+
+/* The number of tp_rank_NN/ folders of a file list, or of vLLM's
+ * model-rank-N-part-P files (0: not tensor-parallel): ranks are numbered
+ * 0 .. n-1. */
 static int count_ranks(const store_file_row *rows, size_t n)
 {
     int max = -1;
     for (size_t i = 0; i < n; i++) {
         const char *p = rows[i].path;
+        int vr = vllm_file_rank(p);
+        if (vr > max) max = vr;
         if (strncmp(p, "tp_rank_", 8)) continue;
         char *end;
         long r = strtol(p + 8, &end, 10);
@@ -97,8 +116,13 @@ static int load_files(pull_state *ps, int rank)
         return rc;
     }
     for (size_t i = 0; !rc && i < n; i++) {
-        char *rel = output_rel(rows[i].path, rank);
-        if (!rel) continue;
+        const char *keep = materialize_rank_path(rows[i].path, rank);
+        if (!keep) continue;
+        char *rel = ckpt_strdup(keep);
+        if (!rel) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
         if ((rc = ckpt_grow(&ps->files, &ps->cap, ps->nfiles + 1, sizeof *ps->files))) {
             free(rel);
             break;
@@ -442,6 +466,7 @@ int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c,
             r->fds[i] = open(r->ps.exec.src_paths[i], O_RDONLY | O_CLOEXEC);
             if (r->fds[i] < 0) rc = ckpt_error_sys("%s: open", r->ps.exec.src_paths[i]);
         }
+        if (!rc) rc = exec_check_sources(&r->ps.exec, r->fds); /* blobs as long as the recipes read */
     }
     if (rc) {
         store_file_close(r);

@@ -8,8 +8,8 @@
  * destination appears, so a damaged blob fails the pull instead of
  * producing bad bytes.
  */
-#ifndef CKPT_WORKERS_MATERIALIZE_H
-#define CKPT_WORKERS_MATERIALIZE_H
+#ifndef CKPT_STORE_MATERIALIZE_H
+#define CKPT_STORE_MATERIALIZE_H
 
 #include "store/store.h"
 
@@ -26,8 +26,14 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
  * (a checkpoint without such folders has no ranks). */
 int materialize_rank_check(ckpt_store *s, const store_ckpt *c, int rank);
 /* The same over a checkpoint's file rows (id names it in the message): a rank
- * (>= 0) must name one of its tp_rank_NN/ folders. */
+ * (>= 0) must name one of its tp_rank_NN/ folders (or vLLM model-rank-N files). */
 int materialize_rank_check_files(const store_file_row *rows, size_t n, int64_t id, int rank);
+/* Where stored file `path` goes when only rank `rank` is pulled (rank < 0:
+ * everything, unchanged): tp_rank_NN/ files lose the folder, vLLM's
+ * model-rank-R-part-P.safetensors (the vllm layout) keep their names, other
+ * ranks' files and other subfolders are dropped (NULL); top-level files stay.
+ * Returns a pointer into path, or NULL. */
+const char *materialize_rank_path(const char *path, int rank);
 
 /* Random access to one stored file, without materialising it: the header
  * from the catalog, tensor bytes from blobs or assembled from recipes. */

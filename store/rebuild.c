@@ -50,6 +50,19 @@ static int add_source(const rebuild_ctx *rb, const char *blob, ckpt_dtype dt, in
     return 0;
 }
 
+/* Adds part p's element count to *covered; more than the tensor holds is an error. */
+static int add_covered(uint64_t *covered, const plan_part *p, const plan_tensor *t, uint64_t numel,
+                       const char *what)
+{
+    uint64_t n = 1; /* at most numel: the part lies inside the tensor (checked first) */
+    for (int k = 0; k < t->ndim; k++) n *= p->ext[k];
+    if (n > numel - *covered)
+        return ckpt_error_set(CKPT_ECORRUPT, "%s: the parts overlap: they hold more than the tensor's %llu elements",
+                              what, (unsigned long long)numel);
+    *covered += n;
+    return 0;
+}
+
 static bool is_sha256(const char *s)
 {
     if (!s || strlen(s) != 64) return false;
@@ -58,20 +71,37 @@ static bool is_sha256(const char *s)
     return true;
 }
 
+/* plan_part_from_json with a damaged catalog's code: CKPT_ECORRUPT. */
+static int from_json(plan_part *p, const json_t *j, int ndim, int src_ndim, const char *what)
+{
+    int rc = plan_part_from_json(p, j, ndim, src_ndim, what);
+    return rc == CKPT_EINVAL || rc == CKPT_ELIMIT ? CKPT_ECORRUPT : rc;
+}
+
+/* A recipe's parts come from the catalog, a file on disk: each is checked
+ * against its tensor and its blob's shape before the executor sees it, and
+ * together they must hold as many elements as the tensor (the store writes
+ * every part, zeros included), so a damaged row is an error naming the file,
+ * the tensor and the part, never a read outside a blob or a buffer. */
 static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *recipe, const char *what)
 {
     json_t *j;
     int rc = cj_load_buf(&j, recipe, strlen(recipe), what);
     if (rc) return rc;
     if (!json_is_array(j)) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: the recipe is not an array", what);
+    uint64_t numel = plan_tensor_numel(t), covered = 0;
     size_t i;
     json_t *jp;
+    char pwhat[600];
     json_array_foreach(j, i, jp)
     {
         if (rc) break;
+        snprintf(pwhat, sizeof pwhat, "%s: recipe part %zu", what, i);
         plan_part p;
         if (json_is_true(json_object_get(jp, "zero"))) {
-            rc = plan_part_from_json(&p, jp, t->ndim, 0, what);
+            rc = from_json(&p, jp, t->ndim, 0, pwhat);
+            if (!rc) rc = plan_part_check(&p, t->ndim, t->shape, NULL, CKPT_ECORRUPT, pwhat);
+            if (!rc) rc = add_covered(&covered, &p, t, numel, pwhat);
             if (!rc) rc = plan_tensor_add_part(t, &p);
             continue;
         }
@@ -99,13 +129,18 @@ static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *reci
             rc = ckpt_error_set(CKPT_ECORRUPT, "%s: recipe part %zu is %s, the tensor %s", what, i,
                                 ckpt_dtype_name(dt), ckpt_dtype_name(t->dtype));
         int32_t idx;
-        if (!rc) rc = plan_part_from_json(&p, jp, t->ndim, (int)ndim, what);
-        if (!rc) rc = add_source(rb, blob, dt, (int)ndim, shape, what, &idx);
+        if (!rc) rc = from_json(&p, jp, t->ndim, (int)ndim, pwhat);
+        if (!rc) rc = add_source(rb, blob, dt, (int)ndim, shape, pwhat, &idx);
         if (!rc) {
             p.src = idx;
-            rc = plan_tensor_add_part(t, &p);
+            rc = plan_part_check(&p, t->ndim, t->shape, &rb->exec->sources[idx], CKPT_ECORRUPT, pwhat);
         }
+        if (!rc) rc = add_covered(&covered, &p, t, numel, pwhat);
+        if (!rc) rc = plan_tensor_add_part(t, &p);
     }
+    if (!rc && covered != numel)
+        rc = ckpt_error_set(CKPT_ECORRUPT, "%s: the recipe's parts hold %llu elements, the tensor %llu", what,
+                            (unsigned long long)covered, (unsigned long long)numel);
     json_decref(j);
     return rc;
 }

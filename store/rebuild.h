@@ -10,8 +10,8 @@
  * recipes are errors naming the file and tensor. It touches no catalog and
  * no file: the caller says where blobs live and what the catalog records.
  */
-#ifndef CKPT_WORKERS_REBUILD_H
-#define CKPT_WORKERS_REBUILD_H
+#ifndef CKPT_STORE_REBUILD_H
+#define CKPT_STORE_REBUILD_H
 
 #include "plan/executor.h"
 

@@ -17,8 +17,8 @@
  * or a commit, or a unique commit prefix); "REPO@REV:LAYOUT" a converted one.
  * Without @REV the newest checkpoint of the repo is meant.
  */
-#ifndef CKPT_STORAGE_STORE_H
-#define CKPT_STORAGE_STORE_H
+#ifndef CKPT_STORE_STORE_H
+#define CKPT_STORE_STORE_H
 
 #include "store/catalog.h"
 

@@ -50,8 +50,6 @@ int store_archive_plan(ckpt_store *s, const store_ckpt *c, int rank, store_archi
     size_t n = 0;
     if (!rc) rc = store_files_load(s, c->id, &rows, &n);
     if (!rc) rc = materialize_rank_check_files(rows, n, c->id, rank); /* the rule pull follows */
-    char prefix[32];
-    snprintf(prefix, sizeof prefix, "tp_rank_%02d/", rank);
     if (!rc) {
         ar->e = ckpt_calloc(n + 1, sizeof *ar->e);
         ar->paths = ckpt_calloc(n + 1, sizeof *ar->paths);
@@ -59,11 +57,9 @@ int store_archive_plan(ckpt_store *s, const store_ckpt *c, int rank, store_archi
         if (!ar->e || !ar->paths || !ar->sha) rc = CKPT_ENOMEM;
     }
     for (size_t i = 0; !rc && i < n; i++) {
-        const char *p = rows[i].path, *name = p;
-        if (rank >= 0) {
-            if (!strncmp(p, prefix, strlen(prefix))) name = p + strlen(prefix);
-            else if (strchr(p, '/')) continue;
-        }
+        const char *p = rows[i].path;
+        const char *name = materialize_rank_path(p, rank); /* the rule pull follows */
+        if (!name) continue;
         ar->e[ar->n] = (ckpt_archive_entry){.name = ckpt_strdup(name), .size = rows[i].size};
         ar->paths[ar->n] = ckpt_strdup(p);
         memcpy(ar->sha[ar->n], rows[i].sha256, sizeof ar->sha[ar->n]);

@@ -16,8 +16,8 @@
  * bytes): the caller must make that visible (the HTTP API aborts the
  * connection, `pull` fails).
  */
-#ifndef CKPT_WORKERS_STORE_ARCHIVE_H
-#define CKPT_WORKERS_STORE_ARCHIVE_H
+#ifndef CKPT_STORE_STORE_ARCHIVE_H
+#define CKPT_STORE_STORE_ARCHIVE_H
 
 #include "store/store.h"
 

@@ -10,8 +10,8 @@
  * blobs. The output files are assembled once, to record their sha256 and
  * size, and thrown away. Converting again finds the existing checkpoint.
  */
-#ifndef CKPT_WORKERS_STORE_CONVERT_H
-#define CKPT_WORKERS_STORE_CONVERT_H
+#ifndef CKPT_STORE_STORE_CONVERT_H
+#define CKPT_STORE_STORE_CONVERT_H
 
 #include "store/store.h"
 #include "transform/convert.h"

@@ -19,8 +19,8 @@
  * Every function here returns an error (never an empty answer) when the
  * catalog cannot be read; "not found" is CKPT_ENOTFOUND.
  */
-#ifndef CKPT_STORAGE_STORE_INFO_H
-#define CKPT_STORAGE_STORE_INFO_H
+#ifndef CKPT_STORE_STORE_INFO_H
+#define CKPT_STORE_STORE_INFO_H
 
 #include "store/store.h"
 

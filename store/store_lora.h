@@ -26,8 +26,8 @@
  * The adapter is a folder (absolute path) or a stored ref (e.g. an import of
  * the adapter folder), materialized into the store's tmp/ for the run.
  */
-#ifndef CKPT_WORKERS_STORE_LORA_H
-#define CKPT_WORKERS_STORE_LORA_H
+#ifndef CKPT_STORE_STORE_LORA_H
+#define CKPT_STORE_STORE_LORA_H
 
 #include "store/store.h"
 

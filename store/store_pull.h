@@ -16,8 +16,8 @@
  *   rank     of a tensor-parallel layout, only rank R's folder (at the root)
  *            and the top-level files
  */
-#ifndef CKPT_STORAGE_STORE_PULL_H
-#define CKPT_STORAGE_STORE_PULL_H
+#ifndef CKPT_STORE_STORE_PULL_H
+#define CKPT_STORE_STORE_PULL_H
 
 #include "store/store.h"
 

@@ -12,8 +12,8 @@
  * transaction, the checkpoints of the run that no ref names any more; gc then
  * frees the blobs nothing references.
  */
-#ifndef CKPT_STORAGE_STORE_RUNS_H
-#define CKPT_STORAGE_STORE_RUNS_H
+#ifndef CKPT_STORE_STORE_RUNS_H
+#define CKPT_STORE_STORE_RUNS_H
 
 #include "store/store.h"
 

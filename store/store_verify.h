@@ -14,8 +14,8 @@
  * The report as JSON (store_verify_json; the job's result, `ckpt verify --json`):
  *   {"clean": true, "damaged_blobs": 0, "checkpoints_checked": 3, "broken_checkpoints": 0}
  */
-#ifndef CKPT_STORAGE_STORE_VERIFY_H
-#define CKPT_STORAGE_STORE_VERIFY_H
+#ifndef CKPT_STORE_STORE_VERIFY_H
+#define CKPT_STORE_STORE_VERIFY_H
 
 #include "store/store.h"
 

@@ -16,7 +16,7 @@ import re
 import subprocess
 import sys
 
-LAYERS = ["common", "include", "format", "plan", "lora", "transform", "state",
+LAYERS = ["include", "common", "format", "plan", "lora", "transform", "state",
           "store", "fixtures", "hub", "service/jobs", "service/http",
           "service/daemon", "service/cli"]
 RANK = {d: i for i, d in enumerate(LAYERS)}

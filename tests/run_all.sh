@@ -5,12 +5,13 @@
 #
 # Stages, each run even when an earlier one failed:
 #   build   the sanitizer build (ASan+UBSan) in build/san: ckpt, the test Hub,
-#           the library example and every tests/unit/test_*.c program
+#           the library example and every tests/unit/<folder>/test_*.c program
 #   layers  tests/check_layers.py over the build: folders in layer order, no
 #           cycle between modules (docs/ARCHITECTURE.md)
 #   unit    each cmocka program; its own summary lines are printed, and its
 #           passed/failed counts are added up (a program that dies before its
-#           summary counts as one failure)
+#           summary counts as one failure); then `make header-check` (ckpt.h
+#           alone in C11 and C++, its example program run), counted as one
 #   e2e     tests/e2e/run.sh: one count per script
 #   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10): one count each
 # The last line is "N passed, N failed" over all of them, and the exit status
@@ -35,7 +36,7 @@ add() { # add NAME PASSED FAILED
 # ---- build ----
 stage "build (ASan+UBSan, $SAN_BUILD)"
 unit_bins=()
-for src in tests/unit/test_*.c; do
+for src in tests/unit/*/test_*.c; do
     n=$(basename "$src" .c)
     unit_bins+=("$SAN_BUILD/tests/$n")
 done
@@ -79,6 +80,16 @@ for t in "${unit_bins[@]}"; do
     fi
     add "$n" "$p" "$f"
 done
+
+# ckpt.h on its own and the example program of its comment (tests/header/).
+echo "== header-check"
+if $MAKE --no-print-directory BUILD=$SAN_BUILD SAN=1 header-check >"$log" 2>&1; then
+    tail -n 2 "$log"
+    add header-check 1 0
+else
+    tail -n 30 "$log"
+    add header-check 0 1
+fi
 
 # ---- e2e ----
 stage "e2e"

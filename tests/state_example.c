@@ -7,7 +7,7 @@
  *
  *   state_example DIR [STEPS]
  *
- * Built with only -Istorage (see the Makefile), so it proves the public
+ * Built with only -Iinclude (see the Makefile), so it proves the public
  * header stands alone. Exit 0 when every check held.
  */
 #include "ckpt.h"

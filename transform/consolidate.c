@@ -19,7 +19,9 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "format/easydel.h"
 #include "lora/lora.h"
+#include "transform/easydel_import.h"
 #include "transform/lora_plan.h"
 #include "transform/state_convert.h"
 
@@ -113,17 +115,56 @@ static int load_originals(consolidation *c)
     return 0;
 }
 
+/* A rank of a rank_files layout (vLLM): its files, as ckpt-layout.json's
+ * folders[rank].files lists them, in SRC itself. */
+static int open_rank_files(consolidation *c, const char *src, int r, ckpt_checkpoint *out)
+{
+    json_t *folder = json_array_get(json_object_get(c->layout, "folders"), (size_t)r);
+    json_t *files = json_object_get(folder, "files");
+    json_t *jr = json_object_get(folder, "rank");
+    if (!json_is_array(files) || !json_is_integer(jr) || json_integer_value(jr) != r)
+        return ckpt_error_set(CKPT_EINVAL, "%s: folders[%d] does not list rank %d's files", c->what, r, r);
+    size_t n = json_array_size(files), i;
+    st_file *sf = ckpt_calloc(n + 1, sizeof *sf);
+    if (!sf) return CKPT_ENOMEM;
+    int rc = 0;
+    size_t opened = 0;
+    json_t *f;
+    json_array_foreach(files, i, f)
+    {
+        const char *name = json_string_value(f);
+        if (!name || !ckpt_shard_name_safe(name) || strchr(name, '/')) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: rank %d: unsafe or missing file name", c->what, r);
+            break;
+        }
+        char *path = ckpt_path_join(src, name);
+        rc = path ? st_open(&sf[i], path) : CKPT_ENOMEM;
+        free(path);
+        if (rc) break;
+        opened++;
+    }
+    char label[64];
+    snprintf(label, sizeof label, "rank %d", r);
+    if (!rc) rc = ckpt_checkpoint_from_files(out, label, sf, n);
+    else
+        for (size_t k = 0; k < opened; k++) st_close(&sf[k]);
+    free(sf);
+    return rc;
+}
+
 static int open_ranks(consolidation *c, const char *src)
 {
     c->ranks = ckpt_calloc((size_t)c->tp, sizeof *c->ranks);
     c->first_source = ckpt_calloc((size_t)c->tp, sizeof *c->first_source);
     if (!c->ranks || !c->first_source) return CKPT_ENOMEM;
+    bool rank_files = json_is_string(json_object_get(json_object_get(c->layout, "rules"), "rank_files"));
     for (int r = 0; r < c->tp; r++) {
         char sub[32];
         snprintf(sub, sizeof sub, "tp_rank_%02d", r);
         char *dir = c->tp > 1 ? ckpt_path_join(src, sub) : ckpt_strdup(src);
         if (!dir) return CKPT_ENOMEM;
-        int rc = lora_layout_is_adapter(c->layout) /* a converted LoRA adapter: adapter_model.safetensors */
+        int rc = rank_files ? open_rank_files(c, src, r, &c->ranks[r])
+                 : lora_layout_is_adapter(c->layout) /* a converted LoRA adapter: adapter_model.safetensors */
                      ? ckpt_checkpoint_open_prefix(&c->ranks[r], dir, LORA_WEIGHTS_PREFIX)
                      : state_checkpoint_open(&c->ranks[r], dir); /* with a training state's optimizer files */
         free(dir);
@@ -374,6 +415,7 @@ static void consolidation_free(consolidation *c)
 
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
+    if (easydel_is_checkpoint(src)) return easydel_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);
     char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);

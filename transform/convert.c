@@ -75,7 +75,7 @@ static int build_rules(convert_plan *cp, const convert_opts *o)
         rc = cj_load_file(&cp->rules_json, o->rules_file, RULES_MAX_BYTES);
     } else {
         if (!o->layout)
-            return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf, or --rules FILE)");
+            return ckpt_error_set(CKPT_EINVAL, "no layout given (--layout neuron|fused|easydel|hf|vllm, or --rules FILE)");
         preset_opts po = {.preset = o->layout, .tp = o->tp > 0 ? o->tp : 1, .kv_size_multiplier = o->kv_size_multiplier,
                           .dtype = o->dtype};
         rc = preset_rules(&cp->rules_json, cp->config, &po, "config.json");
@@ -88,19 +88,33 @@ static int build_rules(convert_plan *cp, const convert_opts *o)
 static int build_folders(convert_plan *cp, uint64_t max_shard)
 {
     int tp = cp->tp;
+    const char *rank_files = cp->rules.rank_files;
+    if (rank_files && cp->state)
+        return ckpt_error_set(CKPT_EINVAL, "layout '%s' names its files '%s' and holds weights only: convert the "
+                                           "training state's model without its optimizer files",
+                              cp->layout_name, rank_files);
     cp->nfolders = (size_t)tp;
     cp->folder_dirs = ckpt_calloc((size_t)tp, sizeof *cp->folder_dirs);
     cp->index_texts = ckpt_calloc((size_t)tp, sizeof *cp->index_texts);
+    cp->folder_files = ckpt_calloc((size_t)tp + 1, sizeof *cp->folder_files);
     plan_tensor **list = ckpt_calloc(cp->set.n + 1, sizeof *list);
-    int rc = cp->folder_dirs && cp->index_texts && list ? 0 : CKPT_ENOMEM;
+    int rc = cp->folder_dirs && cp->index_texts && cp->folder_files && list ? 0 : CKPT_ENOMEM;
     for (int r = 0; !rc && r < tp; r++) {
         size_t n = 0, nparams = cp->set.n - state_plan_nslots(cp);
         for (size_t i = 0; i < nparams; i++)
             if (cp->set.t[i].rank == PLAN_ALL_RANKS || cp->set.t[i].rank == r) list[n++] = &cp->set.t[i];
-        cp->folder_dirs[r] = tp > 1 ? ckpt_sprintf("tp_rank_%02d", r) : ckpt_strdup("");
+        cp->folder_files[r] = cp->exec.nfiles;
+        /* rank_files (vLLM): every rank's files in DST itself, named by the pattern */
+        cp->folder_dirs[r] = tp > 1 && !rank_files ? ckpt_sprintf("tp_rank_%02d", r) : ckpt_strdup("");
         if (!cp->folder_dirs[r]) rc = CKPT_ENOMEM;
-        if (!rc) rc = convert_layout_folder(&cp->exec, cp->folder_dirs[r], list, n, max_shard, &cp->index_texts[r]);
-        if (!rc) rc = state_plan_layout_folder(cp, (size_t)r, max_shard);
+        if (!rc && rank_files)
+            rc = convert_layout_rank_files(&cp->exec, rank_files, r, list, n,
+                                           max_shard ? max_shard : CONVERT_RANK_FILES_DEFAULT_SIZE);
+        else if (!rc)
+            rc = convert_layout_folder(&cp->exec, cp->folder_dirs[r], list, n,
+                                       max_shard ? max_shard : CONVERT_DEFAULT_SHARD_SIZE, &cp->index_texts[r]);
+        if (!rc) rc = state_plan_layout_folder(cp, (size_t)r, max_shard ? max_shard : CONVERT_DEFAULT_SHARD_SIZE);
+        cp->folder_files[r + 1] = cp->exec.nfiles;
     }
     free(list);
     return rc;
@@ -149,7 +163,7 @@ int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *
         }
     }
     if (!rc && !(cp->layout_name = ckpt_strdup(cp->rules.layout))) rc = CKPT_ENOMEM;
-    if (!rc) rc = build_folders(cp, o->max_shard_size ? o->max_shard_size : CONVERT_DEFAULT_SHARD_SIZE);
+    if (!rc) rc = build_folders(cp, o->max_shard_size); /* 0: the layout's default */
     if (rc) convert_plan_free(cp);
     return rc;
 }
@@ -208,6 +222,7 @@ void convert_plan_free(convert_plan *cp)
     }
     free(cp->folder_dirs);
     free(cp->index_texts);
+    free(cp->folder_files);
     memset(cp, 0, sizeof *cp);
 }
 
@@ -246,9 +261,9 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (!rc) rc = write_indexes(cp, tmp);
     if (!rc) rc = state_plan_write(cp, tmp);
     if (!rc) rc = outdir_copy_side_files(cp->src_dir, tmp);
-    json_t *meta = rc ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
-    if (!rc && !meta) rc = CKPT_ENOMEM;
-    if (!rc) {
+    json_t *meta = rc || o->no_layout_file ? NULL : layout_meta_build(cp, o->no_hash ? NULL : hashes, true);
+    if (!rc && !meta && !o->no_layout_file) rc = CKPT_ENOMEM;
+    if (!rc && meta) {
         char *path = ckpt_path_join(tmp, CONVERT_LAYOUT_FILE);
         rc = path ? cj_write_file(path, meta) : CKPT_ENOMEM;
         free(path);

@@ -20,8 +20,8 @@
  * output tensor its parts, so consolidate_run() rebuilds the original files
  * byte for byte from the shards and this document alone.
  */
-#ifndef CKPT_WORKERS_CONVERT_H
-#define CKPT_WORKERS_CONVERT_H
+#ifndef CKPT_TRANSFORM_CONVERT_H
+#define CKPT_TRANSFORM_CONVERT_H
 
 #include "format/checkpoint.h"
 #include "format/outdir.h"
@@ -33,6 +33,7 @@
 #include <stdbool.h>
 
 #define CONVERT_DEFAULT_SHARD_SIZE 5000000000ULL /* Hugging Face's "5GB" */
+#define CONVERT_RANK_FILES_DEFAULT_SIZE (5ULL << 30) /* vLLM save_sharded_state.py --max-file-size: 5 GiB */
 #define CONVERT_CONFIG_MAX_BYTES (16u << 20)
 #define CONVERT_LAYOUT_MAX_BYTES (1u << 30)
 #define CONVERT_LAYOUT_FILE OUTDIR_LAYOUT_FILE
@@ -48,6 +49,7 @@ typedef struct {
     bool force;              /* replace a non-empty DST */
     bool quiet;
     bool no_hash; /* do not hash the sources (sha256 left empty in the metadata) */
+    bool no_layout_file; /* write no ckpt-layout.json (an import, not a layout to consolidate) */
     const char *lora;  /* merge this PEFT adapter first: a lora_merge rule put before the layout's */
     double lora_scale; /* its scale (0: 1) */
 } convert_opts;
@@ -68,6 +70,7 @@ typedef struct {
     size_t nfolders;
     char **folder_dirs;  /* "" or "tp_rank_03" */
     char **index_texts;  /* index JSON per folder, NULL when the folder has one file */
+    size_t *folder_files; /* nfolders + 1 entries: folder r's files are exec.files[folder_files[r] .. folder_files[r+1]) */
     struct state_plan *state; /* a training state's optimizer slots (state_convert.h), or NULL */
     struct lora_plan *lora;   /* merged LoRA weights of lora_merge rules (lora_plan.h), or NULL */
 } convert_plan;
@@ -100,6 +103,11 @@ int convert_add_sources(exec_plan *p, const ckpt_checkpoint *c, size_t *first_so
  * returns the index JSON text (NULL when one file) in *index_text. */
 int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, size_t n, uint64_t max_shard_size,
                           char **index_text);
+/* A rank's files of a rank_files layout (rules.h): in the output folder itself,
+ * named by the pattern, split into parts as vLLM's ShardedStateLoader.save_model
+ * does (max_size 0: one part), in natural name order, no index file. */
+int convert_layout_rank_files(exec_plan *p, const char *rank_files, int rank, plan_tensor **tensors, size_t n,
+                              uint64_t max_size);
 /* The same with files named "<prefix>.safetensors" / "<prefix>-0000i-of-0000n.safetensors" ("optimizer"). */
 int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
                                  uint64_t max_shard_size, char **index_text);

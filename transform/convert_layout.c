@@ -55,8 +55,30 @@ int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, 
     return convert_layout_folder_prefix(p, dir, "model", tensors, n, max_shard_size, index_text);
 }
 
-int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
-                                 uint64_t max_shard_size, char **index_text)
+/* vLLM's ShardedStateLoader.save_model: a new part starts when the next
+ * tensor would push the current one past max_size (0: no limit). Unlike that
+ * loop, a first tensor larger than the limit does not leave an empty part 0. */
+static void vllm_parts(const uint64_t *sizes, size_t n, uint64_t max_size, size_t *shard_of, size_t *nparts)
+{
+    size_t part = 0, in_part = 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (max_size && in_part && total + sizes[i] > max_size) {
+            part++;
+            total = 0;
+            in_part = 0;
+        }
+        shard_of[i] = part;
+        total += sizes[i];
+        in_part++;
+    }
+    *nparts = part + 1;
+}
+
+/* Lays tensors out into files: Hugging Face shards "<prefix>..." under dir, or
+ * with rank_files the rank's parts named by that pattern. */
+static int layout_tensors(exec_plan *p, const char *dir, const char *prefix, const char *rank_files, int rank,
+                          plan_tensor **tensors, size_t n, uint64_t max_shard_size, char **index_text)
 {
     *index_text = NULL;
     qsort(tensors, n, sizeof *tensors, cmp_tensor_ptr);
@@ -69,7 +91,8 @@ int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *pref
         if (rc) ckpt_error_prefix(rc, "tensor '%s'", tensors[i]->name);
     }
     size_t nshards = 0;
-    if (!rc) rc = ckpt_shard_assign(sizes, n, max_shard_size, shard_of, &nshards);
+    if (!rc && rank_files) vllm_parts(sizes, n, max_shard_size, shard_of, &nshards);
+    else if (!rc) rc = ckpt_shard_assign(sizes, n, max_shard_size, shard_of, &nshards);
     if (!rc && n == 0) nshards = 1;
     size_t first = p->nfiles;
     exec_file *ef = rc ? NULL : ckpt_realloc(p->files, (p->nfiles + nshards + 1) * sizeof *ef);
@@ -82,7 +105,7 @@ int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *pref
     for (size_t s = 0; !rc && s < nshards; s++) {
         exec_file *f = &p->files[first + s];
         p->nfiles++;
-        char *base = ckpt_shard_name(prefix, s, nshards);
+        char *base = rank_files ? rules_rank_file_name(rank_files, rank, s) : ckpt_shard_name(prefix, s, nshards);
         f->rel = base ? (*dir ? ckpt_path_join(dir, base) : ckpt_strdup(base)) : NULL;
         free(base);
         f->tensors = ckpt_calloc(n + 1, sizeof *f->tensors);
@@ -106,10 +129,25 @@ int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *pref
         if (!rc) rc = st_layout_set_meta(&f->layout, "format", "pt");
         if (!rc) rc = st_layout_finish(&f->layout);
     }
-    if (!rc && nshards > 1 && !(*index_text = ckpt_index_render(total, n, names, files))) rc = CKPT_ENOMEM;
+    if (!rc && nshards > 1 && !rank_files && !(*index_text = ckpt_index_render(total, n, names, files))) rc = CKPT_ENOMEM;
     free(sizes);
     free(shard_of);
     free(names);
     free(files);
+    return rc;
+}
+
+int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
+                                 uint64_t max_shard_size, char **index_text)
+{
+    return layout_tensors(p, dir, prefix, NULL, 0, tensors, n, max_shard_size, index_text);
+}
+
+int convert_layout_rank_files(exec_plan *p, const char *rank_files, int rank, plan_tensor **tensors, size_t n,
+                              uint64_t max_size)
+{
+    char *index_text = NULL;
+    int rc = layout_tensors(p, "", NULL, rank_files, rank, tensors, n, max_size, &index_text);
+    free(index_text);
     return rc;
 }

@@ -108,7 +108,9 @@ json_t *layout_meta_build(const convert_plan *cp, char (*hashes)[65], bool with_
         for (size_t f = 0; f < cp->exec.nfiles; f++) {
             const char *rel = cp->exec.files[f].rel;
             size_t dl = strlen(dir);
-            bool in = dl ? !strncmp(rel, dir, dl) && rel[dl] == '/' : strchr(rel, '/') == NULL;
+            bool in = cp->folder_files ? f >= cp->folder_files[r] && f < cp->folder_files[r + 1]
+                      : dl             ? !strncmp(rel, dir, dl) && rel[dl] == '/'
+                                       : strchr(rel, '/') == NULL;
             if (in) json_array_append_new(files, json_string(rel));
         }
         json_array_append_new(folders, json_pack("{s:I,s:s,s:o}", "rank", (json_int_t)r, "dir", dir, "files", files));

@@ -17,8 +17,8 @@
  * "parameters" and "model_weight_transformation_specs" mirror optimum-neuron's
  * create_parameter_metadata; the parts are what consolidation inverts.
  */
-#ifndef CKPT_WORKERS_LAYOUT_META_H
-#define CKPT_WORKERS_LAYOUT_META_H
+#ifndef CKPT_TRANSFORM_LAYOUT_META_H
+#define CKPT_TRANSFORM_LAYOUT_META_H
 
 #include "transform/convert.h"
 

@@ -24,8 +24,8 @@
  * its own dtype; it is computed by lora_merge_targets (blocked F32 sgemm,
  * bounded memory) and removed before DST is committed.
  */
-#ifndef CKPT_WORKERS_LORA_PLAN_H
-#define CKPT_WORKERS_LORA_PLAN_H
+#ifndef CKPT_TRANSFORM_LORA_PLAN_H
+#define CKPT_TRANSFORM_LORA_PLAN_H
 
 #include "lora/lora.h"
 #include "transform/convert.h"

@@ -1,4 +1,4 @@
-/* presets.c — rules generated from config.json for the neuron, fused, easydel and hf layouts. */
+/* presets.c — rules generated from config.json for the neuron, fused, easydel, hf and vllm layouts. */
 #include "transform/presets.h"
 
 #include "common/error.h"
@@ -46,6 +46,11 @@ static int read_geometry(const json_t *cfg, model_geom *g, const char *what)
     g->en = mixtral ? (expert_names){"w1", "w3", "w2"} : (expert_names){"gate_proj", "up_proj", "down_proj"};
     return 0;
 }
+
+/* vLLM: vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE, and
+ * ShardedStateLoader.DEFAULT_PATTERN (model_loader/sharded_state_loader.py). */
+#define VLLM_VOCAB_PADDING 64
+#define VLLM_RANK_FILES "model-rank-{rank}-part-{part}.safetensors"
 
 static int add(json_t *rules, json_t *rule)
 {
@@ -184,6 +189,83 @@ static int easydel_rules(json_t *rules, const model_geom *g, const preset_opts *
     return rc;
 }
 
+/* vLLM's ShardedStateLoader state dict (docs/layouts.md, "vllm"): the shapes
+ * vLLM's parallel layers give each rank, which need the sizes to divide as
+ * vLLM's divide() asserts. */
+static int vllm_check(const model_geom *g, const json_t *cfg, int tp)
+{
+    const char *w = "layout vllm";
+    if (g->heads % tp)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: num_attention_heads %lld does not divide by --tp %d (vLLM's QKVParallelLinear "
+                              "gives every rank the same number of query heads)",
+                              w, (long long)g->heads, tp);
+    if (tp >= g->kv_heads ? tp % g->kv_heads : g->kv_heads % tp)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: num_key_value_heads %lld and --tp %d: one must divide the other (vLLM's "
+                              "QKVParallelLinear splits or replicates whole KV heads)",
+                              w, (long long)g->kv_heads, tp);
+    int64_t inter = 0, moe_inter = 0, vocab = 0;
+    int rc = cj_int_opt(cfg, "intermediate_size", &inter, w);
+    if (!rc) rc = cj_int_opt(cfg, "moe_intermediate_size", &moe_inter, w);
+    if (!rc) rc = cj_int_opt(cfg, "vocab_size", &vocab, w);
+    if (rc) return rc;
+    if (inter % tp || moe_inter % tp)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: the intermediate size (%lld%s) does not divide by --tp %d (vLLM's "
+                              "MergedColumnParallelLinear and FusedMoE split it evenly)",
+                              w, (long long)(inter % tp ? inter : moe_inter),
+                              inter % tp ? "" : ", moe_intermediate_size", tp);
+    int64_t padded = (vocab + VLLM_VOCAB_PADDING - 1) / VLLM_VOCAB_PADDING * VLLM_VOCAB_PADDING;
+    if (padded % tp)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: vocab_size %lld padded to %lld (a multiple of %d) does not divide by --tp %d "
+                              "(vLLM's VocabParallelEmbedding)",
+                              w, (long long)vocab, (long long)padded, VLLM_VOCAB_PADDING, tp);
+    return 0;
+}
+
+static int vllm_rules(json_t *rules, const model_geom *g, const preset_opts *o, const json_t *cfg)
+{
+    int tp = o->tp;
+    int rc = vllm_check(g, cfg, tp);
+    if (rc) return rc;
+    /* QKVParallelLinear: rank r = [q heads r*H/tp..; its KV heads; the same V heads], KV head r div
+     * (tp/KV) when tp >= KV; o_proj (RowParallelLinear) the columns of those query heads. */
+    rc = add(rules, json_pack("{s:s,s:s,s:I,s:I,s:I,s:i,s:b,s:b,s:s,s:s,s:s}", "op", "fuse_qkv_gqa", "pattern",
+                              "^(.*\\.self_attn)\\.q_proj\\.weight$", "num_attention_heads", (json_int_t)g->heads,
+                              "num_key_value_heads", (json_int_t)g->kv_heads, "head_dim", (json_int_t)g->head_dim,
+                              "tp", tp, "fused", 1, "pad_heads", 0, "kv_order", "adjacent", "weight_name",
+                              "weight", "bias_name", "bias"));
+    /* MergedColumnParallelLinear [gate_r; up_r]; RowParallelLinear down_proj */
+    if (!rc)
+        rc = add(rules, fuse_rule("^(.*\\.mlp)\\.(gate_proj|up_proj)\\.weight$", "gate_proj", "up_proj", NULL,
+                                  "$1.gate_up_proj.weight", 0, tp));
+    if (!rc && tp > 1) rc = add(rules, tp_split("^(.*)\\.mlp\\.down_proj\\.weight$", 1, tp));
+    if (!rc && g->experts) {
+        /* FusedMoE: w13_weight [E, 2I/tp, hidden] = [w1_e rows r; w3_e rows r], w2_weight [E, hidden, I/tp] */
+        rc = add(rules, stack_rule(g, "$1.experts.$3.weight", false));
+        if (!rc)
+            rc = add(rules, fuse_rule(fmt("^(.*\\.experts)\\.(%s|%s)\\.weight$", g->en.gate, g->en.up), g->en.gate,
+                                      g->en.up, NULL, "$1.w13_weight", 1, tp));
+        if (!rc && tp > 1) rc = add(rules, tp_split(fmt("^(.*\\.experts)\\.%s\\.weight$", g->en.down), 2, tp));
+        if (!rc) rc = add(rules, rename_rule(fmt("^(.*\\.experts)\\.%s\\.weight$", g->en.down), "$1.w2_weight"));
+    }
+    /* VocabParallelEmbedding / ParallelLMHead: the vocabulary padded with zero rows to a multiple of 64
+     * (at every tp, 1 included), then cut in tp row blocks. */
+    const char *vocab[] = {"^model\\.embed_tokens\\.weight$", "^lm_head\\.weight$"};
+    for (int i = 0; i < 2 && !rc; i++) {
+        json_t *r = tp_split(vocab[i], 0, tp);
+        if (r) json_object_set_new(r, "pad_multiple", json_integer(VLLM_VOCAB_PADDING));
+        rc = add(rules, r);
+    }
+    /* Tied embeddings: lm_head shares embed_tokens' parameter, and _filter_subtensors keeps the smaller
+     * key of the two, "lm_head.weight". */
+    if (!rc && json_is_true(json_object_get(cfg, "tie_word_embeddings")))
+        rc = add(rules, rename_rule("^model\\.embed_tokens\\.weight$", "lm_head.weight"));
+    return rc;
+}
+
 static int hf_rules(json_t *rules, const model_geom *g, const preset_opts *o)
 {
     return o->tp > 1 ? hf_tp_rules(rules, g, o->tp) : 0;
@@ -197,13 +279,17 @@ typedef struct {
     bool tp_in_name;      /* the layout name carries -tpN even at tp 1 */
     bool kv_multiplier;   /* takes --kv-size-multiplier */
     bool config_optional; /* needs no config.json at tp 1 */
+    /* rules that read more of config.json than model_geom (instead of `rules`) */
+    int (*rules_cfg)(json_t *rules, const model_geom *g, const preset_opts *o, const json_t *cfg);
+    const char *rank_files; /* every rank's files in DST, named so (the document's "rank_files"), or NULL */
 } preset_def;
 
 static const preset_def presets[] = {
-    {"neuron", neuron_rules, true, true, false},
-    {"fused", fused_rules, false, false, false},
-    {"easydel", easydel_rules, false, false, false},
-    {"hf", hf_rules, false, false, true},
+    {"neuron", neuron_rules, true, true, false, NULL, NULL},
+    {"fused", fused_rules, false, false, false, NULL, NULL},
+    {"easydel", easydel_rules, false, false, false, NULL, NULL},
+    {"hf", hf_rules, false, false, true, NULL, NULL},
+    {"vllm", NULL, true, false, false, vllm_rules, VLLM_RANK_FILES},
 };
 
 static const preset_def *preset_find(const char *name)
@@ -258,7 +344,7 @@ int preset_rules(json_t **out, const json_t *config, const preset_opts *o, const
     }
     json_t *rules = json_array();
     if (!rules) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    rc = d->rules(rules, &g, o);
+    rc = d->rules_cfg ? d->rules_cfg(rules, &g, o, config) : d->rules(rules, &g, o);
     if (!rc && o->dtype) rc = add(rules, json_pack("{s:s,s:s}", "op", "cast", "dtype", o->dtype));
     char *name = rc ? NULL : preset_layout_name(o);
     if (!rc && !name) rc = CKPT_ENOMEM;
@@ -268,6 +354,7 @@ int preset_rules(json_t **out, const json_t *config, const preset_opts *o, const
     }
     *out = json_pack("{s:s,s:i,s:s,s:s,s:i,s:o}", "format", "ckpt-rules", "version", 1, "layout", name, "preset",
                      o->preset, "tp", o->tp, "rules", rules);
+    if (*out && d->rank_files) json_object_set_new(*out, "rank_files", json_string(d->rank_files));
     free(name);
     return *out ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory");
 }

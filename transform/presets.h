@@ -14,17 +14,22 @@
  *   easydel  JAX/Flax names and kernel orientation: .kernel [in, out],
  *            .embedding, .scale, experts stacked as [E, in, out].
  *   hf       names and shapes unchanged (recast, reshard, or plain TP slices).
+ *   vllm     vLLM's sharded state (ShardedStateLoader): per rank qkv_proj as
+ *            QKVParallelLinear shards it (fuse_qkv_gqa, kv_order adjacent),
+ *            gate_up_proj, o/down row-parallel, experts.w13_weight /
+ *            w2_weight, the vocabulary padded to 64 and split; the document's
+ *            "rank_files" names the files model-rank-{rank}-part-{part}.
  * The generated document is what `ckpt plan --print-rules` prints; feeding it
  * back with --rules gives the same output.
  */
-#ifndef CKPT_WORKERS_PRESETS_H
-#define CKPT_WORKERS_PRESETS_H
+#ifndef CKPT_TRANSFORM_PRESETS_H
+#define CKPT_TRANSFORM_PRESETS_H
 
 #include <jansson.h>
 #include <stdint.h>
 
 typedef struct {
-    const char *preset;         /* neuron, fused, easydel, hf */
+    const char *preset;         /* neuron, fused, easydel, hf, vllm */
     int tp;                     /* >= 1 */
     int64_t kv_size_multiplier; /* 0: the preset's default */
     const char *dtype;          /* NULL: keep dtypes */

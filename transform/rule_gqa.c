@@ -7,7 +7,11 @@
  * captures the module prefix as $1), rank r gets
  *   Q_r: the query heads of its KV slots, in slot order (zero heads where the
  *        padded numbering points past a group's real heads),
- *   K_r, V_r: its kpr = KV*m/tp slots of the KV heads tiled m times,
+ *   K_r, V_r: its kpr = KV*m/tp slots of the KV heads tiled m times (slot p
+ *        holds KV head p mod KV), or with kv_order "adjacent" repeated m
+ *        times each (slot p holds KV head p div m: adjacent ranks share a KV
+ *        head and rank r has query heads r*H/tp.., as vLLM's
+ *        QKVParallelLinear places them),
  *   O_r: the o_proj columns of Q_r's heads, same order,
  * fused as [Q_r; K_r; V_r] (weight and bias) or kept as three tensors.
  */
@@ -92,6 +96,7 @@ static int check_shape(const rule *r, const plan_tensor *t, int ndim, uint64_t d
 
 typedef struct {
     int64_t H, KV, hd, tp, m, G, Gp, kpr, gpr;
+    bool adjacent;
 } gqa_geom;
 
 static int64_t gcd64(int64_t a, int64_t b)
@@ -110,6 +115,7 @@ static int gqa_geometry(const rule *r, gqa_geom *g)
     g->KV = r->kv_heads;
     g->hd = r->head_dim;
     g->tp = r->tp;
+    g->adjacent = r->kv_adjacent;
     if (g->H % g->KV)
         return rule_err(r, CKPT_EINVAL, "num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
                         (long long)g->H, (long long)g->KV);
@@ -140,7 +146,8 @@ static void rank_heads(const gqa_geom *g, int64_t rank, int64_t *q, int64_t *kv)
 {
     size_t nq = 0;
     for (int64_t j = 0; j < g->kpr; j++) {
-        int64_t p = rank * g->kpr + j, grp = p % g->KV, c = p / g->KV;
+        int64_t p = rank * g->kpr + j;
+        int64_t grp = g->adjacent ? p / g->m : p % g->KV, c = g->adjacent ? p % g->m : p / g->KV;
         kv[j] = grp;
         for (int64_t i = 0; i < g->gpr; i++) {
             int64_t within = c * g->gpr + i;
@@ -163,6 +170,7 @@ static int note_gqa(plan_tensor *t, const rule *r, const gqa_geom *g, const int6
                           "num_key_value_heads", (json_int_t)g->KV, "kv_size_multiplier", (json_int_t)g->m,
                           "head_dim", (json_int_t)g->hd, "padded_num_attention_heads", (json_int_t)(g->KV * g->Gp),
                           "q_heads", int_list(q, nq), "kv_heads", int_list(kv, (size_t)g->kpr), "fused", r->fused);
+    if (j && g->adjacent) json_object_set_new(j, "kv_order", json_string("adjacent"));
     int rc = set_meta(t, "gqa", j);
     if (!rc && g->tp > 1) rc = note_partition(t, axis, 1, g->tp, 0, 0);
     if (!rc) rc = plan_tensor_note(t, rule_desc(r));
@@ -239,6 +247,11 @@ int parse_fuse_qkv_gqa(rule *r, int doc_tp)
         (rc = rule_parse_int(r, "head_dim", &r->head_dim, 0, 1, 1 << 20)) ||
         (rc = rule_parse_int(r, "kv_size_multiplier", &r->kv_mult, 0, 0, PLAN_MAX_TP)))
         return rc;
+    const char *order = NULL;
+    if ((rc = rule_parse_str(r, "kv_order", &order, "interleaved", false))) return rc;
+    if (strcmp(order, "interleaved") && strcmp(order, "adjacent"))
+        return rule_err(r, CKPT_EINVAL, "kv_order must be 'interleaved' or 'adjacent', not '%s'", order);
+    r->kv_adjacent = !strcmp(order, "adjacent");
     if (!r->heads || !r->kv_heads || !r->head_dim)
         return rule_err(r, CKPT_EINVAL, "needs num_attention_heads, num_key_value_heads and head_dim");
     return rule_check_tp(r, doc_tp);

@@ -14,6 +14,7 @@
 #include "common/error.h"
 #include "common/json.h"
 #include "common/util.h"
+#include "format/checkpoint.h"
 
 #include <pcre2.h>
 #include <stdio.h>
@@ -34,7 +35,7 @@ const rule_op_def rule_ops[RULES_NOPS] = {
                             rule_apply_unstack_experts, NULL},
     [OP_FUSE_QKV_GQA] = {"fuse_qkv_gqa",
                          {"q", "k", "v", "o", "output", "weight_name", "bias_name", "fused", "num_attention_heads",
-                          "num_key_value_heads", "head_dim", "tp", "kv_size_multiplier", "pad_heads"},
+                          "num_key_value_heads", "head_dim", "tp", "kv_size_multiplier", "pad_heads", "kv_order"},
                          false, parse_fuse_qkv_gqa, rule_apply_fuse_qkv_gqa, NULL},
     [OP_LORA_MERGE] = {"lora_merge", {"adapter", "scale", "unmerge"}, true, parse_lora_merge, rule_apply_lora_merge,
                        free_lora_merge},
@@ -99,6 +100,42 @@ static int parse_rule(rule *r, json_t *j, size_t index, int doc_tp)
     return r->def->parse(r, doc_tp);
 }
 
+static size_t count_of(const char *s, const char *w)
+{
+    size_t n = 0;
+    for (const char *p = strstr(s, w); p; p = strstr(p + 1, w)) n++;
+    return n;
+}
+
+bool rules_rank_files_valid(const char *pattern)
+{
+    size_t len = strlen(pattern), ext = strlen(".safetensors");
+    return len > ext && len < 256 && !strcmp(pattern + len - ext, ".safetensors") && !strchr(pattern, '/') &&
+           ckpt_shard_name_safe(pattern) && count_of(pattern, "{rank}") == 1 && count_of(pattern, "{part}") == 1 &&
+           count_of(pattern, "{") == 2 && count_of(pattern, "}") == 2;
+}
+
+char *rules_rank_file_name(const char *pattern, int rank, size_t part)
+{
+    char nums[2][32];
+    snprintf(nums[0], sizeof nums[0], "%d", rank);
+    snprintf(nums[1], sizeof nums[1], "%zu", part);
+    size_t cap = strlen(pattern) + 64;
+    char *out = ckpt_malloc(cap), *o = out;
+    if (!out) return NULL;
+    for (const char *p = pattern; *p;) {
+        const char *num = !strncmp(p, "{rank}", 6) ? nums[0] : !strncmp(p, "{part}", 6) ? nums[1] : NULL;
+        if (num) {
+            o += sprintf(o, "%s", num);
+            p += 6;
+        } else {
+            *o++ = *p++;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
 int rules_parse(rules_doc *d, json_t *doc, const char *what)
 {
     memset(d, 0, sizeof *d);
@@ -111,12 +148,23 @@ int rules_parse(rules_doc *d, json_t *doc, const char *what)
     if (rc) return rc;
     if (version != 1) return ckpt_error_set(CKPT_EINVAL, "%s: rules version %lld is not supported (this ckpt reads 1)", what, (long long)version);
     if (tp < 1 || tp > PLAN_MAX_TP) return ckpt_error_set(CKPT_EINVAL, "%s: tp must be between 1 and %d", what, PLAN_MAX_TP);
+    const char *rank_files = NULL;
+    if ((rc = cj_str_opt(doc, "rank_files", &rank_files, what))) return rc;
+    if (rank_files && !rules_rank_files_valid(rank_files))
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: rank_files '%s' must hold {rank} and {part} once each, end in .safetensors and "
+                              "name a file of the output folder (no '/')",
+                              what, rank_files);
     json_t *list = json_object_get(doc, "rules");
     if (!json_is_array(list)) return ckpt_error_set(CKPT_EINVAL, "%s: missing the 'rules' list", what);
     if (json_array_size(list) > RULES_MAX) return ckpt_error_set(CKPT_ELIMIT, "%s: more than %d rules", what, RULES_MAX);
     d->doc = json_incref(doc);
     d->tp = (int)tp;
     d->layout = ckpt_strdup(layout);
+    if (rank_files && !(d->rank_files = ckpt_strdup(rank_files))) {
+        rules_free(d);
+        return CKPT_ENOMEM;
+    }
     d->n = json_array_size(list);
     d->rules = ckpt_calloc(d->n, sizeof *d->rules);
     if (!d->layout || !d->rules) {
@@ -151,6 +199,7 @@ void rules_free(rules_doc *d)
     }
     free(d->rules);
     free(d->layout);
+    free(d->rank_files);
     json_decref(d->doc);
     memset(d, 0, sizeof *d);
 }

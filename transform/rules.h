@@ -18,8 +18,8 @@
  * cannot be split, shapes that do not match) before a byte is written, each
  * naming the rule ("rule 3 (fuse)") and the tensor.
  */
-#ifndef CKPT_WORKERS_RULES_H
-#define CKPT_WORKERS_RULES_H
+#ifndef CKPT_TRANSFORM_RULES_H
+#define CKPT_TRANSFORM_RULES_H
 
 #include "plan/plan.h"
 
@@ -34,10 +34,19 @@ typedef struct rule rule;
 typedef struct {
     char *layout; /* name of the layout these rules produce, e.g. "neuron-tp8" */
     int tp;       /* tensor-parallel size of the output (1: no rank folders) */
+    /* "rank_files": every rank's files in the output folder itself, named by
+     * this pattern ("model-rank-{rank}-part-{part}.safetensors", vLLM's
+     * ShardedStateLoader), instead of tp_rank_NN folders; NULL when absent. */
+    char *rank_files;
     size_t n;
     rule *rules;
     json_t *doc; /* the document as given (kept for ckpt-layout.json) */
 } rules_doc;
+
+/* A rank_files pattern: {rank} and {part} once each, ends in .safetensors, no '/'. */
+bool rules_rank_files_valid(const char *pattern);
+/* The pattern with {rank} and {part} replaced by the decimal numbers. malloc'd. */
+char *rules_rank_file_name(const char *pattern, int rank, size_t part);
 
 /* Parses and checks a rules document (steals nothing; keeps a reference). */
 int rules_parse(rules_doc *d, json_t *doc, const char *what);

@@ -5,8 +5,8 @@
  * transpose, tp_split), rule_fuse.c (fuse, stack/unstack_experts),
  * rule_gqa.c (fuse_qkv_gqa) or rule_lora.c (lora_merge). Not a public API.
  */
-#ifndef CKPT_WORKERS_RULES_INTERNAL_H
-#define CKPT_WORKERS_RULES_INTERNAL_H
+#ifndef CKPT_TRANSFORM_RULES_INTERNAL_H
+#define CKPT_TRANSFORM_RULES_INTERNAL_H
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "transform/rules.h"
@@ -61,6 +61,7 @@ struct rule {
     /* fuse_qkv_gqa */
     const char *q, *k, *v, *o, *weight_name, *bias_name;
     int64_t heads, kv_heads, head_dim, kv_mult;
+    bool kv_adjacent; /* kv_order "adjacent": the m copies of a KV head on adjacent ranks (vLLM) */
     /* lora_merge: the adapter, opened when the rule is parsed (lora.h) */
     const char *adapter_path;
     struct lora_adapter *adapter;

@@ -22,8 +22,8 @@
  * The hooks are called from convert.c, consolidate.c and layout_meta.c; on a
  * plain checkpoint (no optimizer files, no metadata.json) they do nothing.
  */
-#ifndef CKPT_WORKERS_STATE_CONVERT_H
-#define CKPT_WORKERS_STATE_CONVERT_H
+#ifndef CKPT_TRANSFORM_STATE_CONVERT_H
+#define CKPT_TRANSFORM_STATE_CONVERT_H
 
 #include "transform/convert.h"
 

@@ -15,8 +15,8 @@
  * (CLI_FAIL), 2 bad usage (CLI_USAGE). `--help` prints the command's help to
  * stdout and exits 0.
  */
-#ifndef CKPT_SERVICE_CLI_H
-#define CKPT_SERVICE_CLI_H
+#ifndef CKPT_SERVICE_CLI_CLI_H
+#define CKPT_SERVICE_CLI_CLI_H
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -53,6 +53,8 @@ bool cli_wants_help(int argc, char **argv);
 
 /* Commands. */
 int cmd_inspect(int argc, char **argv);
+/* `ckpt inspect` of an EasyDeL TensorStore checkpoint folder (cmd_inspect_easydel.c). */
+int cli_inspect_easydel(const char *path, bool as_json);
 int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

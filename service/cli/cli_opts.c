@@ -55,8 +55,8 @@ static void build_table(cli_parser *p)
         p->table[n++] = *o;
     }
     memset(&p->table[n], 0, sizeof p->table[n]);
-    snprintf(p->shortopts, sizeof p->shortopts, "%s%s", p->say_needs_value ? ":" : "",
-             p->dash_o ? "o:" : "");
+    snprintf(p->shortopts, sizeof p->shortopts, "%s%s%s", p->say_needs_value ? ":" : "",
+             p->dash_o ? "o:" : "", p->dash_f ? "f" : "");
 }
 
 static bool allowed(const cli_parser *p, int id)
@@ -108,6 +108,7 @@ int cli_getopt(cli_parser *p, int argc, char **argv)
     int c;
     while ((c = getopt_long(argc, argv, p->shortopts, p->table, NULL)) != -1) {
         if (c == 'o' && p->dash_o) c = CLI_OPT_OUTPUT;
+        if (c == 'f' && p->dash_f) c = p->dash_f;
         if (c == ':') {
             cli_usage_error(p->cmd, "%s needs a value", argv[optind - 1]);
             return -1;

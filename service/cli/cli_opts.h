@@ -36,8 +36,8 @@
  * Messages go through cli_usage_error() (service/cli/cli.h), so they name the
  * command and point at its --help.
  */
-#ifndef CKPT_SERVICE_CLI_OPTS_H
-#define CKPT_SERVICE_CLI_OPTS_H
+#ifndef CKPT_SERVICE_CLI_CLI_OPTS_H
+#define CKPT_SERVICE_CLI_CLI_OPTS_H
 
 #include <getopt.h>
 #include <stdbool.h>
@@ -83,6 +83,7 @@ typedef struct {
     const struct option *own; /* the family's own options, ending in {0}; NULL: none */
     const int *allowed;       /* the option ids this command takes, up to CLI_OPT_END; NULL: all */
     bool dash_o;              /* -o VALUE means --output VALUE */
+    int dash_f;               /* nonzero: -f means this option (an id of .own, taking no value) */
     bool say_needs_value;     /* a missing value reads "--x needs a value" */
     int max_args;             /* > 0: at most this many positional arguments; 0: the
                                  command counts them itself */
@@ -94,7 +95,7 @@ typedef struct {
 
     /* cli_getopt()'s own. */
     bool started;
-    char shortopts[4];
+    char shortopts[8];
     struct option table[CLI_MAX_OPTIONS + 1];
 } cli_parser;
 

@@ -5,6 +5,7 @@
  * with --server URL (or CKPT_SERVER; token in CKPT_TOKEN).
  */
 #include "service/cli/cli.h"
+#include "service/cli/cli_opts.h"
 
 #include "common/error.h"
 #include "common/fault.h"
@@ -39,71 +40,155 @@ typedef struct {
     int per_ip, idle_timeout; /* serve: connections per client address, seconds a connection may idle */
 } job_args;
 
-static int take_options(const char *cmd, int argc, char **argv, job_args *a, bool keep_unknown)
+enum {
+    O_STATE = CLI_OPT_OWN, O_LISTEN, O_TOKEN_FILE, O_ALLOW_PATH, O_CONNS_PER_IP, O_IDLE_TIMEOUT, O_PRIORITY,
+    O_AFTER, O_MAX_ATTEMPTS, O_WORKERS, O_GRACE, O_TIMEOUT, O_WAIT, O_FOLLOW,
+    /* a job's own options, which `submit` hands to the job (jobs_args_from_argv) */
+    O_REPO, O_INCLUDE, O_EXCLUDE, O_CONNECTIONS, O_CHUNK_SIZE, O_SLEEP_MS, O_UNTIL_FILE, O_SCALE
+};
+static const int jobs_shared[] = {CLI_OPT_HOME,   CLI_OPT_JSON,          CLI_OPT_SERVER, CLI_OPT_LAYOUT, CLI_OPT_TP,
+                                  CLI_OPT_DTYPE, CLI_OPT_KV_MULTIPLIER, CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_END};
+static const struct option jobs_own[] = {
+    {"state", required_argument, NULL, O_STATE},
+    {"listen", required_argument, NULL, O_LISTEN},
+    {"token-file", required_argument, NULL, O_TOKEN_FILE},
+    {"allow-path", required_argument, NULL, O_ALLOW_PATH},
+    {"conns-per-ip", required_argument, NULL, O_CONNS_PER_IP},
+    {"idle-timeout", required_argument, NULL, O_IDLE_TIMEOUT},
+    {"priority", required_argument, NULL, O_PRIORITY},
+    {"after", required_argument, NULL, O_AFTER},
+    {"max-attempts", required_argument, NULL, O_MAX_ATTEMPTS},
+    {"workers", required_argument, NULL, O_WORKERS},
+    {"grace", required_argument, NULL, O_GRACE},
+    {"timeout", required_argument, NULL, O_TIMEOUT},
+    {"wait", no_argument, NULL, O_WAIT},
+    {"follow", no_argument, NULL, O_FOLLOW},
+    {"repo", required_argument, NULL, O_REPO},
+    {"include", required_argument, NULL, O_INCLUDE},
+    {"exclude", required_argument, NULL, O_EXCLUDE},
+    {"connections", required_argument, NULL, O_CONNECTIONS},
+    {"chunk-size", required_argument, NULL, O_CHUNK_SIZE},
+    {"sleep-ms", required_argument, NULL, O_SLEEP_MS},
+    {"until-file", required_argument, NULL, O_UNTIL_FILE},
+    {"scale", required_argument, NULL, O_SCALE},
+    {0}};
+
+/* A job's option as jobs_args_from_argv reads it ("--layout"), or NULL for
+ * the options of the commands themselves. */
+static const char *job_word(int c)
+{
+    switch (c) {
+    case CLI_OPT_LAYOUT: return "--layout";
+    case CLI_OPT_TP: return "--tp";
+    case CLI_OPT_DTYPE: return "--dtype";
+    case CLI_OPT_KV_MULTIPLIER: return "--kv-size-multiplier";
+    case CLI_OPT_MAX_SHARD_SIZE: return "--max-shard-size";
+    case O_REPO: return "--repo";
+    case O_INCLUDE: return "--include";
+    case O_EXCLUDE: return "--exclude";
+    case O_CONNECTIONS: return "--connections";
+    case O_CHUNK_SIZE: return "--chunk-size";
+    case O_SLEEP_MS: return "--sleep-ms";
+    case O_UNTIL_FILE: return "--until-file";
+    case O_SCALE: return "--scale";
+    }
+    return NULL;
+}
+
+/* One option of the job commands into *a; CLI_OK or CLI_USAGE (printed). */
+static int take_option(const char *cmd, job_args *a, int c, const char *v)
+{
+    uint64_t n;
+    int64_t i;
+    switch (c) {
+    case O_STATE: a->state = v; break;
+    case O_LISTEN: a->listen = v; break;
+    case O_TOKEN_FILE: a->token_file = v; break;
+    case O_WAIT: a->wait = true; break;
+    case O_FOLLOW: a->follow = true; break;
+    case O_ALLOW_PATH:
+        if (a->nallow == CKPT_ARRAY_LEN(a->allow)) return cli_usage_error(cmd, "more than 64 --allow-path folders");
+        a->allow[a->nallow++] = (char *)v;
+        break;
+    case O_CONNS_PER_IP:
+        if (cli_parse_number(cmd, "--conns-per-ip", v, 1, 1024, &n)) return CLI_USAGE;
+        a->per_ip = (int)n;
+        break;
+    case O_IDLE_TIMEOUT:
+        if (cli_parse_number(cmd, "--idle-timeout", v, 1, 3600, &n)) return CLI_USAGE;
+        a->idle_timeout = (int)n;
+        break;
+    case O_PRIORITY:
+        if (ckpt_parse_i64_field("--priority", v, -1000000, 1000000, &i) < 0)
+            return cli_usage_error(cmd, "%s", ckpt_error_last());
+        a->priority = (int)i;
+        break;
+    case O_AFTER:
+        if (ckpt_parse_u64(v, &n) < 0 || n == 0 || n > INT64_MAX) return cli_usage_error(cmd, "--after takes a job ID");
+        a->after = (int64_t)n;
+        break;
+    case O_MAX_ATTEMPTS:
+        if (cli_parse_number(cmd, "--max-attempts", v, 1, 1000, &n)) return CLI_USAGE;
+        a->max_attempts = (int)n;
+        break;
+    case O_WORKERS:
+        if (cli_parse_number(cmd, "--workers", v, 1, 256, &n)) return CLI_USAGE;
+        a->workers = (int)n;
+        break;
+    case O_GRACE:
+        if (ckpt_parse_double("--grace", v, 0, 86400, &a->grace) < 0) return cli_usage_error(cmd, "%s", ckpt_error_last());
+        break;
+    case O_TIMEOUT:
+        if (ckpt_parse_double("--timeout", v, 0, 31536000, &a->timeout) < 0)
+            return cli_usage_error(cmd, "%s", ckpt_error_last());
+        break;
+    }
+    return CLI_OK;
+}
+
+/* The options of the job commands (cli_getopt); the positional words, and
+ * for `submit` (job_opts) the job's own options as "--name value" after
+ * them, are left in a->rest for the command. */
+static int take_options(const char *cmd, int argc, char **argv, job_args *a, bool job_opts)
 {
     memset(a, 0, sizeof *a);
     a->workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (a->workers < 1) a->workers = 1;
     a->grace = 30;
-    a->rest = calloc((size_t)argc + 1, sizeof *a->rest);
+    a->rest = calloc((size_t)argc * 2 + 1, sizeof *a->rest);
     if (!a->rest) return cli_fail();
-    for (int i = 1; i < argc; i++) {
-        const char *w = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        bool takes = true;
-        uint64_t n;
-        if (!strcmp(w, "--home") && v) a->home = v;
-        else if (!strcmp(w, "--server") && v) a->server = v;
-        else if (!strcmp(w, "--state") && v) a->state = v;
-        else if (!strcmp(w, "--listen") && v) a->listen = v;
-        else if (!strcmp(w, "--token-file") && v) a->token_file = v;
-        else if (!strcmp(w, "--allow-path") && v) {
-            if (a->nallow == CKPT_ARRAY_LEN(a->allow)) return cli_usage_error(cmd, "more than 64 --allow-path folders");
-            a->allow[a->nallow++] = (char *)v;
-        }
-        else if (!strcmp(w, "--conns-per-ip") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1024)
-                return cli_usage_error(cmd, "--conns-per-ip must be 1..1024");
-            a->per_ip = (int)n;
-        } else if (!strcmp(w, "--idle-timeout") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 3600)
-                return cli_usage_error(cmd, "--idle-timeout must be 1..3600 seconds");
-            a->idle_timeout = (int)n;
-        }
-        else if (!strcmp(w, "--priority") && v) {
-            int64_t p;
-            if (ckpt_parse_i64_field("--priority", v, -1000000, 1000000, &p) < 0)
-                return cli_usage_error(cmd, "%s", ckpt_error_last());
-            a->priority = (int)p;
-        }
-        else if (!strcmp(w, "--after") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n == 0) return cli_usage_error(cmd, "--after takes a job ID");
-            a->after = (int64_t)n;
-        }
-        else if (!strcmp(w, "--max-attempts") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 1000) return cli_usage_error(cmd, "--max-attempts must be 1..1000");
-            a->max_attempts = (int)n;
-        } else if (!strcmp(w, "--workers") && v) {
-            if (ckpt_parse_u64(v, &n) < 0 || n < 1 || n > 256) return cli_usage_error(cmd, "--workers must be 1..256");
-            a->workers = (int)n;
-        } else if (!strcmp(w, "--grace") && v) {
-            if (ckpt_parse_double("--grace", v, 0, 86400, &a->grace) < 0) return cli_usage_error(cmd, "%s", ckpt_error_last());
-        } else if (!strcmp(w, "--timeout") && v) {
-            if (ckpt_parse_double("--timeout", v, 0, 31536000, &a->timeout) < 0)
-                return cli_usage_error(cmd, "%s", ckpt_error_last());
-        }
-        else {
-            takes = false;
-            if (!strcmp(w, "--json")) a->json = true;
-            else if (!strcmp(w, "--wait")) a->wait = true;
-            else if (!strcmp(w, "-f") || !strcmp(w, "--follow")) a->follow = true;
-            else if (w[0] == '-' && w[1] && !keep_unknown) return cli_usage_error(cmd, "unknown option '%s'", w);
-            else a->rest[a->nrest++] = argv[i];
-            continue;
-        }
-        if (takes) i++;
+    char **opts = calloc((size_t)argc * 2 + 1, sizeof *opts);
+    if (!opts) {
+        free(a->rest);
+        a->rest = NULL;
+        return cli_fail();
     }
-    return CLI_OK;
+    size_t nopts = 0;
+    cli_common common = {0};
+    cli_parser p = {.cmd = cmd, .shared = jobs_shared, .own = jobs_own, .dash_f = O_FOLLOW, .say_needs_value = true,
+                    .common = &common};
+    int c, ret = CLI_OK;
+    while (!ret && (c = cli_getopt(&p, argc, argv)) > 0) {
+        const char *word = job_word(c);
+        if (!word) ret = take_option(cmd, a, c, optarg);
+        else if (!job_opts) ret = cli_usage_error(cmd, "unknown option '%s'", word);
+        else {
+            opts[nopts++] = (char *)word;
+            opts[nopts++] = optarg;
+        }
+    }
+    if (!ret && c < 0) ret = CLI_USAGE;
+    a->home = common.home;
+    a->server = common.server;
+    a->json = common.json;
+    for (int k = 0; !ret && k < p.nargs; k++) a->rest[a->nrest++] = p.args[k];
+    for (size_t k = 0; !ret && k < nopts; k++) a->rest[a->nrest++] = opts[k];
+    free(opts);
+    if (ret) {
+        free(a->rest);
+        a->rest = NULL;
+    }
+    return ret;
 }
 
 static int open_client(job_client *c, const job_args *a)
@@ -210,21 +295,34 @@ int cmd_worker(int argc, char **argv)
                "  ckpt worker --job 42 --home /var/lib/ckpt\n");
         return CLI_OK;
     }
-    const char *home = NULL;
+    enum { O_JOB_ID = CLI_OPT_OWN, O_ALLOW };
+    static const int shared[] = {CLI_OPT_HOME, CLI_OPT_END};
+    static const struct option own[] = {{"job", required_argument, NULL, O_JOB_ID},
+                                        {"allow-path", required_argument, NULL, O_ALLOW}, {0}};
+    cli_common common = {0};
+    cli_parser p = {.cmd = "worker", .shared = shared, .own = own, .say_needs_value = true, .common = &common};
     int64_t id = 0;
     char **allow = calloc((size_t)argc + 1, sizeof *allow);
     size_t nallow = 0;
     if (!allow) return cli_fail();
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--job")) id = atoll(argv[i + 1]);
-        else if (!strcmp(argv[i], "--home")) home = argv[i + 1];
-        else if (!strcmp(argv[i], "--allow-path")) allow[nallow++] = argv[i + 1];
-        else {
-            free(allow);
-            return cli_usage_error("worker", "unknown option '%s'", argv[i]);
-        }
+    int c;
+    uint64_t v;
+    while ((c = cli_getopt(&p, argc, argv)) > 0) {
+        if (c == O_ALLOW) allow[nallow++] = optarg;
+        else if (cli_parse_number("worker", "--job", optarg, 1, INT64_MAX, &v)) c = -1;
+        else id = (int64_t)v;
+        if (c < 0) break;
     }
-    if (id <= 0) return cli_usage_error("worker", "--job ID is required");
+    const char *home = common.home;
+    if (!c && p.nargs) c = cli_usage_error("worker", "takes no arguments");
+    if (c < 0 || c == CLI_USAGE) {
+        free(allow);
+        return CLI_USAGE;
+    }
+    if (id <= 0) {
+        free(allow);
+        return cli_usage_error("worker", "--job ID is required");
+    }
     setvbuf(stdout, NULL, _IOLBF, 0);
     ckpt_fault_arm(getenv("CKPT_FAULT_WORKER")); /* the daemon's CKPT_FAULT is not ours */
     ckpt_progress_set_sink(worker_progress);

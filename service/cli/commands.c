@@ -16,7 +16,7 @@ const cli_command cli_commands[] = {
     {"plan", cmd_plan, 0,
      "show what a conversion would write, from headers and config.json only"},
     {"convert", cmd_convert, CLI_WRITES,
-     "convert a checkpoint into a layout (neuron, fused, easydel, hf; --tp N)"},
+     "convert a checkpoint into a layout (neuron, fused, easydel, hf, vllm; --tp N)"},
     {"consolidate", cmd_consolidate, CLI_WRITES,
      "rebuild the original checkpoint from a converted one"},
     {"merge-lora", cmd_merge_lora, CLI_WRITES,

@@ -3,8 +3,8 @@
  * CKPT_HOME) or from a daemon's HTTP API (--server URL / CKPT_SERVER, token in
  * CKPT_TOKEN). Both give the same JSON: the job objects of queue_job_json().
  */
-#ifndef CKPT_SERVICE_JOB_CLIENT_H
-#define CKPT_SERVICE_JOB_CLIENT_H
+#ifndef CKPT_SERVICE_CLI_JOB_CLIENT_H
+#define CKPT_SERVICE_CLI_JOB_CLIENT_H
 
 #include "service/jobs/queue.h"
 #include "store/catalog.h"

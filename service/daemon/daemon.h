@@ -1,6 +1,6 @@
 /* daemon.h — `ckpt serve`: see daemon.c for what the loop does. */
-#ifndef CKPT_SERVICE_DAEMON_H
-#define CKPT_SERVICE_DAEMON_H
+#ifndef CKPT_SERVICE_DAEMON_DAEMON_H
+#define CKPT_SERVICE_DAEMON_DAEMON_H
 
 #include <stdbool.h>
 

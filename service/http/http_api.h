@@ -21,8 +21,8 @@
  * "origin": "http" so the worker checks them again. Bodies over HTTP_MAX_BODY get 413; malformed JSON,
  * unknown kinds and bad arguments 400.
  */
-#ifndef CKPT_SERVICE_HTTP_API_H
-#define CKPT_SERVICE_HTTP_API_H
+#ifndef CKPT_SERVICE_HTTP_HTTP_API_H
+#define CKPT_SERVICE_HTTP_HTTP_API_H
 
 #include <stdatomic.h>
 #include <stdint.h>

@@ -4,8 +4,8 @@
  * job API (http_api.c), the store API (store_api.c) and the Hub read API
  * (hub_api.c).
  */
-#ifndef CKPT_SERVICE_HTTP_UTIL_H
-#define CKPT_SERVICE_HTTP_UTIL_H
+#ifndef CKPT_SERVICE_HTTP_HTTP_UTIL_H
+#define CKPT_SERVICE_HTTP_HTTP_UTIL_H
 
 #include "store/store.h"
 

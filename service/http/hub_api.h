@@ -21,8 +21,8 @@
  * X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound); a catalog
  * that cannot be read is a 500 whose JSON error names the lookup that failed.
  */
-#ifndef CKPT_SERVICE_HUB_API_H
-#define CKPT_SERVICE_HUB_API_H
+#ifndef CKPT_SERVICE_HTTP_HUB_API_H
+#define CKPT_SERVICE_HTTP_HUB_API_H
 
 #include "store/store.h"
 

@@ -13,8 +13,8 @@
  * after its answer began is aborted (no tar end, no final chunk) and logged,
  * so a client sees a truncated transfer, never a clean 200.
  */
-#ifndef CKPT_SERVICE_STORE_API_H
-#define CKPT_SERVICE_STORE_API_H
+#ifndef CKPT_SERVICE_HTTP_STORE_API_H
+#define CKPT_SERVICE_HTTP_STORE_API_H
 
 #include "store/store.h"
 

@@ -14,8 +14,8 @@
  *   if (cron_parse("30 2 * * mon", &c) < 0) ... // message names the field
  *   int64_t t; cron_next(&c, now, &t);           // first match after now
  */
-#ifndef CKPT_SERVICE_CRON_H
-#define CKPT_SERVICE_CRON_H
+#ifndef CKPT_SERVICE_JOBS_CRON_H
+#define CKPT_SERVICE_JOBS_CRON_H
 
 #include <stdbool.h>
 #include <stdint.h>

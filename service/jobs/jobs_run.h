@@ -15,8 +15,8 @@
  *   sync        {"schedule": ID}         (service/jobs/schedule.h)
  *   noop        {"sleep_ms": N}          (benchmarks and tests of the queue itself)
  */
-#ifndef CKPT_SERVICE_JOBS_RUN_H
-#define CKPT_SERVICE_JOBS_RUN_H
+#ifndef CKPT_SERVICE_JOBS_JOBS_RUN_H
+#define CKPT_SERVICE_JOBS_JOBS_RUN_H
 
 #include "store/store.h"
 

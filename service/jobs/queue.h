@@ -13,8 +13,8 @@
  * same kind and arguments while such a job is queued or running returns that
  * job (a partial unique index on the canonical arguments' hash).
  */
-#ifndef CKPT_SERVICE_QUEUE_H
-#define CKPT_SERVICE_QUEUE_H
+#ifndef CKPT_SERVICE_JOBS_QUEUE_H
+#define CKPT_SERVICE_JOBS_QUEUE_H
 
 #include "store/catalog.h"
 

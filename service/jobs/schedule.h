@@ -21,8 +21,8 @@
  *   records the commit and what it did in the schedule (last_commit,
  *   last_outcome).
  */
-#ifndef CKPT_SERVICE_SCHEDULE_H
-#define CKPT_SERVICE_SCHEDULE_H
+#ifndef CKPT_SERVICE_JOBS_SCHEDULE_H
+#define CKPT_SERVICE_JOBS_SCHEDULE_H
 
 #include "store/store.h"
 

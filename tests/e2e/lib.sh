@@ -9,9 +9,9 @@
 #                       (run.sh wants it left empty)
 #   $testhub            the local Hub (CKPT_TESTHUB, or beside CKPT_BIN)
 #   $py                 python3, resolved once (a pyenv shim costs 0.3 s a call)
-#   fail MSG            prints "FAIL: MSG", then the tails of the logs in
-#                       E2E_LOGS (globs, set by the script) and what the
-#                       script's on_fail function prints, if it has one; exits 1
+#   fail MSG            prints the tails of the logs in E2E_LOGS (globs, set
+#                       by the script), what the script's on_fail function
+#                       prints if it has one, then "FAIL: MSG"; exits 1
 #   note MSG            a progress line with the seconds since the start
 #   expect_status WANT CMD...   runs CMD; its exit status must be WANT;
 #                       stdout in $work/out, stderr in $work/err
@@ -35,15 +35,15 @@ py=$(python3 -c 'import sys; print(sys.executable)')
 E2E_LOGS=()
 e2e_servers=()
 
-fail() {
-    echo "FAIL: $*" >&2
+fail() { # the logs first, the reason last: run.sh shows the last 60 lines of a failed test
     local pattern l
     for pattern in "${E2E_LOGS[@]}"; do
         for l in $pattern; do
-            [ -f "$l" ] && { echo "--- $(basename "$l") (tail)"; tail -n 15 "$l"; } >&2
+            [ -f "$l" ] && { echo "--- $(basename "$l") (tail)"; tail -n 10 "$l"; } >&2
         done
     done
     if declare -F on_fail >/dev/null; then on_fail >&2 || true; fi
+    echo "FAIL: $*" >&2
     exit 1
 }
 

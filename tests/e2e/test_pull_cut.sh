@@ -145,7 +145,7 @@ while IFS='|' read -r ref query want; do
     [ "$code" = 400 ] && grep -q "$want" "$W/rank.out" || fail "$ref archive.tar?$query: $code $(head -c 300 "$W/rank.out")"
 done <<'RANKS'
 Qwen%2Fodd@main:neuron-tp4|rank=4|rank 4 is out of range: checkpoint [0-9]* has ranks 0-3
-Qwen%2Fodd@main:neuron-tp4|rank=x|rank 'x' is not a number
+Qwen%2Fodd@main:neuron-tp4|rank=x|rank: 'x' is not a whole number
 Qwen%2Fodd@main|rank=0|is not tensor-parallel
 RANKS
 code=$(curl -s -o "$W/rank.out" -w '%{http_code}' "$HURL/v1/checkpoints/Qwen%2Fodd@main:neuron-tp4/archive.tar?rank=3")

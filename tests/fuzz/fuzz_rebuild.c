@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "store/rebuild.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,13 +75,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     rebuild_ctx rb = {.exec = &ep, .tensors = pts, .ntensors = &npt, .blob_path = blob_path, .lookup = lookup, .ctx = &fc};
     int rc = rebuild_plan_file(&rb, "fuzz.safetensors", "fuzz.safetensors", data, header_len, size, &ep.files[0]);
     if (!rc) {
+        bool short_blob = false;
         int *fds = calloc(ep.nsrc_paths + 1, sizeof *fds);
         if (!fds) abort();
         for (size_t i = 0; i < ep.nsrc_paths; i++) fds[i] = blob_fd;
+        /* As store_file_open does: blobs shorter than their recipes read are an error. */
+        if (exec_check_sources(&ep, fds)) short_blob = true;
         exec_slab_cache cache;
         memset(&cache, 0, sizeof cache);
         const st_layout *l = &ep.files[0].layout;
-        for (size_t i = 0; i < l->ntensors; i++) {
+        for (size_t i = 0; !short_blob && i < l->ntensors; i++) {
             const st_out_tensor *ot = &l->tensors[i];
             size_t n = ot->nbytes < READ_MAX ? (size_t)ot->nbytes : READ_MAX;
             if (n) (void)exec_tensor_read(&ep, fds, ep.files[0].tensors[ot->user], 0, out, n, slab, band, &cache);

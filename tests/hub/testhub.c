@@ -9,7 +9,8 @@
  * It serves the checkpoints stored in HUB_HOME (`ckpt import`ed gen-model
  * folders) through the daemon's own Hub read API (service/http/hub_api.c:
  * revision, tree with paging, paths-info, resolve with Range and LFS
- * headers). Requests that a fault applies to are answered here instead.
+ * headers) and its /v1/checkpoints routes (service/http/store_api.c).
+ * Requests that a fault applies to are answered here instead.
  *
  * SPEC is a comma-separated list of faults, each NAME[=VALUE][@COUNT]; COUNT
  * is how many requests it hits before it stops (default: all):
@@ -51,6 +52,7 @@
 #include "common/util.h"
 #include "service/http/http_util.h"
 #include "service/http/hub_api.h"
+#include "service/http/store_api.h"
 #include "store/catalog.h"
 #include "store/store.h"
 #include "store/materialize.h"
@@ -571,7 +573,8 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     }
     logf_("%s", line);
     bool handled;
-    enum MHD_Result ret = hub_api_route(&hub.store, c, url, method, up->body, up->len, &handled);
+    enum MHD_Result ret = store_api_route(&hub.store, c, url, method, &handled);
+    if (!handled) ret = hub_api_route(&hub.store, c, url, method, up->body, up->len, &handled);
     if (!handled) ret = http_send_error(c, 404, "no such endpoint", NULL, NULL);
     if (*f->push_dir && !strncmp(url, "/api/models/", 12) && strstr(url, "/revision/") &&
         url_repo(url, repo, sizeof repo)) {

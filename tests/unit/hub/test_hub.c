@@ -6,14 +6,14 @@
  * and the schedules table with the daemon's due check (service/jobs/schedule.c:
  * one sync job per schedule at a time, one catch-up run after downtime).
  *
- * service/ is not in libckpt.a, so cron.c, queue.c and schedule.c are
- * compiled into this program (sync_job.c is not: it needs a Hub, and is
- * covered by tests/e2e/test_sync.sh).
+ * Linked against libckpt-svc.a (the service objects), like every unit test;
+ * sync_job.c's Hub side is covered by tests/e2e/test_sync.sh.
  */
-#include "service/jobs/cron.c"
-#include "service/jobs/queue.c"
-#include "service/jobs/schedule.c"
+#include "service/jobs/cron.h"
+#include "service/jobs/queue.h"
+#include "service/jobs/schedule.h"
 
+#include "common/error.h"
 #include "common/fsutil.h"
 #include "tests/support/scratch.h"
 #include "hub/hub_internal.h"

@@ -270,10 +270,16 @@ typedef struct {
     size_t nbytes;
 } view;
 
-/* The folder of rank `rank` (-1: the output has no rank folders). malloc'd. */
+/* Rank r of a vllm layout: its file model-rank-r-part-0.safetensors in dst itself. */
+#define VLLM_RANK(r) (-100 - (r))
+
+/* The folder of rank `rank` (-1: the output has no rank folders; VLLM_RANK(r):
+ * the first part file of vLLM rank r). malloc'd. */
 static char *rank_dir(const char *dst, int rank)
 {
-    char *d = rank < 0 ? ckpt_strdup(dst) : ckpt_sprintf("%s/tp_rank_%02d", dst, rank);
+    char *d = rank <= VLLM_RANK(0) ? ckpt_sprintf("%s/model-rank-%d-part-0.safetensors", dst, VLLM_RANK(0) - rank)
+              : rank < 0           ? ckpt_strdup(dst)
+                                   : ckpt_sprintf("%s/tp_rank_%02d", dst, rank);
     assert_non_null(d);
     return d;
 }
@@ -1308,6 +1314,259 @@ static void test_neuron_experts(void **state)
     expect_round_trip(fx, fx->dst);
 }
 
+
+/* ---- the vllm preset ---- */
+
+/* vLLM rank r (QKVParallelLinear, RowParallelLinear o_proj): qkv_proj.weight
+ * = [q heads r*H/tp ..; KV heads; the same V heads], o_proj the q heads'
+ * columns, the biases like the weight; the inputs are gone. */
+static void expect_vllm_attn(const attn_model *m, const char *dst, int tp, int rank, const int *kv, size_t nkv)
+{
+    uint64_t hd = (uint64_t)m->hd, h = (uint64_t)m->hidden;
+    size_t nq = (size_t)(m->heads / tp);
+    int q[64];
+    assert_true(nq <= 64);
+    for (size_t i = 0; i < nq; i++) q[i] = rank * (int)nq + (int)i;
+    int vr = VLLM_RANK(rank);
+    view qkv = load(dst, vr, ATTN "qkv_proj.weight");
+    expect_shape(&qkv, CKPT_DT_F32, 2, SHAPE((nq + 2 * nkv) * hd, h));
+    expect_heads(&qkv, 0, 0, q, nq, hd, &m->t[Q]);
+    expect_heads(&qkv, 0, nq * hd, kv, nkv, hd, &m->t[K]);
+    expect_heads(&qkv, 0, (nq + nkv) * hd, kv, nkv, hd, &m->t[V]);
+    view_free(&qkv);
+    view o = load(dst, vr, ATTN "o_proj.weight");
+    expect_shape(&o, CKPT_DT_F32, 2, SHAPE(h, nq * hd));
+    expect_heads(&o, 1, 0, q, nq, hd, &m->t[O]);
+    view_free(&o);
+    if (m->bias) {
+        view b = load(dst, vr, ATTN "qkv_proj.bias");
+        expect_shape(&b, CKPT_DT_F32, 1, SHAPE((nq + 2 * nkv) * hd));
+        expect_heads(&b, 1, 0, q, nq, hd, &m->t[QB]);
+        expect_heads(&b, 1, nq * hd, kv, nkv, hd, &m->t[KB]);
+        expect_heads(&b, 1, (nq + nkv) * hd, kv, nkv, hd, &m->t[VB]);
+        view_free(&b);
+    } else {
+        expect_absent(dst, vr, ATTN "qkv_proj.bias");
+    }
+    for (size_t i = 0; i < m->n; i++)
+        if (i != O) expect_absent(dst, vr, m->t[i].name);
+}
+
+/* Converts to vllm at tp and checks every rank's KV heads: with tp >= KV rank
+ * r holds KV head r / (tp / KV) (num_kv_head_replicas adjacent ranks share
+ * it), else KV heads r*KV/tp ... */
+static void expect_vllm_gqa(fixture *fx, const attn_model *m, int tp)
+{
+    fx_clear_outputs(fx);
+    convert_ok(fx->src, fx->dst, preset("vllm", tp));
+    for (int r = 0; r < tp; r++) {
+        int kv[64];
+        size_t nkv = tp >= m->kv ? 1 : (size_t)(m->kv / tp);
+        for (size_t j = 0; j < nkv; j++) kv[j] = tp >= m->kv ? r / (tp / m->kv) : r * (int)nkv + (int)j;
+        expect_vllm_attn(m, fx->dst, tp, r, kv, nkv);
+    }
+    char *extra = ckpt_sprintf("%s/model-rank-%d-part-0.safetensors", fx->dst, tp);
+    assert_false(ckpt_exists(extra));
+    free(extra);
+    expect_round_trip(fx, fx->dst);
+}
+
+/* Llama GQA: 32 heads / 8 KV at tp 8 (one KV head each), 4 (two), 32 (each
+ * KV head on 4 adjacent ranks); 8 heads / 2 KV at tp 4 (KV 0 on ranks 0 and 1,
+ * KV 1 on 2 and 3 — neuron's interleaving would give 0, 1, 0, 1). */
+static void test_vllm_gqa_llama(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 32, 8, 2, 8, false);
+    attn_model_write(&m, fx->src, -1);
+    expect_vllm_gqa(fx, &m, 8);
+    expect_vllm_gqa(fx, &m, 4);
+    expect_vllm_gqa(fx, &m, 32);
+    expect_vllm_gqa(fx, &m, 1);
+    /* rank 5 of tp 32: q head 5, KV head 1 — spelled out */
+    fx_clear_outputs(fx);
+    convert_ok(fx->src, fx->dst, preset("vllm", 32));
+    view v = load(fx->dst, VLLM_RANK(5), ATTN "qkv_proj.weight");
+    expect_shape(&v, CKPT_DT_F32, 2, SHAPE(6, 8));
+    expect_rows(&v, 0, 2, &m.t[Q], 10);
+    expect_rows(&v, 2, 2, &m.t[K], 2);
+    expect_rows(&v, 4, 2, &m.t[V], 2);
+    view_free(&v);
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(json_object_get(layout_entry(layout, ATTN "qkv_proj.weight", 5), "gqa"), "kv_heads"),
+                "[1]", "kv_heads");
+    json_decref(layout);
+
+    ckpt_rm_rf(fx->src);
+    attn_model_init(&m, 8, 2, 2, 8, false);
+    attn_model_write(&m, fx->src, -1);
+    expect_vllm_gqa(fx, &m, 4);
+    expect_vllm_gqa(fx, &m, 2);
+    expect_vllm_gqa(fx, &m, 8);
+    /* vLLM's divide(): neither 2 | 3 nor 3 | 2, and 8 heads on 3 ranks */
+    fx_clear_outputs(fx);
+    expect_convert_error(fx->src, fx->dst, preset("vllm", 3), true, NEEDLES("num_attention_heads 8", "--tp 3"));
+    expect_convert_error(fx->src, fx->dst, preset("vllm", 16), true, NEEDLES("num_attention_heads 8", "--tp 16"));
+}
+
+/* Qwen2: 14 heads, 2 KV, biases. tp 2: 7 q heads and one KV head per rank;
+ * tp 14: one q head each, KV 0 on ranks 0..6, KV 1 on 7..13; tp 4 is refused
+ * (14 heads do not divide) and so is tp 7 (7 ranks cannot share 2 KV heads
+ * evenly), as vLLM's divide() refuses them. */
+static void test_vllm_gqa_qwen2(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    attn_model_init(&m, 14, 2, 2, 8, true);
+    attn_model_write(&m, fx->src, -1);
+    expect_vllm_gqa(fx, &m, 2);
+    expect_vllm_gqa(fx, &m, 14);
+    fx_clear_outputs(fx);
+    expect_convert_error(fx->src, fx->dst, preset("vllm", 7), true, NEEDLES("num_key_value_heads 2", "--tp 7"));
+    expect_convert_error(fx->src, fx->dst, preset("vllm", 4), true, NEEDLES("num_attention_heads 14", "--tp 4"));
+    expect_convert_error(fx->src, fx->dst, preset("vllm", 8), true, NEEDLES("num_attention_heads 14"));
+}
+
+/* The mini Llama (intermediate 6, vocabulary 10) at tp 2: gate_up_proj
+ * [gate rows 3r..; up rows 3r..], down_proj columns 3r.., the vocabulary
+ * padded to 64 rows (zeros) and cut in 32-row blocks, norms replicated. Tied
+ * embeddings become lm_head.weight. Parts split at --max-shard-size. */
+static void test_vllm_dense(void **state)
+{
+    fixture *fx = *state;
+    attn_model m;
+    src_tensor t[MINI_N];
+    make_mini_llama(fx->src, &m, t);
+    convert_ok(fx->src, fx->dst, preset("vllm", 2));
+    for (int r = 0; r < 2; r++) {
+        int vr = VLLM_RANK(r);
+        int kv[1] = {r};
+        expect_vllm_attn(&m, fx->dst, 2, r, kv, 1);
+        view gu = load(fx->dst, vr, "model.layers.0.mlp.gate_up_proj.weight");
+        expect_shape(&gu, CKPT_DT_F32, 2, SHAPE(6, 8));
+        expect_rows(&gu, 0, 3, &t[MGATE], 3 * (uint64_t)r);
+        expect_rows(&gu, 3, 3, &t[MUP], 3 * (uint64_t)r);
+        view_free(&gu);
+        view down = load(fx->dst, vr, t[MDOWN].name);
+        expect_shape(&down, CKPT_DT_F32, 2, SHAPE(8, 3));
+        expect_cols(&down, 0, 3, &t[MDOWN], 3 * (uint64_t)r);
+        view_free(&down);
+        for (int i = MEMBED; i <= MHEAD; i++) {
+            view v = load(fx->dst, vr, t[i].name);
+            expect_shape(&v, CKPT_DT_F32, 2, SHAPE(32, 8));
+            expect_split(&v, 0, 0, &t[i], 2, 1, 64, (uint64_t)r);
+            if (r == 0) expect_rows(&v, 10, 22, NULL, 0);
+            view_free(&v);
+        }
+        for (int i = MNORM1; i <= MNORM; i++) {
+            view v = load(fx->dst, vr, t[i].name);
+            expect_whole(&v, &t[i]);
+            view_free(&v);
+        }
+        expect_absent(fx->dst, vr, t[MGATE].name);
+    }
+    json_t *layout = load_layout(fx->dst);
+    expect_json(json_object_get(layout, "folders"),
+                "[{'rank': 0, 'dir': '', 'files': ['model-rank-0-part-0.safetensors']},"
+                " {'rank': 1, 'dir': '', 'files': ['model-rank-1-part-0.safetensors']}]",
+                "folders");
+    expect_json(json_object_get(json_object_get(layout, "rules"), "rank_files"),
+                "'model-rank-{rank}-part-{part}.safetensors'", "rank_files");
+    json_decref(layout);
+    expect_round_trip(fx, fx->dst);
+
+    /* Parts: a new part when the next tensor (natural name order) would pass 1000 bytes. Rank 0:
+     * lm_head 1024 alone, embed 1024 alone, norm 32 + down 96 + gate_up 192 + norm 32 + o 64 + qkv 128
+     * = 544, model.norm 32 joins them: 3 parts. */
+    convert_opts o = preset("vllm", 2);
+    o.max_shard_size = 1000;
+    convert_ok(fx->src, fx->dst2, o);
+    for (int r = 0; r < 2; r++)
+        for (int p = 0; p < 4; p++) {
+            char *f = ckpt_sprintf("%s/model-rank-%d-part-%d.safetensors", fx->dst2, r, p);
+            if (ckpt_exists(f) != (p < 3)) fail_msg("%s: %s", f, p < 3 ? "missing" : "unexpected");
+            free(f);
+        }
+    char *idx = ckpt_path_join(fx->dst2, "model.safetensors.index.json");
+    assert_false(ckpt_exists(idx));
+    free(idx);
+    view lm = load(fx->dst2, VLLM_RANK(1), "lm_head.weight");
+    expect_split(&lm, 0, 0, &t[MHEAD], 2, 1, 64, 1);
+    view_free(&lm);
+    expect_round_trip(fx, fx->dst2);
+
+    /* tie_word_embeddings: embed_tokens is stored as lm_head.weight (vLLM keeps that key of the two) */
+    fx_clear_outputs(fx);
+    ckpt_rm_rf(fx->src);
+    src_tensor tied[MINI_N - 1];
+    memcpy(tied, t, MHEAD * sizeof *t);
+    memcpy(tied + MHEAD, t + MHEAD + 1, (MINI_N - MHEAD - 1) * sizeof *t);
+    make_checkpoint(fx->src, tied, MINI_N - 1,
+                    "{'model_type': 'qwen2', 'num_attention_heads': 4, 'num_key_value_heads': 2, "
+                    "'head_dim': 2, 'hidden_size': 8, 'intermediate_size': 6, 'vocab_size': 10, "
+                    "'tie_word_embeddings': true}");
+    convert_ok(fx->src, fx->dst, preset("vllm", 2));
+    for (int r = 0; r < 2; r++) {
+        view v = load(fx->dst, VLLM_RANK(r), "lm_head.weight");
+        expect_split(&v, 0, 0, &t[MEMBED], 2, 1, 64, (uint64_t)r);
+        view_free(&v);
+        expect_absent(fx->dst, VLLM_RANK(r), "model.embed_tokens.weight");
+    }
+    expect_round_trip(fx, fx->dst);
+}
+
+/* Mixtral experts at tp 2 (FusedMoE): w13_weight [E, 2*I/tp, hidden] = expert e's
+ * [w1 rows 2r..2r+1; w3 rows 2r..2r+1], w2_weight [E, hidden, I/tp] = w2 columns
+ * 2r..2r+1; the router replicated. */
+static void test_vllm_experts(void **state)
+{
+    fixture *fx = *state;
+    enum { E = 3, I = 4, HIDDEN = 4, TP = 2, B = I / TP };
+    const char *proj[3] = {"w1", "w3", "w2"};
+    char names[3][E][96];
+    src_tensor t[3 * E + 1];
+    for (int p = 0; p < 3; p++)
+        for (int e = 0; e < E; e++) {
+            snprintf(names[p][e], sizeof names[p][e], "model.layers.0.block_sparse_moe.experts.%d.%s.weight", e,
+                     proj[p]);
+            t[p * E + e] = (src_tensor){names[p][e], CKPT_DT_I32, 2, {p < 2 ? I : HIDDEN, p < 2 ? HIDDEN : I},
+                                        1 + p * E + e, 0};
+        }
+    t[3 * E] = (src_tensor){"model.layers.0.block_sparse_moe.gate.weight", CKPT_DT_I32, 2, {E, HIDDEN}, 10, 0};
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t),
+                    "{'model_type': 'mixtral', 'num_attention_heads': 2, 'num_key_value_heads': 2, "
+                    "'head_dim': 2, 'hidden_size': 4, 'intermediate_size': 4, 'num_local_experts': 3, "
+                    "'vocab_size': 8}");
+    convert_ok(fx->src, fx->dst, preset("vllm", TP));
+    for (uint64_t r = 0; r < TP; r++) {
+        int vr = VLLM_RANK((int)r);
+        view w13 = load(fx->dst, vr, "model.layers.0.block_sparse_moe.experts.w13_weight");
+        view w2 = load(fx->dst, vr, "model.layers.0.block_sparse_moe.experts.w2_weight");
+        expect_shape(&w13, CKPT_DT_I32, 3, SHAPE(E, 2 * B, HIDDEN));
+        expect_shape(&w2, CKPT_DT_I32, 3, SHAPE(E, HIDDEN, B));
+        for (uint64_t e = 0; e < E; e++) {
+            expect_block(&w13, e * 2 * B, 0, B, HIDDEN, &t[e], r * B, 0, false);
+            expect_block(&w13, e * 2 * B + B, 0, B, HIDDEN, &t[E + e], r * B, 0, false);
+            expect_block(&w2, e * HIDDEN, 0, HIDDEN, B, &t[2 * E + e], 0, r * B, false);
+        }
+        view_free(&w13);
+        view_free(&w2);
+        view rt = load(fx->dst, vr, t[3 * E].name);
+        expect_whole(&rt, &t[3 * E]);
+        view_free(&rt);
+        for (int i = 0; i < 3 * E; i++) expect_absent(fx->dst, vr, t[i].name);
+    }
+    expect_round_trip(fx, fx->dst);
+    /* I = 4 on 3 ranks: FusedMoE would lose columns; refused (with heads that would divide) */
+    fx_clear_outputs(fx);
+    ckpt_rm_rf(fx->src);
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t),
+                    "{'model_type': 'mixtral', 'num_attention_heads': 6, 'num_key_value_heads': 3, "
+                    "'head_dim': 2, 'hidden_size': 4, 'intermediate_size': 4, 'num_local_experts': 3}");
+    expect_convert_error(fx->src, fx->dst2, preset("vllm", 3), true, NEEDLES("intermediate size (4)", "--tp 3"));
+}
+
 /* ckpt-layout.json of the mini Llama on neuron tp 4 (docs/transforms.md §7). */
 static void test_layout_metadata(void **state)
 {
@@ -1654,6 +1913,12 @@ static void test_error_rules(void **state)
         {"{'rules': [{'op': 'fuse', 'pattern': '^(a)[.](weight|gain)$', "
          "'members': ['weight', 'gain'], 'output': '$1.fused'}]}",
          NEEDLES("rule 1 (fuse)", "'a.gain'")},
+        {"{'rank_files': 'r{rank}.safetensors', 'rules': []}", NEEDLES(fx->rules, "rank_files 'r{rank}.safetensors'")},
+        {"{'rank_files': 'x/{rank}-{part}.safetensors', 'rules': []}", NEEDLES(fx->rules, "no '/'")},
+        {"{'rank_files': '{rank}-{part}-{rank}.safetensors', 'rules': []}", NEEDLES(fx->rules, "once each")},
+        {"{'rules': [{'op': 'fuse_qkv_gqa', 'pattern': 'q', 'num_attention_heads': 2, "
+         "'num_key_value_heads': 1, 'head_dim': 1, 'kv_order': 'tiled'}]}",
+         NEEDLES(fx->rules, "rule 1 (fuse_qkv_gqa)", "kv_order", "'tiled'")},
     };
     for (size_t i = 0; i < CKPT_ARRAY_LEN(cases); i++) {
         write_json_text(fx->rules, cases[i].doc);
@@ -1907,6 +2172,10 @@ int main(void)
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),
+        T(test_vllm_gqa_llama),
+        T(test_vllm_gqa_qwen2),
+        T(test_vllm_dense),
+        T(test_vllm_experts),
         T(test_layout_metadata),
         T(test_print_rules_round_trip),
         T(test_consolidate_checks_replicas),

@@ -8,12 +8,15 @@
  * host is trusted), transient and permanent failures, release on shutdown,
  * cancel, retry, logs and counts.
  *
- * service/ is not in libckpt.a, so queue.c is compiled into this program.
+ * Linked against libckpt-svc.a (the service objects), like every unit test.
  * Each test gets a fresh database under $TMPDIR (or /tmp).
  */
-#include "service/jobs/queue.c"
+#include "service/jobs/queue.h"
 
+#include "common/error.h"
 #include "common/fsutil.h"
+#include "common/util.h"
+#include "store/store.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# bench/easydel.sh — the speed and memory of `ckpt consolidate` of an EasyDeL
+# TensorStore save (issue 22: "at <= 1.2x a durable copy with RSS <= 256 MiB").
+# Not a test.
+#
+# The ~2 GB bench llama (gen-model --scale 2 --layers 14, bf16) is converted
+# to --layout easydel and saved the EasyDeL way by tests/easydel_gen.py (real
+# zarr v2 + zstd, one chunk per array, no optimizer). With a warm page cache,
+# round-robin BENCH_REPEAT times, it measures wall time and peak RSS of
+#   cp + sync        a durable copy of the Hugging Face model.safetensors
+#   consolidate      ckpt consolidate SAVE DST (checked byte-identical with cmp)
+# and prints the medians, the ratio and the RSS against the goals.
+#
+# Environment: CKPT_BIN (an optimised build), BENCH_SCALE, BENCH_LAYERS,
+# BENCH_REPEAT, BENCH_DIR, BENCH_PYTHON (with python3-zarr and
+# python3-numcodecs: /usr/bin/python3 after make deps), BENCH_KEEP=1.
+# A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 BENCH_REPEAT=1 bench/easydel.sh
+set -euo pipefail
+
+BENCH_NAME=easydel
+# shellcheck source=bench/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+"$PY" -c 'import zarr, numcodecs' 2>/dev/null || die "$PY cannot import zarr and numcodecs (make deps)"
+bench_positive SCALE LAYERS
+bench_start
+cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
+trap cleanup EXIT
+export CKPT_QUIET=1
+cd "$WORK"
+"$CKPT_BIN" gen-model llama hf --scale "$SCALE" --layers "$LAYERS" --shard-mb 0 >/dev/null
+"$CKPT_BIN" convert hf ed --layout easydel >/dev/null
+"$PY" "$HERE/../tests/easydel_gen.py" ed save --no-tx
+rm -rf ed
+bytes=$(stat -c %s hf/model.safetensors)
+
+declare -a COPY CONS
+rss_max=0
+for r in $(seq "$REPEAT"); do
+    rm -rf copy.st back
+    sync
+    find hf save -type f -exec cat {} + >/dev/null
+    "$PY" "$HERE/measure.py" --out m.txt sh -c 'cp hf/model.safetensors copy.st && sync copy.st'
+    COPY+=("$(cut -d' ' -f1 m.txt)")
+    sync
+    "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" consolidate save back
+    CONS+=("$(cut -d' ' -f1 m.txt)")
+    rss=$(cut -d' ' -f2 m.txt)
+    rss_max=$(awk -v a="$rss_max" -v b="$rss" 'BEGIN {print (b > a) ? b : a}')
+    cmp -s hf/model.safetensors back/model.safetensors || die "consolidated model.safetensors differs"
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+c=$(median "${COPY[@]}") k=$(median "${CONS[@]}")
+awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_max" 'BEGIN {
+    printf "model %.2f GB; durable copy %.2f s; consolidate %.2f s (%.2fx, goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n",
+        b / 1e9, c, k, k / c, r }'

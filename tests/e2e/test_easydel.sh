@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# test_easydel.sh — EasyDeL's TensorStore checkpoints in: `ckpt inspect` and
+# `ckpt consolidate` (docs/easydel.md).
+#
+# 1. For Llama, Qwen2, Mixtral and Qwen3-MoE: a `ckpt gen-model` model,
+#    converted with --layout easydel (EasyDeL's names and shapes), is saved
+#    the way EasyDeL's save_state does by tests/easydel_gen.py — real zarr v2
+#    arrays with the numcodecs Zstd compressor, one chunk per array or edge
+#    chunks, "." or "/" keys, bfloat16 as TensorStore writes it, an
+#    optimizer under tx/. `ckpt inspect --json` must list exactly what an
+#    independent Python walk of the folder finds (paths, dtypes, shapes,
+#    chunks, stored and raw bytes, the step); `ckpt consolidate` must give
+#    back the gen-model checkpoint byte for byte.
+# 2. Hostile saves: each is refused (exit 1) with one message naming the
+#    array, and DST never appears: shapes that disagree, chunks that
+#    decompress to the wrong size, a zstd bomb, paths leaving the folder (in
+#    the index, or through a link), unknown dtypes, compressors and filters.
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3
+# with Debian's python3-zarr and python3-numcodecs, `make deps`).
+set -euo pipefail
+
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+gen="$E2E_DIR/../easydel_gen.py"
+zpy=/usr/bin/python3
+$zpy -c 'import zarr, numcodecs' 2>/dev/null || fail "$zpy lacks zarr/numcodecs: run make deps"
+cd "$work"
+
+# check_listing SAVE: ckpt inspect --json against a walk of the folder.
+check_listing() {
+    "$ckpt" inspect "$1" --json >"$1.inspect.json" || fail "inspect $1"
+    $zpy - "$1" <<'EOF'
+import json, os, sys
+d = sys.argv[1]
+got = json.load(open(d + ".inspect.json"))
+ix = json.load(open(f"{d}/tensorstore_index.json"))
+meta = json.load(open(f"{d}/metadata.json"))
+def fail(m): sys.exit(f"{d}: {m}")
+if got["step"] != meta["step"]: fail(f"step {got['step']} != {meta['step']}")
+want = []
+names = {"bfloat16": "BF16", "<f4": "F32", "<f2": "F16", "<i4": "I32"}
+for prefix, entries in ix["prefixes"].items():
+    for e in entries:
+        z = json.load(open(f"{d}/{e['path']}/.zarray"))
+        stored, present = 0, 0
+        for root, _, files in os.walk(f"{d}/{e['path']}"):
+            for f in files:
+                if f != ".zarray":
+                    stored += os.path.getsize(os.path.join(root, f)); present += 1
+        n = 1
+        for s in z["shape"]: n *= s
+        size = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4}[names[z["dtype"]]]
+        want.append({"path": e["path"], "prefix": prefix, "dtype": names[z["dtype"]], "shape": z["shape"],
+                     "chunks": z["chunks"], "dimension_separator": z["dimension_separator"],
+                     "chunks_present": present, "stored_bytes": stored, "nbytes": n * size})
+have = [{k: a[k] for k in want[0]} for a in got["arrays"]]
+if have != want:
+    for h, w in zip(have, want):
+        if h != w: fail(f"ckpt says {h}\n   folder has {w}")
+    fail(f"{len(have)} arrays listed, {len(want)} in the folder")
+if got["total_bytes"] != sum(w["nbytes"] for w in want): fail("total_bytes")
+if got["stored_bytes"] != sum(w["stored_bytes"] for w in want): fail("stored_bytes")
+EOF
+}
+
+# same_tensors A B: the same tensors (names, dtypes, shapes, bytes) in both checkpoints.
+same_tensors() {
+    $zpy - "$1" "$2" <<'EOF'
+import json, os, struct, sys
+def tensors(d):
+    ix = f"{d}/model.safetensors.index.json"
+    files = sorted(set(json.load(open(ix))["weight_map"].values())) if os.path.exists(ix) else ["model.safetensors"]
+    out = {}
+    for fn in files:
+        with open(f"{d}/{fn}", "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k == "__metadata__": continue
+                f.seek(8 + n + v["data_offsets"][0])
+                out[k] = (v["dtype"], v["shape"], f.read(v["data_offsets"][1] - v["data_offsets"][0]))
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+if a.keys() != b.keys(): sys.exit(f"names differ: {sorted(a.keys() ^ b.keys())[:5]}")
+for k in a:
+    if a[k] != b[k]: sys.exit(f"tensor {k} differs")
+EOF
+}
+
+# ---- 1. four families, round trip ----
+i=0
+for spec in "llama bf16 --chunk-rows=40" "qwen2 f32 --slash" "mixtral bf16 --chunk-rows=7 --slash" "qwen3-moe f16 --no-tx"; do
+    set -- $spec
+    arch=$1 dt=$2
+    shift 2
+    note "$arch ($dt) $*"
+    "$ckpt" gen-model "$arch" "hf-$arch" --scale 32 --layers 2 --dtype "$dt" --seed $((i++)) >/dev/null
+    "$ckpt" convert "hf-$arch" "ed-$arch" --layout easydel >/dev/null
+    $zpy "$gen" "ed-$arch" "save-$arch" --step $((1000 + i)) "$@" || fail "easydel_gen $arch"
+    check_listing "save-$arch"
+    expect_status 0 "$ckpt" inspect "save-$arch"
+    grep -q "step $((1000 + i))" "$work/out" || fail "inspect text lacks the step: $(head -2 "$work/out")"
+    grep -q "^model/model/embed_tokens/embedding " "$work/out" || fail "inspect text lacks the embedding"
+    expect_status 0 "$ckpt" consolidate "save-$arch" "back-$arch"
+    same_tensors "hf-$arch" "back-$arch" || fail "$arch: consolidated tensors differ from the original"
+    cmp -s "hf-$arch/model.safetensors" "back-$arch/model.safetensors" || fail "$arch: model.safetensors differs"
+    cmp -s "hf-$arch/config.json" "back-$arch/config.json" || fail "$arch: config.json differs"
+    [ ! -e "back-$arch/ckpt-layout.json" ] || fail "$arch: consolidate left ckpt-layout.json"
+    ls -d back-"$arch".tmp-* 2>/dev/null && fail "$arch: temp folders left"
+done
+# a non-empty DST is refused without --force, replaced with it
+expect_status 1 "$ckpt" consolidate save-llama back-llama
+grep -q "not empty" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
+expect_status 0 "$ckpt" consolidate save-llama back-llama --force
+cmp -s hf-llama/model.safetensors back-llama/model.safetensors || fail "--force output differs"
+# the hostile cases start from a smaller save: no optimizer, one chunk per array
+$zpy "$gen" ed-llama save-h --no-tx || fail "easydel_gen (hostile base)"
+rm -rf hf-* ed-* back-* save-qwen2 save-mixtral save-qwen3-moe save-llama
+
+# ---- killed mid-way: DST never half there, the next run cleans up ----
+note "crash points"
+CKPT_FAULT_TRACE="$work/trace" "$ckpt" consolidate save-h out-trace >/dev/null 2>&1 || fail "traced consolidate"
+rm -rf out-trace
+for point in file.synced exec.file_done dir.before_rename; do
+    grep -qx "$point" "$work/trace" || fail "consolidate never passes $point"
+    expect_status 137 env CKPT_FAULT="$point" "$ckpt" consolidate save-h out-crash
+    [ ! -e out-crash ] || fail "killed at $point: DST appeared"
+done
+expect_status 0 "$ckpt" consolidate save-h out-crash
+ls -d out-crash.tmp-* 2>/dev/null && fail "temp folders of killed runs left"
+rm -rf out-crash "$work/trace"
+
+# ---- 2. hostile saves ----
+# hostile NAME PYTHON MESSAGE [inspect]: a copy of save-h changed by PYTHON
+# (run in the copy's folder) must make consolidate (and inspect, with
+# "inspect") exit 1 naming the array and MESSAGE, leaving no DST.
+arr=model/model/layers/0/self_attn/q_proj/kernel
+hostile() {
+    local name=$1 code=$2 msg=$3 also=${4:-}
+    rm -rf "h-$name"
+    cp -a save-h "h-$name"
+    (cd "h-$name" && $zpy -c "import json, os, numcodecs
+A='$arr'
+def zarray(f):
+    z = json.load(open(A + '/.zarray')); f(z); json.dump(z, open(A + '/.zarray', 'w'))
+def index(f):
+    i = json.load(open('tensorstore_index.json')); f(i); json.dump(i, open('tensorstore_index.json', 'w'))
+$code") || fail "$name: setting up"
+    expect_status 1 "$ckpt" consolidate "h-$name" "out-$name"
+    [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$name: expected one line, got: $(cat "$work/err")"
+    grep -qF "$msg" "$work/err" || fail "$name: '$msg' not in: $(cat "$work/err")"
+    [ ! -e "out-$name" ] || fail "$name: DST appeared"
+    ls -d out-"$name".tmp-* 2>/dev/null && fail "$name: temp folder left"
+    if [ "$also" = inspect ]; then
+        expect_status 1 "$ckpt" inspect "h-$name"
+        grep -qF "$msg" "$work/err" || fail "$name (inspect): '$msg' not in: $(cat "$work/err")"
+    fi
+    rm -rf "h-$name"
+}
+note "hostile saves"
+# chunks / shape that do not cover what the index says
+hostile shape "zarray(lambda z: z.update(shape=[z['shape'][0] + 1, z['shape'][1]]))" \
+    "array '$arr': the index's shape differs from .zarray's" inspect
+hostile rank "zarray(lambda z: z.update(chunks=[40]))" "array '$arr': .zarray: 'chunks' has 1 dimensions, 'shape' 2" inspect
+hostile zerochunk "zarray(lambda z: z.update(chunks=[0, 64]))" "array '$arr': .zarray: 'chunks'[0] is not a positive integer" inspect
+# chunk files of the wrong size, and a bomb
+hostile short "open(A + '/0.0', 'wb').write(numcodecs.Zstd(1).encode(bytes(100)))" \
+    "array '$arr': chunk '0.0' decompresses to 100 bytes"
+hostile bomb "open(A + '/0.0', 'wb').write(numcodecs.Zstd(1).encode(bytes(64 << 20)))" \
+    "array '$arr': chunk '0.0' decompresses to 67108864 bytes"
+hostile notzstd "open(A + '/0.0', 'wb').write(b'\\x00' * 64)" "array '$arr': chunk '0.0' is not a zstd frame"
+# paths that leave the folder
+hostile dotdot "index(lambda i: i['prefixes']['model'][0].update(path='model/../../etc'))" \
+    "leaves the checkpoint folder" inspect
+hostile absolute "index(lambda i: i['prefixes']['model'][0].update(path='/etc/passwd'))" "leaves the checkpoint folder" inspect
+hostile linkout "import shutil; shutil.move(A, '../moved-away'); os.symlink(os.path.abspath('../moved-away'), A)" \
+    "array '$arr': cannot open '$arr': Too many levels of symbolic links (symbolic links are not followed)" inspect
+rm -rf moved-away
+hostile chunklink "os.remove(A + '/0.0'); os.symlink('/etc/passwd', A + '/0.0')" \
+    "array '$arr': chunk '0.0': Too many levels of symbolic links (symbolic links are not followed)"
+# unknown dtypes, compressors, filters, order
+hostile dtype "zarray(lambda z: z.update(dtype='<M8'))" "array '$arr': .zarray: dtype '<M8' is not read" inspect
+hostile bigendian "zarray(lambda z: z.update(dtype='>f2'))" "array '$arr': .zarray: dtype '>f2' is not read (big-endian)" inspect
+hostile blosc "zarray(lambda z: z.update(compressor={'id': 'blosc', 'cname': 'lz4'}))" \
+    "array '$arr': .zarray: compressor 'blosc' is not read" inspect
+hostile filters "zarray(lambda z: z.update(filters=[{'id': 'delta', 'dtype': '<u2'}]))" \
+    "array '$arr': .zarray: 'filters' must be null" inspect
+hostile order "zarray(lambda z: z.update(order='F'))" "array '$arr': .zarray: 'order' is \"F\"" inspect
+hostile indexdtype "index(lambda i: [e.update(dtype='float32') for e in i['prefixes']['model'] if e['path'] == A])" \
+    "array '$arr': the index says dtype 'float32'" inspect
+hostile step "json.dump({'step': -3}, open('metadata.json', 'w'))" "'step' is not a non-negative integer" inspect
+note "done"

@@ -1,0 +1,138 @@
+/* easydel_import.c — EasyDeL TensorStore checkpoint to Hugging Face (easydel_import.h). */
+#include "transform/easydel_import.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/util.h"
+#include "format/easydel.h"
+#include "format/safetensors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+json_t *easydel_inverse_rules(void)
+{
+    /* The easydel preset (presets.c) in reverse order, each op inverted. */
+    return json_pack(
+        "{s:s, s:i, s:s, s:i, s:[{s:s, s:s, s:s, s:b}, {s:s, s:s, s:s}, {s:s, s:s, s:s}, {s:s, s:s, s:s}]}", "format",
+        "ckpt-rules", "version", 1, "layout", "hf", "tp", 1, "rules",
+        /* stacked experts [E, in, out] -> E tensors [out, in] */
+        "op", "unstack_experts", "pattern", "^(.*)\\.experts\\.([A-Za-z0-9_]+)\\.kernel$", "output",
+        "$1.experts.{e}.$2.weight", "transpose_last2", 1,
+        /* embeddings and norms were renamed */
+        "op", "rename", "pattern", "^(.*embed_tokens)\\.embedding$", "replacement", "$1.weight",
+        "op", "rename", "pattern", "^(.*norm)\\.scale$", "replacement", "$1.weight",
+        /* every other kernel [in, out] was transposed from [out, in] */
+        "op", "transpose", "pattern", "^(.*)\\.kernel$", "replacement", "$1.weight");
+}
+
+typedef struct {
+    const easydel_ckpt *c;
+    const size_t *which; /* st_out_tensor.user -> index in c->arrays */
+} stage_ctx;
+
+typedef struct {
+    int fd;
+    uint64_t base, nbytes;
+    const char *path;
+} sink_ctx;
+
+static int to_file(void *vctx, uint64_t off, const void *buf, size_t len)
+{
+    sink_ctx *s = vctx;
+    if (off > s->nbytes || len > s->nbytes - off)
+        return ckpt_error_set(CKPT_EINVAL, "%s: array bytes out of range", s->path);
+    return ckpt_pwrite_full(s->fd, buf, len, s->base + off, s->path);
+}
+
+static int fill(void *vctx, const st_out_tensor *t, int fd, const char *path)
+{
+    stage_ctx *sc = vctx;
+    const easydel_array *a = &sc->c->arrays[t->user];
+    sink_ctx s = {.fd = fd, .base = t->offset, .nbytes = t->nbytes, .path = path};
+    return zarr_read(&a->z, to_file, &s, NULL);
+}
+
+/* Writes the model/ arrays into staging/model.safetensors under their keys. */
+static int stage_model(const easydel_ckpt *c, const char *staging)
+{
+    st_layout l;
+    st_layout_init(&l);
+    int rc = 0;
+    size_t n = 0;
+    for (size_t i = 0; !rc && i < c->narrays; i++) {
+        const easydel_array *a = &c->arrays[i];
+        if (strcmp(a->prefix, "model") && *a->prefix) continue;
+        rc = st_layout_add(&l, a->key, a->z.dtype, a->z.ndim, a->z.shape, i);
+        if (rc) rc = ckpt_error_prefix(rc, "%s: array '%s'", c->dir, a->path);
+        n++;
+    }
+    if (!rc && !n) rc = ckpt_error_set(CKPT_EINVAL, "%s: %s lists no arrays under model/", c->dir, EASYDEL_INDEX_FILE);
+    if (!rc) rc = st_layout_set_meta(&l, "format", "pt");
+    if (!rc) rc = st_layout_finish(&l);
+    char *path = rc ? NULL : ckpt_path_join(staging, "model.safetensors");
+    if (!rc && !path) rc = CKPT_ENOMEM;
+    stage_ctx sc = {.c = c};
+    if (!rc) rc = st_write_file(path, &l, fill, &sc);
+    free(path);
+    st_layout_free(&l);
+    return rc;
+}
+
+/* config.json and the tokenizer files a save carries, copied into staging. */
+static int stage_side_files(const char *src, const char *staging)
+{
+    static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(names); i++) {
+        char *from = ckpt_path_join(src, names[i]), *to = ckpt_path_join(staging, names[i]);
+        int rc = from && to ? 0 : CKPT_ENOMEM;
+        if (!rc && ckpt_exists(from)) {
+            char *buf = NULL;
+            size_t len = 0;
+            rc = ckpt_read_file(from, OUTDIR_SIDE_FILE_MAX_BYTES, &buf, &len);
+            if (!rc) rc = ckpt_write_file_atomic(to, buf, len);
+            free(buf);
+        }
+        free(from);
+        free(to);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
+{
+    if (!o->force && !ckpt_dir_is_empty_or_missing(dst))
+        return ckpt_error_set(CKPT_EEXIST, "%s exists and is not empty (--force replaces it)", dst);
+    easydel_ckpt c;
+    int rc = easydel_open(&c, src);
+    if (rc) return rc;
+    char *staging = NULL, *rules_path = NULL;
+    json_t *rules = NULL;
+    rc = ckpt_tmpdir_create(dst, &staging);
+    if (!rc) rc = stage_model(&c, staging);
+    if (!rc) rc = stage_side_files(src, staging);
+    if (!rc && !(rules = easydel_inverse_rules())) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if (!rc && !(rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json"))) rc = CKPT_ENOMEM;
+    if (!rc) rc = cj_write_file(rules_path, rules);
+    if (!rc) {
+        convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
+                           .no_hash = true, .no_layout_file = true};
+        convert_plan cp;
+        rc = convert_plan_build(&cp, staging, &co);
+        if (rc) rc = ckpt_error_prefix(rc, "%s: mapping EasyDeL names back to Hugging Face", src);
+        if (!rc) {
+            rc = convert_write(&cp, dst, &co);
+            convert_plan_free(&cp);
+        }
+    }
+    if (staging) ckpt_rm_rf(staging);
+    free(staging);
+    free(rules_path);
+    json_decref(rules);
+    easydel_close(&c);
+    return rc;
+}

@@ -1,0 +1,25 @@
+/*
+ * easydel_import.h — an EasyDeL TensorStore checkpoint back to Hugging Face
+ * (docs/easydel.md).
+ *
+ * easydel_consolidate(SRC, DST): the arrays under model/ are decompressed,
+ * chunk by chunk (format/zarr.h), into one staging safetensors file named by
+ * their EasyDeL keys, in a temp folder beside DST; a conversion with the
+ * inverse of the `easydel` preset (easydel_inverse_rules: stacked experts
+ * unstacked with their last two axes swapped back, `.embedding` and norms'
+ * `.scale` renamed to `.weight`, every `.kernel` transposed to `.weight`)
+ * then writes DST the way `ckpt convert` writes a folder, without
+ * ckpt-layout.json. The staging folder is removed in every case.
+ */
+#ifndef CKPT_TRANSFORM_EASYDEL_IMPORT_H
+#define CKPT_TRANSFORM_EASYDEL_IMPORT_H
+
+#include "transform/convert.h"
+
+#include <jansson.h>
+
+/* The rules document inverting the easydel preset (tp 1). New reference. */
+json_t *easydel_inverse_rules(void);
+int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o);
+
+#endif
