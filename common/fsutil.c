@@ -298,7 +298,12 @@ int64_t ckpt_proc_start_time(int pid)
     for (char *tok = strtok_r(p + 1, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
         ++field;
         if (field == 3 && (tok[0] == 'Z' || tok[0] == 'X')) return -1; /* exited, not reaped yet */
-        if (field == 22) return atoll(tok);
+        if (field == 22) {
+            char *end;
+            errno = 0;
+            long long v = strtoll(tok, &end, 10);
+            return errno || end == tok || (*end != '\0' && *end != '\n') || v < 0 ? -1 : v;
+        }
     }
     return -1;
 }

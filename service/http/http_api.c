@@ -266,13 +266,16 @@ static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connecti
     }
     if (!strcmp(end, "/logs") && !strcmp(method, "GET")) {
         const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
+        int64_t after_line = 0;
+        if (after && ckpt_parse_i64_field("?after=", after, 0, INT64_MAX, &after_line) < 0)
+            return send_error(c, 400, ckpt_error_last());
         queue_job j;
         int rc = queue_get(&s->cat, id, &j);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
         queue_job_free(&j);
         json_t *lines;
         int64_t last;
-        queue_logs(&s->cat, id, after ? atoll(after) : 0, &lines, &last);
+        queue_logs(&s->cat, id, after_line, &lines, &last);
         return send_json(c, 200, json_pack("{s:o,s:I}", "lines", lines, "last", (json_int_t)last));
     }
     return send_error(c, 405, "method not allowed here");

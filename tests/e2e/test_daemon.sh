@@ -394,6 +394,11 @@ api 200 GET "/v1/jobs/$id" "${R[@]}"
 api 403 DELETE "/v1/jobs/$id" "${R[@]}"
 wait_until 20 "API job $id to succeed" state_is "$id" succeeded
 api 200 GET "/v1/jobs/$id/logs" "${R[@]}"
+api 200 GET "/v1/jobs/$id/logs?after=1" "${R[@]}"
+for junk in abc -1 1x 99999999999999999999; do
+    api 400 GET "/v1/jobs/$id/logs?after=$junk" "${R[@]}"
+    grep -q 'after' "$work/out" || fail "?after=$junk: the 400 does not name the parameter: $(cat "$work/out")"
+done
 api 200 GET "/v1/jobs?state=succeeded" "${R[@]}"
 grep -q "\"id\":$id" "$work/out" || fail "?state=succeeded does not list job $id"
 api 200 GET /metrics "${R[@]}"
