@@ -13,7 +13,8 @@
 #           summary counts as one failure); then `make header-check` (ckpt.h
 #           alone in C11 and C++, its example program run), counted as one
 #   e2e     tests/e2e/run.sh: one count per script
-#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10): one count each
+#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10), two at a
+#           time: one count each
 # The last line is "N passed, N failed" over all of them, and the exit status
 # is non-zero when anything failed (a build that fails counts as a failure).
 set -uo pipefail
@@ -108,23 +109,42 @@ else
 fi
 
 # ---- fuzz ----
-stage "fuzz (${FUZZ_SECONDS}s per harness)"
-for src in tests/fuzz/fuzz_*.c; do
-    n=$(basename "$src" .c)
-    if ! $MAKE --no-print-directory "build/fuzz/$n" >"$log" 2>&1; then
-        tail -n 20 "$log"
-        add "$n" 0 1
-        continue
-    fi
-    mkdir -p "build/fuzz/corpus-$n"
-    echo "== $n for ${FUZZ_SECONDS}s"
-    if "build/fuzz/$n" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$n" "tests/fuzz/corpus/$n" >"$log" 2>&1; then
-        grep -E '^#[0-9]+.*DONE|^Done [0-9]+ runs' "$log" | tail -n 1
-        add "$n" 1 0
-    else
-        tail -n 40 "$log"
-        add "$n" 0 1
-    fi
+stage "fuzz (${FUZZ_SECONDS}s per harness, two at a time)"
+# All harnesses build at once (-j2), then run in pairs: each is one process
+# on one core for FUZZ_SECONDS, so two cores take half the time.
+fuzz_names=()
+for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
+$MAKE -j2 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log" 2>&1 || tail -n 20 "$log"
+fuzz_one() { # fuzz_one NAME LOG: runs one harness; its exit status
+    mkdir -p "build/fuzz/corpus-$1"
+    "build/fuzz/$1" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$1" "tests/fuzz/corpus/$1" >"$2" 2>&1
+}
+for ((i = 0; i < ${#fuzz_names[@]}; i += 2)); do
+    pair=("${fuzz_names[@]:i:2}")
+    pids=()
+    for n in "${pair[@]}"; do
+        if [ -x "build/fuzz/$n" ]; then
+            fuzz_one "$n" "$log.$n" &
+            pids+=($!)
+        else
+            pids+=("")
+        fi
+    done
+    for k in "${!pair[@]}"; do
+        n=${pair[$k]}
+        echo "== $n for ${FUZZ_SECONDS}s"
+        if [ -z "${pids[$k]}" ]; then
+            echo "$n: not built"
+            add "$n" 0 1
+        elif wait "${pids[$k]}"; then
+            grep -E '^#[0-9]+.*DONE|^Done [0-9]+ runs' "$log.$n" | tail -n 1
+            add "$n" 1 0
+        else
+            tail -n 40 "$log.$n"
+            add "$n" 0 1
+        fi
+        rm -f "$log.$n"
+    done
 done
 
 echo

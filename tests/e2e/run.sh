@@ -7,7 +7,8 @@
 # st_dump.py) and a fresh work directory in E2E_WORK (also TMPDIR), which it
 # must leave empty: a test that leaves files behind fails. A test passes when
 # it exits 0; its output is shown only when it fails. E2E_JOBS tests run at
-# once (default 2: the tests wait on fsync and sockets as much as on the CPU,
+# once (default 3 on any machine: the tests wait on fsync, sockets and their
+# servers as much as on the CPU,
 # and none depends on the machine's speed); results are printed in the
 # tests' order. The last line is always "e2e: N passed, N failed" and the exit
 # status is non-zero on any failure.
@@ -17,7 +18,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 : "${CKPT_BIN:?set CKPT_BIN to the ckpt binary}"
 CKPT_BIN=$(cd "$(dirname "$CKPT_BIN")" && pwd)/$(basename "$CKPT_BIN")
 [ -x "$CKPT_BIN" ] || { echo "e2e: $CKPT_BIN is not executable" >&2; exit 2; }
-jobs_max=${E2E_JOBS:-2}
+jobs_max=${E2E_JOBS:-3}
 
 # A sanitizer report must never pass for the exit status 1 a test expects.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}exitcode=86:detect_leaks=1"
