@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# test_store_crash.sh — the store when processes die and race (the second
+# half of test_store.sh, split so the two run side by side).
+#
+# 5. import, store convert and gc stopped (SIGKILL) at every named crash point
+#    they pass (CKPT_FAULT, common/fault.h): nothing half-visible, verify
+#    clean, gc removes the leftovers, a fresh run works.
+# 6. concurrent imports sharing tensors while gc loops: every checkpoint
+#    pulls with matching sha256, verify is clean.
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
+set -euo pipefail
+
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+. "$E2E_DIR/store_lib.sh"
+# The checkpoint both sections keep in the store throughout (test_store.sh
+# section 1 makes the same one).
+gen qwen2 "$M/qwen2-one" --scale 32 --layers 2 --seed 2 --shard-mb 0
+
+# =========================================================================
+# 5. kill -9 during import, convert and gc
+# =========================================================================
+note "5. kill tests"
+export CKPT_HOME=$work/h5
+gen llama "$M/k" --scale 16 --layers 2 --shard-mb 4 --seed 5
+gen qwen3-moe "$M/kq" --scale 32 --layers 1 --shard-mb 0.5 --seed 6
+gen qwen3-moe "$M/kq4" --scale 32 --layers 3 --shard-mb 0.5 --seed 6
+expect_status 0 "$ckpt" import "$M/qwen2-one" --repo t/base   # something that must survive everything
+killed=0
+# after_kill WHAT REF WANT_SUMS BEFORE_REFS: REF is absent or complete; verify clean; gc settles.
+after_kill() {
+    local what=$1 ref=$2 want=$3 before=$4 now
+    now=$(refs)
+    if [ "$now" != "$before" ]; then
+        [ "$now" = "$(printf '%s\n%s\n' "$before" "$ref" | sed '/^$/d' | LC_ALL=C sort)" ] ||
+            fail "$what: ls shows '$now', expected '$before' plus at most $ref"
+        diff "$want" <(show_sums "$ref") >/dev/null || fail "$what: $ref is visible but its files are not the expected ones"
+    fi
+    expect_verify_clean "$what"
+    expect_status 0 "$ckpt" gc
+    gc_settled "$what"
+}
+# kill_series WHAT REF WANT_SUMS RESET -- CMD...: traces CMD's crash points,
+# then for each runs CMD stopped there and checks the store (after_kill);
+# RESET REF brings the store back to where the next run starts.
+kill_series() {
+    local what=$1 ref=$2 want=$3 reset=$4 before pt
+    shift 5
+    crash_points "$@" >"$work/points"
+    "$reset" "$ref"
+    while read -r pt; do
+        before=$(refs)
+        crash_at "$pt" "$@"
+        killed=$((killed + 1))
+        echo "   $what, stopped at $pt"
+        after_kill "$what (stopped at $pt)" "$ref" "$want" "$before"
+        "$reset" "$ref"
+    done <"$work/points"
+}
+undo_rm() {
+    if refs | grep -xF "$1" >/dev/null; then
+        expect_status 0 "$ckpt" rm "$1"
+        expect_status 0 "$ckpt" gc
+    fi
+}
+
+# -- import: stopped at every crash point it passes
+sums "$M/k" >"$work/want-k"
+kill_series "import" t/k@main "$work/want-k" undo_rm -- "$ckpt" import "$M/k" --repo t/k --quiet
+grep -qx 'catalog.committed:[0-9]*' "$work/points" || fail "import passed no catalog commit"
+expect_status 0 "$ckpt" import "$M/k" --repo t/k
+expect_status 0 "$ckpt" pull t/k -o "$work/pull"
+same_tree "$M/k" "$work/pull" "fresh import after the kills"
+rm -rf "$work/pull"
+
+# -- store convert
+expect_status 0 "$ckpt" convert "$M/k" "$work/off" --layout neuron --tp 8
+sums "$work/off" >"$work/want-conv"
+kill_series "convert" t/k@main:neuron-tp8 "$work/want-conv" undo_rm -- "$ckpt" convert t/k --layout neuron --tp 8 --quiet
+grep -qx 'exec.file_done:8' "$work/points" || fail "store convert did not write its 8 files"
+expect_status 0 "$ckpt" convert t/k --layout neuron --tp 8
+expect_status 0 "$ckpt" pull t/k:neuron-tp8 -o "$work/pull"
+diff -r "$work/off" "$work/pull" >/dev/null || fail "fresh convert after the kills differs from the offline convert"
+rm -rf "$work/pull" "$work/off"
+undo_rm t/k@main:neuron-tp8 # keep the store small: verify runs after every kill
+undo_rm t/k@main
+
+# -- import of many small tensors: stopped while its blobs are published
+sums "$M/kq" >"$work/want-kq"
+for pt in blob.written:150 blob.published:150; do
+    before=$(refs)
+    crash_at "$pt" "$ckpt" import "$M/kq" --repo t/kq --quiet
+    killed=$((killed + 1))
+    after_kill "import (many tensors) stopped at $pt" t/kq@main "$work/want-kq" "$before"
+    undo_rm t/kq@main
+done
+expect_status 0 "$ckpt" import "$M/kq" --repo t/kq
+expect_status 0 "$ckpt" pull t/kq -o "$work/pull"
+same_tree "$M/kq" "$work/pull" "fresh import after the kills"
+rm -rf "$work/pull"
+
+# -- gc: a removed checkpoint whose blobs are partly shared with t/kq, which
+# must survive. Each killed gc leaves part of the work to the next one; after
+# each kill the store must be consistent; the last gc finishes the job.
+expect_status 0 "$ckpt" import "$M/kq4" --repo t/kq4
+expect_status 0 "$ckpt" rm t/kq4
+nb=$(du_field blobs)
+before=$(refs)
+for pt in gc.blob_removed:1 gc.blob_removed:150 gc.blob_removed:400 catalog.before_commit:1; do
+    crash_at "$pt" "$ckpt" gc
+    killed=$((killed + 1))
+    echo "   gc, stopped at $pt ($(du_field blobs) of $nb blobs left)"
+    [ "$(refs)" = "$before" ] || fail "gc stopped at $pt: ls changed: $(refs)"
+    expect_verify_clean "gc stopped at $pt"
+done
+[ "$(du_field blobs)" -lt "$nb" ] || fail "the stopped gc runs removed nothing"
+expect_status 0 "$ckpt" gc
+gc_settled "gc after the gc kills"
+expect_status 0 "$ckpt" pull t/kq -o "$work/pull"
+same_tree "$M/kq" "$work/pull" "t/kq after the gc kills"
+rm -rf "$work/pull"
+echo "   $killed runs stopped at crash points"
+rm -rf "$CKPT_HOME"
+
+# =========================================================================
+# 6. concurrent imports and gc
+# =========================================================================
+note "6. concurrent imports while gc loops"
+export CKPT_HOME=$work/h6
+names=()
+for l in 1 2 3 4; do
+    gen llama "$M/c$l" --scale 16 --layers "$l" --seed 9
+    names+=("c$l")
+done
+for l in 1 2; do
+    gen mixtral "$M/x$l" --scale 32 --layers "$l" --seed 9 --shard-mb 1
+    names+=("x$l")
+done
+expect_status 0 "$ckpt" import "$M/qwen2-one" --repo t/base   # the catalog exists before the race
+# race NAME...: imports NAMEs at once while gc loops; all must succeed.
+race() {
+    local pids=() n gcs=0 alive i=0
+    for n in "$@"; do
+        "$ckpt" import "$M/$n" --repo "t/$n" --quiet >"$work/race-$n.out" 2>&1 &
+        pids+=($!)
+    done
+    while :; do
+        alive=0
+        for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && alive=1; done
+        [ $alive = 1 ] || break
+        "$ckpt" gc >"$work/gc.out" 2>&1 || fail "gc during the imports failed: $(cat "$work/gc.out")"
+        gcs=$((gcs + 1))
+    done
+    for n in "$@"; do
+        wait "${pids[$i]}" || fail "concurrent import of $n failed: $(cat "$work/race-$n.out")"
+        i=$((i + 1))
+        rm -f "$work/race-$n.out"
+    done
+    rm -f "$work/gc.out"
+    echo "   imported $* with $gcs gc runs alongside"
+}
+check_all() {
+    local n
+    for n in "${names[@]}"; do
+        expect_status 0 "$ckpt" pull "t/$n" -o "$work/pull"
+        same_tree "$M/$n" "$work/pull" "$1: t/$n"
+        rm -rf "$work/pull"
+    done
+    expect_verify_clean "$1"
+    expect_status 0 "$ckpt" gc
+    gc_settled "$1"
+}
+race "${names[@]}"
+check_all "round 1"
+# Removed, their blobs stay on disk unreferenced until gc: imports that reuse
+# them race the gc that deletes them.
+for n in "${names[@]}"; do expect_status 0 "$ckpt" rm "t/$n"; done
+race c4 c2 x2 c1 c3 x1
+check_all "round 2"
+rm -rf "$CKPT_HOME"
