@@ -69,7 +69,7 @@ static int push(pk_m *m, uint32_t id)
 
 static int push_new(pk_m *m, pk_kind kind, uint32_t *id)
 {
-    uint32_t tmp;
+    uint32_t tmp = 0;
     int rc = new_node(m, kind, id ? id : &tmp);
     return rc ? rc : push(m, id ? *id : tmp);
 }
@@ -137,7 +137,7 @@ static uint64_t rd_le(const uint8_t *p, int n)
 
 static int push_int(pk_m *m, int64_t v)
 {
-    uint32_t id;
+    uint32_t id = 0;
     int rc = push_new(m, PK_INT, &id);
     if (!rc) m->d->nodes[id].i = v;
     return rc;
@@ -145,8 +145,8 @@ static int push_int(pk_m *m, int64_t v)
 
 static int push_string(pk_m *m, pk_kind kind, size_t n)
 {
-    const uint8_t *p;
-    uint32_t id;
+    const uint8_t *p = NULL;
+    uint32_t id = 0;
     int rc = need(m, n, &p);
     if (!rc) rc = push_new(m, kind, &id);
     if (rc) return rc;
@@ -161,7 +161,7 @@ static int push_string(pk_m *m, pk_kind kind, size_t n)
 /* A string of n bytes whose length field is lenbytes wide. */
 static int op_sized_string(pk_m *m, pk_kind kind, int lenbytes)
 {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = need(m, (size_t)lenbytes, &p);
     if (rc) return rc;
     uint64_t n = rd_le(p, lenbytes);
@@ -174,7 +174,7 @@ static int op_sized_string(pk_m *m, pk_kind kind, int lenbytes)
  * ones (the legacy format's magic number) keep their bytes in s. */
 static int op_long(pk_m *m, int lenbytes)
 {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     int rc = need(m, (size_t)lenbytes, &p);
     if (rc) return rc;
     uint64_t n = rd_le(p, lenbytes);
@@ -228,7 +228,7 @@ static int resolve_global(pk_m *m, const char *mod, size_t mlen, const char *nam
 static int op_global(pk_m *m)
 {
     const char *mod, *name;
-    size_t mlen, nlen;
+    size_t mlen = 0, nlen = 0;
     int rc = read_line(m, &mod, &mlen);
     if (!rc) rc = read_line(m, &name, &nlen);
     return rc ? rc : resolve_global(m, mod, mlen, name, nlen);
@@ -236,7 +236,7 @@ static int op_global(pk_m *m)
 
 static int op_stack_global(pk_m *m)
 {
-    uint32_t a, b;
+    uint32_t a = 0, b = 0;
     int rc = pop(m, &b);
     if (!rc) rc = pop(m, &a);
     if (rc) return rc;
@@ -283,7 +283,7 @@ static int encode_latin1(pk_m *m, const pk_node *args, uint32_t *out)
 
 static int op_reduce(pk_m *m)
 {
-    uint32_t fid, aid, id;
+    uint32_t fid = 0, aid = 0, id = 0;
     int rc = pop(m, &aid);
     if (!rc) rc = pop(m, &fid);
     if (rc) return rc;
@@ -338,7 +338,7 @@ static int op_newobj(pk_m *m, bool ex)
         return fail(m, CKPT_EINVAL, "NEWOBJ of '%s', which is not an allowed record class", g ? cls->s : pk_kind_name(cls->kind));
     if (m->d->nodes[aid].kind != PK_TUPLE || (ex && m->d->nodes[kid].kind != PK_DICT))
         return fail(m, CKPT_EINVAL, "NEWOBJ of '%s' with malformed arguments", cls->s);
-    uint32_t none;
+    uint32_t none = 0;
     rc = new_node(m, PK_OBJ, &id);
     if (!rc) rc = new_node(m, PK_NONE, &none);
     if (!rc) rc = add_item(m, id, cid);
@@ -349,7 +349,7 @@ static int op_newobj(pk_m *m, bool ex)
 
 static int op_build(pk_m *m)
 {
-    uint32_t sid, oid;
+    uint32_t sid = 0, oid = 0;
     int rc = pop(m, &sid);
     if (!rc) rc = top(m, &oid);
     if (rc) return rc;
@@ -368,7 +368,7 @@ static int op_build(pk_m *m)
 
 static int memo_put(pk_m *m, uint64_t idx)
 {
-    uint32_t id;
+    uint32_t id = 0;
     int rc = top(m, &id);
     if (rc) return rc;
     if (idx > m->nmemo) return fail(m, CKPT_EINVAL, "memo index out of order");
@@ -390,7 +390,7 @@ static int memo_get(pk_m *m, uint64_t idx)
 static int text_index(pk_m *m, uint64_t *idx)
 {
     const char *s;
-    size_t n;
+    size_t n = 0;
     int rc = read_line(m, &s, &n);
     if (rc) return rc;
     *idx = 0;
@@ -440,7 +440,7 @@ static int tuple_n(pk_m *m, size_t n)
 {
     size_t floor = m->nmarks ? m->marks[m->nmarks - 1] : 0;
     if (m->sp - floor < n) return fail(m, CKPT_EINVAL, "stack underflow (opcode 0x%02x)", m->buf[m->op_pos]);
-    uint32_t id;
+    uint32_t id = 0;
     int rc = make_from_stack(m, PK_TUPLE, m->sp - n, &id);
     return rc ? rc : push(m, id);
 }
@@ -448,10 +448,10 @@ static int tuple_n(pk_m *m, size_t n)
 /* One opcode; *stop set at STOP. */
 static int step(pk_m *m, bool *stop)
 {
-    const uint8_t *p;
-    uint32_t id, a;
-    size_t from;
-    uint64_t idx;
+    const uint8_t *p = NULL;
+    uint32_t id = 0, a = 0;
+    size_t from = 0;
+    uint64_t idx = 0;
     int rc;
     m->op_pos = m->pos;
     if ((rc = need(m, 1, &p))) return fail(m, CKPT_EINVAL, "no STOP before the end of the data");

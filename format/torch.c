@@ -586,7 +586,7 @@ static int parse_legacy(tctx *c)
     for (;;) {
         uint8_t *buf = ckpt_malloc(len + 1);
         if (!buf) return CKPT_ENOMEM;
-        bool truncated;
+        bool truncated = false;
         rc = c->rd(c->ctx, buf, len, 0);
         if (!rc) rc = parse_legacy_pickles(c, buf, len, &keys, &end, &truncated);
         free(buf);

@@ -71,8 +71,8 @@ static int find_eocd(const char *label, zip_read_fn rd, void *ctx, uint64_t file
 static int read_eocd(zip_dir *z, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size, uint64_t *count,
                      uint64_t *cd_limit)
 {
-    uint64_t pos;
-    uint8_t e[EOCD_LEN];
+    uint64_t pos = 0;
+    uint8_t e[EOCD_LEN] = {0};
     int rc = find_eocd(label, rd, ctx, file_size, &pos, e);
     if (rc) return rc;
     if (le16(e + 4) != 0 || le16(e + 6) != 0 || le16(e + 8) != le16(e + 10))
@@ -265,7 +265,7 @@ static int check_layout(zip_dir *z, const char *label)
 int zipdir_read(zip_dir *z, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
 {
     memset(z, 0, sizeof *z);
-    uint64_t count, cd_limit;
+    uint64_t count = 0, cd_limit = 0;
     int rc = read_eocd(z, label, rd, ctx, file_size, &count, &cd_limit);
     uint8_t *cd = NULL;
     if (!rc && !(cd = ckpt_malloc((size_t)z->cd_size + 1))) rc = CKPT_ENOMEM;
