@@ -111,6 +111,13 @@ c2=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -c 'import js
 wait_until 60 "the new commit fetched and converted" stored "$c2" neuron-tp8
 # The first sync run that started after the push saw the new commit (not a
 # wall-clock bound: how soon that run came depends on the machine's load).
+# A run that started while the import was still going may have found it
+# first; then the next one runs on and must still be let finish before its
+# result is read.
+wait_until 60 "the first sync run after the push to end" jobs_check "
+after = [j for j in kind('sync') if (j.get('started_at') or 0) >= $pushed]
+assert after and after[0]['state'] in ('succeeded', 'failed', 'cancelled')
+"
 jobs_check "
 after = [j for j in kind('sync') if (j.get('started_at') or 0) >= $pushed]
 assert after, 'no sync run after the push'
