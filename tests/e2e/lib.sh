@@ -63,7 +63,7 @@ wait_until() {
     end=$(($(date +%s%N) + ${limit%.*} * 1000000000))
     until "$@" >/dev/null 2>&1; do
         [ "$(date +%s%N)" -lt "$end" ] || fail "timed out after ${limit%.*} s waiting for: $what"
-        sleep 0.05
+        sleep 0.05 # a poll interval: what is awaited is a state, and LIMIT only catches a hang
     done
 }
 

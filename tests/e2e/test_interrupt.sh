@@ -98,9 +98,8 @@ note "a killed state export: gc removed its staging"
 expect_status 0 "$ckpt" import "$work/m" --repo t/gone@main
 CKPT_FAULT=exec.file_done:1:STOP "$ckpt" convert t/gone@main --layout fused >"$work/out" 2>"$work/err" &
 cpid=$!
-# a bounded poll (60 s, never reached when it works) for the stop, not a guess at its timing
-for _ in $(seq 1200); do [ "$(awk '{print $3}' "/proc/$cpid/stat" 2>/dev/null)" = T ] && break; sleep 0.05; done
-[ "$(awk '{print $3}' "/proc/$cpid/stat" 2>/dev/null)" = T ] || fail "the convert did not stop at exec.file_done"
+stopped() { [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = T ]; }
+wait_until 60 "the convert to stop at exec.file_done" stopped "$cpid"
 "$ckpt" rm t/gone@main >/dev/null 2>"$work/rm.err" || fail "rm during the convert: $(cat "$work/rm.err")"
 kill -CONT "$cpid"
 rc=0
