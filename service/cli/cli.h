@@ -55,6 +55,8 @@ bool cli_wants_help(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 /* `ckpt inspect` of an EasyDeL TensorStore checkpoint folder (cmd_inspect_easydel.c). */
 int cli_inspect_easydel(const char *path, bool as_json);
+/* `ckpt inspect` of an optimum-neuron / neuronx-distributed save (cmd_inspect_nxd.c). */
+int cli_inspect_nxd(const char *path, bool as_json);
 int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "format/checkpoint.h"
 #include "format/easydel.h"
+#include "format/nxd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,6 +192,7 @@ int cmd_inspect(int argc, char **argv)
     bool as_json = common.json;
     if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
     if (easydel_is_checkpoint(path)) return cli_inspect_easydel(path, as_json);
+    if (nxd_is_checkpoint(path)) return cli_inspect_nxd(path, as_json);
     ckpt_checkpoint c;
     if (ckpt_checkpoint_open_views(&c, path) < 0) return cli_fail();
     int rc = as_json ? print_json(&c) : print_text(&c);
