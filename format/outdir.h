@@ -31,5 +31,9 @@ int outdir_commit(const char *tmpdir, const char *dst, bool force);
  * into out_dir, skipping safetensors files, their indexes, ckpt-layout.json,
  * hidden files and temp names. */
 int outdir_copy_side_files(const char *src_dir, const char *out_dir);
+/* Copies only a Hugging Face model's own small files that src_dir has:
+ * config.json, generation_config.json and the tokenizer files (a training
+ * save's folder holds others that do not belong to the model). */
+int outdir_copy_model_files(const char *src_dir, const char *out_dir);
 
 #endif
