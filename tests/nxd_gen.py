@@ -11,6 +11,9 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                  [--kv-size-multiplier M]
                                       REF's weights sharded as the training model
                                       holds them, saved as SAVE/shards/...
+  nxd_gen.py saves REF "SAVE --tp N ..." ...
+                                      REF (written when missing) and several saves
+                                      in one run (torch is slow to import)
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
@@ -44,6 +47,7 @@ import argparse
 import collections
 import json
 import os
+import shlex
 import struct
 import sys
 import types
@@ -315,11 +319,20 @@ def main():
     s.add_argument("--xser", action="store_true")
     s.add_argument("--fuse-qkv", action="store_true")
     s.add_argument("--kv-size-multiplier", type=int, default=None)
+    m = sub.add_parser("saves")
+    m.add_argument("ref")
+    m.add_argument("specs", nargs="+")
     a = ap.parse_args()
     if a.cmd == "ref":
         make_ref(a.out)
-    else:
+    elif a.cmd == "save":
         save(a.ref, a.out, a.tp, a.pp, a.xser, a.fuse_qkv, a.kv_size_multiplier)
+    else:
+        if not os.path.exists(os.path.join(a.ref, "model.safetensors")):
+            make_ref(a.ref)
+        for spec in a.specs:
+            b = ap.parse_args(["save", a.ref] + shlex.split(spec))
+            save(b.ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
 
 
 if __name__ == "__main__":
