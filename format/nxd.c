@@ -44,15 +44,6 @@ bool nxd_is_checkpoint(const char *dir)
     return yes || is_shards_dir(dir);
 }
 
-static const char *shape_fmt(int ndim, const uint64_t *shape, char *buf, size_t len)
-{
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (int k = 0; k < ndim && o < len; k++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%llu", k ? ", " : "", (unsigned long long)shape[k]);
-    if (o < len) snprintf(buf + o, len - o, "]");
-    return buf;
-}
-
 /* "<digits>" of 2 to 4 digits at *p (the {:02d} of _get_path), advancing p. */
 static bool take_num(const char **p, int *out)
 {
@@ -296,8 +287,8 @@ static int open_xser_rank(nxd_rank *r)
             char got[96], want[96];
             if (!rc && !same)
                 rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' (tensor %lld) is %s %s, %s says %s", files[i].path, key->s,
-                                    (long long)tid->i, ckpt_dtype_name(t->dtype), shape_fmt(t->ndim, t->shape, got, sizeof got),
-                                    ipath, found ? shape_fmt(ndim, shape, want, sizeof want) : "nothing of it");
+                                    (long long)tid->i, ckpt_dtype_name(t->dtype), ckpt_shape_str(t->ndim, t->shape, got, sizeof got),
+                                    ipath, found ? ckpt_shape_str(ndim, shape, want, sizeof want) : "nothing of it");
         }
     }
     if (!rc) rc = ckpt_checkpoint_from_files(&r->ck, r->path, files, n);

@@ -18,20 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void dims_str(int n, const uint64_t *d, char *buf, size_t len)
-{
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < n && o < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? ", " : "", (unsigned long long)d[i]);
-    if (o < len) snprintf(buf + o, len - o, "]");
-}
-
-static json_t *dims_json(int n, const uint64_t *d)
-{
-    json_t *a = json_array();
-    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer((json_int_t)d[i]));
-    return a;
-}
-
 static void partition_str(const json_t *m, char *buf, size_t len)
 {
     if (!json_is_true(json_object_get(m, "tensor_model_parallel"))) {
@@ -101,7 +87,7 @@ int cli_inspect_nxd(const char *path, bool as_json)
                 json_object_set_new(p, "name", json_string(name));
                 json_object_set_new(p, "pp", json_integer(s));
                 json_object_set_new(p, "dtype", ref ? json_string(ckpt_dtype_name(ref->t->dtype)) : json_null());
-                json_object_set_new(p, "rank_shape", ref ? dims_json(ref->t->ndim, ref->t->shape) : json_null());
+                json_object_set_new(p, "rank_shape", ref ? cli_dims_json(ref->t->ndim, ref->t->shape) : json_null());
                 json_array_append_new(params, p);
             }
         }
@@ -140,7 +126,7 @@ int cli_inspect_nxd(const char *path, bool as_json)
             const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&nxd_rank_at(&c, s, 0, 0)->ck, name);
             char part[64], shape[CKPT_MAX_RANK * 24 + 4] = "(not saved)";
             partition_str(m, part, sizeof part);
-            if (ref) dims_str(ref->t->ndim, ref->t->shape, shape, sizeof shape);
+            if (ref) ckpt_shape_str(ref->t->ndim, ref->t->shape, shape, sizeof shape);
             printf("%-*s  %2d  %-22s  %-5s  %s\n", pw, name, s, part, ref ? ckpt_dtype_name(ref->t->dtype) : "-", shape);
             nparams++;
         }
