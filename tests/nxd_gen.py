@@ -11,9 +11,12 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                  [--kv-size-multiplier M]
                                       REF's weights sharded as the training model
                                       holds them, saved as SAVE/shards/...
-  nxd_gen.py saves REF "SAVE --tp N ..." ...
+  nxd_gen.py saves REF "SAVE --tp N ... [--rowids]" ...
                                       REF (written when missing) and several saves
-                                      in one run (torch is slow to import)
+                                      in one run (torch is slow to import); with
+                                      --rowids the save is made from REF-rows, a
+                                      model whose values are their row numbers
+                                      (column numbers for o_proj and down_proj)
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
@@ -95,7 +98,21 @@ def read_safetensors(path):
     return out
 
 
-def make_ref(out):
+ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
+
+
+def row_ids(name, shape):
+    """Values that say where they come from: a column-parallel (or 1-D) tensor's
+    element holds its row number, a row-parallel one's its column number
+    (exact in bf16: every size here is at most 256)."""
+    if len(shape) == 1:
+        return torch.arange(shape[0], dtype=torch.float32).to(torch.bfloat16)
+    if name.endswith(ROW_PARALLEL):
+        return torch.arange(shape[1], dtype=torch.float32).repeat(shape[0], 1).to(torch.bfloat16)
+    return torch.arange(shape[0], dtype=torch.float32).unsqueeze(1).repeat(1, shape[1]).to(torch.bfloat16)
+
+
+def make_ref(out, rowids=False):
     c = CONFIG
     g = torch.Generator().manual_seed(17)
     hd, H, KV, hid, inter, V = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
@@ -108,7 +125,8 @@ def make_ref(out):
                        p + "mlp.gate_proj.weight": [inter, hid], p + "mlp.up_proj.weight": [inter, hid],
                        p + "mlp.down_proj.weight": [hid, inter], p + "input_layernorm.weight": [hid],
                        p + "post_attention_layernorm.weight": [hid]})
-    tensors = {n: torch.randn(s, generator=g).to(torch.bfloat16) for n, s in sorted(shapes.items())}
+    tensors = {n: row_ids(n, s) if rowids else torch.randn(s, generator=g).to(torch.bfloat16)
+               for n, s in sorted(shapes.items())}
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), tensors)
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -319,6 +337,7 @@ def main():
     s.add_argument("--xser", action="store_true")
     s.add_argument("--fuse-qkv", action="store_true")
     s.add_argument("--kv-size-multiplier", type=int, default=None)
+    s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
     m = sub.add_parser("saves")
     m.add_argument("ref")
     m.add_argument("specs", nargs="+")
@@ -332,7 +351,10 @@ def main():
             make_ref(a.ref)
         for spec in a.specs:
             b = ap.parse_args(["save", a.ref] + shlex.split(spec))
-            save(b.ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+            ref = a.ref + "-rows" if b.rowids else a.ref
+            if not os.path.exists(os.path.join(ref, "model.safetensors")):
+                make_ref(ref, rowids=b.rowids)
+            save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
 
 
 if __name__ == "__main__":

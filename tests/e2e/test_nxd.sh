@@ -32,7 +32,8 @@ done
 cd "$work"
 
 specs=("--tp 2" "--tp 2 --xser --fuse-qkv" "--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4"
-    "--tp 4 --pp 2 --xser --fuse-qkv" "--tp 2 --pp 2" "--tp 1 --xser")
+    "--tp 4 --pp 2 --xser --fuse-qkv" "--tp 2 --pp 2" "--tp 1 --xser"
+    "--tp 4 --xser --fuse-qkv --rowids" "--tp 4 --kv-size-multiplier 4 --rowids")
 args=()
 for i in "${!specs[@]}"; do args+=("s$((i + 1)) ${specs[$i]}"); done
 "$tpy" "$gen" saves ref "${args[@]}" || fail "nxd_gen.py saves"
@@ -68,6 +69,35 @@ for save in sys.argv[2:]:
         for h, w in zip(have, want):
             if h != w: sys.exit(f"{save}: ckpt says {h}\n   torch has {w}")
         sys.exit(f"{save}: {len(got['parameters'])} parameters listed, {len(want)} in the metadata")
+
+# Rank placement on s8 and s9, made from ref-rows (values = row numbers; column
+# numbers for o_proj and down_proj): H 8, KV 2, head_dim 8, tp 4, per
+# docs/transforms.md §4 — m 2 (s8): rank r holds KV head g = r mod 2, copy
+# c = r div 2, query heads 4g + 2c, 4g + 2c + 1; m 4 (s9): rank r holds both KV
+# heads and query heads r and 4 + r.
+def rows(heads): return [float(h * 8 + i) for h in heads for i in range(8)]
+def block(r, n): return [float(r * n + i) for i in range(n)]
+placement = {"s8": ([[0, 1], [4, 5], [2, 3], [6, 7]], [[0], [1], [0], [1]], True),
+             "s9": ([[0, 4], [1, 5], [2, 6], [3, 7]], [[0, 1]] * 4, False)}
+for save, (qh, kvh, fused) in placement.items():
+    if save not in sys.argv[2:]: continue
+    model = f"{save}/shards/model"
+    for r in range(4):
+        f = f"{model}/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt"
+        sd = torch.load(f)
+        if fused: sd = {n: torch.load(f"{f}.tensors/tensor_{v.tid}.pt") for n, v in sd.items()}
+        col = lambda n: sd[n][:, 0].float().tolist()
+        a = "model.layers.1.self_attn."
+        have = col(a + "qkv_proj.weight_qkv") if fused else \
+            col(a + "qkv_proj.weight_q") + col(a + "qkv_proj.weight_k") + col(a + "qkv_proj.weight_v")
+        checks = [("q/k/v", have, rows(qh[r]) + rows(kvh[r]) * 2),
+                  ("o_proj", sd[a + "o_proj.weight"][0].float().tolist(), rows(qh[r])),
+                  ("gate_up_proj", col("model.layers.1.mlp.gate_up_proj.weight"), block(r, 32) * 2),
+                  ("down_proj", sd["model.layers.1.mlp.down_proj.weight"][0].float().tolist(), block(r, 32)),
+                  ("embed_tokens", col("model.embed_tokens.weight"), block(r, 64)),
+                  ("norm", sd["model.norm.weight"].float().tolist(), block(0, 64))]
+        for what, h, w in checks:
+            if h != w: sys.exit(f"{save} rank {r}: {what} holds rows {h}, expected {w}")
 PYEOF
 }
 
@@ -95,14 +125,16 @@ EOF
 }
 
 # ---- 1. round trips ----
-check_inspect s1 s2 s3 s4 s5 s6 s7
+check_inspect s1 s2 s3 s4 s5 s6 s7 s8 s9
 for i in "${!specs[@]}"; do
     n=$((i + 1)) spec=${specs[$i]}
     note "save $n: $spec"
     expect_status 0 "$ckpt" inspect "s$n"
     grep -q "^neuronx-distributed save s$n/shards: tp " "$work/out" || fail "inspect text: $(head -2 "$work/out")"
     expect_status 0 "$ckpt" consolidate "s$n" "back$n"
-    cmp -s ref/model.safetensors "back$n/model.safetensors" || fail "$spec: model.safetensors differs from the original"
+    orig=ref
+    case $spec in *--rowids*) orig=ref-rows ;; esac
+    cmp -s $orig/model.safetensors "back$n/model.safetensors" || fail "$spec: model.safetensors differs from the original"
     cmp -s ref/config.json "back$n/config.json" || fail "$spec: config.json differs"
     [ "$(ls "back$n")" = "$(printf 'config.json\nmodel.safetensors')" ] || fail "$spec: DST holds $(ls "back$n" | tr '\n' ' ')"
     ls -d back"$n".tmp-* 2>/dev/null && fail "$spec: temp folders left"
@@ -127,7 +159,7 @@ if [ "$(ulimit -H -n)" = unlimited ] || [ "$(ulimit -H -n)" -ge 400 ]; then
     cmp -s ref/model.safetensors fewfds/model.safetensors || fail "with 60 open files: model.safetensors differs"
     rm -rf fewfds
 fi
-rm -rf back sharded s1 s2 s6
+rm -rf back sharded s1 s2 s6 s8 s9 ref-rows
 
 # ---- 2. broken and hostile saves ----
 # refused SAVE PATTERN: exit 1, one line matching PATTERN, no DST.
