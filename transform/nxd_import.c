@@ -20,6 +20,7 @@ typedef struct {
     size_t *first;     /* per (pp, tp) rank file: the index of its first plan source */
     plan_tensor *orig; /* the original tensors of every stage */
     size_t norig, cap;
+    json_t *names;     /* their names (a set), to catch one in two stages */
 } nxd_job;
 
 /* One pipeline stage being planned. */
@@ -118,7 +119,12 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
     if (tps != tp)
         return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': tp_size %lld, but the save has %lld tensor-parallel ranks", st->what,
                               mod, (long long)tps, (long long)tp);
-    if (!H || !KV || !m || (qout * tp) % H || !qout)
+    if (!H || !KV || KV > H || H % KV || !m || m > tp || tp % m)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: spec of '%s': %lld query heads, %lld KV heads and kv_size_multiplier %lld do not fit tp %lld "
+                              "(neuronx-distributed's GQAQKVColumnParallelLinear asserts tp %% kv_size_multiplier == 0)",
+                              st->what, mod, (long long)H, (long long)KV, (long long)m, (long long)tp);
+    if ((qout * tp) % H || !qout)
         return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': q_output_size_per_partition %lld x tp %lld is not a multiple of %lld heads",
                               st->what, mod, (long long)qout, (long long)tp, (long long)H);
     int64_t hd = qout * tp / H;
@@ -238,7 +244,7 @@ static int spec_fused(const nxd_job *j, stage *st, const char *mod, const json_t
             const char *ln = json_string_value(json_array_get(names, i));
             json_t *d = json_array_get(dims, i);
             if (!ln || !*ln || strchr(ln, '.') || !json_is_integer(d) || json_integer_value(d) <= 0 ||
-                json_integer_value(d) % tp) {
+                json_integer_value(d) > (1LL << 40) || json_integer_value(d) % tp) {
                 rc = ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': linear %zu has no name or a dim that does not divide by tp %lld",
                                     st->what, mod, i, (long long)tp);
                 break;
@@ -350,9 +356,10 @@ static int invert_stage(nxd_job *j, stage *st)
 {
     size_t base = j->norig;
     for (size_t i = 0; i < st->nv; i++) {
-        for (size_t k = 0; k < j->norig; k++)
-            if (!strcmp(j->orig[k].name, st->v[i].name))
-                return ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is in two pipeline stages", st->what, st->v[i].name);
+        if (json_object_get(j->names, st->v[i].name))
+            return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' comes from two pipeline stages (or two specs)", st->what,
+                                  st->v[i].name);
+        if (json_object_set_new(j->names, st->v[i].name, json_true())) return CKPT_ENOMEM;
         if (ckpt_grow(&j->orig, &j->cap, j->norig + 1, sizeof *j->orig)) return CKPT_ENOMEM;
         plan_tensor *o = &j->orig[j->norig];
         memset(o, 0, sizeof *o);
@@ -427,6 +434,7 @@ static void job_free(nxd_job *j)
     for (size_t i = 0; i < j->norig; i++) plan_tensor_free(&j->orig[i]);
     free(j->orig);
     free(j->first);
+    json_decref(j->names);
     exec_plan_free(&j->exec);
     nxd_close(&j->c);
 }
@@ -451,7 +459,8 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
     memset(&j, 0, sizeof j);
     int rc = nxd_open(&j.c, src);
     if (rc) return rc;
-    if (j.c.ep > 1)
+    if (!(j.names = json_object())) rc = CKPT_ENOMEM;
+    if (!rc && j.c.ep > 1)
         rc = ckpt_error_set(CKPT_EINVAL, "%s: an expert-parallel save (ep %d): `ckpt inspect` lists it, consolidating it is not supported yet",
                             j.c.shards, j.c.ep);
     j.first = rc ? NULL : ckpt_calloc((size_t)j.c.pp * (size_t)j.c.tp, sizeof *j.first);
