@@ -216,6 +216,58 @@ static int info_of(const pk_doc *info, int64_t tid, int *dt, int *ndim, uint64_t
     return 0;
 }
 
+const pk_global_def *nxd_xser_allow(size_t *n)
+{
+    *n = CKPT_ARRAY_LEN(XSER_ALLOW);
+    return XSER_ALLOW;
+}
+
+int nxd_xser_refs(const pk_doc *refs, const char *label, nxd_ref **out, size_t *nout)
+{
+    *out = NULL;
+    *nout = 0;
+    const pk_node *root = pk_at(refs, refs->root);
+    if (root->kind != PK_DICT)
+        return ckpt_error_set(CKPT_EINVAL, "%s: holds a %s, not a state dict of TensorReference records", label,
+                              pk_kind_name(root->kind));
+    size_t n = root->n / 2;
+    if (n > ST_MAX_TENSORS) return ckpt_error_set(CKPT_ELIMIT, "%s: %zu tensors, at most %d", label, n, ST_MAX_TENSORS);
+    nxd_ref *r = ckpt_calloc(n + 1, sizeof *r);
+    uint8_t *seen = ckpt_calloc(NXD_MAX_TID / 8, 1);
+    int rc = r && seen ? 0 : CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        const pk_node *key = pk_item(refs, root, 2 * i), *val = pk_item(refs, root, 2 * i + 1);
+        if (key->kind != PK_STR || strlen(key->s) != key->slen || !key->slen || key->slen > ST_MAX_NAME) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: a key that is not a parameter name", label);
+            break;
+        }
+        const pk_node *cls = val->kind == PK_OBJ ? pk_item(refs, val, 0) : NULL;
+        const pk_node *state = val->kind == PK_OBJ ? pk_item(refs, val, 2) : NULL;
+        const pk_node *tid = state ? dict_get(refs, state, "tid") : NULL;
+        if (!cls || cls->tag != TAG_TENSOR_REF || pk_item(refs, val, 1)->n != 0 || !tid || tid->kind != PK_INT || tid->s ||
+            tid->i < 0 || tid->i >= NXD_MAX_TID) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is not a TensorReference(tid) with a tensor id below %d", label,
+                                key->s, NXD_MAX_TID);
+            break;
+        }
+        if (seen[tid->i / 8] & (1u << (tid->i % 8))) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': tensor id %lld is used twice", label, key->s, (long long)tid->i);
+            break;
+        }
+        seen[tid->i / 8] |= (uint8_t)(1u << (tid->i % 8));
+        r[i].name = key->s;
+        r[i].tid = tid->i;
+    }
+    free(seen);
+    if (rc) {
+        free(r);
+        return rc;
+    }
+    *out = r;
+    *nout = n;
+    return 0;
+}
+
 /* An xser rank: the reference dict, then every tensor_<tid>.pt (nxd.h). */
 static int open_xser_rank(nxd_rank *r)
 {
@@ -232,45 +284,23 @@ static int open_xser_rank(nxd_rank *r)
         if (!rc && pk_at(&info, info.root)->kind != PK_DICT)
             rc = ckpt_error_set(CKPT_EINVAL, "%s: not a dict of tensor ids", ipath);
     }
-    const pk_node *root = rc ? NULL : pk_at(&refs, refs.root);
-    if (root && root->kind != PK_DICT)
-        rc = ckpt_error_set(CKPT_EINVAL, "%s: holds a %s, not a state dict of TensorReference records", r->path,
-                            pk_kind_name(root->kind));
-    size_t n = root ? root->n / 2 : 0;
-    if (!rc && n > ST_MAX_TENSORS) rc = ckpt_error_set(CKPT_ELIMIT, "%s: %zu tensors, at most %d", r->path, n, ST_MAX_TENSORS);
+    nxd_ref *refv = NULL;
+    size_t n = 0;
+    if (!rc) rc = nxd_xser_refs(&refs, r->path, &refv, &n);
     st_file *files = rc ? NULL : ckpt_calloc(n + 1, sizeof *files);
-    uint8_t *seen = rc ? NULL : ckpt_calloc(NXD_MAX_TID / 8, 1);
-    if (!rc && (!files || !seen)) rc = CKPT_ENOMEM;
+    if (!rc && !files) rc = CKPT_ENOMEM;
     size_t opened = 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        const pk_node *key = pk_item(&refs, root, 2 * i), *val = pk_item(&refs, root, 2 * i + 1);
-        if (key->kind != PK_STR || strlen(key->s) != key->slen || !key->slen || key->slen > ST_MAX_NAME) {
-            rc = ckpt_error_set(CKPT_EINVAL, "%s: a key that is not a parameter name", r->path);
-            break;
-        }
-        const pk_node *cls = val->kind == PK_OBJ ? pk_item(&refs, val, 0) : NULL;
-        const pk_node *state = val->kind == PK_OBJ ? pk_item(&refs, val, 2) : NULL;
-        const pk_node *tid = state ? dict_get(&refs, state, "tid") : NULL;
-        if (!cls || cls->tag != TAG_TENSOR_REF || pk_item(&refs, val, 1)->n != 0 || !tid || tid->kind != PK_INT ||
-            tid->s || tid->i < 0 || tid->i >= NXD_MAX_TID) {
-            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is not a TensorReference(tid) with a tensor id below %d",
-                                r->path, key->s, NXD_MAX_TID);
-            break;
-        }
-        if (seen[tid->i / 8] & (1u << (tid->i % 8))) {
-            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': tensor id %lld is used twice", r->path, key->s,
-                                (long long)tid->i);
-            break;
-        }
-        seen[tid->i / 8] |= (uint8_t)(1u << (tid->i % 8));
-        char *tpath = ckpt_sprintf("%s/tensor_%lld.pt", tdir, (long long)tid->i);
+        const char *name = refv[i].name;
+        long long tid = (long long)refv[i].tid;
+        char *tpath = ckpt_sprintf("%s/tensor_%lld.pt", tdir, tid);
         if (!tpath) {
             rc = CKPT_ENOMEM;
             break;
         }
-        rc = ckpt_exists(tpath) ? torch_open_tensor(&files[i], tpath, key->s)
+        rc = ckpt_exists(tpath) ? torch_open_tensor(&files[i], tpath, name)
                                 : ckpt_error_set(CKPT_ENOTFOUND, "%s: parameter '%s': its tensor file %s is missing", r->path,
-                                                 key->s, tpath);
+                                                 name, tpath);
         free(tpath);
         if (rc) break;
         opened++;
@@ -281,21 +311,21 @@ static int open_xser_rank(nxd_rank *r)
             int dt = -1, ndim = 0;
             uint64_t shape[CKPT_MAX_RANK];
             bool found;
-            rc = info_of(&info, tid->i, &dt, &ndim, shape, &found, ipath);
+            rc = info_of(&info, refv[i].tid, &dt, &ndim, shape, &found, ipath);
             bool same = found && dt == (int)t->dtype && ndim == t->ndim;
             for (int a = 0; same && a < ndim; a++) same = shape[a] == t->shape[a];
             char got[96], want[96];
             if (!rc && !same)
-                rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' (tensor %lld) is %s %s, %s says %s", files[i].path, key->s,
-                                    (long long)tid->i, ckpt_dtype_name(t->dtype), ckpt_shape_str(t->ndim, t->shape, got, sizeof got),
-                                    ipath, found ? ckpt_shape_str(ndim, shape, want, sizeof want) : "nothing of it");
+                rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' (tensor %lld) is %s %s, %s says %s", files[i].path, name, tid,
+                                    ckpt_dtype_name(t->dtype), ckpt_shape_str(t->ndim, t->shape, got, sizeof got), ipath,
+                                    found ? ckpt_shape_str(ndim, shape, want, sizeof want) : "nothing of it");
         }
     }
     if (!rc) rc = ckpt_checkpoint_from_files(&r->ck, r->path, files, n);
     else
         for (size_t k = 0; k < opened; k++) st_close(&files[k]);
     free(files);
-    free(seen);
+    free(refv);
     free(ipath);
     free(tdir);
     pk_free(&refs);

@@ -35,6 +35,7 @@
 #define CKPT_FORMAT_NXD_H
 
 #include "format/checkpoint.h"
+#include "format/pickle.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -60,6 +61,19 @@ typedef struct {
     char **meta_paths; /* pp entries */
     nxd_rank *ranks;   /* pp * ep * tp entries, see nxd_rank_at */
 } nxd_ckpt;
+
+/* One entry of an xser reference file: a parameter and its tensor id. */
+typedef struct {
+    const char *name; /* points into the pickle tree */
+    int64_t tid;
+} nxd_ref;
+
+/* The globals an xser reference file may name besides torch's (TensorReference). */
+const pk_global_def *nxd_xser_allow(size_t *n);
+/* The parameters of an xser reference pickle (torch_load_pickle with
+ * nxd_xser_allow): a dict of names to TensorReference(tid) records, tids
+ * below NXD_MAX_TID and used once. *out is malloc'd. */
+int nxd_xser_refs(const pk_doc *refs, const char *label, nxd_ref **out, size_t *n);
 
 /* DIR holds shards/model, or is a shards folder (model/ and mp_metadata_pp_rank_0.json). */
 bool nxd_is_checkpoint(const char *dir);

@@ -841,6 +841,15 @@ int torch_load_pickle(pk_doc *doc, const char *path, const pk_global_def *extra,
     return open_ctx(&c, path, &unused, doc);
 }
 
+int torch_parse_pickle(pk_doc *doc, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size,
+                       const pk_global_def *extra, size_t nextra)
+{
+    memset(doc, 0, sizeof *doc);
+    st_file unused;
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size, .raw = true, .extra = extra, .nextra = nextra};
+    return parse_ctx(&c, &unused, doc);
+}
+
 int torch_global_dtype(const pk_node *g)
 {
     if (g->kind != PK_GLOBAL || g->tag < TAG_DTYPE0 || g->tag >= TAG_DTYPE0 + (int)NDTYPES) return -1;

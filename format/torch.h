@@ -67,6 +67,9 @@ int torch_open_tensor(st_file *f, const char *path, const char *name);
  * allow-list plus `extra` (the caller's tags must not collide with torch.c's:
  * use 1000 and up); persistent ids are refused. *doc is the tree (pk_free it). */
 int torch_load_pickle(pk_doc *doc, const char *path, const pk_global_def *extra, size_t nextra);
+/* The same over any byte source (the fuzzers). */
+int torch_parse_pickle(pk_doc *doc, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size,
+                       const pk_global_def *extra, size_t nextra);
 /* The safetensors dtype (ckpt_dtype) a torch dtype global such as
  * torch.bfloat16 names in a tree torch_load_pickle made; -1 when it is not
  * one, or has no safetensors twin. */
