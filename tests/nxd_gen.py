@@ -11,12 +11,13 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                  [--kv-size-multiplier M]
                                       REF's weights sharded as the training model
                                       holds them, saved as SAVE/shards/...
-  nxd_gen.py saves REF "SAVE --tp N ... [--rowids]" ...
+  nxd_gen.py saves REF "SAVE --tp N ... [--rowids] [--damage D]" ...
                                       REF (written when missing) and several saves
                                       in one run (torch is slow to import); with
                                       --rowids the save is made from REF-rows, a
                                       model whose values are their row numbers
-                                      (column numbers for o_proj and down_proj)
+                                      (column numbers for o_proj and down_proj);
+                                      --damage breaks the save for a hostile test
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
@@ -324,6 +325,31 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
     return m
 
 
+def damage(out, what):
+    """Breaks a save the way the hostile tests need (test_nxd.sh)."""
+    model = os.path.join(out, "shards", "model")
+    rank = lambda r: os.path.join(model, "dp_rank_00_tp_rank_{:02d}_pp_rank_00.pt".format(r))
+    kind, _, arg = what.partition(":")
+    if kind == "norm":  # a replicated parameter that differs on rank 2 (plain)
+        sd = torch.load(rank(2)); sd["model.layers.1.input_layernorm.weight"][5] += 1; torch.save(sd, rank(2))
+    elif kind == "shape":  # a rank tensor of another shape (plain)
+        sd = torch.load(rank(1))
+        sd["model.layers.1.mlp.down_proj.weight"] = sd["model.layers.1.mlp.down_proj.weight"][:, :16].clone()
+        torch.save(sd, rank(1))
+    elif kind == "kv":  # a KV replica that differs (xser; rows 16..23 of rank 2's weight_qkv: its K head)
+        p = f"{rank(2)}.tensors/tensor_{torch.load(rank(2))['model.layers.0.self_attn.qkv_proj.weight_qkv'].tid}.pt"
+        t = torch.load(p); t[16 + 3, 7] += 1; torch.save(t, p)
+    elif kind == "info":  # an .info.pt entry that disagrees with its tensor file
+        info = torch.load(rank(1) + ".info.pt"); info[2]["shape"] = torch.Size([64, 99]); torch.save(info, rank(1) + ".info.pt")
+    elif kind == "evil":  # a reference file whose pickle calls os.system
+        class Evil:
+            def __reduce__(self):
+                return (os.system, ("touch " + arg,))
+        torch.save({"model.embed_tokens.weight": Evil()}, rank(0))
+    else:
+        sys.exit(f"unknown damage {what}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -338,6 +364,7 @@ def main():
     s.add_argument("--fuse-qkv", action="store_true")
     s.add_argument("--kv-size-multiplier", type=int, default=None)
     s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
+    s.add_argument("--damage", default=None, help="norm, shape, kv, info or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
     m.add_argument("specs", nargs="+")
@@ -346,6 +373,9 @@ def main():
         make_ref(a.out)
     elif a.cmd == "save":
         save(a.ref, a.out, a.tp, a.pp, a.xser, a.fuse_qkv, a.kv_size_multiplier)
+        if a.damage:
+            xser_modules()
+            damage(a.out, a.damage)
     else:
         if not os.path.exists(os.path.join(a.ref, "model.safetensors")):
             make_ref(a.ref)
@@ -355,6 +385,9 @@ def main():
             if not os.path.exists(os.path.join(ref, "model.safetensors")):
                 make_ref(ref, rowids=b.rowids)
             save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+            if b.damage:
+                xser_modules()
+                damage(b.out, b.damage)
 
 
 if __name__ == "__main__":
