@@ -65,6 +65,8 @@ CONFIG = {
     "max_position_embeddings": 128, "rope_theta": 500000.0, "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
 }
+# NXD_GEN_CONFIG='{"hidden_size": 2048, ...}' overrides entries (a bigger model for timing by hand)
+CONFIG.update(json.loads(os.environ.get("NXD_GEN_CONFIG", "{}")))
 
 
 # ---- a reference safetensors writer (dtype order, then names; compact header padded to 8) ----
