@@ -38,10 +38,38 @@ static bool is_shards_dir(const char *dir)
 
 bool nxd_is_checkpoint(const char *dir)
 {
-    char *m = ckpt_path_join(dir, "shards/model");
-    bool yes = m && ckpt_is_dir(m);
+    char *m = ckpt_path_join(dir, "shards/model"), *a = ckpt_path_join(dir, "adapter_shards/model");
+    bool yes = (m && ckpt_is_dir(m)) || (a && ckpt_is_dir(a));
     free(m);
+    free(a);
     return yes || is_shards_dir(dir);
+}
+
+static bool is_lora_component(const char *p, size_t len)
+{
+    static const char *const names[] = {"lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(names); i++)
+        if (len == strlen(names[i]) && !strncmp(p, names[i], len)) return true;
+    return false;
+}
+
+char *nxd_saved_name(const char *param)
+{
+    /* transformations_utils.py remove_adapter_name: LORA_PATTERN drops the
+     * component after the first lora_A / lora_B / lora_embedding_A / _B that
+     * has a component before it and one after it (the adapter name) */
+    char *out = ckpt_strdup(param);
+    if (!out) return NULL;
+    const char *p = param;
+    bool first = true;
+    for (const char *dot; (dot = strchr(p, '.')); p = dot + 1, first = false) {
+        if (first || !is_lora_component(p, (size_t)(dot - p))) continue;
+        const char *adapter = dot + 1, *end = strchr(adapter, '.');
+        size_t keep = (size_t)(dot - param), skip = end ? (size_t)(end - dot) : strlen(dot);
+        memmove(out + keep, out + keep + skip, strlen(out + keep + skip) + 1);
+        break;
+    }
+    return out;
 }
 
 /* "<digits>" of 2 to 4 digits at *p (the {:02d} of _get_path), advancing p. */
@@ -381,8 +409,19 @@ static int open_ranks(nxd_ckpt *c, const char *model)
 int nxd_open(nxd_ckpt *c, const char *dir)
 {
     memset(c, 0, sizeof *c);
-    char *s = ckpt_path_join(dir, "shards");
-    if (!s) return CKPT_ENOMEM;
+    char *s = ckpt_path_join(dir, "shards"), *as = ckpt_path_join(dir, "adapter_shards");
+    if (!s || !as) {
+        free(s);
+        free(as);
+        return CKPT_ENOMEM;
+    }
+    c->adapter = !ckpt_is_dir(s) && ckpt_is_dir(as);
+    if (c->adapter) {
+        /* an optimum-neuron PEFT save: SAVE/adapter_<name>/adapter_shards (peft_model.py) */
+        free(s);
+        s = as, as = NULL;
+    }
+    free(as);
     if (ckpt_is_dir(s)) {
         c->shards = s;
         c->root = ckpt_strdup(dir);
@@ -392,6 +431,7 @@ int nxd_open(nxd_ckpt *c, const char *dir)
         /* shards/ given alone: its parent holds config.json when it is a save folder */
         char *parent = ckpt_path_join(dir, "..");
         char *cfg = parent ? ckpt_path_join(parent, "config.json") : NULL;
+        c->adapter = !strcmp(ckpt_basename(dir), "adapter_shards");
         if (cfg && ckpt_exists(cfg) && !strcmp(ckpt_basename(dir), "shards")) c->root = parent, parent = NULL;
         free(parent);
         free(cfg);

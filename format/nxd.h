@@ -57,6 +57,7 @@ typedef struct {
     bool has_ep;       /* the file names carry _ep_rank_ */
     bool xser;
     bool has_optim;    /* shards/optim exists */
+    bool adapter;      /* a PEFT adapter save: SAVE/adapter_<name>/adapter_shards (optimum/neuron/peft/peft_model.py) */
     json_t **meta;     /* pp entries: mp_metadata_pp_rank_N.json */
     char **meta_paths; /* pp entries */
     nxd_rank *ranks;   /* pp * ep * tp entries, see nxd_rank_at */
@@ -75,7 +76,12 @@ const pk_global_def *nxd_xser_allow(size_t *n);
  * below NXD_MAX_TID and used once. *out is malloc'd. */
 int nxd_xser_refs(const pk_doc *refs, const char *label, nxd_ref **out, size_t *n);
 
-/* DIR holds shards/model, or is a shards folder (model/ and mp_metadata_pp_rank_0.json). */
+/* A metadata parameter's name in the rank files: without the adapter name
+ * after lora_A / lora_B (remove_adapter_name of transformations_utils.py;
+ * get_peft_model_state_dict saves without it). malloc'd. */
+char *nxd_saved_name(const char *param);
+/* DIR holds shards/model (or adapter_shards/model), or is a shards folder
+ * (model/ and mp_metadata_pp_rank_0.json). */
 bool nxd_is_checkpoint(const char *dir);
 int nxd_open(nxd_ckpt *c, const char *dir);
 void nxd_close(nxd_ckpt *c);

@@ -460,6 +460,11 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
     int rc = nxd_open(&j.c, src);
     if (rc) return rc;
     if (!(j.names = json_object())) rc = CKPT_ENOMEM;
+    if (!rc && j.c.adapter)
+        rc = ckpt_error_set(CKPT_EINVAL,
+                            "%s: a PEFT adapter save (adapter_shards): `ckpt inspect` lists it, consolidating adapters is not "
+                            "supported yet",
+                            j.c.shards);
     if (!rc && j.c.ep > 1)
         rc = ckpt_error_set(CKPT_EINVAL, "%s: an expert-parallel save (ep %d): `ckpt inspect` lists it, consolidating it is not supported yet",
                             j.c.shards, j.c.ep);

@@ -82,7 +82,9 @@ int cli_inspect_nxd(const char *path, bool as_json)
             json_t *m;
             json_object_foreach(json_object_get(c.meta[s], "parameters"), name, m)
             {
-                const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&nxd_rank_at(&c, s, 0, 0)->ck, name);
+                char *saved = nxd_saved_name(name);
+                const ckpt_tensor_ref *ref = saved ? ckpt_checkpoint_find(&nxd_rank_at(&c, s, 0, 0)->ck, saved) : NULL;
+                free(saved);
                 json_t *p = json_deep_copy(m);
                 json_object_set_new(p, "name", json_string(name));
                 json_object_set_new(p, "pp", json_integer(s));
@@ -91,14 +93,15 @@ int cli_inspect_nxd(const char *path, bool as_json)
                 json_array_append_new(params, p);
             }
         }
-        json_t *doc = json_pack("{s:s, s:s, s:s?, s:i, s:i, s:i, s:s, s:b, s:o, s:o, s:o}", "format", "nxd", "shards",
-                                c.shards, "root", c.root, "tp", c.tp, "pp", c.pp, "ep", c.ep, "serialization",
+        json_t *doc = json_pack("{s:s, s:s, s:s?, s:b, s:i, s:i, s:i, s:s, s:b, s:o, s:o, s:o}", "format", "nxd", "shards",
+                                c.shards, "root", c.root, "adapter", c.adapter, "tp", c.tp, "pp", c.pp, "ep", c.ep, "serialization",
                                 c.xser ? "xser" : "torch.save", "optimizer", c.has_optim, "ranks", ranks, "stages", stages,
                                 "parameters", params);
         nxd_close(&c);
         return cli_print_json(doc);
     }
-    printf("neuronx-distributed save %s: tp %d, pp %d, ep %d, %s, %d rank files%s\n", c.shards, c.tp, c.pp, c.ep,
+    printf("neuronx-distributed %s %s: tp %d, pp %d, ep %d, %s, %d rank files%s\n", c.adapter ? "PEFT adapter save" : "save",
+           c.shards, c.tp, c.pp, c.ep,
            c.xser ? "xser (TensorReference + .tensors/)" : "torch.save state dicts", c.tp * c.pp * c.ep,
            c.has_optim ? ", optimizer in optim/ (not read)" : "");
     int pw = 9;
@@ -123,7 +126,9 @@ int cli_inspect_nxd(const char *path, bool as_json)
         json_t *m;
         json_object_foreach(json_object_get(c.meta[s], "parameters"), name, m)
         {
-            const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&nxd_rank_at(&c, s, 0, 0)->ck, name);
+            char *saved = nxd_saved_name(name);
+            const ckpt_tensor_ref *ref = saved ? ckpt_checkpoint_find(&nxd_rank_at(&c, s, 0, 0)->ck, saved) : NULL;
+            free(saved);
             char part[64], shape[CKPT_MAX_RANK * 24 + 4] = "(not saved)";
             partition_str(m, part, sizeof part);
             if (ref) ckpt_shape_str(ref->t->ndim, ref->t->shape, shape, sizeof shape);

@@ -220,5 +220,10 @@ refused b-shape "dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 'model.layers.1.
 refused b-kv "tensor 'model.layers.0.self_attn.k_proj.weight': tp rank 2 holds different bytes"
 refused b-info "tensor_2.pt: parameter 'model.layers.0.self_attn.o_proj.weight' \(tensor 2\) is BF16 \[64, 16\], .*info.pt says \[64, 99\]"
 refused b-evil "global '(posix|os).system' is not allowed"
+# a PEFT adapter save's folder (adapter_<name>/adapter_shards, peft_model.py): listed, not consolidated yet
+mkdir adapter_default && cp -a s3/shards adapter_default/adapter_shards
+expect_status 0 "$ckpt" inspect adapter_default
+grep -q "^neuronx-distributed PEFT adapter save adapter_default/adapter_shards: tp 4" "$work/out" || fail "adapter inspect: $(head -2 "$work/out")"
+refused adapter_default "adapter_default/adapter_shards: a PEFT adapter save \\(adapter_shards\\): .*not supported yet"
 [ ! -e "$work/pwned" ] || fail "the pickle ran code"
-rm -rf b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json
+rm -rf adapter_default b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json
