@@ -162,14 +162,14 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
     if (!rc) rc = consume(st, name);
     char *emod = re_escape(mod), *eq = re_escape(qn);
     json_t *r = NULL;
-    if (emod && eq) {
-        char pat[2 * ST_MAX_NAME + 64];
-        snprintf(pat, sizeof pat, "^(%s)\\.%s\\.weight$", emod, eq);
+    char *pat = emod && eq ? ckpt_sprintf("^(%s)\\.%s\\.weight$", emod, eq) : NULL;
+    if (pat) {
         r = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:b, s:b, s:I, s:I, s:I, s:I, s:I}", "op", "fuse_qkv_gqa",
                       "pattern", pat, "q", qn, "k", kn, "v", vn, "o", on, "output", P, "weight_name", "weight_qkv", "bias_name",
                       "bias_qkv", "fused", fused, "pad_heads", 0, "tp", (json_int_t)tp, "num_attention_heads", (json_int_t)H,
                       "num_key_value_heads", (json_int_t)KV, "head_dim", (json_int_t)hd, "kv_size_multiplier", (json_int_t)m);
     }
+    free(pat);
     if (!rc) rc = add_rule(st, r);
     else json_decref(r);
     /* unfused: GQAQKVColumnParallelLinear's own names, weight_q/_k/_v and bias_q/_k/_v */
@@ -177,11 +177,13 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
     for (int i = 0; i < 3 && !rc; i++) {
         if (fused) break;
         char *ep = re_escape(proj[i]);
-        char pat[2 * ST_MAX_NAME + 64], rep[ST_MAX_NAME];
-        snprintf(pat, sizeof pat, "^(%s)\\.%s\\.(weight|bias)$", emod ? emod : "", ep ? ep : "");
-        snprintf(rep, sizeof rep, "$1.%s.$2_%s", P, sfx[i]);
-        rc = ep ? add_rule(st, json_pack("{s:s, s:s, s:s}", "op", "rename", "pattern", pat, "replacement", rep)) : CKPT_ENOMEM;
+        char *rpat = ep && emod ? ckpt_sprintf("^(%s)\\.%s\\.(weight|bias)$", emod, ep) : NULL;
+        char *rep = ckpt_sprintf("$1.%s.$2_%s", P, sfx[i]);
+        rc = rpat && rep ? add_rule(st, json_pack("{s:s, s:s, s:s}", "op", "rename", "pattern", rpat, "replacement", rep))
+                         : CKPT_ENOMEM;
         free(ep);
+        free(rpat);
+        free(rep);
     }
     free(emod);
     free(eq);
@@ -268,11 +270,12 @@ static int spec_fused(const nxd_job *j, stage *st, const char *mod, const json_t
                                 st->what, mod, F, kind, (unsigned long long)w->shape[ax], ax, (unsigned long long)sum,
                                 (long long)tp);
         if (rc) break;
-        char pat[3 * ST_MAX_NAME + 64], out[ST_MAX_NAME + 64];
-        snprintf(pat, sizeof pat, "^(%s)\\.(%s)\\.%s$", emod, alt, kind);
-        snprintf(out, sizeof out, "$1.%s.%s", F, kind);
-        rc = add_rule(st, json_pack("{s:s, s:s, s:O, s:s, s:i, s:I}", "op", "fuse", "pattern", pat, "members", names, "output",
-                                    out, "axis", ax, "tp", (json_int_t)tp));
+        char *pat = ckpt_sprintf("^(%s)\\.(%s)\\.%s$", emod, alt, kind), *out = ckpt_sprintf("$1.%s.%s", F, kind);
+        rc = pat && out ? add_rule(st, json_pack("{s:s, s:s, s:O, s:s, s:i, s:I}", "op", "fuse", "pattern", pat, "members", names,
+                                                 "output", out, "axis", ax, "tp", (json_int_t)tp))
+                        : CKPT_ENOMEM;
+        free(pat);
+        free(out);
         snprintf(name, sizeof name, "%s.%s.%s", mod, F, kind);
         if (!rc) rc = consume(st, name);
     }
@@ -291,8 +294,9 @@ static int plan_stage(const nxd_job *j, stage *st)
     json_array_foreach(json_object_get(meta, "model_weight_transformation_specs"), i, mod)
     {
         const char *mname = json_string_value(json_object_get(mod, "module_fully_qualified_name"));
-        if (!mname || strlen(mname) > ST_MAX_NAME)
-            return ckpt_error_set(CKPT_EINVAL, "%s: a transformation spec without module_fully_qualified_name", st->what);
+        if (!mname || strlen(mname) > ST_MAX_NAME - 512) /* room for ".<projection>.weight_qkv" */
+            return ckpt_error_set(CKPT_EINVAL, "%s: a transformation spec without a module_fully_qualified_name (of at most %d bytes)",
+                                  st->what, ST_MAX_NAME - 512);
         json_array_foreach(json_object_get(mod, "specs"), k, sp)
         {
             const char *cls = json_string_value(json_array_get(sp, 0));
