@@ -116,6 +116,13 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
         (rc = spec_int(f, "kv_output_size_per_partition", &kvout, st, mod)) || (rc = spec_int(f, "tp_size", &tps, st, mod)))
         return rc;
     bool fused = json_is_true(json_object_get(f, "fuse_qkv")), bias = json_is_true(json_object_get(f, "bias"));
+    /* _to_original_weights reshapes every q/k/v/o parameter as [heads, head_dim, hidden]: a 1-D bias fails there, so
+     * optimum-neuron cannot consolidate one either, and its layout is not settled */
+    if (bias)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: spec of '%s': a GQAQKVColumnParallelLinearSpec with biases (optimum-neuron's "
+                              "to_original_weights cannot undo it either) is not supported",
+                              st->what, mod);
     if (tps != tp)
         return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': tp_size %lld, but the save has %lld tensor-parallel ranks", st->what,
                               mod, (long long)tps, (long long)tp);
@@ -134,15 +141,11 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
                               "head_dim %lld / tp %lld",
                               st->what, mod, (long long)kvout, (long long)KV, (long long)m, (long long)hd, (long long)tp);
     char name[ST_MAX_NAME + 64];
-    const st_tensor *w, *o, *b = NULL;
+    const st_tensor *w, *o;
     snprintf(name, sizeof name, "%s.%s.%s", mod, P, fused ? "weight_qkv" : "weight_q");
     if ((rc = need_tensor(j, st, name, &w))) return rc;
     snprintf(name, sizeof name, "%s.%s.weight", mod, on);
     if ((rc = need_tensor(j, st, name, &o))) return rc;
-    if (bias) {
-        snprintf(name, sizeof name, "%s.%s.%s", mod, P, fused ? "bias_qkv" : "bias_q");
-        if ((rc = need_tensor(j, st, name, &b))) return rc;
-    }
     if (w->ndim != 2 || o->ndim != 2)
         return ckpt_error_set(CKPT_EINVAL, "%s: '%s': the q/k/v and output projections are not 2-D", st->what, mod);
     uint64_t hid = w->shape[1], hid_o = o->shape[0], qd = (uint64_t)(H * hd), kvd = (uint64_t)(KV * hd);
@@ -151,10 +154,6 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
         uint64_t sh[2] = {i ? kvd : qd, hid};
         snprintf(name, sizeof name, "%s.%s.weight", mod, proj[i]);
         rc = add_orig(st, name, w->dtype, 2, sh);
-        if (!rc && b) {
-            snprintf(name, sizeof name, "%s.%s.bias", mod, proj[i]);
-            rc = add_orig(st, name, b->dtype, 1, sh);
-        }
     }
     uint64_t osh[2] = {hid_o, qd};
     snprintf(name, sizeof name, "%s.%s.weight", mod, on);
@@ -172,13 +171,13 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
     free(pat);
     if (!rc) rc = add_rule(st, r);
     else json_decref(r);
-    /* unfused: GQAQKVColumnParallelLinear's own names, weight_q/_k/_v and bias_q/_k/_v */
+    /* unfused: GQAQKVColumnParallelLinear's own names, weight_q/_k/_v */
     static const char *const sfx[3] = {"q", "k", "v"};
     for (int i = 0; i < 3 && !rc; i++) {
         if (fused) break;
         char *ep = re_escape(proj[i]);
-        char *rpat = ep && emod ? ckpt_sprintf("^(%s)\\.%s\\.(weight|bias)$", emod, ep) : NULL;
-        char *rep = ckpt_sprintf("$1.%s.$2_%s", P, sfx[i]);
+        char *rpat = ep && emod ? ckpt_sprintf("^(%s)\\.%s\\.weight$", emod, ep) : NULL;
+        char *rep = ckpt_sprintf("$1.%s.weight_%s", P, sfx[i]);
         rc = rpat && rep ? add_rule(st, json_pack("{s:s, s:s, s:s}", "op", "rename", "pattern", rpat, "replacement", rep))
                          : CKPT_ENOMEM;
         free(ep);
@@ -187,14 +186,10 @@ static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *
     }
     free(emod);
     free(eq);
-    for (int k = 0; k < 2 && !rc; k++) {
-        if (k == 1 && !bias) break;
-        const char *kind = k ? "bias" : "weight";
-        for (int i = fused ? 3 : 0; i < 4 && !rc; i++) {
-            if (i == 3) snprintf(name, sizeof name, "%s.%s.%s_qkv", mod, P, kind);
-            else snprintf(name, sizeof name, "%s.%s.%s_%s", mod, P, kind, sfx[i]);
-            rc = consume(st, name);
-        }
+    for (int i = fused ? 3 : 0; i < 4 && !rc; i++) {
+        if (i == 3) snprintf(name, sizeof name, "%s.%s.weight_qkv", mod, P);
+        else snprintf(name, sizeof name, "%s.%s.weight_%s", mod, P, sfx[i]);
+        rc = consume(st, name);
     }
     return rc;
 }
