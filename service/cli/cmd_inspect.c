@@ -33,6 +33,15 @@ static void help(void)
            "The text listing has one line per tensor in name order (name, dtype, shape,\n"
            "size, file), then the totals.\n"
            "\n"
+           "PATH may also be an EasyDeL TensorStore save (docs/easydel.md) or an\n"
+           "optimum-neuron / neuronx-distributed training save, the folder holding\n"
+           "shards/ (or adapter_shards/) or that folder itself (docs/layouts.md): then\n"
+           "the listing gives the ranks (tp, pp, ep), plain torch.save or xser, the\n"
+           "model_weight_transformation_specs, and every parameter with its partition\n"
+           "metadata and its shape on a rank; --json gives the same as\n"
+           "{\"format\": \"nxd\", \"tp\", \"pp\", \"ep\", \"serialization\", \"ranks\", \"stages\",\n"
+           " \"parameters\": [{\"name\", \"pp\", \"tensor_model_parallel\", ..., \"dtype\", \"rank_shape\"}]}.\n"
+           "\n"
            "options:\n"
            "  --json   print JSON instead:\n"
            "           {\"files\": [{\"path\", \"size\", \"tensors\"}],\n"
@@ -45,7 +54,8 @@ static void help(void)
            "\n"
            "examples:\n"
            "  ckpt inspect /models/qwen2\n"
-           "  ckpt inspect model-00001-of-00002.safetensors --json\n");
+           "  ckpt inspect model-00001-of-00002.safetensors --json\n"
+           "  ckpt inspect ./llama-trn1/checkpoint-100          # a neuronx-distributed save\n");
 }
 
 /* "[896, 14]" into buf. */
