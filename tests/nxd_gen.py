@@ -17,7 +17,10 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                                       --rowids the save is made from REF-rows, a
                                       model whose values are their row numbers
                                       (column numbers for o_proj and down_proj);
-                                      --damage breaks the save for a hostile test
+                                      --damage breaks the save for a hostile test;
+                                      --mha makes it from REF-mha (8 KV heads: with
+                                      --fuse-qkv, LlamaAttention's qkv_proj of stride
+                                      3 and its FusedLinearsSpec)
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
@@ -115,8 +118,8 @@ def row_ids(name, shape):
     return torch.arange(shape[0], dtype=torch.float32).unsqueeze(1).repeat(1, shape[1]).to(torch.bfloat16)
 
 
-def make_ref(out, rowids=False):
-    c = CONFIG
+def make_ref(out, rowids=False, mha=False):
+    c = dict(CONFIG, num_key_value_heads=CONFIG["num_attention_heads"]) if mha else CONFIG
     g = torch.Generator().manual_seed(17)
     hd, H, KV, hid, inter, V = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
         c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -133,7 +136,7 @@ def make_ref(out, rowids=False):
     os.makedirs(out, exist_ok=True)
     write_safetensors(os.path.join(out, "model.safetensors"), tensors)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump(CONFIG, f, indent=2, sort_keys=True)
+        json.dump(c, f, indent=2, sort_keys=True)
         f.write("\n")
 
 
@@ -194,9 +197,8 @@ def tp_attrs(dim, stride, tp):
     return {"tensor_model_parallel": True, "partition_dim": dim, "partition_stride": stride, "num_partitions": tp}
 
 
-def build(ref, tp, fuse_qkv, kv_mult):
-    """Per rank state dicts (parameter order of the training model) and the metadata."""
-    c = CONFIG
+def build(c, ref, tp, fuse_qkv, kv_mult):
+    """Per rank state dicts (parameter order of the training model) and the metadata; c: the config."""
     H, KV, hd, inter = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
     qkv_linear = KV < tp or KV % tp != 0
     m = (kv_mult or max(1, tp // KV)) if qkv_linear else 1
@@ -234,6 +236,12 @@ def build(ref, tp, fuse_qkv, kv_mult):
                 "kv_output_size_per_partition": kv_out, "fuse_qkv": fuse_qkv, "bias": False, "tp_size": tp,
                 "peft_type": None}]
             specs.append({"module_fully_qualified_name": a, "specs": [spec]})
+        elif fuse_qkv and H == KV:  # a ColumnParallelLinear qkv_proj of stride 3 with a FusedLinearsSpec
+            put(a + ".qkv_proj.weight", lambda r: create_local_fused_weight(r, tp, [q, k, v], 0, 0), tp_attrs(0, 3, tp))
+            put(a + ".o_proj.weight", lambda r: create_local_weight_with_padding(o, 1, 1, r, tp), tp_attrs(1, 1, tp))
+            specs.append({"module_fully_qualified_name": a, "specs": [["FusedLinearsSpec", {
+                "fused_linear_name": "qkv_proj", "linear_names": ["q_proj", "k_proj", "v_proj"], "bias": False,
+                "fuse_axis": 0, "original_dims": [H * hd] * 3, "tp_size": tp, "peft_type": None}]]})
         else:
             for x, w in (("q", q), ("k", k), ("v", v)):
                 put(f"{a}.{x}_proj.weight", lambda r, w=w: create_local_weight_with_padding(w, 0, 1, r, tp),
@@ -281,8 +289,10 @@ def xser_modules():
 
 def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
     ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
-    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult)
-    layers = CONFIG["num_hidden_layers"]
+    with open(os.path.join(ref_dir, "config.json")) as f:
+        cfg = json.load(f)
+    ranks, params, specs, m = build(cfg, ref, tp, fuse_qkv, kv_mult)
+    layers = cfg["num_hidden_layers"]
     shards = os.path.join(out, "shards")
     os.makedirs(os.path.join(shards, "model"), exist_ok=True)
     TensorReference = xser_modules() if xser else None
@@ -366,6 +376,7 @@ def main():
     s.add_argument("--fuse-qkv", action="store_true")
     s.add_argument("--kv-size-multiplier", type=int, default=None)
     s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
+    s.add_argument("--mha", action="store_true", help="(saves) from REF-mha, whose KV heads are its 8 query heads")
     s.add_argument("--damage", default=None, help="norm, shape, kv, info or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
@@ -383,9 +394,9 @@ def main():
             make_ref(a.ref)
         for spec in a.specs:
             b = ap.parse_args(["save", a.ref] + shlex.split(spec))
-            ref = a.ref + "-rows" if b.rowids else a.ref
+            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "")
             if not os.path.exists(os.path.join(ref, "model.safetensors")):
-                make_ref(ref, rowids=b.rowids)
+                make_ref(ref, rowids=b.rowids, mha=b.mha)
             save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
             if b.damage:
                 xser_modules()
