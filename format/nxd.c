@@ -219,28 +219,58 @@ static const pk_node *dict_get(const pk_doc *d, const pk_node *dict, const char 
     return NULL;
 }
 
+/* The .info.pt entries by tensor id (sorted pairs: a save can hold tens of
+ * thousands of tensors per rank). */
+typedef struct {
+    int64_t tid;
+    const pk_node *val;
+} info_entry;
+
+static int cmp_info(const void *a, const void *b)
+{
+    int64_t x = ((const info_entry *)a)->tid, y = ((const info_entry *)b)->tid;
+    return x < y ? -1 : x > y;
+}
+
+static int info_index(const pk_doc *info, info_entry **out, size_t *n)
+{
+    const pk_node *root = pk_at(info, info->root);
+    info_entry *e = ckpt_calloc(root->n / 2 + 1, sizeof *e);
+    if (!e) return CKPT_ENOMEM;
+    size_t m = 0;
+    for (size_t k = 0; k + 1 < root->n; k += 2) {
+        const pk_node *kn = pk_item(info, root, k);
+        if (kn->kind != PK_INT || kn->s) continue;
+        e[m].tid = kn->i;
+        e[m++].val = pk_item(info, root, k + 1);
+    }
+    qsort(e, m, sizeof *e, cmp_info);
+    *out = e;
+    *n = m;
+    return 0;
+}
+
 /* The .info.pt entry of tid: its dtype and shape, or *found false. */
-static int info_of(const pk_doc *info, int64_t tid, int *dt, int *ndim, uint64_t *shape, bool *found, const char *path)
+static int info_of(const pk_doc *info, const info_entry *idx, size_t nidx, int64_t tid, int *dt, int *ndim, uint64_t *shape,
+                   bool *found, const char *path)
 {
     *found = false;
-    const pk_node *root = pk_at(info, info->root);
-    for (size_t k = 0; k + 1 < root->n; k += 2) {
-        const pk_node *kn = pk_item(info, root, k), *v = pk_item(info, root, k + 1);
-        if (kn->kind != PK_INT || kn->s || kn->i != tid) continue;
-        const pk_node *dtn = dict_get(info, v, "dtype"), *sh = dict_get(info, v, "shape");
-        if (!dtn || !sh || sh->kind != PK_TUPLE || sh->n > CKPT_MAX_RANK)
-            return ckpt_error_set(CKPT_EINVAL, "%s: entry %lld has no dtype and shape", path, (long long)tid);
-        *dt = torch_global_dtype(dtn);
-        *ndim = (int)sh->n;
-        for (size_t a = 0; a < sh->n; a++) {
-            const pk_node *x = pk_item(info, sh, a);
-            if (x->kind != PK_INT || x->s || x->i < 0)
-                return ckpt_error_set(CKPT_EINVAL, "%s: entry %lld: shape is not a tuple of sizes", path, (long long)tid);
-            shape[a] = (uint64_t)x->i;
-        }
-        *found = true;
-        return 0;
+    info_entry key = {.tid = tid};
+    const info_entry *hit = bsearch(&key, idx, nidx, sizeof *idx, cmp_info);
+    if (!hit) return 0;
+    const pk_node *v = hit->val;
+    const pk_node *dtn = dict_get(info, v, "dtype"), *sh = dict_get(info, v, "shape");
+    if (!dtn || !sh || sh->kind != PK_TUPLE || sh->n > CKPT_MAX_RANK)
+        return ckpt_error_set(CKPT_EINVAL, "%s: entry %lld has no dtype and shape", path, (long long)tid);
+    *dt = torch_global_dtype(dtn);
+    *ndim = (int)sh->n;
+    for (size_t a = 0; a < sh->n; a++) {
+        const pk_node *x = pk_item(info, sh, a);
+        if (x->kind != PK_INT || x->s || x->i < 0)
+            return ckpt_error_set(CKPT_EINVAL, "%s: entry %lld: shape is not a tuple of sizes", path, (long long)tid);
+        shape[a] = (uint64_t)x->i;
     }
+    *found = true;
     return 0;
 }
 
@@ -313,7 +343,9 @@ static int open_xser_rank(nxd_rank *r)
             rc = ckpt_error_set(CKPT_EINVAL, "%s: not a dict of tensor ids", ipath);
     }
     nxd_ref *refv = NULL;
-    size_t n = 0;
+    info_entry *idx = NULL;
+    size_t n = 0, nidx = 0;
+    if (!rc && has_info) rc = info_index(&info, &idx, &nidx);
     if (!rc) rc = nxd_xser_refs(&refs, r->path, &refv, &n);
     st_file *files = rc ? NULL : ckpt_calloc(n + 1, sizeof *files);
     if (!rc && !files) rc = CKPT_ENOMEM;
@@ -339,7 +371,7 @@ static int open_xser_rank(nxd_rank *r)
             int dt = -1, ndim = 0;
             uint64_t shape[CKPT_MAX_RANK];
             bool found;
-            rc = info_of(&info, refv[i].tid, &dt, &ndim, shape, &found, ipath);
+            rc = info_of(&info, idx, nidx, refv[i].tid, &dt, &ndim, shape, &found, ipath);
             bool same = found && dt == (int)t->dtype && ndim == t->ndim;
             for (int a = 0; same && a < ndim; a++) same = shape[a] == t->shape[a];
             char got[96], want[96];
@@ -354,6 +386,7 @@ static int open_xser_rank(nxd_rank *r)
         for (size_t k = 0; k < opened; k++) st_close(&files[k]);
     free(files);
     free(refv);
+    free(idx);
     free(ipath);
     free(tdir);
     pk_free(&refs);
