@@ -279,6 +279,70 @@ static int spec_fused(const nxd_job *j, stage *st, const char *mod, const json_t
     return rc;
 }
 
+/* The other tensor-parallel parameters' tp_split rules, one per (axis, stride)
+ * and at most SPLIT_NAMES names or SPLIT_PATTERN_MAX bytes (an alternation of
+ * exact names; a rule's strings are at most 4096 bytes, rules_internal.h
+ * RULE_NAME_MAX): a rule per parameter would match every rule against every
+ * tensor. */
+#define SPLIT_NAMES 256
+#define SPLIT_PATTERN_MAX 4000
+typedef struct {
+    int axis;
+    int64_t stride;
+    char *alt; /* "a|b|c", escaped */
+    size_t len, n;
+} split_bucket;
+
+static int flush_split(stage *st, split_bucket *b, int64_t tp)
+{
+    if (!b->n) return 0;
+    char *pat = ckpt_sprintf("^(?:%s)$", b->alt);
+    int rc = pat ? add_rule(st, json_pack("{s:s, s:s, s:i, s:I, s:I}", "op", "tp_split", "pattern", pat, "axis", b->axis, "tp",
+                                          (json_int_t)tp, "stride", (json_int_t)b->stride))
+                 : CKPT_ENOMEM;
+    free(pat);
+    free(b->alt);
+    b->alt = NULL;
+    b->len = b->n = 0;
+    return rc;
+}
+
+static int add_split(stage *st, split_bucket *bs, size_t *nb, const char *name, int axis, int64_t stride, int64_t tp)
+{
+    split_bucket *b = NULL;
+    for (size_t i = 0; i < *nb && !b; i++)
+        if (bs[i].axis == axis && bs[i].stride == stride) b = &bs[i];
+    if (!b) {
+        if (*nb == CKPT_MAX_RANK * 4) { /* many strides: make room */
+            int rc = flush_split(st, &bs[0], tp);
+            if (rc) return rc;
+            bs[0] = bs[--*nb];
+        }
+        b = &bs[(*nb)++];
+        memset(b, 0, sizeof *b);
+        b->axis = axis;
+        b->stride = stride;
+    }
+    char *e = re_escape(name);
+    size_t el = e ? strlen(e) : 0;
+    int rc = e && b->n && b->len + el + 8 > SPLIT_PATTERN_MAX ? flush_split(st, b, tp) : 0;
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    char *alt = e ? ckpt_realloc(b->alt, b->len + el + 2) : NULL;
+    if (!alt) {
+        free(e);
+        return CKPT_ENOMEM;
+    }
+    b->alt = alt;
+    if (b->n) b->alt[b->len++] = '|';
+    memcpy(b->alt + b->len, e, el + 1);
+    b->len += el;
+    free(e);
+    return ++b->n == SPLIT_NAMES ? flush_split(st, b, tp) : 0;
+}
+
 /* The stage's specs, then its other parameters: the original tensors and the forward rules. */
 static int plan_stage(const nxd_job *j, stage *st)
 {
@@ -311,11 +375,13 @@ static int plan_stage(const nxd_job *j, stage *st)
     const char *name;
     json_t *m;
     int64_t tp = j->c.tp;
+    split_bucket bs[CKPT_MAX_RANK * 4];
+    size_t nb = 0;
     json_object_foreach(json_object_get(meta, "parameters"), name, m)
     {
         if (json_object_get(st->consumed, name)) continue;
         const st_tensor *t;
-        if ((rc = need_tensor(j, st, name, &t))) return rc;
+        if ((rc = need_tensor(j, st, name, &t))) break;
         uint64_t sh[CKPT_MAX_RANK];
         memcpy(sh, t->shape, sizeof sh);
         if (json_is_true(json_object_get(m, "tensor_model_parallel"))) {
@@ -324,29 +390,30 @@ static int plan_stage(const nxd_job *j, stage *st)
             int64_t stride = ps ? json_integer_value(ps) : 1;
             if (!json_is_integer(pd) || json_integer_value(pd) < 0 || json_integer_value(pd) >= t->ndim || stride < 1 ||
                 (ps && !json_is_integer(ps)) || (np && (!json_is_integer(np) || json_integer_value(np) != tp)))
-                return ckpt_error_set(CKPT_EINVAL,
-                                      "%s: parameter '%s': partition_dim, partition_stride or num_partitions do not fit a %d-D "
-                                      "tensor on %lld ranks",
-                                      st->what, name, t->ndim, (long long)tp);
-            int axis = (int)json_integer_value(pd);
-            if (t->shape[axis] % (uint64_t)stride)
-                return ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': %llu rows on partition_dim %d do not divide by partition_stride %lld",
-                                      st->what, name, (unsigned long long)t->shape[axis], axis, (long long)stride);
-            sh[axis] *= (uint64_t)tp;
-            if (tp > 1) {
-                char *e = re_escape(name);
-                char pat[2 * ST_MAX_NAME + 8];
-                if (e) snprintf(pat, sizeof pat, "^%s$", e);
-                free(e);
-                rc = e ? add_rule(st, json_pack("{s:s, s:s, s:i, s:I, s:I}", "op", "tp_split", "pattern", pat, "axis", axis,
-                                                "tp", (json_int_t)tp, "stride", (json_int_t)stride))
-                       : CKPT_ENOMEM;
+            {
+                rc = ckpt_error_set(CKPT_EINVAL,
+                                    "%s: parameter '%s': partition_dim, partition_stride or num_partitions do not fit a %d-D "
+                                    "tensor on %lld ranks",
+                                    st->what, name, t->ndim, (long long)tp);
+                break;
             }
+            int axis = (int)json_integer_value(pd);
+            if (t->shape[axis] % (uint64_t)stride) {
+                rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': %llu rows on partition_dim %d do not divide by partition_stride %lld",
+                                    st->what, name, (unsigned long long)t->shape[axis], axis, (long long)stride);
+                break;
+            }
+            sh[axis] *= (uint64_t)tp;
+            if (tp > 1) rc = add_split(st, bs, &nb, name, axis, stride, tp);
         }
         if (!rc) rc = add_orig(st, name, t->dtype, t->ndim, sh);
-        if (rc) return rc;
+        if (rc) break;
     }
-    return 0;
+    for (size_t b = 0; b < nb; b++) {
+        int r2 = flush_split(st, &bs[b], tp);
+        if (!rc) rc = r2;
+    }
+    return rc;
 }
 
 /* The forward rules over the stage's originals, each rank tensor they describe
