@@ -544,9 +544,10 @@ char *ckpt_index_render(uint64_t total_size, size_t n, char *const *names, char 
     return buf;
 }
 
-int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+static int checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles, bool views)
 {
     memset(c, 0, sizeof *c);
+    c->views = views;
     c->path = ckpt_strdup(label);
     c->dir = ckpt_strdup(label);
     c->files = ckpt_calloc(nfiles + 1, sizeof *c->files);
@@ -563,4 +564,14 @@ int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *f
     int rc = checkpoint_collect(c, label);
     if (rc) ckpt_checkpoint_close(c);
     return rc;
+}
+
+int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+{
+    return checkpoint_from_files(c, label, files, nfiles, false);
+}
+
+int ckpt_checkpoint_from_files_views(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+{
+    return checkpoint_from_files(c, label, files, nfiles, true);
 }
