@@ -71,7 +71,7 @@ help:
 	@echo "make test     build with ASan+UBSan and run every test"
 	@echo "make check-layers  check the folders' layer order and module cycles"
 	@echo "make demo     generate a model and run the pipeline on it"
-	@echo "make bench    run the benchmarks in bench/"
+	@echo "make bench    the speed and memory table of bench/run.sh; BENCH=torch (or easydel, lora, ...) runs bench/torch.sh"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
 	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
 	@echo "make install-lib  install libckpt, its public header ckpt.h and ckpt.pc"
@@ -253,8 +253,12 @@ fuzz-short:
 demo: deps all $(BUILD)/ckpt-testhub
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) ./demo.sh
 
-bench: all
-	@CKPT_BIN=$(abspath $(BUILD)/ckpt) bench/run.sh
+# bench: the transform engine's table (bench/run.sh); BENCH=NAME runs
+# bench/NAME.sh instead (torch, easydel, lora, store, fetch, queue, serve).
+BENCH ?= run
+bench: all $(BUILD)/ckpt-testhub
+	@[ -f bench/$(BENCH).sh ] || { echo "make bench: no bench/$(BENCH).sh"; exit 2; }
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) bench/$(BENCH).sh
 
 $(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
 	sh deploy/mkman.sh $(BUILD)/ckpt $@
