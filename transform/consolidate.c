@@ -415,7 +415,7 @@ static void consolidation_free(consolidation *c)
 
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
-    if (easydel_is_checkpoint(src)) return easydel_consolidate(src, dst, o);
+    if (easydel_is_checkpoint(src) || easydel_is_legacy(src)) return easydel_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);
     char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);

@@ -191,8 +191,11 @@ int cmd_inspect(int argc, char **argv)
     bool as_json = common.json;
     if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
     if (easydel_is_checkpoint(path)) return cli_inspect_easydel(path, as_json);
+    char *legacy = easydel_legacy_weights(path); /* an older EasyDeL save: its parameters */
     ckpt_checkpoint c;
-    if (ckpt_checkpoint_open_views(&c, path) < 0) return cli_fail();
+    int orc = ckpt_checkpoint_open_views(&c, legacy ? legacy : path);
+    free(legacy);
+    if (orc < 0) return cli_fail();
     int rc = as_json ? print_json(&c) : print_text(&c);
     ckpt_checkpoint_close(&c);
     return rc < 0 ? cli_fail() : CLI_OK;
