@@ -54,6 +54,13 @@ static const torch_type STORAGES[] = {
     {"QInt32Storage", NO_DT, 4},         {"QUInt4x2Storage", NO_DT, 1},     {"QUInt2x4Storage", NO_DT, 1},
     {"UntypedStorage", CKPT_DT_U8, 1},
 };
+const char *torch_storage_type(ckpt_dtype dt)
+{
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(STORAGES); i++)
+        if (STORAGES[i].dt == (int)dt && strcmp(STORAGES[i].name, "UntypedStorage")) return STORAGES[i].name;
+    return NULL;
+}
+
 static const torch_type DTYPES[] = {
     {"float64", CKPT_DT_F64, 8},  {"double", CKPT_DT_F64, 8},  {"float32", CKPT_DT_F32, 4},
     {"float", CKPT_DT_F32, 4},    {"float16", CKPT_DT_F16, 2}, {"half", CKPT_DT_F16, 2},

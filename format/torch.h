@@ -58,6 +58,9 @@ const char *torch_sniff(const uint8_t *head, size_t len);
 int torch_open(st_file *f, const char *path);
 /* The same over any byte source (the fuzzers, tests): `label` names it. */
 int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size);
+/* "FloatStorage", "BFloat16Storage", ...: the typed storage torch pickles a
+ * tensor of dt with (torch.<name>), or NULL when there is none. */
+const char *torch_storage_type(ckpt_dtype dt);
 /* Opens a tensor file of either kind: torch.save by its first bytes, else safetensors. */
 int tensor_file_open(st_file *f, const char *path);
 
