@@ -125,14 +125,14 @@ bool ckpt_shape_numel(int ndim, const uint64_t *shape, uint64_t *out)
 }
 
 /* "[2, 3, 4]" into buf, truncated with "..." when it does not fit. */
-static const char *shape_str(int ndim, const uint64_t *shape, char *buf, size_t len)
+const char *ckpt_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len)
 {
     size_t used = 0;
     buf[0] = '\0';
     for (int i = 0; i <= ndim && used < len; i++) {
         int n;
         if (i == ndim)
-            n = snprintf(buf + used, len - used, "]");
+            n = snprintf(buf + used, len - used, "%s]", ndim ? "" : "[");
         else
             n = snprintf(buf + used, len - used, "%s%" PRIu64, i ? ", " : "[", shape[i]);
         if (n < 0 || (size_t)n >= len - used) {
@@ -154,12 +154,12 @@ int ckpt_dtype_nbytes(ckpt_dtype dt, int ndim, const uint64_t *shape, uint64_t *
     uint64_t numel, nbits;
     if (!ckpt_shape_numel(ndim, shape, &numel) || !ckpt_mul(numel, dtype_table[dt].bits, &nbits))
         return ckpt_error_set(CKPT_ELIMIT, "ValidationOverflow: %s x %s does not fit in 64 bits",
-                              dtype_table[dt].name, shape_str(ndim, shape, sbuf, sizeof sbuf));
+                              dtype_table[dt].name, ckpt_shape_str(ndim, shape, sbuf, sizeof sbuf));
     if (nbits % 8 != 0)
         return ckpt_error_set(
             CKPT_EINVAL,
             "MisalignedSlice: %s x %s is %" PRIu64 " bits, not a whole number of bytes",
-            dtype_table[dt].name, shape_str(ndim, shape, sbuf, sizeof sbuf), nbits);
+            dtype_table[dt].name, ckpt_shape_str(ndim, shape, sbuf, sizeof sbuf), nbits);
     *out = nbits / 8;
     return 0;
 }

@@ -51,4 +51,7 @@ uint16_t ckpt_f64_to_f16(double d);
  * overlap; little-endian bytes, any alignment). Same dtype is a memcpy. */
 void ckpt_convert(ckpt_dtype from, const void *src, ckpt_dtype to, void *dst, size_t n);
 
+/* "[2, 3, 4]" into buf (truncated with "..." when it does not fit); returns buf. */
+const char *ckpt_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len);
+
 #endif

@@ -107,3 +107,24 @@ int outdir_copy_side_files(const char *src_dir, const char *out_dir)
     closedir(d);
     return rc;
 }
+
+int outdir_copy_model_files(const char *src_dir, const char *out_dir)
+{
+    static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
+                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(names); i++) {
+        char *from = ckpt_path_join(src_dir, names[i]), *to = ckpt_path_join(out_dir, names[i]);
+        int rc = from && to ? 0 : CKPT_ENOMEM;
+        if (!rc && ckpt_exists(from)) {
+            char *buf = NULL;
+            size_t len = 0;
+            rc = ckpt_read_file(from, OUTDIR_SIDE_FILE_MAX_BYTES, &buf, &len);
+            if (!rc) rc = ckpt_write_file_atomic(to, buf, len);
+            free(buf);
+        }
+        free(from);
+        free(to);
+        if (rc) return rc;
+    }
+    return 0;
+}

@@ -149,6 +149,10 @@ typedef struct {
     size_t nst, cap_st;
     tview *tv;
     size_t ntv, cap_tv;
+    const char *single;         /* torch_open_tensor: the root is one tensor, named this */
+    bool raw;                   /* torch_load_pickle: the pickle only, no tensors */
+    const pk_global_def *extra; /* ... with these globals allowed too */
+    size_t nextra;
 } tctx;
 
 static int terr(tctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -390,6 +394,13 @@ static const pk_node *state_dict(tctx *c, const pk_node *root)
 static int collect(tctx *c)
 {
     const pk_node *root = N(c, c->doc.root);
+    if (c->single) { /* torch.save(tensor): the root is the tensor itself */
+        if (!(c->tv = ckpt_calloc(1, sizeof *c->tv))) return CKPT_ENOMEM;
+        c->tv[0].name = c->single;
+        int rc = eval_tensor(c, root, c->single, 0, &c->tv[0]);
+        if (!rc) c->ntv = 1;
+        return rc;
+    }
     if (root->kind != PK_DICT)
         return terr(c, CKPT_EINVAL, "the pickle holds a %s, not a state dict (a dict of names to tensors)", pk_kind_name(root->kind));
     const pk_node *sd = state_dict(c, root);
@@ -492,8 +503,18 @@ static int run_pickle(tctx *c, const uint8_t *buf, size_t len, const char *what,
     allow_init();
     char label[ST_MAX_NAME + 64];
     snprintf(label, sizeof label, "%s: %s", c->label, what);
-    pk_opts o = {.allow = ALLOW, .nallow = CKPT_ARRAY_LEN(ALLOW), .allow_persid = persid};
-    return pk_parse(d, label, buf, len, &o);
+    pk_opts o = {.allow = ALLOW, .nallow = CKPT_ARRAY_LEN(ALLOW), .allow_persid = persid && !c->raw};
+    pk_global_def *both = NULL;
+    if (c->nextra) { /* the caller's globals after torch's */
+        if (!(both = ckpt_calloc(CKPT_ARRAY_LEN(ALLOW) + c->nextra, sizeof *both))) return CKPT_ENOMEM;
+        memcpy(both, ALLOW, sizeof ALLOW);
+        memcpy(both + CKPT_ARRAY_LEN(ALLOW), c->extra, c->nextra * sizeof *both);
+        o.allow = both;
+        o.nallow += c->nextra;
+    }
+    int rc = pk_parse(d, label, buf, len, &o);
+    free(both);
+    return rc;
 }
 
 static int parse_zip(tctx *c)
@@ -533,7 +554,7 @@ static int parse_zip(tctx *c)
     if (!rc && c->doc.consumed != e->size)
         rc = terr(c, CKPT_EINVAL, "data.pkl has %" PRIu64 " bytes after its STOP", e->size - c->doc.consumed);
     free(pkl);
-    if (!rc) rc = collect(c);
+    if (!rc && !c->raw) rc = collect(c);
     for (size_t i = 0; !rc && i < c->nst; i++) {
         tstore *s = &c->st[i];
         snprintf(name, sizeof name, "%sdata/%s", prefix, s->key);
@@ -602,6 +623,10 @@ static int parse_legacy(tctx *c)
         pk_free(&keys);
         len = c->file_size - len < len ? (size_t)c->file_size : len * 2;
         if (len > TORCH_MAX_PICKLE) len = TORCH_MAX_PICKLE;
+    }
+    if (!rc && c->raw) {
+        pk_free(&keys);
+        return 0;
     }
     if (!rc) rc = collect(c);
     for (size_t i = 0; !rc && i < c->doc.n; i++) { /* storages of entries outside the state dict too */
@@ -725,30 +750,41 @@ static int fill(tctx *c, st_file *f)
     return rc;
 }
 
-int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
+/* Parses the file c describes into f (or, raw, its pickle into *doc). */
+static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
 {
     memset(f, 0, sizeof *f);
     f->fd = -1;
-    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
     uint8_t head[32] = {0};
-    size_t hl = file_size < sizeof head ? (size_t)file_size : sizeof head;
-    int rc = rd(ctx, head, hl, 0);
+    size_t hl = c->file_size < sizeof head ? (size_t)c->file_size : sizeof head;
+    int rc = c->rd(c->ctx, head, hl, 0);
     const char *kind = rc ? NULL : torch_sniff(head, hl);
-    if (!rc && !kind) rc = terr(&c, CKPT_EINVAL, "not a torch.save file (neither a zip nor a pickle)");
-    if (!rc) rc = !strcmp(kind, "zip") ? parse_zip(&c) : parse_legacy(&c);
-    if (!rc) rc = dedupe(&c);
-    if (!rc && !(f->path = ckpt_strdup(label))) rc = CKPT_ENOMEM;
-    if (!rc) {
-        f->file_size = file_size;
-        f->from_torch = true;
-        rc = fill(&c, f);
+    if (!rc && !kind) rc = terr(c, CKPT_EINVAL, "not a torch.save file (neither a zip nor a pickle)");
+    if (!rc) rc = !strcmp(kind, "zip") ? parse_zip(c) : parse_legacy(c);
+    if (!rc && c->raw) {
+        *doc = c->doc;
+        memset(&c->doc, 0, sizeof c->doc);
+    } else {
+        if (!rc) rc = dedupe(c);
+        if (!rc && !(f->path = ckpt_strdup(c->label))) rc = CKPT_ENOMEM;
+        if (!rc) {
+            f->file_size = c->file_size;
+            f->from_torch = true;
+            rc = fill(c, f);
+        }
     }
-    for (size_t i = 0; i < c.nst; i++) free(c.st[i].key);
-    free(c.st);
-    free(c.tv);
-    pk_free(&c.doc);
+    for (size_t i = 0; i < c->nst; i++) free(c->st[i].key);
+    free(c->st);
+    free(c->tv);
+    pk_free(&c->doc);
     if (rc) st_close(f);
     return rc;
+}
+
+int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
+{
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
+    return parse_ctx(&c, f, NULL);
 }
 
 typedef struct {
@@ -762,7 +798,8 @@ static int fd_read(void *ctx, void *buf, size_t len, uint64_t off)
     return ckpt_pread_full(s->fd, buf, len, off, s->path);
 }
 
-int torch_open(st_file *f, const char *path)
+/* Opens path and parses it as c says (c's source fields are filled here). */
+static int open_ctx(tctx *c, const char *path, st_file *f, pk_doc *doc)
 {
     memset(f, 0, sizeof *f);
     f->fd = -1;
@@ -778,13 +815,43 @@ int torch_open(st_file *f, const char *path)
         return rc;
     }
     fd_src src = {fd, path};
-    int rc = torch_parse(f, path, fd_read, &src, (uint64_t)sb.st_size);
-    if (rc) {
+    c->label = path;
+    c->rd = fd_read;
+    c->ctx = &src;
+    c->file_size = (uint64_t)sb.st_size;
+    int rc = parse_ctx(c, f, doc);
+    if (rc || c->raw) {
         close(fd);
         return rc;
     }
     f->fd = fd;
     return 0;
+}
+
+int torch_open(st_file *f, const char *path)
+{
+    tctx c = {0};
+    return open_ctx(&c, path, f, NULL);
+}
+
+int torch_open_tensor(st_file *f, const char *path, const char *name)
+{
+    tctx c = {.single = name};
+    return open_ctx(&c, path, f, NULL);
+}
+
+int torch_load_pickle(pk_doc *doc, const char *path, const pk_global_def *extra, size_t nextra)
+{
+    memset(doc, 0, sizeof *doc);
+    st_file unused;
+    tctx c = {.raw = true, .extra = extra, .nextra = nextra};
+    return open_ctx(&c, path, &unused, doc);
+}
+
+int torch_global_dtype(const pk_node *g)
+{
+    if (g->kind != PK_GLOBAL || g->tag < TAG_DTYPE0 || g->tag >= TAG_DTYPE0 + (int)NDTYPES) return -1;
+    return DTYPES[g->tag - TAG_DTYPE0].dt;
 }
 
 int tensor_file_open(st_file *f, const char *path)

@@ -46,6 +46,7 @@
 #ifndef CKPT_FORMAT_TORCH_H
 #define CKPT_FORMAT_TORCH_H
 
+#include "format/pickle.h"
 #include "format/safetensors.h"
 #include "format/zipdir.h"
 
@@ -61,6 +62,18 @@ int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64
 /* "FloatStorage", "BFloat16Storage", ...: the typed storage torch pickles a
  * tensor of dt with (torch.<name>), or NULL when there is none. */
 const char *torch_storage_type(ckpt_dtype dt);
+/* A torch.save file holding one tensor (torch.save(t, path), as xser writes
+ * each tensor_<tid>.pt): f gets that one tensor, named `name`. */
+int torch_open_tensor(st_file *f, const char *path, const char *name);
+/* The pickle of a torch.save file that holds no tensor storages (xser's
+ * reference file, its .info.pt), run on the same machine with torch's
+ * allow-list plus `extra` (the caller's tags must not collide with torch.c's:
+ * use 1000 and up); persistent ids are refused. *doc is the tree (pk_free it). */
+int torch_load_pickle(pk_doc *doc, const char *path, const pk_global_def *extra, size_t nextra);
+/* The safetensors dtype (ckpt_dtype) a torch dtype global such as
+ * torch.bfloat16 names in a tree torch_load_pickle made; -1 when it is not
+ * one, or has no safetensors twin. */
+int torch_global_dtype(const pk_node *g);
 /* Opens a tensor file of either kind: torch.save by its first bytes, else safetensors. */
 int tensor_file_open(st_file *f, const char *path);
 

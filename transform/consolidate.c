@@ -12,6 +12,7 @@
  * and __metadata__, and the original index text is written back, so without
  * a lossy cast the files are byte-identical to the source.
  */
+#include "transform/consolidate.h"
 #include "transform/convert.h"
 
 #include "common/error.h"
@@ -20,8 +21,10 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "format/easydel.h"
+#include "format/nxd.h"
 #include "lora/lora.h"
 #include "transform/easydel_import.h"
+#include "transform/nxd_import.h"
 #include "transform/lora_plan.h"
 #include "transform/state_convert.h"
 
@@ -174,48 +177,14 @@ static int open_ranks(consolidation *c, const char *src)
     return 0;
 }
 
-static bool same_box(const plan_part *a, const plan_part *b, int ndim)
-{
-    for (int k = 0; k < ndim; k++)
-        if (a->lo[k] != b->lo[k] || a->ext[k] != b->ext[k]) return false;
-    return true;
-}
-
 /* Adds the inverse of stored part p (of stored tensor src_index, rank r) to orig. */
 static int add_inverse(consolidation *c, orig_tensor *o, const plan_part *p, int stored_ndim, int32_t src_index,
                        int rank)
 {
-    plan_part inv;
-    memset(&inv, 0, sizeof inv);
-    inv.src = src_index;
-    for (int a = 0; a < o->t.ndim; a++) {
-        inv.axis_map[a] = -1;
-        inv.lo[a] = p->src_lo[a];
-        inv.ext[a] = 1;
-    }
-    for (int k = 0; k < stored_ndim; k++) {
-        inv.src_lo[k] = p->lo[k];
-        int a = p->axis_map[k];
-        if (a < 0) continue;
-        inv.axis_map[a] = (int8_t)k;
-        inv.ext[a] = p->ext[k];
-    }
-    for (int a = 0; a < o->t.ndim; a++)
-        if (inv.lo[a] + inv.ext[a] > o->t.shape[a])
-            return ckpt_error_set(CKPT_EINVAL, "%s: a part of '%s' lies outside the original tensor", c->what, o->name);
-    for (size_t i = 0; i < o->t.nparts; i++) {
-        if (!same_box(&o->t.parts[i], &inv, o->t.ndim)) continue;
-        int rc = ckpt_grow(&o->t.checks, &o->t.checks_cap, o->t.nchecks + 1, sizeof *o->t.checks);
-        if (rc) return rc;
-        struct plan_check *ck = &o->t.checks[o->t.nchecks];
-        ck->primary = o->t.parts[i];
-        ck->dup = inv;
-        ck->what = c->tp > 1 ? ckpt_sprintf("rank %d", rank) : ckpt_strdup("a replica");
-        if (!ck->what) return CKPT_ENOMEM;
-        o->t.nchecks++;
-        return 0;
-    }
-    return plan_tensor_add_part(&o->t, &inv);
+    char holder[32];
+    if (c->tp > 1) snprintf(holder, sizeof holder, "rank %d", rank);
+    else snprintf(holder, sizeof holder, "a replica");
+    return consolidate_add_inverse(&o->t, p, stored_ndim, src_index, holder, c->what);
 }
 
 static int invert_entry(consolidation *c, const json_t *e)
@@ -272,76 +241,11 @@ static int invert_entry(consolidation *c, const json_t *e)
     return 0;
 }
 
-static int cmp_part_lo0(const void *a, const void *b, void *arg)
-{
-    const plan_tensor *t = arg;
-    const plan_part *pa = &t->parts[*(const size_t *)a], *pb = &t->parts[*(const size_t *)b];
-    return pa->lo[0] < pb->lo[0] ? -1 : pa->lo[0] > pb->lo[0];
-}
-
-static bool boxes_meet(const plan_part *a, const plan_part *b, int ndim)
-{
-    for (int k = 0; k < ndim; k++)
-        if (a->lo[k] >= b->lo[k] + b->ext[k] || b->lo[k] >= a->lo[k] + a->ext[k]) return false;
-    return true;
-}
-
-/* The parts of an original tensor do not overlap: with their element counts
- * summing to the tensor's (check_coverage), they then cover it exactly. A
- * sweep along axis 0 compares only parts whose rows meet. */
-#define OVERLAP_MAX_COMPARES 100000000ULL
-static int check_disjoint(consolidation *c, const orig_tensor *o)
-{
-    const plan_tensor *t = &o->t;
-    if (t->nparts < 2) return 0;
-    if (t->ndim == 0)
-        return ckpt_error_set(CKPT_EINVAL, "%s: the shards hold scalar '%s' more than once in different places", c->what,
-                              o->name);
-    size_t *order = ckpt_calloc(t->nparts, sizeof *order);
-    if (!order) return CKPT_ENOMEM;
-    for (size_t i = 0; i < t->nparts; i++) order[i] = i;
-    qsort_r(order, t->nparts, sizeof *order, cmp_part_lo0, (void *)t);
-    int rc = 0;
-    uint64_t compares = 0;
-    for (size_t i = 0; !rc && i < t->nparts; i++) {
-        const plan_part *a = &t->parts[order[i]];
-        for (size_t j = i + 1; !rc && j < t->nparts; j++) {
-            const plan_part *b = &t->parts[order[j]];
-            if (b->lo[0] >= a->lo[0] + a->ext[0]) break;
-            if (++compares > OVERLAP_MAX_COMPARES)
-                rc = ckpt_error_set(CKPT_ELIMIT, "%s: '%s' has too many overlapping parts", c->what, o->name);
-            else if (boxes_meet(a, b, t->ndim)) {
-                char la[160], lb[160];
-                rc = ckpt_error_set(CKPT_EINVAL,
-                                    "%s: two parts of '%s' overlap (at %s and %s): the layout metadata is damaged",
-                                    c->what, o->name, plan_shape_str(t->ndim, a->lo, la, sizeof la),
-                                    plan_shape_str(t->ndim, b->lo, lb, sizeof lb));
-            }
-        }
-    }
-    free(order);
-    return rc;
-}
-
 static int check_coverage(consolidation *c)
 {
     for (size_t i = 0; i < c->norig; i++) {
-        int rc = check_disjoint(c, &c->orig[i]);
+        int rc = consolidate_check_tensor(&c->orig[i].t, c->what);
         if (rc) return rc;
-    }
-    for (size_t i = 0; i < c->norig; i++) {
-        const plan_tensor *t = &c->orig[i].t;
-        uint64_t covered = 0, numel = plan_tensor_numel(t);
-        for (size_t j = 0; j < t->nparts; j++) {
-            uint64_t v = 1;
-            for (int k = 0; k < t->ndim; k++) v *= t->parts[j].ext[k];
-            covered += v;
-        }
-        if (covered != numel)
-            return ckpt_error_set(CKPT_EINVAL,
-                                  "%s: the shards hold %llu of the %llu elements of '%s' (dropped by the rules, or the "
-                                  "layout metadata is damaged)",
-                                  c->what, (unsigned long long)covered, (unsigned long long)numel, c->orig[i].name);
     }
     return 0;
 }
@@ -416,6 +320,7 @@ static void consolidation_free(consolidation *c)
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
     if (easydel_is_checkpoint(src) || easydel_is_legacy(src)) return easydel_consolidate(src, dst, o);
+    if (nxd_is_checkpoint(src)) return nxd_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);
     char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);

@@ -90,6 +90,7 @@ typedef struct {
     bool force;
     bool quiet;
     bool lossy; /* out: the layout used a narrowing cast, so bytes may differ */
+    uint64_t max_shard_size; /* a neuronx-distributed save's output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
 } consolidate_opts;
 
 /* Rebuilds the original checkpoint from a converted directory. */

@@ -82,28 +82,6 @@ static int stage_model(const easydel_ckpt *c, const char *staging)
     return rc;
 }
 
-/* config.json and the tokenizer files a save carries, copied into staging. */
-static int stage_side_files(const char *src, const char *staging)
-{
-    static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
-                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(names); i++) {
-        char *from = ckpt_path_join(src, names[i]), *to = ckpt_path_join(staging, names[i]);
-        int rc = from && to ? 0 : CKPT_ENOMEM;
-        if (!rc && ckpt_exists(from)) {
-            char *buf = NULL;
-            size_t len = 0;
-            rc = ckpt_read_file(from, OUTDIR_SIDE_FILE_MAX_BYTES, &buf, &len);
-            if (!rc) rc = ckpt_write_file_atomic(to, buf, len);
-            free(buf);
-        }
-        free(from);
-        free(to);
-        if (rc) return rc;
-    }
-    return 0;
-}
-
 /* The staged folder (or, for an older save, the opened weights c with the
  * staged side files) converted with the inverse rules into dst. */
 static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint *c, const char *dst,
@@ -151,7 +129,7 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
     char *staging = NULL;
     rc = ckpt_tmpdir_create(dst, &staging);
     if (!rc && !legacy) rc = stage_model(&c, staging);
-    if (!rc) rc = stage_side_files(src, staging);
+    if (!rc) rc = outdir_copy_model_files(src, staging);
     if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, dst, o);
     else if (legacy) ckpt_checkpoint_close(&lc);
     if (staging) ckpt_rm_rf(staging);

@@ -50,3 +50,10 @@ bool cli_wants_help(int argc, char **argv)
     }
     return false;
 }
+
+json_t *cli_dims_json(int n, const uint64_t *d)
+{
+    json_t *a = json_array();
+    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer((json_int_t)d[i]));
+    return a;
+}

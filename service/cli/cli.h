@@ -21,6 +21,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #define CLI_OK 0
 #define CLI_FAIL 1
@@ -55,6 +56,10 @@ bool cli_wants_help(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 /* `ckpt inspect` of an EasyDeL TensorStore checkpoint folder (cmd_inspect_easydel.c). */
 int cli_inspect_easydel(const char *path, bool as_json);
+/* A shape as a JSON array of integers (new reference). */
+json_t *cli_dims_json(int n, const uint64_t *d);
+/* `ckpt inspect` of an optimum-neuron / neuronx-distributed save (cmd_inspect_nxd.c). */
+int cli_inspect_nxd(const char *path, bool as_json);
 int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

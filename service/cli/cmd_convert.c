@@ -252,21 +252,29 @@ int cmd_convert(int argc, char **argv)
 int cmd_consolidate(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt consolidate SRC DST [--threads N] [--force]\n\n"
+        printf("usage: ckpt consolidate SRC DST [--threads N] [--max-shard-size SIZE] [--force]\n\n"
                "Rebuilds the original Hugging Face checkpoint from the output of `ckpt convert`\n"
                "using only its shard files and ckpt-layout.json: fused tensors split, GQA head\n"
                "permutations undone, KV replicas and padding dropped, shards concatenated,\n"
                "experts unstacked. Replicated tensors are checked equal on every rank. Without\n"
                "a narrowing cast the files are byte-identical to the source.\n\n"
-               "example:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n");
+               "SRC may also be an EasyDeL TensorStore save (docs/easydel.md) or an\n"
+               "optimum-neuron / neuronx-distributed training save (the folder holding\n"
+               "shards/, or shards/ itself; docs/layouts.md): its tensor-parallel ranks and\n"
+               "pipeline stages are merged and the model_weight_transformation_specs undone\n"
+               "as optimum-neuron's to_original_weights does, streamed with bounded memory;\n"
+               "--max-shard-size (default 5GB) sets the output shards of such a save.\n\n"
+               "examples:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n"
+               "  ckpt consolidate ./llama-trn1-checkpoint-100 ./llama-hf --max-shard-size 2GB\n");
         return CLI_OK;
     }
-    static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_QUIET, CLI_OPT_END};
+    static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_QUIET, CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_END};
     cli_args a;
     int u = parse_args("consolidate", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 2) return cli_usage_error("consolidate", "expected SRC and DST");
-    consolidate_opts o = {.threads = a.co.threads, .force = a.co.force, .quiet = a.co.quiet};
+    consolidate_opts o = {.threads = a.co.threads, .force = a.co.force, .quiet = a.co.quiet,
+                          .max_shard_size = a.co.max_shard_size};
     double t0 = ckpt_now();
     if (consolidate_run(a.pos[0], a.pos[1], &o) < 0) return cli_fail();
     ckpt_info("consolidated %s -> %s in %.2f s%s", a.pos[0], a.pos[1], ckpt_now() - t0,

@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "format/checkpoint.h"
 #include "format/easydel.h"
+#include "format/nxd.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -192,6 +193,7 @@ int cmd_inspect(int argc, char **argv)
     if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
     if (easydel_is_checkpoint(path)) return cli_inspect_easydel(path, as_json);
     char *legacy = easydel_legacy_weights(path); /* an older EasyDeL save: its parameters */
+    if (nxd_is_checkpoint(path)) return cli_inspect_nxd(path, as_json);
     ckpt_checkpoint c;
     int orc = ckpt_checkpoint_open_views(&c, legacy ? legacy : path);
     free(legacy);

@@ -16,20 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void dims_str(int n, const uint64_t *d, char *buf, size_t len)
-{
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < n && o < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? ", " : "", (unsigned long long)d[i]);
-    if (o < len) snprintf(buf + o, len - o, "]");
-}
-
-static json_t *dims_json(int n, const uint64_t *d)
-{
-    json_t *a = json_array();
-    for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer((json_int_t)d[i]));
-    return a;
-}
-
 int cli_inspect_easydel(const char *path, bool as_json)
 {
     easydel_ckpt c;
@@ -50,8 +36,8 @@ int cli_inspect_easydel(const char *path, bool as_json)
             json_array_append_new(
                 arrays, json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:s, s:s, s:I, s:I, s:I, s:I}", "path",
                                   c.arrays[i].path, "prefix", c.arrays[i].prefix, "key", c.arrays[i].key, "dtype",
-                                  ckpt_dtype_name(z->dtype), "shape", dims_json(z->ndim, z->shape), "chunks",
-                                  dims_json(z->ndim, z->chunks), "compressor", z->zstd ? "zstd" : "none",
+                                  ckpt_dtype_name(z->dtype), "shape", cli_dims_json(z->ndim, z->shape), "chunks",
+                                  cli_dims_json(z->ndim, z->chunks), "compressor", z->zstd ? "zstd" : "none",
                                   "dimension_separator", z->sep == '/' ? "/" : ".", "nchunks", (json_int_t)z->nchunks,
                                   "chunks_present", (json_int_t)st[i].chunks_present, "stored_bytes",
                                   (json_int_t)st[i].stored_bytes, "nbytes", (json_int_t)z->nbytes));
@@ -74,8 +60,8 @@ int cli_inspect_easydel(const char *path, bool as_json)
     printf("%-*s  %-5s  %-20s  %-20s  %-4s  %10s  %10s\n", pw, "path", "dtype", "shape", "chunks", "comp", "stored", "raw");
     for (size_t i = 0; i < c.narrays; i++) {
         const zarr_array *z = &c.arrays[i].z;
-        dims_str(z->ndim, z->shape, shape, sizeof shape);
-        dims_str(z->ndim, z->chunks, chunks, sizeof chunks);
+        ckpt_shape_str(z->ndim, z->shape, shape, sizeof shape);
+        ckpt_shape_str(z->ndim, z->chunks, chunks, sizeof chunks);
         printf("%-*s  %-5s  %-20s  %-20s  %-4s  %10s  %10s\n", pw, c.arrays[i].path, ckpt_dtype_name(z->dtype), shape,
                chunks, z->zstd ? "zstd" : "none", ckpt_format_size(st[i].stored_bytes, h1, sizeof h1),
                ckpt_format_size(z->nbytes, h2, sizeof h2));

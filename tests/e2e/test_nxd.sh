@@ -1,0 +1,243 @@
+#!/usr/bin/env bash
+# test_nxd.sh — optimum-neuron / neuronx-distributed training saves in:
+# `ckpt inspect` and `ckpt consolidate` (docs/layouts.md, "NxD checkpoints in").
+#
+# 1. tests/nxd_gen.py writes a Llama (8 query heads, 2 KV heads) as a Hugging
+#    Face model.safetensors, then saves it the way optimum-neuron's
+#    save_pretrained / NxD's save_checkpoint do, for tp 1, 2 and 4, pp 1 and
+#    2, plain torch.save and xser, separate q/k/v (KV heads divide tp), GQA
+#    with fused weight_qkv (auto kv_size_multiplier) and unfused
+#    weight_q/_k/_v (kv_size_multiplier 4), gate_up fused. `ckpt inspect
+#    --json` must list every parameter with the metadata's partition keys and
+#    the shape torch reads from rank 0; `ckpt consolidate` must give back
+#    model.safetensors byte for byte, from SAVE or SAVE/shards, and the same
+#    tensors in shards with --max-shard-size.
+# 2. Broken and hostile saves exit 1 with one line naming the file, the rank
+#    or the parameter, and DST never appears: no `done` marker, a missing
+#    rank file (also the last one, which only the metadata reveals), a
+#    replicated parameter or a KV replica that differs on one rank, metadata
+#    whose partition_dim does not match the tensors, a missing xser tensor
+#    file, .info.pt disagreeing with a tensor file, a pickle naming os.system.
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
+# Debian's python3-torch, `make deps`).
+set -euo pipefail
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+tests=$(cd "$E2E_DIR/.." && pwd)
+gen="$tests/nxd_gen.py"
+tpy=""
+for cand in "$py" /usr/bin/python3; do
+    if "$cand" -c 'import torch' 2>/dev/null; then tpy=$cand; break; fi
+done
+[ -n "$tpy" ] || fail "no python3 with torch (make deps installs python3-torch)"
+cd "$work"
+
+specs=("--tp 2" "--tp 2 --xser --fuse-qkv" "--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4"
+    "--tp 4 --pp 2 --xser --fuse-qkv" "--tp 2 --pp 2" "--tp 1 --xser"
+    "--tp 4 --xser --fuse-qkv --rowids" "--tp 4 --kv-size-multiplier 4 --rowids")
+args=()
+for i in "${!specs[@]}"; do args+=("s$((i + 1)) ${specs[$i]}"); done
+"$tpy" "$gen" saves ref "${args[@]}" || fail "nxd_gen.py saves"
+
+# check_inspect SAVE...: every metadata parameter listed with its partition
+# keys and the dtype/shape torch finds in rank 0's file (xser: through the
+# tensor id); the ranks and the serialisation as the files say.
+check_inspect() {
+    for s in "$@"; do "$ckpt" inspect "$s" --json >"$s.inspect.json" || fail "inspect --json $s"; done
+    "$tpy" - "$gen" "$@" <<'PYEOF' || fail "inspect disagrees with torch"
+import importlib.util, json, os, re, sys, torch
+spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+g.xser_modules()  # the TensorReference class, to unpickle xser reference files
+DT = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}
+for save in sys.argv[2:]:
+    got = json.load(open(save + ".inspect.json"))
+    model = f"{save}/shards/model"
+    names = [f for f in os.listdir(model) if re.fullmatch(r"dp_rank_00_tp_rank_\d\d_pp_rank_\d\d\.pt", f)]
+    tp = len({f[19:21] for f in names}); pp = len({f[-5:-3] for f in names})
+    xser = os.path.isdir(f"{model}/dp_rank_00_tp_rank_00_pp_rank_00.pt.tensors")
+    if (got["tp"], got["pp"], got["ep"], got["serialization"]) != (tp, pp, 1, "xser" if xser else "torch.save"):
+        sys.exit(f"{save}: ranks {got['tp']}, {got['pp']}, {got['serialization']}")
+    want = []
+    for s in range(pp):
+        meta = json.load(open(f"{save}/shards/mp_metadata_pp_rank_{s}.json"))
+        rank0 = f"{model}/dp_rank_00_tp_rank_00_pp_rank_{s:02d}.pt"
+        sd = torch.load(rank0)
+        for n, m in meta["parameters"].items():
+            t = torch.load(f"{rank0}.tensors/tensor_{sd[n].tid}.pt") if xser else sd[n]
+            want.append(dict(m, name=n, pp=s, dtype=DT[t.dtype], rank_shape=list(t.shape)))
+    have = [{k: p[k] for k in w} for p, w in zip(got["parameters"], want)]
+    if have != want or len(got["parameters"]) != len(want):
+        for h, w in zip(have, want):
+            if h != w: sys.exit(f"{save}: ckpt says {h}\n   torch has {w}")
+        sys.exit(f"{save}: {len(got['parameters'])} parameters listed, {len(want)} in the metadata")
+
+# Rank placement on s8 and s9, made from ref-rows (values = row numbers; column
+# numbers for o_proj and down_proj): H 8, KV 2, head_dim 8, tp 4, per
+# docs/transforms.md §4 — m 2 (s8): rank r holds KV head g = r mod 2, copy
+# c = r div 2, query heads 4g + 2c, 4g + 2c + 1; m 4 (s9): rank r holds both KV
+# heads and query heads r and 4 + r.
+def rows(heads): return [float(h * 8 + i) for h in heads for i in range(8)]
+def block(r, n): return [float(r * n + i) for i in range(n)]
+placement = {"s8": ([[0, 1], [4, 5], [2, 3], [6, 7]], [[0], [1], [0], [1]], True),
+             "s9": ([[0, 4], [1, 5], [2, 6], [3, 7]], [[0, 1]] * 4, False)}
+for save, (qh, kvh, fused) in placement.items():
+    if save not in sys.argv[2:]: continue
+    model = f"{save}/shards/model"
+    for r in range(4):
+        f = f"{model}/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt"
+        sd = torch.load(f)
+        if fused: sd = {n: torch.load(f"{f}.tensors/tensor_{v.tid}.pt") for n, v in sd.items()}
+        col = lambda n: sd[n][:, 0].float().tolist()
+        a = "model.layers.1.self_attn."
+        have = col(a + "qkv_proj.weight_qkv") if fused else \
+            col(a + "qkv_proj.weight_q") + col(a + "qkv_proj.weight_k") + col(a + "qkv_proj.weight_v")
+        checks = [("q/k/v", have, rows(qh[r]) + rows(kvh[r]) * 2),
+                  ("o_proj", sd[a + "o_proj.weight"][0].float().tolist(), rows(qh[r])),
+                  ("gate_up_proj", col("model.layers.1.mlp.gate_up_proj.weight"), block(r, 32) * 2),
+                  ("down_proj", sd["model.layers.1.mlp.down_proj.weight"][0].float().tolist(), block(r, 32)),
+                  ("embed_tokens", col("model.embed_tokens.weight"), block(r, 64)),
+                  ("norm", sd["model.norm.weight"].float().tolist(), block(0, 64))]
+        for what, h, w in checks:
+            if h != w: sys.exit(f"{save} rank {r}: {what} holds rows {h}, expected {w}")
+PYEOF
+}
+
+# same_tensors A B: the same tensors (names, dtypes, shapes, bytes) in two checkpoints.
+same_tensors() {
+    "$py" - "$1" "$2" <<'EOF'
+import json, os, struct, sys
+def tensors(d):
+    ix = f"{d}/model.safetensors.index.json"
+    files = sorted(set(json.load(open(ix))["weight_map"].values())) if os.path.exists(ix) else ["model.safetensors"]
+    out = {}
+    for fn in files:
+        with open(f"{d}/{fn}", "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
+            for k, v in h.items():
+                if k == "__metadata__": continue
+                f.seek(8 + n + v["data_offsets"][0])
+                out[k] = (v["dtype"], v["shape"], f.read(v["data_offsets"][1] - v["data_offsets"][0]))
+    return out
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+if a.keys() != b.keys(): sys.exit(f"names differ: {sorted(a.keys() ^ b.keys())[:5]}")
+for k in a:
+    if a[k] != b[k]: sys.exit(f"tensor {k} differs")
+EOF
+}
+
+# ---- 1. round trips ----
+check_inspect s1 s2 s3 s4 s5 s6 s7 s8 s9
+for i in "${!specs[@]}"; do
+    n=$((i + 1)) spec=${specs[$i]}
+    note "save $n: $spec"
+    expect_status 0 "$ckpt" consolidate "s$n" "back$n"
+    orig=ref
+    case $spec in *--rowids*) orig=ref-rows ;; esac
+    cmp -s $orig/model.safetensors "back$n/model.safetensors" || fail "$spec: model.safetensors differs from the original"
+    cmp -s ref/config.json "back$n/config.json" || fail "$spec: config.json differs"
+    [ "$(ls "back$n")" = "$(printf 'config.json\nmodel.safetensors')" ] || fail "$spec: DST holds $(ls "back$n" | tr '\n' ' ')"
+    ls -d back"$n".tmp-* 2>/dev/null && fail "$spec: temp folders left"
+    rm -rf "back$n"
+done
+expect_status 0 "$ckpt" inspect s3
+grep -q "^neuronx-distributed save s3/shards: tp 4, pp 1, ep 1, xser" "$work/out" || fail "inspect text: $(head -2 "$work/out")"
+grep -q "GQAQKVColumnParallelLinearSpec qkv_proj (fused qkv), 8 query heads, 2 KV heads, kv_size_multiplier 2" "$work/out" ||
+    fail "inspect does not show s3's GQA spec: $(head -5 "$work/out")"
+grep -qE "^model.layers.0.mlp.gate_up_proj.weight +0  tp dim 0 stride 2 +BF16 +\[64, 64\]$" "$work/out" ||
+    fail "inspect text lacks gate_up_proj's partition: $(cat "$work/out")"
+# shards/ itself, and the output in shards
+expect_status 0 "$ckpt" consolidate s3/shards back
+cmp -s ref/model.safetensors back/model.safetensors || fail "consolidate of shards/ differs"
+cmp -s ref/config.json back/config.json || fail "consolidate of shards/: config.json (from the save folder) differs"
+expect_status 0 "$ckpt" consolidate s5 sharded --max-shard-size 40KB
+[ -s sharded/model.safetensors.index.json ] && [ -s sharded/model-00001-of-00006.safetensors ] || fail "no shards: $(ls sharded)"
+"$py" "$E2E_DIR/st_dump.py" sharded >/dev/null || fail "the shards disagree with their index"
+same_tensors ref sharded || fail "sharded output differs from the original"
+expect_status 1 "$ckpt" consolidate s5 sharded
+grep -q "not empty" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
+# xser is a file per tensor per rank (2,000+ for an 8B model at tp 8): a low
+# soft limit on open files is lifted towards the hard one
+if [ "$(ulimit -H -n)" = unlimited ] || [ "$(ulimit -H -n)" -ge 400 ]; then
+    (ulimit -S -n 60 && "$ckpt" consolidate s5 fewfds >/dev/null 2>"$work/err") || fail "with 60 open files: $(cat "$work/err")"
+    cmp -s ref/model.safetensors fewfds/model.safetensors || fail "with 60 open files: model.safetensors differs"
+    rm -rf fewfds
+fi
+rm -rf back sharded s1 s2 s6 s8 s9 ref-rows
+
+# ---- 2. broken and hostile saves ----
+# refused SAVE PATTERN: exit 1, one line matching PATTERN, no DST.
+refused() {
+    expect_status 1 "$ckpt" consolidate "$1" bad
+    [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$1: not one line: $(cat "$work/err")"
+    grep -qE -- "$2" "$work/err" || fail "$1: expected /$2/, got: $(cat "$work/err")"
+    [ ! -e bad ] && ! ls -d bad.tmp-* >/dev/null 2>&1 || fail "$1: DST written"
+}
+M=shards/model
+note "broken saves"
+cp -a s4 b && rm b/shards/done
+refused b "b/shards: no 'done' marker"
+rm -rf b && cp -a s4 b && rm b/$M/dp_rank_00_tp_rank_01_pp_rank_00.pt
+refused b "dp_rank_00_tp_rank_01_pp_rank_00.pt: missing rank file \(tp rank 1 of 4"
+rm -rf b && cp -a s4 b && rm b/$M/dp_rank_00_tp_rank_03_pp_rank_00.pt
+refused b "dp_rank_00_tp_rank_03_pp_rank_00.pt: missing rank file \(the metadata and trn_config.json say tp 4\)"
+rm -rf b && cp -a s4 b && rm b/shards/mp_metadata_pp_rank_0.json
+expect_status 1 "$ckpt" consolidate b bad # not recognised as a save any more
+# metadata that does not match the tensors
+rm -rf b && cp -a s4 b
+"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["parameters"]["model.embed_tokens.weight"]["partition_stride"] = 3
+open(sys.argv[1], "w").write(json.dumps(m, indent=4))
+EOF
+refused b "mp_metadata_pp_rank_0.json: parameter 'model.embed_tokens.weight': 64 rows on partition_dim 0 do not divide by partition_stride 3"
+rm -rf b && cp -a s3 b
+"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["model_weight_transformation_specs"][0]["specs"][0][1]["kv_size_multiplier"] = 4
+open(sys.argv[1], "w").write(json.dumps(m, indent=4))
+EOF
+refused b "spec of 'model.layers.0.self_attn': kv_output_size_per_partition 8 is not 2 KV heads x multiplier 4"
+rm -rf b && cp -a s4 b
+"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["parameters"]["model.layers.0.mlp.extra.weight"] = {"tensor_model_parallel": False}
+open(sys.argv[1], "w").write(json.dumps(m, indent=4))
+EOF
+refused b "parameter 'model.layers.0.mlp.extra.weight' \(of .*mp_metadata_pp_rank_0.json\) is not in this rank file"
+# xser: a missing tensor file, an .info.pt that disagrees, a rank saved without xser
+rm -rf b && cp -a s3 b && rm b/$M/dp_rank_00_tp_rank_01_pp_rank_00.pt.tensors/tensor_3.pt
+refused b "dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 'model.layers.0.mlp.gate_up_proj.weight': its tensor file .*tensor_3.pt is missing"
+rm -rf b && cp -a s3 b && rm -r b/$M/dp_rank_00_tp_rank_02_pp_rank_00.pt.tensors
+refused b "dp_rank_00_tp_rank_02_pp_rank_00.pt: a plain torch.save while rank 0 is xser"
+# the xser reference class is allowed for this reader only; code in a pickle never runs
+expect_status 1 "$ckpt" inspect s3/$M/dp_rank_00_tp_rank_00_pp_rank_00.pt
+grep -q "global 'torch_xla.utils.serialization.TensorReference' is not allowed" "$work/err" || fail "TensorReference outside the nxd reader: $(cat "$work/err")"
+# torch-made damage, in one python run: a replicated parameter that differs
+# on rank 2 (plain), a KV replica that differs (xser, kv_size_multiplier 2: KV
+# head 0 is on ranks 0 and 2), an .info.pt that disagrees with a tensor file,
+# a reference file whose pickle calls os.system
+cp -a s4 b-norm && cp -a s4 b-shape && cp -a s3 b-kv && cp -a s3 b-info && cp -a s3 b-evil
+"$tpy" - "$gen" "$M" "$work/pwned" <<'PYEOF' || fail "damaging the saves"
+import importlib.util, os, sys, torch
+spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+g.xser_modules()
+M = sys.argv[2]
+p = f"b-norm/{M}/dp_rank_00_tp_rank_02_pp_rank_00.pt"
+sd = torch.load(p); sd["model.layers.1.input_layernorm.weight"][5] += 1; torch.save(sd, p)
+p = f"b-shape/{M}/dp_rank_00_tp_rank_01_pp_rank_00.pt"
+sd = torch.load(p); sd["model.layers.1.mlp.down_proj.weight"] = sd["model.layers.1.mlp.down_proj.weight"][:, :16].clone(); torch.save(sd, p)
+p = f"b-kv/{M}/dp_rank_00_tp_rank_02_pp_rank_00.pt"
+p = f"{p}.tensors/tensor_{torch.load(p)['model.layers.0.self_attn.qkv_proj.weight_qkv'].tid}.pt"
+t = torch.load(p); t[16 + 3, 7] += 1; torch.save(t, p)  # rows 16..23: the rank's K head
+p = f"b-info/{M}/dp_rank_00_tp_rank_01_pp_rank_00.pt.info.pt"
+info = torch.load(p); info[2]["shape"] = torch.Size([64, 99]); torch.save(info, p)
+class Evil:
+    def __reduce__(self): return (os.system, ("touch " + sys.argv[3],))
+torch.save({"model.embed_tokens.weight": Evil()}, f"b-evil/{M}/dp_rank_00_tp_rank_00_pp_rank_00.pt")
+PYEOF
+refused b-norm "tensor 'model.layers.1.input_layernorm.weight': tp rank 2 holds different bytes"
+refused b-shape "dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 'model.layers.1.mlp.down_proj.weight' is BF16 \\[64, 16\\]; .*mp_metadata_pp_rank_0.json makes it BF16 \\[64, 32\\] on tp rank 1"
+refused b-kv "tensor 'model.layers.0.self_attn.k_proj.weight': tp rank 2 holds different bytes"
+refused b-info "tensor_2.pt: parameter 'model.layers.0.self_attn.o_proj.weight' \(tensor 2\) is BF16 \[64, 16\], .*info.pt says \[64, 99\]"
+refused b-evil "global '(posix|os).system' is not allowed"
+[ ! -e "$work/pwned" ] || fail "the pickle ran code"
+rm -rf b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json

@@ -1,0 +1,361 @@
+#!/usr/bin/python3
+"""nxd_gen.py — writes an optimum-neuron / neuronx-distributed training save
+the way NeuronModelMixin.save_pretrained writes one, from a Hugging Face Llama
+generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
+
+  nxd_gen.py ref REF                  a Llama (GQA: 8 query heads, 2 KV heads,
+                                      head_dim 8, hidden 64, intermediate 128,
+                                      vocabulary 256, 2 layers, bf16) as
+                                      REF/model.safetensors + REF/config.json
+  nxd_gen.py save REF SAVE --tp N [--pp P] [--xser] [--fuse-qkv]
+                 [--kv-size-multiplier M]
+                                      REF's weights sharded as the training model
+                                      holds them, saved as SAVE/shards/...
+  nxd_gen.py saves REF "SAVE --tp N ... [--rowids]" ...
+                                      REF (written when missing) and several saves
+                                      in one run (torch is slow to import); with
+                                      --rowids the save is made from REF-rows, a
+                                      model whose values are their row numbers
+                                      (column numbers for o_proj and down_proj)
+
+What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
+- optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
+  GQAQKVColumnParallelLinear (qkv_proj, weight_qkv or weight_q/_k/_v) with a
+  GQAQKVColumnParallelLinearSpec when num_key_value_heads < tp or does not
+  divide by tp, with kv_size_multiplier = trn_config.auto_kv_size_multiplier
+  (max(1, tp // KV), config.py) unless given; else separate
+  ColumnParallelLinear q/k/v. LlamaMLP: gate_up_proj a ColumnParallelLinear
+  with stride 2 and a FusedLinearsSpec; down_proj and o_proj RowParallelLinear;
+  embed_tokens a ParallelEmbedding (vocab split, partition_dim 0); lm_head a
+  ColumnParallelLinear.
+- transformations_utils.py: the rank tensors are made by the specs'
+  _adapt_state_dict (create_local_fused_weight, compute_query_indices_for_rank,
+  create_kv_proj_local_weight_from_regular_weight,
+  create_query_or_output_projection_local_weight_from_regular_weight) and, for
+  the other parallel parameters, create_local_weight_with_padding (NxD
+  parallel_layers/layers.py create_local_weight); create_parameter_metadata
+  gives mp_metadata_pp_rank_N.json (ModelWeightTransformationSpecs.to_metadata).
+- NxD qkv_linear.py: weight_qkv is rebuilt as a new Parameter (torch.cat), so it
+  carries no tensor_model_parallel attribute; weight_q/_k/_v keep theirs.
+- NxD trainer/checkpoint.py save_checkpoint/_save/_get_path: model files
+  shards/model/dp_rank_00_tp_rank_XX_pp_rank_XX.pt; with xser
+  (_xser_save_data, _extract_tensor_info_and_update_state_dict) the .pt holds
+  torch_xla.utils.serialization.TensorReference(tid) records, each tensor is
+  <file>.pt.tensors/tensor_<tid>.pt and <file>.pt.info.pt maps tid to
+  {"dtype", "shape", "expert_model_parallel"}; CheckpointIOState.end writes
+  shards/done ("1").
+- modeling_utils.py save_pretrained: config.json and trn_config.json in SAVE.
+"""
+import argparse
+import collections
+import json
+import os
+import shlex
+import struct
+import sys
+import types
+
+import torch
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+    "intermediate_size": 128, "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 8,
+    "num_hidden_layers": 2, "vocab_size": 256, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+    "max_position_embeddings": 128, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+# ---- a reference safetensors writer (dtype order, then names; compact header padded to 8) ----
+def write_safetensors(path, tensors):
+    names = sorted(tensors)  # one dtype (bf16): name order
+    header = {"__metadata__": {"format": "pt"}}
+    off = 0
+    blobs = []
+    for n in names:
+        t = tensors[n].contiguous()
+        b = t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
+        header[n] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        h = json.loads(f.read(n))
+        data = f.read()
+    out = collections.OrderedDict()
+    for k, v in h.items():
+        if k == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        out[k] = torch.frombuffer(bytearray(data[b:e]), dtype=torch.int16).view(torch.bfloat16).reshape(v["shape"])
+    return out
+
+
+ROW_PARALLEL = ("o_proj.weight", "down_proj.weight")
+
+
+def row_ids(name, shape):
+    """Values that say where they come from: a column-parallel (or 1-D) tensor's
+    element holds its row number, a row-parallel one's its column number
+    (exact in bf16: every size here is at most 256)."""
+    if len(shape) == 1:
+        return torch.arange(shape[0], dtype=torch.float32).to(torch.bfloat16)
+    if name.endswith(ROW_PARALLEL):
+        return torch.arange(shape[1], dtype=torch.float32).repeat(shape[0], 1).to(torch.bfloat16)
+    return torch.arange(shape[0], dtype=torch.float32).unsqueeze(1).repeat(1, shape[1]).to(torch.bfloat16)
+
+
+def make_ref(out, rowids=False):
+    c = CONFIG
+    g = torch.Generator().manual_seed(17)
+    hd, H, KV, hid, inter, V = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
+        c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    shapes = {"model.embed_tokens.weight": [V, hid], "model.norm.weight": [hid], "lm_head.weight": [V, hid]}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": [H * hd, hid], p + "self_attn.k_proj.weight": [KV * hd, hid],
+                       p + "self_attn.v_proj.weight": [KV * hd, hid], p + "self_attn.o_proj.weight": [hid, H * hd],
+                       p + "mlp.gate_proj.weight": [inter, hid], p + "mlp.up_proj.weight": [inter, hid],
+                       p + "mlp.down_proj.weight": [hid, inter], p + "input_layernorm.weight": [hid],
+                       p + "post_attention_layernorm.weight": [hid]})
+    tensors = {n: row_ids(n, s) if rowids else torch.randn(s, generator=g).to(torch.bfloat16)
+               for n, s in sorted(shapes.items())}
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(os.path.join(out, "model.safetensors"), tensors)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(CONFIG, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+# ---- optimum-neuron's sharding (transformations_utils.py), one rank at a time ----
+def create_local_weight(full, dim, per_partition, stride, rank, tp):
+    """NxD parallel_layers/layers.py create_local_weight."""
+    pieces = torch.split(full, per_partition // stride, dim=dim)
+    return torch.cat(pieces[rank::tp], dim=dim).clone()
+
+
+def create_local_weight_with_padding(full, dim, stride, rank, tp):
+    split_len = (full.shape[dim] + tp - 1) // tp
+    return create_local_weight(full, dim, split_len, stride, rank, tp)
+
+
+def create_local_fused_weight(rank, tp, weights, partition_dim, fuse_axis):
+    lists = [torch.split(w, w.size(partition_dim) // tp, dim=partition_dim)[rank::tp] for w in weights]
+    return torch.cat([torch.cat(wl, dim=partition_dim) for wl in lists], dim=fuse_axis).clone()
+
+
+def compute_query_indices_for_rank(tp, rank, H, KV, m):
+    """GQAQKVColumnParallelLinearSpec.compute_query_indices_for_rank."""
+    hpr = H // tp
+    kvpr = (KV * m) // tp
+    qgs = H // KV
+    qgspr = hpr // kvpr
+    queries = [torch.arange(qgspr) for _ in range(kvpr)]
+    keys = torch.repeat_interleave(torch.arange(KV).repeat(m), hpr // kvpr)
+    keys = torch.chunk(keys, tp)
+    shift_per_key = torch.arange(0, H, qgs)
+    within = torch.arange(0, qgs, qgspr)
+    within = torch.repeat_interleave(within, (KV // kvpr) * hpr)
+    within = torch.chunk(within, tp)
+    out = []
+    for idx, q in enumerate(queries):
+        s = slice(idx * qgspr, (idx + 1) * qgspr)
+        out.append(q + shift_per_key[keys[rank][s]] + within[rank][s])
+    return torch.cat(out, dim=0)
+
+
+def q_or_o_local(w, H, KV, m, kind, rank, tp):
+    if kind == "query":
+        hidden, hd = w.size(1), w.size(0) // H
+    else:
+        hidden, hd = w.size(0), w.size(1) // H
+        w = w.transpose(0, 1)
+    idx = compute_query_indices_for_rank(tp, rank, H, KV, m)
+    s = w.reshape(H, hd, hidden)[idx].reshape(-1, hidden)
+    return (s.transpose(0, 1) if kind == "output" else s).contiguous().clone()
+
+
+def kv_local(w, m, out_per_partition, rank, tp):
+    rep = w.repeat(m, 1)
+    return torch.cat(torch.split(rep, out_per_partition, dim=0)[rank::tp], dim=0).clone()
+
+
+def tp_attrs(dim, stride, tp):
+    return {"tensor_model_parallel": True, "partition_dim": dim, "partition_stride": stride, "num_partitions": tp}
+
+
+def build(ref, tp, fuse_qkv, kv_mult):
+    """Per rank state dicts (parameter order of the training model) and the metadata."""
+    c = CONFIG
+    H, KV, hd, inter = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
+    qkv_linear = KV < tp or KV % tp != 0
+    m = (kv_mult or max(1, tp // KV)) if qkv_linear else 1
+    ranks = [collections.OrderedDict() for _ in range(tp)]
+    params = collections.OrderedDict()
+    specs = []
+
+    def put(name, fn, attrs):
+        for r in range(tp):
+            ranks[r][name] = fn(r)
+        params[name] = attrs
+
+    put("model.embed_tokens.weight",
+        lambda r: create_local_weight_with_padding(ref["model.embed_tokens.weight"], 0, 1, r, tp), tp_attrs(0, 1, tp))
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = p + "self_attn"
+        q, k, v, o = (ref[f"{a}.{x}_proj.weight"] for x in "qkvo")
+        if qkv_linear:
+            q_out, kv_out = H * hd // tp, KV * hd * m // tp
+            if fuse_qkv:
+                put(a + ".qkv_proj.weight_qkv", lambda r: torch.cat(
+                    [q_or_o_local(q, H, KV, m, "query", r, tp), kv_local(k, m, kv_out, r, tp),
+                     kv_local(v, m, kv_out, r, tp)], dim=0), {"tensor_model_parallel": False})
+            else:
+                put(a + ".qkv_proj.weight_q", lambda r: q_or_o_local(q, H, KV, m, "query", r, tp), tp_attrs(0, 1, tp))
+                put(a + ".qkv_proj.weight_k", lambda r: kv_local(k, m, kv_out, r, tp), tp_attrs(0, 1, tp))
+                put(a + ".qkv_proj.weight_v", lambda r: kv_local(v, m, kv_out, r, tp), tp_attrs(0, 1, tp))
+            put(a + ".o_proj.weight", lambda r: q_or_o_local(o, H, KV, m, "output", r, tp), tp_attrs(1, 1, tp))
+            spec = ["GQAQKVColumnParallelLinearSpec", {
+                "gqa_qkv_projection_name": "qkv_proj", "query_projection_name": "q_proj",
+                "key_projection_name": "k_proj", "value_projection_name": "v_proj",
+                "output_projection_name": "o_proj", "num_attention_heads": H, "num_key_value_heads": KV,
+                "kv_size_multiplier": m, "q_output_size_per_partition": q_out,
+                "kv_output_size_per_partition": kv_out, "fuse_qkv": fuse_qkv, "bias": False, "tp_size": tp,
+                "peft_type": None}]
+            specs.append({"module_fully_qualified_name": a, "specs": [spec]})
+        else:
+            for x, w in (("q", q), ("k", k), ("v", v)):
+                put(f"{a}.{x}_proj.weight", lambda r, w=w: create_local_weight_with_padding(w, 0, 1, r, tp),
+                    tp_attrs(0, 1, tp))
+            put(a + ".o_proj.weight", lambda r: create_local_weight_with_padding(o, 1, 1, r, tp), tp_attrs(1, 1, tp))
+            specs.append({"module_fully_qualified_name": a, "specs": []})
+        gate, up, down = (ref[f"{p}mlp.{x}_proj.weight"] for x in ("gate", "up", "down"))
+        put(p + "mlp.gate_up_proj.weight", lambda r: create_local_fused_weight(r, tp, [gate, up], 0, 0),
+            tp_attrs(0, 2, tp))
+        put(p + "mlp.down_proj.weight", lambda r: create_local_weight_with_padding(down, 1, 1, r, tp),
+            tp_attrs(1, 1, tp))
+        specs.append({"module_fully_qualified_name": p + "mlp", "specs": [["FusedLinearsSpec", {
+            "fused_linear_name": "gate_up_proj", "linear_names": ["gate_proj", "up_proj"], "bias": False,
+            "fuse_axis": 0, "original_dims": [inter, inter], "tp_size": tp, "peft_type": None}]]})
+        for n in ("input_layernorm", "post_attention_layernorm"):
+            put(f"{p}{n}.weight", lambda r, n=n: ref[f"{p}{n}.weight"].clone(), {"tensor_model_parallel": False})
+    put("model.norm.weight", lambda r: ref["model.norm.weight"].clone(), {"tensor_model_parallel": False})
+    put("lm_head.weight", lambda r: create_local_weight_with_padding(ref["lm_head.weight"], 0, 1, r, tp),
+        tp_attrs(0, 1, tp))
+    return ranks, params, specs, m
+
+
+def stage_of(name, pp, layers):
+    """A plain pipeline split: layer i to stage i * pp // layers; embeddings first, norm and head last."""
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2]) * pp // layers
+    return 0 if name.startswith("model.embed_tokens") else pp - 1
+
+
+# ---- the save (NxD trainer/checkpoint.py) ----
+def xser_modules():
+    """torch_xla.utils.serialization.TensorReference, for pickling only (what the .pt names)."""
+    names = ["torch_xla", "torch_xla.utils", "torch_xla.utils.serialization"]
+    for n in names:
+        sys.modules.setdefault(n, types.ModuleType(n))
+
+    class TensorReference(object):
+        def __init__(self, tid):
+            self.tid = tid
+    TensorReference.__module__ = "torch_xla.utils.serialization"
+    TensorReference.__qualname__ = "TensorReference"
+    sys.modules["torch_xla.utils.serialization"].TensorReference = TensorReference
+    return TensorReference
+
+
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult)
+    layers = CONFIG["num_hidden_layers"]
+    shards = os.path.join(out, "shards")
+    os.makedirs(os.path.join(shards, "model"), exist_ok=True)
+    TensorReference = xser_modules() if xser else None
+    for s in range(pp):
+        names = [n for n in params if stage_of(n, pp, layers) == s]
+        stage_specs = []
+        for sp in specs:  # to_metadata keeps the specs relevant to the stage's parameters
+            mod = sp["module_fully_qualified_name"]
+            keep = [x for x in sp["specs"] if any(n.startswith(mod + ".") for n in names)]
+            stage_specs.append({"module_fully_qualified_name": mod, "specs": keep})
+        meta = {"parameters": {n: params[n] for n in names}, "model_weight_transformation_specs": stage_specs}
+        with open(os.path.join(shards, f"mp_metadata_pp_rank_{s}.json"), "w") as f:
+            f.write(json.dumps(meta, indent=4))
+        for r in range(tp):
+            sd = collections.OrderedDict((n, ranks[r][n]) for n in names)
+            path = os.path.join(shards, "model", "dp_rank_00_tp_rank_{:02d}_pp_rank_{:02d}.pt".format(r, s))
+            if not xser:
+                torch.save(sd, path)
+                continue
+            folder = path + ".tensors"
+            os.makedirs(folder, exist_ok=True)
+            refs, info = collections.OrderedDict(), {}
+            for tid, (n, t) in enumerate(sd.items()):
+                torch.save(t, os.path.join(folder, "tensor_{}.pt".format(tid)))
+                refs[n] = TensorReference(tid)
+                info[tid] = {"dtype": t.dtype, "shape": t.shape, "expert_model_parallel": False}
+            torch.save(refs, path)
+            torch.save(info, path + ".info.pt")
+    with open(os.path.join(shards, "done"), "w") as f:
+        f.write("1")
+    with open(os.path.join(ref_dir, "config.json")) as f:
+        cfg = f.read()
+    with open(os.path.join(out, "config.json"), "w") as f:
+        f.write(cfg)
+    trn = {"tensor_parallel_size": tp, "sequence_parallel_enabled": False, "kv_size_multiplier": kv_mult,
+           "pipeline_parallel_size": pp, "virtual_pipeline_parallel_size": 1, "pipeline_parallel_num_microbatches": 1,
+           "pipeline_parallel_use_zero1_optimizer": False, "gradient_checkpointing": False, "checkpoint_dir": None,
+           "num_local_ranks_per_step": 8, "use_xser": xser, "async_save": False, "fuse_qkv": fuse_qkv,
+           "recompute_causal_mask": True, "transpose_nki_inputs": True}
+    with open(os.path.join(out, "trn_config.json"), "w") as f:
+        f.write(json.dumps(trn, indent=4))
+    return m
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("ref")
+    r.add_argument("out")
+    s = sub.add_parser("save")
+    s.add_argument("ref")
+    s.add_argument("out")
+    s.add_argument("--tp", type=int, required=True)
+    s.add_argument("--pp", type=int, default=1)
+    s.add_argument("--xser", action="store_true")
+    s.add_argument("--fuse-qkv", action="store_true")
+    s.add_argument("--kv-size-multiplier", type=int, default=None)
+    s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
+    m = sub.add_parser("saves")
+    m.add_argument("ref")
+    m.add_argument("specs", nargs="+")
+    a = ap.parse_args()
+    if a.cmd == "ref":
+        make_ref(a.out)
+    elif a.cmd == "save":
+        save(a.ref, a.out, a.tp, a.pp, a.xser, a.fuse_qkv, a.kv_size_multiplier)
+    else:
+        if not os.path.exists(os.path.join(a.ref, "model.safetensors")):
+            make_ref(a.ref)
+        for spec in a.specs:
+            b = ap.parse_args(["save", a.ref] + shlex.split(spec))
+            ref = a.ref + "-rows" if b.rowids else a.ref
+            if not os.path.exists(os.path.join(ref, "model.safetensors")):
+                make_ref(ref, rowids=b.rowids)
+            save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,504 @@
+/* nxd_import.c — a neuronx-distributed training save to Hugging Face (nxd_import.h). */
+#include "transform/nxd_import.h"
+
+#include "common/error.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/util.h"
+#include "format/nxd.h"
+#include "transform/consolidate.h"
+#include "transform/rules.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+typedef struct {
+    nxd_ckpt c;
+    exec_plan exec;
+    size_t *first;     /* per (pp, tp) rank file: the index of its first plan source */
+    plan_tensor *orig; /* the original tensors of every stage */
+    size_t norig, cap;
+    json_t *names;     /* their names (a set), to catch one in two stages */
+} nxd_job;
+
+/* One pipeline stage being planned. */
+typedef struct {
+    int pp;
+    const char *what;  /* its metadata file */
+    plan_source *v;    /* its original tensors, as the sources of the forward rules */
+    size_t nv, capv;
+    json_t *rules;     /* the forward rules: how the training model shards them */
+    json_t *consumed;  /* rank parameters a spec accounts for (object used as a set) */
+} stage;
+
+static char *re_escape(const char *s)
+{
+    size_t n = strlen(s);
+    char *o = ckpt_malloc(2 * n + 1), *p = o;
+    if (!o) return NULL;
+    for (; *s; s++) {
+        if (strchr("\\^$.|?*+()[]{}", *s)) *p++ = '\\';
+        *p++ = *s;
+    }
+    *p = 0;
+    return o;
+}
+
+static const st_tensor *rank_tensor(const nxd_job *j, int pp, int tp, const char *name)
+{
+    const ckpt_tensor_ref *r = ckpt_checkpoint_find(&nxd_rank_at(&j->c, pp, 0, tp)->ck, name);
+    return r ? r->t : NULL;
+}
+
+/* Rank 0's tensor of a parameter the metadata names; an error when it is missing. */
+static int need_tensor(const nxd_job *j, const stage *st, const char *name, const st_tensor **out)
+{
+    *out = rank_tensor(j, st->pp, 0, name);
+    if (*out) return 0;
+    return ckpt_error_set(CKPT_ENOTFOUND, "%s: parameter '%s' (of %s) is not in this rank file",
+                          nxd_rank_at(&j->c, st->pp, 0, 0)->path, name, st->what);
+}
+
+static int add_orig(stage *st, const char *name, ckpt_dtype dt, int ndim, const uint64_t *shape)
+{
+    if (ckpt_grow(&st->v, &st->capv, st->nv + 1, sizeof *st->v)) return CKPT_ENOMEM;
+    plan_source *s = &st->v[st->nv];
+    memset(s, 0, sizeof *s);
+    if (!(s->name = ckpt_strdup(name))) return CKPT_ENOMEM;
+    s->dtype = dt;
+    s->ndim = ndim;
+    memcpy(s->shape, shape, (size_t)ndim * sizeof *shape);
+    st->nv++;
+    return 0;
+}
+
+static int add_rule(stage *st, json_t *r)
+{
+    if (!r || json_array_append_new(st->rules, r)) return ckpt_error_set(CKPT_ENOMEM, "out of memory building rules");
+    return 0;
+}
+
+static int consume(stage *st, const char *name) { return json_object_set_new(st->consumed, name, json_true()) ? CKPT_ENOMEM : 0; }
+
+static int spec_int(const json_t *f, const char *key, int64_t *v, const stage *st, const char *mod)
+{
+    json_t *x = json_object_get(f, key);
+    if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > (1 << 30))
+        return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': '%s' is not a size", st->what, mod, key);
+    *v = json_integer_value(x);
+    return 0;
+}
+
+static int spec_str(const json_t *f, const char *key, const char **v, const stage *st, const char *mod)
+{
+    *v = json_string_value(json_object_get(f, key));
+    if (!*v || !**v || strchr(*v, '.') || strlen(*v) > 256)
+        return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': '%s' is not a module name", st->what, mod, key);
+    return 0;
+}
+
+/* GQAQKVColumnParallelLinearSpec (transformations_utils.py): q/k/v/o of one
+ * attention module, the query heads placed by compute_query_indices_for_rank
+ * and the KV heads tiled kv_size_multiplier times — fuse_qkv_gqa's placement
+ * (docs/transforms.md §4) with no query-head padding. */
+static int spec_gqa(const nxd_job *j, stage *st, const char *mod, const json_t *f)
+{
+    const char *P, *qn, *kn, *vn, *on;
+    int64_t H, KV, m, qout, kvout, tps, tp = j->c.tp;
+    int rc = 0;
+    if ((rc = spec_str(f, "gqa_qkv_projection_name", &P, st, mod)) || (rc = spec_str(f, "query_projection_name", &qn, st, mod)) ||
+        (rc = spec_str(f, "key_projection_name", &kn, st, mod)) || (rc = spec_str(f, "value_projection_name", &vn, st, mod)) ||
+        (rc = spec_str(f, "output_projection_name", &on, st, mod)) || (rc = spec_int(f, "num_attention_heads", &H, st, mod)) ||
+        (rc = spec_int(f, "num_key_value_heads", &KV, st, mod)) || (rc = spec_int(f, "kv_size_multiplier", &m, st, mod)) ||
+        (rc = spec_int(f, "q_output_size_per_partition", &qout, st, mod)) ||
+        (rc = spec_int(f, "kv_output_size_per_partition", &kvout, st, mod)) || (rc = spec_int(f, "tp_size", &tps, st, mod)))
+        return rc;
+    bool fused = json_is_true(json_object_get(f, "fuse_qkv")), bias = json_is_true(json_object_get(f, "bias"));
+    if (tps != tp)
+        return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': tp_size %lld, but the save has %lld tensor-parallel ranks", st->what,
+                              mod, (long long)tps, (long long)tp);
+    if (!H || !KV || KV > H || H % KV || !m || m > tp || tp % m)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: spec of '%s': %lld query heads, %lld KV heads and kv_size_multiplier %lld do not fit tp %lld "
+                              "(neuronx-distributed's GQAQKVColumnParallelLinear asserts tp %% kv_size_multiplier == 0)",
+                              st->what, mod, (long long)H, (long long)KV, (long long)m, (long long)tp);
+    if ((qout * tp) % H || !qout)
+        return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': q_output_size_per_partition %lld x tp %lld is not a multiple of %lld heads",
+                              st->what, mod, (long long)qout, (long long)tp, (long long)H);
+    int64_t hd = qout * tp / H;
+    if (kvout * tp != KV * m * hd)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: spec of '%s': kv_output_size_per_partition %lld is not %lld KV heads x multiplier %lld x "
+                              "head_dim %lld / tp %lld",
+                              st->what, mod, (long long)kvout, (long long)KV, (long long)m, (long long)hd, (long long)tp);
+    char name[ST_MAX_NAME + 64];
+    const st_tensor *w, *o, *b = NULL;
+    snprintf(name, sizeof name, "%s.%s.%s", mod, P, fused ? "weight_qkv" : "weight_q");
+    if ((rc = need_tensor(j, st, name, &w))) return rc;
+    snprintf(name, sizeof name, "%s.%s.weight", mod, on);
+    if ((rc = need_tensor(j, st, name, &o))) return rc;
+    if (bias) {
+        snprintf(name, sizeof name, "%s.%s.%s", mod, P, fused ? "bias_qkv" : "bias_q");
+        if ((rc = need_tensor(j, st, name, &b))) return rc;
+    }
+    if (w->ndim != 2 || o->ndim != 2)
+        return ckpt_error_set(CKPT_EINVAL, "%s: '%s': the q/k/v and output projections are not 2-D", st->what, mod);
+    uint64_t hid = w->shape[1], hid_o = o->shape[0], qd = (uint64_t)(H * hd), kvd = (uint64_t)(KV * hd);
+    const char *proj[3] = {qn, kn, vn};
+    for (int i = 0; i < 3 && !rc; i++) {
+        uint64_t sh[2] = {i ? kvd : qd, hid};
+        snprintf(name, sizeof name, "%s.%s.weight", mod, proj[i]);
+        rc = add_orig(st, name, w->dtype, 2, sh);
+        if (!rc && b) {
+            snprintf(name, sizeof name, "%s.%s.bias", mod, proj[i]);
+            rc = add_orig(st, name, b->dtype, 1, sh);
+        }
+    }
+    uint64_t osh[2] = {hid_o, qd};
+    snprintf(name, sizeof name, "%s.%s.weight", mod, on);
+    if (!rc) rc = add_orig(st, name, o->dtype, 2, osh);
+    if (!rc) rc = consume(st, name);
+    char *emod = re_escape(mod), *eq = re_escape(qn);
+    json_t *r = NULL;
+    if (emod && eq) {
+        char pat[2 * ST_MAX_NAME + 64];
+        snprintf(pat, sizeof pat, "^(%s)\\.%s\\.weight$", emod, eq);
+        r = json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:s, s:b, s:b, s:I, s:I, s:I, s:I, s:I}", "op", "fuse_qkv_gqa",
+                      "pattern", pat, "q", qn, "k", kn, "v", vn, "o", on, "output", P, "weight_name", "weight_qkv", "bias_name",
+                      "bias_qkv", "fused", fused, "pad_heads", 0, "tp", (json_int_t)tp, "num_attention_heads", (json_int_t)H,
+                      "num_key_value_heads", (json_int_t)KV, "head_dim", (json_int_t)hd, "kv_size_multiplier", (json_int_t)m);
+    }
+    if (!rc) rc = add_rule(st, r);
+    else json_decref(r);
+    /* unfused: GQAQKVColumnParallelLinear's own names, weight_q/_k/_v and bias_q/_k/_v */
+    static const char *const sfx[3] = {"q", "k", "v"};
+    for (int i = 0; i < 3 && !rc; i++) {
+        if (fused) break;
+        char *ep = re_escape(proj[i]);
+        char pat[2 * ST_MAX_NAME + 64], rep[ST_MAX_NAME];
+        snprintf(pat, sizeof pat, "^(%s)\\.%s\\.(weight|bias)$", emod ? emod : "", ep ? ep : "");
+        snprintf(rep, sizeof rep, "$1.%s.$2_%s", P, sfx[i]);
+        rc = ep ? add_rule(st, json_pack("{s:s, s:s, s:s}", "op", "rename", "pattern", pat, "replacement", rep)) : CKPT_ENOMEM;
+        free(ep);
+    }
+    free(emod);
+    free(eq);
+    for (int k = 0; k < 2 && !rc; k++) {
+        if (k == 1 && !bias) break;
+        const char *kind = k ? "bias" : "weight";
+        for (int i = fused ? 3 : 0; i < 4 && !rc; i++) {
+            if (i == 3) snprintf(name, sizeof name, "%s.%s.%s_qkv", mod, P, kind);
+            else snprintf(name, sizeof name, "%s.%s.%s_%s", mod, P, kind, sfx[i]);
+            rc = consume(st, name);
+        }
+    }
+    return rc;
+}
+
+/* FusedLinearsSpec (transformations_utils.py): linears fused along fuse_axis
+ * after each was split for tensor parallelism (create_local_fused_weight) —
+ * the fuse op with tp (docs/transforms.md §3). */
+static int spec_fused(const nxd_job *j, stage *st, const char *mod, const json_t *f)
+{
+    const char *F;
+    int64_t tps, axis = -1, tp = j->c.tp;
+    int rc = spec_str(f, "fused_linear_name", &F, st, mod);
+    if (!rc) rc = spec_int(f, "tp_size", &tps, st, mod);
+    if (rc) return rc;
+    json_t *fa = json_object_get(f, "fuse_axis"), *names = json_object_get(f, "linear_names"),
+           *dims = json_object_get(f, "original_dims");
+    const char *fas = json_string_value(fa);
+    axis = json_is_integer(fa) ? json_integer_value(fa) : fas && !strcmp(fas, "column") ? 0 : fas && !strcmp(fas, "row") ? 1 : -1;
+    size_t n = json_array_size(names);
+    if (axis < 0 || axis > 1 || n < 1 || n > 16 || json_array_size(dims) != n)
+        return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': a FusedLinearsSpec needs fuse_axis 0 or 1 and one original dim per linear",
+                              st->what, mod);
+    if (tps != tp)
+        return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': tp_size %lld, but the save has %lld tensor-parallel ranks", st->what,
+                              mod, (long long)tps, (long long)tp);
+    bool bias = json_is_true(json_object_get(f, "bias"));
+    char name[ST_MAX_NAME + 64];
+    char *emod = re_escape(mod);
+    size_t alt_len = 1;
+    for (size_t i = 0; i < n; i++) alt_len += 2 * strlen(json_string_value(json_array_get(names, i)) ?: "") + 1;
+    char *alt = ckpt_calloc(alt_len + 1, 1);
+    if (!emod || !alt) rc = CKPT_ENOMEM;
+    for (int k = 0; k < 2 && !rc; k++) {
+        if (k == 1 && !bias) break;
+        const char *kind = k ? "bias" : "weight";
+        const st_tensor *w;
+        snprintf(name, sizeof name, "%s.%s.%s", mod, F, kind);
+        if ((rc = need_tensor(j, st, name, &w))) break;
+        int ax = k ? 0 : (int)axis;
+        json_t *pm = json_object_get(json_object_get(json_object_get(j->c.meta[st->pp], "parameters"), name), "partition_dim");
+        if (tp > 1 && (ax >= w->ndim || (json_is_integer(pm) && json_integer_value(pm) != ax))) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: '%s': fused along axis %d but split along partition_dim %lld (not supported)",
+                                st->what, name, ax, (long long)json_integer_value(pm));
+            break;
+        }
+        uint64_t sum = 0;
+        alt[0] = 0;
+        for (size_t i = 0; i < n && !rc; i++) {
+            const char *ln = json_string_value(json_array_get(names, i));
+            json_t *d = json_array_get(dims, i);
+            if (!ln || !*ln || strchr(ln, '.') || !json_is_integer(d) || json_integer_value(d) <= 0 ||
+                json_integer_value(d) > (1LL << 40) || json_integer_value(d) % tp) {
+                rc = ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': linear %zu has no name or a dim that does not divide by tp %lld",
+                                    st->what, mod, i, (long long)tp);
+                break;
+            }
+            uint64_t sh[CKPT_MAX_RANK];
+            memcpy(sh, w->shape, sizeof sh);
+            sh[ax] = (uint64_t)json_integer_value(d);
+            sum += sh[ax];
+            snprintf(name, sizeof name, "%s.%s.%s", mod, ln, kind);
+            rc = add_orig(st, name, w->dtype, w->ndim, sh);
+            char *el = rc ? NULL : re_escape(ln);
+            if (!rc && !el) rc = CKPT_ENOMEM;
+            if (!rc) {
+                if (i) strcat(alt, "|");
+                strcat(alt, el);
+            }
+            free(el);
+        }
+        if (!rc && sum != w->shape[ax] * (uint64_t)tp)
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: '%s.%s.%s' has %llu rows on axis %d; the spec's original_dims make %llu / tp %lld",
+                                st->what, mod, F, kind, (unsigned long long)w->shape[ax], ax, (unsigned long long)sum,
+                                (long long)tp);
+        if (rc) break;
+        char pat[3 * ST_MAX_NAME + 64], out[ST_MAX_NAME + 64];
+        snprintf(pat, sizeof pat, "^(%s)\\.(%s)\\.%s$", emod, alt, kind);
+        snprintf(out, sizeof out, "$1.%s.%s", F, kind);
+        rc = add_rule(st, json_pack("{s:s, s:s, s:O, s:s, s:i, s:I}", "op", "fuse", "pattern", pat, "members", names, "output",
+                                    out, "axis", ax, "tp", (json_int_t)tp));
+        snprintf(name, sizeof name, "%s.%s.%s", mod, F, kind);
+        if (!rc) rc = consume(st, name);
+    }
+    free(emod);
+    free(alt);
+    return rc;
+}
+
+/* The stage's specs, then its other parameters: the original tensors and the forward rules. */
+static int plan_stage(const nxd_job *j, stage *st)
+{
+    const json_t *meta = j->c.meta[st->pp];
+    size_t i, k;
+    json_t *mod, *sp;
+    int rc = 0;
+    json_array_foreach(json_object_get(meta, "model_weight_transformation_specs"), i, mod)
+    {
+        const char *mname = json_string_value(json_object_get(mod, "module_fully_qualified_name"));
+        if (!mname || strlen(mname) > ST_MAX_NAME)
+            return ckpt_error_set(CKPT_EINVAL, "%s: a transformation spec without module_fully_qualified_name", st->what);
+        json_array_foreach(json_object_get(mod, "specs"), k, sp)
+        {
+            const char *cls = json_string_value(json_array_get(sp, 0));
+            const json_t *f = json_array_get(sp, 1);
+            if (!cls || !json_is_object(f))
+                return ckpt_error_set(CKPT_EINVAL, "%s: spec %zu of '%s' is not [class name, fields]", st->what, k, mname);
+            json_t *peft = json_object_get(f, "peft_type");
+            if (peft && !json_is_null(peft))
+                return ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s' is for a PEFT adapter (peft_type %s): adapters are not consolidated yet",
+                                      st->what, mname, json_string_value(peft) ?: "?");
+            if (!strcmp(cls, "GQAQKVColumnParallelLinearSpec")) rc = spec_gqa(j, st, mname, f);
+            else if (!strcmp(cls, "FusedLinearsSpec")) rc = spec_fused(j, st, mname, f);
+            else rc = ckpt_error_set(CKPT_EINVAL, "%s: spec of '%s': unknown class '%s'", st->what, mname, cls);
+            if (rc) return rc;
+        }
+    }
+    const char *name;
+    json_t *m;
+    int64_t tp = j->c.tp;
+    json_object_foreach(json_object_get(meta, "parameters"), name, m)
+    {
+        if (json_object_get(st->consumed, name)) continue;
+        const st_tensor *t;
+        if ((rc = need_tensor(j, st, name, &t))) return rc;
+        uint64_t sh[CKPT_MAX_RANK];
+        memcpy(sh, t->shape, sizeof sh);
+        if (json_is_true(json_object_get(m, "tensor_model_parallel"))) {
+            json_t *pd = json_object_get(m, "partition_dim"), *ps = json_object_get(m, "partition_stride"),
+                   *np = json_object_get(m, "num_partitions");
+            int64_t stride = ps ? json_integer_value(ps) : 1;
+            if (!json_is_integer(pd) || json_integer_value(pd) < 0 || json_integer_value(pd) >= t->ndim || stride < 1 ||
+                (ps && !json_is_integer(ps)) || (np && (!json_is_integer(np) || json_integer_value(np) != tp)))
+                return ckpt_error_set(CKPT_EINVAL,
+                                      "%s: parameter '%s': partition_dim, partition_stride or num_partitions do not fit a %d-D "
+                                      "tensor on %lld ranks",
+                                      st->what, name, t->ndim, (long long)tp);
+            int axis = (int)json_integer_value(pd);
+            if (t->shape[axis] % (uint64_t)stride)
+                return ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': %llu rows on partition_dim %d do not divide by partition_stride %lld",
+                                      st->what, name, (unsigned long long)t->shape[axis], axis, (long long)stride);
+            sh[axis] *= (uint64_t)tp;
+            if (tp > 1) {
+                char *e = re_escape(name);
+                char pat[2 * ST_MAX_NAME + 8];
+                if (e) snprintf(pat, sizeof pat, "^%s$", e);
+                free(e);
+                rc = e ? add_rule(st, json_pack("{s:s, s:s, s:i, s:I, s:I}", "op", "tp_split", "pattern", pat, "axis", axis,
+                                                "tp", (json_int_t)tp, "stride", (json_int_t)stride))
+                       : CKPT_ENOMEM;
+            }
+        }
+        if (!rc) rc = add_orig(st, name, t->dtype, t->ndim, sh);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* The forward rules over the stage's originals, each rank tensor they describe
+ * matched with the rank files, and its parts inverted into j->orig. */
+static int invert_stage(nxd_job *j, stage *st)
+{
+    size_t base = j->norig;
+    for (size_t i = 0; i < st->nv; i++) {
+        if (json_object_get(j->names, st->v[i].name))
+            return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' comes from two pipeline stages (or two specs)", st->what,
+                                  st->v[i].name);
+        if (json_object_set_new(j->names, st->v[i].name, json_true())) return CKPT_ENOMEM;
+        if (ckpt_grow(&j->orig, &j->cap, j->norig + 1, sizeof *j->orig)) return CKPT_ENOMEM;
+        plan_tensor *o = &j->orig[j->norig];
+        memset(o, 0, sizeof *o);
+        o->rank = PLAN_ALL_RANKS;
+        o->dtype = st->v[i].dtype;
+        o->ndim = st->v[i].ndim;
+        memcpy(o->shape, st->v[i].shape, sizeof o->shape);
+        if (!(o->name = ckpt_strdup(st->v[i].name))) return CKPT_ENOMEM;
+        j->norig++;
+    }
+    json_t *doc = json_pack("{s:s, s:i, s:s, s:I, s:O}", "format", "ckpt-rules", "version", 1, "layout", "nxd", "tp",
+                            (json_int_t)j->c.tp, "rules", st->rules);
+    rules_doc rd;
+    memset(&rd, 0, sizeof rd);
+    plan_set set = {0};
+    rules_result res = {0};
+    int rc = doc ? rules_parse(&rd, doc, st->what) : CKPT_ENOMEM;
+    json_decref(doc);
+    for (size_t i = 0; !rc && i < st->nv; i++) {
+        plan_tensor t;
+        rc = plan_tensor_from_source(&t, &st->v[i], (int32_t)i);
+        if (!rc) rc = plan_set_push(&set, &t);
+    }
+    if (!rc) rc = rules_apply(&rd, &set, &res);
+    if (rc) rc = ckpt_error_prefix(rc, "%s: sharding the original tensors as the metadata says", st->what);
+    for (size_t i = 0; !rc && i < set.n; i++) {
+        const plan_tensor *t = &set.t[i];
+        int r0 = t->rank == PLAN_ALL_RANKS ? 0 : t->rank, r1 = t->rank == PLAN_ALL_RANKS ? j->c.tp : t->rank + 1;
+        for (int r = r0; !rc && r < r1; r++) {
+            const nxd_rank *nr = nxd_rank_at(&j->c, st->pp, 0, r);
+            const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&nr->ck, t->name);
+            if (!ref) {
+                rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: parameter '%s' is missing (tp rank %d; %s lists it)", nr->path, t->name, r,
+                                    st->what);
+                break;
+            }
+            bool same = ref->t->dtype == t->dtype && ref->t->ndim == t->ndim;
+            for (int a = 0; same && a < t->ndim; a++) same = ref->t->shape[a] == t->shape[a];
+            if (!same) {
+                char got[96], want[96];
+                rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is %s %s; %s makes it %s %s on tp rank %d", nr->path, t->name,
+                                    ckpt_dtype_name(ref->t->dtype), plan_shape_str(ref->t->ndim, ref->t->shape, got, sizeof got),
+                                    st->what, ckpt_dtype_name(t->dtype), plan_shape_str(t->ndim, t->shape, want, sizeof want), r);
+                break;
+            }
+            int32_t src = (int32_t)(j->first[(size_t)st->pp * (size_t)j->c.tp + (size_t)r] + (size_t)(ref - nr->ck.tensors));
+            char holder[32];
+            snprintf(holder, sizeof holder, "tp rank %d", r);
+            for (size_t p = 0; !rc && p < t->nparts; p++) {
+                const plan_part *pt = &t->parts[p];
+                if (pt->src == PLAN_ZERO) continue;
+                rc = consolidate_add_inverse(&j->orig[base + (size_t)pt->src], pt, t->ndim, src, holder, nr->path);
+            }
+        }
+    }
+    plan_set_free(&set);
+    rules_result_free(&res);
+    rules_free(&rd);
+    return rc;
+}
+
+static void stage_free(stage *st)
+{
+    for (size_t i = 0; i < st->nv; i++) free(st->v[i].name);
+    free(st->v);
+    json_decref(st->rules);
+    json_decref(st->consumed);
+}
+
+static void job_free(nxd_job *j)
+{
+    for (size_t i = 0; i < j->norig; i++) plan_tensor_free(&j->orig[i]);
+    free(j->orig);
+    free(j->first);
+    json_decref(j->names);
+    exec_plan_free(&j->exec);
+    nxd_close(&j->c);
+}
+
+/* An xser save is one file per tensor per rank (2,000+ for an 8B model at
+ * tp 8) and the executor opens every source at once: lift the soft limit on
+ * open files towards the hard one when the plan needs more. */
+static void raise_open_files(size_t need)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || need + 256 <= rl.rlim_cur) return;
+    rlim_t want = (rlim_t)need + 256;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || want < rl.rlim_max ? want : rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl); /* best effort: the executor names the file it cannot open */
+}
+
+int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
+{
+    if (!o->force && !ckpt_dir_is_empty_or_missing(dst))
+        return ckpt_error_set(CKPT_EEXIST, "%s exists and is not empty (--force replaces it)", dst);
+    nxd_job j;
+    memset(&j, 0, sizeof j);
+    int rc = nxd_open(&j.c, src);
+    if (rc) return rc;
+    if (!(j.names = json_object())) rc = CKPT_ENOMEM;
+    if (!rc && j.c.ep > 1)
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: an expert-parallel save (ep %d): `ckpt inspect` lists it, consolidating it is not supported yet",
+                            j.c.shards, j.c.ep);
+    j.first = rc ? NULL : ckpt_calloc((size_t)j.c.pp * (size_t)j.c.tp, sizeof *j.first);
+    if (!rc && !j.first) rc = CKPT_ENOMEM;
+    for (int s = 0; !rc && s < j.c.pp; s++)
+        for (int t = 0; !rc && t < j.c.tp; t++)
+            rc = convert_add_sources(&j.exec, &nxd_rank_at(&j.c, s, 0, t)->ck, &j.first[(size_t)s * (size_t)j.c.tp + (size_t)t]);
+    for (int s = 0; !rc && s < j.c.pp; s++) {
+        stage st = {.pp = s, .what = j.c.meta_paths[s], .rules = json_array(), .consumed = json_object()};
+        rc = st.rules && st.consumed ? plan_stage(&j, &st) : CKPT_ENOMEM;
+        if (!rc) rc = invert_stage(&j, &st);
+        stage_free(&st);
+    }
+    for (size_t i = 0; !rc && i < j.norig; i++) rc = consolidate_check_tensor(&j.orig[i], j.c.shards);
+    plan_tensor **ptrs = rc ? NULL : ckpt_calloc(j.norig + 1, sizeof *ptrs);
+    if (!rc && !ptrs) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < j.norig; i++) ptrs[i] = &j.orig[i];
+    char *index_text = NULL, *tmp = NULL;
+    if (!rc) rc = convert_layout_folder(&j.exec, "", ptrs, j.norig, o->max_shard_size ? o->max_shard_size : CONVERT_DEFAULT_SHARD_SIZE,
+                                        &index_text);
+    if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
+    if (!rc) {
+        raise_open_files(j.exec.nsrc_paths);
+        exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "consolidate"};
+        rc = exec_run(&j.exec, tmp, &eo);
+        if (!rc && index_text) {
+            char *ip = ckpt_path_join(tmp, "model.safetensors.index.json");
+            rc = ip ? ckpt_write_file_atomic(ip, index_text, strlen(index_text)) : CKPT_ENOMEM;
+            free(ip);
+        }
+        if (!rc && j.c.root) rc = outdir_copy_model_files(j.c.root, tmp);
+        if (!rc) rc = ckpt_fsync_dir(tmp);
+        if (!rc) rc = outdir_commit(tmp, dst, o->force);
+        if (rc) ckpt_rm_rf(tmp);
+        free(tmp);
+    }
+    free(index_text);
+    free(ptrs);
+    job_free(&j);
+    return rc;
+}
