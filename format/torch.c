@@ -142,6 +142,7 @@ typedef struct {
     size_t nst, cap_st;
     tview *tv;
     size_t ntv, cap_tv;
+    bool single; /* torch.save of one tensor (torch_parse_tensor) */
 } tctx;
 
 static int terr(tctx *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -383,6 +384,13 @@ static const pk_node *state_dict(tctx *c, const pk_node *root)
 static int collect(tctx *c)
 {
     const pk_node *root = N(c, c->doc.root);
+    if (c->single) { /* the pickle is the tensor itself */
+        if (!(c->tv = ckpt_calloc(1, sizeof *c->tv))) return CKPT_ENOMEM;
+        c->tv[0].name = "tensor";
+        int rc = eval_tensor(c, root, "tensor", 0, &c->tv[0]);
+        if (!rc) c->ntv = 1;
+        return rc;
+    }
     if (root->kind != PK_DICT)
         return terr(c, CKPT_EINVAL, "the pickle holds a %s, not a state dict (a dict of names to tensors)", pk_kind_name(root->kind));
     const pk_node *sd = state_dict(c, root);
@@ -718,11 +726,18 @@ static int fill(tctx *c, st_file *f)
     return rc;
 }
 
-int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
+const char *torch_dtype_at(size_t i, int *dt)
+{
+    if (i >= NDTYPES) return NULL;
+    *dt = DTYPES[i].dt;
+    return DTYPES[i].name;
+}
+
+static int parse_any(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size, bool single)
 {
     memset(f, 0, sizeof *f);
     f->fd = -1;
-    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size, .single = single};
     uint8_t head[32] = {0};
     size_t hl = file_size < sizeof head ? (size_t)file_size : sizeof head;
     int rc = rd(ctx, head, hl, 0);
@@ -742,6 +757,16 @@ int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64
     pk_free(&c.doc);
     if (rc) st_close(f);
     return rc;
+}
+
+int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
+{
+    return parse_any(f, label, rd, ctx, file_size, false);
+}
+
+int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size)
+{
+    return parse_any(f, label, rd, ctx, size, true);
 }
 
 typedef struct {

@@ -58,6 +58,14 @@ const char *torch_sniff(const uint8_t *head, size_t len);
 int torch_open(st_file *f, const char *path);
 /* The same over any byte source (the fuzzers, tests): `label` names it. */
 int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size);
+/* A torch.save of one tensor, not a dict — what PyTorch DCP writes for each
+ * chunk (torch.save(tensor) into a .distcp file at an offset; format/dcp.h):
+ * the same rules, over [0, size) of rd; *f holds one tensor named "tensor"
+ * whose offset is relative to what rd reads. */
+int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size);
+/* torch's dtype names ("float32", "bfloat16", ...): the i-th, or NULL past the
+ * last; *dt gets its ckpt_dtype, or -1 when safetensors has none (complex128). */
+const char *torch_dtype_at(size_t i, int *dt);
 /* Opens a tensor file of either kind: torch.save by its first bytes, else safetensors. */
 int tensor_file_open(st_file *f, const char *path);
 

@@ -55,6 +55,11 @@ bool cli_wants_help(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 /* `ckpt inspect` of an EasyDeL TensorStore checkpoint folder (cmd_inspect_easydel.c). */
 int cli_inspect_easydel(const char *path, bool as_json);
+/* `ckpt inspect` of a PyTorch DCP folder (cmd_inspect_dcp.c). */
+int cli_inspect_dcp(const char *path, bool as_json);
+/* s with control characters as \xNN, so a hostile tensor or shard name cannot drive the
+ * terminal: s itself when it has none, else a copy in *owned (caller frees). */
+const char *cli_printable(const char *s, char **owned);
 int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);
