@@ -19,8 +19,10 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "format/dcp.h"
 #include "format/easydel.h"
 #include "lora/lora.h"
+#include "transform/dcp_consolidate.h"
 #include "transform/easydel_import.h"
 #include "transform/lora_plan.h"
 #include "transform/state_convert.h"
@@ -415,6 +417,9 @@ static void consolidation_free(consolidation *c)
 
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
+    if (dcp_is_checkpoint(src)) return dcp_consolidate(src, dst, o);
+    if (o->max_shard_size || o->strip_prefix)
+        return ckpt_error_set(CKPT_EINVAL, "%s: --max-shard-size and --strip-prefix are for PyTorch DCP sources; this is not one", src);
     if (easydel_is_checkpoint(src)) return easydel_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);

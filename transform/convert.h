@@ -90,6 +90,9 @@ typedef struct {
     bool force;
     bool quiet;
     bool lossy; /* out: the layout used a narrowing cast, so bytes may differ */
+    /* PyTorch DCP sources only (dcp_consolidate.h): */
+    uint64_t max_shard_size;  /* 0: CONVERT_DEFAULT_SHARD_SIZE */
+    const char *strip_prefix; /* removed from names that start with it, or NULL */
 } consolidate_opts;
 
 /* Rebuilds the original checkpoint from a converted directory. */
