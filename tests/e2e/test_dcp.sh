@@ -148,6 +148,10 @@ expect_status 0 "$ckpt" inspect "$work/tp2d-hf"
 expect_status 1 "$ckpt" consolidate "$gen/fsdp" "$work/fsdp-hf"
 expect_status 0 "$ckpt" consolidate "$gen/fsdp" "$work/fsdp-hf" --force --strip-prefix model.
 check_consolidated "$work/fsdp-hf" "$gen/fsdp.expect.json" "" || fail "fsdp: --force"
+# convert and plan point at consolidate
+expect_status 1 "$ckpt" convert "$gen/fsdp" "$work/conv" --layout hf
+grep -q "a PyTorch DCP checkpoint .*ckpt consolidate" "$work/err" || fail "convert of a DCP folder: $(cat "$work/err")"
+[ ! -e "$work/conv" ] || fail "convert of a DCP folder wrote its DST"
 # the DCP options are refused for other sources
 expect_status 1 "$ckpt" consolidate "$work/fsdp-hf" "$work/nope" --strip-prefix model.
 grep -q "for PyTorch DCP sources" "$work/err" || fail "strip-prefix on a non-DCP source: $(cat "$work/err")"
