@@ -637,3 +637,15 @@ const dcp_entry *dcp_find(const dcp_ckpt *c, const char *fqn)
     dcp_entry key = {.fqn = (char *)fqn};
     return bsearch(&key, c->entries, c->nentries, sizeof *c->entries, cmp_entry);
 }
+
+const char *dcp_non_model_kind(const char *fqn)
+{
+    static const struct {
+        const char *prefix, *kind;
+    } keys[] = {{"optim.", "optimizer state"},       {"optimizer.", "optimizer state"},
+                {"lr_scheduler.", "training state"}, {"train_state.", "training state"},
+                {"dataloader.", "training state"}};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(keys); i++)
+        if (!strncmp(fqn, keys[i].prefix, strlen(keys[i].prefix))) return keys[i].kind;
+    return NULL;
+}

@@ -101,5 +101,11 @@ int dcp_open(dcp_ckpt *c, const char *dir);
 int dcp_parse_metadata(dcp_ckpt *c, const char *label, const uint8_t *buf, size_t len);
 void dcp_close(dcp_ckpt *c);
 const dcp_entry *dcp_find(const dcp_ckpt *c, const char *fqn);
+/* What an entry is when it is not part of the model, by the top-level key
+ * its name was flattened from: "optimizer state" under "optim." (Accelerate,
+ * torch.distributed.checkpoint.state_dict users) or "optimizer." (torchtitan),
+ * "training state" under "lr_scheduler.", "train_state." or "dataloader."
+ * (torchtitan's other stateful objects); NULL for the rest. */
+const char *dcp_non_model_kind(const char *fqn);
 
 #endif

@@ -370,7 +370,9 @@ def save(out, name, w, model, opt, v21=False):
         json.dump(expect(model, opt, [k for k, v in w.md.items() if isinstance(v, BytesStorageMetadata)]), f, indent=1)
 
 
-def add_optim_bytes(w):
+def add_optim_bytes(w, props):
+    # torchtitan's TrainState: the step as a 0-d tensor (training state, not model)
+    w.add_tensor(0, "train_state.step", torch.tensor(1000, dtype=torch.int64), (), (), props)
     w.add_bytes("optim.param_groups.0.lr", 3e-4)
     w.add_bytes("optim.param_groups.0.betas", (0.9, 0.95))
     w.add_bytes("optim.param_groups.0.params", ["model.layers.0.self_attn.q_proj.weight", "model.norm.weight"])
@@ -387,7 +389,7 @@ def gen_fsdp(out):
             continue
         for rank, (start, n) in enumerate(chunk_ranges(t.shape[0], 4)):
             w.add_tensor(rank, key, t, (start,) + (0,) * (t.dim() - 1), (n,) + tuple(t.shape[1:]), TensorProperties)
-    add_optim_bytes(w)
+    add_optim_bytes(w, TensorProperties)
     save(out, "fsdp", w, model, opt)
     return w
 
@@ -407,7 +409,7 @@ def gen_tp2d(out):
             for d, (r0, rn) in enumerate(chunk_ranges(t.shape[0], 2)):
                 for tp, (c0, cn) in enumerate(chunk_ranges(t.shape[1], 2)):
                     w.add_tensor(tp * 2 + d, key, t, (r0, c0), (rn, cn), TensorProperties21)
-    add_optim_bytes(w)
+    add_optim_bytes(w, TensorProperties21)
     save(out, "tp2d", w, model, opt, v21=True)
 
 

@@ -15,8 +15,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static bool is_optim(const char *fqn) { return !strncmp(fqn, "optim.", 6); }
-
 static int cmp_tensor_name(const void *a, const void *b)
 {
     return strcmp((*(plan_tensor *const *)a)->name, (*(plan_tensor *const *)b)->name);
@@ -65,11 +63,13 @@ static int add_tensor(exec_plan *p, const dcp_ckpt *c, const dcp_entry *e, const
 static int build_plan(exec_plan *p, const dcp_ckpt *c, const consolidate_opts *o, plan_tensor **tensors, size_t *n,
                       char **index_text)
 {
-    size_t plen = o->strip_prefix ? strlen(o->strip_prefix) : 0, nchunks = 0, keep = 0, noptim = 0, nbytes = 0;
+    size_t plen = o->strip_prefix ? strlen(o->strip_prefix) : 0, nchunks = 0, keep = 0, noptim = 0, ntrain = 0, nbytes = 0;
     for (size_t i = 0; i < c->nentries; i++) {
         const dcp_entry *e = &c->entries[i];
+        const char *kind = dcp_non_model_kind(e->fqn);
         if (e->is_bytes) nbytes++;
-        else if (is_optim(e->fqn)) noptim++;
+        else if (kind && !strcmp(kind, "optimizer state")) noptim++;
+        else if (kind) ntrain++;
         else {
             keep++;
             nchunks += e->nchunks;
@@ -86,7 +86,7 @@ static int build_plan(exec_plan *p, const dcp_ckpt *c, const consolidate_opts *o
     }
     for (size_t i = 0; !rc && i < c->nentries; i++) {
         const dcp_entry *e = &c->entries[i];
-        if (e->is_bytes || is_optim(e->fqn)) continue;
+        if (e->is_bytes || dcp_non_model_kind(e->fqn)) continue;
         const char *name = e->fqn;
         if (plen && !strncmp(name, o->strip_prefix, plen)) name += plen;
         if (!*name) {
@@ -104,11 +104,14 @@ static int build_plan(exec_plan *p, const dcp_ckpt *c, const consolidate_opts *o
                 rc = ckpt_error_set(CKPT_EINVAL, "%s: two entries become '%s' after --strip-prefix '%s'", c->dir, ptrs[i]->name,
                                     o->strip_prefix ? o->strip_prefix : "");
     }
-    if (!rc && !*n) rc = ckpt_error_set(CKPT_EINVAL, "%s: no model tensors (only optim.* or bytes entries)", c->dir);
+    if (!rc && !*n) rc = ckpt_error_set(CKPT_EINVAL, "%s: no model tensors (only optimizer, training state or bytes entries)", c->dir);
     uint64_t max = o->max_shard_size ? o->max_shard_size : CONVERT_DEFAULT_SHARD_SIZE;
     if (!rc) rc = convert_layout_folder(p, "", ptrs, *n, max, index_text);
     if (!rc && !o->quiet && noptim)
-        ckpt_info("%s: %zu optim.* tensors (optimizer state) are not part of the model and were left out", c->dir, noptim);
+        ckpt_info("%s: %zu optimizer state tensors (optim.*, optimizer.*) are not part of the model and were left out", c->dir,
+                  noptim);
+    if (!rc && !o->quiet && ntrain)
+        ckpt_info("%s: %zu training state tensors (lr_scheduler.*, train_state.*, dataloader.*) were left out", c->dir, ntrain);
     if (!rc && !o->quiet && nbytes)
         ckpt_info("%s: %zu bytes entries (pickled Python values, not tensors) were skipped", c->dir, nbytes);
     free(ptrs);

@@ -8,8 +8,9 @@
  * and the executor (plan/executor.h) streams them into model.safetensors or
  * shards of at most max_shard_size plus model.safetensors.index.json, with
  * {"format":"pt"}, in a temp folder that replaces DST only when complete.
- * Entries whose name starts with "optim." (optimizer state) and bytes
- * entries (pickled Python values) are left out, and said so on stderr.
+ * Optimizer and training state (dcp_non_model_kind: optim.*, optimizer.*,
+ * lr_scheduler.*, train_state.*, dataloader.*) and bytes entries (pickled
+ * Python values) are left out, and said so on stderr.
  * strip_prefix removes a leading prefix from names that have it ("model."
  * of Accelerate's {"model": state_dict} saves); names must stay distinct.
  */

@@ -25,7 +25,11 @@ static json_t *dims_json(int n, const uint64_t *d)
     return a;
 }
 
-static bool is_optim(const char *fqn) { return !strncmp(fqn, "optim.", 6); }
+static bool is_optim(const char *fqn)
+{
+    const char *k = dcp_non_model_kind(fqn);
+    return k && !strcmp(k, "optimizer state");
+}
 
 static int cmp_natural(const void *a, const void *b, void *ctx)
 {
@@ -43,9 +47,9 @@ static int print_json(const dcp_ckpt *c, const size_t *order)
         const dcp_entry *e = &c->entries[order[i]];
         noptim += is_optim(e->fqn);
         if (e->is_bytes) {
-            json_array_append_new(bytes, json_pack("{s:s, s:s, s:I, s:I, s:b}", "name", e->fqn, "file", c->files[e->file].name,
+            json_array_append_new(bytes, json_pack("{s:s, s:s, s:I, s:I, s:b, s:s?}", "name", e->fqn, "file", c->files[e->file].name,
                                                    "offset", (json_int_t)e->item_off, "nbytes", (json_int_t)e->item_len,
-                                                   "optimizer", is_optim(e->fqn)));
+                                                   "optimizer", is_optim(e->fqn), "left_out", dcp_non_model_kind(e->fqn)));
             continue;
         }
         json_t *chunks = json_array();
@@ -55,9 +59,10 @@ static int print_json(const dcp_ckpt *c, const size_t *order)
                                                     "sizes", dims_json(e->ndim, ch->sizes), "file", c->files[ch->file].name,
                                                     "offset", (json_int_t)ch->data_off, "nbytes", (json_int_t)ch->nbytes));
         }
-        json_array_append_new(tensors, json_pack("{s:s, s:s, s:o, s:I, s:b, s:o}", "name", e->fqn, "dtype",
+        json_array_append_new(tensors, json_pack("{s:s, s:s, s:o, s:I, s:b, s:s?, s:o}", "name", e->fqn, "dtype",
                                                  ckpt_dtype_name(e->dtype), "shape", dims_json(e->ndim, e->shape), "nbytes",
-                                                 (json_int_t)e->nbytes, "optimizer", is_optim(e->fqn), "chunks", chunks));
+                                                 (json_int_t)e->nbytes, "optimizer", is_optim(e->fqn), "left_out",
+                                                 dcp_non_model_kind(e->fqn), "chunks", chunks));
     }
     json_t *doc = json_pack("{s:s, s:s, s:o, s:o, s:o, s:I, s:I, s:I}", "format", "torch-dcp", "path", c->dir, "files", files,
                             "tensors", tensors, "bytes", bytes, "total_bytes", (json_int_t)c->total_bytes, "nchunks",
@@ -75,12 +80,13 @@ static void dims_str(int n, const uint64_t *d, char *buf, size_t len)
 static int print_text(const dcp_ckpt *c, const size_t *order)
 {
     char shape[CKPT_MAX_RANK * 24 + 4], sizes[CKPT_MAX_RANK * 24 + 4], h[32], *owned = NULL, *owned2 = NULL;
-    size_t ntensors = 0, nbytes = 0, noptim = 0;
+    size_t ntensors = 0, nbytes = 0, noptim = 0, ntrain = 0;
     int w = 4;
     for (size_t i = 0; i < c->nentries; i++) {
         const dcp_entry *e = &c->entries[i];
         e->is_bytes ? nbytes++ : ntensors++;
         noptim += is_optim(e->fqn);
+        ntrain += !e->is_bytes && dcp_non_model_kind(e->fqn) && !is_optim(e->fqn);
         int n = (int)strlen(e->fqn);
         w = n > w ? (n > 90 ? 90 : n) : w;
     }
@@ -112,7 +118,10 @@ static int print_text(const dcp_ckpt *c, const size_t *order)
         }
     }
     if (noptim)
-        printf("%zu optim.* entries are optimizer state: `ckpt consolidate` writes the model without them\n", noptim);
+        printf("%zu optim.* / optimizer.* entries are optimizer state: `ckpt consolidate` writes the model without them\n", noptim);
+    if (ntrain)
+        printf("%zu lr_scheduler.* / train_state.* / dataloader.* tensors are training state: `ckpt consolidate` leaves them out\n",
+               ntrain);
     if (nbytes) printf("%zu bytes entries (pickled Python values) are listed only: `ckpt consolidate` skips them\n", nbytes);
     return fflush(stdout) ? ckpt_error_sys("stdout") : 0;
 }

@@ -7,13 +7,14 @@
 #    uneven last chunk) and of the 2-D save (torch 2.1's format, TP x FSDP:
 #    chunks along two axes) lists every tensor with the generator's global
 #    shape and dtype and every chunk with its offsets, sizes and file, the
-#    bytes entries as such and the optim.* entries marked; the text listing
-#    says what consolidate leaves out.
+#    bytes entries as such and the optim.* (optimizer) and train_state.*
+#    (training state) entries marked; the text listing says what consolidate
+#    leaves out.
 # 2. `ckpt consolidate` writes model.safetensors (or, with --max-shard-size,
 #    shards + model.safetensors.index.json) with {"format":"pt"} whose every
 #    tensor equals the original byte for byte (sha256 of the generator's
 #    tensors), names kept or, with --strip-prefix model., the Hugging Face
-#    names; no optim.* or bytes entry in it.
+#    names; no optim.*, train_state.* or bytes entry in it.
 # 3. Hostile folders (a missing .metadata, a missing .distcp, overlapping
 #    chunks, a hole, a range past its file, relative paths escaping the
 #    folder, os.system in .metadata, a chunk whose dtype or shape disagrees
@@ -43,7 +44,10 @@ exp = json.load(open(sys.argv[2]))
 assert got["format"] == "torch-dcp", got["format"]
 tens = {t["name"]: t for t in got["tensors"]}
 want = {"model." + n: (t["dtype"], t["shape"]) for n, t in exp["tensors"].items()}
-have = {n: (t["dtype"], t["shape"]) for n, t in tens.items() if not t["optimizer"]}
+have = {n: (t["dtype"], t["shape"]) for n, t in tens.items() if not t.get("left_out")}
+if {n: t.get("left_out") for n, t in tens.items() if t.get("left_out")} != dict(
+        [(n, "optimizer state") for n in exp["optim"]] + [("train_state.step", "training state")]):
+    sys.exit(f"left out: {[(n, t.get('left_out')) for n, t in tens.items()]}")
 if have != want:
     sys.exit(f"model tensors differ: extra {sorted(set(have) - set(want))}, missing {sorted(set(want) - set(have))}, "
              f"changed {[n for n in have if n in want and have[n] != want[n]]}")
@@ -120,10 +124,11 @@ for name in fsdp tp2d; do
     cp "$work/out" "$work/$name.json"
     counts=$(check_listing "$work/$name.json" "$gen/$name.expect.json") || fail "$name listing: $counts"
     expect_status 0 "$ckpt" inspect "$gen/$name"
-    grep -q "^PyTorch DCP checkpoint .*: 27 tensors in [0-9]* chunks, 3 bytes entries, 4 files" "$work/out" ||
+    grep -q "^PyTorch DCP checkpoint .*: 28 tensors in [0-9]* chunks, 3 bytes entries, 4 files" "$work/out" ||
         fail "$name: text header: $(head -1 "$work/out")"
     grep -q "^model.model.embed_tokens.weight  *BF16  *\[250, 64\]" "$work/out" || fail "$name: no embed_tokens line"
-    grep -q "optim.\* entries are optimizer state" "$work/out" || fail "$name: no optimizer note"
+    grep -q "^9 optim.\* / optimizer.\* entries are optimizer state" "$work/out" || fail "$name: no optimizer note"
+    grep -q "^1 lr_scheduler.\* / train_state.\* / dataloader.\* tensors are training state" "$work/out" || fail "$name: no training state note"
     grep -q "^optim.param_groups.0.lr  *bytes" "$work/out" || fail "$name: bytes entry not listed as bytes"
 done
 # the uneven last FSDP chunk and the two-axis grid, as the generator wrote them
@@ -133,7 +138,8 @@ grep -q '^    \[125, 32\] + \[125, 32\]  __3_0.distcp @ ' <("$ckpt" inspect "$ge
 # ---- 2. consolidate ----
 note "consolidate"
 expect_status 0 "$ckpt" consolidate "$gen/fsdp" "$work/fsdp-hf"
-grep -q "optim.\* tensors (optimizer state)" "$work/err" || fail "consolidate does not say optim.* was left out: $(cat "$work/err")"
+grep -q "6 optimizer state tensors (optim.\*, optimizer.\*)" "$work/err" || fail "consolidate does not say optim.* was left out: $(cat "$work/err")"
+grep -q "1 training state tensors" "$work/err" || fail "consolidate does not say train_state was left out: $(cat "$work/err")"
 grep -q "3 bytes entries" "$work/err" || fail "consolidate does not say bytes entries were skipped: $(cat "$work/err")"
 check_consolidated "$work/fsdp-hf" "$gen/fsdp.expect.json" "model." || fail "fsdp: consolidated tensors"
 expect_status 0 "$ckpt" consolidate "$gen/fsdp" "$work/fsdp-hf2" --strip-prefix model. --max-shard-size 100KB
