@@ -536,7 +536,6 @@ static int read_chunk(dcp_ckpt *c, const dcp_entry *e, size_t i, int fd)
     if (rc) return rc;
     const st_tensor *t = f.ntensors == 1 ? &f.tensors[0] : NULL;
     if (!t) rc = ckpt_error_set(CKPT_EINVAL, "%s: holds no tensor", label);
-    else if (t->view) rc = ckpt_error_set(CKPT_EINVAL, "%s: a permuted view, not a contiguous chunk", label);
     else if (t->dtype != e->dtype)
         rc = ckpt_error_set(CKPT_EINVAL, "%s: dtype %s, the metadata says %s", label, ckpt_dtype_name(t->dtype), ckpt_dtype_name(e->dtype));
     else if (t->ndim != e->ndim || memcmp(t->shape, ch->sizes, (size_t)e->ndim * sizeof *ch->sizes))
@@ -545,6 +544,11 @@ static int read_chunk(dcp_ckpt *c, const dcp_entry *e, size_t i, int fd)
     if (!rc) {
         ch->data_off = ch->item_off + t->offset;
         ch->nbytes = t->nbytes;
+        ch->view = t->view;
+        if (t->view) {
+            memcpy(ch->axes, t->view_axes, sizeof ch->axes);
+            memcpy(ch->stored, t->stored_shape, sizeof ch->stored);
+        }
     }
     st_close(&f);
     return rc;

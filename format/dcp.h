@@ -34,7 +34,8 @@
  * _validate_global_plan checks at save time); each chunk has its
  * _StorageInfo; relative_path is a plain file name (no '/', no "..", not
  * hidden); a range lies inside its file; the embedded tensor has the
- * metadata's dtype and the chunk's sizes and is contiguous; transform
+ * metadata's dtype and the chunk's sizes (contiguous, or a permutation of a
+ * contiguous block, which consolidation copies through its plan); transform
  * descriptors (compressed items) and the safetensors-serialised .distcp of
  * newer torch are refused. A missing .metadata or .distcp is an error naming
  * it. Every count is bounded (DCP_MAX_*).
@@ -60,6 +61,13 @@ typedef struct {
     size_t file;               /* index into dcp_ckpt.files */
     uint64_t item_off, item_len; /* the _StorageInfo: the torch.save in the file */
     uint64_t data_off, nbytes; /* the chunk's bytes, absolute in the file (set by dcp_open) */
+    /* A chunk saved as a permuted view of its bytes (a transposed shard: torch
+     * saves a tensor whose storage is exactly its size without cloning it):
+     * the bytes hold, row-major, the chunk with its axes in stored order,
+     * stored[a] = sizes[k] where axes[k] == a (as st_tensor.view). */
+    bool view;
+    int8_t axes[CKPT_MAX_RANK];
+    uint64_t stored[CKPT_MAX_RANK];
 } dcp_chunk;
 
 typedef struct {

@@ -53,7 +53,8 @@ transform_object).
           row-parallel layers are saved under TP + FSDP); vectors split on
           dim 0 over the FSDP axis and deduplicated over TP (written by the
           first TP rank, _dedup_save_plans); all f32 but the embeddings
-          (bf16).
+          (bf16); lm_head's chunks of TP rank 1 are column-major (a
+          transposed shard, which torch saves as a strided view).
 Beside each: <name>.expect.json = {"tensors": {hf name: {dtype, shape,
 sha256}}, "optim": [...], "bytes": [...]} with the sha256 of each whole
 tensor's bytes (bf16 through int16), which a consolidated checkpoint must
@@ -302,9 +303,11 @@ class Writer:
         self.md = {}
         self.mappings = {}
 
-    def add_tensor(self, rank, fqn, full, offsets, sizes, props_cls):
+    def add_tensor(self, rank, fqn, full, offsets, sizes, props_cls, transposed=False):
         idx = tuple(slice(o, o + s) for o, s in zip(offsets, sizes))
         chunk = full[idx].clone() if full.dim() else full.clone()
+        if transposed:  # column-major: its storage is exactly its size, so torch saves it as it is (a strided view)
+            chunk = chunk.t().contiguous().t()
         tm = self.md.setdefault(fqn, TensorStorageMetadata(
             properties=props_cls(dtype=full.dtype), size=torch.Size(full.shape), chunks=[]))
         cm = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=torch.Size(sizes))
@@ -408,7 +411,8 @@ def gen_tp2d(out):
         else:  # rank = tp * 2 + dp: rows over dp, columns over tp
             for d, (r0, rn) in enumerate(chunk_ranges(t.shape[0], 2)):
                 for tp, (c0, cn) in enumerate(chunk_ranges(t.shape[1], 2)):
-                    w.add_tensor(tp * 2 + d, key, t, (r0, c0), (rn, cn), TensorProperties21)
+                    w.add_tensor(tp * 2 + d, key, t, (r0, c0), (rn, cn), TensorProperties21,
+                                 transposed=fqn == "lm_head.weight" and tp == 1)
     add_optim_bytes(w, TensorProperties21)
     save(out, "tp2d", w, model, opt, v21=True)
 

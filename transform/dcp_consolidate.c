@@ -41,13 +41,14 @@ static int add_tensor(exec_plan *p, const dcp_ckpt *c, const dcp_entry *e, const
         s->file = ch->file;
         s->dtype = e->dtype;
         s->ndim = e->ndim;
-        memcpy(s->shape, ch->sizes, (size_t)e->ndim * sizeof *ch->sizes);
+        /* a permuted chunk: the source is its block in stored order, walked through the axis map */
+        memcpy(s->shape, ch->view ? ch->stored : ch->sizes, (size_t)e->ndim * sizeof *ch->sizes);
         s->offset = ch->data_off;
         s->nbytes = ch->nbytes;
         plan_part part;
         memset(&part, 0, sizeof part);
         part.src = (int32_t)p->nsources++;
-        for (int d = 0; d < PLAN_MAX_DIM; d++) part.axis_map[d] = (int8_t)(d < e->ndim ? d : -1);
+        for (int d = 0; d < PLAN_MAX_DIM; d++) part.axis_map[d] = (int8_t)(d >= e->ndim ? -1 : ch->view ? ch->axes[d] : d);
         memcpy(part.lo, ch->offsets, (size_t)e->ndim * sizeof *ch->offsets);
         memcpy(part.ext, ch->sizes, (size_t)e->ndim * sizeof *ch->sizes);
         char what[ST_MAX_NAME + 64];

@@ -55,9 +55,15 @@ static int print_json(const dcp_ckpt *c, const size_t *order)
         json_t *chunks = json_array();
         for (size_t k = 0; chunks && k < e->nchunks; k++) {
             const dcp_chunk *ch = &e->chunks[k];
-            json_array_append_new(chunks, json_pack("{s:o, s:o, s:s, s:I, s:I}", "offsets", dims_json(e->ndim, ch->offsets),
-                                                    "sizes", dims_json(e->ndim, ch->sizes), "file", c->files[ch->file].name,
-                                                    "offset", (json_int_t)ch->data_off, "nbytes", (json_int_t)ch->nbytes));
+            json_t *j = json_pack("{s:o, s:o, s:s, s:I, s:I}", "offsets", dims_json(e->ndim, ch->offsets), "sizes",
+                                  dims_json(e->ndim, ch->sizes), "file", c->files[ch->file].name, "offset",
+                                  (json_int_t)ch->data_off, "nbytes", (json_int_t)ch->nbytes);
+            if (j && ch->view) { /* which stored axis each axis walks */
+                json_t *ax = json_array();
+                for (int d = 0; ax && d < e->ndim; d++) json_array_append_new(ax, json_integer(ch->axes[d]));
+                json_object_set_new(j, "view_axes", ax);
+            }
+            json_array_append_new(chunks, j);
         }
         json_array_append_new(tensors, json_pack("{s:s, s:s, s:o, s:I, s:b, s:s?, s:o}", "name", e->fqn, "dtype",
                                                  ckpt_dtype_name(e->dtype), "shape", dims_json(e->ndim, e->shape), "nbytes",
@@ -112,8 +118,8 @@ static int print_text(const dcp_ckpt *c, const size_t *order)
             const dcp_chunk *ch = &e->chunks[k];
             dims_str(e->ndim, ch->offsets, shape, sizeof shape);
             dims_str(e->ndim, ch->sizes, sizes, sizeof sizes);
-            printf("    %s + %s  %s @ %llu\n", shape, sizes, cli_printable(c->files[ch->file].name, &owned2),
-                   (unsigned long long)ch->data_off);
+            printf("    %s + %s  %s @ %llu%s\n", shape, sizes, cli_printable(c->files[ch->file].name, &owned2),
+                   (unsigned long long)ch->data_off, ch->view ? " (a permuted view: copied through the plan)" : "");
             free(owned2);
         }
     }
