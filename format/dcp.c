@@ -66,6 +66,9 @@ static const pk_global_def FIXED[] = {
     {"pathlib", "PosixPath", PKG_CALL, D_OTHER},
     {"pathlib", "PurePosixPath", PKG_CALL, D_OTHER},
     {"pathlib", "Path", PKG_CALL, D_OTHER},
+    {"pathlib._local", "PosixPath", PKG_CALL, D_OTHER}, /* Python 3.13's module of the class */
+    {"pathlib", "WindowsPath", PKG_CALL, D_OTHER},
+    {"pathlib._local", "WindowsPath", PKG_CALL, D_OTHER},
     {"collections", "OrderedDict", PKG_DICT, D_OTHER},
     {"builtins", "dict", PKG_DICT, D_OTHER},
     {"builtins", "set", PKG_SET, D_OTHER},
@@ -314,11 +317,39 @@ static const skey *find_key(const skey *keys, size_t n, const char *fqn, int ndi
     return bsearch(&k, keys, n, sizeof *keys, cmp_skey);
 }
 
+typedef struct {
+    const dcp_chunk *ch;
+    int axis;
+} sweep;
+
 static int cmp_chunk_start(const void *a, const void *b, void *ctx)
 {
-    const dcp_chunk *ch = ctx;
-    uint64_t x = ch[*(const size_t *)a].offsets[0], y = ch[*(const size_t *)b].offsets[0];
+    const sweep *sw = ctx;
+    uint64_t x = sw->ch[*(const size_t *)a].offsets[sw->axis], y = sw->ch[*(const size_t *)b].offsets[sw->axis];
     return x < y ? -1 : x > y;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The axis along which the chunks' offsets take the most distinct values:
+ * sorted along it, a chunk is compared only with those that start before it
+ * ends there (one row of a grid), not with every other chunk. */
+static int sweep_axis(const dcp_entry *e, const size_t *order, size_t n, uint64_t *scratch)
+{
+    int best = 0;
+    size_t best_distinct = 0;
+    for (int k = 0; k < e->ndim; k++) {
+        for (size_t i = 0; i < n; i++) scratch[i] = e->chunks[order[i]].offsets[k];
+        qsort(scratch, n, sizeof *scratch, cmp_u64);
+        size_t distinct = 0;
+        for (size_t i = 0; i < n; i++) distinct += !i || scratch[i] != scratch[i - 1];
+        if (distinct > best_distinct) best = k, best_distinct = distinct;
+    }
+    return best;
 }
 
 static bool boxes_overlap(int ndim, const dcp_chunk *a, const dcp_chunk *b)
@@ -336,7 +367,12 @@ static int check_cover(mctx *m, const dcp_entry *e)
     for (int k = 0; k < e->ndim; k++)
         if (!ckpt_mul(numel, e->shape[k], &numel)) return merr(m, CKPT_ELIMIT, "tensor '%s': element count overflows", e->fqn);
     size_t *order = ckpt_calloc(e->nchunks + 1, sizeof *order);
-    if (!order) return CKPT_ENOMEM;
+    uint64_t *scratch = ckpt_calloc(e->nchunks + 1, sizeof *scratch);
+    if (!order || !scratch) {
+        free(order);
+        free(scratch);
+        return CKPT_ENOMEM;
+    }
     size_t no = 0;
     int rc = 0;
     for (size_t i = 0; !rc && i < e->nchunks; i++) {
@@ -355,11 +391,15 @@ static int check_cover(mctx *m, const dcp_entry *e)
         if (!rc && v) order[no++] = i;
         if (!rc && !ckpt_add(volume, v, &volume)) rc = merr(m, CKPT_ELIMIT, "tensor '%s': chunk volumes overflow", e->fqn);
     }
-    if (!rc && e->ndim > 0) qsort_r(order, no, sizeof *order, cmp_chunk_start, e->chunks);
+    sweep sw = {e->chunks, 0};
+    if (!rc && e->ndim > 0) {
+        sw.axis = sweep_axis(e, order, no, scratch);
+        qsort_r(order, no, sizeof *order, cmp_chunk_start, &sw);
+    }
     for (size_t a = 0; !rc && a < no; a++)
         for (size_t b = a + 1; !rc && b < no; b++) {
             const dcp_chunk *x = &e->chunks[order[a]], *y = &e->chunks[order[b]];
-            if (e->ndim > 0 && y->offsets[0] >= x->offsets[0] + x->sizes[0]) break;
+            if (e->ndim > 0 && y->offsets[sw.axis] >= x->offsets[sw.axis] + x->sizes[sw.axis]) break;
             if (boxes_overlap(e->ndim, x, y))
                 rc = merr(m, CKPT_EINVAL, "tensor '%s': chunks %zu (offsets %s) and %zu (offsets %s) overlap", e->fqn, order[a],
                           dims_str(e->ndim, x->offsets, d1, sizeof d1), order[b], dims_str(e->ndim, y->offsets, d2, sizeof d2));
@@ -368,6 +408,7 @@ static int check_cover(mctx *m, const dcp_entry *e)
         rc = merr(m, CKPT_EINVAL, "tensor '%s' %s: its chunks cover %" PRIu64 " of its %" PRIu64 " elements (a hole: a chunk or rank is missing)",
                   e->fqn, dims_str(e->ndim, e->shape, d1, sizeof d1), volume, numel);
     free(order);
+    free(scratch);
     return rc;
 }
 
