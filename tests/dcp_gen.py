@@ -475,6 +475,10 @@ def hostile(out, w):
         k0, k3 = (MetadataIndex(q, chunks(meta)[i].offsets) for i in (0, 3))
         meta.storage_data[k0], meta.storage_data[k3] = meta.storage_data[k3], meta.storage_data[k0]
 
+    def zstd(meta):  # as FileSystemWriter(_extensions=[ZStandard()]) records a compressed item (_extension.py)
+        k = MetadataIndex(q, chunks(meta)[1].offsets)
+        meta.storage_data[k].transform_descriptors = ["stream.zstd/1"]
+
     case("no_metadata", remove=".metadata")
     case("no_distcp", remove="__2_0.distcp")
     case("overlap", overlap)
@@ -485,9 +489,10 @@ def hostile(out, w):
     case("global", global_)
     case("dtype", dtype)
     case("shape", shape)
+    case("zstd", zstd)
 
 
-HOSTILE = ["no_metadata", "no_distcp", "overlap", "hole", "outside", "escape", "slash", "global", "dtype", "shape"]
+HOSTILE = ["no_metadata", "no_distcp", "overlap", "hole", "outside", "escape", "slash", "global", "dtype", "shape", "zstd"]
 
 
 def main(out):

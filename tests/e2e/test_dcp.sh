@@ -18,9 +18,9 @@
 # 3. Hostile folders (a missing .metadata, a missing .distcp, overlapping
 #    chunks, a hole, a range past its file, relative paths escaping the
 #    folder, os.system in .metadata, a chunk whose dtype or shape disagrees
-#    with the metadata): consolidate (and inspect, for two) each exit 1 with one line
-#    naming the file and the reason, nothing is written at DST, and the
-#    pickle's command never runs.
+#    with the metadata, a zstd-compressed item): consolidate (and inspect,
+#    for two) each exit 1 with one line naming the file and the reason,
+#    nothing is written at DST, and the pickle's command never runs.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
@@ -175,6 +175,7 @@ declare -A why=(
     [slash]="/slash/.metadata: .*relative_path '/etc/passwd' is not a file of the checkpoint folder"
     [global]="/global/.metadata: pickle: global 'posix.system' is not allowed"
     [dtype]="/dtype/__0_0.distcp: tensor 'model.model.embed_tokens.weight' chunk 0 .*dtype BF16, the metadata says F32"
+    [zstd]="/zstd/.metadata: storage_data 'model.model.embed_tokens.weight': transform_descriptors 'stream.zstd/1' .*is not read"
     [shape]="/shape/__0_0.distcp: tensor 'model.model.embed_tokens.weight' chunk 3 .*shape \[63, 64\], the metadata's chunk sizes are \[61, 64\]"
 )
 cd "$work"
