@@ -24,10 +24,11 @@
  *     offsets count from the item's start), read by torch.h's
  *     torch_parse_tensor; a bytes item is raw bytes (a torch.save of a
  *     Python value), only listed.
- * Matches the format of torch 2.1 through the newest release (2.6+: the
- * same files; Metadata gained storage_meta and version, _StorageInfo
- * transform_descriptors, TensorProperties moved from
- * torch.distributed._shard.sharded_tensor.metadata into metadata.py).
+ * Matches the format of torch 2.1 through the newest release: the same
+ * files; over those releases Metadata gained storage_meta and version,
+ * _StorageInfo transform_descriptors, and TensorProperties moved from
+ * torch.distributed._shard.sharded_tensor.metadata into metadata.py — both
+ * forms are read.
  *
  * Checked before anything is trusted: every tensor's chunks lie inside its
  * shape, do not overlap, and cover it exactly (as default_planner.py's

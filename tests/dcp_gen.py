@@ -14,7 +14,9 @@ under torch/distributed/checkpoint/):
     item as torch.save(tensor) into the open stream, recording
     _StorageInfo(relative_path, offset, length) of the bytes it wrote.
     The tensor is the chunk itself, cloned (the loaders clone a tensor whose
-    storage is larger than it), so its torch.save holds exactly its bytes.
+    storage is larger than it), so its torch.save holds exactly its bytes;
+    a chunk whose storage is exactly its size is saved as it is, strides and
+    all (tp2d's column-major lm_head chunks).
   - default_planner.py, create_default_global_save_plan: state_dict_metadata
     {fqn: TensorStorageMetadata(properties, size, chunks) or
     BytesStorageMetadata()}; DefaultSavePlanner puts the flatten mappings
@@ -26,7 +28,7 @@ under torch/distributed/checkpoint/):
     pickle records. TensorProperties pickles its state as a tuple through
     __getstate__ (its memory format as the _MEM_FORMAT_ENCODING enum).
 Two versions of the format are written:
-  - fsdp/  the newest torch's (2.6+: metadata.py holds TensorProperties and
+  - fsdp/  the newest torch's (metadata.py holds TensorProperties and
            StorageMeta, Metadata has storage_meta and version, _StorageInfo
            drops its None transform_descriptors in __getstate__);
   - tp2d/  torch 2.1's (TensorProperties and MEM_FORMAT_ENCODING in
@@ -41,9 +43,9 @@ heads, head_dim 16, hidden 64, intermediate 176, vocab 250, 2 layers,
 untied lm_head), saved as Accelerate / torch.distributed.checkpoint.state_dict
 do: {"model": HF state dict, "optim": {"state": {fqn: {exp_avg, exp_avg_sq,
 step}}, "param_groups": [...]}} flattened to "model.<hf name>" and
-"optim.state.<hf name>.exp_avg" ...; non-tensors ("optim.param_groups.0.lr"
-...) are bytes items (torch.save of the value, default_planner.py
-transform_object).
+"optim.state.<hf name>.exp_avg" ..., plus torchtitan's "train_state.step"
+(a 0-d tensor); non-tensors ("optim.param_groups.0.lr" ...) are bytes items
+(torch.save of the value, default_planner.py transform_object).
   fsdp/   4 ranks, FSDP2 (fully_shard): every tensor split on dim 0 as
           torch.chunk does (vocab 250 -> 63, 63, 63, 61: an uneven last
           chunk); matrices bf16, norms f32; the optimizer's step is a 0-d
