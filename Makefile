@@ -231,7 +231,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 # compiled in: sources are linked whole, and an unrelated half-written file
 # elsewhere must not break the fuzz build. UB aborts so libFuzzer records it.
 FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c format/zarr.c \
-	format/pickle.c format/zipdir.c format/torch.c
+	format/pickle.c format/zipdir.c format/torch.c format/dcp.c
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h format/*.h)
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(PKG_LIBS)

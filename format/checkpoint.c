@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
+#include "format/dcp.h"
 #include "format/torch.h"
 
 #include <inttypes.h>
@@ -366,6 +367,9 @@ static int checkpoint_open_in_dir(ckpt_checkpoint *c, const char *dir, const cha
         rc = checkpoint_open_torch(c, dir, "pytorch_model.bin.index.json", true);
     else if (!strcmp(prefix, "model") && ckpt_exists_in(dir, "pytorch_model.bin"))
         rc = checkpoint_open_torch(c, dir, "pytorch_model.bin", false);
+    else if (!strcmp(prefix, "model") && dcp_is_checkpoint(dir))
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: a PyTorch DCP checkpoint (.metadata + .distcp): `ckpt consolidate %s OUT` "
+                            "writes it as a Hugging Face checkpoint first", dir, dir);
     else
         rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: holds neither %s nor %s", dir, index_name,
                             file_name);

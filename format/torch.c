@@ -750,6 +750,13 @@ static int fill(tctx *c, st_file *f)
     return rc;
 }
 
+const char *torch_dtype_at(size_t i, int *dt)
+{
+    if (i >= NDTYPES) return NULL;
+    *dt = DTYPES[i].dt;
+    return DTYPES[i].name;
+}
+
 /* Parses the file c describes into f (or, raw, its pickle into *doc). */
 static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
 {
@@ -784,6 +791,12 @@ static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
 int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
 {
     tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
+    return parse_ctx(&c, f, NULL);
+}
+
+int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size)
+{
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = size, .single = "tensor"};
     return parse_ctx(&c, f, NULL);
 }
 

@@ -90,7 +90,8 @@ typedef struct {
     bool force;
     bool quiet;
     bool lossy; /* out: the layout used a narrowing cast, so bytes may differ */
-    uint64_t max_shard_size; /* a neuronx-distributed save's output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
+    uint64_t max_shard_size;  /* NxD and PyTorch DCP sources: output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
+    const char *strip_prefix; /* PyTorch DCP sources only: removed from names that start with it, or NULL */
 } consolidate_opts;
 
 /* Rebuilds the original checkpoint from a converted directory. */
