@@ -17,9 +17,17 @@
 #                 and said so, when the model does not fit twice in the
 #                 memory available
 # and prints the medians, the ratios and the RSS against the goals.
+# Then the same model as a PyTorch DCP save of 8 ranks (FSDP2's dim-0
+# chunks, written as torch's FileSystemWriter does by bench/dcp_way.py):
+#   cp -r + sync  a durable copy of the DCP folder
+#   ckpt          ckpt consolidate DCP DST --strip-prefix model. (checked
+#                 tensor by tensor against the model)
+#   python        the whole state dict assembled in memory from torch.load of
+#                 every chunk, then written (dcp_to_torch_save's way)
 #
 # Environment: CKPT_BIN (an optimised build), BENCH_SCALE, BENCH_LAYERS,
-# BENCH_FULL (1: also the 16 GB model), BENCH_REPEAT, BENCH_DIR,
+# BENCH_FULL (1: also the 16 GB model), BENCH_RANKS (the DCP save's, default
+# 8), BENCH_REPEAT, BENCH_DIR,
 # BENCH_PYTHON (with python3-torch: /usr/bin/python3 after make deps),
 # BENCH_KEEP=1. A quick run: BENCH_SCALE=16 BENCH_LAYERS=2 BENCH_REPEAT=1 bench/torch.sh
 set -euo pipefail
@@ -91,6 +99,57 @@ one_model() {
     rm -rf hf bin
 }
 
+# dcp_model SCALE LAYERS RANKS: the same measures for a DCP save of the model.
+dcp_model() {
+    local scale=$1 layers=$2 ranks=$3
+    rm -rf hf dcp
+    "$CKPT_BIN" gen-model llama hf --scale "$scale" --layers "$layers" --shard-mb 0 >/dev/null
+    "$PY" "$HERE/dcp_way.py" write hf/model.safetensors dcp "$ranks"
+    local bytes avail_kb py_ok=1
+    bytes=$(du -sb dcp | cut -f1)
+    avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+    [ $((bytes / 1024 * 2)) -lt "$avail_kb" ] || py_ok=0
+    local -a COPY CK PYW
+    local rss_ck=0 rss_py=0 r
+    for r in $(seq "$REPEAT"); do
+        rm -rf copy out py.safetensors
+        sync
+        cat dcp/* dcp/.metadata >/dev/null
+        "$PY" "$HERE/measure.py" --out m.txt sh -c 'cp -r dcp copy && sync copy/*'
+        COPY+=("$(cut -d' ' -f1 m.txt)")
+        rm -rf copy
+        sync
+        "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" consolidate dcp out --strip-prefix model.
+        CK+=("$(cut -d' ' -f1 m.txt)")
+        rss_ck=$(maxof "$rss_ck" "$(cut -d' ' -f2 m.txt)")
+        if [ "$r" = 1 ]; then
+            "$PY" "$HERE/torch_way.py" check hf/model.safetensors out/model.safetensors >/dev/null ||
+                die "ckpt's consolidated DCP differs from the model it was written from"
+        fi
+        rm -rf out
+        if [ "$py_ok" = 1 ]; then
+            sync
+            "$PY" "$HERE/measure.py" --out m.txt "$PY" "$HERE/dcp_way.py" consolidate dcp py.safetensors --fsync
+            PYW+=("$(cut -d' ' -f1 m.txt)")
+            rss_py=$(maxof "$rss_py" "$(cut -d' ' -f2 m.txt)")
+            rm -f py.safetensors
+        fi
+    done
+    local c k p=""
+    c=$(median "${COPY[@]}")
+    k=$(median "${CK[@]}")
+    [ "$py_ok" = 1 ] && p=$(median "${PYW[@]}")
+    awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" -v s="$scale" -v l="$layers" -v n="$ranks" 'BEGIN {
+        printf "llama --scale %s --layers %s as a PyTorch DCP save of %s ranks: %.2f GB\n", s, l, n, b / 1e9
+        printf "  durable copy        %8.2f s\n", c
+        printf "  ckpt consolidate    %8.2f s  %.2fx the copy (goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n", k, k / c, r
+        if (p != "") printf "  python (in memory)  %8.2f s  %.2fx ckpt (goal >= 3x); peak RSS %.0f MiB\n", p, p / k, rp
+        else printf "  python (in memory)  skipped: the model does not fit twice in the memory available\n"
+    }'
+    rm -rf hf dcp
+}
+
 one_model "$SCALE" "$LAYERS"
 if [ "${BENCH_FULL:-0}" = 1 ]; then one_model 1 32; fi
+dcp_model "$SCALE" "$LAYERS" "${BENCH_RANKS:-8}"
 echo "converted tensors checked equal to the generated model's; load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

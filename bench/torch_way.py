@@ -67,7 +67,11 @@ def convert(src, dst, fsync):
             loaded.pop(name)
         else:
             seen[ptr] = name
-    loaded = {k: v.contiguous() for k, v in loaded.items()}
+    save_safetensors({k: v.contiguous() for k, v in loaded.items()}, dst, fsync)
+
+
+def save_safetensors(loaded, dst, fsync):
+    """The state dict as one safetensors file, {"format": "pt"}, tensors in name order."""
     header, off = {"__metadata__": {"format": "pt"}}, 0
     for name in sorted(loaded):
         t = loaded[name]
