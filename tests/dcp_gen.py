@@ -362,10 +362,15 @@ def write_metadata(out, meta, v21=False):
 
 
 def expect(model, extra, byte_names):
-    doc = {"tensors": {}, "optim": sorted(extra), "bytes": sorted(byte_names)}
+    doc = {"tensors": {}, "optim": sorted(extra), "bytes": sorted(byte_names), "optim_tensors": {}}
     for name, t in model.items():
         doc["tensors"][name] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
                                 "sha256": hashlib.sha256(bytes_of(t)).hexdigest()}
+    for name, t in extra.items():  # what --state makes slots of: "<param>/<slot>"
+        if t.dim():
+            param, slot = name[len("optim.state."):].rsplit(".", 1)
+            doc["optim_tensors"][f"{param}/{slot}"] = {"dtype": DTYPE_NAMES[t.dtype], "shape": list(t.shape),
+                                                       "sha256": hashlib.sha256(bytes_of(t)).hexdigest()}
     return doc
 
 

@@ -92,6 +92,7 @@ typedef struct {
     bool lossy; /* out: the layout used a narrowing cast, so bytes may differ */
     uint64_t max_shard_size;  /* NxD and PyTorch DCP sources: output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
     const char *strip_prefix; /* PyTorch DCP sources only: removed from names that start with it, or NULL */
+    bool state;               /* PyTorch DCP sources only: a training state, optimizer slots included */
 } consolidate_opts;
 
 /* Rebuilds the original checkpoint from a converted directory. */

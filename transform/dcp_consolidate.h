@@ -13,6 +13,11 @@
  * Python values) are left out, and said so on stderr.
  * strip_prefix removes a leading prefix from names that have it ("model."
  * of Accelerate's {"model": state_dict} saves); names must stay distinct.
+ * With o->state DST is a ckpt training state: optimizer entries
+ * "optim.state.<param>.<slot>" matching a model tensor of their shape become
+ * the slots "<param>/<slot>" in optimizer.safetensors, and optimizer.json and
+ * metadata.json (step: train_state.step, else the optimizer's common step)
+ * are written as a state's; unmatched optimizer entries are listed on stderr.
  */
 #ifndef CKPT_TRANSFORM_DCP_CONSOLIDATE_H
 #define CKPT_TRANSFORM_DCP_CONSOLIDATE_H

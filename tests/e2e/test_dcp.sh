@@ -14,7 +14,11 @@
 #    shards + model.safetensors.index.json) with {"format":"pt"} whose every
 #    tensor equals the original byte for byte (sha256 of the generator's
 #    tensors), names kept or, with --strip-prefix model., the Hugging Face
-#    names; no optim.*, train_state.* or bytes entry in it.
+#    names; no optim.*, train_state.* or bytes entry in it. With --state it
+#    writes a ckpt training state instead: optim.state.<param>.<slot> as
+#    optimizer slots <param>/<slot> (byte for byte), the step from
+#    train_state.step, which `ckpt state load` accepts and which converts to
+#    the easydel layout and consolidates back with its optimizer unchanged.
 # 3. Hostile folders (a missing .metadata, a missing .distcp, overlapping
 #    chunks, a hole, a range past its file, relative paths escaping the
 #    folder, os.system in .metadata, a chunk whose dtype or shape disagrees
@@ -162,6 +166,45 @@ grep -q "a PyTorch DCP checkpoint .*ckpt consolidate" "$work/err" || fail "conve
 # the DCP options are refused for other sources
 expect_status 1 "$ckpt" consolidate "$work/fsdp-hf" "$work/nope" --strip-prefix model.
 grep -q "for PyTorch DCP sources" "$work/err" || fail "strip-prefix on a non-DCP source: $(cat "$work/err")"
+# --state: a ckpt training state whose optimizer slots are the optim.state
+# tensors byte for byte, keyed <param>/<slot>; the step is train_state.step
+for save in fsdp tp2d; do
+    expect_status 0 "$ckpt" consolidate "$gen/$save" "$work/$save-state" --strip-prefix model. --state
+    [ "$(ls "$work/$save-state" | tr '\n' ' ')" = "metadata.json model.safetensors optimizer.json optimizer.safetensors " ] ||
+        fail "$save --state wrote $(ls "$work/$save-state")"
+    mkdir "$work/$save-model" && cp "$work/$save-state/model.safetensors" "$work/$save-model/"
+    check_consolidated "$work/$save-model" "$gen/$save.expect.json" "" || fail "$save --state: model tensors"
+    expect_status 0 "$ckpt" state load "$work/$save-state"
+    grep -q "step 1000" "$work/out" || fail "$save --state: step: $(cat "$work/out")"
+    "$py" - "$work/$save-state" "$gen/$save.expect.json" <<'EOF' || fail "$save --state: optimizer slots"
+import hashlib, json, struct, sys
+d, exp = sys.argv[1], json.load(open(sys.argv[2]))
+with open(f"{d}/optimizer.safetensors", "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); base = 8 + n
+    got = {}
+    for k, v in h.items():
+        if k == "__metadata__": continue
+        f.seek(base + v["data_offsets"][0])
+        got[k] = {"dtype": v["dtype"], "shape": v["shape"],
+                  "sha256": hashlib.sha256(f.read(v["data_offsets"][1] - v["data_offsets"][0])).hexdigest()}
+if got != exp["optim_tensors"]: sys.exit(f"slots {sorted(got)} != {sorted(exp['optim_tensors'])}")
+opt = json.load(open(f"{d}/optimizer.json"))
+if opt["slots"] != ["exp_avg", "exp_avg_sq"] or opt["scalars"] != {"step": 7.0}: sys.exit(f"optimizer.json {opt}")
+EOF
+done
+# the slots follow their parameters through a layout (easydel: kernels transposed)
+# (DCP saves no config.json: the user copies the model's in, as here)
+cat >"$work/fsdp-state/config.json" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 176, "vocab_size": 250, "num_hidden_layers": 2,
+ "tie_word_embeddings": false}
+EOF
+expect_status 0 "$ckpt" convert "$work/fsdp-state" "$work/fsdp-tp2" --layout easydel
+expect_status 0 "$ckpt" consolidate "$work/fsdp-tp2" "$work/fsdp-back"
+cmp -s "$work/fsdp-state/optimizer.safetensors" "$work/fsdp-back/optimizer.safetensors" ||
+    fail "--state: the optimizer did not come back through the easydel layout"
+expect_status 1 "$ckpt" consolidate "$work/fsdp-hf" "$work/nope" --state
+grep -q "for PyTorch DCP sources" "$work/err" || fail "--state on a non-DCP source: $(cat "$work/err")"
 
 # ---- 3. hostile folders ----
 note "hostile"
