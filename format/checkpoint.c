@@ -240,13 +240,18 @@ static int checkpoint_collect(ckpt_checkpoint *c, const char *what)
     return 0;
 }
 
-/* A name the index maps to a torch.save shard that holds it as a second name
- * of a shared tensor (tied weights: torch.h records it in the file's metadata). */
+/* A name the index maps to a shard that holds it as a second name of a
+ * shared tensor (tied weights): a torch.save shard (torch.h records it in the
+ * file's metadata), or a safetensors shard converted from one, whose
+ * __metadata__ says {removed: kept} with kept in that file (Hugging Face's
+ * conversion keeps such names in the index). */
 static bool checkpoint_torch_alias(const ckpt_checkpoint *c, const ckpt_index *ix, size_t i)
 {
-    for (size_t f = 0; f < c->nfiles; f++)
-        if (c->files[f].from_torch && !strcmp(ix->shards[f], ix->files[i]) && st_meta_get(&c->files[f], ix->names[i]))
-            return true;
+    for (size_t f = 0; f < c->nfiles; f++) {
+        if (strcmp(ix->shards[f], ix->files[i])) continue;
+        const char *kept = st_meta_get(&c->files[f], ix->names[i]);
+        if (kept && (c->files[f].from_torch || st_find(&c->files[f], kept))) return true;
+    }
     return false;
 }
 

@@ -112,6 +112,13 @@ int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, 
 int convert_layout_rank_files(exec_plan *p, const char *rank_files, int rank, plan_tensor **tensors, size_t n,
                               uint64_t max_size);
 /* The same with files named "<prefix>.safetensors" / "<prefix>-0000i-of-0000n.safetensors" ("optimizer"). */
+/* The layout of Hugging Face's own .bin conversion (safetensors'
+ * convert.py, convert_multi): each source file's tensors in one output file
+ * named by its rename() ("pytorch_model-00001-of-00002.bin" ->
+ * "model-00001-of-00002.safetensors"), and the source index with its file
+ * names renamed as *index_text (its other keys kept, indent 4, key order kept). */
+int convert_layout_follow_files(exec_plan *p, plan_tensor **tensors, size_t n, const ckpt_checkpoint *src,
+                                const char *src_index_text, char **index_text);
 int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
                                  uint64_t max_shard_size, char **index_text);
 

@@ -114,6 +114,27 @@ for case in llama legacy sharded wrapped.pt wrapped_legacy.pt model.pth proto4.p
     echo "ok $case: inspect and convert match torch"
 done
 
+# a sharded .bin converts as Hugging Face's conversion (safetensors'
+# convert.py, convert_multi) does: each .bin becomes the file its rename()
+# names, holding the same tensors, and the index is the source's with the
+# file names renamed (total_size and key order kept)
+"$py" - "$gen/sharded" "$work/conv-sharded" <<'EOF' || fail "sharded: not the files Hugging Face's conversion writes"
+import json, os, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+rename = lambda f: os.path.splitext(f)[0].replace("pytorch_model", "model") + ".safetensors"
+six = json.load(open(f"{src}/pytorch_model.bin.index.json"))
+oix = json.load(open(f"{out}/model.safetensors.index.json"))
+want = dict(six, weight_map={k: rename(v) for k, v in six["weight_map"].items()})
+if oix != want or list(oix["weight_map"]) != list(want["weight_map"]):
+    sys.exit(f"index: {oix} != {want}")
+for f in sorted(set(six["weight_map"].values())):
+    with open(f"{out}/{rename(f)}", "rb") as fh:
+        h = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+    held = {k for k in h if k != "__metadata__"}
+    if held != {k for k, v in six["weight_map"].items() if v == f}:
+        sys.exit(f"{rename(f)} holds {sorted(held)}")
+EOF
+echo "ok sharded .bin -> the files and index Hugging Face's conversion writes"
 # the sharded .bin opened through its index file, and a sharded output
 expect_status 0 "$ckpt" inspect --json "$gen/sharded/pytorch_model.bin.index.json"
 check_listing "$work/out" "$gen/sharded/expect.json" || fail "sharded via index: inspect"
