@@ -18,13 +18,13 @@ CC      ?= cc
 DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
-	libzstd-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
+	libzstd-dev zlib1g-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
 	python3-torch curl ca-certificates
 
 # libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
-PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto libzstd
-LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto libzstd
+PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto libzstd zlib
+LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto libzstd zlib
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(LINKED_PKGS) 2>/dev/null) -ldl -lpthread -lm
 
@@ -71,7 +71,7 @@ help:
 	@echo "make test     build with ASan+UBSan and run every test"
 	@echo "make check-layers  check the folders' layer order and module cycles"
 	@echo "make demo     generate a model and run the pipeline on it"
-	@echo "make bench    run the benchmarks in bench/"
+	@echo "make bench    the speed and memory table of bench/run.sh; BENCH=torch (or easydel, lora, ...) runs bench/torch.sh"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
 	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
 	@echo "make install-lib  install libckpt, its public header ckpt.h and ckpt.pc"
@@ -231,7 +231,7 @@ FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 # compiled in: sources are linked whole, and an unrelated half-written file
 # elsewhere must not break the fuzz build. UB aborts so libFuzzer records it.
 FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c format/zarr.c \
-	format/pickle.c format/zipdir.c format/torch.c format/nxd.c
+	format/pickle.c format/zipdir.c format/torch.c format/dcp.c format/nxd.c
 $(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h format/*.h)
 	@mkdir -p $(dir $@)
 	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(PKG_LIBS)
@@ -253,8 +253,12 @@ fuzz-short:
 demo: deps all $(BUILD)/ckpt-testhub
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) ./demo.sh
 
-bench: all
-	@CKPT_BIN=$(abspath $(BUILD)/ckpt) bench/run.sh
+# bench: the transform engine's table (bench/run.sh); BENCH=NAME runs
+# bench/NAME.sh instead (torch, easydel, lora, store, fetch, queue, serve).
+BENCH ?= run
+bench: all $(BUILD)/ckpt-testhub
+	@[ -f bench/$(BENCH).sh ] || { echo "make bench: no bench/$(BENCH).sh"; exit 2; }
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) bench/$(BENCH).sh
 
 $(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
 	sh deploy/mkman.sh $(BUILD)/ckpt $@

@@ -15,6 +15,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
+#include "format/dcp.h"
 #include "format/torch.h"
 
 #include <inttypes.h>
@@ -239,13 +240,18 @@ static int checkpoint_collect(ckpt_checkpoint *c, const char *what)
     return 0;
 }
 
-/* A name the index maps to a torch.save shard that holds it as a second name
- * of a shared tensor (tied weights: torch.h records it in the file's metadata). */
+/* A name the index maps to a shard that holds it as a second name of a
+ * shared tensor (tied weights): a torch.save shard (torch.h records it in the
+ * file's metadata), or a safetensors shard converted from one, whose
+ * __metadata__ says {removed: kept} with kept in that file (Hugging Face's
+ * conversion keeps such names in the index). */
 static bool checkpoint_torch_alias(const ckpt_checkpoint *c, const ckpt_index *ix, size_t i)
 {
-    for (size_t f = 0; f < c->nfiles; f++)
-        if (c->files[f].from_torch && !strcmp(ix->shards[f], ix->files[i]) && st_meta_get(&c->files[f], ix->names[i]))
-            return true;
+    for (size_t f = 0; f < c->nfiles; f++) {
+        if (strcmp(ix->shards[f], ix->files[i])) continue;
+        const char *kept = st_meta_get(&c->files[f], ix->names[i]);
+        if (kept && (c->files[f].from_torch || st_find(&c->files[f], kept))) return true;
+    }
     return false;
 }
 
@@ -366,6 +372,9 @@ static int checkpoint_open_in_dir(ckpt_checkpoint *c, const char *dir, const cha
         rc = checkpoint_open_torch(c, dir, "pytorch_model.bin.index.json", true);
     else if (!strcmp(prefix, "model") && ckpt_exists_in(dir, "pytorch_model.bin"))
         rc = checkpoint_open_torch(c, dir, "pytorch_model.bin", false);
+    else if (!strcmp(prefix, "model") && dcp_is_checkpoint(dir))
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: a PyTorch DCP checkpoint (.metadata + .distcp): `ckpt consolidate %s OUT` "
+                            "writes it as a Hugging Face checkpoint first", dir, dir);
     else
         rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: holds neither %s nor %s", dir, index_name,
                             file_name);
@@ -544,9 +553,10 @@ char *ckpt_index_render(uint64_t total_size, size_t n, char *const *names, char 
     return buf;
 }
 
-int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+static int checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles, bool views)
 {
     memset(c, 0, sizeof *c);
+    c->views = views;
     c->path = ckpt_strdup(label);
     c->dir = ckpt_strdup(label);
     c->files = ckpt_calloc(nfiles + 1, sizeof *c->files);
@@ -563,4 +573,14 @@ int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *f
     int rc = checkpoint_collect(c, label);
     if (rc) ckpt_checkpoint_close(c);
     return rc;
+}
+
+int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+{
+    return checkpoint_from_files(c, label, files, nfiles, false);
+}
+
+int ckpt_checkpoint_from_files_views(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles)
+{
+    return checkpoint_from_files(c, label, files, nfiles, true);
 }

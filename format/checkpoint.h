@@ -63,6 +63,8 @@ void ckpt_checkpoint_close(ckpt_checkpoint *c);
  * takes ownership of files[0..n) and indexes their tensors; `label` stands in
  * for the folder in messages. */
 int ckpt_checkpoint_from_files(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles);
+/* The same accepting permuted torch views, as ckpt_checkpoint_open_views. */
+int ckpt_checkpoint_from_files_views(ckpt_checkpoint *c, const char *label, st_file *files, size_t nfiles);
 /* Finds a tensor by name (binary search) or NULL. */
 const ckpt_tensor_ref *ckpt_checkpoint_find(const ckpt_checkpoint *c, const char *name);
 

@@ -23,6 +23,26 @@ bool easydel_is_checkpoint(const char *dir)
     return yes;
 }
 
+char *easydel_legacy_weights(const char *dir)
+{
+    if (!ckpt_is_dir(dir)) return NULL;
+    static const char *const names[] = {EASYDEL_LEGACY_INDEX, EASYDEL_LEGACY_MODEL};
+    for (size_t i = 0; i < 2; i++) {
+        char *p = ckpt_path_join(dir, names[i]);
+        if (p && ckpt_exists(p)) return p;
+        free(p);
+    }
+    return NULL;
+}
+
+bool easydel_is_legacy(const char *dir)
+{
+    char *p = easydel_legacy_weights(dir);
+    bool yes = p != NULL;
+    free(p);
+    return yes;
+}
+
 const char *easydel_jax_dtype_name(ckpt_dtype dt)
 {
     switch (dt) {

@@ -51,6 +51,19 @@ typedef struct {
 
 /* True when dir holds tensorstore_index.json (an EasyDeL / eformer TensorStore save). */
 bool easydel_is_checkpoint(const char *dir);
+
+/* The older save (EasyDeLState.save_state before the TensorStore
+ * Checkpointer): the parameters as a safetensors file named
+ * easydel-model.parameters, keys joined with ".", or shards listed by
+ * easydel-model.parameters.safetensors.index.json; the optimizer leaves as
+ * "param_{i}" in easydel-optstate.parameters with a pickled tree definition
+ * in easydel-optstate.structure. */
+#define EASYDEL_LEGACY_MODEL "easydel-model.parameters"
+#define EASYDEL_LEGACY_INDEX "easydel-model.parameters.safetensors.index.json"
+/* The index, else the single file, of such a save in dir (malloc'd), or NULL
+ * when dir holds neither. */
+char *easydel_legacy_weights(const char *dir);
+bool easydel_is_legacy(const char *dir);
 int easydel_open(easydel_ckpt *c, const char *dir);
 void easydel_close(easydel_ckpt *c);
 /* The array with this prefix and key, or NULL. */

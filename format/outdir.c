@@ -51,7 +51,7 @@ int outdir_commit(const char *tmpdir, const char *dst, bool force)
     return ckpt_dir_commit(tmpdir, dst);
 }
 
-static bool is_weight_file(const char *name)
+bool outdir_is_weight_name(const char *name)
 {
     size_t n = strlen(name);
     /* torch.save weights too (format/torch.h): converted, not copied */
@@ -83,7 +83,7 @@ int outdir_copy_side_files(const char *src_dir, const char *out_dir)
     int rc = 0;
     struct dirent *e;
     while (!rc && (e = readdir(d))) {
-        if (is_weight_file(e->d_name)) continue;
+        if (outdir_is_weight_name(e->d_name)) continue;
         char *from = ckpt_path_join(src_dir, e->d_name), *to = ckpt_path_join(out_dir, e->d_name);
         if (from && is_torch_bin(from, e->d_name)) {
             free(from);

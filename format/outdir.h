@@ -28,9 +28,13 @@ int outdir_prepare(const char *dst, bool force, char **tmpdir);
  * aside, the new one renamed in, the old one removed; an interrupt waits). */
 int outdir_commit(const char *tmpdir, const char *dst, bool force);
 /* Copies the small non-weight files (config.json, tokenizer, ...) of src_dir
- * into out_dir, skipping safetensors files, their indexes, ckpt-layout.json,
- * hidden files and temp names. */
+ * into out_dir, skipping what outdir_is_weight_name names and any other .bin
+ * that is a torch.save file. */
 int outdir_copy_side_files(const char *src_dir, const char *out_dir);
+/* True for a name that is weights or layout, not a side file: safetensors
+ * files and indexes, ckpt-layout.json, torch weights (pytorch_model*.bin,
+ * *.bin.index.json, .pt, .pth), hidden files and temp names. */
+bool outdir_is_weight_name(const char *name);
 /* Copies only a Hugging Face model's own small files that src_dir has:
  * config.json, generation_config.json and the tokenizer files (a training
  * save's folder holds others that do not belong to the model). */

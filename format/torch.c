@@ -54,6 +54,13 @@ static const torch_type STORAGES[] = {
     {"QInt32Storage", NO_DT, 4},         {"QUInt4x2Storage", NO_DT, 1},     {"QUInt2x4Storage", NO_DT, 1},
     {"UntypedStorage", CKPT_DT_U8, 1},
 };
+const char *torch_storage_type(ckpt_dtype dt)
+{
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(STORAGES); i++)
+        if (STORAGES[i].dt == (int)dt && strcmp(STORAGES[i].name, "UntypedStorage")) return STORAGES[i].name;
+    return NULL;
+}
+
 static const torch_type DTYPES[] = {
     {"float64", CKPT_DT_F64, 8},  {"double", CKPT_DT_F64, 8},  {"float32", CKPT_DT_F32, 4},
     {"float", CKPT_DT_F32, 4},    {"float16", CKPT_DT_F16, 2}, {"half", CKPT_DT_F16, 2},
@@ -743,6 +750,13 @@ static int fill(tctx *c, st_file *f)
     return rc;
 }
 
+const char *torch_dtype_at(size_t i, int *dt)
+{
+    if (i >= NDTYPES) return NULL;
+    *dt = DTYPES[i].dt;
+    return DTYPES[i].name;
+}
+
 /* Parses the file c describes into f (or, raw, its pickle into *doc). */
 static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
 {
@@ -777,6 +791,12 @@ static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
 int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
 {
     tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
+    return parse_ctx(&c, f, NULL);
+}
+
+int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size)
+{
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = size, .single = "tensor"};
     return parse_ctx(&c, f, NULL);
 }
 

@@ -59,6 +59,9 @@ const char *torch_sniff(const uint8_t *head, size_t len);
 int torch_open(st_file *f, const char *path);
 /* The same over any byte source (the fuzzers, tests): `label` names it. */
 int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size);
+/* "FloatStorage", "BFloat16Storage", ...: the typed storage torch pickles a
+ * tensor of dt with (torch.<name>), or NULL when there is none. */
+const char *torch_storage_type(ckpt_dtype dt);
 /* A torch.save file holding one tensor (torch.save(t, path), as xser writes
  * each tensor_<tid>.pt): f gets that one tensor, named `name`. */
 int torch_open_tensor(st_file *f, const char *path, const char *name);
@@ -74,6 +77,14 @@ int torch_parse_pickle(pk_doc *doc, const char *label, zip_read_fn rd, void *ctx
  * torch.bfloat16 names in a tree torch_load_pickle made; -1 when it is not
  * one, or has no safetensors twin. */
 int torch_global_dtype(const pk_node *g);
+/* A torch.save of one tensor, not a dict — what PyTorch DCP writes for each
+ * chunk (torch.save(tensor) into a .distcp file at an offset; format/dcp.h):
+ * the same rules, over [0, size) of rd; *f holds one tensor named "tensor"
+ * whose offset is relative to what rd reads. */
+int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size);
+/* torch's dtype names ("float32", "bfloat16", ...): the i-th, or NULL past the
+ * last; *dt gets its ckpt_dtype, or -1 when safetensors has none (complex128). */
+const char *torch_dtype_at(size_t i, int *dt);
 /* Opens a tensor file of either kind: torch.save by its first bytes, else safetensors. */
 int tensor_file_open(st_file *f, const char *path);
 

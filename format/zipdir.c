@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zlib.h>
 
 #define SIG_LOCAL 0x04034b50u
 #define SIG_CENTRAL 0x02014b50u
@@ -35,16 +36,14 @@ bool zipdir_sniff(const uint8_t *head, size_t len)
 
 uint32_t zipdir_crc32(uint32_t crc, const void *buf, size_t len)
 {
-    uint32_t table[256]; /* 2 KiB of work per call: callers hash whole entries, not bytes */
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-        table[i] = c;
-    }
     const uint8_t *p = buf;
-    crc = ~crc;
-    for (size_t i = 0; i < len; i++) crc = table[(crc ^ p[i]) & 0xFF] ^ (crc >> 8);
-    return ~crc;
+    while (len) { /* zlib takes uInt lengths */
+        uInt n = len > (1u << 30) ? (1u << 30) : (uInt)len;
+        crc = (uint32_t)crc32(crc, p, n);
+        p += n;
+        len -= n;
+    }
+    return crc;
 }
 
 /* The EOCD: the last record whose comment runs exactly to the end of the file. */

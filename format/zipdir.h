@@ -64,7 +64,7 @@ const zip_entry *zipdir_find(const zip_dir *z, const char *name);
 /* The entry, required to exist and to be stored (method 0, sizes equal):
  * CKPT_ENOTFOUND / CKPT_EINVAL with a message naming it otherwise. */
 int zipdir_find_stored(const zip_dir *z, const char *label, const char *name, const zip_entry **out);
-/* CRC-32 (zip's polynomial) of buf, continuing from crc (0 to start). */
+/* CRC-32 (zip's polynomial, zlib's crc32) of buf, continuing from crc (0 to start). */
 uint32_t zipdir_crc32(uint32_t crc, const void *buf, size_t len);
 
 #endif

@@ -20,7 +20,8 @@
 #include <sys/xattr.h>
 #include <unistd.h>
 
-#define EXEC_TILE_EDGE 1024
+#define EXEC_TILE_MIN_RUN 256 /* elements a transposing tile reads from each source line, at least */
+#define EXEC_TRANSPOSE_BLOCK 32 /* elements: a block's source lines stay in L1 */
 /* A gather reads through mmap when its span is this many times the bytes it needs. */
 #define EXEC_SPARSE_FACTOR 2
 #define EXEC_SPARSE_MIN (256u << 10)
@@ -152,6 +153,41 @@ static void copy_elems(const uint8_t *src, ckpt_dtype sdt, size_t ses, uint8_t *
     }
 }
 
+/* walk_run of a transposing walk: axes `in` (innermost, contiguous in the
+ * output) and `tj` (contiguous in the source) in EXEC_TRANSPOSE_BLOCK x
+ * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. */
+static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band, uint64_t band_first, ckpt_dtype sdt,
+                             size_t ses, uint8_t *dst, ckpt_dtype ddt, size_t des)
+{
+    const uint64_t B = EXEC_TRANSPOSE_BLOCK;
+    uint64_t idx[PLAN_MAX_DIM] = {0};
+    for (;;) {
+        uint64_t so = w->src, d = w->dst;
+        for (int k = 0; k < in; k++) {
+            if (k == tj) continue;
+            so += idx[k] * w->ss[k];
+            d += idx[k] * w->ds[k];
+        }
+        for (uint64_t jb = 0; jb < w->ext[tj]; jb += B) {
+            uint64_t je = w->ext[tj] - jb < B ? w->ext[tj] : jb + B;
+            for (uint64_t ib = 0; ib < w->ext[in]; ib += B) {
+                uint64_t n = w->ext[in] - ib < B ? w->ext[in] - ib : B;
+                for (uint64_t j = jb; j < je; j++) {
+                    uint64_t sj = so + j * w->ss[tj] + ib * w->ss[in], dj = d + j * w->ds[tj] + ib * w->ds[in];
+                    copy_elems(band + (sj - band_first) * ses, sdt, ses, dst + dj * des, ddt, des, n, w->ss[in],
+                               w->ds[in]);
+                }
+            }
+        }
+        int k = in - 1;
+        while (k >= 0 && (k == tj || ++idx[k] == w->ext[k])) {
+            if (k != tj) idx[k] = 0;
+            k--;
+        }
+        if (k < 0) break;
+    }
+}
+
 /* Runs a collapsed walk whose source elements are in `band` (band[0] is
  * source element band_first). */
 static void walk_run(const walk *w, const uint8_t *band, uint64_t band_first, ckpt_dtype sdt, uint8_t *dst,
@@ -163,6 +199,17 @@ static void walk_run(const walk *w, const uint8_t *band, uint64_t band_first, ck
         return;
     }
     int in = w->nd - 1;
+    /* A transpose: the output's innermost axis walks the source with a large
+     * stride while another axis walks it contiguously. Element by element in
+     * that order, each read is a cache miss; in square blocks of the two axes,
+     * each source line fetched serves a whole block. */
+    int tj = -1;
+    for (int k = 0; w->ss[in] > 1 && k < in; k++)
+        if (w->ss[k] == 1 && w->ext[k] > 1) tj = k;
+    if (tj >= 0) {
+        walk_run_blocked(w, in, tj, band, band_first, sdt, ses, dst, ddt, des);
+        return;
+    }
     uint64_t idx[PLAN_MAX_DIM] = {0};
     for (;;) {
         uint64_t so = w->src, d = w->dst;
@@ -415,10 +462,14 @@ static void slab_iter_init(slab_iter *it, const plan_tensor *t, bool tiles, uint
     uint64_t budget = slab_bytes / es;
     for (int k = 0; k < t->ndim; k++) it->chunk[k] = 1;
     if (tiles) {
-        uint64_t edge = EXEC_TILE_EDGE;
-        while (edge * edge > budget && edge > 1) edge /= 2;
-        it->chunk[t->ndim - 1] = edge;
-        it->chunk[t->ndim - 2] = edge;
+        /* Rectangles as wide as the budget allows while each source line
+         * still gives EXEC_TILE_MIN_RUN elements: whole output rows (one
+         * write per tile) when they fit, fewer and longer writes otherwise. */
+        uint64_t width = t->shape[t->ndim - 1], cols = budget / EXEC_TILE_MIN_RUN;
+        if (cols > width) cols = width;
+        if (cols == 0) cols = 1;
+        it->chunk[t->ndim - 1] = cols;
+        it->chunk[t->ndim - 2] = budget / cols ? budget / cols : 1;
     } else {
         /* The first axis whose inner block fits, chunked; later axes whole. */
         uint64_t inner = 1;

@@ -9,9 +9,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* A source for (blob, dtype, shape): the blob file is the source file, the tensor starts at 0. */
-static int add_source(const rebuild_ctx *rb, const char *blob, ckpt_dtype dt, int ndim, const uint64_t *shape,
-                      const char *what, int32_t *idx)
+/* A source for (blob, at, dtype, shape): the blob file is the source file, the
+ * tensor starts at byte `at` (0 for a tensor blob; a tensor of a stored
+ * torch.save file is a range of that file's blob, checked against the blob's
+ * size by the executor). */
+static int add_source(const rebuild_ctx *rb, const char *blob, uint64_t at, ckpt_dtype dt, int ndim,
+                      const uint64_t *shape, const char *what, int32_t *idx)
 {
     if (ndim < 0 || ndim > PLAN_MAX_DIM)
         return ckpt_error_set(CKPT_ECORRUPT, "%s: rank %d, at most %d is supported", what, ndim, PLAN_MAX_DIM);
@@ -40,6 +43,7 @@ static int add_source(const rebuild_ctx *rb, const char *blob, ckpt_dtype dt, in
     memset(src, 0, sizeof *src);
     if (!(src->name = ckpt_strdup(blob))) return CKPT_ENOMEM;
     src->file = pi - 1;
+    src->offset = at;
     src->dtype = dt;
     src->ndim = ndim;
     if (ndim) memcpy(src->shape, shape, (size_t)ndim * sizeof *shape);
@@ -106,13 +110,14 @@ static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *reci
             continue;
         }
         const char *blob = json_string_value(json_object_get(jp, "blob"));
+        json_t *jat = json_object_get(jp, "at");
         const char *dts = json_string_value(json_object_get(jp, "dtype"));
         json_t *js = json_object_get(jp, "shape");
         ckpt_dtype dt;
         size_t ndim = json_array_size(js);
         uint64_t shape[PLAN_MAX_DIM];
         if (!is_sha256(blob) || !dts || ckpt_dtype_from_name(dts, &dt) < 0 || !json_is_array(js) ||
-            ndim > PLAN_MAX_DIM) {
+            ndim > PLAN_MAX_DIM || (jat && (!json_is_integer(jat) || json_integer_value(jat) < 0))) {
             rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part %zu", what, i);
             break;
         }
@@ -130,7 +135,7 @@ static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *reci
                                 ckpt_dtype_name(dt), ckpt_dtype_name(t->dtype));
         int32_t idx;
         if (!rc) rc = from_json(&p, jp, t->ndim, (int)ndim, pwhat);
-        if (!rc) rc = add_source(rb, blob, dt, (int)ndim, shape, pwhat, &idx);
+        if (!rc) rc = add_source(rb, blob, jat ? (uint64_t)json_integer_value(jat) : 0, dt, (int)ndim, shape, pwhat, &idx);
         if (!rc) {
             p.src = idx;
             rc = plan_part_check(&p, t->ndim, t->shape, &rb->exec->sources[idx], CKPT_ECORRUPT, pwhat);
@@ -200,7 +205,7 @@ int rebuild_plan_file(const rebuild_ctx *rb, const char *path, const char *out_r
         if (blob) {
             int32_t idx;
             if (!is_sha256(blob)) rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad blob name", what);
-            if (!rc) rc = add_source(rb, blob, t->dtype, t->ndim, t->shape, what, &idx);
+            if (!rc) rc = add_source(rb, blob, 0, t->dtype, t->ndim, t->shape, what, &idx);
             if (!rc && t->nbytes) {
                 plan_part p;
                 plan_part_whole(&p, idx, t->ndim, t->shape);

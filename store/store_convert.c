@@ -6,6 +6,8 @@
 #include "common/json.h"
 #include "common/sha256.h"
 #include "common/util.h"
+#include "format/outdir.h"
+#include "format/torch.h"
 #include "transform/layout_meta.h"
 
 #include <stdio.h>
@@ -34,26 +36,34 @@ static int blob_text(ckpt_store *s, const store_file_row *f, char **out)
 }
 
 /* The source checkpoint as the offline planner would open it: the shards of
- * model.safetensors.index.json, else model.safetensors. */
+ * model.safetensors.index.json, else model.safetensors; else the torch.save
+ * weights of pytorch_model.bin.index.json or pytorch_model.bin, read from
+ * their whole-file blobs (torch.h), each st_file named by its stored path. */
 int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_file_row *rows, size_t nrows,
-                              ckpt_checkpoint *c, json_t **config, char **index_text, const char **index_name,
-                              char (**hashes)[65])
+                              bool torch_ok, ckpt_checkpoint *c, json_t **config, char **index_text,
+                              const char **index_name, char (**hashes)[65])
 {
     const src_files fl = {(store_file_row *)rows, nrows}, *files = &fl;
-    const char *names_single[] = {"model.safetensors"};
+    const char *names_single[] = {"model.safetensors"}, *names_torch[] = {"pytorch_model.bin"};
     ckpt_index ix;
     memset(&ix, 0, sizeof ix);
     int rc = 0;
     const store_file_row *index = find_file(files, "model.safetensors.index.json");
     const char *const *shards = names_single;
     size_t nshards = 1;
+    bool torch = false;
     if (!index && !find_file(files, "model.safetensors") &&
-        (find_file(files, "pytorch_model.bin") || find_file(files, "pytorch_model.bin.index.json")))
-        /* stored whole (fetch of a .bin-only repository); recipes address tensor blobs, not ranges of a file */
-        return ckpt_error_set(CKPT_EINVAL,
-                              "%s@%s holds torch.save weights (pytorch_model*.bin), which conversion in the store "
-                              "does not read yet: `ckpt pull %s@%s -o DIR`, then `ckpt convert DIR ...`",
-                              src->repo, src->revision, src->repo, src->revision);
+        (find_file(files, "pytorch_model.bin") || find_file(files, "pytorch_model.bin.index.json"))) {
+        if (!torch_ok)
+            return ckpt_error_set(CKPT_EINVAL,
+                                  "%s@%s holds torch.save weights (pytorch_model*.bin), which this job does not read "
+                                  "in the store: `ckpt convert %s@%s --layout hf` stores a safetensors copy, or "
+                                  "`ckpt pull` it and work on the folder",
+                                  src->repo, src->revision, src->repo, src->revision);
+        torch = true;
+        shards = names_torch;
+        index = find_file(files, "pytorch_model.bin.index.json");
+    }
     if (index && index->blob) {
         rc = blob_text(s, index, index_text);
         if (!rc) rc = ckpt_index_parse(&ix, index->path, *index_text, strlen(*index_text));
@@ -68,9 +78,26 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     size_t nparsed = 0;
     for (size_t i = 0; !rc && i < nshards; i++) {
         const store_file_row *f = find_file(files, shards[i]);
-        if (!f || !f->header) {
-            rc = ckpt_error_set(CKPT_ENOTFOUND, "%s@%s has no safetensors file '%s'", src->repo, src->revision, shards[i]);
+        if (!f || (torch ? !f->blob : !f->header)) {
+            rc = ckpt_error_set(CKPT_ENOTFOUND, "%s@%s has no %s file '%s'", src->repo, src->revision,
+                                torch ? "torch.save" : "safetensors", shards[i]);
             break;
+        }
+        if (torch) {
+            char *path = store_blob_path(s, f->blob);
+            rc = path ? tensor_file_open(&parsed[i], path) : CKPT_ENOMEM;
+            free(path);
+            if (rc && rc != CKPT_ENOMEM) rc = ckpt_error_prefix(rc, "%s@%s: %s", src->repo, src->revision, f->path);
+            if (rc) break;
+            nparsed++; /* open: closed with the others on failure */
+            free(parsed[i].path); /* named by its stored path, as the index maps it */
+            if (!(parsed[i].path = ckpt_strdup(f->path))) rc = CKPT_ENOMEM;
+            else if (!parsed[i].from_torch)
+                rc = ckpt_error_set(CKPT_ECORRUPT, "%s@%s: %s is not a torch.save file", src->repo, src->revision,
+                                    f->path);
+            if (rc) break;
+            memcpy((*hashes)[i], f->sha256, 65);
+            continue;
         }
         if ((rc = st_parse(&parsed[i], f->path, f->header, f->header_len, f->size))) break;
         memcpy((*hashes)[i], f->sha256, 65);
@@ -78,7 +105,8 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     }
     char *label = rc ? NULL : ckpt_sprintf("%s@%s", src->repo, src->revision);
     if (!rc && !label) rc = CKPT_ENOMEM;
-    if (!rc) rc = ckpt_checkpoint_from_files(c, label, parsed, nparsed);
+    if (!rc) rc = torch ? ckpt_checkpoint_from_files_views(c, label, parsed, nparsed)
+                        : ckpt_checkpoint_from_files(c, label, parsed, nparsed);
     else
         for (size_t i = 0; i < nparsed; i++) st_close(&parsed[i]);
     free(label);
@@ -117,7 +145,7 @@ static bool is_whole_source(const plan_tensor *t, const plan_source *src)
     return true;
 }
 
-static char *recipe_json(const plan_tensor *t, const exec_plan *p, char **blobs)
+static char *recipe_json(const plan_tensor *t, const exec_plan *p, char **blobs, const uint64_t *at)
 {
     json_t *a = json_array();
     for (size_t i = 0; a && i < t->nparts; i++) {
@@ -131,6 +159,7 @@ static char *recipe_json(const plan_tensor *t, const exec_plan *p, char **blobs)
             json_object_set_new(j, "blob", json_string(blobs[pt->src]));
             json_object_set_new(j, "dtype", json_string(ckpt_dtype_name(src->dtype)));
             json_object_set_new(j, "shape", shape);
+            if (at[pt->src]) json_object_set_new(j, "at", json_integer((json_int_t)at[pt->src]));
         }
         json_array_append_new(a, j);
     }
@@ -169,16 +198,15 @@ static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, con
 
 bool store_convert_is_side_file(const char *name)
 {
-    size_t n = strlen(name);
-    return !strchr(name, '/') && name[0] != '.' && !(n >= 12 && !strcmp(name + n - 12, ".safetensors")) &&
-           !strstr(name, ".safetensors.index.json") && strcmp(name, CONVERT_LAYOUT_FILE);
+    return !strchr(name, '/') && !outdir_is_weight_name(name);
 }
 
 /* Assembles the output safetensors files once, to learn their sha256. */
-static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const convert_opts *o, char (*out)[65])
+static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const uint64_t *at, const convert_opts *o,
+                        char (*out)[65])
 {
     exec_plan *p = &cp->exec;
-    /* Each source tensor is its own blob file, at offset 0. */
+    /* Each source tensor is its own blob file, at offset 0, or a byte range of a torch.save file's blob. */
     for (size_t i = 0; i < p->nsrc_paths; i++) free(p->src_paths[i]);
     free(p->src_paths);
     p->nsrc_paths = 0;
@@ -188,7 +216,7 @@ static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const con
         if (!(p->src_paths[i] = store_blob_path(s, blobs[i]))) return CKPT_ENOMEM;
         p->nsrc_paths++;
         p->sources[i].file = i;
-        p->sources[i].offset = 0;
+        p->sources[i].offset = at[i];
     }
     char *base = store_tmp_base(s, "convert"), *tmp = NULL;
     int rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
@@ -207,7 +235,7 @@ static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const con
 }
 
 static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,
-                        char (*file_sha)[65], char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
+                        const uint64_t *at, char (*file_sha)[65], char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
                         size_t *nws)
 {
     int rc = 0;
@@ -226,10 +254,11 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
             const plan_tensor *t = ef->tensors[ef->layout.tensors[i].user];
             store_tensor_rec *tr = &fr->tensors[fr->ntensors++];
             tr->name = ckpt_strdup(t->name);
-            if (t->nparts && t->parts[0].src != PLAN_ZERO && is_whole_source(t, &cp->exec.sources[t->parts[0].src]))
+            if (t->nparts && t->parts[0].src != PLAN_ZERO && !at[t->parts[0].src] &&
+                is_whole_source(t, &cp->exec.sources[t->parts[0].src]))
                 tr->blob = ckpt_strdup(blobs[t->parts[0].src]);
             else
-                tr->recipe = recipe_json(t, &cp->exec, blobs);
+                tr->recipe = recipe_json(t, &cp->exec, blobs, at);
             if (!tr->name || (!tr->blob && !tr->recipe)) rc = CKPT_ENOMEM;
         }
     }
@@ -292,7 +321,9 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
                                 "store does not carry; `ckpt state export` writes it in a layout (--layout, "
                                 "--tp, --rank) with its optimizer slots, or without them (--no-optimizer)",
                                 ref, files.v[i].path);
-    if (!rc) rc = store_convert_open_source(s, &src, files.v, files.n, &c, &config, &index_text, &index_name, &src_hashes);
+    if (!rc)
+        rc = store_convert_open_source(s, &src, files.v, files.n, true, &c, &config, &index_text, &index_name,
+                                       &src_hashes);
     if (!rc) {
         rc = convert_plan_build_from(&cp, &c, "", config, index_name, index_text, o);
         config = NULL;
@@ -310,20 +341,31 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         rc = store_get(s, id, out);
     } else if (!rc) {
         char **blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *blobs);
+        uint64_t *at = ckpt_calloc(cp.exec.nsources + 1, sizeof *at);
         char(*file_sha)[65] = ckpt_calloc(cp.exec.nfiles + 1, sizeof *file_sha);
         store_blob_writer *ws = ckpt_calloc(cp.nfolders + 2, sizeof *ws);
         size_t nws = 0;
-        if (!blobs || !file_sha || !ws) rc = CKPT_ENOMEM;
+        if (!blobs || !at || !file_sha || !ws) rc = CKPT_ENOMEM;
         for (size_t i = 0; !rc && i < cp.exec.nsources; i++) {
             const plan_source *ps = &cp.exec.sources[i];
-            rc = store_convert_tensor_blob(s, src.id, cp.src.files[ps->file].path, ps->name, &blobs[i]);
+            const st_file *sf = &cp.src.files[ps->file];
+            const store_file_row *row = sf->from_torch ? find_file(&files, sf->path) : NULL;
+            if (!sf->from_torch) {
+                rc = store_convert_tensor_blob(s, src.id, sf->path, ps->name, &blobs[i]);
+            } else if (!row || !row->blob) {
+                rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s has no blob", sf->path);
+            } else { /* the tensor's bytes inside the stored torch.save file */
+                blobs[i] = ckpt_strdup(row->blob);
+                at[i] = ps->offset;
+                if (!blobs[i]) rc = CKPT_ENOMEM;
+            }
         }
         /* The recipes reference the source's blobs: lease them until the commit. */
         if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};
-        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, file_sha, src_hashes, &r, ws, &nws);
-        if (!rc) rc = hash_outputs(s, &cp, blobs, o, file_sha);
+        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, at, file_sha, src_hashes, &r, ws, &nws);
+        if (!rc) rc = hash_outputs(s, &cp, blobs, at, o, file_sha);
         /* hash_outputs fills file_sha after build_record copied it: copy again. */
         for (size_t f = 0; !rc && f < cp.exec.nfiles; f++) memcpy(r.files[f].sha256, file_sha[f], 65);
         if (!rc) rc = store_blobs_publish(s, ws, nws);
@@ -335,6 +377,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         store_ckpt_rec_free(&r);
         for (size_t i = 0; blobs && i < cp.exec.nsources; i++) free(blobs[i]);
         free(blobs);
+        free(at);
         free(file_sha);
         free(ws);
     }

@@ -389,7 +389,7 @@ int store_lora_merge(ckpt_store *s, const char *base_ref, const char *adapter,
             base_ref, j.base.repo, j.base.revision);
     if (!rc) rc = store_files_load(s, j.base.id, &j.rows, &j.nrows);
     if (!rc)
-        rc = store_convert_open_source(s, &j.base, j.rows, j.nrows, &j.ck, &j.config, &j.index_text,
+        rc = store_convert_open_source(s, &j.base, j.rows, j.nrows, false, &j.ck, &j.config, &j.index_text,
                                        &j.index_name, &j.hashes);
     if (!rc) rc = open_adapter(&j, adapter);
     if (!rc) rc = lora_adapter_check_base(&j.ad, &j.ck);

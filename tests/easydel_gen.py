@@ -11,6 +11,21 @@ array_serialization / TensorStore's zarr driver lay them out:
   OUT/metadata.json, checkpoint_metadata.json, model_structure.json, tx_structure.json, config.json
 
   easydel_gen.py SRC OUT [--step N] [--chunk-rows R] [--slash] [--no-tx]
+  easydel_gen.py SRC OUT --legacy [--shards N] [--no-tx]
+
+--legacy writes the older save instead (EasyDeLState.save_state before the
+TensorStore Checkpointer; easydel/infra/base_state.py and bridge's
+_save_model_files through CheckpointManager.save_checkpoint):
+  OUT/easydel-model.parameters       safetensors, the parameter tree's keys
+                                     joined with ".", no metadata (safetensors'
+                                     save_file), or with --shards N that many
+                                     shard files and
+  OUT/easydel-model.parameters.safetensors.index.json (the weight_map naming them)
+  OUT/easydel-optstate.parameters    safetensors of the optimizer leaves in
+                                     tree order, "param_{i}"
+  OUT/easydel-optstate.structure     a pickle of the tree definition (here a
+                                     plain tuple of the leaves' roles: Python's
+                                     own pickle of record-shaped data)
 
 --chunk-rows R splits every array of rank >= 2 into chunks of R along the first
 axis and, for 2-D arrays, about half the last axis (edge chunks included); the
@@ -84,6 +99,53 @@ def write_array(out, rel, dtype, shape, raw, chunks, slash):
     return {"path": rel, "shape": list(shape), "dtype": JAX[dtype]}
 
 
+def write_st(path, tensors):
+    """A safetensors file as safetensors' save_file writes it (no metadata):
+    data ordered by dtype size (largest first), then name; 8-byte padded header."""
+    size = {"F64": 8, "I64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2}
+    tensors = sorted(tensors, key=lambda t: (-size.get(t[1], 1), t[0]))
+    header, off = {}, 0
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        off += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for _, _, _, raw in tensors:
+            f.write(raw)
+
+
+def legacy(a):
+    import pickle
+    params = [(name, dtype, shape, reader()) for name, dtype, shape, reader in tensors_of(a.src)]
+    if a.shards <= 1:
+        write_st(os.path.join(a.out, "easydel-model.parameters"), params)
+    else:
+        per = -(-len(params) // a.shards)
+        weight_map = {}
+        for k in range(a.shards):
+            fn = f"easydel-model.parameters-{k + 1:05d}-of-{a.shards:05d}.safetensors"
+            part = params[k * per:(k + 1) * per]
+            write_st(os.path.join(a.out, fn), part)
+            weight_map.update({p[0]: fn for p in part})
+        with open(os.path.join(a.out, "easydel-model.parameters.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {"total_size": sum(len(p[3]) for p in params)}, "weight_map": weight_map}, f, indent=2)
+    if not a.no_tx:  # optax adam leaves in tree order: count, mu..., nu...
+        leaves = [("count", "I32", [], struct.pack("<i", a.step))]
+        for slot in ("mu", "nu"):
+            for name, dtype, shape, raw in params:
+                leaves.append((f"{slot}:{name}", "F32", shape, bytes(len(raw) // 2 * 4 if dtype in ("BF16", "F16") else len(raw))))
+        write_st(os.path.join(a.out, "easydel-optstate.parameters"),
+                 [(f"param_{i}", dt, sh, raw) for i, (_, dt, sh, raw) in enumerate(leaves)])
+        with open(os.path.join(a.out, "easydel-optstate.structure"), "wb") as f:
+            pickle.dump((tuple(role for role, _, _, _ in leaves), a.step), f)
+    cfg = os.path.join(a.src, "config.json")
+    if os.path.exists(cfg):
+        with open(cfg) as i, open(os.path.join(a.out, "config.json"), "w") as o:
+            o.write(i.read())
+
+
 def chunking(shape, rows):
     if not rows or len(shape) < 2:
         return [max(1, s) for s in shape]
@@ -102,8 +164,12 @@ def main():
     ap.add_argument("--chunk-rows", type=int, default=0)
     ap.add_argument("--slash", action="store_true")
     ap.add_argument("--no-tx", action="store_true")
+    ap.add_argument("--legacy", action="store_true")
+    ap.add_argument("--shards", type=int, default=1)
     a = ap.parse_args()
     os.makedirs(a.out)
+    if a.legacy:
+        return legacy(a)
     model, tx = [], []
     for name, dtype, shape, reader in tensors_of(a.src):
         raw = reader()

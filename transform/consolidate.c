@@ -20,9 +20,11 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "format/dcp.h"
 #include "format/easydel.h"
 #include "format/nxd.h"
 #include "lora/lora.h"
+#include "transform/dcp_consolidate.h"
 #include "transform/easydel_import.h"
 #include "transform/nxd_import.h"
 #include "transform/lora_plan.h"
@@ -319,7 +321,11 @@ static void consolidation_free(consolidation *c)
 
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
-    if (easydel_is_checkpoint(src)) return easydel_consolidate(src, dst, o);
+    if (dcp_is_checkpoint(src)) return dcp_consolidate(src, dst, o);
+    if (o->strip_prefix || o->state)
+        return ckpt_error_set(CKPT_EINVAL, "%s: --strip-prefix and --state are for PyTorch DCP sources; this is not one",
+                              src);
+    if (easydel_is_checkpoint(src) || easydel_is_legacy(src)) return easydel_consolidate(src, dst, o);
     if (nxd_is_checkpoint(src)) return nxd_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);

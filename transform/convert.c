@@ -107,7 +107,12 @@ static int build_folders(convert_plan *cp, uint64_t max_shard)
         /* rank_files (vLLM): every rank's files in DST itself, named by the pattern */
         cp->folder_dirs[r] = tp > 1 && !rank_files ? ckpt_sprintf("tp_rank_%02d", r) : ckpt_strdup("");
         if (!cp->folder_dirs[r]) rc = CKPT_ENOMEM;
-        if (!rc && rank_files)
+        /* a sharded .bin to hf, no --max-shard-size: the files Hugging Face's conversion writes */
+        bool follow = tp == 1 && !rank_files && !max_shard && !cp->state && !strcmp(cp->layout_name, "hf") &&
+                      cp->src.nfiles > 1 && cp->src.files[0].from_torch && cp->index_text;
+        if (!rc && follow)
+            rc = convert_layout_follow_files(&cp->exec, list, n, &cp->src, cp->index_text, &cp->index_texts[r]);
+        else if (!rc && rank_files)
             rc = convert_layout_rank_files(&cp->exec, rank_files, r, list, n,
                                            max_shard ? max_shard : CONVERT_RANK_FILES_DEFAULT_SIZE);
         else if (!rc)

@@ -90,7 +90,9 @@ typedef struct {
     bool force;
     bool quiet;
     bool lossy; /* out: the layout used a narrowing cast, so bytes may differ */
-    uint64_t max_shard_size; /* a neuronx-distributed save's output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
+    uint64_t max_shard_size;  /* NxD and PyTorch DCP sources: output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
+    const char *strip_prefix; /* PyTorch DCP sources only: removed from names that start with it, or NULL */
+    bool state;               /* PyTorch DCP sources only: a training state, optimizer slots included */
 } consolidate_opts;
 
 /* Rebuilds the original checkpoint from a converted directory. */
@@ -110,6 +112,13 @@ int convert_layout_folder(exec_plan *p, const char *dir, plan_tensor **tensors, 
 int convert_layout_rank_files(exec_plan *p, const char *rank_files, int rank, plan_tensor **tensors, size_t n,
                               uint64_t max_size);
 /* The same with files named "<prefix>.safetensors" / "<prefix>-0000i-of-0000n.safetensors" ("optimizer"). */
+/* The layout of Hugging Face's own .bin conversion (safetensors'
+ * convert.py, convert_multi): each source file's tensors in one output file
+ * named by its rename() ("pytorch_model-00001-of-00002.bin" ->
+ * "model-00001-of-00002.safetensors"), and the source index with its file
+ * names renamed as *index_text (its other keys kept, indent 4, key order kept). */
+int convert_layout_follow_files(exec_plan *p, plan_tensor **tensors, size_t n, const ckpt_checkpoint *src,
+                                const char *src_index_text, char **index_text);
 int convert_layout_folder_prefix(exec_plan *p, const char *dir, const char *prefix, plan_tensor **tensors, size_t n,
                                  uint64_t max_shard_size, char **index_text);
 

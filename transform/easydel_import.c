@@ -5,6 +5,7 @@
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/util.h"
+#include "format/checkpoint.h"
 #include "format/easydel.h"
 #include "format/safetensors.h"
 
@@ -81,36 +82,58 @@ static int stage_model(const easydel_ckpt *c, const char *staging)
     return rc;
 }
 
+/* The staged folder (or, for an older save, the opened weights c with the
+ * staged side files) converted with the inverse rules into dst. */
+static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint *c, const char *dst,
+                           consolidate_opts *o)
+{
+    json_t *rules = easydel_inverse_rules(), *config = NULL;
+    char *rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json");
+    int rc = rules && rules_path ? cj_write_file(rules_path, rules) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
+                       .no_hash = true, .no_layout_file = true};
+    convert_plan cp;
+    if (!rc && c) {
+        char *cfg = ckpt_path_join(staging, "config.json");
+        if (!cfg) rc = CKPT_ENOMEM;
+        else if (ckpt_exists(cfg)) rc = cj_load_file(&config, cfg, CONVERT_CONFIG_MAX_BYTES);
+        free(cfg);
+        if (!rc) rc = convert_plan_build_from(&cp, c, staging, config, NULL, NULL, &co); /* owns c, config */
+        else ckpt_checkpoint_close(c);
+    } else if (!rc) {
+        rc = convert_plan_build(&cp, staging, &co);
+    } else if (c) {
+        ckpt_checkpoint_close(c);
+    }
+    if (rc) rc = ckpt_error_prefix(rc, "%s: mapping EasyDeL names back to Hugging Face", src);
+    if (!rc) {
+        rc = convert_write(&cp, dst, &co);
+        convert_plan_free(&cp);
+    }
+    free(rules_path);
+    json_decref(rules);
+    return rc;
+}
+
 int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
 {
     if (!o->force && !ckpt_dir_is_empty_or_missing(dst))
         return ckpt_error_set(CKPT_EEXIST, "%s exists and is not empty (--force replaces it)", dst);
+    char *weights = easydel_is_checkpoint(src) ? NULL : easydel_legacy_weights(src);
+    bool legacy = weights != NULL;
     easydel_ckpt c;
-    int rc = easydel_open(&c, src);
+    ckpt_checkpoint lc;
+    int rc = legacy ? ckpt_checkpoint_open(&lc, weights) : easydel_open(&c, src);
+    free(weights);
     if (rc) return rc;
-    char *staging = NULL, *rules_path = NULL;
-    json_t *rules = NULL;
+    char *staging = NULL;
     rc = ckpt_tmpdir_create(dst, &staging);
-    if (!rc) rc = stage_model(&c, staging);
+    if (!rc && !legacy) rc = stage_model(&c, staging);
     if (!rc) rc = outdir_copy_model_files(src, staging);
-    if (!rc && !(rules = easydel_inverse_rules())) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    if (!rc && !(rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json"))) rc = CKPT_ENOMEM;
-    if (!rc) rc = cj_write_file(rules_path, rules);
-    if (!rc) {
-        convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
-                           .no_hash = true, .no_layout_file = true};
-        convert_plan cp;
-        rc = convert_plan_build(&cp, staging, &co);
-        if (rc) rc = ckpt_error_prefix(rc, "%s: mapping EasyDeL names back to Hugging Face", src);
-        if (!rc) {
-            rc = convert_write(&cp, dst, &co);
-            convert_plan_free(&cp);
-        }
-    }
+    if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, dst, o);
+    else if (legacy) ckpt_checkpoint_close(&lc);
     if (staging) ckpt_rm_rf(staging);
     free(staging);
-    free(rules_path);
-    json_decref(rules);
-    easydel_close(&c);
+    if (!legacy) easydel_close(&c);
     return rc;
 }

@@ -10,6 +10,10 @@
  * `.scale` renamed to `.weight`, every `.kernel` transposed to `.weight`)
  * then writes DST the way `ckpt convert` writes a folder, without
  * ckpt-layout.json. The staging folder is removed in every case.
+ * An older save (easydel_legacy_weights: easydel-model.parameters, a
+ * safetensors file or shards with an index) needs no staging of tensors:
+ * its parameters are converted with the same rules where they are, the
+ * temp folder holding only the side files and the rules.
  */
 #ifndef CKPT_TRANSFORM_EASYDEL_IMPORT_H
 #define CKPT_TRANSFORM_EASYDEL_IMPORT_H

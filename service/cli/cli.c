@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "common/json.h"
+#include "common/util.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -56,4 +57,26 @@ json_t *cli_dims_json(int n, const uint64_t *d)
     json_t *a = json_array();
     for (int i = 0; a && i < n; i++) json_array_append_new(a, json_integer((json_int_t)d[i]));
     return a;
+}
+
+const char *cli_printable(const char *s, char **owned)
+{
+    *owned = NULL;
+    const char *p = s;
+    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f)
+        p++;
+    if (!*p) return s;
+    size_t len = strlen(s);
+    char *out = ckpt_malloc(4 * len + 1), *o = out;
+    if (!out) return "(name not printable: out of memory)";
+    for (p = s; *p; p++) {
+        unsigned char ch = (unsigned char)*p;
+        if (ch < 0x20 || ch == 0x7f)
+            o += sprintf(o, "\\x%02x", ch);
+        else
+            *o++ = (char)ch;
+    }
+    *o = '\0';
+    *owned = out;
+    return out;
 }

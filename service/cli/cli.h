@@ -60,6 +60,11 @@ int cli_inspect_easydel(const char *path, bool as_json);
 json_t *cli_dims_json(int n, const uint64_t *d);
 /* `ckpt inspect` of an optimum-neuron / neuronx-distributed save (cmd_inspect_nxd.c). */
 int cli_inspect_nxd(const char *path, bool as_json);
+/* `ckpt inspect` of a PyTorch DCP folder (cmd_inspect_dcp.c). */
+int cli_inspect_dcp(const char *path, bool as_json);
+/* s with control characters as \xNN, so a hostile tensor or shard name cannot drive the
+ * terminal: s itself when it has none, else a copy in *owned (caller frees). */
+const char *cli_printable(const char *s, char **owned);
 int cmd_gen_model(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_convert(int argc, char **argv);

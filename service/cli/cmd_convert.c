@@ -46,7 +46,7 @@ static const char layout_options_help[] =
     "  --lora-scale S          multiply the adapter's scale by S (default 1)\n"
     "  --threads N             copy threads (default 2)\n";
 
-enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE };
+enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE, OPT_STRIP_PREFIX, OPT_STATE };
 
 /* Every option of plan, convert and consolidate; each takes the ones its allowed[] lists. */
 static const int convert_shared[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE,
@@ -57,6 +57,8 @@ static const struct option convert_own[] = {
     {"parts", no_argument, 0, OPT_PARTS},
     {"lora", required_argument, 0, OPT_LORA},
     {"lora-scale", required_argument, 0, OPT_LORA_SCALE},
+    {"strip-prefix", required_argument, 0, OPT_STRIP_PREFIX},
+    {"state", no_argument, 0, OPT_STATE},
     {0, 0, 0, 0},
 };
 
@@ -64,6 +66,8 @@ typedef struct {
     convert_opts co;
     cli_common common; /* --home, --json; --force and --quiet are copied into co */
     bool print_rules, parts;
+    const char *strip_prefix;
+    bool state;
     int npos;
     char **pos;
 } cli_args;
@@ -101,6 +105,8 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         case CLI_OPT_NO_HASH: a->co.no_hash = true; break;
         case OPT_PARTS: a->parts = true; break;
         case OPT_LORA: a->co.lora = optarg; break;
+        case OPT_STRIP_PREFIX: a->strip_prefix = optarg; break;
+        case OPT_STATE: a->state = true; break;
         case OPT_LORA_SCALE:
             if (cli_parse_factor(cmd, "--lora-scale", optarg, &a->co.lora_scale)) return CLI_USAGE;
             break;
@@ -252,29 +258,44 @@ int cmd_convert(int argc, char **argv)
 int cmd_consolidate(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt consolidate SRC DST [--threads N] [--max-shard-size SIZE] [--force]\n\n"
+        printf("usage: ckpt consolidate SRC DST [--threads N] [--max-shard-size SIZE] [--force]\n"
+               "       ckpt consolidate DCP_DIR DST [--max-shard-size SIZE] [--strip-prefix P]\n\n"
                "Rebuilds the original Hugging Face checkpoint from the output of `ckpt convert`\n"
                "using only its shard files and ckpt-layout.json: fused tensors split, GQA head\n"
                "permutations undone, KV replicas and padding dropped, shards concatenated,\n"
                "experts unstacked. Replicated tensors are checked equal on every rank. Without\n"
                "a narrowing cast the files are byte-identical to the source.\n\n"
-               "SRC may also be an EasyDeL TensorStore save (docs/easydel.md) or an\n"
-               "optimum-neuron / neuronx-distributed training save (the folder holding\n"
-               "shards/, or shards/ itself; docs/layouts.md): its tensor-parallel ranks and\n"
-               "pipeline stages are merged and the model_weight_transformation_specs undone\n"
-               "as optimum-neuron's to_original_weights does, streamed with bounded memory;\n"
-               "--max-shard-size (default 5GB) sets the output shards of such a save.\n\n"
+               "SRC may also be an EasyDeL save (TensorStore, or the older\n"
+               "easydel-model.parameters; docs/easydel.md), an optimum-neuron /\n"
+               "neuronx-distributed training save (the folder holding shards/, or shards/\n"
+               "itself; docs/layouts.md): its tensor-parallel ranks and pipeline stages are\n"
+               "merged and the model_weight_transformation_specs undone as optimum-neuron's\n"
+               "to_original_weights does; or a PyTorch Distributed Checkpoint folder\n"
+               "(.metadata + __<rank>_<n>.distcp, as torch.distributed.checkpoint.save,\n"
+               "torchtitan and Accelerate's SHARDED_STATE_DICT write it): every chunk is\n"
+               "checked and each tensor assembled from its chunks, names kept; optimizer and\n"
+               "training state (optim.*, train_state.*, ...) and bytes entries are left out\n"
+               "(docs/torch.md). Both are streamed with bounded memory.\n"
+               "  --max-shard-size SIZE  largest output file of an NxD or DCP source (default 5GB)\n"
+               "  --strip-prefix P       DCP: remove P from the start of names that have it\n"
+               "  --state                DCP: write a ckpt training state: the optimizer's\n"
+               "                         optim.state.<param>.<slot> tensors become slots <param>/<slot>\n"
+               "                         of the parameters they match, the step comes along\n\n"
                "examples:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n"
-               "  ckpt consolidate ./llama-trn1-checkpoint-100 ./llama-hf --max-shard-size 2GB\n");
+               "  ckpt consolidate ./llama-trn1-checkpoint-100 ./llama-hf --max-shard-size 2GB\n"
+               "  ckpt consolidate ./ckpt/step-1000 ./hf --strip-prefix model. --max-shard-size 2GB\n"
+               "  ckpt consolidate ./ckpt/step-1000 ./state --strip-prefix model. --state\n");
         return CLI_OK;
     }
-    static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_QUIET, CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_END};
+    static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE,    CLI_OPT_QUIET,
+                                  CLI_OPT_MAX_SHARD_SIZE, OPT_STRIP_PREFIX, OPT_STATE, CLI_OPT_END};
     cli_args a;
     int u = parse_args("consolidate", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 2) return cli_usage_error("consolidate", "expected SRC and DST");
+    if (a.strip_prefix && !*a.strip_prefix) return cli_usage_error("consolidate", "--strip-prefix needs a prefix");
     consolidate_opts o = {.threads = a.co.threads, .force = a.co.force, .quiet = a.co.quiet,
-                          .max_shard_size = a.co.max_shard_size};
+                          .max_shard_size = a.co.max_shard_size, .strip_prefix = a.strip_prefix, .state = a.state};
     double t0 = ckpt_now();
     if (consolidate_run(a.pos[0], a.pos[1], &o) < 0) return cli_fail();
     ckpt_info("consolidated %s -> %s in %.2f s%s", a.pos[0], a.pos[1], ckpt_now() - t0,

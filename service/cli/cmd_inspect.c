@@ -13,6 +13,7 @@
 #include "common/json.h"
 #include "common/util.h"
 #include "format/checkpoint.h"
+#include "format/dcp.h"
 #include "format/easydel.h"
 #include "format/nxd.h"
 
@@ -29,6 +30,9 @@ static void help(void)
            "shards listed by model.safetensors.index.json). Every file is checked against\n"
            "the safetensors rules and the index against the files; on the first problem\n"
            "ckpt prints one line naming the file, the check and the tensor, and exits 1.\n"
+           "torch.save files (pytorch_model.bin, .pt) open the same way; a PyTorch\n"
+           "Distributed Checkpoint folder (.metadata + __<rank>_<n>.distcp) lists every\n"
+           "entry with its global shape, dtype and chunks (docs/torch.md).\n"
            "\n"
            "The text listing has one line per tensor in name order (name, dtype, shape,\n"
            "size, file), then the totals.\n"
@@ -55,7 +59,8 @@ static void help(void)
            "examples:\n"
            "  ckpt inspect /models/qwen2\n"
            "  ckpt inspect model-00001-of-00002.safetensors --json\n"
-           "  ckpt inspect ./llama-trn1/checkpoint-100          # a neuronx-distributed save\n");
+           "  ckpt inspect ./checkpoints/step-1000     # a DCP folder: tensors and their chunks\n"
+           "  ckpt inspect ./llama-trn1/checkpoint-100 # a neuronx-distributed save\n");
 }
 
 /* "[896, 14]" into buf. */
@@ -69,37 +74,13 @@ static const char *shape_str(const st_tensor *t, char *buf, size_t len)
     return buf;
 }
 
-/* s with control characters as \xNN, so a hostile tensor or shard name cannot drive the
- * terminal: s itself when it has none, else a copy in *owned (caller frees). */
-static const char *printable(const char *s, char **owned)
-{
-    *owned = NULL;
-    const char *p = s;
-    while (*p && (unsigned char)*p >= 0x20 && *p != 0x7f)
-        p++;
-    if (!*p) return s;
-    size_t len = strlen(s);
-    char *out = ckpt_malloc(4 * len + 1), *o = out;
-    if (!out) return "(name not printable: out of memory)";
-    for (p = s; *p; p++) {
-        unsigned char ch = (unsigned char)*p;
-        if (ch < 0x20 || ch == 0x7f)
-            o += sprintf(o, "\\x%02x", ch);
-        else
-            *o++ = (char)ch;
-    }
-    *o = '\0';
-    *owned = out;
-    return out;
-}
-
 static int print_text(const ckpt_checkpoint *c)
 {
     int name_w = 4, shape_w = 5;
     char shape[CKPT_MAX_RANK * 24 + 4], human[32], *owned;
     for (size_t i = 0; i < c->ntensors; i++) {
         const st_tensor *t = c->tensors[i].t;
-        int n = (int)strlen(printable(t->name, &owned));
+        int n = (int)strlen(cli_printable(t->name, &owned));
         int s = (int)strlen(shape_str(t, shape, sizeof shape));
         free(owned);
         name_w = n > name_w ? (n > 80 ? 80 : n) : name_w;
@@ -110,10 +91,10 @@ static int print_text(const ckpt_checkpoint *c)
     for (size_t i = 0; i < c->ntensors; i++) {
         const st_tensor *t = c->tensors[i].t;
         char *owned_file;
-        printf("%-*s  %-11s  %-*s  %10s  %s\n", name_w, printable(t->name, &owned),
+        printf("%-*s  %-11s  %-*s  %10s  %s\n", name_w, cli_printable(t->name, &owned),
                ckpt_dtype_name(t->dtype), shape_w, shape_str(t, shape, sizeof shape),
                ckpt_format_size(t->nbytes, human, sizeof human),
-               printable(ckpt_basename(c->files[c->tensors[i].file].path), &owned_file));
+               cli_printable(ckpt_basename(c->files[c->tensors[i].file].path), &owned_file));
         free(owned);
         free(owned_file);
     }
@@ -202,9 +183,13 @@ int cmd_inspect(int argc, char **argv)
     bool as_json = common.json;
     if (!path) return cli_usage_error(cmd, "expected a PATH (a .safetensors file or a directory)");
     if (easydel_is_checkpoint(path)) return cli_inspect_easydel(path, as_json);
+    if (dcp_is_checkpoint(path)) return cli_inspect_dcp(path, as_json);
     if (nxd_is_checkpoint(path)) return cli_inspect_nxd(path, as_json);
+    char *legacy = easydel_legacy_weights(path); /* an older EasyDeL save: its parameters */
     ckpt_checkpoint c;
-    if (ckpt_checkpoint_open_views(&c, path) < 0) return cli_fail();
+    int orc = ckpt_checkpoint_open_views(&c, legacy ? legacy : path);
+    free(legacy);
+    if (orc < 0) return cli_fail();
     int rc = as_json ? print_json(&c) : print_text(&c);
     ckpt_checkpoint_close(&c);
     return rc < 0 ? cli_fail() : CLI_OK;

@@ -11,6 +11,11 @@
 #    independent Python walk of the folder finds (paths, dtypes, shapes,
 #    chunks, stored and raw bytes, the step); `ckpt consolidate` must give
 #    back the gen-model checkpoint byte for byte.
+#    The older save of Llama and Mixtral (easydel-model.parameters, one file
+#    or shards with their index, and the optimizer's easydel-optstate files,
+#    written by `easydel_gen.py --legacy`): inspect lists its parameters,
+#    consolidate gives back the original byte for byte, and only the model
+#    and config.json are written.
 # 2. Hostile saves: each is refused (exit 1) with one message naming the
 #    array, and DST never appears: shapes that disagree, chunks that
 #    decompress to the wrong size, a zstd bomb, paths leaving the folder (in
@@ -105,6 +110,27 @@ for spec in "llama bf16 --chunk-rows=40" "qwen2 f32 --slash" "mixtral bf16 --chu
     cmp -s "hf-$arch/config.json" "back-$arch/config.json" || fail "$arch: config.json differs"
     [ ! -e "back-$arch/ckpt-layout.json" ] || fail "$arch: consolidate left ckpt-layout.json"
     ls -d back-"$arch".tmp-* 2>/dev/null && fail "$arch: temp folders left"
+    if [ "$arch" = llama ] || [ "$arch" = mixtral ]; then
+        # the older save: easydel-model.parameters (sharded with its index for mixtral)
+        shards=1
+        [ "$arch" = mixtral ] && shards=3
+        $zpy "$gen" "ed-$arch" "legacy-$arch" --legacy --shards "$shards" --step 77 || fail "easydel_gen --legacy $arch"
+        "$ckpt" inspect "legacy-$arch" --json >"legacy-$arch.json" || fail "inspect legacy-$arch"
+        $zpy - "legacy-$arch.json" "ed-$arch/model.safetensors" <<'EOF' || fail "legacy $arch: inspect listing"
+import json, struct, sys
+got = {t["name"]: (t["dtype"], t["shape"]) for t in json.load(open(sys.argv[1]))["tensors"]}
+with open(sys.argv[2], "rb") as f:
+    h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+want = {k: (v["dtype"], v["shape"]) for k, v in h.items() if k != "__metadata__"}
+if got != want: sys.exit(f"listed {sorted(got)[:3]}..., saved {sorted(want)[:3]}...")
+EOF
+        expect_status 0 "$ckpt" consolidate "legacy-$arch" "lback-$arch"
+        cmp -s "hf-$arch/model.safetensors" "lback-$arch/model.safetensors" || fail "legacy $arch: model.safetensors differs"
+        cmp -s "hf-$arch/config.json" "lback-$arch/config.json" || fail "legacy $arch: config.json differs"
+        [ "$(ls "lback-$arch" | tr '\n' ' ')" = "config.json model.safetensors " ] ||
+            fail "legacy $arch: consolidate wrote $(ls "lback-$arch")"
+        rm -rf "legacy-$arch" "lback-$arch" "legacy-$arch.json"
+    fi
 done
 # a non-empty DST is refused without --force, replaced with it
 expect_status 1 "$ckpt" consolidate save-llama back-llama

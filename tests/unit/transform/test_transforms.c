@@ -1129,6 +1129,29 @@ static void test_rename_drop_transpose(void **state)
     expect_round_trip(fx, fx->dst2);
 }
 
+/* Transposes larger than the executor's tile budget (8 MiB: 2M i32 elements),
+ * with edges that are no multiple of its 32-element blocks: a tall source
+ * (output rows of 3001, tiles of 698 whole rows) and a wide one (output rows
+ * of 9000 elements, tiles 256 x 8192), every element checked. */
+static void test_transpose_tiles(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"tall.weight", CKPT_DT_I32, 2, {3001, 1003}, 1, 1003},
+        {"wide.weight", CKPT_DT_I32, 2, {9000, 300}, 2, 300},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst, "{'rules': [{'op': 'transpose', 'pattern': '[.]weight$'}]}");
+    view a = load(fx->dst, -1, "tall.weight"), b = load(fx->dst, -1, "wide.weight");
+    expect_shape(&a, CKPT_DT_I32, 2, SHAPE(1003, 3001));
+    expect_block(&a, 0, 0, 1003, 3001, &t[0], 0, 0, true);
+    expect_shape(&b, CKPT_DT_I32, 2, SHAPE(300, 9000));
+    expect_block(&b, 0, 0, 300, 9000, &t[1], 0, 0, true);
+    view_free(&a);
+    view_free(&b);
+    expect_round_trip(fx, fx->dst);
+}
+
 /* cast f32 -> bf16 rounds to nearest even (ckpt_f32_to_bf16), leaves integer
  * tensors alone, and marks the layout lossy. */
 static void test_cast_bf16(void **state)
@@ -2169,6 +2192,7 @@ int main(void)
         T(test_stack_experts_order),
         T(test_unstack_experts),
         T(test_rename_drop_transpose),
+        T(test_transpose_tiles),
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),

@@ -1,0 +1,83 @@
+/*
+ * torch_write.h — writing a state dict as a torch.save file (the zip format
+ * torch has written since 1.6), without torch, tensor bytes streamed by the
+ * caller.
+ *
+ * The file is what torch.save(OrderedDict) writes (torch/serialization.py
+ * _save; caffe2/serialize/inline_container.cc PyTorchStreamWriter):
+ *   <archive>/data.pkl     protocol-2 pickle: collections.OrderedDict of
+ *                          name -> torch._utils._rebuild_tensor_v2(
+ *                            persistent id ('storage', torch.<T>Storage, key,
+ *                            'cpu', numel), 0, size, stride, False, OrderedDict())
+ *   <archive>/byteorder    "little"
+ *   <archive>/data/<key>   one storage per tensor, keys "0", "1", ... written
+ *                          in sorted (string) order as torch does
+ *   <archive>/version      "3\n"
+ * Every entry is stored (no compression) with its CRC-32, and its data starts
+ * on a 64-byte boundary (the local header's extra field "FB" pads it, as
+ * PyTorchStreamWriter's getPadding does); zip64 fields where sizes or
+ * offsets pass 4 GiB. The pickle names only what the restricted reader
+ * (torch.h) allows, so ckpt reads back every file it writes.
+ *
+ * Two steps, so that the executor (plan/executor.h) can stream the tensor
+ * bytes into place in between:
+ *   torch_out_plan()   decides every offset: torch_out.t[i].offset is where
+ *                      tensor i's bytes go, file_size the whole file;
+ *   (the caller writes each tensor's bytes at its offset)
+ *   torch_out_finish() reads the storages back for their CRC-32 and writes
+ *                      everything else: headers, data.pkl, the small
+ *                      records, the central directory.
+ * Between the two the file may hold anything outside the storages (the
+ * executor extends it to file_size with zeros): finish writes all of it.
+ */
+#ifndef CKPT_FORMAT_TORCH_WRITE_H
+#define CKPT_FORMAT_TORCH_WRITE_H
+
+#include "format/dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TORCH_OUT_ALIGN 64 /* PyTorchStreamWriter's kFieldAlignment */
+
+typedef struct {
+    char *name;
+    ckpt_dtype dtype;
+    int ndim;
+    uint64_t shape[CKPT_MAX_RANK];
+    uint64_t nbytes;
+    uint64_t offset; /* set by torch_out_plan: first byte of the storage in the file */
+} torch_out_tensor;
+
+typedef struct {
+    char *archive;      /* the top folder's name */
+    torch_out_tensor *t; /* in state-dict order */
+    size_t n;
+    uint8_t *pickle;
+    size_t pickle_len;
+    uint64_t file_size;
+    /* the zip entries, in file order */
+    struct torch_out_entry {
+        char *name;         /* full name, archive/... */
+        uint64_t header;    /* local header offset */
+        uint64_t data, size; /* data offset and length */
+        const uint8_t *bytes; /* small records' contents (NULL: a storage) */
+        size_t tensor;      /* a storage: index into t */
+        uint16_t extra_len; /* local header extra field (zip64 + padding) */
+    } *e;
+    size_t ne;
+    uint64_t cd_offset, cd_size;
+} torch_out;
+
+/* Plans a file holding tensors[0..n) under `archive` ("archive" when NULL).
+ * Names and shapes are copied; dtypes without a torch storage type (sub-byte
+ * ones, complex) are refused naming the tensor. */
+int torch_out_plan(torch_out *o, const char *archive, const torch_out_tensor *tensors, size_t n);
+/* With every tensor's bytes at its offset in fd: writes the rest. */
+int torch_out_finish(const torch_out *o, int fd, const char *path);
+void torch_out_free(torch_out *o);
+
+/* The pickle alone (data.pkl of the plan), for tests and the fuzz corpus. */
+int torch_out_pickle(const torch_out_tensor *tensors, size_t n, uint8_t **out, size_t *len);
+
+#endif
