@@ -20,7 +20,9 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                                       --damage breaks the save for a hostile test;
                                       --mha makes it from REF-mha (8 KV heads: with
                                       --fuse-qkv, LlamaAttention's qkv_proj of stride
-                                      3 and its FusedLinearsSpec)
+                                      3 and its FusedLinearsSpec); --qwen3 from
+                                      REF-qwen3, a Qwen3 (modeling_qwen3.py: Llama's
+                                      layers plus replicated q_norm and k_norm)
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
@@ -118,8 +120,10 @@ def row_ids(name, shape):
     return torch.arange(shape[0], dtype=torch.float32).unsqueeze(1).repeat(1, shape[1]).to(torch.bfloat16)
 
 
-def make_ref(out, rowids=False, mha=False):
-    c = dict(CONFIG, num_key_value_heads=CONFIG["num_attention_heads"]) if mha else CONFIG
+def make_ref(out, rowids=False, mha=False, qwen3=False):
+    c = dict(CONFIG, num_key_value_heads=CONFIG["num_attention_heads"]) if mha else dict(CONFIG)
+    if qwen3:  # Qwen3: Llama's layers plus per-head RMSNorms of q and k (head_dim wide)
+        c.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False)
     g = torch.Generator().manual_seed(17)
     hd, H, KV, hid, inter, V = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
         c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -131,6 +135,8 @@ def make_ref(out, rowids=False, mha=False):
                        p + "mlp.gate_proj.weight": [inter, hid], p + "mlp.up_proj.weight": [inter, hid],
                        p + "mlp.down_proj.weight": [hid, inter], p + "input_layernorm.weight": [hid],
                        p + "post_attention_layernorm.weight": [hid]})
+        if c["model_type"] == "qwen3":
+            shapes.update({p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
     tensors = {n: row_ids(n, s) if rowids else torch.randn(s, generator=g).to(torch.bfloat16)
                for n, s in sorted(shapes.items())}
     os.makedirs(out, exist_ok=True)
@@ -248,6 +254,9 @@ def build(c, ref, tp, fuse_qkv, kv_mult):
                     tp_attrs(0, 1, tp))
             put(a + ".o_proj.weight", lambda r: create_local_weight_with_padding(o, 1, 1, r, tp), tp_attrs(1, 1, tp))
             specs.append({"module_fully_qualified_name": a, "specs": []})
+        if c["model_type"] == "qwen3":  # modeling_qwen3.py Qwen3Attention: q_norm, k_norm after o_proj
+            for n in ("q_norm", "k_norm"):
+                put(f"{a}.{n}.weight", lambda r, n=n: ref[f"{a}.{n}.weight"].clone(), {"tensor_model_parallel": False})
         gate, up, down = (ref[f"{p}mlp.{x}_proj.weight"] for x in ("gate", "up", "down"))
         put(p + "mlp.gate_up_proj.weight", lambda r: create_local_fused_weight(r, tp, [gate, up], 0, 0),
             tp_attrs(0, 2, tp))
@@ -377,6 +386,7 @@ def main():
     s.add_argument("--kv-size-multiplier", type=int, default=None)
     s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
     s.add_argument("--mha", action="store_true", help="(saves) from REF-mha, whose KV heads are its 8 query heads")
+    s.add_argument("--qwen3", action="store_true", help="(saves) from REF-qwen3, a Qwen3 (q_norm, k_norm)")
     s.add_argument("--damage", default=None, help="norm, shape, kv, info or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
@@ -394,9 +404,9 @@ def main():
             make_ref(a.ref)
         for spec in a.specs:
             b = ap.parse_args(["save", a.ref] + shlex.split(spec))
-            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "")
+            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "") + ("-qwen3" if b.qwen3 else "")
             if not os.path.exists(os.path.join(ref, "model.safetensors")):
-                make_ref(ref, rowids=b.rowids, mha=b.mha)
+                make_ref(ref, rowids=b.rowids, mha=b.mha, qwen3=b.qwen3)
             save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
             if b.damage:
                 xser_modules()

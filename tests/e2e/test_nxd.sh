@@ -8,7 +8,8 @@
 #    2, plain torch.save and xser, separate q/k/v (KV heads divide tp), GQA
 #    with fused weight_qkv (auto kv_size_multiplier) and unfused
 #    weight_q/_k/_v (kv_size_multiplier 4), gate_up fused, and a model with as
-#    many KV heads as query heads whose fused qkv_proj is a FusedLinearsSpec. `ckpt inspect
+#    many KV heads as query heads whose fused qkv_proj is a FusedLinearsSpec,
+#    and a Qwen3 (q_norm and k_norm replicated). `ckpt inspect
 #    --json` must list every parameter with the metadata's partition keys and
 #    the shape torch reads from rank 0; `ckpt consolidate` must give back
 #    model.safetensors byte for byte, from SAVE or SAVE/shards, and the same
@@ -32,7 +33,7 @@ done
 [ -n "$tpy" ] || fail "no python3 with torch (make deps installs python3-torch)"
 cd "$work"
 
-specs=("--tp 2" "--tp 4 --fuse-qkv --mha" "--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4"
+specs=("--tp 2 --qwen3" "--tp 4 --fuse-qkv --mha" "--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4"
     "--tp 4 --pp 2 --xser --fuse-qkv" "--tp 2 --pp 2" "--tp 1 --xser"
     "--tp 4 --xser --fuse-qkv --rowids" "--tp 4 --kv-size-multiplier 4 --rowids")
 args=()
@@ -136,7 +137,7 @@ for i in "${!specs[@]}"; do
     note "save $n: $spec"
     expect_status 0 "$ckpt" consolidate "s$n" "back$n"
     orig=ref
-    case $spec in *--rowids*) orig=ref-rows ;; *--mha*) orig=ref-mha ;; esac
+    case $spec in *--rowids*) orig=ref-rows ;; *--mha*) orig=ref-mha ;; *--qwen3*) orig=ref-qwen3 ;; esac
     cmp -s $orig/model.safetensors "back$n/model.safetensors" || fail "$spec: model.safetensors differs from the original"
     cmp -s $orig/config.json "back$n/config.json" || fail "$spec: config.json differs"
     [ "$(ls "back$n")" = "$(printf 'config.json\nmodel.safetensors')" ] || fail "$spec: DST holds $(ls "back$n" | tr '\n' ' ')"
@@ -166,7 +167,7 @@ if [ "$(ulimit -H -n)" = unlimited ] || [ "$(ulimit -H -n)" -ge 400 ]; then
     cmp -s ref/model.safetensors fewfds/model.safetensors || fail "with 60 open files: model.safetensors differs"
     rm -rf fewfds
 fi
-rm -rf back sharded s1 s2 s6 s8 s9 ref-rows ref-mha
+rm -rf back sharded s1 s2 s6 s8 s9 ref-rows ref-mha ref-qwen3
 
 # ---- 2. broken and hostile saves ----
 # refused SAVE PATTERN: exit 1, one line matching PATTERN, no DST.
