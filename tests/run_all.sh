@@ -15,7 +15,8 @@
 #           up (a program that dies before its summary counts as one failure)
 #   e2e     tests/e2e/run.sh: one count per script
 #   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10), two at a
-#           time: one count each
+#           time: one count each (they build in the background from the unit
+#           stage on, one compiler at a time)
 # The last line is "N passed, N failed" over all of them, and the exit status
 # is non-zero when anything failed (a build that fails counts as a failure).
 set -uo pipefail
@@ -56,6 +57,14 @@ if [ $build_ok = 1 ]; then add build 1 0; else add build 0 1; fi
 stage "layers"
 if [ $build_ok = 1 ] && python3 tests/check_layers.py "$SAN_BUILD"; then add check-layers 1 0; else add check-layers 0 1; fi
 
+# The fuzz harnesses build (clang, build/fuzz) from now on, one compiler at a
+# time, while the unit programs (half of their time waiting on fsync) and the
+# end-to-end tests run; the fuzz stage waits for it.
+fuzz_names=()
+for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
+$MAKE -j1 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log.fuzzbuild" 2>&1 &
+fuzz_build_pid=$!
+
 # ---- unit ----
 stage "unit (cmocka, two at a time)"
 # Each program is one process in temp folders of its own (mkdtemp), so two run
@@ -81,14 +90,14 @@ header_one() {
     echo "$rc" >"$log.header.rc"
 }
 for t in header "${unit_order[@]}"; do
-    while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n 2>/dev/null || true; done
+    while [ "$(jobs -rp | grep -cvx "$fuzz_build_pid")" -ge 2 ]; do wait -n 2>/dev/null || true; done
     if [ "$t" = header ]; then
         header_one &
     elif [ -x "$t" ]; then
         unit_one "$t" &
     fi
 done
-wait
+for p in $(jobs -rp | grep -vx "$fuzz_build_pid"); do wait "$p"; done
 for t in "${unit_bins[@]}"; do
     n=$(basename "$t")
     if [ ! -x "$t" ]; then
@@ -143,10 +152,10 @@ fi
 
 # ---- fuzz ----
 stage "fuzz (${FUZZ_SECONDS}s per harness, two at a time)"
-# All harnesses build at once (-j2), then run in pairs: each is one process
-# on one core for FUZZ_SECONDS, so two cores take half the time.
-fuzz_names=()
-for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
+# The harnesses run in pairs: each is one process on one core for
+# FUZZ_SECONDS, so two cores take half the time.
+# The build started before the unit stage; what it has left, at -j2 now.
+wait "$fuzz_build_pid"
 $MAKE -j2 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log" 2>&1 || tail -n 20 "$log"
 fuzz_one() { # fuzz_one NAME LOG: runs one harness; its exit status
     mkdir -p "build/fuzz/corpus-$1"
