@@ -227,20 +227,28 @@ e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD := build/fuzz
 FUZZ_BINS := $(FUZZ_SRCS:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_CFLAGS := $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS)
 # The harnesses exercise format/ (which uses only common/), so only those are
-# compiled in: sources are linked whole, and an unrelated half-written file
-# elsewhere must not break the fuzz build. UB aborts so libFuzzer records it.
+# compiled in: sources are listed, not taken by wildcard across the tree, and an
+# unrelated half-written file elsewhere must not break the fuzz build. Each is
+# compiled once into $(FUZZ_BUILD)/obj (instrumented for libFuzzer: the same
+# flags as the harnesses) and linked into every harness. UB aborts so libFuzzer
+# records it.
 FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c format/zarr.c \
 	format/pickle.c format/zipdir.c format/torch.c format/dcp.c format/nxd.c
-$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard common/*.h format/*.h)
+FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
+$(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_LIB_SRCS) $(PKG_LIBS)
+	clang $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_OBJS)
+	@mkdir -p $(dir $@)
+	clang $(FUZZ_CFLAGS) -MMD -MP -o $@ $< $(FUZZ_LIB_OBJS) $(PKG_LIBS)
 # fuzz_rebuild runs the store's file rebuild (store/rebuild.c) and the
 # executor's reads over it: those, and the plan algebra they use, join in.
-FUZZ_REBUILD_SRCS := $(FUZZ_LIB_SRCS) store/rebuild.c plan/plan.c plan/executor.c
-$(FUZZ_BUILD)/fuzz_rebuild: tests/fuzz/fuzz_rebuild.c $(FUZZ_REBUILD_SRCS) $(wildcard common/*.h format/*.h plan/*.h store/rebuild.h)
+FUZZ_REBUILD_OBJS := $(FUZZ_LIB_OBJS) $(addprefix $(FUZZ_BUILD)/obj/,store/rebuild.o plan/plan.o plan/executor.o)
+$(FUZZ_BUILD)/fuzz_rebuild: tests/fuzz/fuzz_rebuild.c $(FUZZ_REBUILD_OBJS)
 	@mkdir -p $(dir $@)
-	clang $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined $(INCS) $(PKG_CFLAGS) -o $@ $< $(FUZZ_REBUILD_SRCS) $(PKG_LIBS)
+	clang $(FUZZ_CFLAGS) -MMD -MP -o $@ $< $(FUZZ_REBUILD_OBJS) $(PKG_LIBS)
 
 fuzz: deps $(FUZZ_BINS)
 	@for f in $(FUZZ_BINS); do n=$$(basename $$f); mkdir -p $(FUZZ_BUILD)/corpus-$$n; \
@@ -278,4 +286,4 @@ format:
 clean:
 	rm -rf build build-*
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(FUZZ_BUILD)/obj -name '*.d' 2>/dev/null) $(wildcard $(FUZZ_BUILD)/*.d)

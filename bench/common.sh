@@ -42,3 +42,14 @@ bench_start() {
     mkdir -p "$BASE"
     WORK=$(mktemp -d "$BASE/ckpt-bench-$BENCH_NAME.XXXXXX")
 }
+
+# bench_cleanup_on_exit: WORK is removed when the script exits, unless
+# BENCH_KEEP=1 (then its path is printed).
+bench_cleanup_on_exit() {
+    trap 'if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench/$BENCH_NAME: kept $WORK"; else rm -rf "$WORK"; fi' EXIT
+}
+
+# median V...: the median of the numbers given (the upper one of an even count).
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+# maxof A B: the larger number.
+maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (b > a) ? b : a}'; }

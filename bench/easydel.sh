@@ -23,8 +23,7 @@ BENCH_NAME=easydel
 "$PY" -c 'import zarr, numcodecs' 2>/dev/null || die "$PY cannot import zarr and numcodecs (make deps)"
 bench_positive SCALE LAYERS
 bench_start
-cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
+bench_cleanup_on_exit
 export CKPT_QUIET=1
 cd "$WORK"
 "$CKPT_BIN" gen-model llama hf --scale "$SCALE" --layers "$LAYERS" --shard-mb 0 >/dev/null
@@ -45,10 +44,9 @@ for r in $(seq "$REPEAT"); do
     "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" consolidate save back
     CONS+=("$(cut -d' ' -f1 m.txt)")
     rss=$(cut -d' ' -f2 m.txt)
-    rss_max=$(awk -v a="$rss_max" -v b="$rss" 'BEGIN {print (b > a) ? b : a}')
+    rss_max=$(maxof "$rss_max" "$rss")
     cmp -s hf/model.safetensors back/model.safetensors || die "consolidated model.safetensors differs"
 done
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 c=$(median "${COPY[@]}") k=$(median "${CONS[@]}")
 awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_max" 'BEGIN {
     printf "model %.2f GB; durable copy %.2f s; consolidate %.2f s (%.2fx, goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n",

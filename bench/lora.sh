@@ -46,8 +46,7 @@ REF="$PY $HERE/../tests/lora_ref.py"
 
 [ -x /usr/bin/time ] || die "needs GNU time at /usr/bin/time for CPU time and peak RSS"
 bench_start
-cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
+bench_cleanup_on_exit
 export CKPT_QUIET=1
 
 quietly() { "$@" >"$WORK/log.txt" 2>&1 || { cat "$WORK/log.txt" >&2; die "failed: $*"; }; }

@@ -59,8 +59,7 @@ PREFAULT=${BENCH_PREFAULT:-1}
 
 "$PY" -c 'import numpy' 2>/dev/null || die "$PY cannot import numpy (make deps installs python3-numpy)"
 bench_start
-cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
+bench_cleanup_on_exit
 
 # quietly CMD...: runs CMD, showing its output only when it fails.
 quietly() { "$@" >"$WORK/log.txt" 2>&1 || { cat "$WORK/log.txt" >&2; die "failed: $*"; }; }

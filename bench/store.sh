@@ -48,8 +48,7 @@ RANK=${BENCH_RANK:-3}
 [ -f "$HERE/measure.py" ] || die "$HERE/measure.py is missing"
 [ "$RANK" -lt "$TP" ] || die "BENCH_RANK ($RANK) must be below BENCH_TP ($TP)"
 bench_start
-cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench/store: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
+bench_cleanup_on_exit
 export CKPT_HOME=$WORK/home
 REPO=bench/llama
 RR=$(printf '%02d' "$RANK")

@@ -38,98 +38,51 @@ BENCH_NAME=torch
 "$PY" -c 'import torch' 2>/dev/null || die "$PY cannot import torch (make deps installs python3-torch)"
 bench_positive SCALE LAYERS
 bench_start
-cleanup() { if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi; }
-trap cleanup EXIT
+bench_cleanup_on_exit
 export CKPT_QUIET=1
 cd "$WORK"
 
-median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
-maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (b > a) ? b : a}'; }
 
-# one_model SCALE LAYERS: generate, write as .bin, measure, print one block.
-one_model() {
-    local scale=$1 layers=$2
-    rm -rf hf bin
-    "$CKPT_BIN" gen-model llama hf --scale "$scale" --layers "$layers" --shard-mb 0 >/dev/null
-    mkdir bin
-    cp hf/config.json bin/
-    "$PY" "$HERE/torch_way.py" write hf/model.safetensors bin/pytorch_model.bin
+# measure TITLE SRC COPY_CMD CKPT_LABEL PY_LABEL -- CKPT_ARGS... -- PY_ARGS...:
+# REPEAT rounds of the durable copy (COPY_CMD, a shell command), ckpt with
+# CKPT_ARGS writing out/ (its model.safetensors checked against
+# hf/model.safetensors once) and, when SRC fits twice in the memory
+# available, the Python way (bench script and args writing py.safetensors);
+# prints one block of medians, ratios and peak RSS.
+measure() {
+    local title=$1 src=$2 copy=$3 ck_label=$4 py_label=$5
+    shift 5
+    local -a ck_args py_args
+    [ "$1" = -- ] && shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do ck_args+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    py_args=("$@")
     local bytes avail_kb py_ok=1
-    bytes=$(stat -c %s bin/pytorch_model.bin)
+    bytes=$(du -sb "$src" | cut -f1)
     avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
-    # torch.load holds the model, .contiguous() may copy, the writer a tensor more
-    [ $((bytes / 1024 * 2)) -lt "$avail_kb" ] || py_ok=0
-    local -a COPY CK PYW
-    local rss_ck=0 rss_py=0 r
-    for r in $(seq "$REPEAT"); do
-        rm -rf copy.bin out py.safetensors
-        sync
-        cat bin/pytorch_model.bin >/dev/null
-        "$PY" "$HERE/measure.py" --out m.txt sh -c 'cp bin/pytorch_model.bin copy.bin && sync copy.bin'
-        COPY+=("$(cut -d' ' -f1 m.txt)")
-        rm -f copy.bin
-        sync
-        "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" convert bin out --layout hf
-        CK+=("$(cut -d' ' -f1 m.txt)")
-        rss_ck=$(maxof "$rss_ck" "$(cut -d' ' -f2 m.txt)")
-        if [ "$r" = 1 ]; then
-            "$PY" "$HERE/torch_way.py" check hf/model.safetensors out/model.safetensors >/dev/null ||
-                die "ckpt's model.safetensors differs from the model the .bin was written from"
-        fi
-        rm -rf out
-        if [ "$py_ok" = 1 ]; then
-            sync
-            "$PY" "$HERE/measure.py" --out m.txt "$PY" "$HERE/torch_way.py" convert bin/pytorch_model.bin py.safetensors --fsync
-            PYW+=("$(cut -d' ' -f1 m.txt)")
-            rss_py=$(maxof "$rss_py" "$(cut -d' ' -f2 m.txt)")
-            rm -f py.safetensors
-        fi
-    done
-    local c k p=""
-    c=$(median "${COPY[@]}")
-    k=$(median "${CK[@]}")
-    [ "$py_ok" = 1 ] && p=$(median "${PYW[@]}")
-    awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" -v s="$scale" -v l="$layers" 'BEGIN {
-        printf "llama --scale %s --layers %s as pytorch_model.bin: %.2f GB\n", s, l, b / 1e9
-        printf "  durable copy        %8.2f s\n", c
-        printf "  ckpt convert        %8.2f s  %.2fx the copy (goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n", k, k / c, r
-        if (p != "") printf "  python (torch.load) %8.2f s  %.2fx ckpt (goal >= 3x); peak RSS %.0f MiB\n", p, p / k, rp
-        else printf "  python (torch.load) skipped: the model does not fit twice in the memory available\n"
-    }'
-    rm -rf hf bin
-}
-
-# dcp_model SCALE LAYERS RANKS: the same measures for a DCP save of the model.
-dcp_model() {
-    local scale=$1 layers=$2 ranks=$3
-    rm -rf hf dcp
-    "$CKPT_BIN" gen-model llama hf --scale "$scale" --layers "$layers" --shard-mb 0 >/dev/null
-    "$PY" "$HERE/dcp_way.py" write hf/model.safetensors dcp "$ranks"
-    local bytes avail_kb py_ok=1
-    bytes=$(du -sb dcp | cut -f1)
-    avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+    # the Python way holds the model, may copy it once more, the writer a tensor more
     [ $((bytes / 1024 * 2)) -lt "$avail_kb" ] || py_ok=0
     local -a COPY CK PYW
     local rss_ck=0 rss_py=0 r
     for r in $(seq "$REPEAT"); do
         rm -rf copy out py.safetensors
         sync
-        cat dcp/* dcp/.metadata >/dev/null
-        "$PY" "$HERE/measure.py" --out m.txt sh -c 'cp -r dcp copy && sync copy/*'
+        find "$src" -type f -exec cat {} + >/dev/null
+        "$PY" "$HERE/measure.py" --out m.txt sh -c "$copy"
         COPY+=("$(cut -d' ' -f1 m.txt)")
         rm -rf copy
         sync
-        "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" consolidate dcp out --strip-prefix model.
+        "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" "${ck_args[@]}"
         CK+=("$(cut -d' ' -f1 m.txt)")
         rss_ck=$(maxof "$rss_ck" "$(cut -d' ' -f2 m.txt)")
         if [ "$r" = 1 ]; then
             "$PY" "$HERE/torch_way.py" check hf/model.safetensors out/model.safetensors >/dev/null ||
-                die "ckpt's consolidated DCP differs from the model it was written from"
+                die "$title: ckpt's model.safetensors differs from the model it was written from"
         fi
         rm -rf out
         if [ "$py_ok" = 1 ]; then
             sync
-            "$PY" "$HERE/measure.py" --out m.txt "$PY" "$HERE/dcp_way.py" consolidate dcp py.safetensors --fsync
+            "$PY" "$HERE/measure.py" --out m.txt "$PY" "${py_args[@]}"
             PYW+=("$(cut -d' ' -f1 m.txt)")
             rss_py=$(maxof "$rss_py" "$(cut -d' ' -f2 m.txt)")
             rm -f py.safetensors
@@ -139,13 +92,38 @@ dcp_model() {
     c=$(median "${COPY[@]}")
     k=$(median "${CK[@]}")
     [ "$py_ok" = 1 ] && p=$(median "${PYW[@]}")
-    awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" -v s="$scale" -v l="$layers" -v n="$ranks" 'BEGIN {
-        printf "llama --scale %s --layers %s as a PyTorch DCP save of %s ranks: %.2f GB\n", s, l, n, b / 1e9
+    awk -v t="$title" -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" \
+        -v kl="$ck_label" -v pl="$py_label" 'BEGIN {
+        printf "%s: %.2f GB\n", t, b / 1e9
         printf "  durable copy        %8.2f s\n", c
-        printf "  ckpt consolidate    %8.2f s  %.2fx the copy (goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n", k, k / c, r
-        if (p != "") printf "  python (in memory)  %8.2f s  %.2fx ckpt (goal >= 3x); peak RSS %.0f MiB\n", p, p / k, rp
-        else printf "  python (in memory)  skipped: the model does not fit twice in the memory available\n"
+        printf "  %-19s %8.2f s  %.2fx the copy (goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n", kl, k, k / c, r
+        if (p != "") printf "  %-19s %8.2f s  %.2fx ckpt (goal >= 3x); peak RSS %.0f MiB\n", pl, p, p / k, rp
+        else printf "  %-19s skipped: the model does not fit twice in the memory available\n", pl
     }'
+}
+
+# one_model SCALE LAYERS: the model as pytorch_model.bin, converted.
+one_model() {
+    rm -rf hf bin
+    "$CKPT_BIN" gen-model llama hf --scale "$1" --layers "$2" --shard-mb 0 >/dev/null
+    mkdir bin
+    cp hf/config.json bin/
+    "$PY" "$HERE/torch_way.py" write hf/model.safetensors bin/pytorch_model.bin
+    measure "llama --scale $1 --layers $2 as pytorch_model.bin" bin \
+        'mkdir copy && cp bin/pytorch_model.bin copy/ && sync copy/pytorch_model.bin' \
+        "ckpt convert" "python (torch.load)" \
+        -- convert bin out --layout hf -- "$HERE/torch_way.py" convert bin/pytorch_model.bin py.safetensors --fsync
+    rm -rf hf bin
+}
+
+# dcp_model SCALE LAYERS RANKS: the model as a DCP save of RANKS ranks, consolidated.
+dcp_model() {
+    rm -rf hf dcp
+    "$CKPT_BIN" gen-model llama hf --scale "$1" --layers "$2" --shard-mb 0 >/dev/null
+    "$PY" "$HERE/dcp_way.py" write hf/model.safetensors dcp "$3"
+    measure "llama --scale $1 --layers $2 as a PyTorch DCP save of $3 ranks" dcp \
+        'cp -r dcp copy && sync copy/*' "ckpt consolidate" "python (in memory)" \
+        -- consolidate dcp out --strip-prefix model. -- "$HERE/dcp_way.py" consolidate dcp py.safetensors --fsync
     rm -rf hf dcp
 }
 

@@ -33,21 +33,17 @@
 #ifndef CKPT_FORMAT_TORCH_WRITE_H
 #define CKPT_FORMAT_TORCH_WRITE_H
 
-#include "format/dtype.h"
+#include "format/safetensors.h"
 
 #include <stddef.h>
 #include <stdint.h>
 
 #define TORCH_OUT_ALIGN 64 /* PyTorchStreamWriter's kFieldAlignment */
 
-typedef struct {
-    char *name;
-    ckpt_dtype dtype;
-    int ndim;
-    uint64_t shape[CKPT_MAX_RANK];
-    uint64_t nbytes;
-    uint64_t offset; /* set by torch_out_plan: first byte of the storage in the file */
-} torch_out_tensor;
+/* A tensor of the file: safetensors' output record (name, dtype, ndim,
+ * shape, nbytes), its offset set by torch_out_plan to the first byte of its
+ * storage in the file; `user` is the caller's. */
+typedef st_out_tensor torch_out_tensor;
 
 typedef struct {
     char *archive;      /* the top folder's name */

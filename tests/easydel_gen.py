@@ -146,6 +146,17 @@ def legacy(a):
             o.write(i.read())
 
 
+def as_f32(dtype, raw):
+    """A parameter's values as float32 (exact for BF16, F16 and F32)."""
+    if dtype == "BF16":
+        return (np.frombuffer(raw, "<u2").astype("<u4") << 16).view("<f4")
+    if dtype == "F16":
+        return np.frombuffer(raw, "<f2").astype("<f4")
+    if dtype == "F32":
+        return np.frombuffer(raw, "<f4").copy()
+    raise ValueError(f"no float32 view of {dtype} parameters")
+
+
 def chunking(shape, rows):
     if not rows or len(shape) < 2:
         return [max(1, s) for s in shape]
@@ -176,10 +187,12 @@ def main():
         rel = "model/" + name.replace(".", "/")
         model.append(write_array(a.out, rel, dtype, shape, raw, chunking(shape, a.chunk_rows), a.slash))
         if not a.no_tx:  # optax adam: (ScaleByAdamState(count, mu, nu), EmptyState())
-            zeros = bytes(len(raw) // 2 * 4 if dtype in ("BF16", "F16") else len(raw))
-            for slot in ("mu", "nu"):
+            # mu = the parameter as float32, nu = twice that: a slot that does
+            # not follow its parameter's transforms exactly shows
+            mu = as_f32(dtype, raw)
+            for slot, v in (("mu", mu), ("nu", mu * 2)):
                 rel = f"tx/0/{slot}/" + name.replace(".", "/")
-                tx.append(write_array(a.out, rel, "F32", shape, zeros, chunking(shape, a.chunk_rows), a.slash))
+                tx.append(write_array(a.out, rel, "F32", shape, v.tobytes(), chunking(shape, a.chunk_rows), a.slash))
     if not a.no_tx:
         tx.insert(0, write_array(a.out, "tx/0/count", "I32", [], struct.pack("<i", a.step), [], a.slash))
     index = {"format": "tensorstore", "version": "0.0.80", "prefixes": {"model": model}}

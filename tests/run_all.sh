@@ -8,13 +8,15 @@
 #           the library example and every tests/unit/<folder>/test_*.c program
 #   layers  tests/check_layers.py over the build: folders in layer order, no
 #           cycle between modules (docs/ARCHITECTURE.md)
-#   unit    each cmocka program; its own summary lines are printed, and its
-#           passed/failed counts are added up (a program that dies before its
-#           summary counts as one failure); then `make header-check` (ckpt.h
-#           alone in C11 and C++, its example program run), counted as one
+#   unit    each cmocka program, two at a time (the longest first) beside
+#           `make header-check` (ckpt.h alone in C11 and C++, its example
+#           program run, counted as one); then, in the programs' order, each
+#           one's summary lines are printed and its passed/failed counts added
+#           up (a program that dies before its summary counts as one failure)
 #   e2e     tests/e2e/run.sh: one count per script
 #   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10), two at a
-#           time: one count each
+#           time: one count each (they build in the background from the unit
+#           stage on, one compiler at a time)
 # The last line is "N passed, N failed" over all of them, and the exit status
 # is non-zero when anything failed (a build that fails counts as a failure).
 set -uo pipefail
@@ -25,7 +27,7 @@ FUZZ_SECONDS=${FUZZ_SECONDS:-10}
 passed=0 failed=0
 summary=()
 log=$(mktemp "${TMPDIR:-/tmp}/ckpt-test.XXXXXX")
-trap 'rm -f "$log"' EXIT
+trap 'rm -f "$log" "$log".*' EXIT
 
 stage() { echo; echo "=== $1"; }
 add() { # add NAME PASSED FAILED
@@ -55,8 +57,47 @@ if [ $build_ok = 1 ]; then add build 1 0; else add build 0 1; fi
 stage "layers"
 if [ $build_ok = 1 ] && python3 tests/check_layers.py "$SAN_BUILD"; then add check-layers 1 0; else add check-layers 0 1; fi
 
+# The fuzz harnesses build (clang, build/fuzz) from now on, one compiler at a
+# time, while the unit programs (half of their time waiting on fsync) and the
+# end-to-end tests run; the fuzz stage waits for it.
+fuzz_names=()
+for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
+$MAKE -j1 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log.fuzzbuild" 2>&1 &
+fuzz_build_pid=$!
+
 # ---- unit ----
-stage "unit (cmocka)"
+stage "unit (cmocka, two at a time)"
+# Each program is one process in temp folders of its own (mkdtemp), so two run
+# at once, one per core; the longest start first so both lanes end together,
+# and make header-check runs as one more job. Results are printed in the
+# programs' order once all have ended.
+unit_order=()
+for slow in test_transforms test_state test_store test_lora; do
+    for t in "${unit_bins[@]}"; do [ "$(basename "$t")" = "$slow" ] && unit_order+=("$t"); done
+done
+for t in "${unit_bins[@]}"; do
+    case " ${unit_order[*]} " in *" $t "*) ;; *) unit_order+=("$t") ;; esac
+done
+unit_one() { # unit_one PROGRAM: runs it; output in $log.NAME, exit status in $log.NAME.rc
+    local n rc=0
+    n=$(basename "$1")
+    ASAN_OPTIONS=detect_leaks=1 "$1" >"$log.$n" 2>&1 || rc=$?
+    echo "$rc" >"$log.$n.rc"
+}
+header_one() {
+    local rc=0
+    $MAKE --no-print-directory BUILD=$SAN_BUILD SAN=1 header-check >"$log.header" 2>&1 || rc=$?
+    echo "$rc" >"$log.header.rc"
+}
+for t in header "${unit_order[@]}"; do
+    while [ "$(jobs -rp | grep -cvx "$fuzz_build_pid")" -ge 2 ]; do wait -n 2>/dev/null || true; done
+    if [ "$t" = header ]; then
+        header_one &
+    elif [ -x "$t" ]; then
+        unit_one "$t" &
+    fi
+done
+for p in $(jobs -rp | grep -vx "$fuzz_build_pid"); do wait "$p"; done
 for t in "${unit_bins[@]}"; do
     n=$(basename "$t")
     if [ ! -x "$t" ]; then
@@ -65,32 +106,33 @@ for t in "${unit_bins[@]}"; do
         continue
     fi
     echo "== $n"
-    ASAN_OPTIONS=detect_leaks=1 "$t" >"$log" 2>&1
-    rc=$?
+    rc=$(cat "$log.$n.rc" 2>/dev/null || echo 1)
     # The runner's own lines: every result, not the tests' chatter.
-    grep -E '^\[ *(RUN|OK|FAILED|PASSED|SKIPPED|ERROR|=+) *\]|^\[  FAILED  \]' "$log" | grep -v '^\[ RUN' | grep -v '^\[       OK' || true
-    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\./\1/p' "$log" | tail -n 1)
-    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:/\1/p' "$log" | tail -n 1)
+    grep -E '^\[ *(RUN|OK|FAILED|PASSED|SKIPPED|ERROR|=+) *\]|^\[  FAILED  \]' "$log.$n" | grep -v '^\[ RUN' | grep -v '^\[       OK' || true
+    p=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test(s)\./\1/p' "$log.$n" | tail -n 1)
+    f=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test(s), listed below:/\1/p' "$log.$n" | tail -n 1)
     p=${p:-0} f=${f:-0}
-    if [ $rc -ne 0 ] && [ "$f" = 0 ]; then
+    if [ "$rc" -ne 0 ] && [ "$f" = 0 ]; then
         # Died before its summary (a sanitizer report, a crash): show why.
-        tail -n 30 "$log"
+        tail -n 30 "$log.$n"
         f=1
     elif [ "$f" != 0 ]; then
-        grep -B 3 -E '^\[  (FAILED|ERROR) +\]' "$log" | head -n 60
+        grep -B 3 -E '^\[  (FAILED|ERROR) +\]' "$log.$n" | head -n 60
     fi
     add "$n" "$p" "$f"
+    rm -f "$log.$n" "$log.$n.rc"
 done
 
 # ckpt.h on its own and the example program of its comment (tests/header/).
 echo "== header-check"
-if $MAKE --no-print-directory BUILD=$SAN_BUILD SAN=1 header-check >"$log" 2>&1; then
-    tail -n 2 "$log"
+if [ "$(cat "$log.header.rc" 2>/dev/null)" = 0 ]; then
+    tail -n 2 "$log.header"
     add header-check 1 0
 else
-    tail -n 30 "$log"
+    tail -n 30 "$log.header"
     add header-check 0 1
 fi
+rm -f "$log.header" "$log.header.rc"
 
 # ---- e2e ----
 stage "e2e"
@@ -110,10 +152,10 @@ fi
 
 # ---- fuzz ----
 stage "fuzz (${FUZZ_SECONDS}s per harness, two at a time)"
-# All harnesses build at once (-j2), then run in pairs: each is one process
-# on one core for FUZZ_SECONDS, so two cores take half the time.
-fuzz_names=()
-for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
+# The harnesses run in pairs: each is one process on one core for
+# FUZZ_SECONDS, so two cores take half the time.
+# The build started before the unit stage; what it has left, at -j2 now.
+wait "$fuzz_build_pid"
 $MAKE -j2 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log" 2>&1 || tail -n 20 "$log"
 fuzz_one() { # fuzz_one NAME LOG: runs one harness; its exit status
     mkdir -p "build/fuzz/corpus-$1"

@@ -322,10 +322,13 @@ static void consolidation_free(consolidation *c)
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
     if (dcp_is_checkpoint(src)) return dcp_consolidate(src, dst, o);
-    if (o->strip_prefix || o->state)
-        return ckpt_error_set(CKPT_EINVAL, "%s: --strip-prefix and --state are for PyTorch DCP sources; this is not one",
-                              src);
+    if (o->strip_prefix)
+        return ckpt_error_set(CKPT_EINVAL, "%s: --strip-prefix is for PyTorch DCP sources; this is not one", src);
     if (easydel_is_checkpoint(src) || easydel_is_legacy(src)) return easydel_consolidate(src, dst, o);
+    if (o->state)
+        return ckpt_error_set(CKPT_EINVAL, "%s: --state is for PyTorch DCP and EasyDeL saves; this is neither (a "
+                                           "converted state consolidates into a state by itself)",
+                              src);
     if (nxd_is_checkpoint(src)) return nxd_consolidate(src, dst, o);
     consolidation c;
     memset(&c, 0, sizeof c);

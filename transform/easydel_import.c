@@ -4,10 +4,12 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "format/checkpoint.h"
 #include "format/easydel.h"
 #include "format/safetensors.h"
+#include "transform/state_convert.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,6 +84,130 @@ static int stage_model(const easydel_ckpt *c, const char *staging)
     return rc;
 }
 
+/* Copies a small array (a scalar) into buf. */
+static int to_buf(void *vctx, uint64_t off, const void *buf, size_t len)
+{
+    uint8_t *dst = vctx;
+    if (off > 8 || len > 8 - off) return ckpt_error_set(CKPT_EINVAL, "scalar array bytes out of range");
+    memcpy(dst + off, buf, len);
+    return 0;
+}
+
+static int scalar_value(const easydel_array *a, double *out)
+{
+    uint8_t b[8] = {0};
+    int rc = a->z.ndim == 0 ? zarr_read(&a->z, to_buf, b, NULL) : CKPT_EINVAL;
+    if (rc) return rc;
+    switch (a->z.dtype) {
+    case CKPT_DT_I32: { int32_t v; memcpy(&v, b, 4); *out = v; return 0; }
+    case CKPT_DT_I64: { int64_t v; memcpy(&v, b, 8); *out = (double)v; return 0; }
+    case CKPT_DT_F32: { float v; memcpy(&v, b, 4); *out = v; return 0; }
+    case CKPT_DT_F64: { double v; memcpy(&v, b, 8); *out = v; return 0; }
+    default: return CKPT_EINVAL;
+    }
+}
+
+/* The model parameter a tx/ leaf belongs to: the longest '.'-bounded suffix
+ * of its key that is a model/ key ("0.mu.model.layers.0.mlp.up_proj.kernel"
+ * -> "model.layers.0.mlp.up_proj.kernel"), and its slot, the key component
+ * just before it ("mu"). NULL when none. */
+static const easydel_array *tx_param(const easydel_ckpt *c, const char *key, char *slot, size_t slot_len)
+{
+    for (const char *p = key; (p = strchr(p, '.')); p++) {
+        const easydel_array *m = easydel_find(c, "model", p + 1);
+        if (!m) continue;
+        const char *start = p;
+        while (start > key && start[-1] != '.') start--;
+        size_t n = (size_t)(p - start);
+        if (!n || n >= slot_len) return NULL;
+        memcpy(slot, start, n);
+        slot[n] = '\0';
+        return m;
+    }
+    return NULL;
+}
+
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* --state: the tx/ arrays that are per-parameter slots (mu, nu, ...: shaped
+ * like a model/ array whose key ends theirs) into staging/optimizer.safetensors
+ * as "<param key>/<slot>", their scalars (count) into optimizer.json, the
+ * save's step into metadata.json: staging becomes a ckpt training state in
+ * EasyDeL's names, which the inverse conversion carries slots and all. */
+static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quiet)
+{
+    st_layout l;
+    st_layout_init(&l);
+    json_t *scalars = json_object(), *slots = json_array();
+    char **names = ckpt_calloc(c->narrays + 1, sizeof *names), **slot_names = ckpt_calloc(c->narrays + 1, sizeof *slot_names);
+    size_t n = 0, nslot_names = 0, left = 0;
+    int rc = scalars && slots && names && slot_names ? 0 : CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < c->narrays; i++) {
+        const easydel_array *a = &c->arrays[i];
+        if (strcmp(a->prefix, "tx")) continue;
+        double v;
+        if (a->z.ndim == 0 && scalar_value(a, &v) == 0) {
+            const char *last = strrchr(a->key, '.');
+            json_object_set_new(scalars, last ? last + 1 : a->key, json_real(v));
+            continue;
+        }
+        char slot[256];
+        const easydel_array *m = tx_param(c, a->key, slot, sizeof slot);
+        bool fits = m && m->z.ndim == a->z.ndim && !memcmp(m->z.shape, a->z.shape, (size_t)a->z.ndim * sizeof *a->z.shape);
+        char *name = fits ? ckpt_sprintf("%s/%s", m->key, slot) : NULL;
+        if (fits && !name) rc = CKPT_ENOMEM;
+        if (!rc && fits && (rc = st_layout_add(&l, name, a->z.dtype, a->z.ndim, a->z.shape, i)) == CKPT_EINVAL) {
+            ckpt_error_clear();
+            rc = 0; /* the same <param>/<slot> twice (chained optimizers): the first one kept */
+            fits = false;
+        }
+        free(name);
+        if (rc) break;
+        if (!fits) {
+            left++;
+            if (!quiet) ckpt_info("%s: left out tx/ array '%s': %s", c->dir, a->path,
+                                  m ? "not a slot of its parameter (another shape, or a second one)" : "names no model/ array");
+            continue;
+        }
+        n++;
+        bool seen = false;
+        for (size_t k = 0; k < nslot_names; k++) seen |= !strcmp(slot_names[k], slot);
+        if (!seen && !(slot_names[nslot_names++] = ckpt_strdup(slot))) rc = CKPT_ENOMEM;
+    }
+    if (!rc && !n) rc = ckpt_error_set(CKPT_EINVAL, "%s: --state: no tx/ array is a slot of a model/ parameter", c->dir);
+    if (!rc) {
+        qsort(slot_names, nslot_names, sizeof *slot_names, cmp_cstr);
+        for (size_t k = 0; k < nslot_names; k++) json_array_append_new(slots, json_string(slot_names[k]));
+    }
+    if (!rc) rc = st_layout_finish(&l);
+    char *path = rc ? NULL : ckpt_path_join(staging, "optimizer.safetensors");
+    if (!rc && !path) rc = CKPT_ENOMEM;
+    stage_ctx sc = {.c = c};
+    if (!rc) rc = st_write_file(path, &l, fill, &sc);
+    free(path);
+    st_layout_free(&l);
+    json_t *opt = rc ? NULL : json_pack("{s:s,s:{},s:O,s:O}", "name", "optax", "hyperparameters", "slots", slots, "scalars", scalars);
+    json_t *meta = rc ? NULL : json_pack("{s:s,s:i,s:I,s:b}", "format", CKPT_STATE_FORMAT, "version", CKPT_STATE_VERSION,
+                                         "step", (json_int_t)(c->has_step ? c->step : 0), "has_optimizer_state", 1);
+    if (!rc && (!opt || !meta)) rc = CKPT_ENOMEM;
+    char *po = rc ? NULL : ckpt_path_join(staging, STATE_OPTIMIZER_FILE), *pm = rc ? NULL : ckpt_path_join(staging, STATE_METADATA_FILE);
+    if (!rc) rc = po && pm ? cj_write_file(po, opt) : CKPT_ENOMEM;
+    if (!rc) rc = cj_write_file(pm, meta);
+    if (!rc && !quiet)
+        ckpt_info("%s: %zu tx/ arrays became optimizer slots (%zu left out), step %lld", c->dir, n, left,
+                  (long long)(c->has_step ? c->step : 0));
+    free(po);
+    free(pm);
+    json_decref(opt);
+    json_decref(meta);
+    json_decref(scalars);
+    json_decref(slots);
+    for (size_t k = 0; k < nslot_names; k++) free(slot_names[k]);
+    free(slot_names);
+    free(names);
+    return rc;
+}
+
 /* The staged folder (or, for an older save, the opened weights c with the
  * staged side files) converted with the inverse rules into dst. */
 static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint *c, const char *dst,
@@ -128,7 +254,13 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
     if (rc) return rc;
     char *staging = NULL;
     rc = ckpt_tmpdir_create(dst, &staging);
+    if (!rc && legacy && o->state)
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: --state reads the optimizer of a TensorStore save (tx/); an older save's "
+                                         "easydel-optstate.parameters is ordered by a pickled JAX tree definition, "
+                                         "which ckpt does not run",
+                            src);
     if (!rc && !legacy) rc = stage_model(&c, staging);
+    if (!rc && !legacy && o->state) rc = stage_optimizer(&c, staging, o->quiet);
     if (!rc) rc = outdir_copy_model_files(src, staging);
     if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, dst, o);
     else if (legacy) ckpt_checkpoint_close(&lc);

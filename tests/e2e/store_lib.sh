@@ -1,7 +1,7 @@
 # store_lib.sh — what test_store.sh and test_store_crash.sh share: the
 # helpers over a store (pull and compare, refs, sums, gc and verify checks)
 # and the crash-point drivers. Sourced after lib.sh.
-dump="python3 $E2E_DIR/st_dump.py"
+dump="$py $E2E_DIR/st_dump.py"
 # run CMD...: expect_status 0 and print CMD's stdout.
 run() {
     expect_status 0 "$@"
@@ -30,13 +30,13 @@ same_tree() {
     fi
 }
 # jget FIELD: a top-level field of the JSON object on stdin.
-jget() { python3 -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
+jget() { "$py" -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
 du_field() { "$ckpt" du --json | jget "$1"; }
 # refs: the sorted refs `ckpt ls --json` lists.
-refs() { "$ckpt" ls --json | python3 -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin)["checkpoints"])))'; }
+refs() { "$ckpt" ls --json | "$py" -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin)["checkpoints"])))'; }
 # show_sums REF: "sha256  path" of REF's files as the catalog records them (same form as sums).
 show_sums() {
-    "$ckpt" show "$1" --json | python3 -c '
+    "$ckpt" show "$1" --json | "$py" -c '
 import json, sys
 for f in sorted(json.load(sys.stdin)["files"], key=lambda f: f["path"].encode()):
     print(f["sha256"] + "  " + f["path"])'
@@ -48,7 +48,7 @@ tmp_empty() {
 gc_settled() {
     local j
     j=$("$ckpt" gc --dry-run --json) || fail "$1: gc --dry-run failed"
-    python3 -c '
+    "$py" -c '
 import json, sys
 j = json.loads(sys.argv[1])
 bad = {k: j[k] for k in ("blobs_removed", "temps_removed", "leases_dropped") if j[k]}

@@ -11,6 +11,10 @@
 #    independent Python walk of the folder finds (paths, dtypes, shapes,
 #    chunks, stored and raw bytes, the step); `ckpt consolidate` must give
 #    back the gen-model checkpoint byte for byte.
+#    With --state (the saves with an optimizer): a ckpt training state whose
+#    slots are the tx/ arrays (Adam's mu and nu) carried through the same
+#    inverse transforms as their parameters, checked value by value; the
+#    step and optax's count come along.
 #    The older save of Llama and Mixtral (easydel-model.parameters, one file
 #    or shards with their index, and the optimizer's easydel-optstate files,
 #    written by `easydel_gen.py --legacy`): inspect lists its parameters,
@@ -110,6 +114,38 @@ for spec in "llama bf16 --chunk-rows=40" "qwen2 f32 --slash" "mixtral bf16 --chu
     cmp -s "hf-$arch/config.json" "back-$arch/config.json" || fail "$arch: config.json differs"
     [ ! -e "back-$arch/ckpt-layout.json" ] || fail "$arch: consolidate left ckpt-layout.json"
     ls -d back-"$arch".tmp-* 2>/dev/null && fail "$arch: temp folders left"
+    if [[ "$*" != *--no-tx* ]]; then
+        # --state: the optimizer (tx/) as a training state's slots, carried
+        # through the same inverse transforms (mu = the parameter as f32,
+        # nu = twice that, as easydel_gen.py writes them)
+        expect_status 0 "$ckpt" consolidate "save-$arch" "state-$arch" --state
+        cmp -s "hf-$arch/model.safetensors" "state-$arch/model.safetensors" || fail "$arch --state: model differs"
+        expect_status 0 "$ckpt" state load "state-$arch"
+        grep -q "step $((1000 + i))" "$work/out" || fail "$arch --state: step: $(cat "$work/out")"
+        $zpy - "hf-$arch/model.safetensors" "state-$arch" $((1000 + i)) <<'EOF' || fail "$arch --state: slots"
+import json, struct, sys
+import numpy as np
+def load(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n)); raw = f.read()
+    return {k: (v["dtype"], v["shape"], raw[v["data_offsets"][0]:v["data_offsets"][1]]) for k, v in h.items() if k != "__metadata__"}
+def f32(dt, b):
+    if dt == "BF16": return (np.frombuffer(b, "<u2").astype("<u4") << 16).view("<f4")
+    if dt == "F16": return np.frombuffer(b, "<f2").astype("<f4")
+    return np.frombuffer(b, "<f4")
+model, opt = load(sys.argv[1]), load(sys.argv[2] + "/optimizer.safetensors")
+want = {}
+for k, (dt, shape, b) in model.items():
+    want[k + "/mu"] = ("F32", shape, f32(dt, b).tobytes())
+    want[k + "/nu"] = ("F32", shape, (f32(dt, b) * 2).tobytes())
+if opt.keys() != want.keys(): sys.exit(f"slots {sorted(opt.keys() ^ want.keys())[:4]}")
+bad = [k for k in want if opt[k] != want[k]]
+if bad: sys.exit(f"slot values differ: {bad[:4]}")
+o = json.load(open(sys.argv[2] + "/optimizer.json"))
+if o["slots"] != ["mu", "nu"] or o["scalars"] != {"count": float(sys.argv[3])}: sys.exit(f"optimizer.json {o}")
+EOF
+        rm -rf "state-$arch"
+    fi
     if [ "$arch" = llama ] || [ "$arch" = mixtral ]; then
         # the older save: easydel-model.parameters (sharded with its index for mixtral)
         shards=1
@@ -129,6 +165,9 @@ EOF
         cmp -s "hf-$arch/config.json" "lback-$arch/config.json" || fail "legacy $arch: config.json differs"
         [ "$(ls "lback-$arch" | tr '\n' ' ')" = "config.json model.safetensors " ] ||
             fail "legacy $arch: consolidate wrote $(ls "lback-$arch")"
+        expect_status 1 "$ckpt" consolidate "legacy-$arch" "lstate-$arch" --state
+        grep -q "pickled JAX tree definition, which ckpt does not run" "$work/err" || fail "legacy --state: $(cat "$work/err")"
+        [ ! -e "lstate-$arch" ] || fail "legacy --state wrote its DST"
         rm -rf "legacy-$arch" "lback-$arch" "legacy-$arch.json"
     fi
 done

@@ -10,6 +10,7 @@ B=${CKPT_BIN:?}
 W=${E2E_WORK:-$(mktemp -d)}
 export CKPT_HOME=$W/home CKPT_QUIET=1
 DIR=$(cd "$(dirname "$0")" && pwd)
+py=$(python3 -c 'import sys; print(sys.executable)') # resolved once: a pyenv shim costs 0.3 s a call
 pids=()
 cleanup() {
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -54,7 +55,7 @@ fi
 cp "$DIR/hub_client.mjs" "$NPMDIR/"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny main "$W/orig") || fail "hub client on the original"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny neuron-tp2 "$W/tp2") || fail "hub client on the layout"
-commit=$("$B" ls --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][0]["commit"])')
+commit=$("$B" ls --json | "$py" -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][0]["commit"])')
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny "$commit.neuron-tp2" "$W/tp2") || fail "layout by <commit>.<layout>"
 
 # --- Range edge cases (docs/hub.md) ---
@@ -129,7 +130,7 @@ echo "remote pulls identical (resume after cut connections: the same download co
 same_json() {
     local f=$1
     shift
-    "$@" | python3 -c 'import json, sys; sys.exit(json.load(sys.stdin) != json.load(open(sys.argv[1])))' "$f"
+    "$@" | "$py" -c 'import json, sys; sys.exit(json.load(sys.stdin) != json.load(open(sys.argv[1])))' "$f"
 }
 start_daemon
 [ "$(status "$URL/v1/checkpoints")" = 200 ] || fail "/v1/checkpoints: $(cat "$W/body")"
@@ -138,7 +139,7 @@ same_json "$W/body" "$B" ls --json || fail "/v1/checkpoints differs from ckpt ls
 same_json "$W/body" "$B" ls Qwen/tiny --json || fail "/v1/checkpoints?repo= differs from ckpt ls REPO --json"
 [ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@main:neuron-tp2")" = 200 ] || fail "/v1/checkpoints/{ref}: $(cat "$W/body")"
 same_json "$W/body" "$B" show Qwen/tiny@main:neuron-tp2 --json || fail "/v1/checkpoints/{ref} differs from ckpt show --json"
-python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (j["source"] == "Qwen/tiny@main" and j["files"] and all(k in j["files"][0] for k in ("path", "size", "sha256", "safetensors", "tensors", "recipes"))))' "$W/body" ||
+"$py" -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (j["source"] == "Qwen/tiny@main" and j["files"] and all(k in j["files"][0] for k in ("path", "size", "sha256", "safetensors", "tensors", "recipes"))))' "$W/body" ||
     fail "/v1/checkpoints/{ref}: not the documented shape: $(head -c 500 "$W/body")"
 [ "$(status "$URL/v1/checkpoints?repo=Qwen/none")" = 200 ] && grep -q '"checkpoints":\[\]' "$W/body" || fail "an unknown repo lists nothing"
 [ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@nope")" = 404 ] || fail "an unknown ref: $(cat "$W/body")"
@@ -168,7 +169,7 @@ rc=0
 code=$(curl -s -o "$W/cut.tar" -w '%{http_code}' "$URL/v1/checkpoints/Qwen%2Ftiny@main/archive.tar") || rc=$?
 [ "$rc" != 0 ] || fail "an archive that failed mid-stream ended cleanly (HTTP $code)"
 [ -s "$W/cut.tar" ] || fail "the cut archive has not even its first file"
-python3 -c 'import sys; d = open(sys.argv[1], "rb").read(); sys.exit(len(d) >= 1024 and d[-1024:] == bytes(1024))' "$W/cut.tar" ||
+"$py" -c 'import sys; d = open(sys.argv[1], "rb").read(); sys.exit(len(d) >= 1024 and d[-1024:] == bytes(1024))' "$W/cut.tar" ||
     fail "the cut archive ends with a tar end (two zero blocks)"
 grep -q 'aborted mid-stream' "$W/serve.log" || fail "the cut archive was not logged: $(tail -5 "$W/serve.log")"
 stop_daemon

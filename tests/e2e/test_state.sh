@@ -19,7 +19,7 @@
 set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
-tensors="python3 $E2E_DIR/state_tensors.py"
+tensors="$py $E2E_DIR/state_tensors.py"
 export CKPT_HOME="$work/home"
 
 # same_tensors A B: the two folders hold the same tensors (names, dtypes, shapes, bytes).
@@ -46,7 +46,7 @@ expect_status 0 "$ckpt" state save "$work/m" "$work/s" --optimizer adamw --fill 
     --set lr=3e-4 --set b1=0.9 --max-shard-size 256KB
 no_leftovers
 cmp -s "$work/m/config.json" "$work/s/config.json" || fail "config.json did not travel into the state"
-python3 - "$work/s" <<'EOF'
+"$py" - "$work/s" <<'EOF'
 import glob, json, os, re, struct, sys
 d = sys.argv[1]
 def fail(m): sys.exit("state format: " + m)
@@ -142,7 +142,7 @@ bad
 sed -i 's/"version": 1/"version": 2/' "$work/bad/metadata.json"
 expect_one_line "future version" "version 2 is newer"
 bad
-python3 - "$work/bad" <<'EOF'
+"$py" - "$work/bad" <<'EOF'
 import json, struct, sys
 d = sys.argv[1]
 body = json.dumps({"ghost.weight/adam_m": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
@@ -181,7 +181,7 @@ steps_of() { "$ckpt" state ls "$1" | awk '{printf "%s%s", sep, $2; sep=" "}'; }
 [ "$(steps_of sft)" = "100 200 300" ] || fail "state ls: $(steps_of sft)"
 # The steps share the model's tensors: three steps cost the parameters once.
 expect_status 0 "$ckpt" du --json
-python3 - "$work/out" "$work/m" <<'EOF'
+"$py" - "$work/out" "$work/m" <<'EOF'
 import json, os, sys
 du = json.load(open(sys.argv[1]))
 params = os.path.getsize(f"{sys.argv[2]}/model.safetensors")

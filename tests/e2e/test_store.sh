@@ -208,7 +208,7 @@ for spec in "neuron --tp 8" "fused" "hf"; do
     before=$(du_field physical_bytes)
     expect_status 0 "$ckpt" convert t/big --layout $spec
     after=$(du_field physical_bytes)
-    python3 -c '
+    "$py" -c '
 import sys
 b, a, what = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 g = (a - b) / b
@@ -232,7 +232,7 @@ expect_status 0 "$ckpt" import "$M/mixtral-one" --repo t/other
 expect_verify_clean "before damage"
 # The blob of a tensor: the sha256 of its bytes in the source file.
 tensor_blob() {
-    $dump "$1" | python3 -c '
+    $dump "$1" | "$py" -c '
 import hashlib, json, sys
 d, name = sys.argv[1], sys.argv[2]
 t = next(t for t in json.load(sys.stdin)["tensors"] if t["name"] == name)
@@ -241,7 +241,7 @@ with open(f"{d}/{t['"'file'"']}", "rb") as f:
     print(hashlib.sha256(f.read(t["nbytes"])).hexdigest(), t["file"])' "$1" "$2"
 }
 blob_path() { echo "$CKPT_HOME/blobs/${1:0:2}/${1:2}"; }
-flip() { python3 -c '
+flip() { "$py" -c '
 import sys
 p = sys.argv[1]
 with open(p, "r+b") as f:
