@@ -1,0 +1,160 @@
+#!/usr/bin/env bash
+# test_nxd_out.sh — `ckpt convert SRC DST --layout neuron --tp N --format nxd`:
+# a Hugging Face llama written as optimum-neuron's training save
+# (docs/layouts.md, "NxD checkpoints out").
+#
+# 1. The Llama of tests/nxd_gen.py (8 query heads, 2 KV heads) and `ckpt
+#    gen-model llama` (32 heads, 8 KV heads) at tp 1, 2, 4, 8 and 16 (more
+#    ranks than KV heads: GQAQKVColumnParallelLinear with kv_size_multiplier
+#    2 and 4), with and without --fuse-qkv and with --kv-size-multiplier 4:
+#    DST holds exactly the files of the real save; every rank file, read by
+#    torch.load (Debian's python3-torch), holds the names in the model's
+#    order, dtypes, shapes and values that nxd_gen.py's build (following
+#    optimum-neuron's transformations_utils.py) gives the same model, tp and
+#    options; mp_metadata_pp_rank_0.json and trn_config.json are byte for
+#    byte what nxd_gen.py writes (json.dumps(indent=4)); `ckpt consolidate`
+#    of DST gives back model.safetensors and config.json byte for byte.
+#    nxd_gen.py's own saves are checked equal tensor for tensor too.
+# 2. A model with as many KV heads as query heads and --fuse-qkv: the
+#    stride-3 qkv_proj ColumnParallelLinear with a FusedLinearsSpec, each rank
+#    create_local_fused_weight of q, k, v; consolidated byte for byte.
+# 3. Refused, exit 1, DST absent: qwen2 (not an optimum-neuron training
+#    model), a vocabulary that does not divide by tp, --xser (not written
+#    yet); usage errors exit 2.
+# Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
+# Debian's python3-torch, `make deps`).
+set -euo pipefail
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+tests=$(cd "$E2E_DIR/.." && pwd)
+gen="$tests/nxd_gen.py"
+tpy=""
+for cand in "$py" /usr/bin/python3; do
+    if "$cand" -c 'import torch' 2>/dev/null; then tpy=$cand; break; fi
+done
+[ -n "$tpy" ] || fail "no python3 with torch (make deps installs python3-torch)"
+cd "$work"
+
+note "models"
+"$tpy" - "$gen" <<'PYEOF' || fail "nxd_gen.py saves"
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+g.make_ref("ref")
+g.save("ref", "s4", 4, 1, False, False, None)
+g.save("ref", "s8f", 8, 1, False, True, None)
+g.CONFIG["num_key_value_heads"] = g.CONFIG["num_attention_heads"]  # section 2
+g.make_ref("mha")
+PYEOF
+"$ckpt" gen-model llama gl --scale 16 --layers 2 2>/dev/null || fail "gen-model llama"
+"$ckpt" gen-model llama gl32 --scale 32 --layers 1 2>/dev/null || fail "gen-model llama"
+"$ckpt" gen-model qwen2 gq --scale 32 --layers 1 2>/dev/null || fail "gen-model qwen2"
+
+# cases: NAME REF TP FUSE(0/1) KV(0: auto)
+cases=("o1 ref 1 0 0" "o2 ref 2 0 0" "o2f ref 2 1 0" "o4 ref 4 0 0" "o4f ref 4 1 0" "o4m ref 4 0 4" "o8f ref 8 1 0"
+    "g2 gl 2 0 0" "g4 gl 4 1 0" "g16 gl 16 0 0" "mha2 mha 2 1 0")
+note "convert --format nxd"
+for c in "${cases[@]}"; do
+    read -r name ref tp fuse kv <<<"$c"
+    opts=(--layout neuron --tp "$tp" --format nxd --quiet)
+    [ "$fuse" = 1 ] && opts+=(--fuse-qkv)
+    [ "$kv" != 0 ] && opts+=(--kv-size-multiplier "$kv")
+    "$ckpt" convert "$ref" "$name" "${opts[@]}" 2>/dev/null || fail "convert $c"
+    want=$(printf '%s\n' config.json trn_config.json shards/checkpoint shards/done shards/mp_metadata_pp_rank_0.json
+        for ((r = 0; r < tp; r++)); do printf 'shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt\n' "$r"; done)
+    got=$(cd "$name" && find . -type f | sed 's|^\./||' | LC_ALL=C sort)
+    [ "$got" = "$(LC_ALL=C sort <<<"$want")" ] || fail "$c: files differ:"$'\n'"$got"
+    [ "$(cat "$name/shards/done")" = 1 ] && [ "$(cat "$name/shards/checkpoint")" = 1 ] || fail "$c: done/checkpoint markers"
+done
+
+note "rank files against nxd_gen.py (torch.load)"
+"$tpy" - "$gen" "${cases[@]}" <<'PYEOF' || fail "rank files differ from nxd_gen.py's"
+import collections, importlib.util, json, sys, torch
+spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+BASE = dict(g.CONFIG)
+
+def same(a, b):
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
+
+def check_rank(path, want):
+    got = torch.load(path)
+    if type(got) is not collections.OrderedDict:
+        sys.exit(f"{path}: a {type(got)}, not an OrderedDict")
+    if list(got) != list(want):
+        sys.exit(f"{path}: names {list(got)}\n  want {list(want)}")
+    for k in want:
+        if not same(got[k], want[k]):
+            sys.exit(f"{path}: '{k}' is {got[k].dtype} {tuple(got[k].shape)}, want {want[k].dtype} {tuple(want[k].shape)} (or values differ)")
+
+for c in sys.argv[2:]:
+    name, ref, tp, fuse, kv = c.split(); tp = int(tp); kv = int(kv) or None; fuse = fuse == "1"
+    trn = json.load(open(f"{name}/trn_config.json"))
+    if (trn["tensor_parallel_size"], trn["fuse_qkv"], trn["kv_size_multiplier"], trn["use_xser"]) != (tp, fuse, kv, False):
+        sys.exit(f"{name}: trn_config.json {trn}")
+    if name == "mha2":
+        continue  # section 2 below: nxd_gen.py's build has no stride-3 qkv_proj
+    cfg = json.load(open(f"{ref}/config.json"))
+    g.CONFIG = dict(BASE, **cfg)
+    g.CONFIG.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    ranks, params, specs, m = g.build(g.read_safetensors(f"{ref}/model.safetensors"), tp, fuse, kv)
+    meta = {"parameters": params, "model_weight_transformation_specs": specs}
+    if open(f"{name}/shards/mp_metadata_pp_rank_0.json").read() != json.dumps(meta, indent=4):
+        sys.exit(f"{name}: mp_metadata_pp_rank_0.json differs from create_parameter_metadata's")
+    for r in range(tp):
+        check_rank(f"{name}/shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt", ranks[r])
+# nxd_gen.py's own saves: the same tensors, the same metadata and trn_config.json bytes
+for save, out, tp in (("s4", "o4", 4), ("s8f", "o8f", 8)):
+    for f in ("shards/mp_metadata_pp_rank_0.json", "trn_config.json"):
+        if open(f"{save}/{f}").read() != open(f"{out}/{f}").read():
+            sys.exit(f"{out}/{f} differs from nxd_gen.py's {save}/{f}")
+    for r in range(tp):
+        p = f"shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt"
+        check_rank(f"{out}/{p}", torch.load(f"{save}/{p}"))
+# section 2: as many KV heads as query heads and --fuse-qkv: LlamaAttention's stride-3 qkv_proj
+ref = g.read_safetensors("mha/model.safetensors")
+meta = json.load(open("mha2/shards/mp_metadata_pp_rank_0.json"))
+a = "model.layers.1.self_attn"
+if meta["parameters"][a + ".qkv_proj.weight"] != g.tp_attrs(0, 3, 2):
+    sys.exit(f"qkv_proj attributes {meta['parameters'][a + '.qkv_proj.weight']}")
+want_spec = [["FusedLinearsSpec", {"fused_linear_name": "qkv_proj", "linear_names": ["q_proj", "k_proj", "v_proj"],
+              "bias": False, "fuse_axis": 0, "original_dims": [64, 64, 64], "tp_size": 2, "peft_type": None}]]
+got = [s for s in meta["model_weight_transformation_specs"] if s["module_fully_qualified_name"] == a][0]["specs"]
+if got != want_spec:
+    sys.exit(f"mha2: spec {got}")
+for r in range(2):
+    sd = torch.load(f"mha2/shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt")
+    names = [n for n in sd if n.startswith(a)]
+    if names != [a + ".qkv_proj.weight", a + ".o_proj.weight"]:
+        sys.exit(f"mha2 rank {r}: {names}")
+    want = g.create_local_fused_weight(r, 2, [ref[f"{a}.{x}_proj.weight"] for x in "qkv"], 0, 0)
+    if not same(sd[a + ".qkv_proj.weight"], want):
+        sys.exit(f"mha2 rank {r}: qkv_proj.weight is not create_local_fused_weight of q, k, v")
+PYEOF
+
+note "consolidate"
+for c in "${cases[@]}"; do
+    read -r name ref _ <<<"$c"
+    "$ckpt" consolidate "$name" "$name.back" --quiet 2>/dev/null || fail "consolidate $name"
+    cmp "$name.back/model.safetensors" "$ref/model.safetensors" || fail "$name: consolidate is not the source"
+    cmp "$name.back/config.json" "$ref/config.json" || fail "$name: config.json"
+done
+
+note "refused"
+# refused DST PATTERN ARGS...: exit 1, one error line matching PATTERN, DST absent
+refused() {
+    local dst=$1 pat=$2
+    shift 2
+    expect_status 1 "$ckpt" convert "$@" "$dst" --layout neuron --format nxd
+    [ "$(grep -c . "$work/err")" = 1 ] && grep -q -- "$pat" "$work/err" || fail "convert $*: wanted one line with '$pat': $(cat "$work/err")"
+    [ ! -e "$dst" ] || fail "convert $*: $dst appeared"
+}
+refused bad1 "model_type 'qwen2'" gq --tp 2
+refused bad2 "vocab_size 4008 does not divide by --tp 16" gl32 --tp 16
+refused bad3 "kv_size_multiplier 3" ref --tp 4 --kv-size-multiplier 3
+refused bad4 "--xser" ref --tp 2 --xser
+cp -a o1 o1.before
+expect_status 1 "$ckpt" convert ref o1 --layout neuron --tp 2 --format nxd
+grep -q "exists and is not empty" "$work/err" && diff -r o1 o1.before >/dev/null || fail "convert into a non-empty DST"
+expect_status 2 "$ckpt" convert ref bad5 --layout hf --format nxd
+expect_status 2 "$ckpt" convert ref bad5 --layout neuron --format nxd --max-shard-size 1MB
+expect_status 2 "$ckpt" convert ref bad5 --layout neuron --fuse-qkv
+[ ! -e bad5 ] || fail "bad5 appeared"
+note "ok"
