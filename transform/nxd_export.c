@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* The training model's geometry and choices (modeling_llama.py LlamaAttention, LlamaMLP). */
@@ -265,10 +266,75 @@ static int write_text(const char *dir, const char *name, const char *text)
     return rc;
 }
 
-/* One rank file: the plan's tensors of `rank` in the metadata's parameter order, laid out as torch.save
- * lays out the state dict; the executor writes the storages at torch_out's offsets. */
-static int layout_rank(exec_plan *p, torch_out *to, const convert_plan *cp, const json_t *params, const json_t *where,
-                       int rank, int64_t tp, bool *used)
+/* The torch.save files of the save: each planned by torch_write, written by the executor (storages) and
+ * finished after it, or (no storages: xser's reference and .info.pt files) written whole after it. */
+typedef struct {
+    char *rel;
+    torch_out to;
+} nxd_file;
+
+typedef struct {
+    nxd_file *f;
+    size_t n, cap;
+} nxd_files;
+
+static void files_free(nxd_files *fs)
+{
+    for (size_t i = 0; i < fs->n; i++) {
+        free(fs->f[i].rel);
+        torch_out_free(&fs->f[i].to);
+    }
+    free(fs->f);
+}
+
+/* A torch.save file REL holding tensors tt[0..k) (plan tensors pt) under data.pkl `pickle` (NULL: the
+ * state dict), named after the file as PyTorchStreamWriter names its archive (the base name without
+ * its last extension); with storages, an exec file for them: a layout without a header, the tensors
+ * at torch_out's offsets, the file torch_out's size. */
+static int add_file(exec_plan *p, nxd_files *fs, char *rel, const torch_out_tensor *tt, plan_tensor *const *pt, size_t k,
+                    const uint8_t *pickle, size_t pickle_len)
+{
+    if (!rel) return CKPT_ENOMEM;
+    if (ckpt_grow(&fs->f, &fs->cap, fs->n + 1, sizeof *fs->f)) {
+        free(rel);
+        return CKPT_ENOMEM;
+    }
+    nxd_file *nf = &fs->f[fs->n++];
+    memset(nf, 0, sizeof *nf);
+    nf->rel = rel;
+    const char *base = ckpt_basename(rel), *dot = strrchr(base, '.');
+    char *archive = dot ? ckpt_sprintf("%.*s", (int)(dot - base), base) : ckpt_strdup(base);
+    int rc = archive ? torch_out_plan_pickle(&nf->to, archive, tt, k, pickle, pickle_len) : CKPT_ENOMEM;
+    free(archive);
+    if (rc || !k) return rc;
+    exec_file *f = ckpt_realloc(p->files, (p->nfiles + 2) * sizeof *p->files);
+    if (!f) return CKPT_ENOMEM;
+    p->files = f;
+    f = &p->files[p->nfiles];
+    memset(f, 0, sizeof *f);
+    p->nfiles++;
+    st_layout_init(&f->layout);
+    f->rel = ckpt_strdup(rel);
+    f->tensors = ckpt_calloc(k + 1, sizeof *f->tensors);
+    if (!f->rel || !f->tensors) return CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < k; i++) {
+        f->tensors[i] = pt[i];
+        f->ntensors++;
+        rc = st_layout_add(&f->layout, tt[i].name, tt[i].dtype, tt[i].ndim, tt[i].shape, i);
+        if (!rc) f->layout.tensors[i].offset = nf->to.t[i].offset;
+    }
+    f->layout.file_size = nf->to.file_size;
+    f->layout.finished = true;
+    return rc;
+}
+
+/* One rank: the plan's tensors of `rank` in the metadata's parameter order. Plain: one torch.save of
+ * the state dict. xser (_xser_save_data, _extract_tensor_info_and_update_state_dict): the .pt holds
+ * TensorReference(tid) records, tid the tensor's index in the state dict, each tensor is
+ * <file>.pt.tensors/tensor_<tid>.pt (torch.save of the tensor alone), and <file>.pt.info.pt
+ * holds every tid's dtype and shape. */
+static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, const json_t *params, const json_t *where,
+                       int rank, int64_t tp, bool xser, bool *used)
 {
     size_t n = json_object_size(params);
     torch_out_tensor *tt = ckpt_calloc(n + 1, sizeof *tt);
@@ -303,46 +369,50 @@ static int layout_rank(exec_plan *p, torch_out *to, const convert_plan *cp, cons
         rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tt[k].nbytes);
         k++;
     }
-    char base[64];
-    snprintf(base, sizeof base, "dp_rank_00_tp_rank_%02d_pp_rank_00", rank);
-    /* PyTorchStreamWriter names the archive after the file, without its extension */
-    if (!rc) rc = torch_out_plan(to, base, tt, k);
-    exec_file *f = rc ? NULL : ckpt_realloc(p->files, (p->nfiles + 2) * sizeof *p->files);
-    if (!rc && !f) rc = CKPT_ENOMEM;
-    if (!rc) {
-        p->files = f;
-        f = &p->files[p->nfiles];
-        memset(f, 0, sizeof *f);
-        p->nfiles++;
-        st_layout_init(&f->layout);
-        f->rel = ckpt_sprintf("shards/model/%s.pt", base);
-        f->tensors = pt;
-        pt = NULL;
-        f->ntensors = k;
-        if (!f->rel) rc = CKPT_ENOMEM;
-        /* a layout without a header: the tensors at torch_out's offsets, the file torch_out's size */
-        for (size_t i = 0; !rc && i < k; i++) {
-            rc = st_layout_add(&f->layout, tt[i].name, tt[i].dtype, tt[i].ndim, tt[i].shape, i);
-            if (!rc) f->layout.tensors[i].offset = to->t[i].offset;
-        }
-        f->layout.file_size = to->file_size;
-        f->layout.finished = true;
+    char *rel = rc ? NULL : ckpt_sprintf("shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt", rank);
+    if (!rc && !rel) rc = CKPT_ENOMEM;
+    if (!rc && !xser) {
+        rc = add_file(p, fs, rel, tt, pt, k, NULL, 0);
+        rel = NULL;
     }
+    uint8_t *pk = NULL;
+    size_t pklen = 0;
+    for (size_t i = 0; !rc && xser && i < k; i++) {
+        rc = torch_out_pickle_tensor(&tt[i], &pk, &pklen);
+        if (!rc) rc = add_file(p, fs, ckpt_sprintf("%s.tensors/tensor_%zu.pt", rel, i), &tt[i], &pt[i], 1, pk, pklen);
+        free(pk);
+        pk = NULL;
+    }
+    if (!rc && xser) rc = torch_out_pickle_records(tt, k, "torch_xla.utils.serialization", "TensorReference", "tid", &pk, &pklen);
+    if (!rc && xser) rc = add_file(p, fs, ckpt_strdup(rel), NULL, NULL, 0, pk, pklen);
+    free(pk);
+    pk = NULL;
+    if (!rc && xser) rc = torch_out_pickle_xser_info(tt, k, &pk, &pklen);
+    if (!rc && xser) rc = add_file(p, fs, ckpt_sprintf("%s.info.pt", rel), NULL, NULL, 0, pk, pklen);
+    free(pk);
+    free(rel);
     free(pt);
     free(tt);
     return rc;
 }
 
-/* After the executor: every rank file gets the rest of its zip (torch_out_finish), then fsync. */
-static int finish_rank_files(const exec_plan *p, const torch_out *to, const char *tmp)
+/* After the executor: every torch.save file gets the rest of its zip (torch_out_finish; the files
+ * without storages are created here), then fsync. */
+static int finish_files(const nxd_files *fs, const char *tmp)
 {
     int rc = 0;
-    for (size_t f = 0; !rc && f < p->nfiles; f++) {
-        char *path = ckpt_path_join(tmp, p->files[f].rel);
-        int fd = path ? open(path, O_RDWR | O_CLOEXEC) : -1;
+    for (size_t f = 0; !rc && f < fs->n; f++) {
+        char *path = ckpt_path_join(tmp, fs->f[f].rel);
+        char *slash = path ? strrchr(path, '/') : NULL;
         if (!path) rc = CKPT_ENOMEM;
-        else if (fd < 0) rc = ckpt_error_sys("%s: open", path);
-        if (!rc) rc = torch_out_finish(&to[f], fd, path);
+        if (!rc && fs->f[f].to.n == 0 && slash) {
+            *slash = '\0';
+            rc = ckpt_mkdir_p(path, 0755);
+            *slash = '/';
+        }
+        int fd = rc ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (!rc && fd < 0) rc = ckpt_error_sys("%s: open", path);
+        if (!rc) rc = torch_out_finish(&fs->f[f].to, fd, path);
         if (!rc && fsync(fd) < 0) rc = ckpt_error_sys("%s: fsync", path);
         if (fd >= 0 && close(fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", path);
         free(path);
@@ -350,7 +420,19 @@ static int finish_rank_files(const exec_plan *p, const torch_out *to, const char
     return rc;
 }
 
-static int write_save(convert_plan *cp, nxd_out *n, torch_out *to, const char *dst, const convert_opts *o,
+/* An xser save is one file per tensor per rank (2,000+ for an 8B model at tp 8) and the executor opens
+ * every output at once: lift the soft limit on open files towards the hard one when the plan needs more
+ * (best effort: the executor names the file it cannot open). */
+static void raise_open_files(size_t need)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || need + 256 <= rl.rlim_cur) return;
+    rlim_t want = (rlim_t)need + 256;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || want < rl.rlim_max ? want : rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+}
+
+static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const char *dst, const convert_opts *o,
                       const nxd_export_opts *x)
 {
     char *tmp = NULL;
@@ -361,13 +443,20 @@ static int write_save(convert_plan *cp, nxd_out *n, torch_out *to, const char *d
     if (!shards) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_mkdir_p(shards, 0755);
     if (!rc) rc = write_text(shards, "checkpoint", "1"); /* CheckpointIOState.begin */
-    if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
-    if (!rc) rc = finish_rank_files(&cp->exec, to, tmp);
     if (!rc) {
-        char *model = ckpt_path_join(shards, "model");
-        rc = model ? ckpt_fsync_dir(model) : CKPT_ENOMEM;
-        free(model);
+        raise_open_files(cp->exec.nsrc_paths + cp->exec.nfiles);
+        rc = exec_run(&cp->exec, tmp, &eo);
     }
+    if (!rc) rc = finish_files(fs, tmp);
+    char *model = rc ? NULL : ckpt_path_join(shards, "model");
+    if (!rc && !model) rc = CKPT_ENOMEM;
+    if (!rc) rc = ckpt_fsync_dir(model);
+    for (int r = 0; !rc && x->xser && r < n->g.tp; r++) {
+        char *dir = ckpt_sprintf("%s/dp_rank_00_tp_rank_%02d_pp_rank_00.pt.tensors", model, r);
+        rc = dir ? ckpt_fsync_dir(dir) : CKPT_ENOMEM;
+        free(dir);
+    }
+    free(model);
     json_t *meta = rc ? NULL : json_pack("{s:O,s:O}", "parameters", n->params, "model_weight_transformation_specs", n->specs);
     if (!rc && !meta) rc = CKPT_ENOMEM;
     char *mp = rc ? NULL : ckpt_path_join(shards, "mp_metadata_pp_rank_0.json");
@@ -395,8 +484,6 @@ static int write_save(convert_plan *cp, nxd_out *n, torch_out *to, const char *d
 
 int nxd_export(const char *src, const char *dst, const convert_opts *o, const nxd_export_opts *x)
 {
-    if (x->xser)
-        return ckpt_error_set(CKPT_EINVAL, "--xser: the torch_xla serialization is not written yet (plain torch.save only)");
     if (!o->force && !ckpt_dir_is_empty_or_missing(dst))
         return ckpt_error_set(CKPT_EEXIST, "%s exists and is not empty (--force replaces it)", dst);
     nxd_out n = {0};
@@ -436,16 +523,15 @@ int nxd_export(const char *src, const char *dst, const convert_opts *o, const nx
         if (!rc && json_array_append_new(a, json_integer((json_int_t)i))) rc = CKPT_ENOMEM;
     }
     bool *used = rc ? NULL : ckpt_calloc(cp.set.n + 1, sizeof *used);
-    torch_out *to = rc ? NULL : ckpt_calloc((size_t)n.g.tp + 1, sizeof *to);
-    if (!rc && (!used || !to)) rc = CKPT_ENOMEM;
-    for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &to[r], &cp, n.params, where, r, n.g.tp, used);
+    nxd_files fs = {0};
+    if (!rc && !used) rc = CKPT_ENOMEM;
+    for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &fs, &cp, n.params, where, r, n.g.tp, x->xser, used);
     for (size_t i = 0; !rc && i < cp.set.n; i++)
         if (!used[i])
             rc = ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' has no place in optimum-neuron's llama training model", src,
                                 cp.set.t[i].name);
-    if (!rc) rc = write_save(&cp, &n, to, dst, o, x);
-    for (int r = 0; to && r < n.g.tp; r++) torch_out_free(&to[r]);
-    free(to);
+    if (!rc) rc = write_save(&cp, &n, &fs, dst, o, x);
+    files_free(&fs);
     free(used);
     json_decref(where);
     convert_plan_free(&cp);

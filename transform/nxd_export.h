@@ -38,7 +38,7 @@
 
 typedef struct {
     bool fuse_qkv; /* TrainingNeuronConfig.fuse_qkv */
-    bool xser;     /* TrainingNeuronConfig.use_xser: not written yet, refused */
+    bool xser;     /* TrainingNeuronConfig.use_xser: torch_xla's serialization (TensorReference records) */
 } nxd_export_opts;
 
 /* o: tp, kv_size_multiplier, dtype, threads, force, quiet, no_hash (layout must be "neuron"). */

@@ -6,21 +6,24 @@
 # 1. The Llama of tests/nxd_gen.py (8 query heads, 2 KV heads) and `ckpt
 #    gen-model llama` (32 heads, 8 KV heads) at tp 1, 2, 4, 8 and 16 (more
 #    ranks than KV heads: GQAQKVColumnParallelLinear with kv_size_multiplier
-#    2 and 4), with and without --fuse-qkv and with --kv-size-multiplier 4:
-#    DST holds exactly the files of the real save; every rank file, read by
-#    torch.load (Debian's python3-torch), holds the names in the model's
-#    order, dtypes, shapes and values that nxd_gen.py's build (following
+#    2 and 4), with and without --fuse-qkv, with --kv-size-multiplier 4, plain
+#    torch.save and --xser: DST holds exactly the files of the real save;
+#    every rank, read by torch.load (Debian's python3-torch; xser: the
+#    TensorReference records, each tensor_<tid>.pt, checked against .info.pt
+#    as _xser_load_data reads them), holds the names in the model's order,
+#    dtypes, shapes and values that nxd_gen.py's build (following
 #    optimum-neuron's transformations_utils.py) gives the same model, tp and
-#    options; mp_metadata_pp_rank_0.json and trn_config.json are byte for
-#    byte what nxd_gen.py writes (json.dumps(indent=4)); `ckpt consolidate`
-#    of DST gives back model.safetensors and config.json byte for byte.
-#    nxd_gen.py's own saves are checked equal tensor for tensor too.
+#    options; mp_metadata_pp_rank_0.json and trn_config.json are byte for byte
+#    what nxd_gen.py writes (json.dumps(indent=4)); `ckpt consolidate` of DST
+#    gives back model.safetensors and config.json byte for byte. nxd_gen.py's
+#    own saves (plain and xser) are checked equal tensor for tensor too.
 # 2. A model with as many KV heads as query heads and --fuse-qkv: the
 #    stride-3 qkv_proj ColumnParallelLinear with a FusedLinearsSpec, each rank
 #    create_local_fused_weight of q, k, v; consolidated byte for byte.
-# 3. Refused, exit 1, DST absent: qwen2 (not an optimum-neuron training
-#    model), a vocabulary that does not divide by tp, --xser (not written
-#    yet); usage errors exit 2.
+# 3. Refused, exit 1, one line, DST absent: qwen2 (not an optimum-neuron
+#    training model), a vocabulary that does not divide by tp, a
+#    kv_size_multiplier that does not fit; a non-empty DST left as it was;
+#    usage errors exit 2.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
 # Debian's python3-torch, `make deps`).
 set -euo pipefail
@@ -41,6 +44,7 @@ spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = impor
 g.make_ref("ref")
 g.save("ref", "s4", 4, 1, False, False, None)
 g.save("ref", "s8f", 8, 1, False, True, None)
+g.save("ref", "s4x", 4, 1, True, True, None)
 g.CONFIG["num_key_value_heads"] = g.CONFIG["num_attention_heads"]  # section 2
 g.make_ref("mha")
 PYEOF
@@ -48,34 +52,53 @@ PYEOF
 "$ckpt" gen-model llama gl32 --scale 32 --layers 1 2>/dev/null || fail "gen-model llama"
 "$ckpt" gen-model qwen2 gq --scale 32 --layers 1 2>/dev/null || fail "gen-model qwen2"
 
-# cases: NAME REF TP FUSE(0/1) KV(0: auto)
-cases=("o1 ref 1 0 0" "o2 ref 2 0 0" "o2f ref 2 1 0" "o4 ref 4 0 0" "o4f ref 4 1 0" "o4m ref 4 0 4" "o8f ref 8 1 0"
-    "g2 gl 2 0 0" "g4 gl 4 1 0" "g16 gl 16 0 0" "mha2 mha 2 1 0")
+# cases: NAME REF TP FUSE(0/1) KV(0: auto) XSER(0/1)
+cases=("o1 ref 1 0 0 0" "o2 ref 2 0 0 0" "o2f ref 2 1 0 0" "o4 ref 4 0 0 0" "o4f ref 4 1 0 0" "o4m ref 4 0 4 0"
+    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "o2x ref 2 0 0 1" "g2 gl 2 0 0 0" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0"
+    "g8x gl 8 0 0 1" "mha2 mha 2 1 0 0")
 note "convert --format nxd"
 for c in "${cases[@]}"; do
-    read -r name ref tp fuse kv <<<"$c"
+    read -r name ref tp fuse kv xser <<<"$c"
     opts=(--layout neuron --tp "$tp" --format nxd --quiet)
     [ "$fuse" = 1 ] && opts+=(--fuse-qkv)
     [ "$kv" != 0 ] && opts+=(--kv-size-multiplier "$kv")
+    [ "$xser" = 1 ] && opts+=(--xser)
     "$ckpt" convert "$ref" "$name" "${opts[@]}" 2>/dev/null || fail "convert $c"
+    [ "$(cat "$name/shards/done")" = 1 ] && [ "$(cat "$name/shards/checkpoint")" = 1 ] || fail "$c: done/checkpoint markers"
+    [ "$xser" = 1 ] && continue # the file list: the python check below, which knows the tensor count
     want=$(printf '%s\n' config.json trn_config.json shards/checkpoint shards/done shards/mp_metadata_pp_rank_0.json
         for ((r = 0; r < tp; r++)); do printf 'shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt\n' "$r"; done)
     got=$(cd "$name" && find . -type f | sed 's|^\./||' | LC_ALL=C sort)
     [ "$got" = "$(LC_ALL=C sort <<<"$want")" ] || fail "$c: files differ:"$'\n'"$got"
-    [ "$(cat "$name/shards/done")" = 1 ] && [ "$(cat "$name/shards/checkpoint")" = 1 ] || fail "$c: done/checkpoint markers"
 done
 
 note "rank files against nxd_gen.py (torch.load)"
 "$tpy" - "$gen" "${cases[@]}" <<'PYEOF' || fail "rank files differ from nxd_gen.py's"
-import collections, importlib.util, json, sys, torch
+import collections, importlib.util, json, os, sys, torch
 spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
 BASE = dict(g.CONFIG)
+TensorReference = g.xser_modules()
 
 def same(a, b):
     return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.int16), b.view(torch.int16))
 
-def check_rank(path, want):
-    got = torch.load(path)
+def load_xser(path):
+    """_xser_load_data: the references, each tensor from <file>.tensors/tensor_<tid>.pt, checked against .info.pt"""
+    refs, info = torch.load(path), torch.load(path + ".info.pt")
+    if type(refs) is not collections.OrderedDict or type(info) is not dict or sorted(info) != list(range(len(refs))):
+        sys.exit(f"{path}: references {type(refs)}, info {type(info)} {sorted(info)}")
+    out = collections.OrderedDict()
+    for tid, (k, ref) in enumerate(refs.items()):
+        if type(ref) is not TensorReference or ref.tid != tid:
+            sys.exit(f"{path}: '{k}' is {ref!r}, not TensorReference({tid})")
+        t = torch.load(f"{path}.tensors/tensor_{tid}.pt")
+        if info[tid] != {"dtype": t.dtype, "shape": t.shape, "expert_model_parallel": False} or type(info[tid]["shape"]) is not torch.Size:
+            sys.exit(f"{path}.info.pt: {tid}: {info[tid]}")
+        out[k] = t
+    return out
+
+def check_rank(path, want, xser=False):
+    got = load_xser(path) if xser else torch.load(path)
     if type(got) is not collections.OrderedDict:
         sys.exit(f"{path}: a {type(got)}, not an OrderedDict")
     if list(got) != list(want):
@@ -85,9 +108,9 @@ def check_rank(path, want):
             sys.exit(f"{path}: '{k}' is {got[k].dtype} {tuple(got[k].shape)}, want {want[k].dtype} {tuple(want[k].shape)} (or values differ)")
 
 for c in sys.argv[2:]:
-    name, ref, tp, fuse, kv = c.split(); tp = int(tp); kv = int(kv) or None; fuse = fuse == "1"
+    name, ref, tp, fuse, kv, xser = c.split(); tp = int(tp); kv = int(kv) or None; fuse = fuse == "1"; xser = xser == "1"
     trn = json.load(open(f"{name}/trn_config.json"))
-    if (trn["tensor_parallel_size"], trn["fuse_qkv"], trn["kv_size_multiplier"], trn["use_xser"]) != (tp, fuse, kv, False):
+    if (trn["tensor_parallel_size"], trn["fuse_qkv"], trn["kv_size_multiplier"], trn["use_xser"]) != (tp, fuse, kv, xser):
         sys.exit(f"{name}: trn_config.json {trn}")
     if name == "mha2":
         continue  # section 2 below: nxd_gen.py's build has no stride-3 qkv_proj
@@ -99,15 +122,23 @@ for c in sys.argv[2:]:
     if open(f"{name}/shards/mp_metadata_pp_rank_0.json").read() != json.dumps(meta, indent=4):
         sys.exit(f"{name}: mp_metadata_pp_rank_0.json differs from create_parameter_metadata's")
     for r in range(tp):
-        check_rank(f"{name}/shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt", ranks[r])
+        check_rank(f"{name}/shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt", ranks[r], xser)
+    if xser:  # exactly the real save's files
+        want = {"config.json", "trn_config.json", "shards/checkpoint", "shards/done", "shards/mp_metadata_pp_rank_0.json"}
+        for r in range(tp):
+            f = f"shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt"
+            want |= {f, f + ".info.pt"} | {f"{f}.tensors/tensor_{i}.pt" for i in range(len(ranks[r]))}
+        got = {os.path.relpath(os.path.join(d, f), name) for d, _, fs in os.walk(name) for f in fs}
+        if got != want:
+            sys.exit(f"{name}: files {sorted(got ^ want)} differ")
 # nxd_gen.py's own saves: the same tensors, the same metadata and trn_config.json bytes
-for save, out, tp in (("s4", "o4", 4), ("s8f", "o8f", 8)):
+for save, out, tp, xser in (("s4", "o4", 4, False), ("s8f", "o8f", 8, False), ("s4x", "o4x", 4, True)):
     for f in ("shards/mp_metadata_pp_rank_0.json", "trn_config.json"):
         if open(f"{save}/{f}").read() != open(f"{out}/{f}").read():
             sys.exit(f"{out}/{f} differs from nxd_gen.py's {save}/{f}")
     for r in range(tp):
         p = f"shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt"
-        check_rank(f"{out}/{p}", torch.load(f"{save}/{p}"))
+        check_rank(f"{out}/{p}", load_xser(f"{save}/{p}") if xser else torch.load(f"{save}/{p}"), xser)
 # section 2: as many KV heads as query heads and --fuse-qkv: LlamaAttention's stride-3 qkv_proj
 ref = g.read_safetensors("mha/model.safetensors")
 meta = json.load(open("mha2/shards/mp_metadata_pp_rank_0.json"))
@@ -149,7 +180,6 @@ refused() {
 refused bad1 "model_type 'qwen2'" gq --tp 2
 refused bad2 "vocab_size 4008 does not divide by --tp 16" gl32 --tp 16
 refused bad3 "kv_size_multiplier 3" ref --tp 4 --kv-size-multiplier 3
-refused bad4 "--xser" ref --tp 2 --xser
 cp -a o1 o1.before
 expect_status 1 "$ckpt" convert ref o1 --layout neuron --tp 2 --format nxd
 grep -q "exists and is not empty" "$work/err" && diff -r o1 o1.before >/dev/null || fail "convert into a non-empty DST"
