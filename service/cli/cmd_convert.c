@@ -57,7 +57,9 @@ static const char nxd_options_help[] =
     "                          TrainingNeuronConfig (tensor_parallel_size N, kv_size_multiplier,\n"
     "                          fuse_qkv) resumes from it; --format safetensors is the default\n"
     "  --fuse-qkv              TrainingNeuronConfig.fuse_qkv: q/k/v as one qkv_proj parameter\n"
-    "  --xser                  TrainingNeuronConfig.use_xser (torch_xla serialization)\n";
+    "  --xser                  TrainingNeuronConfig.use_xser (optimum-neuron's default): each rank\n"
+    "                          .pt holds TensorReference records, every tensor its own\n"
+    "                          .pt.tensors/tensor_<tid>.pt, with .pt.info.pt\n";
 
 enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV };
 
