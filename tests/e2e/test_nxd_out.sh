@@ -54,7 +54,7 @@ PYEOF
 
 # cases: NAME REF TP FUSE(0/1) KV(0: auto) XSER(0/1)
 cases=("o1 ref 1 0 0 0" "o2 ref 2 0 0 0" "o2f ref 2 1 0 0" "o4 ref 4 0 0 0" "o4f ref 4 1 0 0" "o4m ref 4 0 4 0"
-    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "o2x ref 2 0 0 1" "g2 gl 2 0 0 0" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0"
+    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0"
     "g8x gl 8 0 0 1" "mha2 mha 2 1 0 0")
 note "convert --format nxd"
 for c in "${cases[@]}"; do
