@@ -14,8 +14,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-/* The training model's geometry and choices (modeling_llama.py LlamaAttention, LlamaMLP). */
+/* The training model's geometry and choices (modeling_llama.py LlamaAttention, LlamaMLP; the qwen3 and
+ * granite models are that model with the differences below). */
 typedef struct {
+    const char *type;    /* llama, qwen3, granite */
+    bool qk_norm;        /* qwen3: Qwen3Attention's q_norm, k_norm after o_proj */
+    bool vocab_parallel; /* ParallelEmbedding and a ColumnParallelLinear lm_head (granite: nn.Embedding, nn.Linear) */
     int64_t H, KV, hd, hidden, inter, vocab, layers;
     int64_t tp, m;   /* kv_size_multiplier as the model uses it (1 without GQAQKVColumnParallelLinear) */
     bool qkv_linear; /* GQAQKVColumnParallelLinear */
@@ -35,19 +39,27 @@ static int read_model(nxd_model *g, const json_t *cfg, const convert_opts *o, co
     const char *w = "config.json", *mt = NULL;
     int rc = cj_str(cfg, "model_type", &mt, w);
     if (rc) return rc;
-    if (strcmp(mt, "llama"))
+    static const char *const types[] = {"llama", "qwen3", "granite"};
+    g->type = NULL;
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(types); i++)
+        if (!strcmp(mt, types[i])) g->type = types[i];
+    if (!g->type)
         return ckpt_error_set(CKPT_EINVAL,
-                              "%s: model_type '%s': --format nxd writes optimum-neuron's training model of llama "
-                              "(models/training/llama); other architectures are not written yet",
+                              "%s: model_type '%s' is not one optimum-neuron trains (models/training: llama, qwen3, "
+                              "granite)",
                               w, mt);
-    bool tied = false, abias = false, mbias = false;
+    g->qk_norm = !strcmp(g->type, "qwen3");
+    g->vocab_parallel = strcmp(g->type, "granite") != 0;
+    bool tied = false, abias = false, mbias = false, sliding = false;
     if ((rc = cj_bool_opt(cfg, "tie_word_embeddings", &tied, w)) || (rc = cj_bool_opt(cfg, "attention_bias", &abias, w)) ||
-        (rc = cj_bool_opt(cfg, "mlp_bias", &mbias, w)))
+        (rc = cj_bool_opt(cfg, "mlp_bias", &mbias, w)) || (rc = cj_bool_opt(cfg, "use_sliding_window", &sliding, w)))
         return rc;
     if (tied) return ckpt_error_set(CKPT_EINVAL, "%s: tie_word_embeddings is true: tied embeddings are not written yet", w);
     if (abias || mbias)
-        return ckpt_error_set(CKPT_EINVAL, "%s: %s is true, but optimum-neuron's llama builds its linears with bias=False", w,
-                              abias ? "attention_bias" : "mlp_bias");
+        return ckpt_error_set(CKPT_EINVAL, "%s: %s is true, but optimum-neuron's %s builds its linears with bias=False", w,
+                              abias ? "attention_bias" : "mlp_bias", g->type);
+    if (sliding)
+        return ckpt_error_set(CKPT_EINVAL, "%s: use_sliding_window is true: optimum-neuron's Qwen3Model refuses sliding window", w);
     if ((rc = cj_int(cfg, "num_attention_heads", &g->H, w)) || (rc = cj_int(cfg, "hidden_size", &g->hidden, w)) ||
         (rc = cj_int(cfg, "intermediate_size", &g->inter, w)) || (rc = cj_int(cfg, "vocab_size", &g->vocab, w)) ||
         (rc = cj_int(cfg, "num_hidden_layers", &g->layers, w)))
@@ -72,7 +84,7 @@ static int read_model(nxd_model *g, const json_t *cfg, const convert_opts *o, co
     if (g->inter % tp)
         return ckpt_error_set(CKPT_EINVAL, "%s: intermediate_size %lld does not divide by --tp %lld (LlamaMLP raises)", w,
                               (long long)g->inter, (long long)tp);
-    if (g->vocab % tp)
+    if (g->vocab_parallel && g->vocab % tp)
         return ckpt_error_set(CKPT_EINVAL, "%s: vocab_size %lld does not divide by --tp %lld (ParallelEmbedding splits it evenly)",
                               w, (long long)g->vocab, (long long)tp);
     if (g->H % tp)
@@ -166,9 +178,9 @@ static int build_rules(nxd_out *n, const char *dtype)
         rc = add_rule(n, fuse("^(.*\\.mlp)\\.(gate_proj|up_proj)\\.weight$", json_pack("[s,s]", "gate_proj", "up_proj"),
                           "$1.gate_up_proj.weight", tp));
     if (!rc && tp > 1) rc = add_rule(n, tp_split("^(.*)\\.mlp\\.down_proj\\.weight$", 1, tp));
-    /* ParallelEmbedding and the ColumnParallelLinear lm_head: vocabulary rows */
-    if (!rc && tp > 1) rc = add_rule(n, tp_split("^model\\.embed_tokens\\.weight$", 0, tp));
-    if (!rc && tp > 1) rc = add_rule(n, tp_split("^lm_head\\.weight$", 0, tp));
+    /* ParallelEmbedding and the ColumnParallelLinear lm_head: vocabulary rows (granite: replicated) */
+    if (!rc && tp > 1 && g->vocab_parallel) rc = add_rule(n, tp_split("^model\\.embed_tokens\\.weight$", 0, tp));
+    if (!rc && tp > 1 && g->vocab_parallel) rc = add_rule(n, tp_split("^lm_head\\.weight$", 0, tp));
     if (!rc && dtype) rc = add_rule(n, json_pack("{s:s,s:s}", "op", "cast", "dtype", dtype));
     return rc;
 }
@@ -180,7 +192,7 @@ static int build_metadata(nxd_out *n)
 {
     const nxd_model *g = &n->g;
     int64_t tp = g->tp;
-    int rc = param(n, "model.embed_tokens.weight", 0, 1);
+    int rc = param(n, "model.embed_tokens.weight", g->vocab_parallel ? 0 : -1, 1);
     char name[160], mod[128];
     static const char *const qkv[3] = {"q_proj", "k_proj", "v_proj"}, *const gu[2] = {"gate_proj", "up_proj"};
     for (int64_t i = 0; i < g->layers && !rc; i++) {
@@ -215,6 +227,10 @@ static int build_metadata(nxd_out *n)
         }
         snprintf(name, sizeof name, "%s.o_proj.weight", mod);
         if (!rc) rc = param(n, name, 1, 1);
+        for (int k = 0; k < 2 && !rc && g->qk_norm; k++) {
+            snprintf(name, sizeof name, "%s.%s.weight", mod, k ? "k_norm" : "q_norm");
+            rc = param(n, name, -1, 1);
+        }
         if (!rc) rc = push(n->specs, json_pack("{s:s,s:o}", "module_fully_qualified_name", mod, "specs", attn));
         else json_decref(attn);
         snprintf(mod, sizeof mod, "model.layers.%lld.mlp", (long long)i);
@@ -231,7 +247,7 @@ static int build_metadata(nxd_out *n)
         if (!rc) rc = param(n, name, -1, 1);
     }
     if (!rc) rc = param(n, "model.norm.weight", -1, 1);
-    if (!rc) rc = param(n, "lm_head.weight", 0, 1);
+    if (!rc) rc = param(n, "lm_head.weight", g->vocab_parallel ? 0 : -1, 1);
     return rc;
 }
 
@@ -528,8 +544,8 @@ int nxd_export(const char *src, const char *dst, const convert_opts *o, const nx
     for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &fs, &cp, n.params, where, r, n.g.tp, x->xser, used);
     for (size_t i = 0; !rc && i < cp.set.n; i++)
         if (!used[i])
-            rc = ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' has no place in optimum-neuron's llama training model", src,
-                                cp.set.t[i].name);
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' has no place in optimum-neuron's %s training model", src,
+                                cp.set.t[i].name, n.g.type);
     if (!rc) rc = write_save(&cp, &n, &fs, dst, o, x);
     files_free(&fs);
     free(used);

@@ -17,6 +17,9 @@
 #    what nxd_gen.py writes (json.dumps(indent=4)); `ckpt consolidate` of DST
 #    gives back model.safetensors and config.json byte for byte. nxd_gen.py's
 #    own saves (plain and xser) are checked equal tensor for tensor too.
+#    optimum-neuron's qwen3 (q_norm/k_norm after o_proj, head_dim 16 with
+#    hidden 64 / 8 heads) and granite (embeddings and lm_head replicated) at
+#    tp 2 and 4, plain and xser, against the same build with those changes.
 # 2. A model with as many KV heads as query heads and --fuse-qkv: the
 #    stride-3 qkv_proj ColumnParallelLinear with a FusedLinearsSpec, each rank
 #    create_local_fused_weight of q, k, v; consolidated byte for byte.
@@ -41,11 +44,24 @@ note "models"
 "$tpy" - "$gen" <<'PYEOF' || fail "nxd_gen.py saves"
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+BASE = dict(g.CONFIG)
 g.make_ref("ref")
 g.save("ref", "s4", 4, 1, False, False, None)
 g.save("ref", "s8f", 8, 1, False, True, None)
 g.save("ref", "s4x", 4, 1, True, True, None)
-g.CONFIG["num_key_value_heads"] = g.CONFIG["num_attention_heads"]  # section 2
+# optimum-neuron's other two training models: qwen3 (q_norm/k_norm, an explicit head_dim), granite
+g.CONFIG = dict(BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16, use_sliding_window=False)
+g.make_ref("qwen3")
+t = g.read_safetensors("qwen3/model.safetensors")
+gen = g.torch.Generator().manual_seed(3)
+for i in range(BASE["num_hidden_layers"]):
+    for n in ("q_norm", "k_norm"):
+        t[f"model.layers.{i}.self_attn.{n}.weight"] = g.torch.randn(16, generator=gen).to(g.torch.bfloat16)
+g.write_safetensors("qwen3/model.safetensors", t)
+g.CONFIG = dict(BASE, model_type="granite", architectures=["GraniteForCausalLM"], embedding_multiplier=12.0,
+                residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0)
+g.make_ref("granite")
+g.CONFIG = dict(BASE, num_key_value_heads=BASE["num_attention_heads"])  # section 2
 g.make_ref("mha")
 PYEOF
 "$ckpt" gen-model llama gl --scale 16 --layers 2 2>/dev/null || fail "gen-model llama"
@@ -54,7 +70,8 @@ PYEOF
 
 # cases: NAME REF TP FUSE(0/1) KV(0: auto) XSER(0/1)
 cases=("o1 ref 1 0 0 0" "o2 ref 2 0 0 0" "o2f ref 2 1 0 0" "o4 ref 4 0 0 0" "o4f ref 4 1 0 0" "o4m ref 4 0 4 0"
-    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0"
+    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0" "q4 qwen3 4 0 0 0" "q2x qwen3 2 1 0 1"
+    "gr4 granite 4 1 0 0"
     "g8x gl 8 0 0 1" "mha2 mha 2 1 0 0")
 note "convert --format nxd"
 for c in "${cases[@]}"; do
@@ -117,7 +134,24 @@ for c in sys.argv[2:]:
     cfg = json.load(open(f"{ref}/config.json"))
     g.CONFIG = dict(BASE, **cfg)
     g.CONFIG.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
-    ranks, params, specs, m = g.build(g.read_safetensors(f"{ref}/model.safetensors"), tp, fuse, kv)
+    reft = g.read_safetensors(f"{ref}/model.safetensors")
+    ranks, params, specs, m = g.build(reft, tp, fuse, kv)
+    if cfg["model_type"] == "qwen3":  # Qwen3Attention registers q_norm, k_norm after LlamaAttention's o_proj
+        def with_norms(d, value):
+            out = collections.OrderedDict()
+            for k, v in d.items():
+                out[k] = v
+                if k.endswith(".self_attn.o_proj.weight"):
+                    for x in ("q_norm", "k_norm"):
+                        out[k.replace("o_proj", x)] = value(k.replace("o_proj", x))
+            return out
+        params = with_norms(params, lambda k: {"tensor_model_parallel": False})
+        ranks = [with_norms(rk, lambda k: reft[k]) for rk in ranks]
+    if cfg["model_type"] == "granite":  # GraniteModel's nn.Embedding, GraniteForCausalLM's nn.Linear lm_head
+        for k in ("model.embed_tokens.weight", "lm_head.weight"):
+            params[k] = {"tensor_model_parallel": False}
+            for rk in ranks:
+                rk[k] = reft[k]
     meta = {"parameters": params, "model_weight_transformation_specs": specs}
     if open(f"{name}/shards/mp_metadata_pp_rank_0.json").read() != json.dumps(meta, indent=4):
         sys.exit(f"{name}: mp_metadata_pp_rank_0.json differs from create_parameter_metadata's")
