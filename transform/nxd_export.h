@@ -19,7 +19,9 @@
  *   DST/shards/done                         "1" (CheckpointIOState.end)
  *
  * The training model is optimum-neuron's LlamaForCausalLM
- * (models/training/llama/modeling_llama.py) for the source's config.json and
+ * (models/training/llama/modeling_llama.py; Qwen3ForCausalLM adds q_norm and
+ * k_norm, GraniteForCausalLM keeps the embeddings and lm_head whole) for the
+ * source's config.json and
  * the TrainingNeuronConfig given by the options (tp, kv_size_multiplier,
  * fuse_qkv): GQAQKVColumnParallelLinear when the KV heads are fewer than tp or
  * do not divide by it, a fused stride-3 qkv_proj when fuse_qkv and there is no
