@@ -27,6 +27,9 @@
 #    training model), a vocabulary that does not divide by tp, a
 #    kv_size_multiplier that does not fit; a non-empty DST left as it was;
 #    usage errors exit 2.
+# 4. SIGTERM during the writing leaves nothing; after kill -9 the next run
+#    removes the dead run's temp folder and writes the same bytes (the output
+#    is deterministic: o4 and the new run are equal byte for byte).
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
 # Debian's python3-torch, `make deps`).
 set -euo pipefail
@@ -221,4 +224,18 @@ expect_status 2 "$ckpt" convert ref bad5 --layout hf --format nxd
 expect_status 2 "$ckpt" convert ref bad5 --layout neuron --format nxd --max-shard-size 1MB
 expect_status 2 "$ckpt" convert ref bad5 --layout neuron --fuse-qkv
 [ ! -e bad5 ] || fail "bad5 appeared"
+
+note "interrupted and killed"
+# SIGTERM after the first rank file: DST absent, no temp folder; kill -9 there: the next run removes its temp
+CKPT_FAULT=exec.file_done:1:TERM expect_status 143 "$ckpt" convert ref cut --layout neuron --tp 4 --format nxd --xser
+[ ! -e cut ] && [ -z "$(compgen -G 'cut.tmp-*' || true)" ] || fail "SIGTERM left cut or its temp folder"
+CKPT_FAULT=exec.file_done:1 expect_status 137 "$ckpt" convert ref cut --layout neuron --tp 4 --format nxd
+[ ! -e cut ] && [ -n "$(compgen -G 'cut.tmp-*' || true)" ] || fail "kill -9: cut appeared, or no temp folder"
+expect_status 0 "$ckpt" convert ref cut --layout neuron --tp 4 --format nxd
+[ -z "$(compgen -G 'cut.tmp-*' || true)" ] && cmp cut/shards/mp_metadata_pp_rank_0.json o4/shards/mp_metadata_pp_rank_0.json ||
+    fail "the run after a killed one"
+for r in 0 1 2 3; do
+    cmp "cut/shards/model/dp_rank_00_tp_rank_0${r}_pp_rank_00.pt" "o4/shards/model/dp_rank_00_tp_rank_0${r}_pp_rank_00.pt" ||
+        fail "rank $r differs from the first convert"
+done
 note "ok"
