@@ -413,7 +413,7 @@ static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, cons
 }
 
 /* After the executor: every torch.save file gets the rest of its zip (torch_out_finish; the files
- * without storages are created here), then fsync. */
+ * without storages are created here). Durability comes after, for all of them at once (write_save). */
 static int finish_files(const nxd_files *fs, const char *tmp)
 {
     int rc = 0;
@@ -429,7 +429,6 @@ static int finish_files(const nxd_files *fs, const char *tmp)
         int fd = rc ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (!rc && fd < 0) rc = ckpt_error_sys("%s: open", path);
         if (!rc) rc = torch_out_finish(&fs->f[f].to, fd, path);
-        if (!rc && fsync(fd) < 0) rc = ckpt_error_sys("%s: fsync", path);
         if (fd >= 0 && close(fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", path);
         free(path);
     }
@@ -454,7 +453,9 @@ static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const c
     char *tmp = NULL;
     int rc = outdir_prepare(dst, o->force, &tmp);
     if (rc) return rc;
-    exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "convert"};
+    /* no fsync per file: an xser save is thousands of files (one per tensor per rank), each finished after
+     * the executor; one syncfs makes them all durable, as the store does with its blobs */
+    exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "convert", .no_fsync = true};
     char *shards = ckpt_path_join(tmp, "shards");
     if (!shards) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_mkdir_p(shards, 0755);
@@ -464,15 +465,10 @@ static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const c
         rc = exec_run(&cp->exec, tmp, &eo);
     }
     if (!rc) rc = finish_files(fs, tmp);
-    char *model = rc ? NULL : ckpt_path_join(shards, "model");
-    if (!rc && !model) rc = CKPT_ENOMEM;
-    if (!rc) rc = ckpt_fsync_dir(model);
-    for (int r = 0; !rc && x->xser && r < n->g.tp; r++) {
-        char *dir = ckpt_sprintf("%s/dp_rank_00_tp_rank_%02d_pp_rank_00.pt.tensors", model, r);
-        rc = dir ? ckpt_fsync_dir(dir) : CKPT_ENOMEM;
-        free(dir);
-    }
-    free(model);
+    int sync_fd = rc ? -1 : open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!rc && sync_fd < 0) rc = ckpt_error_sys("%s: open", tmp);
+    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", tmp); /* the files and their folders */
+    if (sync_fd >= 0) close(sync_fd);
     json_t *meta = rc ? NULL : json_pack("{s:O,s:O}", "parameters", n->params, "model_weight_transformation_specs", n->specs);
     if (!rc && !meta) rc = CKPT_ENOMEM;
     char *mp = rc ? NULL : ckpt_path_join(shards, "mp_metadata_pp_rank_0.json");
