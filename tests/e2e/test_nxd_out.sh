@@ -25,7 +25,8 @@
 #    create_local_fused_weight of q, k, v; consolidated byte for byte.
 # 3. Refused, exit 1, one line, DST absent: qwen2 (not an optimum-neuron
 #    training model), a vocabulary that does not divide by tp, a
-#    kv_size_multiplier that does not fit; a non-empty DST left as it was;
+#    kv_size_multiplier that does not fit, a source tensor the model has no
+#    place for, a parameter without its source tensor; a non-empty DST left as it was;
 #    usage errors exit 2.
 # 4. SIGTERM during the writing leaves nothing; after kill -9 the next run
 #    removes the dead run's temp folder and writes the same bytes (the output
@@ -66,6 +67,16 @@ g.CONFIG = dict(BASE, model_type="granite", architectures=["GraniteForCausalLM"]
 g.make_ref("granite")
 g.CONFIG = dict(BASE, num_key_value_heads=BASE["num_attention_heads"])  # section 2
 g.make_ref("mha")
+# section 3: a tensor the model has no place for, a tensor missing
+import os, shutil
+t = g.read_safetensors("ref/model.safetensors")
+for out, change in (("extra", lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": t["model.norm.weight"]})),
+                    ("short", lambda t: t.pop("model.layers.1.mlp.down_proj.weight"))):
+    os.makedirs(out)
+    shutil.copy("ref/config.json", out)
+    u = dict(t)
+    change(u)
+    g.write_safetensors(f"{out}/model.safetensors", u)
 PYEOF
 "$ckpt" gen-model llama gl --scale 16 --layers 2 2>/dev/null || fail "gen-model llama"
 "$ckpt" gen-model llama gl32 --scale 32 --layers 1 2>/dev/null || fail "gen-model llama"
@@ -217,13 +228,15 @@ refused() {
 refused bad1 "model_type 'qwen2'" gq --tp 2
 refused bad2 "vocab_size 4008 does not divide by --tp 16" gl32 --tp 16
 refused bad3 "kv_size_multiplier 3" ref --tp 4 --kv-size-multiplier 3
+refused bad4 "tensor 'model.layers.0.self_attn.q_proj.bias' has no place in optimum-neuron's llama" extra --tp 2
+refused bad5 "parameter 'model.layers.1.mlp.down_proj.weight' .*has no source tensor" short --tp 2
 cp -a o1 o1.before
 expect_status 1 "$ckpt" convert ref o1 --layout neuron --tp 2 --format nxd
 grep -q "exists and is not empty" "$work/err" && diff -r o1 o1.before >/dev/null || fail "convert into a non-empty DST"
-expect_status 2 "$ckpt" convert ref bad5 --layout hf --format nxd
-expect_status 2 "$ckpt" convert ref bad5 --layout neuron --format nxd --max-shard-size 1MB
-expect_status 2 "$ckpt" convert ref bad5 --layout neuron --fuse-qkv
-[ ! -e bad5 ] || fail "bad5 appeared"
+expect_status 2 "$ckpt" convert ref bad6 --layout hf --format nxd
+expect_status 2 "$ckpt" convert ref bad6 --layout neuron --format nxd --max-shard-size 1MB
+expect_status 2 "$ckpt" convert ref bad6 --layout neuron --fuse-qkv
+[ ! -e bad6 ] || fail "bad6 appeared"
 
 note "interrupted and killed"
 # SIGTERM after the first rank file: DST absent, no temp folder; kill -9 there: the next run removes its temp
