@@ -20,6 +20,7 @@ typedef struct {
     const char *type;    /* llama, qwen3, granite */
     bool qk_norm;        /* qwen3: Qwen3Attention's q_norm, k_norm after o_proj */
     bool vocab_parallel; /* ParallelEmbedding and a ColumnParallelLinear lm_head (granite: nn.Embedding, nn.Linear) */
+    bool tied;           /* tie_word_embeddings: lm_head.weight is embed_tokens.weight (tie_weights) */
     int64_t H, KV, hd, hidden, inter, vocab, layers;
     int64_t tp, m;   /* kv_size_multiplier as the model uses it (1 without GQAQKVColumnParallelLinear) */
     bool qkv_linear; /* GQAQKVColumnParallelLinear */
@@ -54,7 +55,7 @@ static int read_model(nxd_model *g, const json_t *cfg, const convert_opts *o, co
     if ((rc = cj_bool_opt(cfg, "tie_word_embeddings", &tied, w)) || (rc = cj_bool_opt(cfg, "attention_bias", &abias, w)) ||
         (rc = cj_bool_opt(cfg, "mlp_bias", &mbias, w)) || (rc = cj_bool_opt(cfg, "use_sliding_window", &sliding, w)))
         return rc;
-    if (tied) return ckpt_error_set(CKPT_EINVAL, "%s: tie_word_embeddings is true: tied embeddings are not written yet", w);
+    g->tied = tied;
     if (abias || mbias)
         return ckpt_error_set(CKPT_EINVAL, "%s: %s is true, but optimum-neuron's %s builds its linears with bias=False", w,
                               abias ? "attention_bias" : "mlp_bias", g->type);
@@ -247,7 +248,8 @@ static int build_metadata(nxd_out *n)
         if (!rc) rc = param(n, name, -1, 1);
     }
     if (!rc) rc = param(n, "model.norm.weight", -1, 1);
-    if (!rc) rc = param(n, "lm_head.weight", g->vocab_parallel ? 0 : -1, 1);
+    /* tied: named_parameters() yields the shared parameter once, as model.embed_tokens.weight */
+    if (!rc && !g->tied) rc = param(n, "lm_head.weight", g->vocab_parallel ? 0 : -1, 1);
     return rc;
 }
 
@@ -350,9 +352,9 @@ static int add_file(exec_plan *p, nxd_files *fs, char *rel, const torch_out_tens
  * <file>.pt.tensors/tensor_<tid>.pt (torch.save of the tensor alone), and <file>.pt.info.pt
  * holds every tid's dtype and shape. */
 static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, const json_t *params, const json_t *where,
-                       int rank, int64_t tp, bool xser, bool *used)
+                       int rank, int64_t tp, bool xser, bool tied, bool *used)
 {
-    size_t n = json_object_size(params);
+    size_t n = json_object_size(params) + 1;
     torch_out_tensor *tt = ckpt_calloc(n + 1, sizeof *tt);
     plan_tensor **pt = ckpt_calloc(n + 1, sizeof *pt);
     int rc = tt && pt ? 0 : CKPT_ENOMEM;
@@ -385,6 +387,16 @@ static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, cons
         rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tt[k].nbytes);
         k++;
     }
+    /* tied: model.state_dict() still holds lm_head.weight, last, with the embedding's values (the
+     * parameter it shares; a tensor of its own in the file, as each is moved to the CPU on its own) */
+    for (size_t i = 0; !rc && tied && i < k; i++)
+        if (!strcmp(tt[i].name, "model.embed_tokens.weight")) {
+            pt[k] = pt[i];
+            tt[k] = tt[i];
+            tt[k].name = "lm_head.weight";
+            k++;
+            break;
+        }
     char *rel = rc ? NULL : ckpt_sprintf("shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt", rank);
     if (!rc && !rel) rc = CKPT_ENOMEM;
     if (!rc && !xser) {
@@ -537,7 +549,9 @@ int nxd_export(const char *src, const char *dst, const convert_opts *o, const nx
     bool *used = rc ? NULL : ckpt_calloc(cp.set.n + 1, sizeof *used);
     nxd_files fs = {0};
     if (!rc && !used) rc = CKPT_ENOMEM;
-    for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &fs, &cp, n.params, where, r, n.g.tp, x->xser, used);
+    for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &fs, &cp, n.params, where, r, n.g.tp, x->xser, n.g.tied, used);
+    if (!rc && n.g.tied && json_object_get(where, "lm_head.weight"))
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: tie_word_embeddings is true, but the source holds an lm_head.weight of its own", src);
     for (size_t i = 0; !rc && i < cp.set.n; i++)
         if (!used[i])
             rc = ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' has no place in optimum-neuron's %s training model", src,

@@ -19,14 +19,17 @@
 #    own saves (plain and xser) are checked equal tensor for tensor too.
 #    optimum-neuron's qwen3 (q_norm/k_norm after o_proj, head_dim 16 with
 #    hidden 64 / 8 heads) and granite (embeddings and lm_head replicated) at
-#    tp 2 and 4, plain and xser, against the same build with those changes.
+#    tp 2 and 4, plain and xser, against the same build with those changes;
+#    tied embeddings (no lm_head.weight in the source): lm_head.weight in
+#    every rank's state dict with the embedding's rows, not in the metadata.
 # 2. A model with as many KV heads as query heads and --fuse-qkv: the
 #    stride-3 qkv_proj ColumnParallelLinear with a FusedLinearsSpec, each rank
 #    create_local_fused_weight of q, k, v; consolidated byte for byte.
 # 3. Refused, exit 1, one line, DST absent: qwen2 (not an optimum-neuron
 #    training model), a vocabulary that does not divide by tp, a
 #    kv_size_multiplier that does not fit, a source tensor the model has no
-#    place for, a parameter without its source tensor; a non-empty DST left as it was;
+#    place for, a parameter without its source tensor, tied embeddings with
+#    an lm_head.weight of their own; a non-empty DST left as it was;
 #    usage errors exit 2.
 # 4. SIGTERM during the writing leaves nothing; after kill -9 the next run
 #    removes the dead run's temp folder and writes the same bytes (the output
@@ -65,6 +68,11 @@ g.write_safetensors("qwen3/model.safetensors", t)
 g.CONFIG = dict(BASE, model_type="granite", architectures=["GraniteForCausalLM"], embedding_multiplier=12.0,
                 residual_multiplier=0.22, attention_multiplier=0.015625, logits_scaling=8.0)
 g.make_ref("granite")
+g.CONFIG = dict(BASE, tie_word_embeddings=True)  # tied: no lm_head.weight in the source
+g.make_ref("tied")
+t = g.read_safetensors("tied/model.safetensors")
+del t["lm_head.weight"]
+g.write_safetensors("tied/model.safetensors", t)
 g.CONFIG = dict(BASE, num_key_value_heads=BASE["num_attention_heads"])  # section 2
 g.make_ref("mha")
 # section 3: a tensor the model has no place for, a tensor missing
@@ -85,7 +93,7 @@ PYEOF
 # cases: NAME REF TP FUSE(0/1) KV(0: auto) XSER(0/1)
 cases=("o1 ref 1 0 0 0" "o2 ref 2 0 0 0" "o2f ref 2 1 0 0" "o4 ref 4 0 0 0" "o4f ref 4 1 0 0" "o4m ref 4 0 4 0"
     "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0" "q4 qwen3 4 0 0 0" "q2x qwen3 2 1 0 1"
-    "gr4 granite 4 1 0 0"
+    "gr4 granite 4 1 0 0" "t4 tied 4 0 0 0" "t2x tied 2 0 0 1"
     "g8x gl 8 0 0 1" "mha2 mha 2 1 0 0")
 note "convert --format nxd"
 for c in "${cases[@]}"; do
@@ -149,7 +157,11 @@ for c in sys.argv[2:]:
     g.CONFIG = dict(BASE, **cfg)
     g.CONFIG.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     reft = g.read_safetensors(f"{ref}/model.safetensors")
+    if cfg.get("tie_word_embeddings"):  # lm_head.weight is embed_tokens.weight (tie_weights)
+        reft["lm_head.weight"] = reft["model.embed_tokens.weight"]
     ranks, params, specs, m = g.build(reft, tp, fuse, kv)
+    if cfg.get("tie_word_embeddings"):  # named_parameters() yields the shared parameter once; state_dict() both
+        del params["lm_head.weight"]
     if cfg["model_type"] == "qwen3":  # Qwen3Attention registers q_norm, k_norm after LlamaAttention's o_proj
         def with_norms(d, value):
             out = collections.OrderedDict()
@@ -230,6 +242,8 @@ refused bad2 "vocab_size 4008 does not divide by --tp 16" gl32 --tp 16
 refused bad3 "kv_size_multiplier 3" ref --tp 4 --kv-size-multiplier 3
 refused bad4 "tensor 'model.layers.0.self_attn.q_proj.bias' has no place in optimum-neuron's llama" extra --tp 2
 refused bad5 "parameter 'model.layers.1.mlp.down_proj.weight' .*has no source tensor" short --tp 2
+mkdir tiedboth && cp ref/model.safetensors tiedboth/ && sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' ref/config.json >tiedboth/config.json
+refused bad7 "tie_word_embeddings is true, but the source holds an lm_head.weight" tiedboth --tp 2
 cp -a o1 o1.before
 expect_status 1 "$ckpt" convert ref o1 --layout neuron --tp 2 --format nxd
 grep -q "exists and is not empty" "$work/err" && diff -r o1 o1.before >/dev/null || fail "convert into a non-empty DST"
