@@ -183,4 +183,24 @@ start_daemon --token-file "$W/tokens"
 [ "$(status -H 'Authorization: Bearer wrong-token-0123456789' "$URL/v1/checkpoints")" = 401 ] || fail "wrong token"
 [ "$(status "$URL/healthz")" = 200 ] || fail healthz
 stop_daemon
+
+# --- Hub fidelity (issue 18): the calls huggingface_hub and @huggingface/hub make ---
+# (docs/hub.md, Endpoints). hf_replay.py replays the Python client's exact
+# requests and judges answers as its hf_raise_for_status does; hub_client_api.mjs
+# drives the npm client. A page size of 2 makes every listing page.
+CKPT_HUB_PAGE_SIZE=2 start_daemon
+/usr/bin/python3 "$DIR/hf_replay.py" open "$URL" "$W/orig" "$W/tp2" "$commit" || fail "the Python client's requests"
+layout_sha=$(printf '%s' "$commit.neuron-tp2" | sha1sum | cut -c1-40)
+cp "$DIR/hub_client_api.mjs" "$NPMDIR/"
+(cd "$NPMDIR" && node hub_client_api.mjs "$URL" Qwen/tiny "$commit" "$layout_sha" "$(find "$W/tp2" -type f | wc -l)") ||
+    fail "the npm client's repository calls"
+# never a Xet header or xet JSON: clients would speak the Xet protocol to us
+for u in "$URL/Qwen/tiny/resolve/main/model-00001-of-00002.safetensors" "$URL/api/models/Qwen/tiny/tree/main?expand=true&recursive=true"; do
+    [ "$(status -H 'Accept: application/vnd.xet-fileinfo+json, */*' -H 'Range: bytes=0-0' "$u")" -lt 300 ] || fail "$u: $(cat "$W/body")"
+    ! grep -qi 'xet' "$W/hdr" "$W/body" || fail "Xet in the answer to $u: $(cat "$W/hdr")"
+done
+stop_daemon
+start_daemon --token-file "$W/tokens"
+/usr/bin/python3 "$DIR/hf_replay.py" token "$URL" readtoken-0123456789abcdef || fail "401 answers"
+stop_daemon
 echo "http: ok"
