@@ -88,45 +88,76 @@ def walk(d):
     return out
 
 
+class Failed(Exception):
+    pass
+
+
+def bad(msg):
+    raise Failed(msg)
+
+
 def open_checks(E, orig_dir, tp2_dir, commit):
+    """Each numbered group runs even when another failed (a run against a
+    daemon without these routes names every group that fails)."""
     repo = "Qwen/tiny"
     layout_sha = hashlib.sha1(f"{commit}.neuron-tp2".encode()).hexdigest()
+    groups = [("1 model info without a revision", lambda: _g1(E, repo, commit)),
+              ("2 blobs=true", lambda: _g2(E, repo, orig_dir, tp2_dir)),
+              ("3 expand, paging, paths-info", lambda: _g3(E, repo, tp2_dir, layout_sha)),
+              ("4 layout commit prefixes", lambda: _g4(E, repo, commit, layout_sha)),
+              ("6 refs and commits", lambda: _g6(E, repo, commit, layout_sha))]
+    failed = []
+    for name, fn in groups:
+        try:
+            fn()
+        except (Failed, KeyError, ValueError, TypeError) as e:
+            print(f"hf_replay: FAIL ({name}): {e!r}", file=sys.stderr)
+            failed.append(name)
+    if failed:
+        fail(f"groups {failed} failed")
+    print(f"hf_replay: model info, blobs, paged expanded tree, paths-info, layout prefixes, refs, commits: ok")
 
+
+def _g1(E, repo, commit):
     # 1. model_info(repo) / repo_info / repo_exists: no revision in the path.
     a = request("GET", f"{E}/api/models/{repo}")
     if a.status != 200 or a.json()["sha"] != commit:
-        fail(f"model_info without a revision: {a.status} {a.body[:200]!r}")
+        bad(f"model_info without a revision: {a.status} {a.body[:200]!r}")
     a = request("GET", f"{E}/api/models/Qwen/nope")
     if a.status != 404 or raised(a) != "RepositoryNotFoundError" or not a.headers.get("X-Error-Message"):
-        fail(f"a missing repo: {a.status} {dict(a.headers)}")
+        bad(f"a missing repo: {a.status} {dict(a.headers)}")
     a = request("GET", f"{E}/api/models/{repo}/revision/{urllib.parse.quote('v9', safe='')}")
     if raised(a) != "RevisionNotFoundError":
-        fail(f"revision_exists(v9) would not answer False: {a.status}")
+        bad(f"revision_exists(v9) would not answer False: {a.status}")
 
+
+def _g2(E, repo, orig_dir, tp2_dir):
     # 2. model_info(files_metadata=True): params={"blobs": True}.
     for rev, files in (("main", walk(orig_dir)), ("neuron-tp2", walk(tp2_dir))):
         a = request("GET", f"{E}/api/models/{repo}/revision/{rev}?blobs=True")
         if a.status != 200:
-            fail(f"blobs=True at {rev}: {a.status}")
+            bad(f"blobs=True at {rev}: {a.status}")
         sibs = {s["rfilename"]: s for s in a.json()["siblings"]}
         if sorted(sibs) != sorted(files):
-            fail(f"siblings at {rev}: {sorted(sibs)} vs {sorted(files)}")
+            bad(f"siblings at {rev}: {sorted(sibs)} vs {sorted(files)}")
         lfs_seen = 0
         for path, data in files.items():
             s = sibs[path]
             if s.get("size") != len(data):
-                fail(f"{rev}/{path}: size {s.get('size')} != {len(data)}")
+                bad(f"{rev}/{path}: size {s.get('size')} != {len(data)}")
             if s.get("lfs"):
                 lfs_seen += 1
                 lfs = s["lfs"]
                 if (lfs["sha256"] != hashlib.sha256(data).hexdigest() or lfs["size"] != len(data)
                         or lfs["pointerSize"] != len(lfs_pointer(data)) or s["blobId"] != git_blob_id(lfs_pointer(data))):
-                    fail(f"{rev}/{path}: lfs {lfs} blobId {s['blobId']}")
+                    bad(f"{rev}/{path}: lfs {lfs} blobId {s['blobId']}")
             elif s.get("blobId") != git_blob_id(data) or path.endswith(".safetensors"):
-                fail(f"{rev}/{path}: blobId {s.get('blobId')} != {git_blob_id(data)} (or a safetensors file not LFS)")
+                bad(f"{rev}/{path}: blobId {s.get('blobId')} != {git_blob_id(data)} (or a safetensors file not LFS)")
         if not lfs_seen:
-            fail(f"{rev}: no LFS sibling")
+            bad(f"{rev}: no LFS sibling")
 
+
+def _g3(E, repo, tp2_dir, layout_sha):
     # 3. list_repo_tree(recursive=True, expand=True) through paginate(), and
     #    get_paths_info(expand=True) on a folder (a form body).
     url = f"{E}/api/models/{repo}/tree/{urllib.parse.quote('neuron-tp2', safe='')}?recursive=True&expand=True"
@@ -134,64 +165,67 @@ def open_checks(E, orig_dir, tp2_dir, commit):
     while url:
         a = request("GET", url)
         if a.status != 200:
-            fail(f"tree page {pages}: {a.status} {a.body[:200]!r}")
+            bad(f"tree page {pages}: {a.status} {a.body[:200]!r}")
         entries += a.json()
         pages += 1
         url = a.next_link()
         if url and ("expand=True" not in url or "recursive=True" not in url):
-            fail(f"the next page lost a query parameter: {url}")
+            bad(f"the next page lost a query parameter: {url}")
     files = walk(tp2_dir)
     got = sorted(e["path"] for e in entries if e["type"] == "file")
     if pages < 2 or got != sorted(files):
-        fail(f"paged tree: {pages} pages, {got}")
+        bad(f"paged tree: {pages} pages, {got}")
     for e in entries:
         lc = e.get("lastCommit")
         if not lc or lc["id"] != layout_sha or not lc["title"] or not re.match(r"\d{4}-\d\d-\d\dT", lc["date"]):
-            fail(f"tree entry without lastCommit: {e}")
+            bad(f"tree entry without lastCommit: {e}")
     a = request("POST", f"{E}/api/models/{repo}/paths-info/neuron-tp2",
                 data={"paths": ["tp_rank_00", "config.json"], "expand": True})
     info = {e["path"]: e for e in a.json()} if a.status == 200 else {}
     if set(info) != {"tp_rank_00", "config.json"} or any(e.get("lastCommit", {}).get("id") != layout_sha
                                                            for e in info.values()):
-        fail(f"paths-info expand: {a.status} {a.body[:300]!r}")
+        bad(f"paths-info expand: {a.status} {a.body[:300]!r}")
 
+
+def _g4(E, repo, commit, layout_sha):
     # 4. a prefix of a layout's commit, like a prefix of an original's.
     for rev, want in ((commit[:10], commit), (layout_sha[:10], layout_sha), (layout_sha, layout_sha)):
         a = request("GET", f"{E}/api/models/{repo}/revision/{rev}")
         if a.status != 200 or a.json()["sha"] != want:
-            fail(f"revision {rev}: {a.status} {a.body[:200]!r}")
+            bad(f"revision {rev}: {a.status} {a.body[:200]!r}")
 
+
+def _g6(E, repo, commit, layout_sha):
     # 6. list_repo_refs and list_repo_commits (paginate()).
     a = request("GET", f"{E}/api/models/{repo}/refs")
     if a.status != 200:
-        fail(f"refs: {a.status} {a.body[:200]!r}")
+        bad(f"refs: {a.status} {a.body[:200]!r}")
     refs = a.json()
     br = {b["name"]: (b["ref"], b["targetCommit"]) for b in refs["branches"]}
     want = {"main": ("refs/heads/main", commit), "neuron-tp2": ("refs/heads/neuron-tp2", layout_sha),
             f"{commit}.neuron-tp2": (f"refs/heads/{commit}.neuron-tp2", layout_sha)}
     if br != want or refs["converts"] != [] or refs["tags"] != []:
-        fail(f"refs: {refs}")
+        bad(f"refs: {refs}")
     for b in refs["branches"]:  # every branch resolves to its target
         a = request("GET", f"{E}/api/models/{repo}/revision/{urllib.parse.quote(b['name'], safe='')}")
         if a.status != 200 or a.json()["sha"] != b["targetCommit"]:
-            fail(f"branch {b['name']} does not resolve to {b['targetCommit']}")
+            bad(f"branch {b['name']} does not resolve to {b['targetCommit']}")
     url, commits = f"{E}/api/models/{repo}/commits/neuron-tp2?limit=1", []
     while url:
         a = request("GET", url)
         if a.status != 200 or a.headers.get("X-Total-Count") != "2":
-            fail(f"commits: {a.status} {dict(a.headers)}")
+            bad(f"commits: {a.status} {dict(a.headers)}")
         commits += [(c["id"], [x["user"] for x in c["authors"]], c["title"], c["message"], c["date"]) for c in a.json()]
         url = a.next_link()
         if url and "limit=1" not in url:
-            fail(f"the commits' next page lost limit: {url}")
+            bad(f"the commits' next page lost limit: {url}")
     if [c[0] for c in commits] != [layout_sha, commit]:
-        fail(f"commits of the layout: {commits}")
+        bad(f"commits of the layout: {commits}")
     a = request("GET", f"{E}/api/models/{repo}/commits/main")
     if a.status != 200 or [c["id"] for c in a.json()] != [commit]:
-        fail(f"commits of main: {a.status} {a.body[:200]!r}")
+        bad(f"commits of main: {a.status} {a.body[:200]!r}")
     if raised(request("GET", f"{E}/api/models/{repo}/commits/v9")) != "RevisionNotFoundError":
-        fail("commits of a missing revision")
-    print(f"hf_replay: model info, blobs, paged expanded tree, paths-info, layout prefixes, refs, commits: ok")
+        bad("commits of a missing revision")
 
 
 def token_checks(E, token):
