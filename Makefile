@@ -88,6 +88,15 @@ deps:
 	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: missing$$missing"; echo "run: sudo apt-get update && sudo apt-get install -y$$missing"; exit 1; fi
+	@$(MAKE) --no-print-directory $(NPM_HUB)
+
+# The npm client the Hub tests drive (@huggingface/hub), installed by deps
+# from the npm registry into build/npm, so no test downloads anything.
+NPM_DIR := build/npm
+NPM_HUB := $(NPM_DIR)/node_modules/@huggingface/hub/package.json
+$(NPM_HUB):
+	@mkdir -p $(NPM_DIR) && cd $(NPM_DIR) && echo "deps: npm install @huggingface/hub@2.17" && \
+	  npm install --no-audit --no-fund --silent @huggingface/hub@2.17 >/dev/null
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -210,7 +219,7 @@ $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 # fuzz run — every stage runs even when an earlier one failed; the last line
 # is "N passed, N failed" (tests/run_all.sh).
 test: deps
-	@MAKE="$(MAKE)" FUZZ_SECONDS=10 tests/run_all.sh
+	@MAKE="$(MAKE)" FUZZ_SECONDS=10 CKPT_NPM_CACHE=$(abspath $(NPM_DIR)) tests/run_all.sh
 
 # The folders' layer order and no cycle between modules (tests/check_layers.py).
 check-layers: $(BUILD)/ckpt
@@ -221,8 +230,8 @@ unit: $(TEST_BINS) $(HEADER_BINS) $(HEADER_OBJS)
 	  echo "== $$t"; ASAN_OPTIONS=detect_leaks=1 $$t || fail=1; \
 	done; $(MAKE) --no-print-directory header-check || fail=1; exit $$fail
 
-e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub
-	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) tests/e2e/run.sh
+e2e: $(BUILD)/ckpt $(BUILD)/tests/state_example $(BUILD)/ckpt-testhub $(NPM_HUB)
+	@CKPT_NPM_CACHE=$(abspath $(NPM_DIR)) CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) tests/e2e/run.sh
 
 FUZZ_SECONDS ?= 60
 FUZZ_BUILD := build/fuzz

@@ -173,6 +173,8 @@ LAZY(lib_mhd, enum MHD_Result, MHD_queue_response,
      (struct MHD_Connection *c, unsigned int status, struct MHD_Response *r), (c, status, r))
 LAZY(lib_mhd, const char *, MHD_lookup_connection_value,
      (struct MHD_Connection *c, enum MHD_ValueKind kind, const char *key), (c, kind, key))
+LAZY(lib_mhd, int, MHD_get_connection_values,
+     (struct MHD_Connection *c, enum MHD_ValueKind kind, MHD_KeyValueIterator it, void *cls), (c, kind, it, cls))
 LAZY_VOID(lib_mhd, MHD_stop_daemon, (struct MHD_Daemon *d), (d))
 
 /* The options list goes on as a va_list to the library's own _va entry. */

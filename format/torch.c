@@ -75,6 +75,13 @@ static const torch_type DTYPES[] = {
     {"qint8", NO_DT, 1}, {"quint8", NO_DT, 1}, {"qint32", NO_DT, 4},
 };
 
+const char *torch_dtype_attr(ckpt_dtype dt)
+{
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(DTYPES); i++)
+        if (DTYPES[i].dt == (int)dt) return DTYPES[i].name;
+    return NULL;
+}
+
 #define NSTORAGES CKPT_ARRAY_LEN(STORAGES)
 #define NDTYPES CKPT_ARRAY_LEN(DTYPES)
 /* tags: T_STORAGE and T_DTYPE entries carry 100 + index / 200 + index */

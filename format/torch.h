@@ -62,6 +62,8 @@ int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64
 /* "FloatStorage", "BFloat16Storage", ...: the typed storage torch pickles a
  * tensor of dt with (torch.<name>), or NULL when there is none. */
 const char *torch_storage_type(ckpt_dtype dt);
+/* "bfloat16", "float32", ...: the torch.<dtype> attribute of dt, or NULL. */
+const char *torch_dtype_attr(ckpt_dtype dt);
 /* A torch.save file holding one tensor (torch.save(t, path), as xser writes
  * each tensor_<tid>.pt): f gets that one tensor, named `name`. */
 int torch_open_tensor(st_file *f, const char *path, const char *name);

@@ -115,6 +115,53 @@ static void pk_tuple(buf *b, const uint64_t *v, int n)
     put8(b, n <= 3 ? small[n] : 't');
 }
 
+/* torch._utils._rebuild_tensor_v2 of storage `key` (a contiguous tensor at offset 0). */
+static int pk_tensor(buf *b, const torch_out_tensor *t, size_t key)
+{
+    const char *storage = torch_storage_type(t->dtype);
+    if (!storage)
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': torch has no storage type for %s", t->name, ckpt_dtype_name(t->dtype));
+    uint64_t numel = 1, stride[CKPT_MAX_RANK];
+    for (int k = t->ndim - 1; k >= 0; k--) {
+        stride[k] = numel;
+        numel *= t->shape[k];
+    }
+    char ks[32];
+    snprintf(ks, sizeof ks, "%zu", key);
+    pk_global(b, "torch._utils", "_rebuild_tensor_v2");
+    put8(b, '(');
+    put8(b, '('); /* the persistent id */
+    pk_str(b, "storage");
+    pk_global(b, "torch", storage);
+    pk_str(b, ks);
+    pk_str(b, "cpu");
+    pk_int(b, numel);
+    put8(b, 't');
+    put8(b, 'Q'); /* BINPERSID */
+    pk_int(b, 0); /* storage offset */
+    pk_tuple(b, t->shape, t->ndim);
+    pk_tuple(b, stride, t->ndim);
+    put8(b, 0x89); /* requires_grad False */
+    pk_global(b, "collections", "OrderedDict"); /* backward hooks */
+    put8(b, ')');
+    put8(b, 'R');
+    put8(b, 't');
+    put8(b, 'R');
+    return 0;
+}
+
+static int pk_done(buf *b, uint8_t **out, size_t *len)
+{
+    put8(b, '.');
+    if (b->rc) {
+        free(b->p);
+        return b->rc;
+    }
+    *out = b->p;
+    *len = b->n;
+    return 0;
+}
+
 int torch_out_pickle(const torch_out_tensor *t, size_t n, uint8_t **out, size_t *len)
 {
     buf b = {0};
@@ -125,49 +172,84 @@ int torch_out_pickle(const torch_out_tensor *t, size_t n, uint8_t **out, size_t 
     put8(&b, 'R');
     for (size_t i = 0; i < n; i++) {
         if (i % PICKLE_BATCH == 0) put8(&b, '(');
-        const char *storage = torch_storage_type(t[i].dtype);
-        if (!storage) {
-            free(b.p);
-            return ckpt_error_set(CKPT_EINVAL, "tensor '%s': torch has no storage type for %s", t[i].name,
-                                  ckpt_dtype_name(t[i].dtype));
-        }
-        uint64_t numel = 1, stride[CKPT_MAX_RANK];
-        for (int k = t[i].ndim - 1; k >= 0; k--) {
-            stride[k] = numel;
-            numel *= t[i].shape[k];
-        }
-        char key[32];
-        snprintf(key, sizeof key, "%zu", i);
         pk_str(&b, t[i].name);
-        pk_global(&b, "torch._utils", "_rebuild_tensor_v2");
-        put8(&b, '(');
-        put8(&b, '('); /* the persistent id */
-        pk_str(&b, "storage");
-        pk_global(&b, "torch", storage);
-        pk_str(&b, key);
-        pk_str(&b, "cpu");
-        pk_int(&b, numel);
-        put8(&b, 't');
-        put8(&b, 'Q'); /* BINPERSID */
-        pk_int(&b, 0); /* storage offset */
-        pk_tuple(&b, t[i].shape, t[i].ndim);
-        pk_tuple(&b, stride, t[i].ndim);
-        put8(&b, 0x89); /* requires_grad False */
-        pk_global(&b, "collections", "OrderedDict"); /* backward hooks */
-        put8(&b, ')');
-        put8(&b, 'R');
-        put8(&b, 't');
-        put8(&b, 'R');
+        int rc = pk_tensor(&b, &t[i], i);
+        if (rc) {
+            free(b.p);
+            return rc;
+        }
         if (i % PICKLE_BATCH == PICKLE_BATCH - 1 || i == n - 1) put8(&b, 'u'); /* SETITEMS */
     }
-    put8(&b, '.');
-    if (b.rc) {
+    return pk_done(&b, out, len);
+}
+
+int torch_out_pickle_tensor(const torch_out_tensor *t, uint8_t **out, size_t *len)
+{
+    buf b = {0};
+    put8(&b, 0x80);
+    put8(&b, 2);
+    int rc = pk_tensor(&b, t, 0);
+    if (rc) {
         free(b.p);
-        return b.rc;
+        return rc;
     }
-    *out = b.p;
-    *len = b.n;
-    return 0;
+    return pk_done(&b, out, len);
+}
+
+int torch_out_pickle_records(const torch_out_tensor *t, size_t n, const char *module, const char *cls, const char *field,
+                             uint8_t **out, size_t *len)
+{
+    buf b = {0};
+    put8(&b, 0x80);
+    put8(&b, 2);
+    pk_global(&b, "collections", "OrderedDict");
+    put8(&b, ')');
+    put8(&b, 'R');
+    for (size_t i = 0; i < n; i++) {
+        if (i % PICKLE_BATCH == 0) put8(&b, '(');
+        pk_str(&b, t[i].name);
+        pk_global(&b, module, cls); /* copyreg.__newobj__(cls), then its __dict__ */
+        put8(&b, ')');
+        put8(&b, 0x81); /* NEWOBJ */
+        put8(&b, '}');
+        pk_str(&b, field);
+        pk_int(&b, i);
+        put8(&b, 's');
+        put8(&b, 'b'); /* BUILD */
+        if (i % PICKLE_BATCH == PICKLE_BATCH - 1 || i == n - 1) put8(&b, 'u');
+    }
+    return pk_done(&b, out, len);
+}
+
+int torch_out_pickle_xser_info(const torch_out_tensor *t, size_t n, uint8_t **out, size_t *len)
+{
+    buf b = {0};
+    put8(&b, 0x80);
+    put8(&b, 2);
+    put8(&b, '}');
+    for (size_t i = 0; i < n; i++) {
+        const char *dt = torch_dtype_attr(t[i].dtype);
+        if (!dt) {
+            free(b.p);
+            return ckpt_error_set(CKPT_EINVAL, "tensor '%s': torch has no dtype for %s", t[i].name, ckpt_dtype_name(t[i].dtype));
+        }
+        if (i % PICKLE_BATCH == 0) put8(&b, '(');
+        pk_int(&b, i);
+        put8(&b, '}');
+        put8(&b, '(');
+        pk_str(&b, "dtype");
+        pk_global(&b, "torch", dt);
+        pk_str(&b, "shape");
+        pk_global(&b, "torch", "Size");
+        pk_tuple(&b, t[i].shape, t[i].ndim);
+        put8(&b, 0x85); /* TUPLE1: Size's one argument */
+        put8(&b, 'R');
+        pk_str(&b, "expert_model_parallel");
+        put8(&b, 0x89);
+        put8(&b, 'u');
+        if (i % PICKLE_BATCH == PICKLE_BATCH - 1 || i == n - 1) put8(&b, 'u');
+    }
+    return pk_done(&b, out, len);
 }
 
 /* ---- the zip ---- */
@@ -221,6 +303,12 @@ void torch_out_free(torch_out *o)
 
 int torch_out_plan(torch_out *o, const char *archive, const torch_out_tensor *tensors, size_t n)
 {
+    return torch_out_plan_pickle(o, archive, tensors, n, NULL, 0);
+}
+
+int torch_out_plan_pickle(torch_out *o, const char *archive, const torch_out_tensor *tensors, size_t n,
+                          const uint8_t *pickle, size_t pickle_len)
+{
     memset(o, 0, sizeof *o);
     o->archive = ckpt_strdup(archive ? archive : "archive");
     o->t = ckpt_calloc(n + 1, sizeof *o->t);
@@ -240,7 +328,12 @@ int torch_out_plan(torch_out *o, const char *archive, const torch_out_tensor *te
                                 (unsigned long long)tensors[i].nbytes, (unsigned long long)nb);
         order[i] = i;
     }
-    if (!rc) rc = torch_out_pickle(o->t, o->n, &o->pickle, &o->pickle_len);
+    if (!rc && pickle) {
+        if (!(o->pickle = ckpt_malloc(pickle_len + 1))) rc = CKPT_ENOMEM;
+        else memcpy(o->pickle, pickle, pickle_len), o->pickle_len = pickle_len;
+    } else if (!rc) {
+        rc = torch_out_pickle(o->t, o->n, &o->pickle, &o->pickle_len);
+    }
     uint64_t cursor = 0;
     if (!rc) rc = add_entry(o, &cursor, "data.pkl", o->pickle, o->pickle_len, 0);
     if (!rc) rc = add_entry(o, &cursor, "byteorder", BYTEORDER, sizeof BYTEORDER - 1, 0);

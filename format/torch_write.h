@@ -69,11 +69,26 @@ typedef struct {
  * Names and shapes are copied; dtypes without a torch storage type (sub-byte
  * ones, complex) are refused naming the tensor. */
 int torch_out_plan(torch_out *o, const char *archive, const torch_out_tensor *tensors, size_t n);
+/* The same with the caller's data.pkl (copied) instead of the state dict's:
+ * tensors[i]'s storage is keyed "i", as the pickle's persistent ids must
+ * name it. For torch.save of other objects (neuronx-distributed's xser files). */
+int torch_out_plan_pickle(torch_out *o, const char *archive, const torch_out_tensor *tensors, size_t n,
+                          const uint8_t *pickle, size_t pickle_len);
 /* With every tensor's bytes at its offset in fd: writes the rest. */
 int torch_out_finish(const torch_out *o, int fd, const char *path);
 void torch_out_free(torch_out *o);
 
 /* The pickle alone (data.pkl of the plan), for tests and the fuzz corpus. */
 int torch_out_pickle(const torch_out_tensor *tensors, size_t n, uint8_t **out, size_t *len);
+/* torch.save(tensor): the bare _rebuild_tensor_v2 of storage "0". */
+int torch_out_pickle_tensor(const torch_out_tensor *t, uint8_t **out, size_t *len);
+/* An OrderedDict of tensors[i].name -> module.cls instance whose __dict__ is
+ * {field: i}, as protocol 2 pickles a plain object (NEWOBJ, BUILD): xser's
+ * torch_xla.utils.serialization.TensorReference(tid). */
+int torch_out_pickle_records(const torch_out_tensor *tensors, size_t n, const char *module, const char *cls,
+                             const char *field, uint8_t **out, size_t *len);
+/* neuronx-distributed's <file>.pt.info.pt (_extract_tensor_info_and_update_state_dict):
+ * {i: {"dtype": torch.<dtype>, "shape": torch.Size(shape), "expert_model_parallel": False}}. */
+int torch_out_pickle_xser_info(const torch_out_tensor *tensors, size_t n, uint8_t **out, size_t *len);
 
 #endif

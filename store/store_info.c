@@ -67,6 +67,50 @@ int store_repo_layouts(ckpt_store *s, const char *repo, store_ckpt **out, size_t
                     repo, out, n);
 }
 
+int store_repo_refs(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n)
+{
+    *out = NULL;
+    *n = 0;
+    const char *what = "list the names of the repository";
+    if (ckpt_fault_error("store.lookup"))
+        return ckpt_error_set(CKPT_EIO, "%s: the catalog could not be read (fault point store.lookup)", what);
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT name, checkpoint_id FROM refs WHERE repo = ?1 ORDER BY name");
+    if (rc) return ckpt_error_prefix(rc, "%s", what);
+    sqlite3_bind_text(st, 1, repo, -1, SQLITE_TRANSIENT);
+    store_ckpt *v = NULL;
+    size_t k = 0, cap = 0;
+    int step = SQLITE_DONE;
+    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(st, 0);
+        if (!name) continue;
+        char *copy = ckpt_strdup(name);
+        if (!copy || (rc = ckpt_grow(&v, &cap, k + 1, sizeof *v))) {
+            free(copy);
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        int g = store_get(s, sqlite3_column_int64(st, 1), &v[k]);
+        if (g == 0) {
+            free(v[k].revision);
+            v[k++].revision = copy;
+        } else {
+            free(copy);
+            if (g != CKPT_ENOTFOUND) rc = ckpt_error_prefix(g, "%s", what);
+        }
+    }
+    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, what);
+    sqlite3_finalize(st);
+    if (rc) {
+        store_list_free(v, k);
+        return rc;
+    }
+    ckpt_error_clear();
+    *out = v;
+    *n = k;
+    return 0;
+}
+
 int store_repo_exists(ckpt_store *s, const char *repo, bool *exists)
 {
     *exists = false;

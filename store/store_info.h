@@ -32,6 +32,9 @@ int store_list(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n);
 void store_list_free(store_ckpt *v, size_t n);
 /* *exists: some checkpoint of repo is stored. */
 int store_repo_exists(ckpt_store *s, const char *repo, bool *exists);
+/* The names (branches, tags) of repo in name order: each the checkpoint it
+ * points at, with revision set to the name (store_list_free them). */
+int store_repo_refs(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n);
 /* The converted layouts of repo, newest first (store_list_free them). */
 int store_repo_layouts(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n);
 

@@ -203,8 +203,10 @@ def tp_attrs(dim, stride, tp):
     return {"tensor_model_parallel": True, "partition_dim": dim, "partition_stride": stride, "num_partitions": tp}
 
 
-def build(c, ref, tp, fuse_qkv, kv_mult):
-    """Per rank state dicts (parameter order of the training model) and the metadata; c: the config."""
+def build(ref, tp, fuse_qkv, kv_mult, c=None):
+    """Per rank state dicts (parameter order of the training model) and the metadata; c: the config
+    (default: CONFIG as it is when called; tests/e2e/test_nxd_out.sh sets it)."""
+    c = CONFIG if c is None else c
     H, KV, hd, inter = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["intermediate_size"]
     qkv_linear = KV < tp or KV % tp != 0
     m = (kv_mult or max(1, tp // KV)) if qkv_linear else 1
@@ -300,7 +302,7 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
     ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = json.load(f)
-    ranks, params, specs, m = build(cfg, ref, tp, fuse_qkv, kv_mult)
+    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
     layers = cfg["num_hidden_layers"]
     shards = os.path.join(out, "shards")
     os.makedirs(os.path.join(shards, "model"), exist_ok=True)

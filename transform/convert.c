@@ -71,7 +71,10 @@ static int build_rules(convert_plan *cp, const convert_opts *o)
 {
     const char *what = o->rules_file;
     int rc;
-    if (o->rules_file) {
+    if (o->rules_doc) {
+        what = "generated rules";
+        rc = (cp->rules_json = json_deep_copy(o->rules_doc)) ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    } else if (o->rules_file) {
         rc = cj_load_file(&cp->rules_json, o->rules_file, RULES_MAX_BYTES);
     } else {
         if (!o->layout)
@@ -168,7 +171,7 @@ int convert_plan_build_from(convert_plan *cp, ckpt_checkpoint *src, const char *
         }
     }
     if (!rc && !(cp->layout_name = ckpt_strdup(cp->rules.layout))) rc = CKPT_ENOMEM;
-    if (!rc) rc = build_folders(cp, o->max_shard_size); /* 0: the layout's default */
+    if (!rc && !o->no_files) rc = build_folders(cp, o->max_shard_size); /* 0: the layout's default */
     if (rc) convert_plan_free(cp);
     return rc;
 }

@@ -52,6 +52,8 @@ typedef struct {
     bool no_layout_file; /* write no ckpt-layout.json (an import, not a layout to consolidate) */
     const char *lora;  /* merge this PEFT adapter first: a lora_merge rule put before the layout's */
     double lora_scale; /* its scale (0: 1) */
+    const json_t *rules_doc; /* a rules document in memory instead of a preset (nxd_export.c) */
+    bool no_files;           /* plan the output tensors only, no files: the caller lays them out (nxd_export.c) */
 } convert_opts;
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include "common/fsutil.h"
 #include "store/store.h"
 #include "transform/convert.h"
+#include "transform/nxd_export.h"
 #include "store/store_convert.h"
 
 #include <getopt.h>
@@ -46,7 +47,22 @@ static const char layout_options_help[] =
     "  --lora-scale S          multiply the adapter's scale by S (default 1)\n"
     "  --threads N             copy threads (default 2)\n";
 
-enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE, OPT_STRIP_PREFIX, OPT_STATE };
+static const char nxd_options_help[] =
+    "training save (convert to folders only; docs/layouts.md, \"NxD checkpoints out\"):\n"
+    "  --format nxd            with --layout neuron: write DST as optimum-neuron's save_pretrained\n"
+    "                          writes a training checkpoint through neuronx-distributed's\n"
+    "                          save_checkpoint: DST/shards/model/dp_rank_00_tp_rank_TT_pp_rank_00.pt\n"
+    "                          (torch.save), shards/mp_metadata_pp_rank_0.json, shards/done,\n"
+    "                          config.json, trn_config.json; a training run with the same\n"
+    "                          TrainingNeuronConfig (tensor_parallel_size N, kv_size_multiplier,\n"
+    "                          fuse_qkv) resumes from it; --format safetensors is the default\n"
+    "  --fuse-qkv              TrainingNeuronConfig.fuse_qkv: q/k/v as one qkv_proj parameter\n"
+    "  --xser                  TrainingNeuronConfig.use_xser (optimum-neuron's default): each rank\n"
+    "                          .pt holds TensorReference records, every tensor its own\n"
+    "                          .pt.tensors/tensor_<tid>.pt, with .pt.info.pt\n";
+
+enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV,
+       OPT_STRIP_PREFIX, OPT_STATE };
 
 /* Every option of plan, convert and consolidate; each takes the ones its allowed[] lists. */
 static const int convert_shared[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE,
@@ -59,6 +75,9 @@ static const struct option convert_own[] = {
     {"lora-scale", required_argument, 0, OPT_LORA_SCALE},
     {"strip-prefix", required_argument, 0, OPT_STRIP_PREFIX},
     {"state", no_argument, 0, OPT_STATE},
+    {"format", required_argument, 0, OPT_FORMAT},
+    {"xser", no_argument, 0, OPT_XSER},
+    {"fuse-qkv", no_argument, 0, OPT_FUSE_QKV},
     {0, 0, 0, 0},
 };
 
@@ -68,6 +87,8 @@ typedef struct {
     bool print_rules, parts;
     const char *strip_prefix;
     bool state;
+    const char *format; /* convert: "nxd" or NULL (safetensors) */
+    nxd_export_opts nxd;
     int npos;
     char **pos;
 } cli_args;
@@ -107,6 +128,9 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         case OPT_LORA: a->co.lora = optarg; break;
         case OPT_STRIP_PREFIX: a->strip_prefix = optarg; break;
         case OPT_STATE: a->state = true; break;
+        case OPT_FORMAT: a->format = optarg; break;
+        case OPT_XSER: a->nxd.xser = true; break;
+        case OPT_FUSE_QKV: a->nxd.fuse_qkv = true; break;
         case OPT_LORA_SCALE:
             if (cli_parse_factor(cmd, "--lora-scale", optarg, &a->co.lora_scale)) return CLI_USAGE;
             break;
@@ -120,6 +144,15 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
     a->co.force = a->common.force;
     a->co.quiet = a->common.quiet;
     if (a->co.lora_scale != 0 && !a->co.lora) return cli_usage_error(cmd, "--lora-scale needs --lora ADAPTER");
+    if (a->format && strcmp(a->format, "nxd") && strcmp(a->format, "safetensors"))
+        return cli_usage_error(cmd, "--format is safetensors (the default) or nxd");
+    if (a->format && !strcmp(a->format, "safetensors")) a->format = NULL;
+    if ((a->nxd.xser || a->nxd.fuse_qkv) && !a->format)
+        return cli_usage_error(cmd, "--xser and --fuse-qkv go with --format nxd");
+    if (a->format && (a->co.rules_file || a->co.lora || a->co.max_shard_size))
+        return cli_usage_error(cmd, "--format nxd writes optimum-neuron's own layout: no --rules, --lora or --max-shard-size");
+    if (a->format && (!a->co.layout || strcmp(a->co.layout, "neuron")))
+        return cli_usage_error(cmd, "--format nxd goes with --layout neuron");
     return CLI_OK;
 }
 
@@ -209,6 +242,7 @@ int cmd_convert(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt convert SRC DST --layout L [--tp N] [options] [--force]\n"
+               "       ckpt convert SRC DST --layout neuron --tp N --format nxd [--fuse-qkv] [options]\n"
                "       ckpt convert REF --layout L [--tp N] [options] [--home DIR]\n\n"
                "Converts the Hugging Face checkpoint SRC (a folder with config.json and\n"
                "model.safetensors or shards + index) into a layout, streaming tensor bytes with\n"
@@ -223,16 +257,27 @@ int cmd_convert(int argc, char **argv)
                "examples:\n"
                "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
                "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n"
-               "  ckpt convert ./Llama-3-8B ./llama-merged-tp8 --layout neuron --tp 8 --lora ./my-adapter\n",
-               layout_options_help);
+               "  ckpt convert ./Llama-3-8B ./llama-merged-tp8 --layout neuron --tp 8 --lora ./my-adapter\n"
+               "  ckpt convert ./Llama-3-8B ./llama-trn-tp8 --layout neuron --tp 8 --format nxd\n\n%s",
+               layout_options_help, nxd_options_help);
         return CLI_OK;
     }
     static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
                                   CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_NO_HASH, CLI_OPT_QUIET,
-                                  CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, CLI_OPT_END};
+                                  CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV,
+                                  CLI_OPT_END};
     cli_args a;
     int u = parse_args("convert", argc, argv, allowed, &a);
     if (u) return u;
+    if (a.format) {
+        if (a.npos != 2 || !ckpt_is_dir(a.pos[0]))
+            return cli_usage_error("convert", "--format nxd converts a folder SRC into a folder DST");
+        double t0 = ckpt_now();
+        if (nxd_export(a.pos[0], a.pos[1], &a.co, &a.nxd) < 0) return cli_fail();
+        ckpt_info("converted %s -> %s: optimum-neuron training save, tp %d, in %.2f s", a.pos[0], a.pos[1],
+                  a.co.tp > 0 ? a.co.tp : 1, ckpt_now() - t0);
+        return CLI_OK;
+    }
     if (a.npos == 1 && !ckpt_is_dir(a.pos[0])) {
         if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
         return convert_in_store(&a);

@@ -16,6 +16,7 @@
 #include "transform/convert.h"
 #include "hub/hub.h"
 #include "store/materialize.h"
+#include "store/store_hfcache.h"
 #include "store/store_info.h"
 #include "store/store_pull.h"
 #include "store/store_verify.h"
@@ -26,7 +27,7 @@
 #include <string.h>
 #include <time.h>
 
-enum { OPT_REPO = CLI_OPT_OWN, OPT_FORMAT, OPT_CONSOLIDATED };
+enum { OPT_REPO = CLI_OPT_OWN, OPT_FORMAT, OPT_CONSOLIDATED, OPT_HF_CACHE };
 
 /* Every option of the store commands; each takes the ones its allowed[] lists. */
 static const int store_shared[] = {CLI_OPT_HOME,    CLI_OPT_JSON,   CLI_OPT_OUTPUT,
@@ -36,6 +37,7 @@ static const struct option store_own[] = {
     {"repo", required_argument, 0, OPT_REPO},
     {"format", required_argument, 0, OPT_FORMAT},
     {"consolidated", no_argument, 0, OPT_CONSOLIDATED},
+    {"hf-cache", optional_argument, 0, OPT_HF_CACHE},
     {0, 0, 0, 0},
 };
 
@@ -43,7 +45,8 @@ typedef struct {
     cli_common common; /* --home, --json, -o, --force, --quiet, --dry-run, --server */
     const char *repo, *format;
     int rank;
-    bool consolidated;
+    bool consolidated, hf_cache;
+    const char *hf_cache_dir; /* --hf-cache=DIR */
     int npos;
     char **pos;
 } store_args;
@@ -75,6 +78,10 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sto
             break;
         case OPT_CONSOLIDATED:
             a->consolidated = true;
+            break;
+        case OPT_HF_CACHE:
+            a->hf_cache = true;
+            a->hf_cache_dir = optarg;
             break;
         }
     }
@@ -312,12 +319,51 @@ static int fetch_remote(ckpt_store *s, const char *server, const char *ref, bool
     return rc;
 }
 
+/* ckpt pull REF --hf-cache [DIR] (store_hfcache.h). */
+static int pull_hf_cache(const store_args *a)
+{
+    if (a->npos < 1 || a->npos > 2 || (a->npos == 2 && a->hf_cache_dir))
+        return cli_usage_error("pull", "expected REF --hf-cache [DIR]");
+    if (a->common.out || a->format || a->consolidated || a->rank >= 0)
+        return cli_usage_error("pull", "--hf-cache writes whole revisions: no -o, --format, --rank or --consolidated");
+    char *dir = a->hf_cache_dir ? ckpt_strdup(a->hf_cache_dir)
+                : a->npos == 2 ? ckpt_strdup(a->pos[1])
+                               : store_hfcache_default_dir();
+    if (!dir) return cli_fail();
+    ckpt_store s;
+    if (store_open(&s, a->common.home) < 0) {
+        free(dir);
+        return cli_fail();
+    }
+    store_ckpt c;
+    bool layout = false;
+    int rc = a->common.server ? fetch_remote(&s, a->common.server, a->pos[0], a->common.quiet, &c, &layout)
+                              : store_resolve(&s, a->pos[0], &c);
+    store_hfcache_stats st;
+    store_hfcache_opts o = {.no_symlinks = store_hfcache_symlinks_disabled()};
+    if (!rc) {
+        rc = store_hfcache_write(&s, &c, dir, &o, &st);
+        char *ref = store_ckpt_ref(&c);
+        if (!rc)
+            ckpt_info("pulled %s into the Hugging Face cache %s: %zu files, %zu entries written (%zu hardlinked, %zu "
+                      "copied)%s",
+                      ref ? ref : "", dir, st.files, st.written, st.linked, st.copied,
+                      st.written ? "" : ", all there already");
+        free(ref);
+        store_ckpt_free(&c);
+    }
+    store_close(&s);
+    free(dir);
+    return rc ? cli_fail() : CLI_OK;
+}
+
 int cmd_pull(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf(
             "usage: ckpt pull REF -o DIR|- [--rank R] [--consolidated] [--format dir|tar|tar.zst]\n"
-            "                [--force] [--home DIR]\n\n"
+            "                [--force] [--home DIR]\n"
+            "       ckpt pull REF --hf-cache [DIR]\n\n"
             "Writes a stored checkpoint out. Every file is rebuilt from its blobs (or from the\n"
             "recipe a converted layout keeps) and its sha256 checked against the catalog\n"
             "before DIR appears; a damaged store fails instead of writing bad bytes.\n\n"
@@ -329,17 +375,27 @@ int cmd_pull(int argc, char **argv)
             "  --format F      dir (default), tar or tar.zst (to -o FILE or -o -)\n"
             "  --server URL    pull from a remote ckpt daemon (token in CKPT_TOKEN): its files\n"
             "                  come over its Hub API with parallel ranges, resume and sha256\n"
-            "                  checks, and are kept in the local store as REPO@<its commit>\n\n"
+            "                  checks, and are kept in the local store as REPO@<its commit>\n"
+            "  --hf-cache [DIR] write into a Hugging Face cache instead (DIR, else HF_HUB_CACHE,\n"
+            "                  HF_HOME/hub, ~/.cache/huggingface/hub): models--ORG--NAME with\n"
+            "                  blobs/ (hardlinked from the store when it can), snapshots/COMMIT/\n"
+            "                  symlinks (copies with HF_HUB_DISABLE_SYMLINKS=1), refs/ and trees/,\n"
+            "                  named as the daemon's Hub API names them (docs/hub.md), so\n"
+            "                  transformers and huggingface_hub load it offline; what is there\n"
+            "                  already is kept\n\n"
             "examples:\n  ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --rank 3 -o ./rank3\n"
+            "  HF_HUB_OFFLINE=1 python -c '...from_pretrained(\"Qwen/Qwen2-0.5B\", revision=\"neuron-tp8\")'\n"
+            "    after: ckpt pull Qwen/Qwen2-0.5B@main:neuron-tp8 --hf-cache\n"
             "  ckpt pull Qwen/Qwen2-0.5B@main -o - --format tar.zst > qwen.tar.zst\n");
         return CLI_OK;
     }
     static const int allowed[] = {CLI_OPT_HOME,  CLI_OPT_OUTPUT, CLI_OPT_RANK,
                                   OPT_FORMAT,    CLI_OPT_FORCE,  OPT_CONSOLIDATED,
-                                  CLI_OPT_QUIET, CLI_OPT_SERVER, CLI_OPT_END};
+                                  CLI_OPT_QUIET, CLI_OPT_SERVER, OPT_HF_CACHE, CLI_OPT_END};
     store_args a;
     int u = parse("pull", argc, argv, allowed, &a);
     if (u) return u;
+    if (a.hf_cache) return pull_hf_cache(&a);
     if (a.npos != 1) return cli_usage_error("pull", "expected one REF");
     if (!a.common.out)
         return cli_usage_error("pull", "-o DIR (or -o - for a tar stream) is required");

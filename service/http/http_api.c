@@ -281,13 +281,28 @@ static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connecti
     return send_error(c, 405, "method not allowed here");
 }
 
+/* 401 as the Hub words it (docs/hub.md, "Tokens"): on a Hub route without a
+ * token, X-Error-Code RepoNotFound and "Invalid username or password.", which
+ * huggingface_hub turns into RepositoryNotFoundError (so repo_exists,
+ * revision_exists and file_exists answer False); with a token that is not
+ * ours, "Invalid credentials in Authorization header" and no code, which it
+ * reports as a refused token. The job and store API get the message only. */
+static enum MHD_Result unauthorized(struct MHD_Connection *c, const char *url, bool had_token)
+{
+    bool hub = strncmp(url, "/v1/", 4) && strcmp(url, "/metrics");
+    if (had_token) return http_send_error_msg(c, 401, "Invalid credentials in Authorization header", NULL);
+    if (hub) return http_send_error_msg(c, 401, "Invalid username or password.", "RepoNotFound");
+    return http_send_error_msg(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required", NULL);
+}
+
 static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *url, const char *method,
                              const request *req)
 {
     int role = 2;
     if (h->ntokens) {
-        role = token_role(h, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"));
-        if (!role) return send_error(c, 401, "a valid 'Authorization: Bearer TOKEN' header is required");
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        role = token_role(h, auth);
+        if (!role) return unauthorized(c, url, auth != NULL);
     }
     if (req->too_big) return send_error(c, 413, "request body too large");
     bool handled;

@@ -56,14 +56,14 @@ enum MHD_Result http_send_json(struct MHD_Connection *c, unsigned code, json_t *
     return s ? http_send_text(c, code, "application/json", s) : MHD_NO;
 }
 
-enum MHD_Result http_send_error(struct MHD_Connection *c, unsigned code, const char *msg, const char *hub_code,
-                                const char *repo_commit)
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const char *msg, const char *hub_code,
+                                  const char *repo_commit, bool message_header)
 {
     char *s = json_text(json_pack("{s:s}", "error", msg));
     struct MHD_Response *r = s ? text_response("application/json", s) : NULL;
     if (!r) return MHD_NO;
-    if (hub_code) {
-        MHD_add_response_header(r, "X-Error-Code", hub_code);
+    if (hub_code) MHD_add_response_header(r, "X-Error-Code", hub_code);
+    if (message_header) {
         char safe[512];
         size_t i = 0;
         for (; msg[i] && i + 1 < sizeof safe; i++) safe[i] = (msg[i] < 0x20 || msg[i] == 0x7f) ? ' ' : msg[i];
@@ -71,9 +71,21 @@ enum MHD_Result http_send_error(struct MHD_Connection *c, unsigned code, const c
         MHD_add_response_header(r, "X-Error-Message", safe);
     }
     if (repo_commit) MHD_add_response_header(r, "X-Repo-Commit", repo_commit);
+    if (code == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
     enum MHD_Result ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ret;
+}
+
+enum MHD_Result http_send_error(struct MHD_Connection *c, unsigned code, const char *msg, const char *hub_code,
+                                const char *repo_commit)
+{
+    return send_error(c, code, msg, hub_code, repo_commit, hub_code != NULL);
+}
+
+enum MHD_Result http_send_error_msg(struct MHD_Connection *c, unsigned code, const char *msg, const char *hub_code)
+{
+    return send_error(c, code, msg, hub_code, NULL, true);
 }
 
 enum MHD_Result http_send_store_error(struct MHD_Connection *c, int rc, const char *what)

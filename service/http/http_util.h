@@ -23,6 +23,8 @@ enum MHD_Result http_send_json(struct MHD_Connection *c, unsigned code, json_t *
 /* {"error": msg}; hub_code, when given, goes into X-Error-Code (and msg into X-Error-Message). */
 enum MHD_Result http_send_error(struct MHD_Connection *c, unsigned code, const char *msg, const char *hub_code,
                                 const char *repo_commit);
+/* The same with X-Error-Message always, and X-Error-Code only when hub_code is given. */
+enum MHD_Result http_send_error_msg(struct MHD_Connection *c, unsigned code, const char *msg, const char *hub_code);
 
 /* The answer to a failed store call rc (ckpt_error_last() the message):
  * CKPT_ENOTFOUND 404, CKPT_EINVAL 400, anything else (a catalog that cannot be

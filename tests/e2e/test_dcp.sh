@@ -204,7 +204,7 @@ expect_status 0 "$ckpt" consolidate "$work/fsdp-tp2" "$work/fsdp-back"
 cmp -s "$work/fsdp-state/optimizer.safetensors" "$work/fsdp-back/optimizer.safetensors" ||
     fail "--state: the optimizer did not come back through the easydel layout"
 expect_status 1 "$ckpt" consolidate "$work/fsdp-hf" "$work/nope" --state
-grep -q "for PyTorch DCP sources" "$work/err" || fail "--state on a non-DCP source: $(cat "$work/err")"
+grep -q "is for PyTorch DCP" "$work/err" || fail "--state on a non-DCP source: $(cat "$work/err")"
 
 # ---- 3. hostile folders ----
 note "hostile"

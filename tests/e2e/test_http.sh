@@ -184,4 +184,46 @@ start_daemon --token-file "$W/tokens"
 [ "$(status -H 'Authorization: Bearer wrong-token-0123456789' "$URL/v1/checkpoints")" = 401 ] || fail "wrong token"
 [ "$(status "$URL/healthz")" = 200 ] || fail healthz
 stop_daemon
+
+# --- Hub fidelity (issue 18): the calls huggingface_hub and @huggingface/hub make ---
+# (docs/hub.md, Endpoints). hf_replay.py replays the Python client's exact
+# requests and judges answers as its hf_raise_for_status does; hub_client_api.mjs
+# drives the npm client. A page size of 2 makes every listing page.
+CKPT_HUB_PAGE_SIZE=2 start_daemon
+/usr/bin/python3 "$DIR/hf_replay.py" open "$URL" "$W/orig" "$W/tp2" "$commit" || fail "the Python client's requests"
+layout_sha=$(printf '%s' "$commit.neuron-tp2" | sha1sum | cut -c1-40)
+cp "$DIR/hub_client_api.mjs" "$NPMDIR/"
+(cd "$NPMDIR" && node hub_client_api.mjs "$URL" Qwen/tiny "$commit" "$layout_sha" "$(find "$W/tp2" -type f | wc -l)") ||
+    fail "the npm client's repository calls"
+# ckpt pull --hf-cache: the cache huggingface_hub reads offline, named as this
+# daemon's Hub API names things (hf_cache_scan.py follows _cache_manager.py's
+# scan, _tree_cache.py and hf_hub_download's etag and commit naming)
+hfc=$W/hfc
+"$B" pull Qwen/tiny@main --hf-cache "$hfc" 2>/dev/null && "$B" pull Qwen/tiny@main:neuron-tp2 --hf-cache="$hfc" 2>/dev/null ||
+    fail "pull --hf-cache"
+/usr/bin/python3 "$DIR/hf_cache_scan.py" "$hfc" "$URL" symlinks >"$W/scan" || fail "the HF cache pull wrote"
+grep -q "$commit refs=\['main'\] files=5" "$W/scan" && grep -q "$layout_sha refs=\['$commit.neuron-tp2', 'neuron-tp2'\] files=5" "$W/scan" ||
+    fail "the HF cache lists other revisions: $(cat "$W/scan")"
+[ "$(stat -L -c %h "$hfc/models--Qwen--tiny/snapshots/$commit/config.json")" -ge 2 ] || fail "config.json's blob is not hardlinked from the store"
+cache_state() { find "$hfc" -printf '%p %y %i %s %l %T@\n' | sort; }
+cache_state >"$W/hfc.before"
+for ref in Qwen/tiny@main Qwen/tiny@main:neuron-tp2; do
+    CKPT_QUIET=0 "$B" pull "$ref" --hf-cache "$hfc" >"$W/hfc.log" 2>&1 || fail "a second pull of $ref: $(cat "$W/hfc.log")"
+    grep -q 'all there already' "$W/hfc.log" || fail "a second pull of $ref wrote something: $(cat "$W/hfc.log")"
+done
+cache_state | cmp -s - "$W/hfc.before" || fail "a second pull changed the cache"
+HF_HUB_DISABLE_SYMLINKS=1 "$B" pull Qwen/tiny@main:neuron-tp2 --hf-cache "$W/hfc2" 2>/dev/null || fail "pull --hf-cache, no symlinks"
+/usr/bin/python3 "$DIR/hf_cache_scan.py" "$W/hfc2" "$URL" copies >/dev/null || fail "the HF cache without symlinks"
+HF_HUB_CACHE=$W/hfc3 "$B" pull Qwen/tiny@main --hf-cache 2>/dev/null && [ -L "$W/hfc3/models--Qwen--tiny/snapshots/$commit/config.json" ] ||
+    fail "pull --hf-cache into HF_HUB_CACHE"
+echo "pull --hf-cache: the cache huggingface_hub lists, a second pull adds nothing"
+# never a Xet header or xet JSON: clients would speak the Xet protocol to us
+for u in "$URL/Qwen/tiny/resolve/main/model-00001-of-00002.safetensors" "$URL/api/models/Qwen/tiny/tree/main?expand=true&recursive=true"; do
+    [ "$(status -H 'Accept: application/vnd.xet-fileinfo+json, */*' -H 'Range: bytes=0-0' "$u")" -lt 300 ] || fail "$u: $(cat "$W/body")"
+    ! grep -qi 'xet' "$W/hdr" "$W/body" || fail "Xet in the answer to $u: $(cat "$W/hdr")"
+done
+stop_daemon
+start_daemon --token-file "$W/tokens"
+/usr/bin/python3 "$DIR/hf_replay.py" token "$URL" readtoken-0123456789abcdef || fail "401 answers"
+stop_daemon
 echo "http: ok"
