@@ -69,6 +69,27 @@ wait_until() {
 
 wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }
 
+# torch_python: prints a python3 that imports torch (Debian's python3-torch,
+# make deps) — $py, else /usr/bin/python3 — or returns 1:
+#   torch_py=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
+torch_python() {
+    local cand
+    for cand in "$py" /usr/bin/python3; do
+        if "$cand" -c 'import torch' 2>/dev/null; then echo "$cand"; return 0; fi
+    done
+    return 1
+}
+
+# same_tensors A B: folders A and B hold the same tensors (names, dtypes,
+# shapes, bytes), in whatever files and shards (state_tensors.py); else says
+# how they differ and returns 1.
+same_tensors() {
+    diff <("$py" "$E2E_DIR/state_tensors.py" "$1") <("$py" "$E2E_DIR/state_tensors.py" "$2") >"$work/same.diff" || {
+        echo "$1 and $2 hold different tensors: $(head -n 5 "$work/same.diff")" >&2
+        return 1
+    }
+}
+
 serve_bg() { e2e_servers+=("$1"); }
 
 # serve_stop PID: SIGTERM now; it must exit 0.

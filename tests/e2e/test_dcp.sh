@@ -30,11 +30,7 @@ set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 tests=$(cd "$E2E_DIR/.." && pwd)
 
-torch_py=""
-for cand in "$py" /usr/bin/python3; do
-    if "$cand" -c 'import torch' 2>/dev/null; then torch_py=$cand; break; fi
-done
-[ -n "$torch_py" ] || fail "no python3 with torch (make deps installs python3-torch)"
+torch_py=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
 
 gen=$work/gen
 "$torch_py" "$tests/dcp_gen.py" "$gen" >/dev/null 2>"$work/gen.err" || fail "dcp_gen.py: $(cat "$work/gen.err")"

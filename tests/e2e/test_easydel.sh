@@ -71,29 +71,6 @@ if got["stored_bytes"] != sum(w["stored_bytes"] for w in want): fail("stored_byt
 EOF
 }
 
-# same_tensors A B: the same tensors (names, dtypes, shapes, bytes) in both checkpoints.
-same_tensors() {
-    $zpy - "$1" "$2" <<'EOF'
-import json, os, struct, sys
-def tensors(d):
-    ix = f"{d}/model.safetensors.index.json"
-    files = sorted(set(json.load(open(ix))["weight_map"].values())) if os.path.exists(ix) else ["model.safetensors"]
-    out = {}
-    for fn in files:
-        with open(f"{d}/{fn}", "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k == "__metadata__": continue
-                f.seek(8 + n + v["data_offsets"][0])
-                out[k] = (v["dtype"], v["shape"], f.read(v["data_offsets"][1] - v["data_offsets"][0]))
-    return out
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-if a.keys() != b.keys(): sys.exit(f"names differ: {sorted(a.keys() ^ b.keys())[:5]}")
-for k in a:
-    if a[k] != b[k]: sys.exit(f"tensor {k} differs")
-EOF
-}
-
 # ---- 1. four families, round trip ----
 i=0
 for spec in "llama bf16 --chunk-rows=40" "qwen2 f32 --slash" "mixtral bf16 --chunk-rows=7 --slash" "qwen3-moe f16 --no-tx"; do

@@ -26,11 +26,7 @@ set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 tests=$(cd "$E2E_DIR/.." && pwd)
 gen="$tests/nxd_gen.py"
-tpy=""
-for cand in "$py" /usr/bin/python3; do
-    if "$cand" -c 'import torch' 2>/dev/null; then tpy=$cand; break; fi
-done
-[ -n "$tpy" ] || fail "no python3 with torch (make deps installs python3-torch)"
+tpy=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
 cd "$work"
 
 specs=("--tp 2 --qwen3" "--tp 4 --fuse-qkv --mha" "--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4"
@@ -105,29 +101,6 @@ for save, (qh, kvh, fused) in placement.items():
         for what, h, w in checks:
             if h != w: sys.exit(f"{save} rank {r}: {what} holds rows {h}, expected {w}")
 PYEOF
-}
-
-# same_tensors A B: the same tensors (names, dtypes, shapes, bytes) in two checkpoints.
-same_tensors() {
-    "$py" - "$1" "$2" <<'EOF'
-import json, os, struct, sys
-def tensors(d):
-    ix = f"{d}/model.safetensors.index.json"
-    files = sorted(set(json.load(open(ix))["weight_map"].values())) if os.path.exists(ix) else ["model.safetensors"]
-    out = {}
-    for fn in files:
-        with open(f"{d}/{fn}", "rb") as f:
-            n = struct.unpack("<Q", f.read(8))[0]; h = json.loads(f.read(n))
-            for k, v in h.items():
-                if k == "__metadata__": continue
-                f.seek(8 + n + v["data_offsets"][0])
-                out[k] = (v["dtype"], v["shape"], f.read(v["data_offsets"][1] - v["data_offsets"][0]))
-    return out
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-if a.keys() != b.keys(): sys.exit(f"names differ: {sorted(a.keys() ^ b.keys())[:5]}")
-for k in a:
-    if a[k] != b[k]: sys.exit(f"tensor {k} differs")
-EOF
 }
 
 # ---- 1. round trips ----

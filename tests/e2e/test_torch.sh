@@ -26,11 +26,7 @@ tests=$(cd "$E2E_DIR/.." && pwd)
 
 # torch is Debian's python3-torch (make deps): /usr/bin/python3 when the
 # python3 on PATH is another one.
-torch_py=""
-for cand in "$py" /usr/bin/python3; do
-    if "$cand" -c 'import torch' 2>/dev/null; then torch_py=$cand; break; fi
-done
-[ -n "$torch_py" ] || fail "no python3 with torch (make deps installs python3-torch)"
+torch_py=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
 
 gen=$work/gen
 "$torch_py" "$tests/torch_gen.py" "$gen" >/dev/null 2>"$work/gen.err" || fail "torch_gen.py: $(cat "$work/gen.err")"
