@@ -40,11 +40,7 @@ set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 tests=$(cd "$E2E_DIR/.." && pwd)
 gen="$tests/nxd_gen.py"
-tpy=""
-for cand in "$py" /usr/bin/python3; do
-    if "$cand" -c 'import torch' 2>/dev/null; then tpy=$cand; break; fi
-done
-[ -n "$tpy" ] || fail "no python3 with torch (make deps installs python3-torch)"
+tpy=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
 cd "$work"
 
 note "models"
