@@ -53,3 +53,63 @@ bench_cleanup_on_exit() {
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 # maxof A B: the larger number.
 maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (b > a) ? b : a}'; }
+
+# measure TITLE SRC COPY_CMD CKPT_LABEL PY_LABEL -- CKPT_ARGS... -- PY_ARGS...
+# (in WORK, with hf/model.safetensors the model SRC was made from; PY with torch):
+# REPEAT rounds of the durable copy (COPY_CMD, a shell command), ckpt with
+# CKPT_ARGS writing out/ (its model.safetensors checked against
+# hf/model.safetensors once) and, when SRC fits twice in the memory
+# available, the Python way (bench script and args writing py.safetensors);
+# prints one block of medians, ratios and peak RSS.
+measure() {
+    local title=$1 src=$2 copy=$3 ck_label=$4 py_label=$5
+    shift 5
+    local -a ck_args py_args
+    [ "$1" = -- ] && shift
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do ck_args+=("$1"); shift; done
+    [ $# -gt 0 ] && shift
+    py_args=("$@")
+    local bytes avail_kb py_ok=1
+    bytes=$(du -sb "$src" | cut -f1)
+    avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
+    # the Python way holds the model, may copy it once more, the writer a tensor more
+    [ $((bytes / 1024 * 2)) -lt "$avail_kb" ] || py_ok=0
+    local -a COPY CK PYW
+    local rss_ck=0 rss_py=0 r
+    for r in $(seq "$REPEAT"); do
+        rm -rf copy out py.safetensors
+        sync
+        find "$src" -type f -exec cat {} + >/dev/null
+        "$PY" "$HERE/measure.py" --out m.txt sh -c "$copy"
+        COPY+=("$(cut -d' ' -f1 m.txt)")
+        rm -rf copy
+        sync
+        "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" "${ck_args[@]}"
+        CK+=("$(cut -d' ' -f1 m.txt)")
+        rss_ck=$(maxof "$rss_ck" "$(cut -d' ' -f2 m.txt)")
+        if [ "$r" = 1 ]; then
+            "$PY" "$HERE/torch_way.py" check hf/model.safetensors out/model.safetensors >/dev/null ||
+                die "$title: ckpt's model.safetensors differs from the model it was written from"
+        fi
+        rm -rf out
+        if [ "$py_ok" = 1 ]; then
+            sync
+            "$PY" "$HERE/measure.py" --out m.txt "$PY" "${py_args[@]}"
+            PYW+=("$(cut -d' ' -f1 m.txt)")
+            rss_py=$(maxof "$rss_py" "$(cut -d' ' -f2 m.txt)")
+            rm -f py.safetensors
+        fi
+    done
+    local c k p=""
+    c=$(median "${COPY[@]}")
+    k=$(median "${CK[@]}")
+    [ "$py_ok" = 1 ] && p=$(median "${PYW[@]}")
+    awk -v t="$title" -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" \
+        -v kl="$ck_label" -v pl="$py_label" 'BEGIN {
+        printf "%s: %.2f GB\n", t, b / 1e9
+        printf "  durable copy        %8.2f s\n", c
+        printf "  %-19s %8.2f s  %.2fx the copy (goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n", kl, k, k / c, r
+        if (p != "") printf "  %-19s %8.2f s  %.2fx ckpt (goal >= 3x); peak RSS %.0f MiB\n", pl, p, p / k, rp
+        else printf "  %-19s skipped: the model does not fit twice in the memory available\n", pl
+    }'
+}
