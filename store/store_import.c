@@ -16,6 +16,9 @@
 #include "common/sha256.h"
 #include "common/util.h"
 #include "format/safetensors.h"
+#include "transform/convert.h"
+
+#include <jansson.h>
 
 #include <ctype.h>
 #include <dirent.h>
@@ -364,6 +367,61 @@ static bool is_commit_sha(const char *s)
     return n == 40;
 }
 
+/* ckpt-source.json of a consolidated save: what it was, and every file of it
+ * with its size and sha256 (in walk order). */
+static int write_source_record(const char *save, const char *kind, const char *dst)
+{
+    file_list fl = {0};
+    int rc = walk(save, "", &fl, 0);
+    if (!rc) qsort(fl.v, fl.n, sizeof *fl.v, cmp_found);
+    json_t *files = json_array(), *doc = json_pack("{s:s,s:s,s:O}", "format", "ckpt-source", "kind", kind, "files", files);
+    if (!rc && (!files || !doc)) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < fl.n; i++) {
+        char *full = ckpt_path_join(save, fl.v[i].path), hex[65];
+        struct stat st;
+        rc = full ? ckpt_sha256_file_hex(full, hex) : CKPT_ENOMEM;
+        if (!rc && stat(full, &st) < 0) rc = ckpt_error_sys("%s: stat", full);
+        if (!rc)
+            json_array_append_new(files, json_pack("{s:s,s:I,s:s}", "path", fl.v[i].path, "size", (json_int_t)st.st_size,
+                                                   "sha256", hex));
+        free(full);
+    }
+    char *path = rc ? NULL : ckpt_path_join(dst, "ckpt-source.json");
+    char *text = rc ? NULL : json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!rc) rc = path && text ? ckpt_write_file_atomic(path, text, strlen(text)) : CKPT_ENOMEM;
+    free(path);
+    free(text);
+    json_decref(files);
+    json_decref(doc);
+    for (size_t i = 0; i < fl.n; i++) free(fl.v[i].path);
+    free(fl.v);
+    return rc;
+}
+
+static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed);
+
+/* A training save (neuronx-distributed, PyTorch DCP, EasyDeL) is stored as
+ * what `ckpt consolidate` makes of it, with ckpt-source.json recording the
+ * save's files and their sha256: consolidated into the store's temp space,
+ * imported, removed. */
+static int import_save(ckpt_store *s, const char *dir, const char *kind, const store_import_opts *o, store_ckpt *out,
+                       bool *existed)
+{
+    char *base = store_tmp_base(s, "consolidate"), *tmp = NULL, *dst = NULL;
+    int rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
+    free(base);
+    if (!rc && !(dst = ckpt_path_join(tmp, "model"))) rc = CKPT_ENOMEM;
+    if (!rc && !o->quiet) ckpt_info("%s: a %s: consolidating it, then importing the result", dir, kind);
+    consolidate_opts co = {.quiet = o->quiet};
+    if (!rc) rc = consolidate_run(dir, dst, &co);
+    if (!rc) rc = write_source_record(dir, kind, dst);
+    if (!rc) rc = import_dir(s, dst, o, out, existed);
+    if (tmp) ckpt_rm_rf(tmp);
+    free(tmp);
+    free(dst);
+    return rc;
+}
+
 int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed)
 {
     *existed = false;
@@ -371,6 +429,13 @@ int store_import_dir(ckpt_store *s, const char *dir, const store_import_opts *o,
     int rc = store_repo_name_check(o->repo);
     if (rc) return rc;
     if (!ckpt_is_dir(dir)) return ckpt_error_set(CKPT_ENOTFOUND, "%s: not a directory", dir);
+    const char *kind = consolidate_save_kind(dir);
+    return kind ? import_save(s, dir, kind, o, out, existed) : import_dir(s, dir, o, out, existed);
+}
+
+static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o, store_ckpt *out, bool *existed)
+{
+    int rc = 0;
     file_list fl = {0};
     rc = walk(dir, "", &fl, 0);
     if (!rc && fl.n == 0) rc = ckpt_error_set(CKPT_EINVAL, "%s: no files to import", dir);

@@ -319,6 +319,14 @@ static void consolidation_free(consolidation *c)
     json_decref(c->layout);
 }
 
+const char *consolidate_save_kind(const char *dir)
+{
+    if (dcp_is_checkpoint(dir)) return "PyTorch DCP save";
+    if (easydel_is_checkpoint(dir) || easydel_is_legacy(dir)) return "EasyDeL save";
+    if (nxd_is_checkpoint(dir)) return "neuronx-distributed save";
+    return NULL;
+}
+
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
     if (dcp_is_checkpoint(src)) return dcp_consolidate(src, dst, o);

@@ -99,6 +99,10 @@ typedef struct {
 
 /* Rebuilds the original checkpoint from a converted directory. */
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o);
+/* What a folder is when it is a training save consolidate reads rather than
+ * a checkpoint ("neuronx-distributed save", "PyTorch DCP save", "EasyDeL
+ * save"), or NULL. */
+const char *consolidate_save_kind(const char *dir);
 
 /* convert_layout.c */
 /* Adds a whole-checkpoint source list to p: every tensor of every file. */

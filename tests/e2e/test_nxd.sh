@@ -127,6 +127,25 @@ grep -qE "^model.layers.0.mlp.gate_up_proj.weight +0  tp dim 0 stride 2 +BF16 +\
 expect_status 0 "$ckpt" consolidate s3/shards back
 cmp -s ref/model.safetensors back/model.safetensors || fail "consolidate of shards/ differs"
 cmp -s ref/config.json back/config.json || fail "consolidate of shards/: config.json (from the save folder) differs"
+# import stores what consolidate makes of the save, with ckpt-source.json
+# naming every file of the save with its size and sha256
+CKPT_HOME=$work/home expect_status 0 "$ckpt" import s3 --repo t/nxd
+CKPT_HOME=$work/home expect_status 0 "$ckpt" pull t/nxd -o pulled
+cmp -s ref/model.safetensors pulled/model.safetensors || fail "import of an NxD save: the stored model differs"
+"$py" - s3 pulled/ckpt-source.json <<'PYEOF' || fail "import of an NxD save: ckpt-source.json"
+import hashlib, json, os, sys
+save, doc = sys.argv[1], json.load(open(sys.argv[2]))
+want = []
+for root, _, files in os.walk(save):
+    for f in files:
+        p = os.path.join(root, f)
+        want.append({"path": os.path.relpath(p, save), "size": os.path.getsize(p),
+                     "sha256": hashlib.sha256(open(p, "rb").read()).hexdigest()})
+key = lambda f: f["path"]
+if doc["kind"] != "neuronx-distributed save" or sorted(doc["files"], key=key) != sorted(want, key=key):
+    sys.exit(f"{doc['kind']}: {len(doc['files'])} files recorded, {len(want)} in the save")
+PYEOF
+rm -rf pulled "$work/home"
 expect_status 0 "$ckpt" consolidate s5 sharded --max-shard-size 40KB
 [ -s sharded/model.safetensors.index.json ] && [ -s sharded/model-00001-of-00006.safetensors ] || fail "no shards: $(ls sharded)"
 "$py" "$E2E_DIR/st_dump.py" sharded >/dev/null || fail "the shards disagree with their index"
