@@ -31,12 +31,17 @@ same_tree() {
 }
 # jget FIELD: a top-level field of the JSON object on stdin.
 jget() { "$py" -c 'import json, sys; print(json.load(sys.stdin)[sys.argv[1]])' "$1"; }
-du_field() { "$ckpt" du --json | jget "$1"; }
+# The state queries below (du, ls, show, gc --dry-run) run with $query_asan
+# as ASAN_OPTIONS: the script's own unless it sets another (test_store_crash
+# reads the store after every kill and drops LeakSanitizer's exit check from
+# these reads only).
+query_asan=${ASAN_OPTIONS:-}
+du_field() { ASAN_OPTIONS=$query_asan "$ckpt" du --json | jget "$1"; }
 # refs: the sorted refs `ckpt ls --json` lists.
-refs() { "$ckpt" ls --json | "$py" -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin)["checkpoints"])))'; }
+refs() { ASAN_OPTIONS=$query_asan "$ckpt" ls --json | "$py" -c 'import json, sys; print("\n".join(sorted(c["ref"] for c in json.load(sys.stdin)["checkpoints"])))'; }
 # show_sums REF: "sha256  path" of REF's files as the catalog records them (same form as sums).
 show_sums() {
-    "$ckpt" show "$1" --json | "$py" -c '
+    ASAN_OPTIONS=$query_asan "$ckpt" show "$1" --json | "$py" -c '
 import json, sys
 for f in sorted(json.load(sys.stdin)["files"], key=lambda f: f["path"].encode()):
     print(f["sha256"] + "  " + f["path"])'
@@ -47,7 +52,7 @@ tmp_empty() {
 # gc_settled WHAT: a second gc (dry run) finds nothing, tmp/ is empty.
 gc_settled() {
     local j
-    j=$("$ckpt" gc --dry-run --json) || fail "$1: gc --dry-run failed"
+    j=$(ASAN_OPTIONS=$query_asan "$ckpt" gc --dry-run --json) || fail "$1: gc --dry-run failed"
     "$py" -c '
 import json, sys
 j = json.loads(sys.argv[1])
