@@ -55,7 +55,8 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR
 maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (b > a) ? b : a}'; }
 
 # measure TITLE SRC COPY_CMD CKPT_LABEL PY_LABEL -- CKPT_ARGS... -- PY_ARGS...
-# (in WORK, with hf/model.safetensors the model SRC was made from; PY with torch):
+# (in WORK, with hf/model.safetensors the model SRC was made from; PY with torch;
+# ckpt writes out/, one file or shards):
 # REPEAT rounds of the durable copy (COPY_CMD, a shell command), ckpt with
 # CKPT_ARGS writing out/ (its model.safetensors checked against
 # hf/model.safetensors once) and, when SRC fits twice in the memory
@@ -88,7 +89,7 @@ measure() {
         CK+=("$(cut -d' ' -f1 m.txt)")
         rss_ck=$(maxof "$rss_ck" "$(cut -d' ' -f2 m.txt)")
         if [ "$r" = 1 ]; then
-            "$PY" "$HERE/torch_way.py" check hf/model.safetensors out/model.safetensors >/dev/null ||
+            "$PY" "$HERE/torch_way.py" check hf/model.safetensors out >/dev/null ||
                 die "$title: ckpt's model.safetensors differs from the model it was written from"
         fi
         rm -rf out

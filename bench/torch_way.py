@@ -11,8 +11,9 @@
         shared names, .contiguous(), write a safetensors file with
         {"format": "pt"}. The writer is a few lines here (Debian has no
         python3-safetensors): header JSON, 8-byte aligned, then the bytes.
-    torch_way.py check A.safetensors B.safetensors
-        Same tensor names, dtypes, shapes and bytes (file layout may differ).
+    torch_way.py check A B
+        Same tensor names, dtypes, shapes and bytes in A and B (each a
+        .safetensors file or a folder of them: shards); layout may differ.
 """
 import json
 import mmap
@@ -91,19 +92,34 @@ def save_safetensors(loaded, dst, fsync):
             os.fsync(f.fileno())
 
 
+def tensor_map(path):
+    """name -> (dtype, shape, file, absolute begin, end) over a file, or every
+    .safetensors file of a folder (shards)."""
+    import glob
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
+    out = {}
+    for f in files:
+        h, base = read_header(f)
+        for k, v in h.items():
+            out[k] = (v["dtype"], v["shape"], f, base + v["data_offsets"][0], base + v["data_offsets"][1])
+    return out
+
+
 def check(a, b):
-    ha, ba = read_header(a)
-    hb, bb = read_header(b)
-    if {k: (v["dtype"], v["shape"]) for k, v in ha.items()} != {k: (v["dtype"], v["shape"]) for k, v in hb.items()}:
+    ta, tb = tensor_map(a), tensor_map(b)
+    if {k: v[:2] for k, v in ta.items()} != {k: v[:2] for k, v in tb.items()}:
         sys.exit(f"{a} and {b} hold different tensors")
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        ma = mmap.mmap(fa.fileno(), 0, access=mmap.ACCESS_READ)
-        mb = mmap.mmap(fb.fileno(), 0, access=mmap.ACCESS_READ)
-        for name in ha:
-            x, y = ha[name]["data_offsets"], hb[name]["data_offsets"]
-            if ma[ba + x[0]:ba + x[1]] != mb[bb + y[0]:bb + y[1]]:
-                sys.exit(f"tensor {name} differs between {a} and {b}")
-    print(f"same {len(ha)} tensors")
+    maps = {}
+    def view(f):
+        if f not in maps:
+            fh = open(f, "rb")
+            maps[f] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        return maps[f]
+    for name, (_, _, fa, xa, ya) in ta.items():
+        _, _, fb, xb, yb = tb[name]
+        if view(fa)[xa:ya] != view(fb)[xb:yb]:
+            sys.exit(f"tensor {name} differs between {a} and {b}")
+    print(f"same {len(ta)} tensors")
 
 
 if __name__ == "__main__":
