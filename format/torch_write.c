@@ -162,14 +162,20 @@ static int pk_done(buf *b, uint8_t **out, size_t *len)
     return 0;
 }
 
+/* PROTO 2, then an empty collections.OrderedDict (its items follow, SETITEMS). */
+static void pk_odict(buf *b)
+{
+    put8(b, 0x80);
+    put8(b, 2);
+    pk_global(b, "collections", "OrderedDict");
+    put8(b, ')');
+    put8(b, 'R');
+}
+
 int torch_out_pickle(const torch_out_tensor *t, size_t n, uint8_t **out, size_t *len)
 {
     buf b = {0};
-    put8(&b, 0x80);
-    put8(&b, 2);
-    pk_global(&b, "collections", "OrderedDict");
-    put8(&b, ')');
-    put8(&b, 'R');
+    pk_odict(&b);
     for (size_t i = 0; i < n; i++) {
         if (i % PICKLE_BATCH == 0) put8(&b, '(');
         pk_str(&b, t[i].name);
@@ -200,11 +206,7 @@ int torch_out_pickle_records(const torch_out_tensor *t, size_t n, const char *mo
                              uint8_t **out, size_t *len)
 {
     buf b = {0};
-    put8(&b, 0x80);
-    put8(&b, 2);
-    pk_global(&b, "collections", "OrderedDict");
-    put8(&b, ')');
-    put8(&b, 'R');
+    pk_odict(&b);
     for (size_t i = 0; i < n; i++) {
         if (i % PICKLE_BATCH == 0) put8(&b, '(');
         pk_str(&b, t[i].name);

@@ -11,6 +11,7 @@
  * once. Sanitizers catch the rest. The seed corpus is rank files and an
  * .info.pt of saves written by tests/nxd_gen.py.
  */
+#include "tests/fuzz/fuzz_mem.h"
 #include "format/nxd.h"
 #include "format/torch.h"
 
@@ -19,24 +20,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define REQUIRE(cond)                                                                              \
-    do {                                                                                           \
-        if (!(cond)) abort();                                                                      \
-    } while (0)
-
-typedef struct {
-    const uint8_t *b;
-    size_t n;
-} mem;
-
-static int mem_read(void *ctx, void *out, size_t len, uint64_t off)
-{
-    const mem *m = ctx;
-    if (off > m->n || len > m->n - off) return ckpt_error_set(CKPT_EINVAL, "fuzz: read past the end");
-    memcpy(out, m->b + off, len);
-    return 0;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

@@ -8,6 +8,7 @@
  * unique and findable, no two tensors sharing bytes, aliases naming kept
  * tensors. Sanitizers catch the rest.
  */
+#include "tests/fuzz/fuzz_mem.h"
 #include "format/torch.h"
 
 #include "common/error.h"
@@ -15,24 +16,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#define REQUIRE(cond)                                                                              \
-    do {                                                                                           \
-        if (!(cond)) abort();                                                                      \
-    } while (0)
-
-typedef struct {
-    const uint8_t *b;
-    size_t n;
-} mem;
-
-static int mem_read(void *ctx, void *out, size_t len, uint64_t off)
-{
-    const mem *m = ctx;
-    if (off > m->n || len > m->n - off) return ckpt_error_set(CKPT_EINVAL, "fuzz: read past the end");
-    memcpy(out, m->b + off, len);
-    return 0;
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
