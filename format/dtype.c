@@ -467,3 +467,14 @@ void ckpt_convert(ckpt_dtype from, const void *src, ckpt_dtype to, void *dst, si
     }
     loops[fi][ti](src, dst, n);
 }
+
+int ckpt_scalar_value(ckpt_dtype dt, const void *bytes, double *out)
+{
+    switch (dt) {
+    case CKPT_DT_I32: { int32_t v; memcpy(&v, bytes, 4); *out = v; return 0; }
+    case CKPT_DT_I64: { int64_t v; memcpy(&v, bytes, 8); *out = (double)v; return 0; }
+    case CKPT_DT_F32: { float v; memcpy(&v, bytes, 4); *out = v; return 0; }
+    case CKPT_DT_F64: { double v; memcpy(&v, bytes, 8); *out = v; return 0; }
+    default: return -1;
+    }
+}

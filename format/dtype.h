@@ -50,6 +50,9 @@ uint16_t ckpt_f64_to_f16(double d);
 /* Converts n elements between castable float dtypes (src and dst must not
  * overlap; little-endian bytes, any alignment). Same dtype is a memcpy. */
 void ckpt_convert(ckpt_dtype from, const void *src, ckpt_dtype to, void *dst, size_t n);
+/* The value of one little-endian I32, I64, F32 or F64 element (a step or a
+ * counter saved as a 0-d tensor) as a double; -1 for any other dtype. */
+int ckpt_scalar_value(ckpt_dtype dt, const void *bytes, double *out);
 
 /* "[2, 3, 4]" into buf (truncated with "..." when it does not fit); returns buf. */
 const char *ckpt_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len);

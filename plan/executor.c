@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
@@ -847,8 +848,22 @@ int exec_check_sources(const exec_plan *p, const int *src_fds)
     return rc;
 }
 
+/* exec_run holds every source and output file open at once (an xser save is
+ * a file per tensor per rank: 2,000+ for an 8B model at tp 8): lift the soft
+ * limit on open files towards the hard one when the plan needs more. Best
+ * effort: an open that still fails names its file. */
+static void raise_open_files(size_t need)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || need + 256 <= rl.rlim_cur) return;
+    rlim_t want = (rlim_t)need + 256;
+    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || want < rl.rlim_max ? want : rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+}
+
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
 {
+    raise_open_files(p->nsrc_paths + p->nfiles);
     exec_ctx c;
     memset(&c, 0, sizeof c);
     c.p = p;

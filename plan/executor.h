@@ -16,6 +16,9 @@
  *     one slab and one band buffer, so peak memory is about
  *     threads x (EXEC_SLAB_BYTES + EXEC_BAND_BYTES) whatever the checkpoint.
  *
+ * Every source and output file is open for the whole run; the soft limit on
+ * open files is raised towards the hard one when the plan needs more.
+ *
  * Output files are created in out_dir (normally a temporary directory that
  * the caller renames into place), headers first, then tensor bytes, then
  * fsync. Consolidation plans may carry checks (plan_tensor.checks): pairs of

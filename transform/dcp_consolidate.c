@@ -94,13 +94,9 @@ static int read_scalar(const dcp_ckpt *c, const dcp_entry *e, double *out)
     int rc = ckpt_pread_full(fd, b, (size_t)ch->nbytes, ch->data_off, c->files[ch->file].path);
     close(fd);
     if (rc) return rc;
-    switch (e->dtype) {
-    case CKPT_DT_I64: { int64_t v; memcpy(&v, b, 8); *out = (double)v; return 0; }
-    case CKPT_DT_I32: { int32_t v; memcpy(&v, b, 4); *out = v; return 0; }
-    case CKPT_DT_F64: { double v; memcpy(&v, b, 8); *out = v; return 0; }
-    case CKPT_DT_F32: { float v; memcpy(&v, b, 4); *out = v; return 0; }
-    default: return ckpt_error_set(CKPT_EINVAL, "%s: '%s' is a %s scalar, not a step", c->dir, e->fqn, ckpt_dtype_name(e->dtype));
-    }
+    if (ckpt_scalar_value(e->dtype, b, out) < 0)
+        return ckpt_error_set(CKPT_EINVAL, "%s: '%s' is a %s scalar, not a step", c->dir, e->fqn, ckpt_dtype_name(e->dtype));
+    return 0;
 }
 
 /* "optim.state.<param>.<slot>" (or "optimizer.state."): where <param> and <slot> start. */

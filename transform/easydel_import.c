@@ -98,13 +98,7 @@ static int scalar_value(const easydel_array *a, double *out)
     uint8_t b[8] = {0};
     int rc = a->z.ndim == 0 ? zarr_read(&a->z, to_buf, b, NULL) : CKPT_EINVAL;
     if (rc) return rc;
-    switch (a->z.dtype) {
-    case CKPT_DT_I32: { int32_t v; memcpy(&v, b, 4); *out = v; return 0; }
-    case CKPT_DT_I64: { int64_t v; memcpy(&v, b, 8); *out = (double)v; return 0; }
-    case CKPT_DT_F32: { float v; memcpy(&v, b, 4); *out = v; return 0; }
-    case CKPT_DT_F64: { double v; memcpy(&v, b, 8); *out = v; return 0; }
-    default: return CKPT_EINVAL;
-    }
+    return ckpt_scalar_value(a->z.dtype, b, out) < 0 ? CKPT_EINVAL : 0;
 }
 
 /* The model parameter a tx/ leaf belongs to: the longest '.'-bounded suffix

@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 /* The training model's geometry and choices (modeling_llama.py LlamaAttention, LlamaMLP; the qwen3 and
@@ -447,18 +446,6 @@ static int finish_files(const nxd_files *fs, const char *tmp)
     return rc;
 }
 
-/* An xser save is one file per tensor per rank (2,000+ for an 8B model at tp 8) and the executor opens
- * every output at once: lift the soft limit on open files towards the hard one when the plan needs more
- * (best effort: the executor names the file it cannot open). */
-static void raise_open_files(size_t need)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || need + 256 <= rl.rlim_cur) return;
-    rlim_t want = (rlim_t)need + 256;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || want < rl.rlim_max ? want : rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl);
-}
-
 static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const char *dst, const convert_opts *o,
                       const nxd_export_opts *x)
 {
@@ -472,10 +459,7 @@ static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const c
     if (!shards) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_mkdir_p(shards, 0755);
     if (!rc) rc = write_text(shards, "checkpoint", "1"); /* CheckpointIOState.begin */
-    if (!rc) {
-        raise_open_files(cp->exec.nsrc_paths + cp->exec.nfiles);
-        rc = exec_run(&cp->exec, tmp, &eo);
-    }
+    if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
     if (!rc) rc = finish_files(fs, tmp);
     int sync_fd = rc ? -1 : open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (!rc && sync_fd < 0) rc = ckpt_error_sys("%s: open", tmp);

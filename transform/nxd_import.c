@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 
 typedef struct {
     nxd_ckpt c;
@@ -505,18 +504,6 @@ static void job_free(nxd_job *j)
     nxd_close(&j->c);
 }
 
-/* An xser save is one file per tensor per rank (2,000+ for an 8B model at
- * tp 8) and the executor opens every source at once: lift the soft limit on
- * open files towards the hard one when the plan needs more. */
-static void raise_open_files(size_t need)
-{
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || need + 256 <= rl.rlim_cur) return;
-    rlim_t want = (rlim_t)need + 256;
-    rl.rlim_cur = rl.rlim_max == RLIM_INFINITY || want < rl.rlim_max ? want : rl.rlim_max;
-    setrlimit(RLIMIT_NOFILE, &rl); /* best effort: the executor names the file it cannot open */
-}
-
 int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
 {
     if (!o->force && !ckpt_dir_is_empty_or_missing(dst))
@@ -554,7 +541,6 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
                                         &index_text);
     if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) {
-        raise_open_files(j.exec.nsrc_paths);
         exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "consolidate"};
         rc = exec_run(&j.exec, tmp, &eo);
         if (!rc && index_text) {

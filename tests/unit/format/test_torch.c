@@ -636,7 +636,9 @@ static void test_torch_write_round_trip(void **state)
     }
     torch_out o;
     assert_int_equal(torch_out_plan(&o, "pytorch_model", t, 12), 0);
-    char path[] = "/tmp/ckpt-test-torch-write-XXXXXX";
+    const char *base = getenv("TMPDIR");
+    char path[512];
+    snprintf(path, sizeof path, "%s/ckpt-test-torch-write-XXXXXX", base && *base ? base : "/tmp");
     int fd = mkstemp(path);
     assert_true(fd >= 0);
     assert_int_equal(ftruncate(fd, (off_t)o.file_size), 0);
