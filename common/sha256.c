@@ -61,7 +61,9 @@ int ckpt_sha256_buf_hex(const void *buf, size_t len, char hex[65])
 
 int ckpt_sha256_fd_range_hex(int fd, uint64_t off, uint64_t len, char hex[65], const char *what)
 {
-    size_t bufsz = 4u << 20;
+    /* At most 4 MiB, and no more than the range: most files hashed are small,
+     * and a big buffer costs its page faults on every call. */
+    size_t bufsz = len < (4u << 20) ? (size_t)(len ? len : 1) : 4u << 20;
     char *buf = ckpt_malloc(bufsz);
     if (!buf) return CKPT_ENOMEM;
     ckpt_sha256 h;

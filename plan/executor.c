@@ -63,9 +63,9 @@ typedef struct {
 
 typedef struct {
     exec_ctx *c;
-    uint8_t *slab; /* EXEC_SLAB_BYTES */
-    uint8_t *band; /* EXEC_BAND_BYTES */
-    uint8_t *cmp;  /* EXEC_SLAB_BYTES, for checks */
+    uint8_t *slab; /* EXEC_SLAB_BYTES, or the largest output tensor when smaller */
+    uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
+    uint8_t *cmp;  /* as slab, for checks */
 } worker;
 
 /* Drops length-1 axes and merges axes that are contiguous in both source and destination. */
@@ -717,10 +717,11 @@ static int by_offset(const void *a, const void *b)
 }
 
 /* Feeds bytes [from, to) of the file at fd to h. */
-static int hash_file_range(ckpt_sha256 *h, int fd, uint64_t from, uint64_t to, uint8_t *buf, const char *path)
+static int hash_file_range(ckpt_sha256 *h, int fd, uint64_t from, uint64_t to, uint8_t *buf, size_t bufsz,
+                           const char *path)
 {
     while (from < to) {
-        size_t n = to - from < EXEC_HASH_CHUNK ? (size_t)(to - from) : EXEC_HASH_CHUNK;
+        size_t n = to - from < bufsz ? (size_t)(to - from) : bufsz;
         int rc = ckpt_pread_full(fd, buf, n, from, path);
         if (!rc) rc = ckpt_sha256_update(h, buf, n);
         if (rc) return rc;
@@ -731,7 +732,7 @@ static int hash_file_range(ckpt_sha256 *h, int fd, uint64_t from, uint64_t to, u
 
 /* One output file hashed front to back, each tensor's bytes read back (from
  * the page cache) as soon as the workers have put them in place. */
-static int hash_output(exec_ctx *c, size_t f, uint8_t *buf)
+static int hash_output(exec_ctx *c, size_t f, uint8_t *buf, size_t bufsz)
 {
     const st_layout *l = &c->p->files[f].layout;
     size_t *order = ckpt_calloc(l->ntensors + 1, sizeof *order);
@@ -757,10 +758,10 @@ static int hash_output(exec_ctx *c, size_t f, uint8_t *buf)
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
         uint64_t end = l->tensors[slot].offset + l->tensors[slot].nbytes;
-        if (end > pos) rc = hash_file_range(&h, fd, pos, end, buf, c->out_paths[f]);
+        if (end > pos) rc = hash_file_range(&h, fd, pos, end, buf, bufsz, c->out_paths[f]);
         if (end > pos) pos = end;
     }
-    if (!rc && !c->err) rc = hash_file_range(&h, fd, pos, l->file_size, buf, c->out_paths[f]);
+    if (!rc && !c->err) rc = hash_file_range(&h, fd, pos, l->file_size, buf, bufsz, c->out_paths[f]);
     if (!rc && !c->err) {
         rc = ckpt_sha256_final_hex(&h, c->o->out_sha256[f]);
         open_hash = false;
@@ -775,14 +776,18 @@ static int hash_output(exec_ctx *c, size_t f, uint8_t *buf)
 static void *out_hash_main(void *arg)
 {
     exec_ctx *c = arg;
-    uint8_t *buf = malloc(EXEC_HASH_CHUNK);
+    uint64_t biggest = 1;
+    for (size_t f = 0; f < c->p->nfiles; f++)
+        if (c->p->files[f].layout.file_size > biggest) biggest = c->p->files[f].layout.file_size;
+    size_t bufsz = biggest < EXEC_HASH_CHUNK ? (size_t)biggest : EXEC_HASH_CHUNK;
+    uint8_t *buf = malloc(bufsz);
     for (;;) {
         pthread_mutex_lock(&c->mu);
         size_t f = c->next_hash_file++;
         bool stop = c->err || f >= c->p->nfiles;
         pthread_mutex_unlock(&c->mu);
         if (stop) break;
-        int rc = buf ? hash_output(c, f, buf) : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
+        int rc = buf ? hash_output(c, f, buf, bufsz) : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
         if (rc) {
             exec_fail(c, rc);
             break;
@@ -923,11 +928,23 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     pthread_t *tids = ckpt_calloc((size_t)threads, sizeof *tids);
     int started = 0;
     if (!tids && !rc) rc = CKPT_ENOMEM;
+    /* A box never holds more than its tensor, and a band never more than its
+     * source tensor (walk_gather's assert): small plans get small buffers,
+     * which saves the page faults of touching (and, under AddressSanitizer,
+     * poisoning) tens of MiB for a few KiB of tensors. */
+    uint64_t out_max = 1, src_max = 1;
+    for (size_t f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].layout.ntensors; i++)
+            if (p->files[f].layout.tensors[i].nbytes > out_max) out_max = p->files[f].layout.tensors[i].nbytes;
+    for (size_t i = 0; i < p->nsources; i++)
+        if (p->sources[i].nbytes > src_max) src_max = p->sources[i].nbytes;
+    size_t slab_bytes = out_max < EXEC_SLAB_BYTES ? (size_t)out_max : EXEC_SLAB_BYTES;
+    size_t band_bytes = src_max < EXEC_BAND_BYTES ? (size_t)src_max : EXEC_BAND_BYTES;
     for (int i = 0; !rc && i < threads; i++) {
         wks[i].c = &c;
-        wks[i].slab = malloc(EXEC_SLAB_BYTES);
-        wks[i].band = malloc(EXEC_BAND_BYTES);
-        wks[i].cmp = malloc(EXEC_SLAB_BYTES);
+        wks[i].slab = malloc(slab_bytes);
+        wks[i].band = malloc(band_bytes);
+        wks[i].cmp = malloc(slab_bytes);
         if (!wks[i].slab || !wks[i].band || !wks[i].cmp) {
             rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
             break;
