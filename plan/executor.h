@@ -54,6 +54,9 @@ typedef struct {
     size_t nsources;
     exec_file *files;
     size_t nfiles;
+    /* Room allocated in src_paths and sources, for builders that append one at
+     * a time (0: exactly the counts). */
+    size_t src_paths_cap, sources_cap;
 } exec_plan;
 
 typedef struct {

@@ -88,6 +88,22 @@ static int user_version(catalog *c, int *v)
     return rc;
 }
 
+/* PRAGMA foreign_key_check: no row may point at a missing parent. */
+static int foreign_keys_hold(catalog *c)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(c, &st, "PRAGMA foreign_key_check");
+    if (rc) return rc;
+    int e = sqlite3_step(st);
+    if (e == SQLITE_ROW)
+        rc = ckpt_error_set(CKPT_ECORRUPT, "%s: table %s has a row whose foreign key points at no row of %s",
+                            c->path, (const char *)sqlite3_column_text(st, 0),
+                            (const char *)sqlite3_column_text(st, 2));
+    else if (e != SQLITE_DONE) rc = catalog_error(c, "check foreign keys");
+    sqlite3_finalize(st);
+    return rc;
+}
+
 static int migrate(catalog *c)
 {
     int v = 0;
@@ -98,6 +114,11 @@ static int migrate(catalog *c)
         c->version = v;
         return 0;
     }
+    /* A migration may rebuild a table others reference (SQLite's "other kinds
+     * of table schema changes"): foreign keys off while it runs, so dropping the
+     * old table cascades nowhere, and checked before the commit. The pragma is
+     * a no-op inside a transaction, so it goes first. */
+    if (!rc) rc = catalog_exec(c, "PRAGMA foreign_keys=OFF");
     if (!rc) rc = catalog_begin(c);
     if (!rc) rc = user_version(c, &v);
     if (!rc && v > catalog_schema_version())
@@ -112,12 +133,13 @@ static int migrate(catalog *c)
         snprintf(sql, sizeof sql, "PRAGMA user_version = %d", i + 1);
         if (!rc) rc = catalog_exec(c, sql);
     }
-    if (rc) {
-        catalog_rollback(c);
-        return rc;
-    }
-    c->version = catalog_schema_version();
-    return catalog_commit(c);
+    if (!rc) rc = foreign_keys_hold(c);
+    if (rc) catalog_rollback(c);
+    else rc = catalog_commit(c);
+    int on = catalog_exec(c, "PRAGMA foreign_keys=ON");
+    if (!rc) rc = on;
+    if (!rc) c->version = catalog_schema_version();
+    return rc;
 }
 
 int catalog_open(catalog *c, const char *path)

@@ -32,6 +32,7 @@ typedef struct {
     exec_plan exec;
     plan_tensor *tensors; /* owned, one per output tensor */
     size_t ntensors, tcap;
+    json_t *path_index; /* blob path -> index in exec.src_paths (rebuild_ctx) */
 } pull_state;
 
 /* The rank of a vLLM sharded-state file, "model-rank-<R>-part-<P>.safetensors"
@@ -176,7 +177,8 @@ static int plan_file(pull_state *ps, stored_file *f, exec_file *ef)
                       .ntensors = &ps->ntensors,
                       .blob_path = blob_path_cb,
                       .lookup = lookup_cb,
-                      .ctx = &lc};
+                      .ctx = &lc,
+                      .path_index = ps->path_index};
     rc = rebuild_plan_file(&rb, f->path, f->out_rel, f->header, f->header_len, f->size, ef);
     sqlite3_finalize(lc.st);
     return rc;
@@ -322,6 +324,7 @@ static void pull_free(pull_state *ps)
     for (size_t i = 0; i < ps->ntensors; i++) plan_tensor_free(&ps->tensors[i]);
     free(ps->tensors);
     exec_plan_free(&ps->exec);
+    json_decref(ps->path_index);
 }
 
 int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
@@ -362,7 +365,8 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
     if (!rc) {
         ps.tensors = ckpt_calloc(total_tensors + 1, sizeof *ps.tensors);
         ps.exec.files = ckpt_calloc(ps.nfiles + 1, sizeof *ps.exec.files);
-        if (!ps.tensors || !ps.exec.files) rc = CKPT_ENOMEM;
+        ps.path_index = json_object();
+        if (!ps.tensors || !ps.exec.files || !ps.path_index) rc = CKPT_ENOMEM;
     }
     for (size_t i = 0; !rc && i < ps.nfiles; i++) {
         if (!ps.files[i].header) continue;

@@ -9,6 +9,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Room for element n of *arr (n elements in use, *cap allocated; a *cap below
+ * n means exactly n): doubles, so appending one at a time stays linear. */
+static int grow(void **arr, size_t *cap, size_t n, size_t size)
+{
+    if (n < *cap) return 0;
+    size_t want = n < 8 ? 16 : 2 * n;
+    void *a = ckpt_realloc(*arr, want * size);
+    if (!a) return CKPT_ENOMEM;
+    *arr = a;
+    *cap = want;
+    return 0;
+}
+
 /* A source for (blob, at, dtype, shape): the blob file is the source file, the
  * tensor starts at byte `at` (0 for a tensor blob; a tensor of a stored
  * torch.save file is a range of that file's blob, checked against the blob's
@@ -21,24 +34,28 @@ static int add_source(const rebuild_ctx *rb, const char *blob, uint64_t at, ckpt
     exec_plan *p = rb->exec;
     char *want = rb->blob_path(rb->ctx, blob);
     if (!want) return CKPT_ENOMEM;
-    size_t pi;
-    for (pi = p->nsrc_paths; pi > 0; pi--) /* recent first: a tensor's parts share blobs */
-        if (!strcmp(p->src_paths[pi - 1], want)) break;
+    size_t pi = 0; /* 1 + the index of want in src_paths, 0 when new */
+    if (rb->path_index) {
+        json_t *at_index = json_object_get(rb->path_index, want);
+        if (at_index) pi = (size_t)json_integer_value(at_index) + 1;
+    } else {
+        for (pi = p->nsrc_paths; pi > 0; pi--) /* recent first: a tensor's parts share blobs */
+            if (!strcmp(p->src_paths[pi - 1], want)) break;
+    }
     if (pi == 0) {
-        char **np = ckpt_realloc(p->src_paths, (p->nsrc_paths + 1) * sizeof *np);
-        if (!np) {
+        int rc = grow((void **)&p->src_paths, &p->src_paths_cap, p->nsrc_paths, sizeof *p->src_paths);
+        if (!rc && rb->path_index && json_object_set_new(rb->path_index, want, json_integer((json_int_t)p->nsrc_paths)))
+            rc = CKPT_ENOMEM;
+        if (rc) {
             free(want);
-            return CKPT_ENOMEM;
+            return rc;
         }
-        p->src_paths = np;
         p->src_paths[p->nsrc_paths] = want;
         pi = ++p->nsrc_paths;
     } else {
         free(want);
     }
-    plan_source *ns = ckpt_realloc(p->sources, (p->nsources + 1) * sizeof *ns);
-    if (!ns) return CKPT_ENOMEM;
-    p->sources = ns;
+    if (grow((void **)&p->sources, &p->sources_cap, p->nsources, sizeof *p->sources)) return CKPT_ENOMEM;
     plan_source *src = &p->sources[p->nsources];
     memset(src, 0, sizeof *src);
     if (!(src->name = ckpt_strdup(blob))) return CKPT_ENOMEM;

@@ -15,6 +15,8 @@
 
 #include "plan/executor.h"
 
+#include <jansson.h>
+
 typedef struct {
     exec_plan *exec;       /* sources and source paths are appended here */
     plan_tensor *tensors;  /* room for every tensor of the file, from *ntensors on */
@@ -25,6 +27,10 @@ typedef struct {
      * *blob (a sha256) or *recipe (JSON parts); strings valid until the next call. */
     int (*lookup)(void *ctx, const char *path, const char *name, const char **blob, const char **recipe);
     void *ctx;
+    /* Optional (NULL: a linear search): a JSON object from each path in
+     * exec->src_paths to its index, kept up to date here, so a file of many
+     * tensors, each its own blob, is not planned in quadratic time. */
+    json_t *path_index;
 } rebuild_ctx;
 
 /* Plans stored file `path` (header bytes, total size) as ef, written as out_rel. */
