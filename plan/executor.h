@@ -55,7 +55,7 @@ typedef struct {
     exec_file *files;
     size_t nfiles;
     /* Room allocated in src_paths and sources, for builders that append one at
-     * a time (0: exactly the counts). */
+     * a time with ckpt_grow (0 or less than the count: exactly the count). */
     size_t src_paths_cap, sources_cap;
 } exec_plan;
 

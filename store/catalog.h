@@ -3,8 +3,10 @@
  *
  * catalog_open() opens (creating) the database in WAL mode with foreign keys
  * on and a busy timeout, then applies the numbered migrations of schema/
- * (compiled into the binary) that it has not applied yet, each inside one
- * transaction, recording the version in PRAGMA user_version. A database whose
+ * (compiled into the binary) that it has not applied yet, in one transaction
+ * with foreign keys off (a migration may rebuild a table others reference)
+ * and checked by PRAGMA foreign_key_check before the commit, recording the
+ * version in PRAGMA user_version. A database whose
  * version is newer than this binary knows is refused with a clear message.
  *
  * Writes go through catalog_begin() (BEGIN IMMEDIATE, retried while another

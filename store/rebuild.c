@@ -9,19 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Room for element n of *arr (n elements in use, *cap allocated; a *cap below
- * n means exactly n): doubles, so appending one at a time stays linear. */
-static int grow(void **arr, size_t *cap, size_t n, size_t size)
-{
-    if (n < *cap) return 0;
-    size_t want = n < 8 ? 16 : 2 * n;
-    void *a = ckpt_realloc(*arr, want * size);
-    if (!a) return CKPT_ENOMEM;
-    *arr = a;
-    *cap = want;
-    return 0;
-}
-
 /* A source for (blob, at, dtype, shape): the blob file is the source file, the
  * tensor starts at byte `at` (0 for a tensor blob; a tensor of a stored
  * torch.save file is a range of that file's blob, checked against the blob's
@@ -43,7 +30,7 @@ static int add_source(const rebuild_ctx *rb, const char *blob, uint64_t at, ckpt
             if (!strcmp(p->src_paths[pi - 1], want)) break;
     }
     if (pi == 0) {
-        int rc = grow((void **)&p->src_paths, &p->src_paths_cap, p->nsrc_paths, sizeof *p->src_paths);
+        int rc = ckpt_grow(&p->src_paths, &p->src_paths_cap, p->nsrc_paths + 1, sizeof *p->src_paths);
         if (!rc && rb->path_index && json_object_set_new(rb->path_index, want, json_integer((json_int_t)p->nsrc_paths)))
             rc = CKPT_ENOMEM;
         if (rc) {
@@ -55,7 +42,7 @@ static int add_source(const rebuild_ctx *rb, const char *blob, uint64_t at, ckpt
     } else {
         free(want);
     }
-    if (grow((void **)&p->sources, &p->sources_cap, p->nsources, sizeof *p->sources)) return CKPT_ENOMEM;
+    if (ckpt_grow(&p->sources, &p->sources_cap, p->nsources + 1, sizeof *p->sources)) return CKPT_ENOMEM;
     plan_source *src = &p->sources[p->nsources];
     memset(src, 0, sizeof *src);
     if (!(src->name = ckpt_strdup(blob))) return CKPT_ENOMEM;

@@ -7,6 +7,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "format/archive.h"
+#include "store/catalog.h"
 #include "store/store.h"
 #include "tests/support/scratch.h"
 #include "format/archive.h"
@@ -496,6 +497,73 @@ static void test_import_bounded_fds(void **state)
 
 /* Issue 14 #10: a new CKPT_HOME is the user's alone (the catalog holds job
  * arguments and logs), whatever the umask. */
+/* Migration 004 (files as a rowid table) on a catalog of version 3 holding
+ * rows: every row and header byte kept, foreign keys on and holding after,
+ * and a checkpoint's removal still cascading to its files and tensors. */
+extern const char *const ckpt_schema_sql[];
+
+static int64_t count_rows(sqlite3 *db, const char *sql)
+{
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int64_t n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    return n;
+}
+
+static void test_migrate_files_rowid(void **state)
+{
+    char *path = ckpt_path_join(*state, "v3.db");
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "PRAGMA foreign_keys=ON", NULL, NULL, NULL), SQLITE_OK);
+    for (int i = 0; i < 3; i++) assert_int_equal(sqlite3_exec(db, ckpt_schema_sql[i], NULL, NULL, NULL), SQLITE_OK);
+    const char *rows =
+        "PRAGMA user_version = 3;"
+        "INSERT INTO checkpoints(id, repo, revision, commit_sha, total_size, created_at) VALUES (7, 'o/m', 'main', 'c', 9, 1);"
+        "INSERT INTO files VALUES (7, 'model.safetensors', 5, 'aa', NULL, randomblob(100000));"
+        "INSERT INTO files VALUES (7, 'config.json', 4, 'bb', 'bb', NULL);"
+        "INSERT INTO tensors VALUES (7, 'model.safetensors', 'w', 'cc', NULL);"
+        "INSERT INTO tensors VALUES (7, 'model.safetensors', 'v', NULL, '{\"parts\": []}');"
+        "INSERT INTO checkpoint_blobs VALUES (7, 'bb'), (7, 'cc');";
+    assert_int_equal(sqlite3_exec(db, rows, NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT hex(header) FROM files WHERE header IS NOT NULL", -1, &st, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    char *header_hex = ckpt_strdup((const char *)sqlite3_column_text(st, 0));
+    sqlite3_finalize(st);
+    sqlite3_close(db);
+
+    catalog c;
+    assert_int_equal(catalog_open(&c, path), 0);
+    assert_int_equal(c.version, catalog_schema_version());
+    assert_true(c.version >= 4);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM files"), 2);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM tensors"), 2);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM checkpoint_blobs"), 2);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM sqlite_master WHERE name = 'files' "
+                                      "AND sql NOT LIKE '%WITHOUT ROWID%'"),
+                     1);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+    assert_int_equal(count_rows(c.db, "PRAGMA foreign_keys"), 1);
+    assert_int_equal(sqlite3_prepare_v2(c.db, "SELECT hex(header) FROM files WHERE header IS NOT NULL", -1, &st, NULL),
+                     SQLITE_OK);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_string_equal((const char *)sqlite3_column_text(st, 0), header_hex);
+    sqlite3_finalize(st);
+    /* a tensor must still need its file, and removing the checkpoint cascades */
+    assert_int_not_equal(sqlite3_exec(c.db, "INSERT INTO tensors VALUES (7, 'nope', 'x', 'dd', NULL)", NULL, NULL, NULL),
+                         SQLITE_OK);
+    assert_int_equal(sqlite3_exec(c.db, "DELETE FROM checkpoints WHERE id = 7", NULL, NULL, NULL), SQLITE_OK);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM files"), 0);
+    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM tensors"), 0);
+    catalog_close(&c);
+    free(header_hex);
+    free(path);
+}
+
 static void test_home_is_private(void **state)
 {
     char *home = ckpt_path_join(*state, "newhome");
@@ -685,6 +753,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
         cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_migrate_files_rowid, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_info_and_verify, scratch_setup, scratch_teardown),
     };
