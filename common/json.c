@@ -130,11 +130,53 @@ char *cj_render(const json_t *v)
     return t;
 }
 
+/* cj_write_file's sink: jansson's pieces gathered into 1 MiB writes. */
+typedef struct {
+    int fd;
+    const char *path;
+    char *buf;
+    size_t len, cap;
+    int rc;
+} dump_sink;
+
+static int sink_flush(dump_sink *d)
+{
+    if (!d->rc && d->len) d->rc = ckpt_write_full(d->fd, d->buf, d->len, d->path);
+    d->len = 0;
+    return d->rc;
+}
+
+static int sink_put(const char *piece, size_t n, void *ctx)
+{
+    dump_sink *d = ctx;
+    while (n && !d->rc) {
+        size_t room = d->cap - d->len, k = n < room ? n : room;
+        memcpy(d->buf + d->len, piece, k);
+        d->len += k;
+        piece += k;
+        n -= k;
+        if (d->len == d->cap) sink_flush(d);
+    }
+    return d->rc ? -1 : 0;
+}
+
 int cj_write_file(const char *path, const json_t *v)
 {
-    char *t = cj_render(v);
-    if (!t) return CKPT_ENOMEM;
-    int rc = ckpt_write_file_atomic(path, t, strlen(t));
-    free(t);
+    /* Streamed, not rendered into one string first: a ckpt-layout.json of a
+     * model with 20,000 tensors is tens of MB. Same bytes as cj_render. */
+    ckpt_atomic_file af;
+    dump_sink d = {.path = path, .cap = 1u << 20};
+    if (!(d.buf = malloc(d.cap))) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    int rc = ckpt_atomic_open(&af, path);
+    if (!rc) {
+        d.fd = af.fd;
+        if (json_dump_callback(v, sink_put, &d, JSON_INDENT(2) | JSON_PRESERVE_ORDER) < 0 && !d.rc)
+            d.rc = ckpt_error_set(CKPT_ENOMEM, "%s: cannot render JSON", path);
+        if (!d.rc) sink_put("\n", 1, &d);
+        rc = sink_flush(&d);
+        if (rc) ckpt_atomic_abort(&af);
+        else rc = ckpt_atomic_commit(&af);
+    }
+    free(d.buf);
     return rc;
 }
