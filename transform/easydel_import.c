@@ -141,7 +141,7 @@ static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quie
         rc = fits ? easydel_add_slot(&l, m->key, slot, a->z.dtype, a->z.ndim, a->z.shape, i, slotset, &fits) : 0;
         if (rc) break;
         if (fits) n++;
-        else rc = easydel_left_out(left_out, c->dir, "tx/ array", a->path, why, quiet);
+        else rc = easydel_left_out(left_out, c->dir, "tx/ array", a->path, NULL, why, quiet);
     }
     if (!rc && !n) rc = ckpt_error_set(CKPT_EINVAL, "%s: --state: no tx/ array is a slot of a model/ parameter", c->dir);
     if (!rc) rc = st_layout_finish(&l);

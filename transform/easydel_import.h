@@ -40,12 +40,13 @@ int easydel_legacy_state(const char *src, ckpt_checkpoint *model, const char *st
 /* Shared by the two --state paths. easydel_add_slot: "<param>/<slot>" into
  * l (a name already there is not added: *added false), the slot into
  * slotset. easydel_left_out: a leaf that is no slot, said on stderr unless
- * quiet and appended to list. easydel_write_state_files: optimizer.json
+ * quiet and appended to list as {name, key (when not NULL), why}. easydel_write_state_files: optimizer.json
  * (optax, the sorted slot names, scalars, "left_out" when any) and
  * metadata.json (a ckpt training state at step) in staging. */
 int easydel_add_slot(st_layout *l, const char *param, const char *slot, ckpt_dtype dt, int ndim, const uint64_t *shape,
                      size_t user, json_t *slotset, bool *added);
-int easydel_left_out(json_t *list, const char *src, const char *what, const char *name, const char *why, bool quiet);
+int easydel_left_out(json_t *list, const char *src, const char *what, const char *name, const char *key, const char *why,
+                     bool quiet);
 int easydel_write_state_files(const char *staging, json_t *slotset, json_t *scalars, json_t *left_out, int64_t step);
 
 #endif

@@ -37,10 +37,11 @@ int easydel_add_slot(st_layout *l, const char *param, const char *slot, ckpt_dty
     return rc;
 }
 
-int easydel_left_out(json_t *list, const char *src, const char *what, const char *name, const char *why, bool quiet)
+int easydel_left_out(json_t *list, const char *src, const char *what, const char *name, const char *key, const char *why,
+                     bool quiet)
 {
-    if (!quiet) ckpt_info("%s: left out %s '%s': %s", src, what, name, why);
-    return json_array_append_new(list, json_pack("{s:s, s:s}", "name", name, "why", why)) ? CKPT_ENOMEM : 0;
+    if (!quiet) ckpt_info("%s: left out %s '%s'%s%s%s: %s", src, what, name, key ? " (" : "", key ? key : "", key ? ")" : "", why);
+    return json_array_append_new(list, json_pack("{s:s, s:s?, s:s}", "name", name, "key", key, "why", why)) ? CKPT_ENOMEM : 0;
 }
 
 static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -125,8 +126,7 @@ static int map_leaf(const legacy_ctx *x, size_t i, st_layout *l, json_t *slotset
         }
         if (rc) return rc;
     }
-    char what[64], slot[256];
-    snprintf(what, sizeof what, "leaf %zu (%s)", i, r->t->name);
+    char slot[256];
     size_t at = lf->param_at;
     if (at != EDTREE_NO_PARAM && !ckpt_checkpoint_find(x->model, key + at))
         return ckpt_error_set(CKPT_EINVAL, "%s/%s: leaf %zu ('%s') is the parameter '%s', which %s does not hold", x->src,
@@ -144,10 +144,7 @@ static int map_leaf(const legacy_ctx *x, size_t i, st_layout *l, json_t *slotset
         (*nslots)++;
         return 0;
     }
-    char *name = ckpt_sprintf("%s '%s'", what, key);
-    rc = name ? easydel_left_out(left_out, x->src, "optimizer", name, why, x->quiet) : CKPT_ENOMEM;
-    free(name);
-    return rc;
+    return easydel_left_out(left_out, x->src, "optimizer leaf", r->t->name, key, why, x->quiet);
 }
 
 /* Every optimizer tensor is param_{i} of a leaf, each leaf has one. */
