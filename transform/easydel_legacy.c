@@ -41,7 +41,7 @@ int easydel_left_out(json_t *list, const char *src, const char *what, const char
                      bool quiet)
 {
     if (!quiet) ckpt_info("%s: left out %s '%s'%s%s%s: %s", src, what, name, key ? " (" : "", key ? key : "", key ? ")" : "", why);
-    return json_array_append_new(list, json_pack("{s:s, s:s?, s:s}", "name", name, "key", key, "why", why)) ? CKPT_ENOMEM : 0;
+    return json_array_append_new(list, json_pack("{s:s, s:s*, s:s}", "name", name, "key", key, "why", why)) ? CKPT_ENOMEM : 0;
 }
 
 static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }

@@ -141,14 +141,18 @@ EOF
         $zpy "$gen" "ed-$arch" "legacy-$arch" --legacy --shards "$shards" --step $((1000 + i)) $lflags ||
             fail "easydel_gen --legacy $arch"
         "$ckpt" inspect "legacy-$arch" --json >"legacy-$arch.json" || fail "inspect legacy-$arch"
-        $zpy - "legacy-$arch.json" "ed-$arch/model.safetensors" <<'EOF' || fail "legacy $arch: inspect listing"
+        $zpy - "legacy-$arch.json" "ed-$arch/model.safetensors" $((1000 + i)) <<'EOF' || fail "legacy $arch: inspect listing"
 import json, struct, sys
-got = {t["name"]: (t["dtype"], t["shape"]) for t in json.load(open(sys.argv[1]))["tensors"]}
+doc = json.load(open(sys.argv[1]))
+if doc.get("step") != int(sys.argv[3]): sys.exit(f"step {doc.get('step')}, saved {sys.argv[3]}")
+got = {t["name"]: (t["dtype"], t["shape"]) for t in doc["tensors"]}
 with open(sys.argv[2], "rb") as f:
     h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
 want = {k: (v["dtype"], v["shape"]) for k, v in h.items() if k != "__metadata__"}
 if got != want: sys.exit(f"listed {sorted(got)[:3]}..., saved {sorted(want)[:3]}...")
 EOF
+        expect_status 0 "$ckpt" inspect "legacy-$arch"
+        grep -qx "step $((1000 + i)) (easydel-optstate.structure)" "$work/out" || fail "legacy $arch: inspect: no step"
         expect_status 0 "$ckpt" consolidate "legacy-$arch" "lback-$arch"
         cmp -s "hf-$arch/model.safetensors" "lback-$arch/model.safetensors" || fail "legacy $arch: model.safetensors differs"
         cmp -s "hf-$arch/config.json" "lback-$arch/config.json" || fail "legacy $arch: config.json differs"
@@ -204,6 +208,10 @@ for spec in "global|easydel-optstate.structure: pickle: global 'posix.system' is
     grep -qF "$msg" "$work/err" || fail "hostile $name: '$msg' not in: $(cat "$work/err")"
     [ ! -e "lhout-$name" ] || fail "hostile $name: DST appeared"
     ls -d lhout-"$name".tmp-* 2>/dev/null && fail "hostile $name: temp folder left"
+    if [ "$name" = global ]; then # inspect lists the parameters and says why there is no step
+        expect_status 0 "$ckpt" inspect "lh-$name"
+        grep -qF "warning: no step: lh-global/$msg" "$work/err" || fail "inspect of a hostile structure: $(cat "$work/err")"
+    fi
     rm -rf "lh-$name"
 done
 # a non-empty DST is refused without --force, replaced with it
