@@ -223,6 +223,7 @@ static const pk_global_def ALLOW[] = {
     {"mod", "Rec", PKG_RECORD, 3},
     {"_codecs", "encode", PKG_ENCODE, 4},
     {"mod", "CONST", PKG_VALUE, 5},
+    {"mod", "DType", PKG_REDUCE_RECORD, 6},
 };
 
 static int run(pk_doc *d, const buf *b, size_t max_stack)
@@ -302,6 +303,44 @@ static void test_pickle_calls_are_recorded(void **state)
     assert_int_equal(obj->kind, PK_OBJ);
     assert_int_equal(pk_item(&d, obj, 2)->kind, PK_DICT);
     pk_free(&d);
+    free(b.b);
+}
+
+/* PKG_REDUCE_RECORD (numpy.dtype in the EasyDeL structure reader): REDUCE
+ * gives a record whose state one BUILD sets; a plain PKG_RECORD class still
+ * may not be REDUCEd, and a second BUILD is refused. */
+static void test_pickle_reduce_record(void **state)
+{
+    (void)state;
+    buf b = {0};
+    put(&b, "\x80\x02", 2);
+    p_glob(&b, "mod", "DType");
+    put8(&b, '(');
+    p_str(&b, "i4");
+    put(&b, "\x89\x88", 2); /* False, True */
+    puts_(&b, "tR");
+    put8(&b, '(');
+    put(&b, "K\x03", 2);
+    p_str(&b, "<");
+    puts_(&b, "tb.");
+    pk_doc d;
+    assert_int_equal(run(&d, &b, 0), 0);
+    const pk_node *r = pk_at(&d, d.root);
+    assert_int_equal(r->kind, PK_OBJ);
+    assert_int_equal(pk_item(&d, r, 0)->tag, 6);
+    assert_int_equal(pk_item(&d, r, 1)->n, 3);
+    assert_int_equal(pk_item(&d, r, 2)->kind, PK_TUPLE);
+    assert_string_equal(pk_item(&d, pk_item(&d, r, 2), 1)->s, "<");
+    pk_free(&d);
+    b.n -= 1; /* a second BUILD */
+    put8(&b, '(');
+    puts_(&b, "tb.");
+    expect_error(run(&d, &b, 0), CKPT_EINVAL, "BUILD (__setstate__) on 'object' is not allowed");
+    b.n = 0;
+    put(&b, "\x80\x02", 2);
+    p_glob(&b, "mod", "Rec");
+    puts_(&b, ")R.");
+    expect_error(run(&d, &b, 0), CKPT_EINVAL, "global 'mod.Rec' may not be called (REDUCE)");
     free(b.b);
 }
 
@@ -707,7 +746,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pickle_plain_values), cmocka_unit_test(test_pickle_calls_are_recorded),
-        cmocka_unit_test(test_pickle_refusals),     cmocka_unit_test(test_torch_zip_state_dict),
+        cmocka_unit_test(test_pickle_refusals),     cmocka_unit_test(test_pickle_reduce_record),     cmocka_unit_test(test_torch_zip_state_dict),
         cmocka_unit_test(test_torch_zip_refusals),  cmocka_unit_test(test_zipdir_rules),
         cmocka_unit_test(test_torch_legacy),        cmocka_unit_test(test_torch_mutations),
         cmocka_unit_test(test_sniff),               cmocka_unit_test(test_torch_transposed_view),
