@@ -236,7 +236,7 @@ static int component(const walk_ctx *w, const tnode *p, uint32_t pos, char *buf,
 /* Leaf i's key path (walking up to the root) and where its parameter's key starts. */
 static int leaf_key(walk_ctx *w, size_t i, edtree_leaf *out, size_t *total)
 {
-    char buf[EDTREE_MAX_KEY + 2];
+    char buf[EDTREE_MAX_KEY + 1]; /* ".<key>": the key is at most EDTREE_MAX_KEY bytes */
     size_t len = 0, param_len = EDTREE_NO_PARAM; /* length of the key below the outermost State */
     for (uint32_t c = (uint32_t)i; w->n[c].parent != UINT32_MAX; c = w->n[c].parent) {
         const tnode *p = &w->n[w->n[c].parent];
