@@ -20,39 +20,7 @@
 
 #include <cmocka.h>
 
-typedef struct {
-    uint8_t b[8192];
-    size_t n;
-} pbuf;
-
-static void raw(pbuf *p, const char *s, size_t n)
-{
-    assert_true(p->n + n <= sizeof p->b);
-    memcpy(p->b + p->n, s, n);
-    p->n += n;
-}
-static void op(pbuf *p, char c) { raw(p, &c, 1); }
-static void str(pbuf *p, const char *s)
-{
-    uint32_t n = (uint32_t)strlen(s);
-    char len[4] = {(char)(n & 0xff), (char)(n >> 8 & 0xff), (char)(n >> 16 & 0xff), (char)(n >> 24)};
-    op(p, 'X');
-    raw(p, len, 4);
-    raw(p, s, n);
-}
-static void num(pbuf *p, int v)
-{
-    char b[2] = {'K', (char)v};
-    raw(p, b, 2);
-}
-static void glob(pbuf *p, const char *mod, const char *name)
-{
-    op(p, 'c');
-    raw(p, mod, strlen(mod));
-    op(p, '\n');
-    raw(p, name, strlen(name));
-    op(p, '\n');
-}
+#include "tests/support/pkbuild.h"
 
 /* What one traversal entry's node_data / custom type is. */
 typedef enum { D_NONE, D_ADAM, D_VARSTATE, D_KEYS_W, D_KEYS_DOT } data_kind;
@@ -63,32 +31,32 @@ typedef struct {
     int leaves, nodes;
 } entry;
 
-static void node(pbuf *p, const entry *e)
+static void node(buf *p, const entry *e)
 {
-    op(p, '(');
-    num(p, e->kind);
-    num(p, e->arity);
+    put8(p, '(');
+    p_int(p, e->kind);
+    p_int(p, e->arity);
     switch (e->data) {
-    case D_NONE: op(p, 'N'); op(p, 'N'); break;
-    case D_ADAM: glob(p, "optax._src.transform", "ScaleByAdamState"); op(p, 'N'); break;
+    case D_NONE: put8(p, 'N'); put8(p, 'N'); break;
+    case D_ADAM: p_glob(p, "optax._src.transform", "ScaleByAdamState"); put8(p, 'N'); break;
     case D_VARSTATE:
-        op(p, '(');
-        glob(p, "flax.nnx.variablelib", "Param");
-        op(p, ')');
-        op(p, 't');
-        glob(p, "flax.nnx.variablelib", "VariableState");
+        put8(p, '(');
+        p_glob(p, "flax.nnx.variablelib", "Param");
+        put8(p, ')');
+        put8(p, 't');
+        p_glob(p, "flax.nnx.variablelib", "VariableState");
         break;
     case D_KEYS_W:
     case D_KEYS_DOT:
-        op(p, '(');
-        str(p, e->data == D_KEYS_W ? "w" : "a.b");
-        op(p, 't');
-        glob(p, "flax.nnx.statelib", "State");
+        put8(p, '(');
+        p_str(p, e->data == D_KEYS_W ? "w" : "a.b");
+        put8(p, 't');
+        p_glob(p, "flax.nnx.statelib", "State");
         break;
     }
-    num(p, e->leaves);
-    num(p, e->nodes);
-    op(p, 't');
+    p_int(p, e->leaves);
+    p_int(p, e->nodes);
+    put8(p, 't');
 }
 
 /* (ScaleByAdamState(count, mu=State{w: VariableState(leaf)}, nu=...),) with step 5 */
@@ -98,30 +66,30 @@ static const entry ADAM[] = {
     {2, 1, D_NONE, 3, 9},
 };
 
-static void structure(pbuf *p, const entry *es, size_t n, const char *jaxlib, bool with_step)
+static void structure(buf *p, const entry *es, size_t n, const char *jaxlib, bool with_step)
 {
     p->n = 0;
-    raw(p, "\x80\x02", 2);
-    if (with_step) op(p, '(');
-    glob(p, jaxlib, "PyTreeDef");
-    op(p, ')');
-    op(p, (char)0x81); /* NEWOBJ */
-    op(p, '(');
-    glob(p, "jax._src.tree_util", "default_registry");
-    op(p, ']');
-    op(p, '(');
+    put(p, "\x80\x02", 2);
+    if (with_step) put8(p, '(');
+    p_glob(p, jaxlib, "PyTreeDef");
+    put8(p, ')');
+    put8(p, 0x81); /* NEWOBJ */
+    put8(p, '(');
+    p_glob(p, "jax._src.tree_util", "default_registry");
+    put8(p, ']');
+    put8(p, '(');
     for (size_t i = 0; i < n; i++) node(p, &es[i]);
-    op(p, 'e');
-    op(p, 't');
-    op(p, 'b'); /* BUILD */
+    put8(p, 'e');
+    put8(p, 't');
+    put8(p, 'b'); /* BUILD */
     if (with_step) {
-        num(p, 5);
-        op(p, 't');
+        p_int(p, 5);
+        put8(p, 't');
     }
-    op(p, '.');
+    put8(p, '.');
 }
 
-static void expect_refused(const pbuf *p, const char *want)
+static void expect_refused(const buf *p, const char *want)
 {
     edtree t;
     assert_int_equal(edtree_parse(&t, "s.pkl", p->b, p->n), CKPT_EINVAL);
@@ -132,7 +100,7 @@ static void expect_refused(const pbuf *p, const char *want)
 static void test_keys_and_step(void **state)
 {
     (void)state;
-    pbuf p;
+    buf p = {0};
     structure(&p, ADAM, sizeof ADAM / sizeof ADAM[0], "jaxlib._jax.pytree", true);
     edtree t;
     assert_int_equal(edtree_parse(&t, "s.pkl", p.b, p.n), 0);
@@ -151,12 +119,13 @@ static void test_keys_and_step(void **state)
     assert_int_equal(t.nleaves, 3);
     assert_false(t.has_step);
     edtree_free(&t);
+    free(p.b);
 }
 
 static void test_refusals(void **state)
 {
     (void)state;
-    pbuf p;
+    buf p = {0};
     entry e[sizeof ADAM / sizeof ADAM[0]];
     size_t n = sizeof ADAM / sizeof ADAM[0];
 #define MUTATE(i, field, v, want)                                                                                      \
@@ -178,21 +147,23 @@ static void test_refusals(void **state)
     e[8] = (entry){2, 0, D_NONE, 0, 1};
     structure(&p, e, n, "jaxlib._jax.pytree", true);
     expect_refused(&p, "the traversal leaves 2 trees, not one");
+    free(p.b);
 }
 
 static void test_not_a_treedef(void **state)
 {
     (void)state;
-    pbuf p = {.n = 0};
-    raw(&p, "\x80\x02", 2);
-    glob(&p, "jaxlib._jax.pytree", "Other");
-    op(&p, '.');
+    buf p = {0};
+    put(&p, "\x80\x02", 2);
+    p_glob(&p, "jaxlib._jax.pytree", "Other");
+    put8(&p, '.');
     expect_refused(&p, "global 'jaxlib._jax.pytree.Other' is not allowed");
     p.n = 0;
-    raw(&p, "\x80\x02", 2);
-    num(&p, 3);
-    op(&p, '.');
+    put(&p, "\x80\x02", 2);
+    p_int(&p, 3);
+    put8(&p, '.');
     expect_refused(&p, "not a pickled jax PyTreeDef (a int)");
+    free(p.b);
 }
 
 int main(void)

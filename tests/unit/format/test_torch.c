@@ -28,49 +28,10 @@
 
 #include <cmocka.h>
 
-/* ---- a byte builder ---- */
+#include "tests/support/pkbuild.h"
 
-typedef struct {
-    uint8_t *b;
-    size_t n, cap;
-} buf;
+/* ---- a byte builder: tests/support/pkbuild.h ---- */
 
-static void put(buf *o, const void *p, size_t n)
-{
-    if (o->n + n > o->cap) {
-        o->cap = (o->n + n) * 2 + 64;
-        o->b = realloc(o->b, o->cap);
-        assert_non_null(o->b);
-    }
-    memcpy(o->b + o->n, p, n);
-    o->n += n;
-}
-static void puts_(buf *o, const char *s) { put(o, s, strlen(s)); }
-static void put8(buf *o, uint8_t v) { put(o, &v, 1); }
-static void put16(buf *o, uint16_t v) { put8(o, v & 0xFF), put8(o, v >> 8); }
-static void put32(buf *o, uint32_t v) { put16(o, v & 0xFFFF), put16(o, v >> 16); }
-static void put64(buf *o, uint64_t v) { put32(o, (uint32_t)v), put32(o, (uint32_t)(v >> 32)); }
-
-/* pickle pieces */
-static void p_str(buf *o, const char *s) /* BINUNICODE */
-{
-    put8(o, 'X');
-    put32(o, (uint32_t)strlen(s));
-    puts_(o, s);
-}
-static void p_int(buf *o, int32_t v)
-{
-    put8(o, 'J');
-    put32(o, (uint32_t)v);
-}
-static void p_glob(buf *o, const char *mod, const char *name)
-{
-    put8(o, 'c');
-    puts_(o, mod);
-    put8(o, '\n');
-    puts_(o, name);
-    put8(o, '\n');
-}
 static void p_tuple_ints(buf *o, int n, const int *v)
 {
     put8(o, '(');
