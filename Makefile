@@ -244,7 +244,7 @@ FUZZ_CFLAGS := $(CSTD) -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-
 # flags as the harnesses) and linked into every harness. UB aborts so libFuzzer
 # records it.
 FUZZ_LIB_SRCS := $(wildcard common/*.c) format/dtype.c format/safetensors.c format/checkpoint.c format/zarr.c \
-	format/pickle.c format/zipdir.c format/torch.c format/dcp.c format/nxd.c
+	format/pickle.c format/zipdir.c format/torch.c format/dcp.c format/nxd.c format/easydel_tree.c
 FUZZ_LIB_OBJS := $(FUZZ_LIB_SRCS:%.c=$(FUZZ_BUILD)/obj/%.o)
 $(FUZZ_BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)

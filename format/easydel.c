@@ -43,6 +43,25 @@ bool easydel_is_legacy(const char *dir)
     return yes;
 }
 
+size_t easydel_param_suffix(const char *key, bool (*is_param)(void *ctx, const char *name), void *ctx)
+{
+    for (const char *p = key; (p = strchr(p, '.')); p++)
+        if (is_param(ctx, p + 1)) return (size_t)(p + 1 - key);
+    return (size_t)-1;
+}
+
+bool easydel_slot_before(const char *key, size_t at, char *slot, size_t slot_len)
+{
+    if (at < 2 || key[at - 1] != '.') return false;
+    size_t start = at - 1;
+    while (start > 0 && key[start - 1] != '.') start--;
+    size_t n = at - 1 - start;
+    if (!n || n >= slot_len) return false;
+    memcpy(slot, key + start, n);
+    slot[n] = '\0';
+    return true;
+}
+
 const char *easydel_jax_dtype_name(ckpt_dtype dt)
 {
     switch (dt) {

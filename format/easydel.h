@@ -69,6 +69,14 @@ void easydel_close(easydel_ckpt *c);
 /* The array with this prefix and key, or NULL. */
 const easydel_array *easydel_find(const easydel_ckpt *c, const char *prefix, const char *key);
 
+/* An optimizer leaf's parameter and slot, by key path. easydel_param_suffix:
+ * where the longest '.'-bounded proper suffix of key that is_param accepts
+ * starts ("0.mu.model.layers.0.mlp.up_proj.kernel" -> the offset of
+ * "model..."), or (size_t)-1. easydel_slot_before: the key component just
+ * before offset at ("mu"); false when there is none or it does not fit. */
+size_t easydel_param_suffix(const char *key, bool (*is_param)(void *ctx, const char *name), void *ctx);
+bool easydel_slot_before(const char *key, size_t at, char *slot, size_t slot_len);
+
 /* The dtype name of an index entry as JAX prints it ("bfloat16", "float32"). */
 const char *easydel_jax_dtype_name(ckpt_dtype dt);
 

@@ -281,6 +281,19 @@ static int encode_latin1(pk_m *m, const pk_node *args, uint32_t *out)
     return 0;
 }
 
+/* A PK_OBJ record {cls, args, None}: what NEWOBJ of a PKG_RECORD class and
+ * REDUCE of a PKG_REDUCE_RECORD global give; BUILD may set its state once. */
+static int make_record(pk_m *m, uint32_t cid, uint32_t aid, uint32_t *id)
+{
+    uint32_t none = 0;
+    int rc = new_node(m, PK_OBJ, id);
+    if (!rc) rc = new_node(m, PK_NONE, &none);
+    if (!rc) rc = add_item(m, *id, cid);
+    if (!rc) rc = add_item(m, *id, aid);
+    if (!rc) rc = add_item(m, *id, none);
+    return rc;
+}
+
 static int op_reduce(pk_m *m)
 {
     uint32_t fid = 0, aid = 0, id = 0;
@@ -319,6 +332,9 @@ static int op_reduce(pk_m *m)
             return fail(m, CKPT_EINVAL, "'%s' takes (tuple,) here", f->s);
         id = args->items[0];
         break;
+    case PKG_REDUCE_RECORD:
+        rc = make_record(m, fid, aid, &id);
+        break;
     default:
         return fail(m, CKPT_EINVAL, "global '%s' may not be called (REDUCE)", f->s);
     }
@@ -338,12 +354,7 @@ static int op_newobj(pk_m *m, bool ex)
         return fail(m, CKPT_EINVAL, "NEWOBJ of '%s', which is not an allowed record class", g ? cls->s : pk_kind_name(cls->kind));
     if (m->d->nodes[aid].kind != PK_TUPLE || (ex && m->d->nodes[kid].kind != PK_DICT))
         return fail(m, CKPT_EINVAL, "NEWOBJ of '%s' with malformed arguments", cls->s);
-    uint32_t none = 0;
-    rc = new_node(m, PK_OBJ, &id);
-    if (!rc) rc = new_node(m, PK_NONE, &none);
-    if (!rc) rc = add_item(m, id, cid);
-    if (!rc) rc = add_item(m, id, aid);
-    if (!rc) rc = add_item(m, id, none);
+    rc = make_record(m, cid, aid, &id);
     return rc ? rc : push(m, id);
 }
 

@@ -19,6 +19,9 @@
  *   PKG_TUPLE   torch.Size(tuple): the tuple
  *   PKG_RECORD  a class taken as a plain record: NEWOBJ gives a PK_OBJ node
  *               {cls, args, state}, BUILD sets its state (a dict) once
+ *   PKG_REDUCE_RECORD  a callable taken as a record the same way: REDUCE
+ *               gives the PK_OBJ node {func, args, state} (numpy.dtype('i4',
+ *               False, True) then BUILD of its state) — nothing is called
  * BUILD (__setstate__) is accepted on a PK_DICT (an OrderedDict's instance
  * dict, e.g. a state_dict's _metadata, which is dropped) and once on a
  * PK_OBJ record; on anything else it is refused. Persistent ids (BINPERSID)
@@ -58,7 +61,7 @@ typedef enum {
     PK_PERSID,  /* items: {pid} */
 } pk_kind;
 
-typedef enum { PKG_VALUE, PKG_CALL, PKG_DICT, PKG_SET, PKG_ENCODE, PKG_TUPLE, PKG_RECORD } pk_gkind;
+typedef enum { PKG_VALUE, PKG_CALL, PKG_DICT, PKG_SET, PKG_ENCODE, PKG_TUPLE, PKG_RECORD, PKG_REDUCE_RECORD } pk_gkind;
 
 typedef struct {
     const char *module, *name;

@@ -11,7 +11,9 @@ array_serialization / TensorStore's zarr driver lay them out:
   OUT/metadata.json, checkpoint_metadata.json, model_structure.json, tx_structure.json, config.json
 
   easydel_gen.py SRC OUT [--step N] [--chunk-rows R] [--slash] [--no-tx]
-  easydel_gen.py SRC OUT --legacy [--shards N] [--no-tx]
+  easydel_gen.py SRC OUT --legacy [--shards N] [--no-tx] [--step N] [--flax 0.10|0.11]
+      [--jaxlib xla_extension|_jax] [--step-form none|int|array] [--leaf-prefix plain|idx]
+      [--extra] [--hostile global|reduce|count|missing|deep|numnodes]
 
 --legacy writes the older save instead (EasyDeLState.save_state before the
 TensorStore Checkpointer; easydel/infra/base_state.py and bridge's
@@ -21,11 +23,19 @@ _save_model_files through CheckpointManager.save_checkpoint):
                                      save_file), or with --shards N that many
                                      shard files and
   OUT/easydel-model.parameters.safetensors.index.json (the weight_map naming them)
-  OUT/easydel-optstate.parameters    safetensors of the optimizer leaves in
-                                     tree order, "param_{i}"
-  OUT/easydel-optstate.structure     a pickle of the tree definition (here a
-                                     plain tuple of the leaves' roles: Python's
-                                     own pickle of record-shaped data)
+  OUT/easydel-optstate.parameters    safetensors of optax adamw's leaves in
+                                     tree order, "param_{i}" (--leaf-prefix idx:
+                                     "param_idx_{i}", as from May 2025)
+  OUT/easydel-optstate.structure     the pickled jax PyTreeDef of that state
+                                     (and the step), written by Python's pickle
+                                     of stand-ins with the real names (below):
+                                     --flax picks nnx's VariableState (0.10) or
+                                     Variable (0.11) leaves, --jaxlib the
+                                     PyTreeDef's module, --step-form a bare
+                                     treedef (January 2025), (treedef, int) or
+                                     (treedef, jax Array); --extra adds a masked
+                                     trace leaf that is no slot; --hostile
+                                     writes one broken structure
 
 --chunk-rows R splits every array of rank >= 2 into chunks of R along the first
 axis and, for 2-D arrays, about half the last axis (edge chunks included); the
@@ -116,8 +126,189 @@ def write_st(path, tensors):
             f.write(raw)
 
 
-def legacy(a):
+# ---- the older save's optimizer structure ----
+# EasyDeLState.save_state (easydel/infra/base_state.py, 2025) pickled
+# jax.tree_util.tree_structure(opt_state) — with self.step as a pair from
+# April 2025 — and wrote the leaves as "param_{i}" (later "param_idx_{i}").
+# The stand-ins below have the real module and class names and the same
+# reduce shapes, so Python's pickle writes the real GLOBAL / NEWOBJ / REDUCE /
+# BUILD opcodes:
+#  * PyTreeDef (jaxlib pytree.cc, PyTreeDef::ToPickle and __getstate__ /
+#    __setstate__ in BuildPytreeSubmodule): object.__reduce_ex__ gives NEWOBJ
+#    of the class with () and BUILD of (registry, traversal); the registry's
+#    __reduce__ names jax._src.tree_util.default_registry; the traversal is one
+#    (kind, arity, node_data, custom type, num_leaves, num_nodes) per node in
+#    post-order (PyTreeDef::FlattenIntoImpl), kinds 0 leaf, 1 None, 2 tuple,
+#    3 namedtuple (node_data: its class), 4 list, 5 dict (the sorted keys),
+#    6 custom (node_data: the flatten's aux data; custom: the class).
+#  * flax nnx (flax/nnx/statelib.py _state_flatten_with_keys: aux = the sorted
+#    keys; flax 0.10 variablelib.py _variable_state_flatten: one child, aux =
+#    (variable type, metadata items); flax 0.11: the Variable subclass itself,
+#    aux = metadata items).
+#  * optax states are NamedTuples (optax/_src/transform.py ScaleByAdamState,
+#    optax/_src/base.py EmptyState): adamw's init is chain's tuple of them.
+#  * a jax.Array step: ArrayImpl.__reduce__ (jax/_src/array.py) is
+#    (_reconstruct_array, (fun, args, arr_state, {"weak_type": ...})) with
+#    numpy's own ndarray __reduce__ parts.
+def _fake_module(name, **attrs):
+    import types
+    parts = name.split(".")
+    for k in range(1, len(parts) + 1):
+        sys.modules.setdefault(".".join(parts[:k]), types.ModuleType(".".join(parts[:k])))
+    m = sys.modules[name]
+    for key, v in attrs.items():
+        setattr(m, key, v)
+        if isinstance(v, type) or callable(v):
+            v.__module__, v.__qualname__ = name, key
+    return m
+
+
+def _stand_ins(jaxlib):
+    import collections
+
+    class PyTreeDef:
+        def __init__(self, traversal):
+            self.traversal = traversal
+
+        def __getstate__(self):
+            return (REGISTRY, self.traversal)
+
+    class Registry:
+        def __reduce__(self):
+            return "default_registry"
+
+    REGISTRY = Registry()
+    REGISTRY.__module__ = "jax._src.tree_util"
+    _fake_module("jax._src.tree_util", default_registry=REGISTRY)
+    _fake_module(f"jaxlib.{jaxlib}.pytree", PyTreeDef=PyTreeDef)
+
+    def _reconstruct_array(fun, args, arr_state, aval_state):
+        raise RuntimeError("never called")
+
+    class ArrayImpl:
+        def __init__(self, value):
+            self.value = value
+
+        def __reduce__(self):
+            fun, args, arr_state = self.value.__reduce__()
+            return (_reconstruct_array, (fun, args, arr_state, {"weak_type": False}))
+
+    _fake_module("jax._src.array", _reconstruct_array=_reconstruct_array, ArrayImpl=ArrayImpl)
+    nt = {}
+    for mod, name, fields in (("optax._src.transform", "ScaleByAdamState", "count mu nu"),
+                              ("optax._src.base", "EmptyState", ""),
+                              ("optax.transforms._accumulation", "TraceState", "trace"),
+                              ("optax.transforms._masking", "MaskedState", "inner_state")):
+        nt[name] = collections.namedtuple(name, fields)
+        _fake_module(mod, **{name: nt[name]})
+    flax = {}
+    for mod, name in (("flax.nnx.statelib", "State"), ("flax.nnx.variablelib", "VariableState"),
+                      ("flax.nnx.variablelib", "Param")):
+        flax[name] = type(name, (), {})
+        _fake_module(mod, **{name: flax[name]})
+    return PyTreeDef, ArrayImpl, nt, flax
+
+
+def _treedef(tree, flax_version, nt, flax):
+    """(traversal, leaves) of a tree described as ("tuple", [..]), ("nt", name, [..]),
+    ("state", {key: ..}), ("var", leaf), ("leaf", value), in PyTreeDef's post-order."""
+    traversal, leaves = [], []
+
+    def walk(x):
+        n0, l0 = len(traversal), len(leaves)
+        kind = x[0]
+        if kind == "leaf":
+            leaves.append(x[1])
+            entry = (0, 0, None, None)
+        elif kind == "tuple":
+            for c in x[1]:
+                walk(c)
+            entry = (2, len(x[1]), None, None)
+        elif kind == "nt":
+            for c in x[2]:
+                walk(c)
+            entry = (3, len(x[2]), nt[x[1]], None)
+        elif kind == "state":
+            keys = sorted(x[1])
+            for k in keys:
+                walk(x[1][k])
+            entry = (6, len(keys), tuple(keys), flax["State"])
+        elif kind == "var":
+            walk(x[1])
+            metadata = ()
+            if flax_version == "0.10":
+                entry = (6, 1, (flax["Param"], metadata), flax["VariableState"])
+            else:
+                entry = (6, 1, metadata, flax["Param"])
+        traversal.append(entry + (len(leaves) - l0, len(traversal) - n0 + 1))
+
+    walk(tree)
+    return traversal, leaves
+
+
+def _param_tree(params, value):
+    """The nnx State of the parameters (keys split at '.', list indexes as ints), leaves value(param)."""
+    root = {}
+    for p in params:
+        node, parts = root, [int(c) if c.isdigit() else c for c in p[0].split(".")]
+        for c in parts[:-1]:
+            node = node.setdefault(c, {})
+        node[parts[-1]] = ("var", ("leaf", value(p)))
+
+    def to_state(d):
+        return ("state", {k: v if isinstance(v, tuple) else to_state(v) for k, v in d.items()})
+    return to_state(root)
+
+
+def legacy_optimizer(a, params):
+    """easydel-optstate.parameters and .structure of optax.adamw's state:
+    (ScaleByAdamState(count, mu, nu), EmptyState(), EmptyState()), mu = the
+    parameter as float32, nu = twice that (as the TensorStore save has them)."""
     import pickle
+    PyTreeDef, ArrayImpl, nt, flax = _stand_ins(a.jaxlib)
+    f32 = {p[0]: as_f32(p[1], p[3]) for p in params}
+    count = ("leaf", ("I32", [], struct.pack("<i", a.step)))
+    mu = _param_tree(params, lambda p: ("F32", p[2], f32[p[0]].tobytes()))
+    nu = _param_tree(params, lambda p: ("F32", p[2], (f32[p[0]] * 2).tobytes()))
+    parts = [("nt", "ScaleByAdamState", [count, mu, nu]), ("nt", "EmptyState", []), ("nt", "EmptyState", [])]
+    if a.extra:  # a masked trace of one parameter with another shape: a leaf that is no slot
+        first = params[0][0]
+        trace = _param_tree([(first,)], lambda p: ("F32", [3], bytes(12)))
+        parts.append(("nt", "MaskedState", [("nt", "TraceState", [trace])]))
+    h = a.hostile
+    if h == "missing":  # a parameter the model does not have
+        mu[1]["nonexistent"] = ("state", {"kernel": ("var", ("leaf", ("F32", [2], bytes(8))))})
+    tree = ("tuple", parts)
+    if h == "deep":  # a nesting bomb: 100 one-tuples around the state
+        for _ in range(100):
+            tree = ("tuple", [tree])
+    traversal, leaves = _treedef(tree, a.flax, nt, flax)
+    if h == "numnodes":
+        traversal[-1] = traversal[-1][:5] + (traversal[-1][5] + 1,)
+    if h == "global":  # a namedtuple "class" that is a function outside the allow-list
+        traversal[-2] = (3, 0, os.system) + traversal[-2][3:]
+    if h == "count":  # one leaf fewer in the parameters file than in the structure
+        leaves = leaves[:-1]
+    td = PyTreeDef(traversal)
+    if a.step_form == "none":
+        obj = td
+    elif a.step_form == "int":
+        obj = (td, a.step)
+    else:
+        obj = (td, ArrayImpl(np.asarray(a.step, dtype=np.int32)))
+    if h == "reduce":  # REDUCE of an allowed class that may not be called
+        class Call:
+            def __reduce__(self):
+                return (nt["EmptyState"], ())
+        obj = (td, Call())
+    prefix = "param_idx_" if a.leaf_prefix == "idx" else "param_"
+    write_st(os.path.join(a.out, "easydel-optstate.parameters"),
+             [(f"{prefix}{i}", dt, sh, raw) for i, (dt, sh, raw) in enumerate(leaves)])
+    with open(os.path.join(a.out, "easydel-optstate.structure"), "wb") as f:
+        pickle.dump(obj, f)
+
+
+def legacy(a):
     params = [(name, dtype, shape, reader()) for name, dtype, shape, reader in tensors_of(a.src)]
     if a.shards <= 1:
         write_st(os.path.join(a.out, "easydel-model.parameters"), params)
@@ -131,15 +322,8 @@ def legacy(a):
             weight_map.update({p[0]: fn for p in part})
         with open(os.path.join(a.out, "easydel-model.parameters.safetensors.index.json"), "w") as f:
             json.dump({"metadata": {"total_size": sum(len(p[3]) for p in params)}, "weight_map": weight_map}, f, indent=2)
-    if not a.no_tx:  # optax adam leaves in tree order: count, mu..., nu...
-        leaves = [("count", "I32", [], struct.pack("<i", a.step))]
-        for slot in ("mu", "nu"):
-            for name, dtype, shape, raw in params:
-                leaves.append((f"{slot}:{name}", "F32", shape, bytes(len(raw) // 2 * 4 if dtype in ("BF16", "F16") else len(raw))))
-        write_st(os.path.join(a.out, "easydel-optstate.parameters"),
-                 [(f"param_{i}", dt, sh, raw) for i, (_, dt, sh, raw) in enumerate(leaves)])
-        with open(os.path.join(a.out, "easydel-optstate.structure"), "wb") as f:
-            pickle.dump((tuple(role for role, _, _, _ in leaves), a.step), f)
+    if not a.no_tx:
+        legacy_optimizer(a, params)
     cfg = os.path.join(a.src, "config.json")
     if os.path.exists(cfg):
         with open(cfg) as i, open(os.path.join(a.out, "config.json"), "w") as o:
@@ -177,6 +361,12 @@ def main():
     ap.add_argument("--no-tx", action="store_true")
     ap.add_argument("--legacy", action="store_true")
     ap.add_argument("--shards", type=int, default=1)
+    ap.add_argument("--flax", choices=("0.10", "0.11"), default="0.10")
+    ap.add_argument("--jaxlib", choices=("xla_extension", "_jax"), default="_jax")
+    ap.add_argument("--step-form", choices=("none", "int", "array"), default="array")
+    ap.add_argument("--leaf-prefix", choices=("plain", "idx"), default="plain")
+    ap.add_argument("--extra", action="store_true")
+    ap.add_argument("--hostile", choices=("global", "reduce", "count", "missing", "deep", "numnodes"))
     a = ap.parse_args()
     os.makedirs(a.out)
     if a.legacy:

@@ -101,27 +101,17 @@ static int scalar_value(const easydel_array *a, double *out)
     return ckpt_scalar_value(a->z.dtype, b, out) < 0 ? CKPT_EINVAL : 0;
 }
 
-/* The model parameter a tx/ leaf belongs to: the longest '.'-bounded suffix
- * of its key that is a model/ key ("0.mu.model.layers.0.mlp.up_proj.kernel"
- * -> "model.layers.0.mlp.up_proj.kernel"), and its slot, the key component
- * just before it ("mu"). NULL when none. */
+static bool is_model_key(void *c, const char *name) { return easydel_find(c, "model", name) != NULL; }
+
+/* The model parameter a tx/ leaf belongs to (the longest suffix of its key
+ * that is a model/ key: "0.mu.model.layers.0.mlp.up_proj.kernel" ->
+ * "model.layers.0.mlp.up_proj.kernel") and its slot ("mu"); NULL when none. */
 static const easydel_array *tx_param(const easydel_ckpt *c, const char *key, char *slot, size_t slot_len)
 {
-    for (const char *p = key; (p = strchr(p, '.')); p++) {
-        const easydel_array *m = easydel_find(c, "model", p + 1);
-        if (!m) continue;
-        const char *start = p;
-        while (start > key && start[-1] != '.') start--;
-        size_t n = (size_t)(p - start);
-        if (!n || n >= slot_len) return NULL;
-        memcpy(slot, start, n);
-        slot[n] = '\0';
-        return m;
-    }
-    return NULL;
+    size_t at = easydel_param_suffix(key, is_model_key, (void *)c);
+    if (at == (size_t)-1 || !easydel_slot_before(key, at, slot, slot_len)) return NULL;
+    return easydel_find(c, "model", key + at);
 }
-
-static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
 /* --state: the tx/ arrays that are per-parameter slots (mu, nu, ...: shaped
  * like a model/ array whose key ends theirs) into staging/optimizer.safetensors
@@ -132,10 +122,9 @@ static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quie
 {
     st_layout l;
     st_layout_init(&l);
-    json_t *scalars = json_object(), *slots = json_array();
-    char **names = ckpt_calloc(c->narrays + 1, sizeof *names), **slot_names = ckpt_calloc(c->narrays + 1, sizeof *slot_names);
-    size_t n = 0, nslot_names = 0, left = 0;
-    int rc = scalars && slots && names && slot_names ? 0 : CKPT_ENOMEM;
+    json_t *scalars = json_object(), *slotset = json_object(), *left_out = json_array();
+    size_t n = 0;
+    int rc = scalars && slotset && left_out ? 0 : CKPT_ENOMEM;
     for (size_t i = 0; !rc && i < c->narrays; i++) {
         const easydel_array *a = &c->arrays[i];
         if (strcmp(a->prefix, "tx")) continue;
@@ -148,31 +137,13 @@ static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quie
         char slot[256];
         const easydel_array *m = tx_param(c, a->key, slot, sizeof slot);
         bool fits = m && m->z.ndim == a->z.ndim && !memcmp(m->z.shape, a->z.shape, (size_t)a->z.ndim * sizeof *a->z.shape);
-        char *name = fits ? ckpt_sprintf("%s/%s", m->key, slot) : NULL;
-        if (fits && !name) rc = CKPT_ENOMEM;
-        if (!rc && fits && (rc = st_layout_add(&l, name, a->z.dtype, a->z.ndim, a->z.shape, i)) == CKPT_EINVAL) {
-            ckpt_error_clear();
-            rc = 0; /* the same <param>/<slot> twice (chained optimizers): the first one kept */
-            fits = false;
-        }
-        free(name);
+        const char *why = m ? "not a slot of its parameter (another shape, or a second one)" : "names no model/ array";
+        rc = fits ? easydel_add_slot(&l, m->key, slot, a->z.dtype, a->z.ndim, a->z.shape, i, slotset, &fits) : 0;
         if (rc) break;
-        if (!fits) {
-            left++;
-            if (!quiet) ckpt_info("%s: left out tx/ array '%s': %s", c->dir, a->path,
-                                  m ? "not a slot of its parameter (another shape, or a second one)" : "names no model/ array");
-            continue;
-        }
-        n++;
-        bool seen = false;
-        for (size_t k = 0; k < nslot_names; k++) seen |= !strcmp(slot_names[k], slot);
-        if (!seen && !(slot_names[nslot_names++] = ckpt_strdup(slot))) rc = CKPT_ENOMEM;
+        if (fits) n++;
+        else rc = easydel_left_out(left_out, c->dir, "tx/ array", a->path, NULL, why, quiet);
     }
     if (!rc && !n) rc = ckpt_error_set(CKPT_EINVAL, "%s: --state: no tx/ array is a slot of a model/ parameter", c->dir);
-    if (!rc) {
-        qsort(slot_names, nslot_names, sizeof *slot_names, cmp_cstr);
-        for (size_t k = 0; k < nslot_names; k++) json_array_append_new(slots, json_string(slot_names[k]));
-    }
     if (!rc) rc = st_layout_finish(&l);
     char *path = rc ? NULL : ckpt_path_join(staging, "optimizer.safetensors");
     if (!rc && !path) rc = CKPT_ENOMEM;
@@ -180,25 +151,14 @@ static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quie
     if (!rc) rc = st_write_file(path, &l, fill, &sc);
     free(path);
     st_layout_free(&l);
-    json_t *opt = rc ? NULL : json_pack("{s:s,s:{},s:O,s:O}", "name", "optax", "hyperparameters", "slots", slots, "scalars", scalars);
-    json_t *meta = rc ? NULL : json_pack("{s:s,s:i,s:I,s:b}", "format", CKPT_STATE_FORMAT, "version", CKPT_STATE_VERSION,
-                                         "step", (json_int_t)(c->has_step ? c->step : 0), "has_optimizer_state", 1);
-    if (!rc && (!opt || !meta)) rc = CKPT_ENOMEM;
-    char *po = rc ? NULL : ckpt_path_join(staging, STATE_OPTIMIZER_FILE), *pm = rc ? NULL : ckpt_path_join(staging, STATE_METADATA_FILE);
-    if (!rc) rc = po && pm ? cj_write_file(po, opt) : CKPT_ENOMEM;
-    if (!rc) rc = cj_write_file(pm, meta);
+    int64_t step = c->has_step ? c->step : 0;
+    if (!rc) rc = easydel_write_state_files(staging, slotset, scalars, left_out, step);
     if (!rc && !quiet)
-        ckpt_info("%s: %zu tx/ arrays became optimizer slots (%zu left out), step %lld", c->dir, n, left,
-                  (long long)(c->has_step ? c->step : 0));
-    free(po);
-    free(pm);
-    json_decref(opt);
-    json_decref(meta);
+        ckpt_info("%s: %zu tx/ arrays became optimizer slots (%zu left out), step %lld", c->dir, n,
+                  json_array_size(left_out), (long long)step);
     json_decref(scalars);
-    json_decref(slots);
-    for (size_t k = 0; k < nslot_names; k++) free(slot_names[k]);
-    free(slot_names);
-    free(names);
+    json_decref(slotset);
+    json_decref(left_out);
     return rc;
 }
 
@@ -248,11 +208,7 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
     if (rc) return rc;
     char *staging = NULL;
     rc = ckpt_tmpdir_create(dst, &staging);
-    if (!rc && legacy && o->state)
-        rc = ckpt_error_set(CKPT_EINVAL, "%s: --state reads the optimizer of a TensorStore save (tx/); an older save's "
-                                         "easydel-optstate.parameters is ordered by a pickled JAX tree definition, "
-                                         "which ckpt does not run",
-                            src);
+    if (!rc && legacy && o->state) rc = easydel_legacy_state(src, &lc, staging, o->quiet);
     if (!rc && !legacy) rc = stage_model(&c, staging);
     if (!rc && !legacy && o->state) rc = stage_optimizer(&c, staging, o->quiet);
     if (!rc) rc = outdir_copy_model_files(src, staging);

@@ -18,6 +18,7 @@
 #ifndef CKPT_TRANSFORM_EASYDEL_IMPORT_H
 #define CKPT_TRANSFORM_EASYDEL_IMPORT_H
 
+#include "format/safetensors.h"
 #include "transform/convert.h"
 
 #include <jansson.h>
@@ -25,5 +26,27 @@
 /* The rules document inverting the easydel preset (tp 1). New reference. */
 json_t *easydel_inverse_rules(void);
 int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o);
+
+/* --state of an older save (easydel_legacy.c): easydel-optstate.structure
+ * read as records (format/easydel_tree.h), each "param_{i}" of
+ * easydel-optstate.parameters mapped by leaf i's key path to a slot
+ * "<param>/<slot>" of staging/optimizer.safetensors, a scalar of
+ * optimizer.json, or a leaf left out (listed on stderr and in
+ * optimizer.json's "left_out"); a leaf under a flax State whose parameter
+ * the model lacks is an error. model (the opened easydel-model.parameters)
+ * becomes one checkpoint with the staged optimizer file. */
+int easydel_legacy_state(const char *src, ckpt_checkpoint *model, const char *staging, bool quiet);
+
+/* Shared by the two --state paths. easydel_add_slot: "<param>/<slot>" into
+ * l (a name already there is not added: *added false), the slot into
+ * slotset. easydel_left_out: a leaf that is no slot, said on stderr unless
+ * quiet and appended to list as {name, key (when not NULL), why}. easydel_write_state_files: optimizer.json
+ * (optax, the sorted slot names, scalars, "left_out" when any) and
+ * metadata.json (a ckpt training state at step) in staging. */
+int easydel_add_slot(st_layout *l, const char *param, const char *slot, ckpt_dtype dt, int ndim, const uint64_t *shape,
+                     size_t user, json_t *slotset, bool *added);
+int easydel_left_out(json_t *list, const char *src, const char *what, const char *name, const char *key, const char *why,
+                     bool quiet);
+int easydel_write_state_files(const char *staging, json_t *slotset, json_t *scalars, json_t *left_out, int64_t step);
 
 #endif

@@ -35,22 +35,28 @@ int state_checkpoint_open(ckpt_checkpoint *c, const char *path)
         ckpt_checkpoint_close(&model);
         return rc;
     }
-    size_t n = model.nfiles + opt.nfiles;
+    return state_checkpoint_join(c, path, &model, &opt);
+}
+
+int state_checkpoint_join(ckpt_checkpoint *c, const char *label, ckpt_checkpoint *model, ckpt_checkpoint *opt)
+{
+    memset(c, 0, sizeof *c);
+    size_t n = model->nfiles + opt->nfiles;
     st_file *files = ckpt_calloc(n + 1, sizeof *files);
-    char *index_path = model.index_path ? ckpt_strdup(model.index_path) : NULL;
-    if (!files || (model.index_path && !index_path)) {
+    char *index_path = model->index_path ? ckpt_strdup(model->index_path) : NULL;
+    if (!files || (model->index_path && !index_path)) {
         free(files);
-        ckpt_checkpoint_close(&model);
-        ckpt_checkpoint_close(&opt);
+        ckpt_checkpoint_close(model);
+        ckpt_checkpoint_close(opt);
         return CKPT_ENOMEM;
     }
     /* The files move into the combined checkpoint; the two husks are closed empty. */
-    memcpy(files, model.files, model.nfiles * sizeof *files);
-    memcpy(files + model.nfiles, opt.files, opt.nfiles * sizeof *files);
-    model.nfiles = opt.nfiles = 0;
-    ckpt_checkpoint_close(&model);
-    ckpt_checkpoint_close(&opt);
-    rc = ckpt_checkpoint_from_files(c, path, files, n);
+    memcpy(files, model->files, model->nfiles * sizeof *files);
+    memcpy(files + model->nfiles, opt->files, opt->nfiles * sizeof *files);
+    model->nfiles = opt->nfiles = 0;
+    ckpt_checkpoint_close(model);
+    ckpt_checkpoint_close(opt);
+    int rc = ckpt_checkpoint_from_files(c, label, files, n);
     free(files);
     if (rc) {
         free(index_path);

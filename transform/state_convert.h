@@ -42,6 +42,9 @@ struct state_plan {
  * (optimizer.safetensors or its index) is opened as one checkpoint of model
  * and optimizer files (dir, path and index_path those of the model). */
 int state_checkpoint_open(ckpt_checkpoint *c, const char *path);
+/* One checkpoint of model's files then opt's (both are consumed, closed
+ * empty, also on failure); the index path is the model's. */
+int state_checkpoint_join(ckpt_checkpoint *c, const char *label, ckpt_checkpoint *model, ckpt_checkpoint *opt);
 
 /* convert_plan_build_from: after the sources are known / after the rules ran. */
 int state_plan_init(convert_plan *cp);

@@ -324,13 +324,16 @@ int cmd_consolidate(int argc, char **argv)
                "  --max-shard-size SIZE  largest output file of an NxD or DCP source (default 5GB)\n"
                "  --strip-prefix P       DCP: remove P from the start of names that have it\n"
                "  --state                DCP or EasyDeL: write a ckpt training state: the optimizer's\n"
-               "                         tensors (optim.state.<param>.<slot>, tx/<...>/<slot>/<param>)\n"
-               "                         become slots <param>/<slot> of the parameters they match,\n"
-               "                         the step comes along\n\n"
+               "                         tensors (optim.state.<param>.<slot>, tx/<...>/<slot>/<param>,\n"
+               "                         an older EasyDeL save's param_{i} placed by its pickled tree\n"
+               "                         definition, read as data, never run) become slots\n"
+               "                         <param>/<slot> of the parameters they match, the step comes\n"
+               "                         along; leaves that match none are listed\n\n"
                "examples:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n"
                "  ckpt consolidate ./llama-trn1-checkpoint-100 ./llama-hf --max-shard-size 2GB\n"
                "  ckpt consolidate ./ckpt/step-1000 ./hf --strip-prefix model. --max-shard-size 2GB\n"
-               "  ckpt consolidate ./ckpt/step-1000 ./state --strip-prefix model. --state\n");
+               "  ckpt consolidate ./ckpt/step-1000 ./state --strip-prefix model. --state\n"
+               "  ckpt consolidate ./easydel-save ./state --state   # easydel-optstate.* or tx/\n");
         return CLI_OK;
     }
     static const int allowed[] = {CLI_OPT_THREADS, CLI_OPT_FORCE,    CLI_OPT_QUIET,

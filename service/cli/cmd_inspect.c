@@ -11,10 +11,12 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "format/checkpoint.h"
 #include "format/dcp.h"
 #include "format/easydel.h"
+#include "format/easydel_tree.h"
 #include "format/nxd.h"
 
 #include <stdio.h>
@@ -104,6 +106,26 @@ static int print_text(const ckpt_checkpoint *c)
     return fflush(stdout) ? ckpt_error_sys("stdout") : 0;
 }
 
+/* An older EasyDeL save's step, from its optimizer structure read as records
+ * (format/easydel_tree.h); a structure that cannot be read is said on stderr
+ * and the parameters are listed anyway. */
+static bool legacy_step(const char *dir, int64_t *step)
+{
+    char *p = ckpt_path_join(dir, EASYDEL_LEGACY_STRUCT);
+    edtree t;
+    bool ok = p && ckpt_exists(p);
+    if (ok && edtree_read(&t, p) < 0) {
+        ckpt_warn("no step: %s", ckpt_error_last());
+        ok = false;
+    } else if (ok) {
+        ok = t.has_step;
+        *step = t.step;
+        edtree_free(&t);
+    }
+    free(p);
+    return ok;
+}
+
 /* A non-negative count or offset as a JSON integer (json_int_t is signed). */
 static json_t *json_u64(uint64_t v)
 {
@@ -153,9 +175,14 @@ static json_t *checkpoint_json(const ckpt_checkpoint *c)
                      json_u64(c->total_size), "metadata", meta);
 }
 
-static int print_json(const ckpt_checkpoint *c)
+/* step: an older EasyDeL save's step (easydel-optstate.structure), or NULL */
+static int print_json(const ckpt_checkpoint *c, const int64_t *step)
 {
     json_t *doc = checkpoint_json(c);
+    if (doc && step && json_object_set_new(doc, "step", json_integer((json_int_t)*step))) {
+        json_decref(doc);
+        doc = NULL;
+    }
     char *text = doc ? cj_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(doc);
     if (!text) return ckpt_error_set(CKPT_ENOMEM, "cannot render the listing as JSON");
@@ -188,9 +215,12 @@ int cmd_inspect(int argc, char **argv)
     char *legacy = easydel_legacy_weights(path); /* an older EasyDeL save: its parameters */
     ckpt_checkpoint c;
     int orc = ckpt_checkpoint_open_views(&c, legacy ? legacy : path);
+    int64_t step = 0;
+    bool has_step = legacy && legacy_step(path, &step);
     free(legacy);
     if (orc < 0) return cli_fail();
-    int rc = as_json ? print_json(&c) : print_text(&c);
+    int rc = as_json ? print_json(&c, has_step ? &step : NULL) : print_text(&c);
+    if (!rc && !as_json && has_step) rc = printf("step %lld (%s)\n", (long long)step, EASYDEL_LEGACY_STRUCT) < 0 ? ckpt_error_sys("stdout") : 0;
     ckpt_checkpoint_close(&c);
     return rc < 0 ? cli_fail() : CLI_OK;
 }

@@ -19,7 +19,15 @@
 #    or shards with their index, and the optimizer's easydel-optstate files,
 #    written by `easydel_gen.py --legacy`): inspect lists its parameters,
 #    consolidate gives back the original byte for byte, and only the model
-#    and config.json are written.
+#    and config.json are written. With --state, the pickled PyTreeDef is read
+#    as records and param_{i} mapped to slots: the training state is byte
+#    for byte the one the TensorStore save of the same model and optimizer
+#    gives (two eras: flax 0.10 / jaxlib._jax / a jax Array step, flax 0.11 /
+#    jaxlib.xla_extension / an int step / param_idx_{i}); a save without a
+#    step, a leaf that is no slot (listed on stderr and in optimizer.json);
+#    hostile structures (a global outside the allow-list, REDUCE of a class,
+#    a leaf count that differs, a parameter the model lacks, a nesting bomb,
+#    wrong node counts) each refused in one line with no DST.
 # 2. Hostile saves: each is refused (exit 1) with one message naming the
 #    array, and DST never appears: shapes that disagree, chunks that
 #    decompress to the wrong size, a zstd bomb, paths leaving the folder (in
@@ -121,32 +129,90 @@ if bad: sys.exit(f"slot values differ: {bad[:4]}")
 o = json.load(open(sys.argv[2] + "/optimizer.json"))
 if o["slots"] != ["mu", "nu"] or o["scalars"] != {"count": float(sys.argv[3])}: sys.exit(f"optimizer.json {o}")
 EOF
-        rm -rf "state-$arch"
     fi
     if [ "$arch" = llama ] || [ "$arch" = mixtral ]; then
         # the older save: easydel-model.parameters (sharded with its index for mixtral)
         shards=1
         [ "$arch" = mixtral ] && shards=3
-        $zpy "$gen" "ed-$arch" "legacy-$arch" --legacy --shards "$shards" --step 77 || fail "easydel_gen --legacy $arch"
+        # its optimizer: optax adamw's leaves as param_{i} and the pickled jax
+        # PyTreeDef with the step, in two eras of jaxlib / flax / EasyDeL
+        lflags="--flax 0.10 --jaxlib _jax --step-form array"
+        [ "$arch" = mixtral ] && lflags="--flax 0.11 --jaxlib xla_extension --step-form int --leaf-prefix idx"
+        $zpy "$gen" "ed-$arch" "legacy-$arch" --legacy --shards "$shards" --step $((1000 + i)) $lflags ||
+            fail "easydel_gen --legacy $arch"
         "$ckpt" inspect "legacy-$arch" --json >"legacy-$arch.json" || fail "inspect legacy-$arch"
-        $zpy - "legacy-$arch.json" "ed-$arch/model.safetensors" <<'EOF' || fail "legacy $arch: inspect listing"
+        $zpy - "legacy-$arch.json" "ed-$arch/model.safetensors" $((1000 + i)) <<'EOF' || fail "legacy $arch: inspect listing"
 import json, struct, sys
-got = {t["name"]: (t["dtype"], t["shape"]) for t in json.load(open(sys.argv[1]))["tensors"]}
+doc = json.load(open(sys.argv[1]))
+if doc.get("step") != int(sys.argv[3]): sys.exit(f"step {doc.get('step')}, saved {sys.argv[3]}")
+got = {t["name"]: (t["dtype"], t["shape"]) for t in doc["tensors"]}
 with open(sys.argv[2], "rb") as f:
     h = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
 want = {k: (v["dtype"], v["shape"]) for k, v in h.items() if k != "__metadata__"}
 if got != want: sys.exit(f"listed {sorted(got)[:3]}..., saved {sorted(want)[:3]}...")
 EOF
+        expect_status 0 "$ckpt" inspect "legacy-$arch"
+        grep -qx "step $((1000 + i)) (easydel-optstate.structure)" "$work/out" || fail "legacy $arch: inspect: no step"
         expect_status 0 "$ckpt" consolidate "legacy-$arch" "lback-$arch"
         cmp -s "hf-$arch/model.safetensors" "lback-$arch/model.safetensors" || fail "legacy $arch: model.safetensors differs"
         cmp -s "hf-$arch/config.json" "lback-$arch/config.json" || fail "legacy $arch: config.json differs"
         [ "$(ls "lback-$arch" | tr '\n' ' ')" = "config.json model.safetensors " ] ||
             fail "legacy $arch: consolidate wrote $(ls "lback-$arch")"
-        expect_status 1 "$ckpt" consolidate "legacy-$arch" "lstate-$arch" --state
-        grep -q "pickled JAX tree definition, which ckpt does not run" "$work/err" || fail "legacy --state: $(cat "$work/err")"
-        [ ! -e "lstate-$arch" ] || fail "legacy --state wrote its DST"
-        rm -rf "legacy-$arch" "lback-$arch" "legacy-$arch.json"
+        # --state: the structure read as records maps param_{i} to the same
+        # slots, bytes, scalars and step as the TensorStore save of the same
+        # model and optimizer gives
+        expect_status 0 "$ckpt" consolidate "legacy-$arch" "lstate-$arch" --state
+        grep -q "optimizer leaves became slots (0 left out), step $((1000 + i))" "$work/err" ||
+            fail "legacy $arch --state: $(cat "$work/err")"
+        for f in model.safetensors optimizer.safetensors optimizer.json metadata.json config.json; do
+            cmp -s "state-$arch/$f" "lstate-$arch/$f" || fail "legacy $arch --state: $f differs from the TensorStore save's"
+        done
+        [ "$(ls "lstate-$arch" | tr '\n' ' ')" = "$(ls "state-$arch" | tr '\n' ' ')" ] ||
+            fail "legacy $arch --state wrote $(ls "lstate-$arch")"
+        expect_status 0 "$ckpt" state load "lstate-$arch"
+        grep -q "step $((1000 + i))" "$work/out" || fail "legacy $arch --state: state load: $(cat "$work/out")"
+        rm -rf "legacy-$arch" "lback-$arch" "legacy-$arch.json" "lstate-$arch"
     fi
+done
+rm -rf state-*
+# an older save from before April 2025 (the bare PyTreeDef: no step) whose
+# optimizer has a leaf that is no slot: listed on stderr and in optimizer.json
+note "older save: no step, a leaf left out"
+$zpy "$gen" ed-llama legacy-x --legacy --step-form none --extra || fail "easydel_gen --legacy --extra"
+expect_status 0 "$ckpt" consolidate legacy-x lstate-x --state
+grep -q "holds no step (a save before April 2025): step 0" "$work/err" || fail "no step: $(cat "$work/err")"
+grep -q "left out optimizer leaf 'param_43' (3.inner_state.trace.lm_head.kernel): not a slot of its parameter" "$work/err" ||
+    fail "left out leaf not listed: $(cat "$work/err")"
+$zpy - lstate-x <<'EOF' || fail "older save --state: optimizer.json / metadata.json"
+import json, sys
+o = json.load(open(sys.argv[1] + "/optimizer.json"))
+m = json.load(open(sys.argv[1] + "/metadata.json"))
+want = [{"name": "param_43", "key": "3.inner_state.trace.lm_head.kernel",
+         "why": "not a slot of its parameter (another shape, or a second one)"}]
+if o.get("left_out") != want: sys.exit(f"left_out {o.get('left_out')}")
+if o["slots"] != ["mu", "nu"] or m["step"] != 0: sys.exit(f"{o} {m}")
+EOF
+rm -rf legacy-x lstate-x
+# hostile structures: one line naming the file and what is wrong, no DST
+note "older save: hostile structures"
+for spec in "global|easydel-optstate.structure: pickle: global 'posix.system' is not allowed (nothing is imported or called)" \
+    "reduce|easydel-optstate.structure: pickle: global 'optax._src.base.EmptyState' may not be called (REDUCE)" \
+    "count|easydel-optstate.structure has 43 leaves, easydel-optstate.parameters 42 tensors" \
+    "missing|easydel-optstate.structure: leaf 22 ('0.mu.nonexistent.kernel') is the parameter 'nonexistent.kernel', which" \
+    "deep|of the tree definition: nested deeper than the limit (64 levels)" \
+    "numnodes|of the tree definition: num_leaves 43 and num_nodes 150 where its children make 43 and 149"; do
+    name=${spec%%|*} msg=${spec#*|}
+    $zpy "$gen" ed-llama "lh-$name" --legacy --hostile "$name" || fail "easydel_gen --hostile $name"
+    expect_status 1 "$ckpt" consolidate "lh-$name" "lhout-$name" --state
+    [ "$(wc -l <"$work/err")" -eq 1 ] || fail "hostile $name: expected one line, got: $(cat "$work/err")"
+    grep -qF "$msg" "$work/err" || fail "hostile $name: '$msg' not in: $(cat "$work/err")"
+    [ ! -e "lhout-$name" ] || fail "hostile $name: DST appeared"
+    ls -d lhout-"$name".tmp-* 2>/dev/null && fail "hostile $name: temp folder left"
+    if [ "$name" = global ]; then # inspect lists the parameters and says why there is no step
+        expect_status 0 "$ckpt" inspect "lh-$name"
+        grep -qF "warning: no step: lh-global/$msg" "$work/err" || fail "inspect of a hostile structure: $(cat "$work/err")"
+    fi
+    rm -rf "lh-$name"
 done
 # a non-empty DST is refused without --force, replaced with it
 expect_status 1 "$ckpt" consolidate save-llama back-llama

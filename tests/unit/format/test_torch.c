@@ -28,49 +28,10 @@
 
 #include <cmocka.h>
 
-/* ---- a byte builder ---- */
+#include "tests/support/pkbuild.h"
 
-typedef struct {
-    uint8_t *b;
-    size_t n, cap;
-} buf;
+/* ---- a byte builder: tests/support/pkbuild.h ---- */
 
-static void put(buf *o, const void *p, size_t n)
-{
-    if (o->n + n > o->cap) {
-        o->cap = (o->n + n) * 2 + 64;
-        o->b = realloc(o->b, o->cap);
-        assert_non_null(o->b);
-    }
-    memcpy(o->b + o->n, p, n);
-    o->n += n;
-}
-static void puts_(buf *o, const char *s) { put(o, s, strlen(s)); }
-static void put8(buf *o, uint8_t v) { put(o, &v, 1); }
-static void put16(buf *o, uint16_t v) { put8(o, v & 0xFF), put8(o, v >> 8); }
-static void put32(buf *o, uint32_t v) { put16(o, v & 0xFFFF), put16(o, v >> 16); }
-static void put64(buf *o, uint64_t v) { put32(o, (uint32_t)v), put32(o, (uint32_t)(v >> 32)); }
-
-/* pickle pieces */
-static void p_str(buf *o, const char *s) /* BINUNICODE */
-{
-    put8(o, 'X');
-    put32(o, (uint32_t)strlen(s));
-    puts_(o, s);
-}
-static void p_int(buf *o, int32_t v)
-{
-    put8(o, 'J');
-    put32(o, (uint32_t)v);
-}
-static void p_glob(buf *o, const char *mod, const char *name)
-{
-    put8(o, 'c');
-    puts_(o, mod);
-    put8(o, '\n');
-    puts_(o, name);
-    put8(o, '\n');
-}
 static void p_tuple_ints(buf *o, int n, const int *v)
 {
     put8(o, '(');
@@ -223,6 +184,7 @@ static const pk_global_def ALLOW[] = {
     {"mod", "Rec", PKG_RECORD, 3},
     {"_codecs", "encode", PKG_ENCODE, 4},
     {"mod", "CONST", PKG_VALUE, 5},
+    {"mod", "DType", PKG_REDUCE_RECORD, 6},
 };
 
 static int run(pk_doc *d, const buf *b, size_t max_stack)
@@ -302,6 +264,44 @@ static void test_pickle_calls_are_recorded(void **state)
     assert_int_equal(obj->kind, PK_OBJ);
     assert_int_equal(pk_item(&d, obj, 2)->kind, PK_DICT);
     pk_free(&d);
+    free(b.b);
+}
+
+/* PKG_REDUCE_RECORD (numpy.dtype in the EasyDeL structure reader): REDUCE
+ * gives a record whose state one BUILD sets; a plain PKG_RECORD class still
+ * may not be REDUCEd, and a second BUILD is refused. */
+static void test_pickle_reduce_record(void **state)
+{
+    (void)state;
+    buf b = {0};
+    put(&b, "\x80\x02", 2);
+    p_glob(&b, "mod", "DType");
+    put8(&b, '(');
+    p_str(&b, "i4");
+    put(&b, "\x89\x88", 2); /* False, True */
+    puts_(&b, "tR");
+    put8(&b, '(');
+    put(&b, "K\x03", 2);
+    p_str(&b, "<");
+    puts_(&b, "tb.");
+    pk_doc d;
+    assert_int_equal(run(&d, &b, 0), 0);
+    const pk_node *r = pk_at(&d, d.root);
+    assert_int_equal(r->kind, PK_OBJ);
+    assert_int_equal(pk_item(&d, r, 0)->tag, 6);
+    assert_int_equal(pk_item(&d, r, 1)->n, 3);
+    assert_int_equal(pk_item(&d, r, 2)->kind, PK_TUPLE);
+    assert_string_equal(pk_item(&d, pk_item(&d, r, 2), 1)->s, "<");
+    pk_free(&d);
+    b.n -= 1; /* a second BUILD */
+    put8(&b, '(');
+    puts_(&b, "tb.");
+    expect_error(run(&d, &b, 0), CKPT_EINVAL, "BUILD (__setstate__) on 'object' is not allowed");
+    b.n = 0;
+    put(&b, "\x80\x02", 2);
+    p_glob(&b, "mod", "Rec");
+    puts_(&b, ")R.");
+    expect_error(run(&d, &b, 0), CKPT_EINVAL, "global 'mod.Rec' may not be called (REDUCE)");
     free(b.b);
 }
 
@@ -707,7 +707,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pickle_plain_values), cmocka_unit_test(test_pickle_calls_are_recorded),
-        cmocka_unit_test(test_pickle_refusals),     cmocka_unit_test(test_torch_zip_state_dict),
+        cmocka_unit_test(test_pickle_refusals),     cmocka_unit_test(test_pickle_reduce_record),     cmocka_unit_test(test_torch_zip_state_dict),
         cmocka_unit_test(test_torch_zip_refusals),  cmocka_unit_test(test_zipdir_rules),
         cmocka_unit_test(test_torch_legacy),        cmocka_unit_test(test_torch_mutations),
         cmocka_unit_test(test_sniff),               cmocka_unit_test(test_torch_transposed_view),
