@@ -465,7 +465,10 @@ int nxd_open(nxd_ckpt *c, const char *dir)
         char *parent = ckpt_path_join(dir, "..");
         char *cfg = parent ? ckpt_path_join(parent, "config.json") : NULL;
         c->adapter = !strcmp(ckpt_basename(dir), "adapter_shards");
+        char *acfg = c->adapter && parent ? ckpt_path_join(parent, "adapter_config.json") : NULL;
         if (cfg && ckpt_exists(cfg) && !strcmp(ckpt_basename(dir), "shards")) c->root = parent, parent = NULL;
+        else if (acfg && ckpt_exists(acfg)) c->root = parent, parent = NULL; /* adapter_<name>, beside adapter_config.json */
+        free(acfg);
         free(parent);
         free(cfg);
     }

@@ -56,6 +56,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shlex
 import struct
 import sys
@@ -298,17 +299,13 @@ def xser_modules():
     return TensorReference
 
 
-def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
-    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
-    with open(os.path.join(ref_dir, "config.json")) as f:
-        cfg = json.load(f)
-    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
-    layers = cfg["num_hidden_layers"]
-    shards = os.path.join(out, "shards")
+def write_shards(shards, ranks, params, specs, tp, pp, xser, layers, prefix=""):
+    """save_checkpoint(tag=shards) of per rank state dicts, with create_parameter_metadata per stage;
+    prefix: what the parameter names carry before the model's own ("base_model.model." for a PEFT model)."""
     os.makedirs(os.path.join(shards, "model"), exist_ok=True)
     TensorReference = xser_modules() if xser else None
     for s in range(pp):
-        names = [n for n in params if stage_of(n, pp, layers) == s]
+        names = [n for n in params if stage_of(n[len(prefix):], pp, layers) == s]
         stage_specs = []
         for sp in specs:  # to_metadata keeps the specs relevant to the stage's parameters
             mod = sp["module_fully_qualified_name"]
@@ -317,8 +314,9 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
         meta = {"parameters": {n: params[n] for n in names}, "model_weight_transformation_specs": stage_specs}
         with open(os.path.join(shards, f"mp_metadata_pp_rank_{s}.json"), "w") as f:
             f.write(json.dumps(meta, indent=4))
+        saved = [remove_adapter_name(n) for n in names]
         for r in range(tp):
-            sd = collections.OrderedDict((n, ranks[r][n]) for n in names)
+            sd = collections.OrderedDict((n, ranks[r][n]) for n in saved if n in ranks[r])
             path = os.path.join(shards, "model", "dp_rank_00_tp_rank_{:02d}_pp_rank_{:02d}.pt".format(r, s))
             if not xser:
                 torch.save(sd, path)
@@ -334,6 +332,20 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
             torch.save(info, path + ".info.pt")
     with open(os.path.join(shards, "done"), "w") as f:
         f.write("1")
+
+
+def remove_adapter_name(name):
+    """transformations_utils.py remove_adapter_name (LORA_PATTERN): the adapter name after lora_A / lora_B dropped,
+    as get_peft_model_state_dict saves the parameters."""
+    return re.sub(r"(?P<q>(\w+\.)+?lora_(embedding_)?(A|B))\.(?P<a>\w+)(?P<r>(\.{0,1}\w+\.?)+)?", r"\g<q>\g<r>", name)
+
+
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    with open(os.path.join(ref_dir, "config.json")) as f:
+        cfg = json.load(f)
+    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
+    write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"])
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = f.read()
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -346,6 +358,120 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
     with open(os.path.join(out, "trn_config.json"), "w") as f:
         f.write(json.dumps(trn, indent=4))
     return m
+
+
+# ---- a PEFT LoRA adapter and its save (optimum/neuron/peft) ----
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(ref_dir, out, r=4):
+    """A PEFT LoRA adapter of REF on every linear of the decoder layers (bf16, r 4, alpha 8), as optimum-neuron trains
+    one: a fused linear has one lora_A (_lora_adapt_state_dict takes the members' mean), so q/k/v share theirs and
+    gate/up theirs — what _lora_to_original_weights gives back for each member."""
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    g = torch.Generator().manual_seed(23)
+    rnd = lambda *shape: torch.randn(shape, generator=g).to(torch.bfloat16)
+    tensors = {}
+    for name, w in ref.items():
+        mod, leaf = name.rsplit(".", 1)
+        short = mod.rsplit(".", 1)[-1]
+        if leaf != "weight" or short not in LORA_TARGETS:
+            continue
+        group = {"q_proj": "q_proj", "k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(short, short)
+        shared = "base_model.model." + mod.rsplit(".", 1)[0] + "." + group + ".lora_A.weight"
+        if shared not in tensors:
+            tensors[shared] = rnd(r, w.shape[1])
+        tensors["base_model.model." + mod + ".lora_A.weight"] = tensors[shared].clone()
+        tensors["base_model.model." + mod + ".lora_B.weight"] = rnd(w.shape[0], r)
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(os.path.join(out, "adapter_model.safetensors"), tensors)
+    config = {
+        "alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": ref_dir, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "layers_pattern": None,
+        "layers_to_transform": None, "loftq_config": {}, "lora_alpha": 8, "lora_dropout": 0.05,
+        "megatron_config": None, "megatron_core": "megatron.core", "modules_to_save": None, "peft_type": "LORA",
+        "r": r, "rank_pattern": {}, "revision": None, "target_modules": LORA_TARGETS, "task_type": "CAUSAL_LM",
+        "use_dora": False, "use_rslora": False}
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def save_adapter(ref_dir, ad_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
+    """NeuronPeftModel.save_pretrained (peft/peft_model.py) of the adapter in AD_DIR on REF's training model:
+    OUT/adapter_default/adapter_shards/... and adapter_config.json. The metadata is create_parameter_metadata of
+    the PEFT model (every parameter, "base_model.model." before it, a LoRA module's own weights under base_layer,
+    its lora_A / lora_B after them, the specs' peft_type "lora"); each rank file holds only the LoRA weights
+    (get_peft_model_state_dict), sharded as peft/tuners/lora/layer.py makes them and the specs'
+    _lora_adapt_state_dict places them: lora_A replicated and lora_B column-parallel on a column-parallel base
+    (lora_B fused and split like the base weight for gate_up_proj and qkv_proj, through the GQA placement for
+    GQAQKVColumnParallelLinear), lora_A row-parallel and lora_B replicated on a row-parallel base (o_proj's lora_A
+    permuted like o_proj under GQA)."""
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    ad = read_safetensors(os.path.join(ad_dir, "adapter_model.safetensors"))
+    with open(os.path.join(ref_dir, "config.json")) as f:
+        c = json.load(f)
+    _, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, c)
+    H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    kv_out = KV * hd * m // tp
+    A = lambda mod: ad[f"base_model.model.{mod}.lora_A.weight"]
+    B = lambda mod: ad[f"base_model.model.{mod}.lora_B.weight"]
+    P = "base_model.model."
+    ranks = [collections.OrderedDict() for _ in range(tp)]
+    meta = collections.OrderedDict()
+
+    def put(name, fn, attrs):
+        meta[P + name] = attrs
+        for r in range(tp):
+            ranks[r][remove_adapter_name(P + name)] = fn(r)
+
+    modules = collections.OrderedDict()
+    for n, attrs in params.items():
+        mod, leaf = n.rsplit(".", 1)
+        modules.setdefault(mod, []).append((leaf, attrs))
+    for mod, leaves in modules.items():
+        parent, short = mod.rsplit(".", 1) if "." in mod else ("", mod)
+        if short not in ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"):
+            for leaf, attrs in leaves:
+                meta[P + mod + "." + leaf] = attrs
+            continue
+        for leaf, attrs in leaves:
+            meta[P + mod + ".base_layer." + leaf] = attrs
+        la, lb = mod + ".lora_A.default.weight", mod + ".lora_B.default.weight"
+        if short == "qkv_proj" and "weight" not in dict(leaves):  # GQAQKVColumnParallelLinear
+            q, k, v = (parent + "." + x for x in ("q_proj", "k_proj", "v_proj"))
+            put(la, lambda r: A(q).clone(), {"tensor_model_parallel": False})
+            parts = lambda r: [q_or_o_local(B(q), H, KV, m, "query", r, tp), kv_local(B(k), m, kv_out, r, tp),
+                               kv_local(B(v), m, kv_out, r, tp)]
+            if fuse_qkv:
+                put(lb + "_qkv", lambda r: torch.cat(parts(r), dim=0), {"tensor_model_parallel": False})
+            else:
+                for i, x in enumerate("qkv"):
+                    put(lb + "_" + x, lambda r, i=i: parts(r)[i], tp_attrs(0, 1, tp))
+        elif short in ("qkv_proj", "gate_up_proj"):  # a ColumnParallelLinear with a FusedLinearsSpec
+            members = ("q_proj", "k_proj", "v_proj") if short == "qkv_proj" else ("gate_proj", "up_proj")
+            ws = [B(parent + "." + x) for x in members]
+            put(la, lambda r: A(parent + "." + members[0]).clone(), {"tensor_model_parallel": False})
+            put(lb, lambda r: create_local_fused_weight(r, tp, ws, 0, 0), tp_attrs(0, 1, tp))
+        elif short in ("q_proj", "k_proj", "v_proj"):
+            put(la, lambda r: A(mod).clone(), {"tensor_model_parallel": False})
+            put(lb, lambda r: create_local_weight_with_padding(B(mod), 0, 1, r, tp), tp_attrs(0, 1, tp))
+        else:  # o_proj, down_proj: RowParallelLinear
+            gqa = short == "o_proj" and any(s["module_fully_qualified_name"] == parent and s["specs"] and
+                                            s["specs"][0][0] == "GQAQKVColumnParallelLinearSpec" for s in specs)
+            put(la, lambda r: q_or_o_local(A(mod), H, KV, m, "output", r, tp) if gqa else
+                create_local_weight_with_padding(A(mod), 1, 1, r, tp), tp_attrs(1, 1, tp))
+            put(lb, lambda r: B(mod).clone(), {"tensor_model_parallel": False})
+    pspecs = []
+    for sp in specs:
+        pspecs.append({"module_fully_qualified_name": P + sp["module_fully_qualified_name"],
+                       "specs": [[cls, dict(f, peft_type="lora")] for cls, f in sp["specs"]]})
+    folder = os.path.join(out, "adapter_default")
+    write_shards(os.path.join(folder, "adapter_shards"), ranks, meta, pspecs, tp, pp, xser, c["num_hidden_layers"], P)
+    with open(os.path.join(ad_dir, "adapter_config.json")) as f:
+        text = f.read()
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        f.write(text)
 
 
 def damage(out, what):
@@ -364,6 +490,10 @@ def damage(out, what):
         t = torch.load(p); t[16 + 3, 7] += 1; torch.save(t, p)
     elif kind == "info":  # an .info.pt entry that disagrees with its tensor file
         info = torch.load(rank(1) + ".info.pt"); info[2]["shape"] = torch.Size([64, 99]); torch.save(info, rank(1) + ".info.pt")
+    elif kind == "lora_a":  # a replicated lora_A that differs on rank 2 (a plain adapter save)
+        p = os.path.join(out, "adapter_default", "adapter_shards", "model", "dp_rank_00_tp_rank_02_pp_rank_00.pt")
+        sd = torch.load(p); sd["base_model.model.model.layers.1.mlp.gate_up_proj.lora_A.weight"][1, 3] += 1
+        torch.save(sd, p)
     elif kind == "evil":  # a reference file whose pickle calls os.system
         class Evil:
             def __reduce__(self):
@@ -371,6 +501,14 @@ def damage(out, what):
         torch.save({"model.embed_tokens.weight": Evil()}, rank(0))
     else:
         sys.exit(f"unknown damage {what}")
+
+
+def run_save(ref, b):
+    if not b.adapter:
+        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+    if not os.path.exists(os.path.join(ref + "-adapter", "adapter_model.safetensors")):
+        make_adapter(ref, ref + "-adapter")
+    save_adapter(ref, ref + "-adapter", b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
 
 
 def main():
@@ -389,7 +527,9 @@ def main():
     s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
     s.add_argument("--mha", action="store_true", help="(saves) from REF-mha, whose KV heads are its 8 query heads")
     s.add_argument("--qwen3", action="store_true", help="(saves) from REF-qwen3, a Qwen3 (q_norm, k_norm)")
-    s.add_argument("--damage", default=None, help="norm, shape, kv, info or evil:MARKER (the hostile tests)")
+    s.add_argument("--adapter", action="store_true",
+                   help="save REF-adapter (a PEFT LoRA of REF, made when missing) as SAVE/adapter_default instead")
+    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
     m.add_argument("specs", nargs="+")
@@ -397,7 +537,7 @@ def main():
     if a.cmd == "ref":
         make_ref(a.out)
     elif a.cmd == "save":
-        save(a.ref, a.out, a.tp, a.pp, a.xser, a.fuse_qkv, a.kv_size_multiplier)
+        run_save(a.ref, a)
         if a.damage:
             xser_modules()
             damage(a.out, a.damage)
@@ -409,7 +549,7 @@ def main():
             ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "") + ("-qwen3" if b.qwen3 else "")
             if not os.path.exists(os.path.join(ref, "model.safetensors")):
                 make_ref(ref, rowids=b.rowids, mha=b.mha, qwen3=b.qwen3)
-            save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+            run_save(ref, b)
             if b.damage:
                 xser_modules()
                 damage(b.out, b.damage)
