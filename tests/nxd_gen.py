@@ -121,10 +121,16 @@ def row_ids(name, shape):
     return torch.arange(shape[0], dtype=torch.float32).unsqueeze(1).repeat(1, shape[1]).to(torch.bfloat16)
 
 
-def make_ref(out, rowids=False, mha=False, qwen3=False):
+MOE_EXPERTS = 4
+
+
+def make_ref(out, rowids=False, mha=False, qwen3=False, moe=False):
     c = dict(CONFIG, num_key_value_heads=CONFIG["num_attention_heads"]) if mha else dict(CONFIG)
     if qwen3:  # Qwen3: Llama's layers plus per-head RMSNorms of q and k (head_dim wide)
         c.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False)
+    if moe:  # a Mixtral whose MLPs are neuronx-distributed's MoE (modules/moe), in that module's names and shapes
+        c.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=MOE_EXPERTS,
+                 num_experts_per_tok=2)
     g = torch.Generator().manual_seed(17)
     hd, H, KV, hid, inter, V = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
         c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -138,6 +144,13 @@ def make_ref(out, rowids=False, mha=False, qwen3=False):
                        p + "post_attention_layernorm.weight": [hid]})
         if c["model_type"] == "qwen3":
             shapes.update({p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
+        if c["model_type"] == "mixtral":
+            E = c["num_local_experts"]
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                del shapes[p + "mlp." + n + ".weight"]
+            x = p + "mlp.expert_mlps.mlp_op."
+            shapes.update({p + "mlp.router.linear_router.weight": [E, hid], x + "gate_up_proj.weight": [E, hid, 2 * inter],
+                           x + "down_proj.weight": [E, inter, hid]})
     tensors = {n: row_ids(n, s) if rowids else torch.randn(s, generator=g).to(torch.bfloat16)
                for n, s in sorted(shapes.items())}
     os.makedirs(out, exist_ok=True)
@@ -260,6 +273,21 @@ def build(ref, tp, fuse_qkv, kv_mult, c=None):
         if c["model_type"] == "qwen3":  # modeling_qwen3.py Qwen3Attention: q_norm, k_norm after o_proj
             for n in ("q_norm", "k_norm"):
                 put(f"{a}.{n}.weight", lambda r, n=n: ref[f"{a}.{n}.weight"].clone(), {"tensor_model_parallel": False})
+        if c["model_type"] == "mixtral":
+            # modules/moe: router.linear_router an nn.Linear (replicated); experts.py ExpertFusedColumnParallelLinear
+            # gate_up_proj [experts, hidden, 2I/tp] (stride 2 on axis 2) and ExpertFusedRowParallelLinear down_proj
+            # [experts, I/tp, hidden] (moe_parallel_layers.py); the experts split across ep ranks in save()
+            x = p + "mlp.expert_mlps.mlp_op."
+            put(p + "mlp.router.linear_router.weight", lambda r: ref[p + "mlp.router.linear_router.weight"].clone(),
+                {"tensor_model_parallel": False})
+            put(x + "gate_up_proj.weight", lambda r: create_local_weight(ref[x + "gate_up_proj.weight"], 2,
+                                                                         2 * inter // tp, 2, r, tp), tp_attrs(2, 2, tp))
+            put(x + "down_proj.weight", lambda r: create_local_weight(ref[x + "down_proj.weight"], 1, inter // tp, 1, r, tp),
+                tp_attrs(1, 1, tp))
+            specs.append({"module_fully_qualified_name": p + "mlp", "specs": []})
+            for n in ("input_layernorm", "post_attention_layernorm"):
+                put(f"{p}{n}.weight", lambda r, n=n: ref[f"{p}{n}.weight"].clone(), {"tensor_model_parallel": False})
+            continue
         gate, up, down = (ref[f"{p}mlp.{x}_proj.weight"] for x in ("gate", "up", "down"))
         put(p + "mlp.gate_up_proj.weight", lambda r: create_local_fused_weight(r, tp, [gate, up], 0, 0),
             tp_attrs(0, 2, tp))
@@ -299,7 +327,7 @@ def xser_modules():
     return TensorReference
 
 
-def write_shards(shards, ranks, params, specs, tp, pp, xser, layers, prefix=""):
+def write_shards(shards, ranks, params, specs, tp, pp, xser, layers, prefix="", ep=1):
     """save_checkpoint(tag=shards) of per rank state dicts, with create_parameter_metadata per stage;
     prefix: what the parameter names carry before the model's own ("base_model.model." for a PEFT model)."""
     os.makedirs(os.path.join(shards, "model"), exist_ok=True)
@@ -315,9 +343,14 @@ def write_shards(shards, ranks, params, specs, tp, pp, xser, layers, prefix=""):
         with open(os.path.join(shards, f"mp_metadata_pp_rank_{s}.json"), "w") as f:
             f.write(json.dumps(meta, indent=4))
         saved = [remove_adapter_name(n) for n in names]
-        for r in range(tp):
-            sd = collections.OrderedDict((n, ranks[r][n]) for n in saved if n in ranks[r])
-            path = os.path.join(shards, "model", "dp_rank_00_tp_rank_{:02d}_pp_rank_{:02d}.pt".format(r, s))
+        for e, r in ((e, r) for e in range(ep) for r in range(tp)):
+            # expert parallelism (ep > 1, _get_path(ep=True)): ep rank e holds experts e*E/ep.. of each
+            # expert_mlps parameter (axis 0), as checkpoint_converter.py's convert_full_state_to_tp narrows them
+            is_ep = lambda n: ep > 1 and "expert_mlps" in n
+            local = lambda n, t: t.narrow(0, t.shape[0] // ep * e, t.shape[0] // ep).clone() if is_ep(n) else t
+            sd = collections.OrderedDict((n, local(n, ranks[r][n])) for n in saved if n in ranks[r])
+            name = "dp_rank_00" + ("_ep_rank_{:02d}".format(e) if ep > 1 else "") + "_tp_rank_{:02d}_pp_rank_{:02d}.pt"
+            path = os.path.join(shards, "model", name.format(r, s))
             if not xser:
                 torch.save(sd, path)
                 continue
@@ -325,9 +358,10 @@ def write_shards(shards, ranks, params, specs, tp, pp, xser, layers, prefix=""):
             os.makedirs(folder, exist_ok=True)
             refs, info = collections.OrderedDict(), {}
             for tid, (n, t) in enumerate(sd.items()):
-                torch.save(t, os.path.join(folder, "tensor_{}.pt".format(tid)))
+                if e == 0 or is_ep(n):  # _xser_save_data: ep ranks > 0 write only their expert-parallel tensors
+                    torch.save(t, os.path.join(folder, "tensor_{}.pt".format(tid)))
                 refs[n] = TensorReference(tid)
-                info[tid] = {"dtype": t.dtype, "shape": t.shape, "expert_model_parallel": False}
+                info[tid] = {"dtype": t.dtype, "shape": t.shape, "expert_model_parallel": is_ep(n)}
             torch.save(refs, path)
             torch.save(info, path + ".info.pt")
     with open(os.path.join(shards, "done"), "w") as f:
@@ -340,12 +374,12 @@ def remove_adapter_name(name):
     return re.sub(r"(?P<q>(\w+\.)+?lora_(embedding_)?(A|B))\.(?P<a>\w+)(?P<r>(\.{0,1}\w+\.?)+)?", r"\g<q>\g<r>", name)
 
 
-def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1):
     ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = json.load(f)
     ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
-    write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"])
+    write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"], ep=ep)
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = f.read()
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -505,7 +539,7 @@ def damage(out, what):
 
 def run_save(ref, b):
     if not b.adapter:
-        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep)
     if not os.path.exists(os.path.join(ref + "-adapter", "adapter_model.safetensors")):
         make_adapter(ref, ref + "-adapter")
     save_adapter(ref, ref + "-adapter", b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
@@ -527,6 +561,8 @@ def main():
     s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
     s.add_argument("--mha", action="store_true", help="(saves) from REF-mha, whose KV heads are its 8 query heads")
     s.add_argument("--qwen3", action="store_true", help="(saves) from REF-qwen3, a Qwen3 (q_norm, k_norm)")
+    s.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (with --moe)")
+    s.add_argument("--moe", action="store_true", help="(saves) from REF-moe, a Mixtral with neuronx-distributed's MoE")
     s.add_argument("--adapter", action="store_true",
                    help="save REF-adapter (a PEFT LoRA of REF, made when missing) as SAVE/adapter_default instead")
     s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a or evil:MARKER (the hostile tests)")
@@ -546,9 +582,10 @@ def main():
             make_ref(a.ref)
         for spec in a.specs:
             b = ap.parse_args(["save", a.ref] + shlex.split(spec))
-            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "") + ("-qwen3" if b.qwen3 else "")
+            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "") + ("-qwen3" if b.qwen3 else "") + \
+                ("-moe" if b.moe else "")
             if not os.path.exists(os.path.join(ref, "model.safetensors")):
-                make_ref(ref, rowids=b.rowids, mha=b.mha, qwen3=b.qwen3)
+                make_ref(ref, rowids=b.rowids, mha=b.mha, qwen3=b.qwen3, moe=b.moe)
             run_save(ref, b)
             if b.damage:
                 xser_modules()

@@ -17,7 +17,7 @@
 typedef struct {
     nxd_ckpt c;
     exec_plan exec;
-    size_t *first;     /* per (pp, tp) rank file: the index of its first plan source */
+    size_t *first;     /* per (pp, ep, tp) rank file: the index of its first plan source (first_source) */
     plan_tensor *orig; /* the original tensors of every stage */
     size_t norig, cap;
     json_t *names;     /* their names (a set), to catch one in two stages */
@@ -33,6 +33,7 @@ typedef struct {
     json_t *rules;     /* the forward rules: how the training model shards them */
     json_t *consumed;  /* rank parameters a spec accounts for (object used as a set) */
     json_t *copies;    /* original name -> the replicated rank tensor it is a copy of (a fused LoRA's lora_A) */
+    json_t *experts;   /* expert-parallel parameter -> its experts per ep rank (axis 0 of the rank tensor) */
 } stage;
 
 static char *re_escape(const char *s)
@@ -65,6 +66,11 @@ static bool of_adapter(const char *param, const char *saved, const char *adapter
 {
     size_t len, at = dropped_component(param, saved, &len);
     return len && len == strlen(adapter) && !strncmp(param + at, adapter, len);
+}
+
+static size_t *first_source(const nxd_job *j, int pp, int ep, int tp)
+{
+    return &j->first[((size_t)pp * (size_t)j->c.ep + (size_t)ep) * (size_t)j->c.tp + (size_t)tp];
 }
 
 static const st_tensor *rank_tensor(const nxd_job *j, int pp, int tp, const char *name)
@@ -504,6 +510,20 @@ static int plan_stage(const nxd_job *j, stage *st)
         }
         uint64_t sh[CKPT_MAX_RANK];
         memcpy(sh, t->shape, sizeof sh);
+        if (j->c.ep > 1 && nxd_expert_param(&j->c, st->pp, saved)) {
+            /* ExpertFusedColumn/RowParallelLinear (modules/moe/moe_parallel_layers.py): axis 0 holds the rank's
+             * num_experts / ep experts; the tensor-parallel split is within them, on another axis */
+            json_t *pd = json_object_get(m, "partition_dim");
+            if (t->ndim < 2 || !t->shape[0] || (json_is_true(json_object_get(m, "tensor_model_parallel")) && json_integer_value(pd) == 0))
+                rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is expert-parallel but not [experts, ...] split on another axis",
+                                    st->what, name);
+            else if (json_object_set_new(st->experts, saved, json_integer((json_int_t)t->shape[0])))
+                rc = CKPT_ENOMEM;
+        }
+        if (rc) {
+            free(saved);
+            break;
+        }
         if (json_is_true(json_object_get(m, "tensor_model_parallel"))) {
             json_t *pd = json_object_get(m, "partition_dim"), *ps = json_object_get(m, "partition_stride"),
                    *np = json_object_get(m, "num_partitions");
@@ -568,12 +588,14 @@ static void part_whole(plan_part *p, int ndim, const uint64_t *shape)
 
 /* Matches rank r's tensor `name` of the stage against t (dtype and shape):
  * its plan source index in *src, or an error naming the file and parameter. */
-static int rank_source(const nxd_job *j, const stage *st, int r, const char *name, ckpt_dtype dt, int ndim, const uint64_t *shape,
-                       int32_t *src)
+static int rank_source(const nxd_job *j, const stage *st, int e, int r, const char *name, ckpt_dtype dt, int ndim,
+                       const uint64_t *shape, int32_t *src)
 {
-    const nxd_rank *nr = nxd_rank_at(&j->c, st->pp, 0, r);
+    const nxd_rank *nr = nxd_rank_at(&j->c, st->pp, e, r);
     const ckpt_tensor_ref *ref = ckpt_checkpoint_find(&nr->ck, name);
-    if (!ref) return ckpt_error_set(CKPT_ENOTFOUND, "%s: parameter '%s' is missing (tp rank %d; %s lists it)", nr->path, name, r, st->what);
+    if (!ref)
+        return ckpt_error_set(CKPT_ENOTFOUND, "%s: parameter '%s' is missing (%s rank %d; %s lists it)", nr->path, name,
+                              j->c.has_ep ? "expert-parallel, tp" : "tp", r, st->what);
     bool same = ref->t->dtype == dt && ref->t->ndim == ndim;
     for (int a = 0; same && a < ndim; a++) same = ref->t->shape[a] == shape[a];
     if (!same) {
@@ -582,7 +604,7 @@ static int rank_source(const nxd_job *j, const stage *st, int r, const char *nam
                               ckpt_dtype_name(ref->t->dtype), plan_shape_str(ref->t->ndim, ref->t->shape, got, sizeof got),
                               st->what, ckpt_dtype_name(dt), plan_shape_str(ndim, shape, want, sizeof want), r);
     }
-    *src = (int32_t)(j->first[(size_t)st->pp * (size_t)j->c.tp + (size_t)r] + (size_t)(ref - nr->ck.tensors));
+    *src = (int32_t)(*first_source(j, st->pp, e, r) + (size_t)(ref - nr->ck.tensors));
     return 0;
 }
 
@@ -604,7 +626,7 @@ static int invert_copies(nxd_job *j, const stage *st)
             int32_t src;
             char holder[32];
             snprintf(holder, sizeof holder, "tp rank %d", r);
-            rc = rank_source(j, st, r, rname, t->dtype, t->ndim, t->shape, &src);
+            rc = rank_source(j, st, 0, r, rname, t->dtype, t->ndim, t->shape, &src);
             if (!rc) rc = consolidate_add_inverse(&j->orig[j->norig - 1], &p, t->ndim, src, holder, nxd_rank_at(&j->c, st->pp, 0, r)->path);
         }
         if (rc) return rc;
@@ -616,7 +638,11 @@ static int invert_stage(nxd_job *j, stage *st)
 {
     size_t base = j->norig;
     for (size_t i = 0; i < st->nv; i++) {
-        int rc = new_orig(j, st, st->v[i].name, st->v[i].dtype, st->v[i].ndim, st->v[i].shape);
+        /* an expert-parallel parameter: the ep ranks' experts one after the other */
+        uint64_t sh[CKPT_MAX_RANK];
+        memcpy(sh, st->v[i].shape, sizeof sh);
+        if (json_object_get(st->experts, st->v[i].name)) sh[0] *= (uint64_t)j->c.ep;
+        int rc = new_orig(j, st, st->v[i].name, st->v[i].dtype, st->v[i].ndim, sh);
         if (rc) return rc;
     }
     json_t *doc = json_pack("{s:s, s:i, s:s, s:I, s:O}", "format", "ckpt-rules", "version", 1, "layout", "nxd", "tp",
@@ -637,18 +663,26 @@ static int invert_stage(nxd_job *j, stage *st)
     for (size_t i = 0; !rc && i < set.n; i++) {
         const plan_tensor *t = &set.t[i];
         int r0 = t->rank == PLAN_ALL_RANKS ? 0 : t->rank, r1 = t->rank == PLAN_ALL_RANKS ? j->c.tp : t->rank + 1;
-        for (int r = r0; !rc && r < r1; r++) {
-            const nxd_rank *nr = nxd_rank_at(&j->c, st->pp, 0, r);
-            int32_t src;
-            if ((rc = rank_source(j, st, r, t->name, t->dtype, t->ndim, t->shape, &src))) break;
-            char holder[32];
-            snprintf(holder, sizeof holder, "tp rank %d", r);
-            for (size_t p = 0; !rc && p < t->nparts; p++) {
-                const plan_part *pt = &t->parts[p];
-                if (pt->src == PLAN_ZERO) continue;
-                rc = consolidate_add_inverse(&j->orig[base + (size_t)pt->src], pt, t->ndim, src, holder, nr->path);
+        /* as checkpoint_converter.py merges them: an expert-parallel tensor
+         * from every ep rank, its experts after the previous rank's along
+         * axis 0; any other from ep rank 0 (_xser_save_data writes it there only) */
+        json_t *ex = json_object_get(st->experts, t->name);
+        int eps = ex ? j->c.ep : 1;
+        for (int e = 0; !rc && e < eps; e++)
+            for (int r = r0; !rc && r < r1; r++) {
+                const nxd_rank *nr = nxd_rank_at(&j->c, st->pp, e, r);
+                int32_t src;
+                if ((rc = rank_source(j, st, e, r, t->name, t->dtype, t->ndim, t->shape, &src))) break;
+                char holder[48];
+                if (ex) snprintf(holder, sizeof holder, "ep rank %d tp rank %d", e, r);
+                else snprintf(holder, sizeof holder, "tp rank %d", r);
+                for (size_t p = 0; !rc && p < t->nparts; p++) {
+                    plan_part pt = t->parts[p];
+                    if (pt.src == PLAN_ZERO) continue;
+                    pt.src_lo[0] += (uint64_t)e * (uint64_t)json_integer_value(ex);
+                    rc = consolidate_add_inverse(&j->orig[base + (size_t)pt.src], &pt, t->ndim, src, holder, nr->path);
+                }
             }
-        }
     }
     if (!rc) rc = invert_copies(j, st);
     plan_set_free(&set);
@@ -664,6 +698,7 @@ static void stage_free(stage *st)
     json_decref(st->rules);
     json_decref(st->consumed);
     json_decref(st->copies);
+    json_decref(st->experts);
 }
 
 static void job_free(nxd_job *j)
@@ -731,17 +766,16 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
                                 "cannot load the adapter without it",
                                 j.c.shards, LORA_CONFIG_FILE);
     }
-    if (!rc && j.c.ep > 1)
-        rc = ckpt_error_set(CKPT_EINVAL, "%s: an expert-parallel save (ep %d): `ckpt inspect` lists it, consolidating it is not supported yet",
-                            j.c.shards, j.c.ep);
-    j.first = rc ? NULL : ckpt_calloc((size_t)j.c.pp * (size_t)j.c.tp, sizeof *j.first);
+    j.first = rc ? NULL : ckpt_calloc((size_t)j.c.pp * (size_t)j.c.ep * (size_t)j.c.tp, sizeof *j.first);
     if (!rc && !j.first) rc = CKPT_ENOMEM;
     for (int s = 0; !rc && s < j.c.pp; s++)
-        for (int t = 0; !rc && t < j.c.tp; t++)
-            rc = convert_add_sources(&j.exec, &nxd_rank_at(&j.c, s, 0, t)->ck, &j.first[(size_t)s * (size_t)j.c.tp + (size_t)t]);
+        for (int e = 0; !rc && e < j.c.ep; e++)
+            for (int t = 0; !rc && t < j.c.tp; t++)
+                rc = convert_add_sources(&j.exec, &nxd_rank_at(&j.c, s, e, t)->ck, first_source(&j, s, e, t));
     for (int s = 0; !rc && s < j.c.pp; s++) {
-        stage st = {.pp = s, .what = j.c.meta_paths[s], .rules = json_array(), .consumed = json_object(), .copies = json_object()};
-        rc = st.rules && st.consumed && st.copies ? plan_stage(&j, &st) : CKPT_ENOMEM;
+        stage st = {.pp = s, .what = j.c.meta_paths[s], .rules = json_array(), .consumed = json_object(), .copies = json_object(),
+                    .experts = json_object()};
+        rc = st.rules && st.consumed && st.copies && st.experts ? plan_stage(&j, &st) : CKPT_ENOMEM;
         if (!rc) rc = invert_stage(&j, &st);
         stage_free(&st);
     }
