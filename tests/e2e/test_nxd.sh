@@ -43,6 +43,8 @@ args+=("b-norm --tp 4 --kv-size-multiplier 4 --damage norm" "b-shape --tp 4 --kv
 adapters=("--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4" "--tp 2 --pp 2" "--tp 4 --fuse-qkv --mha")
 for i in "${!adapters[@]}"; do args+=("a$((i + 1)) ${adapters[$i]} --adapter"); done
 args+=("b-lora --tp 4 --adapter --damage lora_a")
+# expert parallelism: a Mixtral with neuronx-distributed's MoE (modules/moe), its 4 experts over 2 ep ranks
+args+=("e1 --tp 2 --ep 2 --moe" "e2 --tp 2 --ep 2 --pp 2 --xser --fuse-qkv --moe")
 "$tpy" "$gen" saves ref "${args[@]}" || fail "nxd_gen.py saves"
 
 # check_inspect SAVE...: every metadata parameter listed with its partition
@@ -192,6 +194,17 @@ expect_status 0 "$ckpt" convert ref conv-orig --layout neuron --tp 2 --lora ref-
 cmp -s conv/tp_rank_01/model.safetensors conv-orig/tp_rank_01/model.safetensors || fail "convert --lora of the consolidated adapter differs"
 rm -rf a2 a4 ad* merged merged-orig conv conv-orig ref-mha ref-mha-adapter
 
+# expert-parallel saves: each expert_mlps tensor from every ep rank, in ep rank
+# order along the expert axis (checkpoint_converter.py); xser ep rank 1 holds
+# only its expert tensors (_xser_save_data), the rest is ep rank 0's
+for e in e1 e2; do
+    expect_status 0 "$ckpt" consolidate $e back-$e
+    cmp -s ref-moe/model.safetensors back-$e/model.safetensors || fail "$e: model.safetensors differs from the original"
+done
+expect_status 0 "$ckpt" inspect e2
+grep -q "^neuronx-distributed save e2/shards: tp 2, pp 2, ep 2, xser" "$work/out" || fail "inspect of an ep save: $(head -1 "$work/out")"
+rm -rf back-e1 back-e2
+
 # ---- 2. broken and hostile saves ----
 # refused SAVE PATTERN: exit 1, one line matching PATTERN, no DST.
 refused() {
@@ -245,6 +258,11 @@ refused b-shape "dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 'model.layers.1.
 refused b-kv "tensor 'model.layers.0.self_attn.k_proj.weight': tp rank 2 holds different bytes"
 refused b-info "tensor_2.pt: parameter 'model.layers.0.self_attn.o_proj.weight' \(tensor 2\) is BF16 \[64, 16\], .*info.pt says \[64, 99\]"
 refused b-evil "global '(posix|os).system' is not allowed"
+# expert parallelism: a missing ep rank, a missing expert tensor of ep rank 1
+rm -rf b && cp -a e1 b && rm b/$M/dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt
+refused b "dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt: missing rank file \\(tp rank 1 of 2, pp rank 0 of 1, an expert-parallel rank\\)"
+rm -rf b && cp -a e2 b && rm b/$M/dp_rank_00_ep_rank_01_tp_rank_00_pp_rank_00.pt.tensors/tensor_7.pt
+refused b "dp_rank_00_ep_rank_01_tp_rank_00_pp_rank_00.pt: parameter 'model.layers.0.mlp.expert_mlps.mlp_op.down_proj.weight': its tensor file .*tensor_7.pt is missing"
 # adapters: listed by inspect; a lora_A replica that differs, no adapter_config.json, --max-shard-size
 expect_status 0 "$ckpt" inspect a1/adapter_default
 grep -q "^neuronx-distributed PEFT adapter save a1/adapter_default/adapter_shards: tp 4" "$work/out" || fail "adapter inspect: $(head -2 "$work/out")"
@@ -262,4 +280,4 @@ open(sys.argv[1], "w").write(json.dumps(m, indent=4))
 EOF
 refused b "spec of 'model.layers.0.mlp' has peft_type lora, but this is not an adapter save"
 [ ! -e "$work/pwned" ] || fail "the pickle ran code"
-rm -rf a1 a3 b-lora ref-adapter b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json
+rm -rf a1 a3 b-lora ref-adapter e1 e2 ref-moe b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json
