@@ -15,6 +15,9 @@
  *   SAVE/shards/model/dp_rank_00[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt   (_get_path("model", ep=...))
  *   SAVE/shards/optim/...                      the optimizer (not read)
  *
+ * With expert parallelism (ep > 1) the files carry _ep_rank_EE_ and on ep
+ * ranks > 0 an xser save holds only the expert-parallel tensors (nxd_expert_param).
+ *
  * A rank file is either a torch.save of the rank's state dict, or with xser
  * (_xser_save_data, _extract_tensor_info_and_update_state_dict) a torch.save
  * of the same dict whose values are torch_xla.utils.serialization
