@@ -313,9 +313,11 @@ int cmd_consolidate(int argc, char **argv)
                "SRC may also be an EasyDeL save (TensorStore, or the older\n"
                "easydel-model.parameters; docs/easydel.md), an optimum-neuron /\n"
                "neuronx-distributed training save (the folder holding shards/, or shards/\n"
-               "itself; docs/layouts.md): its tensor-parallel ranks and pipeline stages are\n"
-               "merged and the model_weight_transformation_specs undone as optimum-neuron's\n"
-               "to_original_weights does; or a PyTorch Distributed Checkpoint folder\n"
+               "itself; docs/layouts.md): its tensor-parallel ranks, pipeline stages and\n"
+               "expert-parallel ranks are merged and the model_weight_transformation_specs\n"
+               "undone as optimum-neuron's to_original_weights does; given a PEFT adapter\n"
+               "save's adapter_<name> folder, DST is the adapter folder PEFT loads\n"
+               "(adapter_model.safetensors, adapter_config.json); or a PyTorch Distributed Checkpoint folder\n"
                "(.metadata + __<rank>_<n>.distcp, as torch.distributed.checkpoint.save,\n"
                "torchtitan and Accelerate's SHARDED_STATE_DICT write it): every chunk is\n"
                "checked and each tensor assembled from its chunks, names kept; optimizer and\n"
@@ -329,6 +331,7 @@ int cmd_consolidate(int argc, char **argv)
                "                         the step comes along\n\n"
                "examples:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n"
                "  ckpt consolidate ./llama-trn1-checkpoint-100 ./llama-hf --max-shard-size 2GB\n"
+               "  ckpt consolidate ./llama-trn1-checkpoint-100/adapter_default ./my-lora\n"
                "  ckpt consolidate ./ckpt/step-1000 ./hf --strip-prefix model. --max-shard-size 2GB\n"
                "  ckpt consolidate ./ckpt/step-1000 ./state --strip-prefix model. --state\n");
         return CLI_OK;
