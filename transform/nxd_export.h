@@ -41,6 +41,7 @@
 typedef struct {
     bool fuse_qkv; /* TrainingNeuronConfig.fuse_qkv */
     bool xser;     /* TrainingNeuronConfig.use_xser: torch_xla's serialization (TensorReference records) */
+    int pp;        /* TrainingNeuronConfig.pipeline_parallel_size (0: 1): rank files and metadata per stage */
 } nxd_export_opts;
 
 /* o: tp, kv_size_multiplier, dtype, threads, force, quiet, no_hash (layout must be "neuron"). */
