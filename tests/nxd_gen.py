@@ -305,9 +305,14 @@ def build(ref, tp, fuse_qkv, kv_mult, c=None):
 
 
 def stage_of(name, pp, layers):
-    """A plain pipeline split: layer i to stage i * pp // layers; embeddings first, norm and head last."""
+    """NxD pipeline/partition.py create_partitions: layers // pp decoder layers per stage, one more for each of
+    the last layers % pp stages; the embedding in the first stage, the final norm and lm_head in the last."""
     if name.startswith("model.layers."):
-        return int(name.split(".")[2]) * pp // layers
+        i, end = int(name.split(".")[2]), 0
+        for s in range(pp):
+            end += layers // pp + (s >= pp - layers % pp)
+            if i < end:
+                return s
     return 0 if name.startswith("model.embed_tokens") else pp - 1
 
 
