@@ -403,7 +403,7 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1):
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
-def make_adapter(ref_dir, out, r=4):
+def make_adapter(ref_dir, out, r=4, targets=LORA_TARGETS):
     """A PEFT LoRA adapter of REF on every linear of the decoder layers (bf16, r 4, alpha 8), as optimum-neuron trains
     one: a fused linear has one lora_A (_lora_adapt_state_dict takes the members' mean), so q/k/v share theirs and
     gate/up theirs — what _lora_to_original_weights gives back for each member."""
@@ -414,7 +414,7 @@ def make_adapter(ref_dir, out, r=4):
     for name, w in ref.items():
         mod, leaf = name.rsplit(".", 1)
         short = mod.rsplit(".", 1)[-1]
-        if leaf != "weight" or short not in LORA_TARGETS:
+        if leaf != "weight" or short not in targets:
             continue
         group = {"q_proj": "q_proj", "k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(short, short)
         shared = "base_model.model." + mod.rsplit(".", 1)[0] + "." + group + ".lora_A.weight"
@@ -429,7 +429,7 @@ def make_adapter(ref_dir, out, r=4):
         "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "layers_pattern": None,
         "layers_to_transform": None, "loftq_config": {}, "lora_alpha": 8, "lora_dropout": 0.05,
         "megatron_config": None, "megatron_core": "megatron.core", "modules_to_save": None, "peft_type": "LORA",
-        "r": r, "rank_pattern": {}, "revision": None, "target_modules": LORA_TARGETS, "task_type": "CAUSAL_LM",
+        "r": r, "rank_pattern": {}, "revision": None, "target_modules": list(targets), "task_type": "CAUSAL_LM",
         "use_dora": False, "use_rslora": False}
     with open(os.path.join(out, "adapter_config.json"), "w") as f:
         json.dump(config, f, indent=2, sort_keys=True)
@@ -454,6 +454,7 @@ def save_adapter(ref_dir, ad_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
     H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     kv_out = KV * hd * m // tp
     A = lambda mod: ad[f"base_model.model.{mod}.lora_A.weight"]
+    has = lambda mod: f"base_model.model.{mod}.lora_A.weight" in ad  # a module the adapter targets
     B = lambda mod: ad[f"base_model.model.{mod}.lora_B.weight"]
     P = "base_model.model."
     ranks = [collections.OrderedDict() for _ in range(tp)]
@@ -470,7 +471,9 @@ def save_adapter(ref_dir, ad_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
         modules.setdefault(mod, []).append((leaf, attrs))
     for mod, leaves in modules.items():
         parent, short = mod.rsplit(".", 1) if "." in mod else ("", mod)
-        if short not in ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj"):
+        first = {"qkv_proj": "q_proj", "gate_up_proj": "gate_proj"}.get(short, short)  # a fused linear: its first member
+        if short not in ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj") or \
+                not has(parent + "." + first):
             for leaf, attrs in leaves:
                 meta[P + mod + "." + leaf] = attrs
             continue
@@ -496,15 +499,20 @@ def save_adapter(ref_dir, ad_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
             put(la, lambda r: A(mod).clone(), {"tensor_model_parallel": False})
             put(lb, lambda r: create_local_weight_with_padding(B(mod), 0, 1, r, tp), tp_attrs(0, 1, tp))
         else:  # o_proj, down_proj: RowParallelLinear
-            gqa = short == "o_proj" and any(s["module_fully_qualified_name"] == parent and s["specs"] and
-                                            s["specs"][0][0] == "GQAQKVColumnParallelLinearSpec" for s in specs)
+            # o_proj's lora_A takes the GQA query-head order only through the spec's _lora_adapt_state_dict, that
+            # is when the GQA linear carries a LoRA too; else create_local_weight_with_padding of adapt_state_dict
+            gqa = short == "o_proj" and has(parent + ".q_proj") and any(
+                s["module_fully_qualified_name"] == parent and s["specs"] and
+                s["specs"][0][0] == "GQAQKVColumnParallelLinearSpec" for s in specs)
             put(la, lambda r: q_or_o_local(A(mod), H, KV, m, "output", r, tp) if gqa else
                 create_local_weight_with_padding(A(mod), 1, 1, r, tp), tp_attrs(1, 1, tp))
             put(lb, lambda r: B(mod).clone(), {"tensor_model_parallel": False})
     pspecs = []
-    for sp in specs:
-        pspecs.append({"module_fully_qualified_name": P + sp["module_fully_qualified_name"],
-                       "specs": [[cls, dict(f, peft_type="lora")] for cls, f in sp["specs"]]})
+    for sp in specs:  # guess_peft_type: "lora" when the spec's fused linear carries a LoRA
+        mod = sp["module_fully_qualified_name"]
+        lora = lambda f: "lora" if has(mod + "." + f.get("query_projection_name", (f.get("linear_names") or [""])[0])) else None
+        pspecs.append({"module_fully_qualified_name": P + mod,
+                       "specs": [[cls, dict(f, peft_type=lora(f))] for cls, f in sp["specs"]]})
     folder = os.path.join(out, "adapter_default")
     write_shards(os.path.join(folder, "adapter_shards"), ranks, meta, pspecs, tp, pp, xser, c["num_hidden_layers"], P)
     with open(os.path.join(ad_dir, "adapter_config.json")) as f:
@@ -545,9 +553,11 @@ def damage(out, what):
 def run_save(ref, b):
     if not b.adapter:
         return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep)
-    if not os.path.exists(os.path.join(ref + "-adapter", "adapter_model.safetensors")):
-        make_adapter(ref, ref + "-adapter")
-    save_adapter(ref, ref + "-adapter", b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+    targets = b.lora_targets.split(",")
+    ad = ref + "-adapter" + ("" if targets == LORA_TARGETS else "-" + "-".join(targets))
+    if not os.path.exists(os.path.join(ad, "adapter_model.safetensors")):
+        make_adapter(ref, ad, targets=targets)
+    save_adapter(ref, ad, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
 
 
 def main():
@@ -570,6 +580,8 @@ def main():
     s.add_argument("--moe", action="store_true", help="(saves) from REF-moe, a Mixtral with neuronx-distributed's MoE")
     s.add_argument("--adapter", action="store_true",
                    help="save REF-adapter (a PEFT LoRA of REF, made when missing) as SAVE/adapter_default instead")
+    s.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
+                   help="(with --adapter) the adapter's target_modules; REF-adapter-<targets> unless all")
     s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")

@@ -13,13 +13,22 @@
 #    --json` must list every parameter with the metadata's partition keys and
 #    the shape torch reads from rank 0; `ckpt consolidate` must give back
 #    model.safetensors byte for byte, from SAVE or SAVE/shards, and the same
-#    tensors in shards with --max-shard-size.
+#    tensors in shards with --max-shard-size. PEFT adapter saves consolidate
+#    byte for byte into the original adapter (LoRA on every linear or on some;
+#    fused and unfused GQA, the stride-3 qkv_proj, two stages), which merges
+#    and converts with --lora as the original does; expert-parallel saves of
+#    a Mixtral with neuronx-distributed's MoE (plain, and xser over two
+#    stages) consolidate byte for byte.
 # 2. Broken and hostile saves exit 1 with one line naming the file, the rank
 #    or the parameter, and DST never appears: no `done` marker, a missing
 #    rank file (also the last one, which only the metadata reveals), a
 #    replicated parameter or a KV replica that differs on one rank, metadata
 #    whose partition_dim does not match the tensors, a missing xser tensor
-#    file, .info.pt disagreeing with a tensor file, a pickle naming os.system.
+#    file, .info.pt disagreeing with a tensor file, a pickle naming os.system;
+#    a lora_A copy that differs on a rank, an adapter without
+#    adapter_config.json or with --max-shard-size, a peft_type in a model
+#    save, --state (the optimizer is not read), a missing ep rank or expert
+#    tensor.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
 # Debian's python3-torch, `make deps`).
 set -euo pipefail
@@ -39,8 +48,11 @@ args+=("b-norm --tp 4 --kv-size-multiplier 4 --damage norm" "b-shape --tp 4 --kv
     "b-kv --tp 4 --xser --fuse-qkv --damage kv" "b-info --tp 4 --xser --fuse-qkv --damage info"
     "b-evil --tp 4 --xser --fuse-qkv --damage evil:$work/pwned")
 # PEFT adapter saves (NeuronPeftModel.save_pretrained) of ref-adapter, a LoRA on every linear: fused GQA
-# qkv (xser), unfused GQA, separate q/k/v over two stages, the stride-3 qkv_proj of ref-mha
-adapters=("--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4" "--tp 2 --pp 2" "--tp 4 --fuse-qkv --mha")
+# qkv (xser), unfused GQA, separate q/k/v over two stages, ref-mha's stride-3 qkv_proj; then adapters on
+# some linears only: GQA q/k/v without o_proj (the GQA rule without its o), and o_proj/down_proj without
+# q/k/v or gate/up (specs whose peft_type is null: nothing of theirs is saved)
+adapters=("--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4" "--tp 2 --pp 2" "--tp 4 --fuse-qkv --mha"
+    "--tp 4 --xser --fuse-qkv --lora-targets q_proj,k_proj,v_proj" "--tp 4 --lora-targets o_proj,down_proj")
 for i in "${!adapters[@]}"; do args+=("a$((i + 1)) ${adapters[$i]} --adapter"); done
 args+=("b-lora --tp 4 --adapter --damage lora_a")
 # expert parallelism: a Mixtral with neuronx-distributed's MoE (modules/moe), its 4 experts over 2 ep ranks
@@ -173,7 +185,7 @@ rm -rf back sharded s1 s2 s6 s8 s9 ref-rows ref-qwen3
 # optimum-neuron trains them), from adapter_<name> or its adapter_shards
 for i in "${!adapters[@]}"; do
     n=$((i + 1)) orig=ref-adapter
-    case ${adapters[$i]} in *--mha*) orig=ref-mha-adapter ;; esac
+    case ${adapters[$i]} in *--mha*) orig=ref-mha-adapter ;; *--lora-targets*) orig=ref-adapter-$(tr , - <<<"${adapters[$i]##* }") ;; esac
     note "adapter save $n: ${adapters[$i]}"
     expect_status 0 "$ckpt" consolidate "a$n/adapter_default" "ad$n"
     [ "$(ls "ad$n")" = "$(printf 'adapter_config.json\nadapter_model.safetensors')" ] || fail "adapter $n: DST holds $(ls "ad$n" | tr '\n' ' ')"
@@ -192,7 +204,7 @@ diff -r merged merged-orig >/dev/null || fail "merge-lora of the consolidated ad
 expect_status 0 "$ckpt" convert ref conv --layout neuron --tp 2 --lora ad2
 expect_status 0 "$ckpt" convert ref conv-orig --layout neuron --tp 2 --lora ref-adapter
 cmp -s conv/tp_rank_01/model.safetensors conv-orig/tp_rank_01/model.safetensors || fail "convert --lora of the consolidated adapter differs"
-rm -rf a2 a4 ad* merged merged-orig conv conv-orig ref-mha ref-mha-adapter
+rm -rf a2 a4 a5 a6 ad* merged merged-orig conv conv-orig ref-mha ref-mha-adapter ref-adapter-*
 
 # expert-parallel saves: each expert_mlps tensor from every ep rank, in ep rank
 # order along the expert axis (checkpoint_converter.py); xser ep rank 1 holds
