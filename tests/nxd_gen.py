@@ -22,7 +22,13 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                                       --fuse-qkv, LlamaAttention's qkv_proj of stride
                                       3 and its FusedLinearsSpec); --qwen3 from
                                       REF-qwen3, a Qwen3 (modeling_qwen3.py: Llama's
-                                      layers plus replicated q_norm and k_norm)
+                                      layers plus replicated q_norm and k_norm);
+                                      --moe --ep E from REF-moe, a Mixtral whose MLPs
+                                      are neuronx-distributed's MoE (modules/moe), its
+                                      experts over E expert-parallel ranks; --adapter
+                                      [--lora-targets a,b] saves REF-adapter (a PEFT
+                                      LoRA of REF) as NeuronPeftModel.save_pretrained
+                                      does, SAVE/adapter_default/adapter_shards
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
