@@ -204,6 +204,12 @@ diff -r merged merged-orig >/dev/null || fail "merge-lora of the consolidated ad
 expect_status 0 "$ckpt" convert ref conv --layout neuron --tp 2 --lora ad2
 expect_status 0 "$ckpt" convert ref conv-orig --layout neuron --tp 2 --lora ref-adapter
 cmp -s conv/tp_rank_01/model.safetensors conv-orig/tp_rank_01/model.safetensors || fail "convert --lora of the consolidated adapter differs"
+# import stores the adapter folder consolidate makes, with ckpt-source.json
+CKPT_HOME=$work/home expect_status 0 "$ckpt" import a1/adapter_default --repo t/adapter
+CKPT_HOME=$work/home expect_status 0 "$ckpt" pull t/adapter -o pulled
+cmp -s ref-adapter/adapter_model.safetensors pulled/adapter_model.safetensors && [ -s pulled/ckpt-source.json ] ||
+    fail "import of an adapter save: $(ls pulled)"
+rm -rf pulled "$work/home"
 rm -rf a2 a4 a5 a6 ad* merged merged-orig conv conv-orig ref-mha ref-mha-adapter ref-adapter-*
 
 # expert-parallel saves: each expert_mlps tensor from every ep rank, in ep rank
