@@ -60,8 +60,8 @@ maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (b > a) ? b : a}'; }
 # REPEAT rounds of the durable copy (COPY_CMD, a shell command), ckpt with
 # CKPT_ARGS writing out/ (its model.safetensors checked against
 # hf/model.safetensors once) and, when SRC fits twice in the memory
-# available, the Python way (bench script and args writing py.safetensors);
-# prints one block of medians, ratios and peak RSS.
+# available, the Python way (bench script and args writing py.safetensors;
+# none: not measured); prints one block of medians, ratios and peak RSS.
 measure() {
     local title=$1 src=$2 copy=$3 ck_label=$4 py_label=$5
     shift 5
@@ -75,6 +75,7 @@ measure() {
     avail_kb=$(awk '/MemAvailable/ {print $2}' /proc/meminfo)
     # the Python way holds the model, may copy it once more, the writer a tensor more
     [ $((bytes / 1024 * 2)) -lt "$avail_kb" ] || py_ok=0
+    [ ${#py_args[@]} -gt 0 ] || py_ok=2
     local -a COPY CK PYW
     local rss_ck=0 rss_py=0 r
     for r in $(seq "$REPEAT"); do
@@ -105,12 +106,13 @@ measure() {
     c=$(median "${COPY[@]}")
     k=$(median "${CK[@]}")
     [ "$py_ok" = 1 ] && p=$(median "${PYW[@]}")
-    awk -v t="$title" -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" \
+    awk -v t="$title" -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_ck" -v p="$p" -v rp="$rss_py" -v why="$py_ok" \
         -v kl="$ck_label" -v pl="$py_label" 'BEGIN {
         printf "%s: %.2f GB\n", t, b / 1e9
         printf "  durable copy        %8.2f s\n", c
         printf "  %-19s %8.2f s  %.2fx the copy (goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n", kl, k, k / c, r
         if (p != "") printf "  %-19s %8.2f s  %.2fx ckpt (goal >= 3x); peak RSS %.0f MiB\n", pl, p, p / k, rp
+        else if (why == 2) printf "  %-19s not measured\n", pl
         else printf "  %-19s skipped: the model does not fit twice in the memory available\n", pl
     }'
 }

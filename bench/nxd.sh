@@ -5,8 +5,9 @@
 #
 # The ~2 GB bench llama (gen-model --scale 2 --layers 14, bf16) is written as
 # a BENCH_TP-rank save (default 8) by `ckpt convert --layout neuron --tp N
-# --format nxd` (plain torch.save rank files; BENCH_XSER=1: xser, a file per
-# tensor). With a warm page cache, round-robin BENCH_REPEAT times, it
+# --format nxd`, twice: plain torch.save rank files, then xser (a file per
+# tensor per rank, optimum-neuron's default; BENCH_XSER=0 or 1 measures only
+# the plain or only the xser save). With a warm page cache, for each save round-robin BENCH_REPEAT times, it
 # measures wall time and peak RSS of (common.sh's measure)
 #   cp -r + sync   a durable copy of the save folder
 #   ckpt           ckpt consolidate SAVE DST (checked tensor by tensor against
@@ -32,12 +33,17 @@ export CKPT_QUIET=1
 cd "$WORK"
 
 "$CKPT_BIN" gen-model llama hf --scale "$SCALE" --layers "$LAYERS" --shard-mb 0 >/dev/null
-xser=()
-[ "${BENCH_XSER:-0}" = 1 ] && xser=(--xser)
-"$CKPT_BIN" convert hf save --layout neuron --tp "$TP" --format nxd "${xser[@]}" >/dev/null
-py=("$HERE/nxd_way.py" consolidate save py.safetensors --fsync)
-[ "${BENCH_XSER:-0}" = 1 ] && py=(-c 'print("xser: the Python way is not measured")')
-measure "llama --scale $SCALE --layers $LAYERS as a neuronx-distributed save of $TP ranks${xser:+ (xser)}" save \
-    'cp -r save copy && sync -f copy/config.json' "ckpt consolidate" "python (load + cat)" \
-    -- consolidate save out -- "${py[@]}"
+case ${BENCH_XSER:-both} in 0) modes=(plain) ;; 1) modes=(xser) ;; *) modes=(plain xser) ;; esac
+for mode in "${modes[@]}"; do
+    xser=()
+    [ "$mode" = xser ] && xser=(--xser)
+    rm -rf save copy out py.safetensors
+    "$CKPT_BIN" convert hf save --layout neuron --tp "$TP" --format nxd "${xser[@]}" >/dev/null
+    py=("$HERE/nxd_way.py" consolidate save py.safetensors --fsync)
+    label="python (load + cat)"
+    [ "$mode" = xser ] && py=() label="python (plain only)" # nxd_way.py reads torch.save rank files, not xser
+    measure "llama --scale $SCALE --layers $LAYERS as a neuronx-distributed save of $TP ranks ($mode)" save \
+        'cp -r save copy && sync -f copy/config.json' "ckpt consolidate" "$label" \
+        -- consolidate save out -- "${py[@]}"
+done
 echo "load at the end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -252,14 +252,16 @@ static int info_index(const pk_doc *info, info_entry **out, size_t *n)
 
 /* The .info.pt entry of tid: its dtype and shape, or *found false. */
 static int info_of(const pk_doc *info, const info_entry *idx, size_t nidx, int64_t tid, int *dt, int *ndim, uint64_t *shape,
-                   bool *found, const char *path)
+                   bool *found, bool *ep, const char *path)
 {
     *found = false;
+    *ep = false;
     info_entry key = {.tid = tid};
     const info_entry *hit = bsearch(&key, idx, nidx, sizeof *idx, cmp_info);
     if (!hit) return 0;
     const pk_node *v = hit->val;
-    const pk_node *dtn = dict_get(info, v, "dtype"), *sh = dict_get(info, v, "shape");
+    const pk_node *dtn = dict_get(info, v, "dtype"), *sh = dict_get(info, v, "shape"), *epn = dict_get(info, v, "expert_model_parallel");
+    *ep = epn && epn->kind == PK_BOOL && epn->i; /* _is_ep of _xser_load_data */
     if (!dtn || !sh || sh->kind != PK_TUPLE || sh->n > CKPT_MAX_RANK)
         return ckpt_error_set(CKPT_EINVAL, "%s: entry %lld has no dtype and shape", path, (long long)tid);
     *dt = torch_global_dtype(dtn);
@@ -349,10 +351,23 @@ static int open_xser_rank(nxd_rank *r)
     if (!rc) rc = nxd_xser_refs(&refs, r->path, &refv, &n);
     st_file *files = rc ? NULL : ckpt_calloc(n + 1, sizeof *files);
     if (!rc && !files) rc = CKPT_ENOMEM;
+    if (!rc && !(r->ep_params = json_object())) rc = CKPT_ENOMEM;
     size_t opened = 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        const char *name = refv[i].name;
-        long long tid = (long long)refv[i].tid;
+    for (size_t k = 0; !rc && k < n; k++) {
+        const char *name = refv[k].name;
+        long long tid = (long long)refv[k].tid;
+        int dt = -1, ndim = 0;
+        uint64_t shape[CKPT_MAX_RANK];
+        bool found = false, ep = false;
+        if (has_info && (rc = info_of(&info, idx, nidx, refv[k].tid, &dt, &ndim, shape, &found, &ep, ipath))) break;
+        if (ep && json_object_set_new(r->ep_params, name, json_true())) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        /* _xser_save_data: on expert-parallel rank > 0 only the expert-parallel
+         * tensors are written (the others are ep rank 0's, which every rank loads) */
+        if (r->ep > 0 && has_info && !ep) continue;
+        size_t i = opened;
         char *tpath = ckpt_sprintf("%s/tensor_%lld.pt", tdir, tid);
         if (!tpath) {
             rc = CKPT_ENOMEM;
@@ -368,10 +383,6 @@ static int open_xser_rank(nxd_rank *r)
         files[i].fd = -1;
         if (has_info) {
             const st_tensor *t = &files[i].tensors[0];
-            int dt = -1, ndim = 0;
-            uint64_t shape[CKPT_MAX_RANK];
-            bool found;
-            rc = info_of(&info, idx, nidx, refv[i].tid, &dt, &ndim, shape, &found, ipath);
             bool same = found && dt == (int)t->dtype && ndim == t->ndim;
             for (int a = 0; same && a < ndim; a++) same = shape[a] == t->shape[a];
             char got[96], want[96];
@@ -381,7 +392,7 @@ static int open_xser_rank(nxd_rank *r)
                                     found ? ckpt_shape_str(ndim, shape, want, sizeof want) : "nothing of it");
         }
     }
-    if (!rc) rc = ckpt_checkpoint_from_files(&r->ck, r->path, files, n);
+    if (!rc) rc = ckpt_checkpoint_from_files(&r->ck, r->path, files, opened);
     else
         for (size_t k = 0; k < opened; k++) st_close(&files[k]);
     free(files);
@@ -406,6 +417,13 @@ static int open_plain_rank(nxd_rank *r)
     }
     free(f);
     return rc;
+}
+
+bool nxd_expert_param(const nxd_ckpt *c, int pp, const char *name)
+{
+    const nxd_rank *r = nxd_rank_at(c, pp, 0, 0);
+    if (r->ep_params && json_object_size(r->ep_params)) return json_object_get(r->ep_params, name) != NULL;
+    return c->has_ep && strstr(name, "expert_mlps") != NULL;
 }
 
 static int open_ranks(nxd_ckpt *c, const char *model)
@@ -465,7 +483,10 @@ int nxd_open(nxd_ckpt *c, const char *dir)
         char *parent = ckpt_path_join(dir, "..");
         char *cfg = parent ? ckpt_path_join(parent, "config.json") : NULL;
         c->adapter = !strcmp(ckpt_basename(dir), "adapter_shards");
+        char *acfg = c->adapter && parent ? ckpt_path_join(parent, "adapter_config.json") : NULL;
         if (cfg && ckpt_exists(cfg) && !strcmp(ckpt_basename(dir), "shards")) c->root = parent, parent = NULL;
+        else if (acfg && ckpt_exists(acfg)) c->root = parent, parent = NULL; /* adapter_<name>, beside adapter_config.json */
+        free(acfg);
         free(parent);
         free(cfg);
     }
@@ -510,6 +531,7 @@ void nxd_close(nxd_ckpt *c)
     for (size_t i = 0; c->ranks && i < n; i++) {
         ckpt_checkpoint_close(&c->ranks[i].ck);
         free(c->ranks[i].path);
+        json_decref(c->ranks[i].ep_params);
     }
     free(c->ranks);
     for (int s = 0; c->meta && s < c->pp; s++) json_decref(c->meta[s]);

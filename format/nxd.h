@@ -15,6 +15,9 @@
  *   SAVE/shards/model/dp_rank_00[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt   (_get_path("model", ep=...))
  *   SAVE/shards/optim/...                      the optimizer (not read)
  *
+ * With expert parallelism (ep > 1) the files carry _ep_rank_EE_ and on ep
+ * ranks > 0 an xser save holds only the expert-parallel tensors (nxd_expert_param).
+ *
  * A rank file is either a torch.save of the rank's state dict, or with xser
  * (_xser_save_data, _extract_tensor_info_and_update_state_dict) a torch.save
  * of the same dict whose values are torch_xla.utils.serialization
@@ -47,7 +50,9 @@
 typedef struct {
     int tp, pp, ep;     /* this file's coordinates */
     char *path;         /* the .pt file */
-    ckpt_checkpoint ck; /* its tensors: the .pt itself, or one tensor_<tid>.pt per tensor (xser) */
+    ckpt_checkpoint ck; /* its tensors: the .pt itself, or one tensor_<tid>.pt per tensor (xser; on ep rank > 0
+                         * only the expert-parallel ones, the only ones _xser_save_data writes there) */
+    json_t *ep_params;  /* xser: the parameters .info.pt flags expert_model_parallel (a set), else NULL */
 } nxd_rank;
 
 typedef struct {
@@ -86,6 +91,12 @@ bool nxd_is_checkpoint(const char *dir);
 int nxd_open(nxd_ckpt *c, const char *dir);
 void nxd_close(nxd_ckpt *c);
 nxd_rank *nxd_rank_at(const nxd_ckpt *c, int pp, int ep, int tp);
+/* Whether parameter `name` of stage pp is expert-parallel (each ep rank holds
+ * its own experts along axis 0): as .info.pt flags it (_is_ep of
+ * _xser_load_data), else (a plain save, or xser without flags) when its name
+ * holds "expert_mlps" (scripts/checkpoint_converter.py), in a save with ep
+ * ranks. */
+bool nxd_expert_param(const nxd_ckpt *c, int pp, const char *name);
 /* The rank file's name relative to shards/model ("dp_rank_00_tp_rank_01_pp_rank_00.pt"). */
 const char *nxd_rank_name(const nxd_rank *r);
 

@@ -22,7 +22,13 @@ generated here, for ckpt's NxD reader (docs/layouts.md, "NxD checkpoints in").
                                       --fuse-qkv, LlamaAttention's qkv_proj of stride
                                       3 and its FusedLinearsSpec); --qwen3 from
                                       REF-qwen3, a Qwen3 (modeling_qwen3.py: Llama's
-                                      layers plus replicated q_norm and k_norm)
+                                      layers plus replicated q_norm and k_norm);
+                                      --moe --ep E from REF-moe, a Mixtral whose MLPs
+                                      are neuronx-distributed's MoE (modules/moe), its
+                                      experts over E expert-parallel ranks; --adapter
+                                      [--lora-targets a,b] saves REF-adapter (a PEFT
+                                      LoRA of REF) as NeuronPeftModel.save_pretrained
+                                      does, SAVE/adapter_default/adapter_shards
 
 What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-distributed):
 - optimum/neuron/models/training/llama/modeling_llama.py: LlamaAttention uses a
@@ -56,6 +62,7 @@ import argparse
 import collections
 import json
 import os
+import re
 import shlex
 import struct
 import sys
@@ -120,10 +127,16 @@ def row_ids(name, shape):
     return torch.arange(shape[0], dtype=torch.float32).unsqueeze(1).repeat(1, shape[1]).to(torch.bfloat16)
 
 
-def make_ref(out, rowids=False, mha=False, qwen3=False):
+MOE_EXPERTS = 4
+
+
+def make_ref(out, rowids=False, mha=False, qwen3=False, moe=False):
     c = dict(CONFIG, num_key_value_heads=CONFIG["num_attention_heads"]) if mha else dict(CONFIG)
     if qwen3:  # Qwen3: Llama's layers plus per-head RMSNorms of q and k (head_dim wide)
         c.update(architectures=["Qwen3ForCausalLM"], model_type="qwen3", attention_bias=False)
+    if moe:  # a Mixtral whose MLPs are neuronx-distributed's MoE (modules/moe), in that module's names and shapes
+        c.update(architectures=["MixtralForCausalLM"], model_type="mixtral", num_local_experts=MOE_EXPERTS,
+                 num_experts_per_tok=2)
     g = torch.Generator().manual_seed(17)
     hd, H, KV, hid, inter, V = c["head_dim"], c["num_attention_heads"], c["num_key_value_heads"], \
         c["hidden_size"], c["intermediate_size"], c["vocab_size"]
@@ -137,6 +150,13 @@ def make_ref(out, rowids=False, mha=False, qwen3=False):
                        p + "post_attention_layernorm.weight": [hid]})
         if c["model_type"] == "qwen3":
             shapes.update({p + "self_attn.q_norm.weight": [hd], p + "self_attn.k_norm.weight": [hd]})
+        if c["model_type"] == "mixtral":
+            E = c["num_local_experts"]
+            for n in ("gate_proj", "up_proj", "down_proj"):
+                del shapes[p + "mlp." + n + ".weight"]
+            x = p + "mlp.expert_mlps.mlp_op."
+            shapes.update({p + "mlp.router.linear_router.weight": [E, hid], x + "gate_up_proj.weight": [E, hid, 2 * inter],
+                           x + "down_proj.weight": [E, inter, hid]})
     tensors = {n: row_ids(n, s) if rowids else torch.randn(s, generator=g).to(torch.bfloat16)
                for n, s in sorted(shapes.items())}
     os.makedirs(out, exist_ok=True)
@@ -259,6 +279,21 @@ def build(ref, tp, fuse_qkv, kv_mult, c=None):
         if c["model_type"] == "qwen3":  # modeling_qwen3.py Qwen3Attention: q_norm, k_norm after o_proj
             for n in ("q_norm", "k_norm"):
                 put(f"{a}.{n}.weight", lambda r, n=n: ref[f"{a}.{n}.weight"].clone(), {"tensor_model_parallel": False})
+        if c["model_type"] == "mixtral":
+            # modules/moe: router.linear_router an nn.Linear (replicated); experts.py ExpertFusedColumnParallelLinear
+            # gate_up_proj [experts, hidden, 2I/tp] (stride 2 on axis 2) and ExpertFusedRowParallelLinear down_proj
+            # [experts, I/tp, hidden] (moe_parallel_layers.py); the experts split across ep ranks in save()
+            x = p + "mlp.expert_mlps.mlp_op."
+            put(p + "mlp.router.linear_router.weight", lambda r: ref[p + "mlp.router.linear_router.weight"].clone(),
+                {"tensor_model_parallel": False})
+            put(x + "gate_up_proj.weight", lambda r: create_local_weight(ref[x + "gate_up_proj.weight"], 2,
+                                                                         2 * inter // tp, 2, r, tp), tp_attrs(2, 2, tp))
+            put(x + "down_proj.weight", lambda r: create_local_weight(ref[x + "down_proj.weight"], 1, inter // tp, 1, r, tp),
+                tp_attrs(1, 1, tp))
+            specs.append({"module_fully_qualified_name": p + "mlp", "specs": []})
+            for n in ("input_layernorm", "post_attention_layernorm"):
+                put(f"{p}{n}.weight", lambda r, n=n: ref[f"{p}{n}.weight"].clone(), {"tensor_model_parallel": False})
+            continue
         gate, up, down = (ref[f"{p}mlp.{x}_proj.weight"] for x in ("gate", "up", "down"))
         put(p + "mlp.gate_up_proj.weight", lambda r: create_local_fused_weight(r, tp, [gate, up], 0, 0),
             tp_attrs(0, 2, tp))
@@ -276,9 +311,14 @@ def build(ref, tp, fuse_qkv, kv_mult, c=None):
 
 
 def stage_of(name, pp, layers):
-    """A plain pipeline split: layer i to stage i * pp // layers; embeddings first, norm and head last."""
+    """NxD pipeline/partition.py create_partitions: layers // pp decoder layers per stage, one more for each of
+    the last layers % pp stages; the embedding in the first stage, the final norm and lm_head in the last."""
     if name.startswith("model.layers."):
-        return int(name.split(".")[2]) * pp // layers
+        i, end = int(name.split(".")[2]), 0
+        for s in range(pp):
+            end += layers // pp + (s >= pp - layers % pp)
+            if i < end:
+                return s
     return 0 if name.startswith("model.embed_tokens") else pp - 1
 
 
@@ -298,17 +338,13 @@ def xser_modules():
     return TensorReference
 
 
-def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
-    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
-    with open(os.path.join(ref_dir, "config.json")) as f:
-        cfg = json.load(f)
-    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
-    layers = cfg["num_hidden_layers"]
-    shards = os.path.join(out, "shards")
+def write_shards(shards, ranks, params, specs, tp, pp, xser, layers, prefix="", ep=1):
+    """save_checkpoint(tag=shards) of per rank state dicts, with create_parameter_metadata per stage;
+    prefix: what the parameter names carry before the model's own ("base_model.model." for a PEFT model)."""
     os.makedirs(os.path.join(shards, "model"), exist_ok=True)
     TensorReference = xser_modules() if xser else None
     for s in range(pp):
-        names = [n for n in params if stage_of(n, pp, layers) == s]
+        names = [n for n in params if stage_of(n[len(prefix):], pp, layers) == s]
         stage_specs = []
         for sp in specs:  # to_metadata keeps the specs relevant to the stage's parameters
             mod = sp["module_fully_qualified_name"]
@@ -317,9 +353,15 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
         meta = {"parameters": {n: params[n] for n in names}, "model_weight_transformation_specs": stage_specs}
         with open(os.path.join(shards, f"mp_metadata_pp_rank_{s}.json"), "w") as f:
             f.write(json.dumps(meta, indent=4))
-        for r in range(tp):
-            sd = collections.OrderedDict((n, ranks[r][n]) for n in names)
-            path = os.path.join(shards, "model", "dp_rank_00_tp_rank_{:02d}_pp_rank_{:02d}.pt".format(r, s))
+        saved = [remove_adapter_name(n) for n in names]
+        for e, r in ((e, r) for e in range(ep) for r in range(tp)):
+            # expert parallelism (ep > 1, _get_path(ep=True)): ep rank e holds experts e*E/ep.. of each
+            # expert_mlps parameter (axis 0), as checkpoint_converter.py's convert_full_state_to_tp narrows them
+            is_ep = lambda n: ep > 1 and "expert_mlps" in n
+            local = lambda n, t: t.narrow(0, t.shape[0] // ep * e, t.shape[0] // ep).clone() if is_ep(n) else t
+            sd = collections.OrderedDict((n, local(n, ranks[r][n])) for n in saved if n in ranks[r])
+            name = "dp_rank_00" + ("_ep_rank_{:02d}".format(e) if ep > 1 else "") + "_tp_rank_{:02d}_pp_rank_{:02d}.pt"
+            path = os.path.join(shards, "model", name.format(r, s))
             if not xser:
                 torch.save(sd, path)
                 continue
@@ -327,13 +369,28 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
             os.makedirs(folder, exist_ok=True)
             refs, info = collections.OrderedDict(), {}
             for tid, (n, t) in enumerate(sd.items()):
-                torch.save(t, os.path.join(folder, "tensor_{}.pt".format(tid)))
+                if e == 0 or is_ep(n):  # _xser_save_data: ep ranks > 0 write only their expert-parallel tensors
+                    torch.save(t, os.path.join(folder, "tensor_{}.pt".format(tid)))
                 refs[n] = TensorReference(tid)
-                info[tid] = {"dtype": t.dtype, "shape": t.shape, "expert_model_parallel": False}
+                info[tid] = {"dtype": t.dtype, "shape": t.shape, "expert_model_parallel": is_ep(n)}
             torch.save(refs, path)
             torch.save(info, path + ".info.pt")
     with open(os.path.join(shards, "done"), "w") as f:
         f.write("1")
+
+
+def remove_adapter_name(name):
+    """transformations_utils.py remove_adapter_name (LORA_PATTERN): the adapter name after lora_A / lora_B dropped,
+    as get_peft_model_state_dict saves the parameters."""
+    return re.sub(r"(?P<q>(\w+\.)+?lora_(embedding_)?(A|B))\.(?P<a>\w+)(?P<r>(\.{0,1}\w+\.?)+)?", r"\g<q>\g<r>", name)
+
+
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1):
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    with open(os.path.join(ref_dir, "config.json")) as f:
+        cfg = json.load(f)
+    ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
+    write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"], ep=ep)
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = f.read()
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -346,6 +403,128 @@ def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
     with open(os.path.join(out, "trn_config.json"), "w") as f:
         f.write(json.dumps(trn, indent=4))
     return m
+
+
+# ---- a PEFT LoRA adapter and its save (optimum/neuron/peft) ----
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def make_adapter(ref_dir, out, r=4, targets=LORA_TARGETS):
+    """A PEFT LoRA adapter of REF on every linear of the decoder layers (bf16, r 4, alpha 8), as optimum-neuron trains
+    one: a fused linear has one lora_A (_lora_adapt_state_dict takes the members' mean), so q/k/v share theirs and
+    gate/up theirs — what _lora_to_original_weights gives back for each member."""
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    g = torch.Generator().manual_seed(23)
+    rnd = lambda *shape: torch.randn(shape, generator=g).to(torch.bfloat16)
+    tensors = {}
+    for name, w in ref.items():
+        mod, leaf = name.rsplit(".", 1)
+        short = mod.rsplit(".", 1)[-1]
+        if leaf != "weight" or short not in targets:
+            continue
+        group = {"q_proj": "q_proj", "k_proj": "q_proj", "v_proj": "q_proj", "up_proj": "gate_proj"}.get(short, short)
+        shared = "base_model.model." + mod.rsplit(".", 1)[0] + "." + group + ".lora_A.weight"
+        if shared not in tensors:
+            tensors[shared] = rnd(r, w.shape[1])
+        tensors["base_model.model." + mod + ".lora_A.weight"] = tensors[shared].clone()
+        tensors["base_model.model." + mod + ".lora_B.weight"] = rnd(w.shape[0], r)
+    os.makedirs(out, exist_ok=True)
+    write_safetensors(os.path.join(out, "adapter_model.safetensors"), tensors)
+    config = {
+        "alpha_pattern": {}, "auto_mapping": None, "base_model_name_or_path": ref_dir, "bias": "none",
+        "fan_in_fan_out": False, "inference_mode": True, "init_lora_weights": True, "layers_pattern": None,
+        "layers_to_transform": None, "loftq_config": {}, "lora_alpha": 8, "lora_dropout": 0.05,
+        "megatron_config": None, "megatron_core": "megatron.core", "modules_to_save": None, "peft_type": "LORA",
+        "r": r, "rank_pattern": {}, "revision": None, "target_modules": list(targets), "task_type": "CAUSAL_LM",
+        "use_dora": False, "use_rslora": False}
+    with open(os.path.join(out, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def save_adapter(ref_dir, ad_dir, out, tp, pp, xser, fuse_qkv, kv_mult):
+    """NeuronPeftModel.save_pretrained (peft/peft_model.py) of the adapter in AD_DIR on REF's training model:
+    OUT/adapter_default/adapter_shards/... and adapter_config.json. The metadata is create_parameter_metadata of
+    the PEFT model (every parameter, "base_model.model." before it, a LoRA module's own weights under base_layer,
+    its lora_A / lora_B after them, the specs' peft_type "lora"); each rank file holds only the LoRA weights
+    (get_peft_model_state_dict), sharded as peft/tuners/lora/layer.py makes them and the specs'
+    _lora_adapt_state_dict places them: lora_A replicated and lora_B column-parallel on a column-parallel base
+    (lora_B fused and split like the base weight for gate_up_proj and qkv_proj, through the GQA placement for
+    GQAQKVColumnParallelLinear), lora_A row-parallel and lora_B replicated on a row-parallel base (o_proj's lora_A
+    permuted like o_proj under GQA)."""
+    ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
+    ad = read_safetensors(os.path.join(ad_dir, "adapter_model.safetensors"))
+    with open(os.path.join(ref_dir, "config.json")) as f:
+        c = json.load(f)
+    _, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, c)
+    H, KV, hd = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    kv_out = KV * hd * m // tp
+    A = lambda mod: ad[f"base_model.model.{mod}.lora_A.weight"]
+    has = lambda mod: f"base_model.model.{mod}.lora_A.weight" in ad  # a module the adapter targets
+    B = lambda mod: ad[f"base_model.model.{mod}.lora_B.weight"]
+    P = "base_model.model."
+    ranks = [collections.OrderedDict() for _ in range(tp)]
+    meta = collections.OrderedDict()
+
+    def put(name, fn, attrs):
+        meta[P + name] = attrs
+        for r in range(tp):
+            ranks[r][remove_adapter_name(P + name)] = fn(r)
+
+    modules = collections.OrderedDict()
+    for n, attrs in params.items():
+        mod, leaf = n.rsplit(".", 1)
+        modules.setdefault(mod, []).append((leaf, attrs))
+    for mod, leaves in modules.items():
+        parent, short = mod.rsplit(".", 1) if "." in mod else ("", mod)
+        first = {"qkv_proj": "q_proj", "gate_up_proj": "gate_proj"}.get(short, short)  # a fused linear: its first member
+        if short not in ("qkv_proj", "q_proj", "k_proj", "v_proj", "o_proj", "gate_up_proj", "down_proj") or \
+                not has(parent + "." + first):
+            for leaf, attrs in leaves:
+                meta[P + mod + "." + leaf] = attrs
+            continue
+        for leaf, attrs in leaves:
+            meta[P + mod + ".base_layer." + leaf] = attrs
+        la, lb = mod + ".lora_A.default.weight", mod + ".lora_B.default.weight"
+        if short == "qkv_proj" and "weight" not in dict(leaves):  # GQAQKVColumnParallelLinear
+            q, k, v = (parent + "." + x for x in ("q_proj", "k_proj", "v_proj"))
+            put(la, lambda r: A(q).clone(), {"tensor_model_parallel": False})
+            parts = lambda r: [q_or_o_local(B(q), H, KV, m, "query", r, tp), kv_local(B(k), m, kv_out, r, tp),
+                               kv_local(B(v), m, kv_out, r, tp)]
+            if fuse_qkv:
+                put(lb + "_qkv", lambda r: torch.cat(parts(r), dim=0), {"tensor_model_parallel": False})
+            else:
+                for i, x in enumerate("qkv"):
+                    put(lb + "_" + x, lambda r, i=i: parts(r)[i], tp_attrs(0, 1, tp))
+        elif short in ("qkv_proj", "gate_up_proj"):  # a ColumnParallelLinear with a FusedLinearsSpec
+            members = ("q_proj", "k_proj", "v_proj") if short == "qkv_proj" else ("gate_proj", "up_proj")
+            ws = [B(parent + "." + x) for x in members]
+            put(la, lambda r: A(parent + "." + members[0]).clone(), {"tensor_model_parallel": False})
+            put(lb, lambda r: create_local_fused_weight(r, tp, ws, 0, 0), tp_attrs(0, 1, tp))
+        elif short in ("q_proj", "k_proj", "v_proj"):
+            put(la, lambda r: A(mod).clone(), {"tensor_model_parallel": False})
+            put(lb, lambda r: create_local_weight_with_padding(B(mod), 0, 1, r, tp), tp_attrs(0, 1, tp))
+        else:  # o_proj, down_proj: RowParallelLinear
+            # o_proj's lora_A takes the GQA query-head order only through the spec's _lora_adapt_state_dict, that
+            # is when the GQA linear carries a LoRA too; else create_local_weight_with_padding of adapt_state_dict
+            gqa = short == "o_proj" and has(parent + ".q_proj") and any(
+                s["module_fully_qualified_name"] == parent and s["specs"] and
+                s["specs"][0][0] == "GQAQKVColumnParallelLinearSpec" for s in specs)
+            put(la, lambda r: q_or_o_local(A(mod), H, KV, m, "output", r, tp) if gqa else
+                create_local_weight_with_padding(A(mod), 1, 1, r, tp), tp_attrs(1, 1, tp))
+            put(lb, lambda r: B(mod).clone(), {"tensor_model_parallel": False})
+    pspecs = []
+    for sp in specs:  # guess_peft_type: "lora" when the spec's fused linear carries a LoRA
+        mod = sp["module_fully_qualified_name"]
+        lora = lambda f: "lora" if has(mod + "." + f.get("query_projection_name", (f.get("linear_names") or [""])[0])) else None
+        pspecs.append({"module_fully_qualified_name": P + mod,
+                       "specs": [[cls, dict(f, peft_type=lora(f))] for cls, f in sp["specs"]]})
+    folder = os.path.join(out, "adapter_default")
+    write_shards(os.path.join(folder, "adapter_shards"), ranks, meta, pspecs, tp, pp, xser, c["num_hidden_layers"], P)
+    with open(os.path.join(ad_dir, "adapter_config.json")) as f:
+        text = f.read()
+    with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+        f.write(text)
 
 
 def damage(out, what):
@@ -364,6 +543,10 @@ def damage(out, what):
         t = torch.load(p); t[16 + 3, 7] += 1; torch.save(t, p)
     elif kind == "info":  # an .info.pt entry that disagrees with its tensor file
         info = torch.load(rank(1) + ".info.pt"); info[2]["shape"] = torch.Size([64, 99]); torch.save(info, rank(1) + ".info.pt")
+    elif kind == "lora_a":  # a replicated lora_A that differs on rank 2 (a plain adapter save)
+        p = os.path.join(out, "adapter_default", "adapter_shards", "model", "dp_rank_00_tp_rank_02_pp_rank_00.pt")
+        sd = torch.load(p); sd["base_model.model.model.layers.1.mlp.gate_up_proj.lora_A.weight"][1, 3] += 1
+        torch.save(sd, p)
     elif kind == "evil":  # a reference file whose pickle calls os.system
         class Evil:
             def __reduce__(self):
@@ -371,6 +554,16 @@ def damage(out, what):
         torch.save({"model.embed_tokens.weight": Evil()}, rank(0))
     else:
         sys.exit(f"unknown damage {what}")
+
+
+def run_save(ref, b):
+    if not b.adapter:
+        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep)
+    targets = b.lora_targets.split(",")
+    ad = ref + "-adapter" + ("" if targets == LORA_TARGETS else "-" + "-".join(targets))
+    if not os.path.exists(os.path.join(ad, "adapter_model.safetensors")):
+        make_adapter(ref, ad, targets=targets)
+    save_adapter(ref, ad, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
 
 
 def main():
@@ -389,7 +582,13 @@ def main():
     s.add_argument("--rowids", action="store_true", help="(saves) from REF-rows, whose values are row numbers")
     s.add_argument("--mha", action="store_true", help="(saves) from REF-mha, whose KV heads are its 8 query heads")
     s.add_argument("--qwen3", action="store_true", help="(saves) from REF-qwen3, a Qwen3 (q_norm, k_norm)")
-    s.add_argument("--damage", default=None, help="norm, shape, kv, info or evil:MARKER (the hostile tests)")
+    s.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (with --moe)")
+    s.add_argument("--moe", action="store_true", help="(saves) from REF-moe, a Mixtral with neuronx-distributed's MoE")
+    s.add_argument("--adapter", action="store_true",
+                   help="save REF-adapter (a PEFT LoRA of REF, made when missing) as SAVE/adapter_default instead")
+    s.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
+                   help="(with --adapter) the adapter's target_modules; REF-adapter-<targets> unless all")
+    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
     m.add_argument("specs", nargs="+")
@@ -397,7 +596,7 @@ def main():
     if a.cmd == "ref":
         make_ref(a.out)
     elif a.cmd == "save":
-        save(a.ref, a.out, a.tp, a.pp, a.xser, a.fuse_qkv, a.kv_size_multiplier)
+        run_save(a.ref, a)
         if a.damage:
             xser_modules()
             damage(a.out, a.damage)
@@ -406,10 +605,11 @@ def main():
             make_ref(a.ref)
         for spec in a.specs:
             b = ap.parse_args(["save", a.ref] + shlex.split(spec))
-            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "") + ("-qwen3" if b.qwen3 else "")
+            ref = a.ref + ("-rows" if b.rowids else "") + ("-mha" if b.mha else "") + ("-qwen3" if b.qwen3 else "") + \
+                ("-moe" if b.moe else "")
             if not os.path.exists(os.path.join(ref, "model.safetensors")):
-                make_ref(ref, rowids=b.rowids, mha=b.mha, qwen3=b.qwen3)
-            save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier)
+                make_ref(ref, rowids=b.rowids, mha=b.mha, qwen3=b.qwen3, moe=b.moe)
+            run_save(ref, b)
             if b.damage:
                 xser_modules()
                 damage(b.out, b.damage)

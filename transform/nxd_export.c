@@ -22,6 +22,7 @@ typedef struct {
     bool tied;           /* tie_word_embeddings: lm_head.weight is embed_tokens.weight (tie_weights) */
     int64_t H, KV, hd, hidden, inter, vocab, layers;
     int64_t tp, m;   /* kv_size_multiplier as the model uses it (1 without GQAQKVColumnParallelLinear) */
+    int64_t pp;      /* pipeline stages (TrainingNeuronConfig.pipeline_parallel_size) */
     bool qkv_linear; /* GQAQKVColumnParallelLinear */
     bool fuse_qkv;   /* trn_config.fuse_qkv */
     bool qkv_fused;  /* the stride-3 ColumnParallelLinear qkv_proj (fuse_qkv, as many KV heads as query heads) */
@@ -90,6 +91,13 @@ static int read_model(nxd_model *g, const json_t *cfg, const convert_opts *o, co
     if (g->H % tp)
         return ckpt_error_set(CKPT_EINVAL, "%s: num_attention_heads %lld does not divide by --tp %lld", w, (long long)g->H,
                               (long long)tp);
+    g->pp = x->pp > 0 ? x->pp : 1;
+    if (g->pp > 1 && g->pp > g->layers)
+        return ckpt_error_set(CKPT_EINVAL, "%s: %lld layers cannot fill --pp %lld stages (neuronx-distributed's create_partitions "
+                              "asserts at least one layer per stage)", w, (long long)g->layers, (long long)g->pp);
+    if (g->pp > 1 && g->tied)
+        return ckpt_error_set(CKPT_EINVAL, "%s: tie_word_embeddings with --pp %lld: the embedding and lm_head would share a "
+                              "parameter across the first and last stage (not supported)", w, (long long)g->pp);
     if (g->qkv_linear && (g->m > tp || tp % g->m || (g->KV * g->m) % tp))
         return ckpt_error_set(CKPT_EINVAL,
                               "%s: %lld KV heads x kv_size_multiplier %lld do not divide by --tp %lld "
@@ -254,11 +262,29 @@ static int build_metadata(nxd_out *n)
 
 /* trn_config.json: asdict(TrainingNeuronConfig) (models/training/config.py), the defaults but for what
  * the options set. */
+/* The pipeline stage of a parameter or module: neuronx-distributed's create_partitions
+ * (pipeline/partition.py, NxDPPModel with auto_partition as optimum-neuron's create_nxdpp_model builds
+ * it) gives each stage layers / pp decoder layers, one more to each of the last layers % pp stages; the
+ * embedding is in the first stage, the final norm and lm_head in the last. */
+static int64_t stage_of(const nxd_model *g, const char *name)
+{
+    long long layer;
+    if (sscanf(name, "model.layers.%lld.", &layer) == 1) {
+        int64_t per = g->layers / g->pp, rem = g->layers % g->pp, first_big = g->pp - rem, at = 0;
+        for (int64_t s = 0; s < g->pp; s++) {
+            at += per + (s >= first_big);
+            if (layer < at) return s;
+        }
+        return g->pp - 1;
+    }
+    return strncmp(name, "model.embed_tokens.", 19) ? g->pp - 1 : 0;
+}
+
 static json_t *trn_config(const nxd_model *g, const convert_opts *o, const nxd_export_opts *x)
 {
     json_t *kv = o->kv_size_multiplier ? json_integer(o->kv_size_multiplier) : json_null();
-    return json_pack("{s:I,s:b,s:o,s:i,s:i,s:i,s:b,s:b,s:n,s:i,s:b,s:b,s:b,s:b,s:b}", "tensor_parallel_size",
-                     (json_int_t)g->tp, "sequence_parallel_enabled", 0, "kv_size_multiplier", kv, "pipeline_parallel_size", 1,
+    return json_pack("{s:I,s:b,s:o,s:I,s:i,s:i,s:b,s:b,s:n,s:i,s:b,s:b,s:b,s:b,s:b}", "tensor_parallel_size",
+                     (json_int_t)g->tp, "sequence_parallel_enabled", 0, "kv_size_multiplier", kv, "pipeline_parallel_size", (json_int_t)g->pp,
                      "virtual_pipeline_parallel_size", 1, "pipeline_parallel_num_microbatches", 1,
                      "pipeline_parallel_use_zero1_optimizer", 0, "gradient_checkpointing", 0, "checkpoint_dir",
                      "num_local_ranks_per_step", 8, "use_xser", x->xser, "async_save", 0, "fuse_qkv", x->fuse_qkv,
@@ -350,9 +376,11 @@ static int add_file(exec_plan *p, nxd_files *fs, char *rel, const torch_out_tens
  * TensorReference(tid) records, tid the tensor's index in the state dict, each tensor is
  * <file>.pt.tensors/tensor_<tid>.pt (torch.save of the tensor alone), and <file>.pt.info.pt
  * holds every tid's dtype and shape. */
-static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, const json_t *params, const json_t *where,
-                       int rank, int64_t tp, bool xser, bool tied, bool *used)
+static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, const nxd_model *g, const json_t *params,
+                       const json_t *where, int rank, int64_t stage, bool xser, bool *used)
 {
+    int64_t tp = g->tp;
+    bool tied = g->tied;
     size_t n = json_object_size(params) + 1;
     torch_out_tensor *tt = ckpt_calloc(n + 1, sizeof *tt);
     plan_tensor **pt = ckpt_calloc(n + 1, sizeof *pt);
@@ -363,6 +391,7 @@ static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, cons
     json_object_foreach((json_t *)params, name, v)
     {
         if (rc) break;
+        if (stage_of(g, name) != stage) continue;
         json_t *idx = json_object_get(where, name);
         size_t i, at = (size_t)-1;
         json_t *e;
@@ -396,7 +425,7 @@ static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, cons
             k++;
             break;
         }
-    char *rel = rc ? NULL : ckpt_sprintf("shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt", rank);
+    char *rel = rc ? NULL : ckpt_sprintf("shards/model/dp_rank_00_tp_rank_%02d_pp_rank_%02lld.pt", rank, (long long)stage);
     if (!rc && !rel) rc = CKPT_ENOMEM;
     if (!rc && !xser) {
         rc = add_file(p, fs, rel, tt, pt, k, NULL, 0);
@@ -446,6 +475,47 @@ static int finish_files(const nxd_files *fs, const char *tmp)
     return rc;
 }
 
+/* mp_metadata_pp_rank_<s>.json: create_parameter_metadata on stage s — its parameters, and every
+ * CustomModule's entry with the specs ModelWeightTransformationSpecs.to_metadata keeps for the stage (those
+ * whose parameters the stage holds: a layer's, in the layer's stage; the others' lists empty). */
+static int write_stage_metadata(const nxd_out *n, const char *shards, int64_t s)
+{
+    json_t *params = json_object(), *specs = json_array(), *e;
+    int rc = params && specs ? 0 : CKPT_ENOMEM;
+    const char *name;
+    json_t *v;
+    json_object_foreach(n->params, name, v)
+    {
+        if (!rc && stage_of(&n->g, name) == s) rc = put(params, name, json_incref(v));
+    }
+    size_t i;
+    json_array_foreach(n->specs, i, e)
+    {
+        if (rc) break;
+        const char *mod = json_string_value(json_object_get(e, "module_fully_qualified_name"));
+        char *dotted = mod ? ckpt_sprintf("%s.", mod) : NULL;
+        if (!dotted) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        json_t *kept = stage_of(&n->g, dotted) == s ? json_incref(json_object_get(e, "specs")) : json_array();
+        free(dotted);
+        rc = push(specs, kept ? json_pack("{s:s,s:o}", "module_fully_qualified_name", mod, "specs", kept) : NULL);
+    }
+    json_t *meta = rc ? NULL : json_pack("{s:O,s:O}", "parameters", params, "model_weight_transformation_specs", specs);
+    if (!rc && !meta) rc = CKPT_ENOMEM;
+    char *file = rc ? NULL : ckpt_sprintf("mp_metadata_pp_rank_%lld.json", (long long)s);
+    char *mp = file ? ckpt_path_join(shards, file) : NULL;
+    if (!rc && !mp) rc = CKPT_ENOMEM;
+    if (!rc) rc = write_json_py(mp, meta);
+    free(file);
+    free(mp);
+    json_decref(meta);
+    json_decref(params);
+    json_decref(specs);
+    return rc;
+}
+
 static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const char *dst, const convert_opts *o,
                       const nxd_export_opts *x)
 {
@@ -465,13 +535,7 @@ static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const c
     if (!rc && sync_fd < 0) rc = ckpt_error_sys("%s: open", tmp);
     if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", tmp); /* the files and their folders */
     if (sync_fd >= 0) close(sync_fd);
-    json_t *meta = rc ? NULL : json_pack("{s:O,s:O}", "parameters", n->params, "model_weight_transformation_specs", n->specs);
-    if (!rc && !meta) rc = CKPT_ENOMEM;
-    char *mp = rc ? NULL : ckpt_path_join(shards, "mp_metadata_pp_rank_0.json");
-    if (!rc && !mp) rc = CKPT_ENOMEM;
-    if (!rc) rc = write_json_py(mp, meta);
-    free(mp);
-    json_decref(meta);
+    for (int64_t s = 0; !rc && s < n->g.pp; s++) rc = write_stage_metadata(n, shards, s);
     if (!rc) rc = outdir_copy_side_files(cp->src_dir, tmp);
     json_t *trn = rc ? NULL : trn_config(&n->g, o, x);
     if (!rc && !trn) rc = CKPT_ENOMEM;
@@ -533,7 +597,8 @@ int nxd_export(const char *src, const char *dst, const convert_opts *o, const nx
     bool *used = rc ? NULL : ckpt_calloc(cp.set.n + 1, sizeof *used);
     nxd_files fs = {0};
     if (!rc && !used) rc = CKPT_ENOMEM;
-    for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &fs, &cp, n.params, where, r, n.g.tp, x->xser, n.g.tied, used);
+    for (int64_t s = 0; !rc && s < n.g.pp; s++)
+        for (int r = 0; !rc && r < n.g.tp; r++) rc = layout_rank(&cp.exec, &fs, &cp, &n.g, n.params, where, r, s, x->xser, used);
     if (!rc && n.g.tied && json_object_get(where, "lm_head.weight"))
         rc = ckpt_error_set(CKPT_EINVAL, "%s: tie_word_embeddings is true, but the source holds an lm_head.weight of its own", src);
     for (size_t i = 0; !rc && i < cp.set.n; i++)

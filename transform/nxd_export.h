@@ -6,7 +6,8 @@
  * nxd_export(SRC, DST) writes what NeuronModelMixin.save_pretrained
  * (optimum-neuron, optimum/neuron/models/training/modeling_utils.py) leaves
  * in DST after neuronx-distributed's trainer/checkpoint.py
- * save_checkpoint(DST, tag="shards", model=...) with pp 1 and no optimizer:
+ * save_checkpoint(DST, tag="shards", model=...) with no optimizer (pp stages
+ * as create_partitions splits the layers, nxd_export_opts.pp):
  *
  *   DST/config.json (and the source's other small files: tokenizer, generation config)
  *   DST/trn_config.json                     asdict(TrainingNeuronConfig), json.dumps(indent=4)
@@ -41,6 +42,7 @@
 typedef struct {
     bool fuse_qkv; /* TrainingNeuronConfig.fuse_qkv */
     bool xser;     /* TrainingNeuronConfig.use_xser: torch_xla's serialization (TensorReference records) */
+    int pp;        /* TrainingNeuronConfig.pipeline_parallel_size (0: 1): rank files and metadata per stage */
 } nxd_export_opts;
 
 /* o: tp, kv_size_multiplier, dtype, threads, force, quiet, no_hash (layout must be "neuron"). */

@@ -19,6 +19,10 @@
  *     that dtype and shape (an error names the file and parameter), and its
  *     parts are inverted (consolidate.h): the KV replicas and the replicated
  *     parameters of ranks 1.. become checks against rank 0's bytes;
+ *   - a PEFT adapter save (adapter_<name>/adapter_shards) keeps only that
+ *     adapter's LoRA parameters, undoes the specs whose peft_type is "lora"
+ *     as _lora_to_original_weights does (lora_A copies, lora_B through the same
+ *     rules), and writes adapter_model.safetensors + adapter_config.json;
  *   - the pipeline stages are merged and DST is written as `ckpt convert`
  *     writes a folder (model.safetensors or shards of --max-shard-size with
  *     their index, {"format": "pt"}), with config.json and the tokenizer

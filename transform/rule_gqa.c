@@ -12,7 +12,8 @@
  *        times each (slot p holds KV head p div m: adjacent ranks share a KV
  *        head and rank r has query heads r*H/tp.., as vLLM's
  *        QKVParallelLinear places them),
- *   O_r: the o_proj columns of Q_r's heads, same order,
+ *   O_r: the o_proj columns of Q_r's heads, same order (none when `o` is
+ *        "": a LoRA lora_B of q/k/v whose o_proj has no adapter),
  * fused as [Q_r; K_r; V_r] (weight and bias) or kept as three tensors.
  */
 #include "transform/rules_internal.h"
@@ -70,14 +71,14 @@ static int find_members(const rule *r, const plan_set *s, const char *prefix, at
     a->q = find_member(s, prefix, r->q, "weight");
     a->k = find_member(s, prefix, r->k, "weight");
     a->v = find_member(s, prefix, r->v, "weight");
-    a->o = find_member(s, prefix, r->o, "weight");
+    a->o = *r->o ? find_member(s, prefix, r->o, "weight") : -2; /* -2: no output projection */
     a->qb = find_member(s, prefix, r->q, "bias");
     a->kb = find_member(s, prefix, r->k, "bias");
     a->vb = find_member(s, prefix, r->v, "bias");
     const char *need[] = {r->q, r->k, r->v, r->o};
     long got[] = {a->q, a->k, a->v, a->o};
     for (int i = 0; i < 4; i++)
-        if (got[i] < 0) return rule_err(r, CKPT_EINVAL, "missing tensor '%s.%s.weight' (is it split already, or named differently?)", prefix, need[i]);
+        if (got[i] == -1) return rule_err(r, CKPT_EINVAL, "missing tensor '%s.%s.weight' (is it split already, or named differently?)", prefix, need[i]);
     bool any_bias = a->qb >= 0 || a->kb >= 0 || a->vb >= 0;
     if (any_bias && (a->qb < 0 || a->kb < 0 || a->vb < 0))
         return rule_err(r, CKPT_EINVAL, "'%s': q/k/v biases must all be present or all absent", prefix);
@@ -220,7 +221,7 @@ static int build_rank(const rule *r, plan_set *s, const char *prefix, const attn
         }
         for (int i = 0; i < made; i++) plan_tensor_free(&parts[i]);
     }
-    if (rc) return rc;
+    if (rc || a->o == -2) return rc;
     plan_tensor o;
     rc = gather_heads(&o, &s->t[a->o], 1, q, nq, hd);
     if (rc) return rc;
@@ -288,7 +289,7 @@ int rule_apply_fuse_qkv_gqa(const rule *r, plan_set *s, rules_result *res)
         if (!rc) rc = check_shape(r, &s->t[a.q], 2, H * hd, hidden, "num_attention_heads x head_dim, hidden");
         if (!rc) rc = check_shape(r, &s->t[a.k], 2, KV * hd, hidden, "num_key_value_heads x head_dim, hidden");
         if (!rc) rc = check_shape(r, &s->t[a.v], 2, KV * hd, hidden, "num_key_value_heads x head_dim, hidden");
-        if (!rc) rc = check_shape(r, &s->t[a.o], 2, s->t[a.o].shape[0], H * hd, "hidden, num_attention_heads x head_dim");
+        if (!rc && a.o >= 0) rc = check_shape(r, &s->t[a.o], 2, s->t[a.o].shape[0], H * hd, "hidden, num_attention_heads x head_dim");
         if (!rc && a.qb >= 0) rc = check_shape(r, &s->t[a.qb], 1, H * hd, 0, "num_attention_heads x head_dim");
         if (!rc && a.kb >= 0) rc = check_shape(r, &s->t[a.kb], 1, KV * hd, 0, "num_key_value_heads x head_dim");
         if (!rc && a.vb >= 0) rc = check_shape(r, &s->t[a.vb], 1, KV * hd, 0, "num_key_value_heads x head_dim");

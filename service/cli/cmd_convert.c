@@ -59,10 +59,14 @@ static const char nxd_options_help[] =
     "  --fuse-qkv              TrainingNeuronConfig.fuse_qkv: q/k/v as one qkv_proj parameter\n"
     "  --xser                  TrainingNeuronConfig.use_xser (optimum-neuron's default): each rank\n"
     "                          .pt holds TensorReference records, every tensor its own\n"
-    "                          .pt.tensors/tensor_<tid>.pt, with .pt.info.pt\n";
+    "                          .pt.tensors/tensor_<tid>.pt, with .pt.info.pt\n"
+    "  --pp P                  TrainingNeuronConfig.pipeline_parallel_size: the decoder layers\n"
+    "                          split over P stages as neuronx-distributed's create_partitions\n"
+    "                          splits them, rank files _pp_rank_PP and mp_metadata_pp_rank_PP.json\n"
+    "                          per stage (default 1)\n";
 
 enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV,
-       OPT_STRIP_PREFIX, OPT_STATE };
+       OPT_STRIP_PREFIX, OPT_STATE, OPT_PP };
 
 /* Every option of plan, convert and consolidate; each takes the ones its allowed[] lists. */
 static const int convert_shared[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE,
@@ -78,6 +82,7 @@ static const struct option convert_own[] = {
     {"format", required_argument, 0, OPT_FORMAT},
     {"xser", no_argument, 0, OPT_XSER},
     {"fuse-qkv", no_argument, 0, OPT_FUSE_QKV},
+    {"pp", required_argument, 0, OPT_PP},
     {0, 0, 0, 0},
 };
 
@@ -131,6 +136,10 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
         case OPT_FORMAT: a->format = optarg; break;
         case OPT_XSER: a->nxd.xser = true; break;
         case OPT_FUSE_QKV: a->nxd.fuse_qkv = true; break;
+        case OPT_PP:
+            if (cli_parse_number(cmd, "--pp", optarg, 1, 1024, &v)) return CLI_USAGE;
+            a->nxd.pp = (int)v;
+            break;
         case OPT_LORA_SCALE:
             if (cli_parse_factor(cmd, "--lora-scale", optarg, &a->co.lora_scale)) return CLI_USAGE;
             break;
@@ -147,8 +156,8 @@ static int parse_args(const char *cmd, int argc, char **argv, const int *allowed
     if (a->format && strcmp(a->format, "nxd") && strcmp(a->format, "safetensors"))
         return cli_usage_error(cmd, "--format is safetensors (the default) or nxd");
     if (a->format && !strcmp(a->format, "safetensors")) a->format = NULL;
-    if ((a->nxd.xser || a->nxd.fuse_qkv) && !a->format)
-        return cli_usage_error(cmd, "--xser and --fuse-qkv go with --format nxd");
+    if ((a->nxd.xser || a->nxd.fuse_qkv || a->nxd.pp) && !a->format)
+        return cli_usage_error(cmd, "--xser, --fuse-qkv and --pp go with --format nxd");
     if (a->format && (a->co.rules_file || a->co.lora || a->co.max_shard_size))
         return cli_usage_error(cmd, "--format nxd writes optimum-neuron's own layout: no --rules, --lora or --max-shard-size");
     if (a->format && (!a->co.layout || strcmp(a->co.layout, "neuron")))
@@ -258,13 +267,14 @@ int cmd_convert(int argc, char **argv)
                "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
                "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n"
                "  ckpt convert ./Llama-3-8B ./llama-merged-tp8 --layout neuron --tp 8 --lora ./my-adapter\n"
-               "  ckpt convert ./Llama-3-8B ./llama-trn-tp8 --layout neuron --tp 8 --format nxd\n\n%s",
+               "  ckpt convert ./Llama-3-8B ./llama-trn-tp8 --layout neuron --tp 8 --format nxd\n"
+               "  ckpt convert ./Llama-3-8B ./llama-trn-tp8-pp4 --layout neuron --tp 8 --format nxd --pp 4 --xser\n\n%s",
                layout_options_help, nxd_options_help);
         return CLI_OK;
     }
     static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
                                   CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_NO_HASH, CLI_OPT_QUIET,
-                                  CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV,
+                                  CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV, OPT_PP,
                                   CLI_OPT_END};
     cli_args a;
     int u = parse_args("convert", argc, argv, allowed, &a);
@@ -313,11 +323,14 @@ int cmd_consolidate(int argc, char **argv)
                "SRC may also be an EasyDeL save (TensorStore, or the older\n"
                "easydel-model.parameters; docs/easydel.md), an optimum-neuron /\n"
                "neuronx-distributed training save (the folder holding shards/, or shards/\n"
-               "itself; docs/layouts.md): its tensor-parallel ranks and pipeline stages are\n"
-               "merged and the model_weight_transformation_specs undone as optimum-neuron's\n"
-               "to_original_weights does; or a PyTorch Distributed Checkpoint folder\n"
-               "(.metadata + __<rank>_<n>.distcp, as torch.distributed.checkpoint.save,\n"
-               "torchtitan and Accelerate's SHARDED_STATE_DICT write it): every chunk is\n"
+               "itself; docs/layouts.md): its tensor-parallel ranks, pipeline stages and\n"
+               "expert-parallel ranks are merged and the model_weight_transformation_specs\n"
+               "undone as optimum-neuron's to_original_weights does; given a PEFT adapter\n"
+               "save's adapter_<name> folder, DST is the adapter folder PEFT loads\n"
+               "(adapter_model.safetensors, adapter_config.json); or a PyTorch Distributed\n"
+               "Checkpoint folder (.metadata + __<rank>_<n>.distcp, as\n"
+               "torch.distributed.checkpoint.save, torchtitan and Accelerate's\n"
+               "SHARDED_STATE_DICT write it): every chunk is\n"
                "checked and each tensor assembled from its chunks, names kept; optimizer and\n"
                "training state (optim.*, train_state.*, ...) and bytes entries are left out\n"
                "(docs/torch.md). Both are streamed with bounded memory.\n"
@@ -331,6 +344,7 @@ int cmd_consolidate(int argc, char **argv)
                "                         along; leaves that match none are listed\n\n"
                "examples:\n  ckpt consolidate ./qwen2-neuron-tp8 ./qwen2-restored\n"
                "  ckpt consolidate ./llama-trn1-checkpoint-100 ./llama-hf --max-shard-size 2GB\n"
+               "  ckpt consolidate ./llama-trn1-checkpoint-100/adapter_default ./my-lora\n"
                "  ckpt consolidate ./ckpt/step-1000 ./hf --strip-prefix model. --max-shard-size 2GB\n"
                "  ckpt consolidate ./ckpt/step-1000 ./state --strip-prefix model. --state\n"
                "  ckpt consolidate ./easydel-save ./state --state   # easydel-optstate.* or tx/\n");

@@ -33,11 +33,11 @@ else
     # The longest ones start first, longest first, so the two slots end about
     # together (results are still printed in this order); the rest follow in
     # name order. (As last measured: store_crash, store, daemon, roundtrip,
-    # then fetch, easydel, dcp, lora, nxd_out, http, inspect; the rest are
+    # then fetch, easydel, dcp, lora, nxd_out, nxd, http, inspect; the rest are
     # under 25 s. A name without its script is skipped.)
     first=()
     for slow in test_store_crash test_store test_daemon test_roundtrip test_fetch test_easydel test_dcp \
-        test_lora test_nxd_out test_http test_inspect; do
+        test_lora test_nxd_out test_nxd test_http test_inspect; do
         [ -e "$here/$slow.sh" ] && first+=("$here/$slow.sh")
     done
     rest=()

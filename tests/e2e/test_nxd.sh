@@ -13,13 +13,22 @@
 #    --json` must list every parameter with the metadata's partition keys and
 #    the shape torch reads from rank 0; `ckpt consolidate` must give back
 #    model.safetensors byte for byte, from SAVE or SAVE/shards, and the same
-#    tensors in shards with --max-shard-size.
+#    tensors in shards with --max-shard-size. PEFT adapter saves consolidate
+#    byte for byte into the original adapter (LoRA on every linear or on some;
+#    fused and unfused GQA, the stride-3 qkv_proj, two stages), which merges
+#    and converts with --lora as the original does; expert-parallel saves of
+#    a Mixtral with neuronx-distributed's MoE (plain, and xser over two
+#    stages) consolidate byte for byte.
 # 2. Broken and hostile saves exit 1 with one line naming the file, the rank
 #    or the parameter, and DST never appears: no `done` marker, a missing
 #    rank file (also the last one, which only the metadata reveals), a
 #    replicated parameter or a KV replica that differs on one rank, metadata
 #    whose partition_dim does not match the tensors, a missing xser tensor
-#    file, .info.pt disagreeing with a tensor file, a pickle naming os.system.
+#    file, .info.pt disagreeing with a tensor file, a pickle naming os.system;
+#    a lora_A copy that differs on a rank, an adapter without
+#    adapter_config.json or with --max-shard-size, a peft_type in a model
+#    save, --state (the optimizer is not read), a missing ep rank or expert
+#    tensor.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
 # Debian's python3-torch, `make deps`).
 set -euo pipefail
@@ -38,6 +47,16 @@ for i in "${!specs[@]}"; do args+=("s$((i + 1)) ${specs[$i]}"); done
 args+=("b-norm --tp 4 --kv-size-multiplier 4 --damage norm" "b-shape --tp 4 --kv-size-multiplier 4 --damage shape"
     "b-kv --tp 4 --xser --fuse-qkv --damage kv" "b-info --tp 4 --xser --fuse-qkv --damage info"
     "b-evil --tp 4 --xser --fuse-qkv --damage evil:$work/pwned")
+# PEFT adapter saves (NeuronPeftModel.save_pretrained) of ref-adapter, a LoRA on every linear: fused GQA
+# qkv (xser), unfused GQA, separate q/k/v over two stages, ref-mha's stride-3 qkv_proj; then adapters on
+# some linears only: GQA q/k/v without o_proj (the GQA rule without its o), and o_proj/down_proj without
+# q/k/v or gate/up (specs whose peft_type is null: nothing of theirs is saved)
+adapters=("--tp 4 --xser --fuse-qkv" "--tp 4 --kv-size-multiplier 4" "--tp 2 --pp 2" "--tp 4 --fuse-qkv --mha"
+    "--tp 4 --xser --fuse-qkv --lora-targets q_proj,k_proj,v_proj" "--tp 4 --lora-targets o_proj,down_proj")
+for i in "${!adapters[@]}"; do args+=("a$((i + 1)) ${adapters[$i]} --adapter"); done
+args+=("b-lora --tp 4 --adapter --damage lora_a")
+# expert parallelism: a Mixtral with neuronx-distributed's MoE (modules/moe), its 4 experts over 2 ep ranks
+args+=("e1 --tp 2 --ep 2 --moe" "e2 --tp 2 --ep 2 --pp 2 --xser --fuse-qkv --moe")
 "$tpy" "$gen" saves ref "${args[@]}" || fail "nxd_gen.py saves"
 
 # check_inspect SAVE...: every metadata parameter listed with its partition
@@ -159,7 +178,50 @@ if [ "$(ulimit -H -n)" = unlimited ] || [ "$(ulimit -H -n)" -ge 400 ]; then
     cmp -s ref/model.safetensors fewfds/model.safetensors || fail "with 60 open files: model.safetensors differs"
     rm -rf fewfds
 fi
-rm -rf back sharded s1 s2 s6 s8 s9 ref-rows ref-mha ref-qwen3
+rm -rf back sharded s1 s2 s6 s8 s9 ref-rows ref-qwen3
+
+# PEFT adapter saves: consolidated into the adapter folder PEFT loads, byte for
+# byte the original adapter (lora_A of q/k/v and of gate/up shared, as
+# optimum-neuron trains them), from adapter_<name> or its adapter_shards
+for i in "${!adapters[@]}"; do
+    n=$((i + 1)) orig=ref-adapter
+    case ${adapters[$i]} in *--mha*) orig=ref-mha-adapter ;; *--lora-targets*) orig=ref-adapter-$(tr , - <<<"${adapters[$i]##* }") ;; esac
+    note "adapter save $n: ${adapters[$i]}"
+    expect_status 0 "$ckpt" consolidate "a$n/adapter_default" "ad$n"
+    [ "$(ls "ad$n")" = "$(printf 'adapter_config.json\nadapter_model.safetensors')" ] || fail "adapter $n: DST holds $(ls "ad$n" | tr '\n' ' ')"
+    cmp -s $orig/adapter_model.safetensors "ad$n/adapter_model.safetensors" || fail "adapter $n: adapter_model.safetensors differs"
+    cmp -s $orig/adapter_config.json "ad$n/adapter_config.json" || fail "adapter $n: adapter_config.json differs"
+done
+expect_status 0 "$ckpt" consolidate a3/adapter_default/adapter_shards ad-shards
+cmp -s ref-adapter/adapter_model.safetensors ad-shards/adapter_model.safetensors || fail "adapter_shards given alone: differs"
+# what consolidate gives loads in ckpt's LoRA code: inspect, and a merge into the
+# base, alone or within a convert, gives what the original adapter gives
+expect_status 0 "$ckpt" inspect ad1/adapter_model.safetensors
+grep -q "model.layers.1.self_attn.v_proj.lora_B.weight" "$work/out" || fail "inspect of the adapter: $(head -3 "$work/out")"
+expect_status 0 "$ckpt" merge-lora ref ad1 merged
+expect_status 0 "$ckpt" merge-lora ref ref-adapter merged-orig
+diff -r merged merged-orig >/dev/null || fail "merge-lora of the consolidated adapter differs from the original's"
+expect_status 0 "$ckpt" convert ref conv --layout neuron --tp 2 --lora ad2
+expect_status 0 "$ckpt" convert ref conv-orig --layout neuron --tp 2 --lora ref-adapter
+cmp -s conv/tp_rank_01/model.safetensors conv-orig/tp_rank_01/model.safetensors || fail "convert --lora of the consolidated adapter differs"
+# import stores the adapter folder consolidate makes, with ckpt-source.json
+CKPT_HOME=$work/home expect_status 0 "$ckpt" import a1/adapter_default --repo t/adapter
+CKPT_HOME=$work/home expect_status 0 "$ckpt" pull t/adapter -o pulled
+cmp -s ref-adapter/adapter_model.safetensors pulled/adapter_model.safetensors && [ -s pulled/ckpt-source.json ] ||
+    fail "import of an adapter save: $(ls pulled)"
+rm -rf pulled "$work/home"
+rm -rf a2 a4 a5 a6 ad* merged merged-orig conv conv-orig ref-mha ref-mha-adapter ref-adapter-*
+
+# expert-parallel saves: each expert_mlps tensor from every ep rank, in ep rank
+# order along the expert axis (checkpoint_converter.py); xser ep rank 1 holds
+# only its expert tensors (_xser_save_data), the rest is ep rank 0's
+for e in e1 e2; do
+    expect_status 0 "$ckpt" consolidate $e back-$e
+    cmp -s ref-moe/model.safetensors back-$e/model.safetensors || fail "$e: model.safetensors differs from the original"
+done
+expect_status 0 "$ckpt" inspect e2
+grep -q "^neuronx-distributed save e2/shards: tp 2, pp 2, ep 2, xser" "$work/out" || fail "inspect of an ep save: $(head -1 "$work/out")"
+rm -rf back-e1 back-e2
 
 # ---- 2. broken and hostile saves ----
 # refused SAVE PATTERN: exit 1, one line matching PATTERN, no DST.
@@ -214,10 +276,29 @@ refused b-shape "dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 'model.layers.1.
 refused b-kv "tensor 'model.layers.0.self_attn.k_proj.weight': tp rank 2 holds different bytes"
 refused b-info "tensor_2.pt: parameter 'model.layers.0.self_attn.o_proj.weight' \(tensor 2\) is BF16 \[64, 16\], .*info.pt says \[64, 99\]"
 refused b-evil "global '(posix|os).system' is not allowed"
-# a PEFT adapter save's folder (adapter_<name>/adapter_shards, peft_model.py): listed, not consolidated yet
-mkdir adapter_default && cp -a s3/shards adapter_default/adapter_shards
-expect_status 0 "$ckpt" inspect adapter_default
-grep -q "^neuronx-distributed PEFT adapter save adapter_default/adapter_shards: tp 4" "$work/out" || fail "adapter inspect: $(head -2 "$work/out")"
-refused adapter_default "adapter_default/adapter_shards: a PEFT adapter save \\(adapter_shards\\): .*not supported yet"
+# the optimizer is not read: --state says so
+expect_status 1 "$ckpt" consolidate s4 bad --state
+grep -q "the optimizer of a neuronx-distributed save (shards/optim/) is not read yet" "$work/err" || fail "--state: $(cat "$work/err")"
+# expert parallelism: a missing ep rank, a missing expert tensor of ep rank 1
+rm -rf b && cp -a e1 b && rm b/$M/dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt
+refused b "dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt: missing rank file \\(tp rank 1 of 2, pp rank 0 of 1, an expert-parallel rank\\)"
+rm -rf b && cp -a e2 b && rm b/$M/dp_rank_00_ep_rank_01_tp_rank_00_pp_rank_00.pt.tensors/tensor_7.pt
+refused b "dp_rank_00_ep_rank_01_tp_rank_00_pp_rank_00.pt: parameter 'model.layers.0.mlp.expert_mlps.mlp_op.down_proj.weight': its tensor file .*tensor_7.pt is missing"
+# adapters: listed by inspect; a lora_A replica that differs, no adapter_config.json, --max-shard-size
+expect_status 0 "$ckpt" inspect a1/adapter_default
+grep -q "^neuronx-distributed PEFT adapter save a1/adapter_default/adapter_shards: tp 4" "$work/out" || fail "adapter inspect: $(head -2 "$work/out")"
+refused b-lora/adapter_default "tensor 'base_model.model.model.layers.1.mlp.(gate|up)_proj.lora_A.weight': tp rank 2 holds different bytes"
+rm -rf b && cp -a a3 b && rm b/adapter_default/adapter_config.json
+refused b/adapter_default "b/adapter_default/adapter_shards: no adapter_config.json beside adapter_shards"
+expect_status 1 "$ckpt" consolidate a3/adapter_default bad --max-shard-size 1MB
+grep -q "one adapter_model.safetensors" "$work/err" || fail "adapter --max-shard-size: $(cat "$work/err")"
+# a spec with peft_type in a save of the whole model
+rm -rf b && cp -a s4 b
+"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1])); m["model_weight_transformation_specs"][1]["specs"][0][1]["peft_type"] = "lora"
+open(sys.argv[1], "w").write(json.dumps(m, indent=4))
+EOF
+refused b "spec of 'model.layers.0.mlp' has peft_type lora, but this is not an adapter save"
 [ ! -e "$work/pwned" ] || fail "the pickle ran code"
-rm -rf adapter_default b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json
+rm -rf a1 a3 b-lora ref-adapter e1 e2 ref-moe b b-norm b-shape b-kv b-info b-evil s3 s4 s5 s7 ref s*.inspect.json

@@ -22,6 +22,7 @@
 #    tp 2 and 4, plain and xser, against the same build with those changes;
 #    tied embeddings (no lm_head.weight in the source): lm_head.weight in
 #    every rank's state dict with the embedding's rows, not in the metadata.
+# 1b. --pp 2: each stage's rank files and metadata as nxd_gen.py's save (create_partitions).
 # 2. A model with as many KV heads as query heads and --fuse-qkv: the
 #    stride-3 qkv_proj ColumnParallelLinear with a FusedLinearsSpec, each rank
 #    create_local_fused_weight of q, k, v; consolidated byte for byte.
@@ -52,6 +53,7 @@ g.make_ref("ref")
 g.save("ref", "s4", 4, 1, False, False, None)
 g.save("ref", "s8f", 8, 1, False, True, None)
 g.save("ref", "s4x", 4, 1, True, True, None)
+g.save("ref", "s2p", 2, 2, True, True, None)  # pipeline stages (section 1b)
 # optimum-neuron's other two training models: qwen3 (q_norm/k_norm, an explicit head_dim), granite
 g.CONFIG = dict(BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=16, use_sliding_window=False)
 g.make_ref("qwen3")
@@ -216,6 +218,31 @@ for r in range(2):
         sys.exit(f"mha2 rank {r}: qkv_proj.weight is not create_local_fused_weight of q, k, v")
 PYEOF
 
+note "pipeline stages (--pp)"
+# --pp 2: the rank files and mp_metadata_pp_rank_N.json of each stage as
+# nxd_gen.py's save writes them (create_partitions: one layer per stage here)
+"$ckpt" convert ref p2 --layout neuron --tp 2 --format nxd --pp 2 --xser --fuse-qkv --quiet 2>/dev/null || fail "convert --pp 2"
+for f in trn_config.json shards/mp_metadata_pp_rank_0.json shards/mp_metadata_pp_rank_1.json; do
+    cmp -s "s2p/$f" "p2/$f" || fail "--pp 2: $f differs from nxd_gen.py's"
+done
+"$tpy" - "$gen" <<'PYEOF' || fail "--pp 2: rank files differ from nxd_gen.py's"
+import importlib.util, os, sys, torch
+spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+g.xser_modules()
+for s in range(2):
+    for r in range(2):
+        p = f"shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_{s:02d}.pt"
+        a, b = torch.load(f"p2/{p}"), torch.load(f"s2p/{p}")
+        if list(a) != list(b):
+            sys.exit(f"{p}: names {list(a)}, nxd_gen.py has {list(b)}")
+        for k in a:
+            ta, tb = (torch.load(f"{d}/{p}.tensors/tensor_{x[k].tid}.pt") for d, x in (("p2", a), ("s2p", b)))
+            if ta.dtype != tb.dtype or not torch.equal(ta, tb):
+                sys.exit(f"{p}: '{k}' differs")
+PYEOF
+"$ckpt" consolidate p2 p2.back --quiet 2>/dev/null || fail "consolidate of --pp 2"
+cmp p2.back/model.safetensors ref/model.safetensors || fail "--pp 2: consolidate is not the source"
+
 note "consolidate"
 for c in "${cases[@]}"; do
     read -r name ref _ <<<"$c"
@@ -240,12 +267,15 @@ refused bad4 "tensor 'model.layers.0.self_attn.q_proj.bias' has no place in opti
 refused bad5 "parameter 'model.layers.1.mlp.down_proj.weight' .*has no source tensor" short --tp 2
 mkdir tiedboth && cp ref/model.safetensors tiedboth/ && sed 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' ref/config.json >tiedboth/config.json
 refused bad7 "tie_word_embeddings is true, but the source holds an lm_head.weight" tiedboth --tp 2
+refused bad8 "2 layers cannot fill --pp 3 stages" ref --tp 2 --pp 3
+refused bad9 "tie_word_embeddings with --pp 2" tied --tp 2 --pp 2
 cp -a o1 o1.before
 expect_status 1 "$ckpt" convert ref o1 --layout neuron --tp 2 --format nxd
 grep -q "exists and is not empty" "$work/err" && diff -r o1 o1.before >/dev/null || fail "convert into a non-empty DST"
 expect_status 2 "$ckpt" convert ref bad6 --layout hf --format nxd
 expect_status 2 "$ckpt" convert ref bad6 --layout neuron --format nxd --max-shard-size 1MB
 expect_status 2 "$ckpt" convert ref bad6 --layout neuron --fuse-qkv
+expect_status 2 "$ckpt" convert ref bad6 --layout neuron --tp 2 --pp 2
 [ ! -e bad6 ] || fail "bad6 appeared"
 
 note "interrupted and killed"

@@ -787,6 +787,27 @@ static void test_gqa_contiguous_and_unfused(void **state)
         expect_absent(fx->dst2, r, ATTN "qkv_proj.weight_qkv");
     }
     expect_round_trip(fx, fx->dst2);
+
+    /* 'o': '' places q/k/v only (a LoRA lora_B of q/k/v whose o_proj has no
+     * adapter, transform/nxd_import.c): o_proj is left to the other rules,
+     * here none, so it stays whole */
+    assert_int_equal(ckpt_rm_rf(fx->dst2), 0);
+    convert_with_rules(
+        fx, fx->dst2,
+        "{'tp': 4, 'rules': [{'op': 'fuse_qkv_gqa', "
+        "'pattern': '^(.*[.]self_attn)[.]q_proj[.]weight$', 'num_attention_heads': 8, "
+        "'num_key_value_heads': 4, 'head_dim': 2, 'o': ''}]}");
+    for (int r = 0; r < 4; r++) {
+        view v = load(fx->dst2, r, ATTN "qkv_proj.weight_qkv");
+        expect_heads(&v, 0, 0, q[r], 2, 2, &m.t[Q]);
+        expect_heads(&v, 0, 4, kv[r], 1, 2, &m.t[K]);
+        expect_heads(&v, 0, 6, kv[r], 1, 2, &m.t[V]);
+        view_free(&v);
+    }
+    view o = load(fx->dst2, 0, m.t[O].name);
+    expect_shape(&o, CKPT_DT_F32, 2, SHAPE(m.t[O].shape[0], m.t[O].shape[1]));
+    view_free(&o);
+    expect_round_trip(fx, fx->dst2);
 }
 
 /* Qwen2-0.5B's 14 query heads over 2 KV heads: each KV group gets zero query
