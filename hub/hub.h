@@ -72,6 +72,7 @@
 #define CKPT_HUB_HUB_H
 
 #include "store/store.h"
+#include "store/store_partial.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -171,8 +172,8 @@ void hub_blobs_abort(hub_blobs *b);
  * otherwise), and blobs the writers to publish; on failure nothing is left.
  * *bytes gets the bytes received, retries included. */
 int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit,
-                 const hub_entry *files, size_t n, bool quiet, store_ckpt_rec *rec,
-                 hub_blobs *blobs, uint64_t *bytes);
+                 const hub_entry *files, size_t n, bool quiet, store_partial *part,
+                 store_ckpt_rec *rec, hub_blobs *blobs, uint64_t *bytes);
 
 typedef struct {
     const char *repo;     /* ORG/NAME */

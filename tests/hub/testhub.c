@@ -36,6 +36,9 @@
  *   endless=STATUS  any Hub request: answer STATUS with a body that never ends
  *   endless:file=STATUS   the same, for file downloads (resolve) only
  *   stall           file bodies: the headers, then not one byte, ever
+ *   hold=OFF        file bodies holding file offset OFF (only= applies): the
+ *                   headers, then not one byte, ever (a response the Hub holds
+ *                   while a test kills the client)
  *   huge=N          the tree lists N more files "huge-K.safetensors" of 16 TiB each
  *   nohash          the tree lists config.json with neither 'oid' nor 'lfs'
  *
@@ -90,6 +93,8 @@ typedef struct {
     int endless_status, endless_n;
     bool endless_file;
     int stall_n, huge;
+    int64_t hold_at;
+    int hold_n;
     bool nohash;
 } faults;
 
@@ -133,7 +138,7 @@ static bool fire(int *n)
 static int parse_faults(const char *spec, faults *f)
 {
     memset(f, 0, sizeof *f);
-    f->drop_after = f->flip_at = -1;
+    f->drop_after = f->flip_at = f->hold_at = -1;
     char buf[TH_MAX_SPEC], *save = NULL;
     if (strlen(spec) >= sizeof buf) return ckpt_error_set(CKPT_ELIMIT, "fault spec too long");
     snprintf(buf, sizeof buf, "%s", spec);
@@ -183,6 +188,8 @@ static int parse_faults(const char *spec, faults *f)
             f->endless_status = atoi(val), f->endless_n = count, f->endless_file = file_only;
         else if (!strcmp(item, "stall"))
             f->stall_n = count;
+        else if (!strcmp(item, "hold"))
+            f->hold_at = atoll(val), f->hold_n = count;
         else if (!strcmp(item, "huge"))
             f->huge = atoi(val);
         else if (!strcmp(item, "nohash"))
@@ -550,6 +557,13 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     if (resolve && fire(&f->stall_n)) {
         logf_("%s fault=stall", line);
         return send_endless(c, 200, true);
+    }
+    unsigned long long ra = 0, rb = ~0ull;
+    if (resolve && f->hold_at >= 0 && (!*f->only || strstr(path, f->only)) &&
+        (!range || sscanf(range, "bytes=%llu-%llu", &ra, &rb) == 2) && (uint64_t)f->hold_at >= ra &&
+        (uint64_t)f->hold_at <= rb && fire(&f->hold_n)) {
+        logf_("%s fault=hold", line);
+        return send_endless(c, 206, true);
     }
     if (resolve && f->redirect_port && fire(&f->redirect_n)) {
         logf_("%s fault=redirect", line);
