@@ -175,6 +175,9 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
      * this one downloads is kept until it is stored (store_partial.h). */
     store_partial part = {.lock_fd = -1};
     if (!rc) rc = store_partial_open(s, commit, &part);
+    if (!rc && !part.dir && !o->quiet)
+        ckpt_info("%s: another fetch of commit %.12s is running; this one keeps nothing for a resume", o->repo,
+                  commit);
     if (!rc)
         rc = hub_download(&h, s, o->repo, commit, files, n, o->quiet, &part, &rec, &blobs, &out->bytes);
     if (!rc && !o->quiet) {
