@@ -1051,6 +1051,17 @@ static void piece_finished(dl *d, dl_piece *p, CURLcode res)
     }
     dl_file *f = p->f;
     char why[CURL_ERROR_SIZE + 64];
+    /* The endpoint names the LFS file's sha256 in X-Linked-Etag (quoted, or
+     * weak W/"..."; on a redirect to Xet storage too): one that differs from
+     * the tree's is a file that changed under the commit, not worth a byte. */
+    if (!p->elsewhere && *p->ans.linked_etag && f->e->sha256[0] && (status < 400 || status >= 600) &&
+        strcmp(p->ans.linked_etag, f->e->sha256)) {
+        set_fatal(d, ckpt_error_set(CKPT_ECORRUPT,
+                                    "%s: the Hub's X-Linked-Etag is %.70s, the tree's lfs.oid %s; nothing was stored",
+                                    f->e->path, p->ans.linked_etag, f->e->sha256));
+        free(redirect);
+        return;
+    }
     if ((status == 200 || status == 206) && p->url && !f->redirect_url)
         f->redirect_url = ckpt_strdup(p->url);
     if (p->elsewhere && (status == 401 || status == 403 || status == 404 || status == 410)) {
