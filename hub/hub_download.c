@@ -173,7 +173,8 @@ struct dl {
     double hold_until;
     uint64_t total, done, received, kept;
     store_partial *part; /* NULL or part->dir NULL: nothing is kept for a resume */
-    size_t verified, label_file;
+    size_t verified;
+    bool file_lines; /* not on a TTY: a line per verified file instead of the progress line */
     int fatal;
     char fatal_msg[1024];
     /* the hashers */
@@ -1179,6 +1180,11 @@ static void take_verdicts(dl *d)
         const char *want = e->sha256[0] ? e->sha256 : e->oid;
         if (f->verdict == 1) {
             d->verified++;
+            if (d->file_lines) {
+                char sz[32];
+                ckpt_info("%s: %s, verified (%zu/%zu files)", e->path, ckpt_format_size(e->size, sz, sizeof sz),
+                          d->verified, d->nfiles);
+            }
         } else if (f->verdict != CKPT_ECORRUPT) {
             /* Not the bytes' fault: reading them back or the digest failed.
              * The code says which (CKPT_EIO is transient for the job). */
@@ -1211,20 +1217,12 @@ static void take_verdicts(dl *d)
 
 /* ---- progress ---- */
 
+/* One line for the whole fetch (on a TTY, rewritten in place): files
+ * verified, bytes written of all files (kept ones included), the rate of
+ * this run and the ETA (common/log.c draws it). */
 static void show_progress(dl *d, ckpt_progress *pr, char *label, size_t len)
 {
-    while (d->label_file < d->nfiles && d->files[d->label_file].all_done)
-        d->label_file++;
-    size_t i = d->label_file < d->nfiles ? d->label_file : d->nfiles - 1;
-    const dl_file *f = &d->files[i];
-    uint64_t fdone = 0;
-    for (size_t k = 0; k < f->npieces; k++) {
-        const dl_piece *p = &d->pieces[f->first + k];
-        fdone += p->state == P_ABSORBED || p->state == P_UNUSED ? 0 : p->got;
-    }
-    char a[32], b[32];
-    snprintf(label, len, "fetch %zu/%zu %.60s %s/%s", i + 1, d->nfiles, f->e->path,
-             ckpt_format_size(fdone, a, sizeof a), ckpt_format_size(f->e->size, b, sizeof b));
+    snprintf(label, len, "fetch %zu/%zu files", d->verified, d->nfiles);
     ckpt_progress_update(pr, d->done);
 }
 
@@ -1437,6 +1435,9 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
     ckpt_progress pr;
     char label[200] = "fetch";
     ckpt_progress_start(&pr, label, d.total);
+    pr.base = d.kept;   /* the rate and ETA are this run's */
+    pr.no_plain = 1;    /* not on a TTY: the lines of take_verdicts */
+    d.file_lines = !quiet && !pr.tty;
     double last_progress = 0;
     while (!rc && !d.fatal) {
         take_verdicts(&d);

@@ -21,7 +21,7 @@ export HF_HOME=$work/hf-home
 E2E_LOGS=("$work/hub*.log" "$work/err")
 faults() { curl -sf -X POST --data-binary "$1" "$hub_url/_testhub/faults" >/dev/null || fail "cannot set faults '$1'"; }
 ceiling="timeout 300"
-opts=(--connections 1 --chunk-size 64KiB) # one piece at a time: the crash point's count is a piece count
+opts=(--connections 1 --chunk-size 128KiB) # one piece at a time: the crash point's count is a piece count
 
 "$ckpt" gen-model qwen2 "$work/m1" --scale 8 --layers 2 --shard-mb 2 >/dev/null 2>&1
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
@@ -49,6 +49,9 @@ resume() {
     first=$(($(wc -l <"$work/hub.log") + 1))
     fetch_into "$home" 0
     grep -q "resuming an interrupted fetch" "$work/err" || fail "$what: the rerun did not resume: $(cat "$work/err")"
+    # not a TTY: no progress line, a line per verified file
+    [ "$(grep -c ', verified (./4 files)$' "$work/err")" -eq 4 ] || fail "not a TTY: expected a line per file: $(cat "$work/err")"
+    ! grep -q $'\r' "$work/err" || fail "not a TTY: the progress line was drawn"
     "$py" "$E2E_DIR/resume_check.py" "$work/kept" "$work/hub.log" "$first" >"$work/check" || fail "$what: $(cat "$work/check")"
     CKPT_HOME=$home "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/err" || fail "$what: pull"
     diff -r "$work/m1" "$work/pulled" >/dev/null || fail "$what: the stored checkpoint differs from the repo"
@@ -97,3 +100,37 @@ CKPT_HOME=$work/c4 CKPT_HUB_PARTIAL_KEEP=0 "$ckpt" gc >/dev/null 2>&1 || fail "g
 fetch_into "$work/c4" 0
 ! grep -q "resuming" "$work/err" || fail "a fetch resumed from a folder gc removed"
 note "gc: a live fetch's folder and a recent one are kept; a stale one (CKPT_HUB_PARTIAL_KEEP=0) is removed"
+
+# ---- the progress line ----
+# On a TTY (a pty here): one line for the whole fetch, rewritten with \r:
+# files verified, bytes done/total, rate, ETA. Its fields are checked, not its timing.
+CKPT_HOME=$work/c5 "$py" - "$ckpt" "${opts[@]}" <<'PY' || fail "the progress line on a TTY"
+import os, pty, re, sys
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], [sys.argv[1], "fetch", "org/tiny"] + sys.argv[2:])
+out = b""
+while True:
+    try:
+        b = os.read(fd, 65536)
+    except OSError:
+        break
+    if not b:
+        break
+    out += b
+_, status = os.waitpid(pid, 0)
+text = out.decode("utf-8", "replace")
+assert os.waitstatus_to_exitcode(status) == 0, text
+line = re.compile(r"fetch (\d+)/(\d+) files \[[#.]{30}\] +([\d.]+)% ([\d.]+ \w+)/([\d.]+ \w+) ([\d.]+) MiB/s ETA (\d+:\d\d|--:--)")
+rows = [l for l in text.replace("\r\n", "\n").split("\n") if "files [" in l]
+assert len(rows) == 1, f"the progress took {len(rows)} lines: {rows}"
+draws = [line.search(seg) for seg in rows[0].split("\r") if seg.strip()]
+assert draws and all(draws), rows[0]
+last = draws[-1]
+assert last.group(1) == last.group(2) == "4" and last.group(3) == "100.0", last.group(0)
+assert last.group(4) == last.group(5) and last.group(7) == "0:00", last.group(0)
+print("-- TTY: one progress line, last draw:", last.group(0))
+PY
+fetch_into "$work/c7" 0 CKPT_QUIET=1
+[ ! -s "$work/err" ] || fail "CKPT_QUIET=1: the fetch said $(cat "$work/err")"
+note "progress: one line on a TTY (files, bytes, rate, ETA); a line per file otherwise; nothing under CKPT_QUIET"
