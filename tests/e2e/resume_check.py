@@ -30,10 +30,17 @@ for key in sorted(os.listdir(kept_dir)):
         for line in open(os.path.join(d, "journal")).read().split("\n")[:-1]:
             a, b = line.split()
             ranges.append((int(a), int(b)))
-    covered = set()
-    for a, b in ranges:  # small test files: a byte set is simplest
-        covered.update(range(a, b))
-    files[path] = (size, covered)
+    merged = []  # disjoint, sorted
+    for a, b in sorted(ranges):
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    files[path] = (size, merged)
+
+
+def overlaps(merged, a, b):
+    return any(x < b and a < y for x, y in merged)
 
 asked = {p: 0 for p in files}
 for n, line in enumerate(open(log).read().split("\n")[first - 1:], first):
@@ -41,20 +48,21 @@ for n, line in enumerate(open(log).read().split("\n")[first - 1:], first):
     if not m or m.group(1) not in files:
         continue
     path, a, b = m.group(1), int(m.group(2)), int(m.group(3)) + 1
-    size, covered = files[path]
+    size, merged = files[path]
     b = min(b, size)
-    if any(x in covered for x in range(a, b)):
+    if overlaps(merged, a, b):
         sys.exit(f"{path}: the rerun asked for kept bytes {a}-{b - 1} (log line {n})")
     asked[path] += b - a
 
 kept = requested = missing = total = 0
-for path, (size, covered) in files.items():
-    if not covered:
+for path, (size, merged) in files.items():
+    have = sum(y - x for x, y in merged)
+    if not have:
         continue
-    if asked[path] != size - len(covered):
-        sys.exit(f"{path}: {size} bytes, {len(covered)} kept, the rerun asked for {asked[path]}")
-    kept += len(covered)
+    if asked[path] != size - have:
+        sys.exit(f"{path}: {size} bytes, {have} kept, the rerun asked for {asked[path]}")
+    kept += have
     requested += asked[path]
-    missing += size - len(covered)
+    missing += size - have
     total += size
 print(f"kept {kept} requested {requested} missing {missing} total {total}")
