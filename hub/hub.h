@@ -17,8 +17,11 @@
  *      that checkpoint at step 6 (store_add_files) instead of a new one;
  *   4. download the picked files with hub_download: parallel Range requests
  *      on one libcurl multi handle, each byte written once, straight into the
- *      store's blob temp files in CKPT_HOME/tmp (named with store_tmp_base,
- *      so gc removes what a killed fetch left; never held in memory): a
+ *      files of the commit's resume folder (store_partial.h: an interrupted
+ *      fetch keeps its finished pieces there and the next one requests only
+ *      the rest; when another fetch holds the folder, the store's blob temp
+ *      files in CKPT_HOME/tmp, which gc removes once the writer is gone;
+ *      never held in memory): a
  *      safetensors file's header is fetched first and parsed (st_parse, the
  *      same checks as an import), then each tensor's bytes go to that
  *      tensor's blob; any other file is one blob;

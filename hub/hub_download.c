@@ -36,6 +36,15 @@
  * done, the hashes are compared with the tree's; a mismatch downloads the
  * file once more, a second one fails.
  *
+ * Resume (store_partial.h, docs/hub.md "Resume"): with the commit's
+ * partial folder, each file's regions are files there (r0, r1, ...) that
+ * survive a failure or a kill; a finished piece is fdatasync'ed and then
+ * recorded in the file's journal (record_piece), and a safetensors header is
+ * kept once parsed. file_begin takes over what a file kept (resume_header,
+ * resume_pieces): recorded pieces are done, the hashers read their bytes
+ * back, and only the rest is requested. A second download of a file (a
+ * mismatch) starts its folder over.
+ *
  * Threads: the main thread owns the pieces, the multi handle, the writers and
  * the regions; the hashers read the regions' fds and the header (complete
  * and unchanging in the prefix they read). They share, under mu, each
