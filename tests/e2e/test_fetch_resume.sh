@@ -15,11 +15,9 @@
 set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
-export CKPT_HUB_BACKOFF_MS=10
-unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
-export HF_HOME=$work/hf-home
+hub_client_env
 E2E_LOGS=("$work/hub*.log" "$work/err")
-faults() { curl -sf -X POST --data-binary "$1" "$hub_url/_testhub/faults" >/dev/null || fail "cannot set faults '$1'"; }
+faults() { set_faults "$hub_url" "$1"; }
 ceiling="timeout 300"
 opts=(--connections 1 --chunk-size 128KiB) # one piece at a time: the crash point's count is a piece count
 

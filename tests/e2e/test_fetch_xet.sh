@@ -12,11 +12,9 @@
 set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
-export CKPT_HUB_BACKOFF_MS=10
-unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
-export HF_HOME=$work/hf-home
+hub_client_env
 E2E_LOGS=("$work/hub*.log" "$work/err")
-faults() { curl -sf -X POST --data-binary "$1" "$hubA_url/_testhub/faults" >/dev/null || fail "cannot set faults '$1'"; }
+faults() { set_faults "$hubA_url" "$1"; }
 n=0
 # fetch WANT_STATUS WHAT [env...]: org/tiny from hub A into a fresh home.
 fetch() {
