@@ -72,6 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -346,6 +347,23 @@ static int resume_pieces(dl *d, dl_file *f)
             r[m][0] = r[j][0];
             r[m][1] = r[j][1];
             m++;
+        }
+    }
+    /* A journal claiming bytes its region files do not hold (they were
+     * published into blobs/ before a crash, or removed by hand) is dropped:
+     * everything is downloaded again. */
+    for (size_t k = 0; k < f->nrg; k++) {
+        const region *g = &f->rg[k];
+        uint64_t need = 0;
+        for (size_t q = 0; q < m; q++)
+            if (r[q][0] < g->off + g->len && g->off < r[q][1])
+                need = (r[q][1] < g->off + g->len ? r[q][1] : g->off + g->len) - g->off;
+        struct stat st;
+        if (need && (fstat(g->fd, &st) < 0 || (uint64_t)st.st_size < need)) {
+            ckpt_debug("%s: the kept pieces are gone; downloading the file again", f->e->path);
+            free(r);
+            if (ftruncate(f->jfd, 0) < 0) return ckpt_error_sys("%s/journal: truncate", f->pdir);
+            return 0;
         }
     }
     size_t j = 0;
@@ -1311,11 +1329,13 @@ static int setup(dl *d)
         if (!ckpt_add(d->total, f->e->size, &d->total))
             return ckpt_error_set(CKPT_ELIMIT, "%s: sizes overflow", d->repo);
     }
-    /* The bytes go to temp files in tmp/ before publishing: they must fit. */
+    /* The bytes go to temp files before publishing: they must fit, less
+     * what an interrupted fetch of the commit holds on disk already. */
     struct statvfs sv;
     if (statvfs(d->s->tmp_dir, &sv) == 0) {
         uint64_t avail = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
-        if (d->total > avail) {
+        uint64_t held = d->part ? store_partial_bytes(d->part) : 0;
+        if (d->total > avail && d->total - avail > held) {
             char a[32], b[32];
             return ckpt_error_set(CKPT_ELIMIT,
                                   "%s: the %zu files picked declare %s, more than the %s free in %s; "

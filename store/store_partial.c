@@ -128,6 +128,30 @@ int store_partial_file(store_partial *p, const char *path, uint64_t size, const 
     return 0;
 }
 
+static uint64_t tree_bytes(const char *dir, int depth)
+{
+    uint64_t n = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char *sub = ckpt_path_join(dir, e->d_name);
+        struct stat st;
+        if (sub && lstat(sub, &st) == 0) {
+            if (S_ISREG(st.st_mode)) n += (uint64_t)st.st_blocks * 512;
+            else if (S_ISDIR(st.st_mode) && depth > 0) n += tree_bytes(sub, depth - 1);
+        }
+        free(sub);
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+uint64_t store_partial_bytes(const store_partial *p)
+{
+    return p->dir ? tree_bytes(p->dir, 1) : 0;
+}
+
 int store_partial_file_remove(store_partial *p, const char *path)
 {
     if (!p->dir) return 0;

@@ -53,6 +53,9 @@ void store_partial_close(store_partial *p, bool remove_if_empty);
  * hash under that path) is wiped. *kept says whether anything was kept. */
 int store_partial_file(store_partial *p, const char *path, uint64_t size, const char *sha256,
                        const char *oid, bool fresh, char **dir, bool *kept);
+/* The bytes the folder holds on disk (allocated blocks): what a resume needs
+ * no more free space for. 0 when not opened. */
+uint64_t store_partial_bytes(const store_partial *p);
 /* Removes the file's folder (after its blobs were published). */
 int store_partial_file_remove(store_partial *p, const char *path);
 
