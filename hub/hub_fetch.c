@@ -218,7 +218,7 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
     /* Stored (or stored by another fetch): what was kept for these files is done with. */
     for (size_t i = 0; !rc && part.dir && i < n; i++)
         rc = store_partial_file_remove(&part, files[i].path);
-    store_partial_close(&part, !rc);
+    store_partial_close(&part, true); /* the commit's folder goes when no file kept anything */
     store_ckpt_rec_free(&rec);
     free(files);
     hub_tree_free(&tree);
