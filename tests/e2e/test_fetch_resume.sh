@@ -7,6 +7,8 @@
 #     (kill -9 on the spot): the rerun requests only the missing ranges (the
 #     Hub's request log against the kept journal), about 10% of the bytes;
 #   - Ctrl-C (SIGINT at that point): exit 130, the pieces are kept, resumed;
+#   - a file whose connections are all cut early (drop=1000): the fetch gives
+#     up after its retries, the other files' pieces are kept, resumed;
 #   - kill -9 while the Hub holds a response (fault hold=OFF): the same; a gc
 #     meanwhile keeps the folder a live fetch holds, a plain gc keeps a recent
 #     one, and CKPT_HUB_PARTIAL_KEEP=0 gc removes a stale one (then the next
@@ -76,6 +78,14 @@ PY
 fetch_into "$work/c2" 130 CKPT_FAULT=fetch.piece_recorded:10:INT
 keep "$work/c2"
 resume "$work/c2" "Ctrl-C at piece 10"
+
+# ---- a connection lost past the retries ----
+faults "drop=1000,only=model-00001"
+fetch_into "$work/c8" 1
+grep -q "model-00001-of-00002.safetensors: giving up after 9 attempts" "$work/err" || fail "drop=1000: $(cat "$work/err")"
+faults ""
+keep "$work/c8"
+resume "$work/c8" "a fetch that gave up on model-00001 (its connections cut after 1000 bytes)"
 
 # ---- kill -9 while the Hub holds a response; gc and the kept folder ----
 faults "hold=3000000,only=model-00001"
