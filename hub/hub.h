@@ -53,7 +53,11 @@
  * Range request (a server ignoring Range) restarts that piece from its first
  * byte, never appending; redirects are followed (at most HUB_MAX_REDIRECTS)
  * by hand, and the token goes only to URLs with the endpoint's own scheme,
- * host and port.
+ * host and port (a Xet-backed file's redirect to the storage host gets none).
+ * Retry-After is read in both forms (seconds or an HTTP-date, by libcurl),
+ * capped at HUB_RETRY_AFTER_CAP_S, and each such answer counts as a retry.
+ * An X-Linked-Etag on the endpoint's answer (quoted or weak W/"...", read
+ * by hub_etag_normalize) that is not the tree's lfs.oid fails the fetch.
  *
  * Configuration (hub_client_init): HF_ENDPOINT (default
  * https://huggingface.co); the token from HF_TOKEN, else
