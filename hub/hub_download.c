@@ -232,7 +232,7 @@ static int add_writer(dl *d, dl_file *f, uint64_t off, uint64_t len)
         memset(w, 0, sizeof *w);
         w->tmp_path = ckpt_path_join(f->pdir, name);
         if (!w->tmp_path) return CKPT_ENOMEM;
-        w->fd = open(w->tmp_path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        w->fd = open(w->tmp_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* as mkostemp makes blob temps */
         if (w->fd < 0) {
             rc = ckpt_error_sys("%s: open", w->tmp_path);
             free(w->tmp_path);
