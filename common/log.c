@@ -63,7 +63,8 @@ void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total)
 {
     p->label = label;
     p->total = total;
-    p->done = 0;
+    p->done = p->base = 0;
+    p->no_plain = 0;
     p->started = p->last_draw = ckpt_now();
     p->last_pct = -1;
     p->tty = isatty(STDERR_FILENO);
@@ -76,15 +77,24 @@ static void draw(ckpt_progress *p, int final)
     char d[32], t[32];
     ckpt_format_size(p->done, d, sizeof d);
     ckpt_format_size(p->total, t, sizeof t);
-    double rate = el > 0 ? (double)p->done / el / 1048576.0 : 0;
+    uint64_t moved = p->done > p->base ? p->done - p->base : 0;
+    double bps = el > 0 ? (double)moved / el : 0, rate = bps / 1048576.0;
     if (p->tty) {
         int width = 30, fill = (int)(pct * width / 100.0);
-        char bar[64];
+        char bar[64], eta[32] = "--:--";
         for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
         bar[width] = 0;
-        fprintf(stderr, "\r%s [%s] %5.1f%% %s/%s %.0f MiB/s%s", p->label, bar, pct, d, t, rate,
+        if (final || p->done >= p->total)
+            snprintf(eta, sizeof eta, "0:00");
+        else if (bps > 0) {
+            double left = (double)(p->total - p->done) / bps;
+            if (left < 100 * 3600.0)
+                snprintf(eta, sizeof eta, "%d:%02d", (int)left / 60, (int)left % 60);
+        }
+        /* \033[K clears what a longer earlier line left on the right */
+        fprintf(stderr, "\r%s [%s] %5.1f%% %s/%s %.1f MiB/s ETA %s\033[K%s", p->label, bar, pct, d, t, rate, eta,
                 final ? "\n" : "");
-    } else {
+    } else if (!p->no_plain) {
         fprintf(stderr, "%s: %.0f%% %s/%s %.0f MiB/s\n", p->label, pct, d, t, rate);
     }
 }

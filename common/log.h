@@ -17,14 +17,17 @@ void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ckpt_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Progress of one long task: call update as often as you like; it redraws at
- * most every 100 ms on a TTY and every 5 s (or 10% step) otherwise. */
+ * most every 100 ms on a TTY (one line, rewritten: label, bar, percent,
+ * done/total, rate, ETA) and every 5 s otherwise. */
 typedef struct {
     const char *label;
     uint64_t total;
     uint64_t done;
+    uint64_t base; /* done before this run (a resume): left out of the rate and ETA */
     double started, last_draw;
     int last_pct;
     int tty;
+    int no_plain; /* not on a TTY: draw nothing (the caller prints its own lines) */
 } ckpt_progress;
 
 /* When a sink is set (worker processes), progress goes to it, at most a few

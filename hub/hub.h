@@ -17,8 +17,11 @@
  *      that checkpoint at step 6 (store_add_files) instead of a new one;
  *   4. download the picked files with hub_download: parallel Range requests
  *      on one libcurl multi handle, each byte written once, straight into the
- *      store's blob temp files in CKPT_HOME/tmp (named with store_tmp_base,
- *      so gc removes what a killed fetch left; never held in memory): a
+ *      files of the commit's resume folder (store_partial.h: an interrupted
+ *      fetch keeps its finished pieces there and the next one requests only
+ *      the rest; when another fetch holds the folder, the store's blob temp
+ *      files in CKPT_HOME/tmp, which gc removes once the writer is gone;
+ *      never held in memory): a
  *      safetensors file's header is fetched first and parsed (st_parse, the
  *      same checks as an import), then each tensor's bytes go to that
  *      tensor's blob; any other file is one blob;
@@ -50,7 +53,11 @@
  * Range request (a server ignoring Range) restarts that piece from its first
  * byte, never appending; redirects are followed (at most HUB_MAX_REDIRECTS)
  * by hand, and the token goes only to URLs with the endpoint's own scheme,
- * host and port.
+ * host and port (a Xet-backed file's redirect to the storage host gets none).
+ * Retry-After is read in both forms (seconds or an HTTP-date, by libcurl),
+ * capped at HUB_RETRY_AFTER_CAP_S, and each such answer counts as a retry.
+ * An X-Linked-Etag on the endpoint's answer (quoted or weak W/"...", read
+ * by hub_etag_normalize) that is not the tree's lfs.oid fails the fetch.
  *
  * Configuration (hub_client_init): HF_ENDPOINT (default
  * https://huggingface.co); the token from HF_TOKEN, else
@@ -72,6 +79,7 @@
 #define CKPT_HUB_HUB_H
 
 #include "store/store.h"
+#include "store/store_partial.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -171,8 +179,8 @@ void hub_blobs_abort(hub_blobs *b);
  * otherwise), and blobs the writers to publish; on failure nothing is left.
  * *bytes gets the bytes received, retries included. */
 int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit,
-                 const hub_entry *files, size_t n, bool quiet, store_ckpt_rec *rec,
-                 hub_blobs *blobs, uint64_t *bytes);
+                 const hub_entry *files, size_t n, bool quiet, store_partial *part,
+                 store_ckpt_rec *rec, hub_blobs *blobs, uint64_t *bytes);
 
 typedef struct {
     const char *repo;     /* ORG/NAME */

@@ -341,6 +341,13 @@ static char *link_next(const char *v)
     return NULL;
 }
 
+void hub_etag_normalize(const char *v, size_t len, char *out, size_t outlen)
+{
+    if (len >= 2 && v[0] == 'W' && v[1] == '/') v += 2, len -= 2;
+    if (len >= 2 && v[0] == '"' && v[len - 1] == '"') v++, len -= 2;
+    hub_escape(v, len, out, outlen);
+}
+
 void hub_answer_header(hub_answer *a, const char *line, size_t len)
 {
     if (len >= 5 && !strncmp(line, "HTTP/", 5)) {
@@ -363,6 +370,8 @@ void hub_answer_header(hub_answer *a, const char *line, size_t len)
         hub_escape(v, vlen, a->error_message, sizeof a->error_message);
     else if (IS("Content-Range"))
         hub_escape(v, vlen, a->content_range, sizeof a->content_range);
+    else if (IS("X-Linked-Etag"))
+        hub_etag_normalize(v, vlen, a->linked_etag, sizeof a->linked_etag);
     else if (IS("Link") && vlen < 8192) {
         char *val = ckpt_strndup(v, vlen);
         char *next = val ? link_next(val) : NULL;

@@ -36,6 +36,15 @@
  * done, the hashes are compared with the tree's; a mismatch downloads the
  * file once more, a second one fails.
  *
+ * Resume (store_partial.h, docs/hub.md "Resume"): with the commit's
+ * partial folder, each file's regions are files there (r0, r1, ...) that
+ * survive a failure or a kill; a finished piece is fdatasync'ed and then
+ * recorded in the file's journal (record_piece), and a safetensors header is
+ * kept once parsed. file_begin takes over what a file kept (resume_header,
+ * resume_pieces): recorded pieces are done, the hashers read their bytes
+ * back, and only the rest is requested. A second download of a file (a
+ * mismatch) starts its folder over.
+ *
  * Threads: the main thread owns the pieces, the multi handle, the writers and
  * the regions; the hashers read the regions' fds and the header (complete
  * and unchanging in the prefix they read). They share, under mu, each
@@ -52,6 +61,7 @@
 #include "common/sha256.h"
 #include "common/util.h"
 #include "format/safetensors.h"
+#include "store/store_partial.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -62,6 +72,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -148,6 +159,10 @@ struct dl_file {
     ckpt_sha256 tsha;
     bool tsha_on;
     size_t ti; /* the next tensor to finish */
+    /* resume (store_partial.h): the file's folder, NULL when nothing is kept */
+    char *pdir;
+    int jfd;   /* its journal */
+    bool wipe; /* the next file_begin drops what is kept (a second download) */
 };
 
 struct dl {
@@ -166,8 +181,10 @@ struct dl {
     int active;
     uint64_t chunk;
     double hold_until;
-    uint64_t total, done, received;
-    size_t verified, label_file;
+    uint64_t total, done, received, kept;
+    store_partial *part; /* NULL or part->dir NULL: nothing is kept for a resume */
+    size_t verified;
+    bool file_lines; /* not on a TTY: a line per verified file instead of the progress line */
     int fatal;
     char fatal_msg[1024];
     /* the hashers */
@@ -208,8 +225,23 @@ static int add_writer(dl *d, dl_file *f, uint64_t off, uint64_t len)
 {
     size_t k = f->nrg;
     store_blob_writer *w = &f->ws[k];
-    int rc = store_blob_begin(d->s, w);
-    if (rc) return rc;
+    int rc;
+    if (f->pdir) { /* a kept region file, reopened as it is (store_blob_end_external names it) */
+        char name[32];
+        snprintf(name, sizeof name, "r%zu", k);
+        memset(w, 0, sizeof *w);
+        w->tmp_path = ckpt_path_join(f->pdir, name);
+        if (!w->tmp_path) return CKPT_ENOMEM;
+        w->fd = open(w->tmp_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600); /* as mkostemp makes blob temps */
+        if (w->fd < 0) {
+            rc = ckpt_error_sys("%s: open", w->tmp_path);
+            free(w->tmp_path);
+            w->tmp_path = NULL;
+            return rc;
+        }
+    } else if ((rc = store_blob_begin(d->s, w))) {
+        return rc;
+    }
     f->rg[k] = (region){off, len, w->fd};
     f->nrg++;
     return 0;
@@ -238,9 +270,22 @@ static void make_pieces(dl *d, dl_file *f, size_t first_slot, uint64_t from)
 /* Releases what a file holds (its writers' temp files too). */
 static void file_drop(dl_file *f)
 {
-    for (size_t k = 0; k < f->nrg; k++)
-        store_blob_abort(&f->ws[k]);
+    for (size_t k = 0; k < f->nrg; k++) {
+        store_blob_writer *w = &f->ws[k];
+        if (f->pdir) { /* kept for a resume: closed, not removed */
+            if (w->fd >= 0) close(w->fd);
+            free(w->tmp_path);
+            memset(w, 0, sizeof *w);
+            w->fd = -1;
+        } else {
+            store_blob_abort(w);
+        }
+    }
     f->nrg = 0;
+    if (f->jfd >= 0) close(f->jfd);
+    f->jfd = -1;
+    free(f->pdir);
+    f->pdir = NULL;
     free(f->ws);
     free(f->rg);
     free(f->blob_sha);
@@ -256,12 +301,153 @@ static void file_drop(dl_file *f)
     f->bad_header = NULL;
 }
 
+static void publish_progress(dl *d, dl_file *f, uint64_t ready, bool all);
+
+/* Grows f's contiguous done prefix over the pieces that are done and tells
+ * the hashers. */
+static void advance_prefix(dl *d, dl_file *f)
+{
+    uint64_t ready = f->ready; /* only this thread writes it */
+    while (f->prefix_piece < f->first + f->npieces) {
+        dl_piece *q = &d->pieces[f->prefix_piece];
+        if (q->state == P_DONE)
+            ready = q->end;
+        else if (q->state != P_ABSORBED)
+            break;
+        f->prefix_piece++;
+    }
+    publish_progress(d, f, ready, f->pieces_done == f->npieces);
+}
+
+static int by_start(const void *a, const void *b)
+{
+    const uint64_t *x = a, *y = b;
+    return x[0] < y[0] ? -1 : x[0] > y[0];
+}
+
+/* A resume: the pieces the journal records as written (fsynced) are done,
+ * and a piece whose first bytes are recorded starts after them. The hashers
+ * then read the kept bytes back from the region files, so the file's hashes
+ * cover every byte (a kept byte that changed on disk fails the check and
+ * the file is downloaded again). The caller tells the hashers (advance_prefix). */
+static int resume_pieces(dl *d, dl_file *f)
+{
+    uint64_t(*r)[2];
+    size_t nr, m = 0;
+    int rc = store_partial_journal_read(f->pdir, f->e->size, &r, &nr);
+    if (rc || nr == 0) {
+        free(r);
+        return rc;
+    }
+    qsort(r, nr, sizeof *r, by_start); /* then merged into disjoint ranges */
+    for (size_t j = 0; j < nr; j++) {
+        if (m && r[j][0] <= r[m - 1][1]) {
+            if (r[j][1] > r[m - 1][1]) r[m - 1][1] = r[j][1];
+        } else {
+            r[m][0] = r[j][0];
+            r[m][1] = r[j][1];
+            m++;
+        }
+    }
+    /* A journal claiming bytes its region files do not hold (they were
+     * published into blobs/ before a crash, or removed by hand) is dropped:
+     * everything is downloaded again. */
+    for (size_t k = 0; k < f->nrg; k++) {
+        const region *g = &f->rg[k];
+        uint64_t need = 0;
+        for (size_t q = 0; q < m; q++)
+            if (r[q][0] < g->off + g->len && g->off < r[q][1])
+                need = (r[q][1] < g->off + g->len ? r[q][1] : g->off + g->len) - g->off;
+        struct stat st;
+        if (need && (fstat(g->fd, &st) < 0 || (uint64_t)st.st_size < need)) {
+            ckpt_debug("%s: the kept pieces are gone; downloading the file again", f->e->path);
+            free(r);
+            if (ftruncate(f->jfd, 0) < 0) return ckpt_error_sys("%s/journal: truncate", f->pdir);
+            return 0;
+        }
+    }
+    size_t j = 0;
+    for (size_t k = 0; k < f->npieces; k++) { /* pieces are in offset order */
+        dl_piece *p = &d->pieces[f->first + k];
+        if (p->state != P_WAITING || p->header) continue;
+        while (j < m && r[j][1] <= p->start)
+            j++;
+        if (j == m || r[j][0] > p->start) continue;
+        uint64_t to = r[j][1] < p->end ? r[j][1] : p->end;
+        p->got = to - p->start;
+        d->done += p->got;
+        d->kept += p->got;
+        if (to == p->end) {
+            p->state = P_DONE;
+            f->pieces_done++;
+        }
+    }
+    free(r);
+    return 0;
+}
+
+static int header_done(dl *d, dl_file *f);
+static int file_begin(dl *d, dl_file *f);
+
+/* A resume of a safetensors file whose header was kept: piece 0 is done and
+ * the header is parsed as if just downloaded. A kept header that does not
+ * parse drops everything kept for the file. */
+static int resume_header(dl *d, dl_file *f)
+{
+    char *path = ckpt_path_join(f->pdir, "header"), *buf = NULL;
+    size_t len = 0;
+    if (!path) return CKPT_ENOMEM;
+    int rc = ckpt_read_file(path, (size_t)ST_MAX_HEADER + 8, &buf, &len);
+    free(path);
+    if (rc) { /* not kept: piece 0 downloads it; header_done resumes the data pieces */
+        ckpt_error_clear();
+        return 0;
+    }
+    uint64_t n = 0;
+    for (int i = 7; len >= 8 && i >= 0; i--)
+        n = n << 8 | (uint8_t)buf[i];
+    dl_piece *p = &d->pieces[f->first];
+    if (len >= 8 && n == len - 8 && len <= f->e->size) {
+        f->hdr = (uint8_t *)buf;
+        f->hdr_len = f->hdr_cap = len;
+        p->end = p->got = len;
+        p->state = P_DONE;
+        f->pieces_done = 1;
+        d->done += len;
+        d->kept += len;
+        rc = header_done(d, f);
+        if (!rc && !f->bad_header) advance_prefix(d, f);
+        if (rc || !f->bad_header) return rc;
+    } else {
+        free(buf);
+    }
+    for (size_t k = 0; k < f->npieces; k++) { /* a kept header that does not fit: start the file over */
+        dl_piece *q = &d->pieces[f->first + k];
+        d->done -= q->got;
+        d->kept -= q->got;
+        q->got = 0;
+        q->state = P_UNUSED;
+    }
+    file_drop(f);
+    f->wipe = true;
+    return file_begin(d, f);
+}
+
 /* Sets up a file's first pieces: the header piece of a safetensors file, or
- * all pieces and the one writer of any other file. */
+ * all pieces and the one writer of any other file. With a resume folder,
+ * what an interrupted fetch kept of the file is taken over. */
 static int file_begin(dl *d, dl_file *f)
 {
     f->pieces_done = 0;
     f->prefix_piece = f->first;
+    bool kept = false;
+    if (d->part && d->part->dir && f->e->size > 0) {
+        int rc = store_partial_file(d->part, f->e->path, f->e->size, f->e->sha256, f->e->oid, f->wipe,
+                                    &f->pdir, &kept);
+        if (!rc) rc = store_partial_journal_open(f->pdir, &f->jfd);
+        if (rc) return rc;
+        f->wipe = false;
+    }
     if (f->st &&
         f->e->size == 0) { /* nothing to download; fails like a header that does not parse */
         f->npieces = 0;
@@ -279,7 +465,7 @@ static int file_begin(dl *d, dl_file *f)
                         .state = P_WAITING,
                         .header = true};
         f->npieces = 1;
-        return 0;
+        return kept ? resume_header(d, f) : 0;
     }
     f->ws = ckpt_calloc(1, sizeof *f->ws);
     f->rg = ckpt_calloc(1, sizeof *f->rg);
@@ -288,7 +474,8 @@ static int file_begin(dl *d, dl_file *f)
     int rc = add_writer(d, f, 0, f->e->size);
     if (rc) return rc;
     make_pieces(d, f, 0, 0);
-    return 0;
+    if (kept && !(rc = resume_pieces(d, f))) advance_prefix(d, f);
+    return rc;
 }
 
 /* The header piece is complete: parse it, make the tensors' writers and the data pieces. */
@@ -317,7 +504,7 @@ static int header_done(dl *d, dl_file *f)
             return CKPT_ENOMEM;
         d->retry[d->nretry++] = f->first + k;
     }
-    return 0;
+    return f->pdir ? resume_pieces(d, f) : 0;
 }
 
 /* The region holding file offset off (regions are sorted and contiguous). */
@@ -825,34 +1012,48 @@ static void start_writeback(const dl_file *f, uint64_t from, uint64_t to)
     }
 }
 
+/* A resume counts a piece only once its bytes are on disk: every region it
+ * touches is fdatasync'ed, then the journal gets its line (synced too). */
+static int record_piece(dl_file *f, uint64_t from, uint64_t to)
+{
+    for (uint64_t at = from; at < to && f->nrg;) {
+        size_t k = region_at(f, at);
+        if (k >= f->nrg) break;
+        const region *r = &f->rg[k];
+        if (fdatasync(r->fd) < 0) return ckpt_error_sys("%s: sync", f->ws[k].tmp_path);
+        at = r->off + r->len;
+    }
+    return store_partial_journal_add(f->jfd, f->pdir, from, to);
+}
+
 static void piece_done(dl *d, dl_piece *p)
 {
     dl_file *f = p->f;
     p->state = P_DONE;
     f->pieces_done++;
     ckpt_fault("fetch.piece_done");
-    if (!p->header) start_writeback(f, p->start, p->end);
+    int rc = 0;
+    if (!p->header && f->pdir)
+        rc = record_piece(f, p->start, p->end);
+    else if (!p->header)
+        start_writeback(f, p->start, p->end);
     if (p->header) {
-        int rc = header_done(d, f);
-        if (rc) {
-            set_fatal(d, rc);
-            return;
-        }
-        if (f->bad_header) { /* no data pieces: the hasher gives the verdict */
+        rc = header_done(d, f);
+        if (!rc && f->bad_header) { /* no data pieces: the hasher gives the verdict */
             publish_progress(d, f, 0, true);
             return;
         }
+        if (!rc && f->pdir) { /* kept for a resume, whole or not at all */
+            char *path = ckpt_path_join(f->pdir, "header");
+            rc = path ? ckpt_write_file_atomic(path, f->hdr, (size_t)f->hdr_len) : CKPT_ENOMEM;
+            free(path);
+        }
     }
-    uint64_t ready = f->ready;
-    while (f->prefix_piece < f->first + f->npieces) {
-        dl_piece *q = &d->pieces[f->prefix_piece];
-        if (q->state == P_DONE)
-            ready = q->end;
-        else if (q->state != P_ABSORBED)
-            break;
-        f->prefix_piece++;
+    if (rc) {
+        set_fatal(d, rc);
+        return;
     }
-    publish_progress(d, f, ready, f->pieces_done == f->npieces);
+    advance_prefix(d, f);
 }
 
 static void piece_finished(dl *d, dl_piece *p, CURLcode res)
@@ -878,6 +1079,17 @@ static void piece_finished(dl *d, dl_piece *p, CURLcode res)
     }
     dl_file *f = p->f;
     char why[CURL_ERROR_SIZE + 64];
+    /* The endpoint names the LFS file's sha256 in X-Linked-Etag (quoted, or
+     * weak W/"..."; on a redirect to Xet storage too): one that differs from
+     * the tree's is a file that changed under the commit, not worth a byte. */
+    if (!p->elsewhere && *p->ans.linked_etag && f->e->sha256[0] && (status < 400 || status >= 600) &&
+        strcmp(p->ans.linked_etag, f->e->sha256)) {
+        set_fatal(d, ckpt_error_set(CKPT_ECORRUPT,
+                                    "%s: the Hub's X-Linked-Etag is %.70s, the tree's lfs.oid %s; nothing was stored",
+                                    f->e->path, p->ans.linked_etag, f->e->sha256));
+        free(redirect);
+        return;
+    }
     if ((status == 200 || status == 206) && p->url && !f->redirect_url)
         f->redirect_url = ckpt_strdup(p->url);
     if (p->elsewhere && (status == 401 || status == 403 || status == 404 || status == 410)) {
@@ -966,6 +1178,7 @@ static void file_reset(dl *d, dl_file *f)
     f->actual[0] = 0;
     pthread_mutex_unlock(&d->mu);
     hash_drop(f);
+    f->wipe = true; /* what is kept for a resume may be what went wrong */
     int rc = file_begin(d, f);
     for (size_t k = 0; !rc && k < f->npieces; k++)
         requeue(d, &d->pieces[f->first + k], 0);
@@ -994,6 +1207,11 @@ static void take_verdicts(dl *d)
         const char *want = e->sha256[0] ? e->sha256 : e->oid;
         if (f->verdict == 1) {
             d->verified++;
+            if (d->file_lines) {
+                char sz[32];
+                ckpt_info("%s: %s, verified (%zu/%zu files)", e->path, ckpt_format_size(e->size, sz, sizeof sz),
+                          d->verified, d->nfiles);
+            }
         } else if (f->verdict != CKPT_ECORRUPT) {
             /* Not the bytes' fault: reading them back or the digest failed.
              * The code says which (CKPT_EIO is transient for the job). */
@@ -1026,20 +1244,12 @@ static void take_verdicts(dl *d)
 
 /* ---- progress ---- */
 
+/* One line for the whole fetch (on a TTY, rewritten in place): files
+ * verified, bytes written of all files (kept ones included), the rate of
+ * this run and the ETA (common/log.c draws it). */
 static void show_progress(dl *d, ckpt_progress *pr, char *label, size_t len)
 {
-    while (d->label_file < d->nfiles && d->files[d->label_file].all_done)
-        d->label_file++;
-    size_t i = d->label_file < d->nfiles ? d->label_file : d->nfiles - 1;
-    const dl_file *f = &d->files[i];
-    uint64_t fdone = 0;
-    for (size_t k = 0; k < f->npieces; k++) {
-        const dl_piece *p = &d->pieces[f->first + k];
-        fdone += p->state == P_ABSORBED || p->state == P_UNUSED ? 0 : p->got;
-    }
-    char a[32], b[32];
-    snprintf(label, len, "fetch %zu/%zu %.60s %s/%s", i + 1, d->nfiles, f->e->path,
-             ckpt_format_size(fdone, a, sizeof a), ckpt_format_size(f->e->size, b, sizeof b));
+    snprintf(label, len, "fetch %zu/%zu files", d->verified, d->nfiles);
     ckpt_progress_update(pr, d->done);
 }
 
@@ -1119,11 +1329,13 @@ static int setup(dl *d)
         if (!ckpt_add(d->total, f->e->size, &d->total))
             return ckpt_error_set(CKPT_ELIMIT, "%s: sizes overflow", d->repo);
     }
-    /* The bytes go to temp files in tmp/ before publishing: they must fit. */
+    /* The bytes go to temp files before publishing: they must fit, less
+     * what an interrupted fetch of the commit holds on disk already. */
     struct statvfs sv;
     if (statvfs(d->s->tmp_dir, &sv) == 0) {
         uint64_t avail = (uint64_t)sv.f_bavail * (uint64_t)sv.f_frsize;
-        if (d->total > avail) {
+        uint64_t held = d->part ? store_partial_bytes(d->part) : 0;
+        if (d->total > avail && d->total - avail > held) {
             char a[32], b[32];
             return ckpt_error_set(CKPT_ELIMIT,
                                   "%s: the %zu files picked declare %s, more than the %s free in %s; "
@@ -1194,8 +1406,8 @@ static void teardown(dl *d)
 }
 
 int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *commit,
-                 const hub_entry *files, size_t n, bool quiet, store_ckpt_rec *rec,
-                 hub_blobs *blobs, uint64_t *bytes)
+                 const hub_entry *files, size_t n, bool quiet, store_partial *part,
+                 store_ckpt_rec *rec, hub_blobs *blobs, uint64_t *bytes)
 {
     *bytes = 0;
     memset(blobs, 0, sizeof *blobs);
@@ -1207,6 +1419,7 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
     d.s = s;
     d.repo = repo;
     d.commit = commit;
+    d.part = part;
     d.nfiles = n;
     pthread_mutex_init(&d.mu, NULL);
     pthread_cond_init(&d.cv, NULL);
@@ -1223,8 +1436,10 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
     d.multi = curl_multi_init();
     int rc = d.files && d.pool && d.hs[0].buf && d.hs[1].buf ? 0 : CKPT_ENOMEM;
     if (!rc && !d.multi) rc = ckpt_error_set(CKPT_EIO, "libcurl: cannot make a multi handle");
-    for (size_t i = 0; !rc && i < n; i++)
+    for (size_t i = 0; !rc && i < n; i++) {
         d.files[i].e = &files[i];
+        d.files[i].jfd = -1;
+    }
     for (int i = 0; !rc && i < conns; i++) {
         if (!(d.pool[d.npool] = curl_easy_init()))
             rc = ckpt_error_set(CKPT_ENOMEM, "libcurl: cannot make a handle");
@@ -1241,9 +1456,17 @@ int hub_download(hub_client *h, ckpt_store *s, const char *repo, const char *com
         else
             d.hashers_started++;
     }
+    if (!rc && d.kept && !quiet) {
+        char a[32], b[32];
+        ckpt_info("%s: resuming an interrupted fetch: %s of %s kept (read back and verified at the end)", repo,
+                  ckpt_format_size(d.kept, a, sizeof a), ckpt_format_size(d.total, b, sizeof b));
+    }
     ckpt_progress pr;
     char label[200] = "fetch";
     ckpt_progress_start(&pr, label, d.total);
+    pr.base = d.kept;   /* the rate and ETA are this run's */
+    pr.no_plain = 1;    /* not on a TTY: the lines of take_verdicts */
+    d.file_lines = !quiet && !pr.tty;
     double last_progress = 0;
     while (!rc && !d.fatal) {
         take_verdicts(&d);

@@ -171,8 +171,15 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
                   ckpt_format_size(bytes, size, sizeof size), h.endpoint);
     }
     double t_dl = ckpt_now();
+    /* What an interrupted fetch of this commit kept is taken over, and what
+     * this one downloads is kept until it is stored (store_partial.h). */
+    store_partial part = {.lock_fd = -1};
+    if (!rc) rc = store_partial_open(s, commit, &part);
+    if (!rc && !part.dir && !o->quiet)
+        ckpt_info("%s: another fetch of commit %.12s is running; this one keeps nothing for a resume", o->repo,
+                  commit);
     if (!rc)
-        rc = hub_download(&h, s, o->repo, commit, files, n, o->quiet, &rec, &blobs, &out->bytes);
+        rc = hub_download(&h, s, o->repo, commit, files, n, o->quiet, &part, &rec, &blobs, &out->bytes);
     if (!rc && !o->quiet) {
         char size[32];
         double dt = ckpt_now() - t_dl;
@@ -208,6 +215,10 @@ int hub_fetch(ckpt_store *s, const hub_fetch_opts *o, hub_fetch_result *out)
         }
     }
     hub_blobs_abort(&blobs);
+    /* Stored (or stored by another fetch): what was kept for these files is done with. */
+    for (size_t i = 0; !rc && part.dir && i < n; i++)
+        rc = store_partial_file_remove(&part, files[i].path);
+    store_partial_close(&part, true); /* the commit's folder goes when no file kept anything */
     store_ckpt_rec_free(&rec);
     free(files);
     hub_tree_free(&tree);

@@ -26,8 +26,14 @@ typedef struct {
     char error_code[64];
     char error_message[256];
     char content_range[128];
-    char *link_next; /* malloc'd */
+    char linked_etag[96]; /* X-Linked-Etag, normalized (hub_etag_normalize); "" when absent */
+    char *link_next;      /* malloc'd */
 } hub_answer;
+
+/* An ETag value as huggingface_hub's file_download.py _normalize_etag reads
+ * it: a weak "W/" prefix and the surrounding quotes dropped, so W/"abc",
+ * "abc" and abc all give abc. */
+void hub_etag_normalize(const char *v, size_t len, char *out, size_t outlen);
 
 void hub_answer_reset(hub_answer *a);
 /* Reads one header line into a; call from a CURLOPT_HEADERFUNCTION. A status

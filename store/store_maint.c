@@ -5,9 +5,11 @@
  * deletes, so no import can lease a blob in between: a blob survives when a
  * checkpoint references it or a live process leases it. Temp files and
  * folders in tmp/ carry their writer's pid and start time; those of dead
- * writers are removed.
+ * writers are removed, and so are the stale kept pieces of interrupted
+ * fetches in partial/ (store_partial_gc; counted as temps).
  */
 #include "store/store.h"
+#include "store/store_partial.h"
 
 #include "common/error.h"
 #include "common/fault.h"
@@ -153,6 +155,9 @@ int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res)
     if (!rc) rc = for_each_blob(s, gc_blob, &g);
     sqlite3_finalize(g.q);
     if (!rc) rc = gc_temps(s, dry_run, res);
+    /* Kept pieces of interrupted fetches: stale once no fetch holds them and
+     * nothing changed in them for the keep period (store_partial.h). */
+    if (!rc) rc = store_partial_gc(s, store_partial_keep(), dry_run, &res->temps_removed);
     if (rc || dry_run) {
         catalog_rollback(&s->cat);
         return rc;

@@ -30,7 +30,12 @@ static void help(void)
            "(resumed after a dropped connection, retried with backoff on 408/429/5xx), and\n"
            "verified: every file's size, and the sha256 of every LFS file against the Hub's\n"
            "lfs.oid (a mismatch is downloaded once more, then fails naming the file). Nothing\n"
-           "unverified enters the store. A commit already in the store downloads nothing.\n\n"
+           "unverified enters the store. A commit already in the store downloads nothing.\n"
+           "An interrupted fetch (Ctrl-C, kill, a lost connection) keeps its finished pieces\n"
+           "in CKPT_HOME/partial/: run the same fetch again and only the rest is downloaded\n"
+           "(gc removes what was kept once untouched for CKPT_HUB_PARTIAL_KEEP seconds,\n"
+           "default 7 days).\n"
+           "On a terminal one line shows files verified, bytes, rate and ETA.\n\n"
            "  --include GLOB     take the files matching GLOB instead of the defaults\n"
            "                     (repeatable; a GLOB without '/' also matches file names)\n"
            "  --exclude GLOB     leave out files matching GLOB (repeatable; wins over --include)\n"
@@ -47,7 +52,8 @@ static void help(void)
            "  HF_ENDPOINT   the Hub (default %s)\n"
            "  HF_TOKEN      a token (else HUGGING_FACE_HUB_TOKEN, else $HF_HOME/token); it is\n"
            "                sent only to HF_ENDPOINT's host, never logged or stored\n\n"
-           "example:\n  ckpt fetch Qwen/Qwen2-0.5B@main\n",
+           "example:\n  ckpt fetch Qwen/Qwen2-0.5B@main\n"
+           "  ckpt fetch Qwen/Qwen2-0.5B@main   # again after Ctrl-C: resumes where it stopped\n",
            HUB_DEFAULT_ENDPOINT);
 }
 

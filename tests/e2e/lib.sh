@@ -24,6 +24,8 @@
 #   start_testhub NAME [FAULTS] [ARGS...]  a test Hub on the store $work/hub
 #                       (or HUB_HOME), log in $work/NAME.log; sets
 #                       ${NAME}_url and ${NAME}_pid
+#   hub_client_env      fetches retry in milliseconds and see no token of the machine
+#   set_faults URL SPEC replaces the faults of the test Hub at URL
 # At exit: the script's on_exit function if it has one, then every
 # serve_bg server is stopped and checked, every other background job
 # killed, and $work emptied.
@@ -115,6 +117,15 @@ start_testhub() {
     printf -v "${name}_url" '%s' "$(cat "$work/$name.url")"
     printf -v "${name}_pid" '%s' "$pid"
 }
+
+# hub_client_env: what a fetch in a test runs with: retries in milliseconds,
+# no token from the machine running the tests.
+hub_client_env() {
+    export CKPT_HUB_BACKOFF_MS=10 HF_HOME=$work/hf-home
+    unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
+}
+# set_faults URL SPEC: replaces the faults of the test Hub at URL.
+set_faults() { curl -sf -X POST --data-binary "$2" "$1/_testhub/faults" >/dev/null || fail "cannot set faults '$2'"; }
 
 e2e_exit() {
     local rc=$? p bad=0

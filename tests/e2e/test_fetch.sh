@@ -214,10 +214,11 @@ fetch_fails "config.json listed with neither oid nor lfs" \
     "tree entry 'config.json' has neither a git 'oid' nor an 'lfs' sha256" org/tiny
 faults ""
 
-# ---- a fetch stopped mid-way leaves only temp files, which gc removes ----
+# ---- a fetch stopped mid-way stores nothing; gc removes its temp files ----
 # Stopped (SIGKILL) at named crash points (CKPT_FAULT, common/fault.h): after
 # its second downloaded piece, after its blobs are synced, and between the
-# catalog commits; nothing visible, gc removes the temp files.
+# catalog commits; nothing visible, gc removes the temp files (the pieces kept
+# for a resume, in partial/, are test_fetch_resume.sh's).
 faults ""
 for spec in fetch.piece_done:2 blobs.synced:1 catalog.before_commit:2; do
     n=$((n + 1))

@@ -19,12 +19,18 @@
  *   429=S           any Hub request: 429 with Retry-After: S
  *   503             any Hub request: 503 (no Retry-After: the client's own backoff)
  *   429:file=S, 503:file   the same, for file downloads (resolve) only
+ *   429date=S, 429date:file=S   the same as 429, Retry-After as an HTTP-date S seconds ahead
  *   flip=OFF        file bodies holding file offset OFF: flip one bit of that byte
  *   norange         file bodies: ignore Range, answer 200 with the whole file
  *   entry404        resolve: 404 EntryNotFound
  *   slow=MS         file bodies: a pause of MS milliseconds before every 256 KiB
  *   only=TEXT       drop, flip, norange and slow hit only files whose path holds TEXT
  *   redirect=PORT   resolve: 302 to the same path on 127.0.0.1:PORT
+ *   xet=PORT        resolve: what the Hub answers for a Xet-backed file: 302 to
+ *                   the same path on 127.0.0.1:PORT with a signed-URL-like query,
+ *                   X-Linked-Etag W/"<sha256>" (weak form) and X-Linked-Size for
+ *                   an LFS file, X-Xet-Hash, X-Repo-Commit
+ *   badetag         with xet: the X-Linked-Etag names other bytes
  *   token=SECRET    every Hub request needs "Authorization: Bearer SECRET":
  *                   without one 401 RepoNotFound, with another 401
  *                   "Invalid credentials in Authorization header"
@@ -36,6 +42,9 @@
  *   endless=STATUS  any Hub request: answer STATUS with a body that never ends
  *   endless:file=STATUS   the same, for file downloads (resolve) only
  *   stall           file bodies: the headers, then not one byte, ever
+ *   hold=OFF        file bodies holding file offset OFF (only= applies): the
+ *                   headers, then not one byte, ever (a response the Hub holds
+ *                   while a test kills the client)
  *   huge=N          the tree lists N more files "huge-K.safetensors" of 16 TiB each
  *   nohash          the tree lists config.json with neither 'oid' nor 'lfs'
  *
@@ -56,6 +65,7 @@
 #include "store/catalog.h"
 #include "store/store.h"
 #include "store/materialize.h"
+#include "store/store_hub.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -67,6 +77,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TH_MAX_SPEC 4096
@@ -81,6 +92,8 @@ typedef struct {
     int64_t flip_at;
     int flip_n, norange_n;
     int redirect_port, redirect_n;
+    int xet_port, xet_n;
+    bool badetag, retry_date;
     char token[256];
     bool gated;
     char evil[16];
@@ -90,6 +103,8 @@ typedef struct {
     int endless_status, endless_n;
     bool endless_file;
     int stall_n, huge;
+    int64_t hold_at;
+    int hold_n;
     bool nohash;
 } faults;
 
@@ -133,7 +148,7 @@ static bool fire(int *n)
 static int parse_faults(const char *spec, faults *f)
 {
     memset(f, 0, sizeof *f);
-    f->drop_after = f->flip_at = -1;
+    f->drop_after = f->flip_at = f->hold_at = -1;
     char buf[TH_MAX_SPEC], *save = NULL;
     if (strlen(spec) >= sizeof buf) return ckpt_error_set(CKPT_ELIMIT, "fault spec too long");
     snprintf(buf, sizeof buf, "%s", spec);
@@ -155,8 +170,9 @@ static int parse_faults(const char *spec, faults *f)
         if (scope) *scope = 0;
         if (!strcmp(item, "drop"))
             f->drop_after = atoll(val), f->drop_n = count;
-        else if (!strcmp(item, "429"))
-            f->retry_after = atoi(val), f->s429_n = count, f->s429_file = file_only;
+        else if (!strcmp(item, "429") || !strcmp(item, "429date"))
+            f->retry_after = atoi(val), f->s429_n = count, f->s429_file = file_only,
+            f->retry_date = item[3] == 'd';
         else if (!strcmp(item, "503"))
             f->s503_n = count, f->s503_file = file_only;
         else if (!strcmp(item, "entry404"))
@@ -167,6 +183,10 @@ static int parse_faults(const char *spec, faults *f)
             f->norange_n = count;
         else if (!strcmp(item, "redirect"))
             f->redirect_port = atoi(val), f->redirect_n = count;
+        else if (!strcmp(item, "xet"))
+            f->xet_port = atoi(val), f->xet_n = count;
+        else if (!strcmp(item, "badetag"))
+            f->badetag = true;
         else if (!strcmp(item, "token"))
             snprintf(f->token, sizeof f->token, "%s", val);
         else if (!strcmp(item, "gated"))
@@ -183,6 +203,8 @@ static int parse_faults(const char *spec, faults *f)
             f->endless_status = atoi(val), f->endless_n = count, f->endless_file = file_only;
         else if (!strcmp(item, "stall"))
             f->stall_n = count;
+        else if (!strcmp(item, "hold"))
+            f->hold_at = atoll(val), f->hold_n = count;
         else if (!strcmp(item, "huge"))
             f->huge = atoi(val);
         else if (!strcmp(item, "nohash"))
@@ -206,8 +228,13 @@ static enum MHD_Result send_status(struct MHD_Connection *c, unsigned code, cons
     if (hub_code) MHD_add_response_header(r, "X-Error-Code", hub_code);
     MHD_add_response_header(r, "X-Error-Message", msg);
     if (retry_after > 0) {
-        char ra[16];
-        snprintf(ra, sizeof ra, "%d", retry_after);
+        char ra[64];
+        time_t when = time(NULL) + retry_after;
+        struct tm tm;
+        if (hub.f.retry_date && gmtime_r(&when, &tm))
+            strftime(ra, sizeof ra, "%a, %d %b %Y %H:%M:%S GMT", &tm); /* RFC 9110 IMF-fixdate */
+        else
+            snprintf(ra, sizeof ra, "%d", retry_after);
         MHD_add_response_header(r, "Retry-After", ra);
     }
     enum MHD_Result ret = MHD_queue_response(c, code, r);
@@ -490,6 +517,51 @@ static void push_commit(const char *repo, const char *dir)
     }
 }
 
+/* The resolve answer of a Xet-backed file on the Hub: a redirect to the
+ * storage host, with the LFS file's hash in X-Linked-Etag. */
+static enum MHD_Result send_xet_redirect(struct MHD_Connection *c, const char *url, const char *repo,
+                                         const char *rev, const char *path)
+{
+    store_ckpt ck;
+    char commit[41], sha[65] = "", size[32] = "";
+    bool lfs = false;
+    if (hub_api_resolve_rev(&hub.store, repo, rev, &ck, commit) < 0)
+        return http_send_error(c, 404, "no such revision", "RevisionNotFound", NULL);
+    store_file_row *rows;
+    size_t n;
+    if (store_files_load(&hub.store, ck.id, &rows, &n) == 0) {
+        for (size_t i = 0; i < n; i++)
+            if (!strcmp(rows[i].path, path)) {
+                lfs = store_hub_is_lfs(&rows[i]);
+                snprintf(sha, sizeof sha, "%s", hub.f.badetag ? "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef" : rows[i].sha256);
+                snprintf(size, sizeof size, "%llu", (unsigned long long)rows[i].size);
+            }
+        store_files_free(rows, n);
+    }
+    store_ckpt_free(&ck);
+    char *loc = ckpt_sprintf("http://127.0.0.1:%d%s?X-Xet-Signed-Range=bytes&Signature=abc", hub.f.xet_port, url);
+    char *etag = ckpt_sprintf("W/\"%s\"", sha);
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    if (!r || !loc || !etag) {
+        free(loc);
+        free(etag);
+        if (r) MHD_destroy_response(r);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Location", loc);
+    MHD_add_response_header(r, "X-Repo-Commit", commit);
+    MHD_add_response_header(r, "X-Xet-Hash", sha);
+    if (lfs) {
+        MHD_add_response_header(r, "X-Linked-Etag", etag);
+        MHD_add_response_header(r, "X-Linked-Size", size);
+    }
+    free(loc);
+    free(etag);
+    enum MHD_Result ret = MHD_queue_response(c, 302, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result route(struct MHD_Connection *c, const char *url, const char *method,
                              const upload *up)
 {
@@ -550,6 +622,17 @@ static enum MHD_Result route(struct MHD_Connection *c, const char *url, const ch
     if (resolve && fire(&f->stall_n)) {
         logf_("%s fault=stall", line);
         return send_endless(c, 200, true);
+    }
+    unsigned long long ra = 0, rb = ~0ull;
+    if (resolve && f->hold_at >= 0 && (!*f->only || strstr(path, f->only)) &&
+        (!range || sscanf(range, "bytes=%llu-%llu", &ra, &rb) == 2) && (uint64_t)f->hold_at >= ra &&
+        (uint64_t)f->hold_at <= rb && fire(&f->hold_n)) {
+        logf_("%s fault=hold", line);
+        return send_endless(c, 206, true);
+    }
+    if (resolve && f->xet_port && fire(&f->xet_n)) {
+        logf_("%s fault=xet", line);
+        return send_xet_redirect(c, url, repo, rev, path);
     }
     if (resolve && f->redirect_port && fire(&f->redirect_n)) {
         logf_("%s fault=redirect", line);

@@ -321,7 +321,15 @@ static void test_answers(void **state)
     assert_string_equal(a.error_code, "GatedRepo");
     assert_string_equal(a.error_message, "bad\\x01thing");
     assert_string_equal(a.content_range, "bytes 0-9/100");
+    /* X-Linked-Etag: quoted, weak or bare, the same value (huggingface_hub _normalize_etag) */
+    const char *etags[] = {"X-Linked-Etag: \"abc123\"\r\n", "x-linked-etag: W/\"abc123\"\r\n",
+                           "X-Linked-Etag: abc123\r\n"};
+    for (size_t i = 0; i < 3; i++) {
+        hub_answer_header(&a, etags[i], strlen(etags[i]));
+        assert_string_equal(a.linked_etag, "abc123");
+    }
     hub_answer_header(&a, "HTTP/1.1 302 Found\r\n", 20); /* a new answer starts clean */
+    assert_string_equal(a.linked_etag, "");
     assert_null(a.link_next);
     assert_string_equal(a.error_code, "");
     hub_answer_reset(&a);
