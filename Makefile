@@ -55,7 +55,9 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 SCHEMA_SQL := $(sort $(wildcard schema/[0-9]*.sql))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o
-SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
+# The web dashboard's files, compiled in (service/http/dashboard/embed.sh).
+DASH_FILES := service/http/dashboard/index.html service/http/dashboard/app.js service/http/dashboard/app.css
+SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/dashboard.o
 # The service objects but the CLI's main(): what unit tests of service/ link.
 SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
@@ -107,6 +109,14 @@ $(BUILD)/gen/schema.c: $(SCHEMA_SQL) schema/embed.sh
 	sh schema/embed.sh $@ $(SCHEMA_SQL)
 
 $(BUILD)/obj/gen/schema.o: $(BUILD)/gen/schema.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/gen/dashboard.c: $(DASH_FILES) service/http/dashboard/embed.sh
+	@mkdir -p $(dir $@)
+	sh service/http/dashboard/embed.sh $@ $(DASH_FILES)
+
+$(BUILD)/obj/gen/dashboard.o: $(BUILD)/gen/dashboard.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
