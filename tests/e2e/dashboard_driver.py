@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from selenium import webdriver
 from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
@@ -39,6 +40,13 @@ def fail(msg):
     except Exception:
         pass
     sys.exit(1)
+
+
+started = time.monotonic()
+
+
+def note(what):
+    print("-- %s (%.0f s in the browser)" % (what, time.monotonic() - started), flush=True)
 
 
 def run(*args, home=None):
@@ -109,6 +117,7 @@ try:
     until("the running noop's phase", lambda: "noop: waiting for until_file" in
           (text('#jobs-table tr[data-id="%s"] .progress-phase' % noop) or ""))
     shot("jobs-running")
+    note("the jobs page")
 
     # --- submit a fetch + convert from the form (queued behind the noop: one worker) ---
     d.find_element(By.ID, "f-repo").send_keys("org/tiny")
@@ -137,6 +146,7 @@ try:
     until("the search to keep only the fetch", lambda: [r.get_attribute("data-id") for r in
                                                        d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")] == [fetch_id])
     shot("jobs-search")
+    note("form, tabs and search")
 
     # --- cancel the running noop, with confirmation ---
     go(A + "/#/jobs/" + noop, "#job-view")
@@ -147,6 +157,7 @@ try:
     if json.loads(run("show", noop))["state"] != "cancelled":
         fail("the page says cancelled, the queue does not")
     shot("job-cancelled")
+    note("cancel")
 
     # --- the submitted jobs run: live states until success, the log followed ---
     go(A + "/#/jobs/" + convert, "#job-view")
@@ -158,6 +169,7 @@ try:
           len(d.find_element(By.ID, "job-log").text.strip().splitlines()) ==
           len(run("logs", convert).strip().splitlines()))
     shot("job-succeeded")
+    note("submitted jobs succeeded")
 
     # --- retry of the failed convert: its source is stored now, so it succeeds ---
     go(A + "/#/jobs/" + failed, "#job-view")
@@ -168,6 +180,7 @@ try:
     accept_confirm()
     until("the retried convert to succeed", job_state_is("succeeded"))
     shot("job-retried")
+    note("retry")
 
     # --- the store: a checkpoint page, its files and tensor table ---
     cks = json.loads(run("ls", "--json"))["checkpoints"]
@@ -198,6 +211,18 @@ try:
     if text("#pull-cmd") != "ckpt pull %s -o DIR --server %s" % (ref, A):
         fail("pull command %r" % text("#pull-cmd"))
     shot("checkpoint")
+    note("checkpoint page")
+
+    # --- the overview and the schedules page ---
+    go(A + "/#/overview", "#state-table")
+    jobs = json.loads(run("jobs", "--json"))
+    want = {st: sum(1 for j in jobs if j["state"] == st) for st in ("succeeded", "cancelled")}
+    until("the overview's counts", lambda: text("#ov-workers") == "0" and text("#ov-queue") == "0" and
+          [td.text for td in d.find_elements(By.CSS_SELECTOR, "#state-table tbody td")] ==
+          ["0", "0", "0", str(want["succeeded"]), "0", str(want["cancelled"])])
+    go(A + "/#/schedules", "#schedules-missing, #schedules-table")
+    shot("overview-schedules")
+    note("overview and schedules")
 
     # --- a narrow screen: the jobs table's container stays inside the window ---
     d.set_window_size(400, 900)
@@ -211,6 +236,7 @@ try:
     if over["right"] > over["inner"] or over["page"] > over["inner"] or over["scroll"] > over["client"]:
         fail("the jobs table overflows a 400 px window: %s" % over)
     shot("jobs-narrow")
+    note("narrow window")
     d.set_window_size(1280, 900)
 
     # --- daemon B, with tokens: the page loads without one, a read token sees but cannot act ---
@@ -229,6 +255,7 @@ try:
     accept_confirm()
     until("the refusal of a retry", lambda: "403" in (text("#flash") or "") and "admin token" in text("#flash"))
     shot("read-token-refused")
+    note("read token")
     if json.loads(run("show", env["FAILED_B"], home=env["HOME_B"]))["state"] != "failed":
         fail("a read token's retry changed the job")
     go(B + "/#/jobs", "#submit-form")

@@ -12,7 +12,8 @@
 #    the log followed; a convert that failed (its source was not stored yet)
 #    is retried from its page and succeeds; the checkpoint page's files and
 #    tensor table equal `ckpt show --json` and `ckpt inspect --json` of the
-#    pulled files; on a 400 px window the jobs table stays inside the window.
+#    pulled files; the overview's counts equal `ckpt jobs --json`; the
+#    schedules page loads; on a 400 px window the jobs table stays inside the window.
 # 3. Daemon B (--token-file): the page loads, asks for a token, and with a
 #    read token shows jobs but a retry and a submit are refused (403) with
 #    the server's message, and nothing changes.
@@ -100,7 +101,7 @@ note "browser"
 CKPT_BIN=$ckpt URL_A=$A URL_B=$B HOME_B=$work/b READ_TOKEN=$read_token SHOTS=$work/shots PROFILE=$work/profile \
     NOOP_ID=$noop FAILED_ID=$failed FAILED_B=$failed_b PULL_DIR=$work/pulled \
     /usr/bin/python3 "$E2E_DIR/dashboard_driver.py" || fail "the browser test failed (screenshots in $work/shots)"
-for s in jobs-running job-cancelled job-succeeded job-retried checkpoint jobs-narrow read-token-refused; do
+for s in jobs-running job-cancelled job-succeeded job-retried checkpoint overview-schedules jobs-narrow read-token-refused; do
     [ -s "$work/shots/$s.png" ] || fail "no screenshot $s.png"
 done
 note "done"

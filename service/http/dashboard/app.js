@@ -400,18 +400,27 @@ async function schedulesPage(main) {
     return;
   }
   const list = Array.isArray(data) ? data : data.schedules || [];
+  // The fields of `ckpt sync ls --json` (service/jobs/schedule.c).
+  const layouts = s => (s.layouts || []).map(l => l.layout + (l.tp ? '-tp' + l.tp : '')).join(', ');
   const rows = list.map(s => el('tr', {'data-id': s.id},
     el('td', {class: 'num', text: s.id}),
     el('td', {class: 'mono', text: s.repo + (s.revision ? '@' + s.revision : '')}),
-    el('td', {text: s.cron || (s.every ? fmtDuration(s.every) : '') || s.period || ''}),
+    el('td', {text: s.cron ? 'cron ' + s.cron : s.every_seconds ? 'every ' + fmtDuration(s.every_seconds) : ''}),
+    el('td', {class: 'hide-narrow', text: layouts(s)}),
     el('td', {text: fmtTime(s.next_run_at)}),
-    el('td', {class: 'mono', text: (s.last_commit || '').slice(0, 12)}),
-    el('td', {text: s.last_outcome || s.last_error || ''}),
+    el('td', {class: 'hide-narrow', text: fmtTime(s.last_run_at)}),
+    el('td', {class: 'mono hide-narrow', text: (s.last_commit || '').slice(0, 12)}),
+    el('td', {}, s.last_outcome || '', s.last_job_id ? [' (', el('a', {href: '#/jobs/' + s.last_job_id, text: 'job ' + s.last_job_id}), ')'] : null),
     el('td', {}, el('button', {type: 'button', class: 'run-now', onclick: () => {
       if (confirm('Run schedule ' + s.id + ' now?')) act('Schedule ' + s.id + ' queued', () => api('POST', '/v1/schedules/' + s.id + '/run'));
     }}, 'Run now'))));
+  const sig = JSON.stringify(list);
+  const shown = main.querySelector('#schedules-table');
+  if (shown && shown.dataset.sig === sig) return; // unchanged: buttons stay clickable
   main.replaceChildren(el('h1', {text: 'Schedules'}),
-    table(['id', 'repo', 'every', 'next run', 'last commit', 'last outcome', ''], rows, 'schedules-table'));
+    table(['id', 'repo', 'period', {text: 'layouts', class: 'hide-narrow'}, 'next run', {text: 'last run', class: 'hide-narrow'},
+           {text: 'last commit', class: 'hide-narrow'}, 'last outcome', ''], rows, 'schedules-table'));
+  main.querySelector('#schedules-table').dataset.sig = sig;
 }
 
 async function overviewPage(main) {
