@@ -210,6 +210,14 @@ try:
         fail("tensor table (%d rows) differs from ckpt inspect of the pulled files (%d)" % (len(got), len(expect)))
     if text("#pull-cmd") != "ckpt pull %s -o DIR --server %s" % (ref, A):
         fail("pull command %r" % text("#pull-cmd"))
+    # One rank's view, and the Hub API URL shown answers this checkpoint's commit.
+    d.find_element(By.CSS_SELECTOR, '#rank-picker option[value="tp_rank_01/"]').click()
+    until("rank 1's tensors only", lambda: {tr.find_elements(By.TAG_NAME, "td")[4].text for tr in
+                                          d.find_elements(By.CSS_SELECTOR, "#tensors-table tbody tr") if tr.is_displayed()} ==
+          {"tp_rank_01/model.safetensors"})
+    hub = d.execute_script("return fetch(document.getElementById('hub-url').textContent).then(r => r.json())")
+    if hub.get("id") != "org/tiny":
+        fail("the Hub API URL answers %s" % hub)
     shot("checkpoint")
     note("checkpoint page")
 

@@ -335,6 +335,16 @@ function copyable(text, id) {
   }}, 'Copy'));
 }
 
+// One rank's view of a TP layout: the rows of the files under tp_rank_NN/.
+function rankPicker(tbody, ranks) {
+  const sel = el('select', {id: 'rank-picker', 'aria-label': 'rank'}, el('option', {value: '', text: 'all ranks'}),
+    Array.from({length: ranks}, (_, r) => el('option', {value: 'tp_rank_' + String(r).padStart(2, '0') + '/', text: 'rank ' + r})));
+  sel.addEventListener('change', () => {
+    for (const tr of tbody.rows) tr.hidden = !!sel.value && !tr.dataset.file.startsWith(sel.value);
+  });
+  return el('div', {class: 'toolbar'}, sel);
+}
+
 async function checkpointPage(main, ref) {
   if (main.querySelector('#ckpt-view[data-ref="' + CSS.escape(ref) + '"]')) return; // stored checkpoints do not change
   const c = await api('GET', '/v1/checkpoints/' + encodeURIComponent(ref));
@@ -367,17 +377,17 @@ async function checkpointPage(main, ref) {
       el('dt', {text: 'layout'}), el('dd', {text: c.layout || '(original)'}),
       c.source ? [el('dt', {text: 'converted from'}), el('dd', {}, el('a', {href: '#/store/' + encodeURIComponent(c.source), text: c.source}))] : null,
       el('dt', {text: 'size'}), el('dd', {text: fmtBytes(c.total_size) + ' in ' + files.length + ' files'}),
-      el('dt', {text: 'Hub URL'}), el('dd', {class: 'mono', text: server + '/' + org + '/' + name + '/tree/' + rev})),
+      el('dt', {text: 'Hub API'}), el('dd', {class: 'mono', id: 'hub-url', text: server + '/api/models/' + org + '/' + name + '/revision/' + rev})),
     el('h2', {text: 'Pull'}), cmds,
     el('h2', {text: 'Files'}),
     table(['path', {text: 'size', class: 'num'}, {text: 'tensors', class: 'num'}, 'sha256'], fileRows, 'files-table'),
-    el('h2', {text: 'Tensors'}), status, tensors));
+    el('h2', {text: 'Tensors'}), tp ? rankPicker(tbody, +tp[1]) : null, status, tensors));
   let n = 0;
   for (const f of files.filter(x => x.safetensors)) {
     const hdr = await safetensorsHeader(c.ref, f.path);
     for (const name of Object.keys(hdr).filter(k => k !== '__metadata__').sort()) {
       const t = hdr[name], size = t.data_offsets[1] - t.data_offsets[0];
-      tbody.append(el('tr', {'data-name': name},
+      tbody.append(el('tr', {'data-name': name, 'data-file': f.path},
         el('td', {class: 'mono', text: name}), el('td', {text: t.dtype}),
         el('td', {class: 'mono', text: '[' + t.shape.join(', ') + ']'}),
         el('td', {class: 'num', text: fmtBytes(size), 'data-bytes': size}),
