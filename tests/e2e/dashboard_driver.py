@@ -252,11 +252,17 @@ try:
     until("the page to ask for a token", lambda: "401" in (text("#flash") or ""))
     d.find_element(By.ID, "token").send_keys(env["READ_TOKEN"])
     d.find_element(By.ID, "token-use").click()
-    until("the jobs of B with the read token", lambda: d.find_elements(By.CSS_SELECTOR, '#jobs-table tr[data-id="%s"]' % env["FAILED_B"]))
+    until("the jobs of B with the read token", lambda: (text("#page-info") or "").endswith("(31 jobs)"))
     if d.execute_script("return sessionStorage.getItem('ckpt.token')") != env["READ_TOKEN"]:
         fail("the token is not kept in sessionStorage")
     if env["READ_TOKEN"] in d.current_url:
         fail("the token is in the URL")
+    until("31 jobs on two pages", lambda: text("#page-info") == "page 1 of 2 (31 jobs)" and
+          len(d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")) == 25)
+    d.find_element(By.ID, "page-next").click()
+    until("the second page", lambda: text("#page-info") == "page 2 of 2 (31 jobs)" and
+          [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")] ==
+          [str(i) for i in range(6, 0, -1)] and env["FAILED_B"] == "1")
     go(B + "/#/jobs/" + env["FAILED_B"], "#job-view")
     until("B's failed job", job_state_is("failed"))
     d.find_element(By.ID, "job-retry").click()
@@ -270,7 +276,7 @@ try:
     d.find_element(By.ID, "f-repo").send_keys("org/tiny")
     d.find_element(By.ID, "f-submit").click()
     until("the refusal of a submit", lambda: "403" in (text("#flash") or "") and "submitting needs an admin token" in text("#flash"))
-    if len(json.loads(run("jobs", "--json", home=env["HOME_B"]))) != 1:
+    if len(json.loads(run("jobs", "--json", home=env["HOME_B"]))) != 31:
         fail("a read token's submit queued a job")
     print("dashboard: submit, progress, cancel, retry, store page, narrow window and read token checked")
 finally:

@@ -16,7 +16,7 @@
 #    schedules page loads; on a 400 px window the jobs table stays inside the window.
 # 3. Daemon B (--token-file): the page loads, asks for a token, and with a
 #    read token shows jobs but a retry and a submit are refused (403) with
-#    the server's message, and nothing changes.
+#    the server's message, and nothing changes; its 31 jobs take two pages.
 # Screenshots go to $work/shots (emptied with $work at exit; with
 # CKPT_DASHBOARD_SHOTS=DIR they are copied there first, to look at).
 set -euo pipefail
@@ -93,6 +93,16 @@ serve "$work/b" "$work/b.serve.log" --workers 1 --token-file "$work/tokens"
 B=$url
 failed_b=$(CKPT_HOME=$work/b "$ckpt" submit convert org/none@main --layout fused)
 wait_until 120 "B's convert $failed_b to fail" state_is "$work/b" "$failed_b" failed
+# 30 more jobs for the pager, queued after the failed one over HTTP (so they
+# fail without running: no worker, no time).
+for i in $(seq 30); do
+    curl -sf -o /dev/null -H "Authorization: Bearer admin-token-0123456789abcdef" \
+        --data "{\"kind\":\"noop\",\"args\":{\"sleep_ms\":$i},\"depends_on\":$failed_b}" "$B/v1/jobs" ||
+        fail "POST /v1/jobs to B with the admin token"
+done
+nfailed() { CKPT_HOME=$work/b "$ckpt" jobs --json | "$py" -c 'import json, sys; print(sum(j["state"] == "failed" for j in json.load(sys.stdin)))'; }
+all_failed() { [ "$(nfailed)" = 31 ]; }
+wait_until 120 "B's 30 jobs after a failed one to fail" all_failed
 [ "$(get "$B/")" = 200 ] || fail "the page of a daemon with tokens needs a token"
 [ "$(get "$B/v1/jobs")" = 401 ] || fail "/v1/jobs without a token is not 401"
 
