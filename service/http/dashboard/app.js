@@ -160,7 +160,7 @@ function progressCell(j) {
     if (rate && p.total > p.done) parts.push('ETA ' + fmtDuration((p.total - p.done) / rate));
   }
   return el('div', {class: 'progress', 'data-job': j.id},
-    p.total ? el('span', {class: 'bar'}, el('span', {style: null, 'data-pct': pct.toFixed(0)})) : null,
+    p.total ? el('span', {class: 'bar'}, el('span', {'data-pct': pct.toFixed(0)})) : null,
     el('div', {class: 'progress-phase', text: p.phase || ''}),
     el('div', {class: 'progress-text', text: parts.join(' · ')}));
 }
@@ -223,6 +223,7 @@ async function jobsPage(main) {
     el('td', {}, progressCell(j)),
     el('td', {class: 'hide-narrow', text: fmtTime(j.created_at)}),
     el('td', {class: 'hide-narrow', text: j.error || ''})));
+  for (const id of ui.samples.keys()) if (!jobs.some(j => j.id === id && j.state === 'running')) ui.samples.delete(id);
   const tbody = main.querySelector('#jobs-table tbody');
   tbody.replaceChildren(...rows);
   sizeBars(tbody);
