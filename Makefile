@@ -19,7 +19,7 @@ DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
 	libzstd-dev zlib1g-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
-	python3-torch curl ca-certificates
+	python3-torch curl ca-certificates chromium chromium-driver python3-selenium
 
 # libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
@@ -55,7 +55,9 @@ FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 SCHEMA_SQL := $(sort $(wildcard schema/[0-9]*.sql))
 LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o
-SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o)
+# The web dashboard's files, compiled in (service/http/dashboard/embed.sh).
+DASH_FILES := service/http/dashboard/index.html service/http/dashboard/app.js service/http/dashboard/app.css
+SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/dashboard.o
 # The service objects but the CLI's main(): what unit tests of service/ link.
 SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
@@ -70,7 +72,7 @@ help:
 	@echo "make          build $(BUILD)/ckpt"
 	@echo "make test     build with ASan+UBSan and run every test"
 	@echo "make check-layers  check the folders' layer order and module cycles"
-	@echo "make demo     generate a model and run the pipeline on it"
+	@echo "make demo     generate a model and run the pipeline on it; KEEP=1 leaves its daemon running and prints the dashboard URL"
 	@echo "make bench    the speed and memory table of bench/run.sh; BENCH=torch (or easydel, lora, ...) runs bench/torch.sh"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
 	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
@@ -107,6 +109,14 @@ $(BUILD)/gen/schema.c: $(SCHEMA_SQL) schema/embed.sh
 	sh schema/embed.sh $@ $(SCHEMA_SQL)
 
 $(BUILD)/obj/gen/schema.o: $(BUILD)/gen/schema.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS_ALL) -c $< -o $@
+
+$(BUILD)/gen/dashboard.c: $(DASH_FILES) service/http/dashboard/embed.sh
+	@mkdir -p $(dir $@)
+	sh service/http/dashboard/embed.sh $@ $(DASH_FILES)
+
+$(BUILD)/obj/gen/dashboard.o: $(BUILD)/gen/dashboard.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 
@@ -268,7 +278,7 @@ fuzz-short:
 	$(MAKE) fuzz FUZZ_SECONDS=10
 
 demo: deps all $(BUILD)/ckpt-testhub
-	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) ./demo.sh
+	@KEEP=$(KEEP) CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) ./demo.sh
 
 # bench: the transform engine's table (bench/run.sh); BENCH=NAME runs
 # bench/NAME.sh instead (torch, easydel, lora, store, fetch, queue, serve).

@@ -4,7 +4,9 @@
 # Each step says what it does, shows the command, and runs it. To add a step
 # (convert, consolidate, ...), add one `step "what it shows" command args...`
 # line below; $MODEL and $WORK are there to use. Everything happens in a
-# temporary directory that is removed at the end, whatever happens.
+# temporary directory that is removed at the end, whatever happens — unless
+# KEEP=1 (`make demo KEEP=1`): then the daemon and the local Hub are left
+# running with their folder, and the last line is the dashboard's URL.
 set -euo pipefail
 
 CKPT_BIN=${CKPT_BIN:-$(dirname "$0")/build/ckpt}
@@ -98,7 +100,7 @@ if [ -x "$CKPT_TESTHUB" ]; then
     echo
     echo "== a local Hub: publish the model as demo/qwen2-tiny, then fetch and convert it through the daemon"
     CKPT_HOME=$WORK/hub-home "$CKPT_BIN" import "$MODEL" --repo demo/qwen2-tiny@main --quiet >/dev/null
-    "$CKPT_TESTHUB" --home "$WORK/hub-home" --url-file "$WORK/hub.url" --log "$WORK/hub.log" 2>/dev/null &
+    "$CKPT_TESTHUB" --home "$WORK/hub-home" --url-file "$WORK/hub.url" --log "$WORK/hub.log" >/dev/null 2>&1 &
     BACKGROUND+=($!)
     for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
     export HF_ENDPOINT CKPT_HOME=$WORK/client-home
@@ -117,6 +119,13 @@ if [ -x "$CKPT_TESTHUB" ]; then
 
     step "Pull the consolidated form" pull demo/qwen2-tiny@main:neuron-tp8 --consolidated -o "$WORK/hub-consolidated"
     diff -r "$MODEL" "$WORK/hub-consolidated" && echo "   identical to the original checkpoint, after a trip through the Hub"
+    if [ "${KEEP:-0}" = 1 ]; then
+        trap - EXIT # the daemon, the Hub and $WORK stay
+        printf '\n== done: %d steps; the daemon and the local Hub keep running (KEEP=1)\n' "$n"
+        echo "   stop them: kill ${BACKGROUND[*]}; rm -rf $WORK"
+        echo "   dashboard: $(cat "$CKPT_HOME/serve.url")/"
+        exit 0
+    fi
     stop_background
     BACKGROUND=()
 else

@@ -104,8 +104,10 @@ void ckpt_progress_update(ckpt_progress *p, uint64_t done)
     p->done = done;
     if (progress_sink) {
         double t = ckpt_now();
-        if (t - p->last_draw >= 0.25 || done == p->total) {
+        /* The first update goes out at once: the phase shows as soon as it starts. */
+        if (p->last_pct < 0 || t - p->last_draw >= 0.25 || done == p->total) {
             p->last_draw = t;
+            p->last_pct = 0;
             progress_sink(p->label, done, p->total);
         }
         return;

@@ -31,7 +31,7 @@ typedef struct {
 } ckpt_progress;
 
 /* When a sink is set (worker processes), progress goes to it, at most a few
- * times a second, instead of being drawn. */
+ * times a second (the first update at once), instead of being drawn. */
 typedef void (*ckpt_progress_sink_fn)(const char *label, uint64_t done, uint64_t total);
 void ckpt_progress_set_sink(ckpt_progress_sink_fn fn);
 

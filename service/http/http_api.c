@@ -6,6 +6,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/util.h"
+#include "service/http/dashboard.h"
 #include "service/http/http_util.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
@@ -391,6 +392,11 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     if (!strcmp(url, "/healthz"))
         return send_json(c, 200,
                          json_pack("{s:s,s:i}", "status", "ok", "workers", h->running ? atomic_load(h->running) : 0));
+    /* The dashboard's page holds no data: it loads without a token, then
+     * calls the API below with the one typed into it. */
+    bool handled;
+    enum MHD_Result dr = dashboard_route(c, url, method, &handled);
+    if (handled) return dr;
     int slot = pool_take(h);
     if (slot < 0) return send_error(c, 500, ckpt_error_last());
     enum MHD_Result r = route(h, &h->pool[slot], c, url, method, req);

@@ -9,10 +9,11 @@
  *   GET    /v1/jobs/{id}/logs[?after=SEQ]
  *   GET    /healthz                (no token needed)
  *   GET    /metrics                Prometheus text
+ *   GET    /, /assets/...          the web dashboard (dashboard.h; no token needed)
  *   and the store's routes: /v1/checkpoints... (store_api.h), the Hub read API (hub_api.h)
  *
  * Tokens (--token-file: one "TOKEN [read|admin]" per line, admin when the role
- * is left out): with any configured, every request but /healthz needs
+ * is left out): with any configured, every request but /healthz and the dashboard's files (dashboard.h) needs
  * "Authorization: Bearer TOKEN" (401), compared in constant time; submitting,
  * cancelling and retrying need an admin token (403). Without tokens the API
  * listens on loopback only. Jobs that name host paths (import, consolidate,

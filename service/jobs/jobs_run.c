@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "service/jobs/queue.h"
 #include "service/jobs/schedule.h"
@@ -63,6 +64,9 @@ static int run_noop(ckpt_store *s, const json_t *args)
     size_t hl = strlen(s->home);
     if (strncmp(until, s->home, hl) || until[hl] != '/' || strstr(until, "/../"))
         return ckpt_error_set(CKPT_EINVAL, "noop: until_file '%s' is not inside the store's home %s", until, s->home);
+    ckpt_progress pr; /* a phase a watcher can see while it waits (0 of 1) */
+    ckpt_progress_start(&pr, "noop: waiting for until_file", 1);
+    ckpt_progress_update(&pr, 0);
     struct timespec tick = {0, 10 * 1000000L};
     while (!ckpt_exists(until)) nanosleep(&tick, NULL);
     return 0;

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# test_dashboard.sh — the web dashboard `ckpt serve` answers at / (issue 19),
+# in a real browser: Debian's headless Chromium through chromedriver and
+# python3-selenium (make deps), driven by dashboard_driver.py.
+#
+# 1. The page and its assets: content types, Content-Security-Policy,
+#    Cache-Control, ETag/304, 405, and no token needed for the page while the
+#    API behind it still wants one.
+# 2. Daemon A (no tokens, one worker, the test Hub behind it): a running noop
+#    shows its phase live; a fetch+convert submitted from the form waits
+#    behind it; cancelling the noop from its page lets them run to success,
+#    the log followed; a convert that failed (its source was not stored yet)
+#    is retried from its page and succeeds; the checkpoint page's files and
+#    tensor table equal `ckpt show --json` and `ckpt inspect --json` of the
+#    pulled files; the overview's counts equal `ckpt jobs --json`; the
+#    schedules page loads; on a 400 px window the jobs table stays inside the window.
+# 3. Daemon B (--token-file): the page loads, asks for a token, and with a
+#    read token shows jobs but a retry and a submit are refused (403) with
+#    the server's message, and nothing changes; its 31 jobs take two pages.
+# Screenshots go to $work/shots (emptied with $work at exit; with
+# CKPT_DASHBOARD_SHOTS=DIR they are copied there first, to look at).
+set -euo pipefail
+
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+export CKPT_QUIET=1 CKPT_HUB_BACKOFF_MS=10
+unset HF_TOKEN HUGGING_FACE_HUB_TOKEN
+export HF_HOME=$work/hf-home
+E2E_LOGS=("$work/a.serve.log" "$work/b.serve.log" "$work/shots/chromedriver.log")
+
+[ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || fail "chromium and chromium-driver are not installed (make deps)"
+/usr/bin/python3 -c 'import selenium' 2>/dev/null || fail "python3-selenium is not installed (make deps)"
+
+pids=()
+# The daemons first (their workers die with them); lib.sh then stops the test Hub.
+on_exit() {
+    local p
+    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null || true; done
+    [ -z "${CKPT_DASHBOARD_SHOTS:-}" ] || { mkdir -p "$CKPT_DASHBOARD_SHOTS" && cp "$work"/shots/* "$CKPT_DASHBOARD_SHOTS/"; } 2>/dev/null || true
+}
+on_fail() { echo "--- jobs of A"; CKPT_HOME=$work/a "$ckpt" jobs 2>&1 | head -n 20; }
+
+# serve HOME LOG [ARGS...]: starts a daemon on HOME; sets $url and $dpid.
+serve() {
+    local home=$1 log=$2
+    shift 2
+    rm -f "$home/serve.url"
+    CKPT_HOME=$home HF_ENDPOINT=$hub_url "$ckpt" serve --listen 127.0.0.1:0 "$@" >>"$log" 2>&1 &
+    dpid=$!
+    pids+=("$dpid")
+    wait_file "$home/serve.url"
+    url=$(cat "$home/serve.url")
+}
+jstate() { CKPT_HOME=$1 "$ckpt" show "$2" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["state"])'; }
+state_is() { [ "$(jstate "$1" "$2")" = "$3" ]; }
+
+# The Hub holds org/tiny; A fetches it from there.
+"$ckpt" gen-model qwen2 "$work/m" --scale 16 --layers 2 >/dev/null 2>&1
+CKPT_HOME=$work/hub "$ckpt" import "$work/m" --repo org/tiny@main >/dev/null 2>&1
+rm -rf "$work/m"
+start_testhub hub
+
+# --- 1. the page and its assets ---
+serve "$work/a" "$work/a.serve.log" --workers 1
+A=$url
+hdr() { tr -d '\r' <"$work/hdr" | awk -v k="$1" 'tolower($1)==tolower(k)":" {sub(/^[^:]*: /,""); print}'; }
+get() { rm -f "$work/body"; curl -s -o "$work/body" -D "$work/hdr" -w '%{http_code}' "$@"; }
+[ "$(get "$A/")" = 200 ] && grep -q '<script src="/assets/app.js"' "$work/body" || fail "GET / did not answer the page"
+[ "$(hdr Content-Type)" = "text/html; charset=utf-8" ] || fail "/ Content-Type: $(hdr Content-Type)"
+csp=$(hdr Content-Security-Policy)
+[[ "$csp" == *"default-src 'none'"* && "$csp" == *"script-src 'self'"* && "$csp" == *"connect-src 'self'"* &&
+    "$csp" != *http* ]] || fail "Content-Security-Policy: '$csp'"
+[ "$(hdr Cache-Control)" = no-cache ] && [ "$(hdr X-Content-Type-Options)" = nosniff ] || fail "/ caching or nosniff headers"
+[ "$(get "$A/assets/app.js")" = 200 ] && [ "$(hdr Content-Type)" = "text/javascript; charset=utf-8" ] &&
+    cmp -s "$work/body" "$E2E_DIR/../../service/http/dashboard/app.js" || fail "/assets/app.js is not the embedded script"
+[ "$(get "$A/assets/app.css")" = 200 ] && [ "$(hdr Content-Type)" = "text/css; charset=utf-8" ] || fail "/assets/app.css"
+etag=$(hdr ETag)
+[ "$(get -H "If-None-Match: $etag" "$A/assets/app.css")" = 304 ] && [ ! -s "$work/body" ] || fail "If-None-Match did not give 304"
+[ "$(get -X POST "$A/")" = 405 ] || fail "POST / is not 405"
+[ "$(get "$A/assets/nope.js")" = 404 ] || fail "an unknown asset is not 404"
+
+# --- 2. jobs for the browser on A: a failed convert, then a noop held running ---
+export CKPT_HOME=$work/a
+failed=$("$ckpt" submit convert org/tiny@main --layout fused)
+wait_until 120 "convert $failed of a ref not stored yet to fail" state_is "$CKPT_HOME" "$failed" failed
+noop=$("$ckpt" submit noop --until-file "$CKPT_HOME/never")
+wait_until 120 "noop $noop to run" state_is "$CKPT_HOME" "$noop" running
+
+# --- 3. daemon B, with tokens, and a failed job of its own ---
+read_token=read-token-0123456789abcdef
+printf '%s read\nadmin-token-0123456789abcdef admin\n' "$read_token" >"$work/tokens"
+serve "$work/b" "$work/b.serve.log" --workers 1 --token-file "$work/tokens"
+B=$url
+failed_b=$(CKPT_HOME=$work/b "$ckpt" submit convert org/none@main --layout fused)
+wait_until 120 "B's convert $failed_b to fail" state_is "$work/b" "$failed_b" failed
+# 30 more jobs for the pager, queued after the failed one over HTTP (so they
+# fail without running: no worker, no time).
+for i in $(seq 30); do
+    curl -sf -o /dev/null -H "Authorization: Bearer admin-token-0123456789abcdef" \
+        --data "{\"kind\":\"noop\",\"args\":{\"sleep_ms\":$i},\"depends_on\":$failed_b}" "$B/v1/jobs" ||
+        fail "POST /v1/jobs to B with the admin token"
+done
+nfailed() { CKPT_HOME=$work/b "$ckpt" jobs --json | "$py" -c 'import json, sys; print(sum(j["state"] == "failed" for j in json.load(sys.stdin)))'; }
+all_failed() { [ "$(nfailed)" = 31 ]; }
+wait_until 120 "B's 30 jobs after a failed one to fail" all_failed
+[ "$(get "$B/")" = 200 ] || fail "the page of a daemon with tokens needs a token"
+[ "$(get "$B/v1/jobs")" = 401 ] || fail "/v1/jobs without a token is not 401"
+
+mkdir -p "$work/shots" "$work/profile"
+note "browser"
+CKPT_BIN=$ckpt URL_A=$A URL_B=$B HOME_B=$work/b READ_TOKEN=$read_token SHOTS=$work/shots PROFILE=$work/profile \
+    NOOP_ID=$noop FAILED_ID=$failed FAILED_B=$failed_b PULL_DIR=$work/pulled \
+    /usr/bin/python3 "$E2E_DIR/dashboard_driver.py" || fail "the browser test failed (screenshots in $work/shots)"
+for s in jobs-running job-cancelled job-succeeded job-retried checkpoint overview-schedules jobs-narrow read-token-refused; do
+    [ -s "$work/shots/$s.png" ] || fail "no screenshot $s.png"
+done
+note "done"
