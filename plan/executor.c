@@ -63,6 +63,7 @@ typedef struct {
 
 typedef struct {
     exec_ctx *c;
+    void *vts;     /* the worker's state of p->vsource, or NULL */
     uint8_t *slab; /* EXEC_SLAB_BYTES */
     uint8_t *band; /* EXEC_BAND_BYTES */
     uint8_t *cmp;  /* EXEC_SLAB_BYTES, for checks */
@@ -225,9 +226,18 @@ static void walk_run(const walk *w, const uint8_t *band, uint64_t band_first, ck
     }
 }
 
+/* A view of bytes [off, off+len) of a source file p->vsource makes. */
+static int vsource_view(worker *wk, const plan_source *s, uint64_t off, size_t len, const uint8_t **out)
+{
+    const exec_vsource *v = wk->c->p->vsource;
+    assert(v && wk->vts && len <= EXEC_BAND_BYTES);
+    int rc = v->view(v->ctx, wk->vts, s->file, off, len, out);
+    return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
+}
+
 /* Reads the source elements a walk needs (in bands of at most
  * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
- * them into dst. */
+ * them into dst. fd < 0: a source file p->vsource makes, read through views. */
 static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const char *path, uint8_t *dst,
                        ckpt_dtype ddt)
 {
@@ -237,7 +247,7 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
     /* Every byte read lies inside the source tensor (its parts were checked
      * against its shape, plan_part_in_source). */
     assert(ses > 0 && w.src <= s->nbytes / ses && span <= s->nbytes / ses - w.src);
-    if (s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
+    if (fd >= 0 && s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
         /* One contiguous run, no cast: read it straight into place, not through the band. */
         int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
         return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
@@ -267,6 +277,13 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
             if (rc) return rc;
         }
         return 0;
+    }
+    if (fd < 0) {
+        /* Made on demand: the walk runs over the provider's own bytes. */
+        const uint8_t *v;
+        int rc = vsource_view(wk, s, s->offset + w.src * ses, (size_t)(span * ses), &v);
+        if (!rc) walk_run(&w, v, w.src, s->dtype, dst, ddt);
+        return rc;
     }
     uint64_t needed = ses;
     for (int k = 0; k < w.nd; k++) needed *= w.ext[k];
@@ -303,7 +320,7 @@ static bool part_intersect(const plan_part *p, int ndim, const uint64_t *blo, co
 }
 
 /* True when every part is one contiguous run of a same-dtype source. */
-static bool tensor_is_fast(const exec_plan *p, const plan_tensor *t)
+bool exec_tensor_is_copy(const exec_plan *p, const plan_tensor *t)
 {
     uint64_t ts[PLAN_MAX_DIM], zero[PLAN_MAX_DIM] = {0};
     row_major_strides(t->ndim, t->shape, ts);
@@ -326,6 +343,21 @@ static void add_progress(exec_ctx *c, uint64_t n)
     c->done += n;
     if (!c->o->quiet) ckpt_progress_update(&c->prog, c->done);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* copy_file_range's work for a source file p->vsource makes: views written out. */
+static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, int out_fd, uint64_t dst_off,
+                        uint64_t len, const char *out_path)
+{
+    for (uint64_t done = 0; done < len;) {
+        size_t n = (size_t)(len - done < EXEC_BAND_BYTES ? len - done : EXEC_BAND_BYTES);
+        const uint8_t *v;
+        int rc = vsource_view(wk, s, src_off + done, n, &v);
+        if (!rc) rc = ckpt_pwrite_full(out_fd, v, n, dst_off + done, out_path);
+        if (rc) return rc;
+        done += n;
+    }
+    return 0;
 }
 
 static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *out_path)
@@ -363,7 +395,8 @@ static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off
             assert(w.src * es <= s->nbytes && len <= s->nbytes - w.src * es);
             assert(w.dst + n <= plan_tensor_numel(t));
         }
-        int rc = ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
+        int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, out_fd, dst_off, len, out_path)
+                                         : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
         add_progress(c, len);
     }
@@ -597,7 +630,7 @@ static int run_item(worker *wk, const work_item *it)
     assert(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tbytes) == 0 && tbytes == ot->nbytes);
     assert(ot->offset >= f->layout.header_len && ot->nbytes <= UINT64_MAX - ot->offset);
     (void)tbytes;
-    int rc = tensor_is_fast(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
+    int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     return rc;
 }
@@ -606,6 +639,11 @@ static void *worker_main(void *arg)
 {
     worker *wk = arg;
     exec_ctx *c = wk->c;
+    const exec_vsource *v = c->p->vsource;
+    if (v && !(wk->vts = v->thread_open(v->ctx))) {
+        exec_fail(c, CKPT_ENOMEM);
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&c->mu);
         if (c->err || c->next >= c->nitems) {
@@ -640,6 +678,8 @@ static void *worker_main(void *arg)
             break;
         }
     }
+    if (v) v->thread_close(v->ctx, wk->vts);
+    wk->vts = NULL;
     return NULL;
 }
 
@@ -832,7 +872,8 @@ int exec_check_sources(const exec_plan *p, const int *src_fds)
     int rc = 0;
     for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
         struct stat sb;
-        if (fstat(src_fds[i], &sb) < 0) rc = ckpt_error_sys("%s: stat", p->src_paths[i]);
+        if (src_fds[i] < 0 && p->vsource) size[i] = UINT64_MAX; /* made on demand: its maker checks */
+        else if (fstat(src_fds[i], &sb) < 0) rc = ckpt_error_sys("%s: stat", p->src_paths[i]);
         else size[i] = (uint64_t)sb.st_size;
     }
     for (size_t i = 0; !rc && i < p->nsources; i++) {
@@ -882,7 +923,10 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     int rc = c.src_fds && c.out_fds && c.out_paths && c.items && wks ? 0 : CKPT_ENOMEM;
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++) c.src_fds[i] = -1;
     for (size_t f = 0; c.out_fds && f < p->nfiles; f++) c.out_fds[f] = -1;
+    if (!rc && p->vsource && o->hash_sources)
+        rc = ckpt_error_set(CKPT_EINVAL, "sources made on demand are not hashed");
     for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
+        if (p->vsource && p->vsource->serves(p->vsource->ctx, i)) continue; /* fd -1: read through views */
         c.src_fds[i] = open(p->src_paths[i], O_RDONLY | O_CLOEXEC);
         if (c.src_fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
     }
@@ -997,6 +1041,7 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
     uint64_t nbytes;
     int rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &nbytes);
     if (rc) return rc;
+    if (p->vsource) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sources made on demand are not read here", t->name);
     if (off > nbytes || len > nbytes - off)
         return ckpt_error_set(CKPT_EINVAL, "tensor '%s': read past its end", t->name);
     if (len == 0) return 0;

@@ -22,6 +22,12 @@
 
 #include <jansson.h>
 
+/* Arrays up to this many bytes are decoded whole into a worker's memory
+ * (two workers: twice this at most); larger ones are decoded in order
+ * through a window, or into a scratch file when the plan reads them out of
+ * order (docs/easydel.md, "Speed and memory"). */
+#define EASYDEL_DECODE_MAX_BYTES (48ull << 20)
+
 /* The rules document inverting the easydel preset (tp 1). New reference. */
 json_t *easydel_inverse_rules(void);
 int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o);
