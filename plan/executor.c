@@ -20,6 +20,9 @@
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define EXEC_TILE_MIN_RUN 256 /* elements a transposing tile reads from each source line, at least */
 #define EXEC_TRANSPOSE_BLOCK 32 /* elements: a block's source lines stay in L1 */
@@ -155,9 +158,40 @@ static void copy_elems(const uint8_t *src, ckpt_dtype sdt, size_t ses, uint8_t *
     }
 }
 
+#ifdef __SSE2__
+/* 8 x 8 two-byte elements: element c of source row r (rows sstr bytes
+ * apart) to element r of destination row c (rows dstr bytes apart), in
+ * registers: 8 loads and 8 stores of 16 bytes, so a strip of 8 source rows
+ * is read front to back however far apart the rows lie (a power-of-two
+ * distance puts every row in the same cache set: 32 rows at a time thrash
+ * an 8-way L1, 8 do not). */
+static inline void transpose8x8_2(const uint8_t *src, size_t sstr, uint8_t *dst, size_t dstr)
+{
+    __m128i r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(src + i * sstr));
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    /* t[0] = r0r1 pairs of columns 0-3, t[1] columns 4-7; t[2], t[3] rows 2-3; ... */
+    for (int h = 0; h < 2; h++)
+        for (int q = 0; q < 2; q++) {
+            u[4 * h + 2 * q] = _mm_unpacklo_epi32(t[4 * h + q], t[4 * h + 2 + q]);
+            u[4 * h + 2 * q + 1] = _mm_unpackhi_epi32(t[4 * h + q], t[4 * h + 2 + q]);
+        }
+    /* u[0..3]: rows 0-3 of columns (0,1), (2,3), (4,5), (6,7); u[4..7]: rows 4-7 */
+    for (int c = 0; c < 4; c++) {
+        _mm_storeu_si128((__m128i *)(void *)(dst + (2 * c) * dstr), _mm_unpacklo_epi64(u[c], u[4 + c]));
+        _mm_storeu_si128((__m128i *)(void *)(dst + (2 * c + 1) * dstr), _mm_unpackhi_epi64(u[c], u[4 + c]));
+    }
+}
+#endif
+
 /* walk_run of a transposing walk: axes `in` (innermost, contiguous in the
  * output) and `tj` (contiguous in the source) in EXEC_TRANSPOSE_BLOCK x
- * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. */
+ * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. Two-byte
+ * elements copied as they are (bf16, f16: most of a model) go through
+ * transpose8x8_2 in strips of 8 source rows instead. */
 static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band, uint64_t band_first, ckpt_dtype sdt,
                              size_t ses, uint8_t *dst, ckpt_dtype ddt, size_t des)
 {
@@ -170,7 +204,25 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
             so += idx[k] * w->ss[k];
             d += idx[k] * w->ds[k];
         }
-        for (uint64_t jb = 0; jb < w->ext[tj]; jb += B) {
+        bool tiled = false;
+#ifdef __SSE2__
+        if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
+            tiled = true;
+            uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
+            for (uint64_t i = 0; i < i8; i += 8)
+                for (uint64_t j = 0; j < j8; j += 8)
+                    transpose8x8_2(band + (so + i * w->ss[in] + j - band_first) * 2, w->ss[in] * 2,
+                                   dst + (d + j * w->ds[tj] + i) * 2, w->ds[tj] * 2);
+            /* the edges: columns past j8 for every row, rows past i8 for the first j8 columns */
+            for (uint64_t j = j8; j < w->ext[tj]; j++)
+                copy_elems(band + (so + j - band_first) * 2, sdt, 2, dst + (d + j * w->ds[tj]) * 2, ddt, 2,
+                           w->ext[in], w->ss[in], 1);
+            for (uint64_t j = 0; i8 < w->ext[in] && j < j8; j++)
+                copy_elems(band + (so + i8 * w->ss[in] + j - band_first) * 2, sdt, 2,
+                           dst + (d + j * w->ds[tj] + i8) * 2, ddt, 2, w->ext[in] - i8, w->ss[in], 1);
+        }
+#endif
+        for (uint64_t jb = 0; !tiled && jb < w->ext[tj]; jb += B) {
             uint64_t je = w->ext[tj] - jb < B ? w->ext[tj] : jb + B;
             for (uint64_t ib = 0; ib < w->ext[in]; ib += B) {
                 uint64_t n = w->ext[in] - ib < B ? w->ext[in] - ib : B;
