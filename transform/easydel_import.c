@@ -12,10 +12,12 @@
 #include "transform/state_convert.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 json_t *easydel_inverse_rules(void)
@@ -46,8 +48,10 @@ json_t *easydel_inverse_rules(void)
  *   stream  - larger, one chunk holding the whole array, and only copied front
  *             to back by the plan (an embedding renamed): decoded in order into
  *             a window of EXEC_BAND_BYTES;
- *   staged  - anything else larger (a transposed lm_head): decoded into a
- *             scratch file in the temp folder first, read from there as any file. */
+ *   staged  - anything else larger (a transposed lm_head): decoded by the
+ *             first worker that needs it into a scratch file in the temp
+ *             folder (the other worker goes on with other tensors meanwhile),
+ *             then read through a mapping of the span asked for. */
 
 enum { READ_WHOLE, READ_STREAM, READ_STAGED };
 
@@ -55,6 +59,8 @@ typedef struct {
     const easydel_array *a;
     uint64_t offset, nbytes; /* the array's bytes in its staged file's layout */
     int how;
+    uint64_t scratch_off; /* READ_STAGED: where it goes in the scratch file */
+    int staged;           /* ... 1 once there, -1 when that failed (under varrays.mu) */
 } varray;
 
 typedef struct {
@@ -66,6 +72,9 @@ typedef struct {
 typedef struct {
     vfile files[2]; /* model, optimizer */
     size_t nfiles;
+    int scratch_fd; /* READ_STAGED arrays, or -1 */
+    char *scratch_path;
+    pthread_mutex_t mu; /* staging one array at a time */
 } varrays;
 
 typedef struct {
@@ -77,6 +86,8 @@ typedef struct {
     uint64_t pos;                   /* its bytes decoded so far */
     uint8_t *win;                   /* EXEC_BAND_BYTES: its bytes [wa, wb) */
     uint64_t wa, wb;
+    void *map; /* READ_STAGED: the span mapped last */
+    size_t map_len;
 } vthread;
 
 static bool arrays_serve(void *ctx, size_t file)
@@ -102,6 +113,7 @@ static void arrays_thread_close(void *ctx, void *ts)
     vthread *t = ts;
     if (!t) return;
     zarr_decoder_free(t->d);
+    if (t->map) munmap(t->map, t->map_len);
     free(t->buf);
     free(t->win);
     free(t);
@@ -178,9 +190,49 @@ static int stream_view(vthread *t, const easydel_array *a, uint64_t lo, size_t l
     return rc;
 }
 
+typedef struct {
+    int fd;
+    uint64_t base, nbytes;
+    const char *path;
+} sink_ctx;
+
+static int to_file(void *vctx, uint64_t off, const void *buf, size_t len)
+{
+    sink_ctx *s = vctx;
+    if (off > s->nbytes || len > s->nbytes - off)
+        return ckpt_error_set(CKPT_EINVAL, "%s: array bytes out of range", s->path);
+    return ckpt_pwrite_full(s->fd, buf, len, s->base + off, s->path);
+}
+
+/* READ_STAGED: the array decoded into the scratch file once (by whichever
+ * worker comes first; another waits), then bytes [lo, lo+len) mapped. */
+static int staged_view(varrays *v, vthread *t, varray *va, uint64_t lo, size_t len, const uint8_t **out)
+{
+    pthread_mutex_lock(&v->mu);
+    int rc = 0;
+    if (va->staged == 0) {
+        sink_ctx sc = {.fd = v->scratch_fd, .base = va->scratch_off, .nbytes = va->nbytes, .path = v->scratch_path};
+        rc = zarr_read(&va->a->z, to_file, &sc, NULL);
+        va->staged = rc ? -1 : 1;
+    } else if (va->staged < 0) {
+        rc = ckpt_error_set(CKPT_EIO, "%s: staging it failed", va->a->z.label);
+    }
+    pthread_mutex_unlock(&v->mu);
+    if (rc) return rc;
+    if (t->map) munmap(t->map, t->map_len);
+    t->map = NULL;
+    uint64_t start = va->scratch_off + lo, page = (uint64_t)sysconf(_SC_PAGESIZE), base = start / page * page;
+    t->map_len = (size_t)(start - base + len);
+    void *m = mmap(NULL, t->map_len, PROT_READ, MAP_SHARED, v->scratch_fd, (off_t)base);
+    if (m == MAP_FAILED) return ckpt_error_sys("%s: map", v->scratch_path);
+    t->map = m;
+    *out = (const uint8_t *)m + (start - base);
+    return 0;
+}
+
 static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out)
 {
-    const varrays *v = ctx;
+    varrays *v = ctx;
     vthread *t = ts;
     const vfile *f = NULL;
     for (size_t i = 0; i < v->nfiles && !f; i++)
@@ -192,14 +244,14 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
         if (f->arrays[mid].offset <= off) lo = mid;
         else hi = mid;
     }
-    const varray *va = f && f->n ? &f->arrays[lo] : NULL;
-    if (!va || off < va->offset || off - va->offset > va->nbytes || len > va->nbytes - (off - va->offset) ||
-        va->how == READ_STAGED)
+    varray *va = f && f->n ? &f->arrays[lo] : NULL;
+    if (!va || off < va->offset || off - va->offset > va->nbytes || len > va->nbytes - (off - va->offset))
         return ckpt_error_set(CKPT_EINVAL, "bytes [%llu, +%zu) of a staged file are not one array's",
                               (unsigned long long)off, len);
     const easydel_array *a = va->a;
     uint64_t in = off - va->offset;
     if (va->how == READ_STREAM) return stream_view(t, a, in, len, out);
+    if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
         t->held = NULL;
         if (a->z.nbytes > t->cap) {
@@ -219,7 +271,11 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
 static void varrays_free(varrays *v)
 {
     for (size_t i = 0; i < v->nfiles; i++) free(v->files[i].arrays);
+    if (v->scratch_fd >= 0) close(v->scratch_fd);
+    free(v->scratch_path);
+    pthread_mutex_destroy(&v->mu);
     memset(v, 0, sizeof *v);
+    v->scratch_fd = -1;
 }
 
 static int by_varray_offset(const void *x, const void *y)
@@ -228,28 +284,17 @@ static int by_varray_offset(const void *x, const void *y)
     return a->offset < b->offset ? -1 : a->offset > b->offset;
 }
 
-typedef struct {
-    int fd;
-    uint64_t base, nbytes;
-    const char *path;
-} sink_ctx;
-
-static int to_file(void *vctx, uint64_t off, const void *buf, size_t len)
-{
-    sink_ctx *s = vctx;
-    if (off > s->nbytes || len > s->nbytes - off)
-        return ckpt_error_set(CKPT_EINVAL, "%s: array bytes out of range", s->path);
-    return ckpt_pwrite_full(s->fd, buf, len, s->base + off, s->path);
-}
-
-/* Decides how each array of the planned files is read (above), decodes the
- * staged ones into staging/.arrays and points their plan sources there. */
+/* Decides how each array of the planned files is read (above) and gives
+ * the staged ones their places in staging/.arrays. CKPT_EASYDEL_DECODE_MAX
+ * (bytes, at most EASYDEL_DECODE_MAX_BYTES) lowers the size up to which an
+ * array is decoded whole: the tests send small arrays down the other paths. */
 static int varrays_setup(varrays *v, convert_plan *cp, const easydel_ckpt *c, const st_layout *const *layouts,
                          char *const *paths, size_t nlayouts, const char *staging)
 {
     exec_plan *p = &cp->exec;
-    memset(v, 0, sizeof *v);
-    int rc = 0;
+    uint64_t whole_max = EASYDEL_DECODE_MAX_BYTES;
+    const char *e = getenv("CKPT_EASYDEL_DECODE_MAX");
+    int rc = e && *e ? ckpt_parse_u64_field("CKPT_EASYDEL_DECODE_MAX", e, 0, EASYDEL_DECODE_MAX_BYTES, &whole_max) : 0;
     for (size_t k = 0; !rc && k < nlayouts; k++) {
         vfile *f = &v->files[v->nfiles];
         f->src_file = SIZE_MAX;
@@ -276,49 +321,27 @@ static int varrays_setup(varrays *v, convert_plan *cp, const easydel_ckpt *c, co
                 if (f->src_file != s->file) continue;
                 for (size_t a = 0; a < f->n; a++) {
                     varray *va = &f->arrays[a];
-                    if (va->offset != s->offset || va->nbytes <= EASYDEL_DECODE_MAX_BYTES) continue;
+                    if (va->offset != s->offset || va->nbytes <= whole_max) continue;
                     if (va->how == READ_WHOLE) va->how = copy && one_chunk(&va->a->z) ? READ_STREAM : READ_STAGED;
                     else if (!copy) va->how = READ_STAGED;
                 }
             }
         }
     }
-    /* The staged ones, into one scratch file; their sources re-pointed. */
-    char *path = NULL;
-    int fd = -1;
+    /* The staged ones get their places in one scratch file, filled as they are first read. */
     uint64_t end = 0;
     for (size_t fi = 0; !rc && fi < v->nfiles; fi++)
-        for (size_t a = 0; !rc && a < v->files[fi].n; a++) {
+        for (size_t a = 0; a < v->files[fi].n; a++) {
             varray *va = &v->files[fi].arrays[a];
             if (va->how != READ_STAGED) continue;
-            if (fd < 0) {
-                char **paths2 = ckpt_realloc(p->src_paths, (p->nsrc_paths + 2) * sizeof *paths2);
-                if (!paths2 || !(path = ckpt_path_join(staging, ".arrays"))) {
-                    if (paths2) p->src_paths = paths2;
-                    rc = CKPT_ENOMEM;
-                    break;
-                }
-                p->src_paths = paths2;
-                fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-                if (fd < 0) {
-                    rc = ckpt_error_sys("%s: create", path);
-                    break;
-                }
-                p->src_paths[p->nsrc_paths++] = path;
-                path = NULL;
-            }
-            sink_ctx sc = {.fd = fd, .base = end, .nbytes = va->nbytes, .path = p->src_paths[p->nsrc_paths - 1]};
-            rc = zarr_read(&va->a->z, to_file, &sc, NULL);
-            for (size_t i = 0; !rc && i < p->nsources; i++) {
-                plan_source *s = &p->sources[i];
-                if (s->file != v->files[fi].src_file || s->offset != va->offset) continue;
-                s->file = p->nsrc_paths - 1;
-                s->offset = end;
-            }
+            va->scratch_off = end;
             end += (va->nbytes + 4095) / 4096 * 4096;
         }
-    free(path);
-    if (fd >= 0 && close(fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", p->src_paths[p->nsrc_paths - 1]);
+    if (!rc && end) {
+        if (!(v->scratch_path = ckpt_path_join(staging, ".arrays"))) return CKPT_ENOMEM;
+        v->scratch_fd = open(v->scratch_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (v->scratch_fd < 0) rc = ckpt_error_sys("%s: create", v->scratch_path);
+    }
     return rc;
 }
 
@@ -506,7 +529,8 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
         ckpt_checkpoint_close(c);
     }
     if (rc) rc = ckpt_error_prefix(rc, "%s: mapping EasyDeL names back to Hugging Face", src);
-    varrays va = {0};
+    varrays va = {.scratch_fd = -1};
+    pthread_mutex_init(&va.mu, NULL);
     exec_vsource vs = {.ctx = &va, .serves = arrays_serve, .thread_open = arrays_thread_open,
                        .thread_close = arrays_thread_close, .view = arrays_view};
     if (!rc && ec) {
