@@ -466,7 +466,15 @@ static int fill_box(worker *wk, const plan_tensor *t, const uint64_t *blo, const
     memcpy(whole_box.lo, blo, (size_t)t->ndim * sizeof *blo);
     memcpy(whole_box.ext, bext, (size_t)t->ndim * sizeof *bext);
     assert(plan_part_in_tensor(&whole_box, t->ndim, t->shape));
-    memset(buf, 0, n * ckpt_dtype_size(t->dtype));
+    /* Zeros first, unless one source part covers the whole box (a transposed tile). */
+    bool covered = false;
+    for (size_t i = 0; !covered && i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        covered = pt->src != PLAN_ZERO;
+        for (int k = 0; covered && k < t->ndim; k++)
+            covered = pt->lo[k] <= blo[k] && blo[k] + bext[k] <= pt->lo[k] + pt->ext[k];
+    }
+    if (!covered) memset(buf, 0, n * ckpt_dtype_size(t->dtype));
     for (size_t i = 0; i < t->nparts; i++) {
         const plan_part *pt = &t->parts[i];
         uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
