@@ -86,7 +86,8 @@ typedef struct {
     uint64_t pos;                   /* its bytes decoded so far */
     uint8_t *win;                   /* EXEC_BAND_BYTES: its bytes [wa, wb) */
     uint64_t wa, wb;
-    void *map; /* READ_STAGED: the span mapped last */
+    void *map; /* READ_STAGED: the window mapped last, scratch bytes [map_base, +map_len) */
+    uint64_t map_base;
     size_t map_len;
 } vthread;
 
@@ -205,7 +206,11 @@ static int to_file(void *vctx, uint64_t off, const void *buf, size_t len)
 }
 
 /* READ_STAGED: the array decoded into the scratch file once (by whichever
- * worker comes first; another waits), then bytes [lo, lo+len) mapped. */
+ * worker comes first; another waits), then read through a mapped window of
+ * STAGED_MAP_BYTES holding bytes [lo, lo+len) (reused by the next reads it
+ * holds: a transposed tile's walks come in order; only the pages a walk
+ * touches are read in). */
+#define STAGED_MAP_BYTES (64ull << 20)
 static int staged_view(varrays *v, vthread *t, varray *va, uint64_t lo, size_t len, const uint8_t **out)
 {
     pthread_mutex_lock(&v->mu);
@@ -219,14 +224,21 @@ static int staged_view(varrays *v, vthread *t, varray *va, uint64_t lo, size_t l
     }
     pthread_mutex_unlock(&v->mu);
     if (rc) return rc;
-    if (t->map) munmap(t->map, t->map_len);
-    t->map = NULL;
-    uint64_t start = va->scratch_off + lo, page = (uint64_t)sysconf(_SC_PAGESIZE), base = start / page * page;
-    t->map_len = (size_t)(start - base + len);
-    void *m = mmap(NULL, t->map_len, PROT_READ, MAP_SHARED, v->scratch_fd, (off_t)base);
-    if (m == MAP_FAILED) return ckpt_error_sys("%s: map", v->scratch_path);
-    t->map = m;
-    *out = (const uint8_t *)m + (start - base);
+    uint64_t start = va->scratch_off + lo;
+    if (!t->map || start < t->map_base || start + len > t->map_base + t->map_len) {
+        if (t->map) munmap(t->map, t->map_len);
+        t->map = NULL;
+        uint64_t base = start / STAGED_MAP_BYTES * STAGED_MAP_BYTES, end = base + STAGED_MAP_BYTES;
+        if (base < va->scratch_off) base = va->scratch_off; /* page-aligned: arrays start on 1 MiB */
+        if (end > va->scratch_off + va->nbytes) end = va->scratch_off + va->nbytes;
+        if (end < start + len) end = start + len;
+        void *m = mmap(NULL, (size_t)(end - base), PROT_READ, MAP_SHARED, v->scratch_fd, (off_t)base);
+        if (m == MAP_FAILED) return ckpt_error_sys("%s: map", v->scratch_path);
+        t->map = m;
+        t->map_base = base;
+        t->map_len = (size_t)(end - base);
+    }
+    *out = (const uint8_t *)t->map + (start - t->map_base);
     return 0;
 }
 
@@ -335,7 +347,7 @@ static int varrays_setup(varrays *v, convert_plan *cp, const easydel_ckpt *c, co
             varray *va = &v->files[fi].arrays[a];
             if (va->how != READ_STAGED) continue;
             va->scratch_off = end;
-            end += (va->nbytes + 4095) / 4096 * 4096;
+            end += (va->nbytes + (1u << 20) - 1) / (1u << 20) * (1u << 20); /* 1 MiB: a multiple of any page */
         }
     if (!rc && end) {
         if (!(v->scratch_path = ckpt_path_join(staging, ".arrays"))) return CKPT_ENOMEM;
