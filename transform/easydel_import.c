@@ -210,7 +210,7 @@ static int to_file(void *vctx, uint64_t off, const void *buf, size_t len)
  * STAGED_MAP_BYTES holding bytes [lo, lo+len) (reused by the next reads it
  * holds: a transposed tile's walks come in order; only the pages a walk
  * touches are read in). */
-#define STAGED_MAP_BYTES (64ull << 20)
+#define STAGED_MAP_BYTES (32ull << 20)
 static int staged_view(varrays *v, vthread *t, varray *va, uint64_t lo, size_t len, const uint8_t **out)
 {
     pthread_mutex_lock(&v->mu);
