@@ -9,7 +9,13 @@
 # round-robin BENCH_REPEAT times, it measures wall time and peak RSS of
 #   cp + sync        a durable copy of the Hugging Face model.safetensors
 #   consolidate      ckpt consolidate SAVE DST (checked byte-identical with cmp)
-# and prints the medians, the ratio and the RSS against the goals.
+# and prints the medians, the ratio and the RSS against the goals, with the
+# load average before and after (the figures mean little on a busy machine).
+# Each command's output is removed before the other runs, so both write
+# into page cache memory just freed: on a virtual machine, memory the guest
+# has not touched for a while can cost several times more to write.
+# consolidate decodes the arrays as the executor asks for them, with no
+# staging copy of the model (docs/easydel.md, "Reading the arrays").
 #
 # Environment: CKPT_BIN (an optimised build), BENCH_SCALE, BENCH_LAYERS,
 # BENCH_REPEAT, BENCH_DIR, BENCH_PYTHON (with python3-zarr and
@@ -34,12 +40,14 @@ bytes=$(stat -c %s hf/model.safetensors)
 
 declare -a COPY CONS
 rss_max=0
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for r in $(seq "$REPEAT"); do
     rm -rf copy.st back
     sync
     find hf save -type f -exec cat {} + >/dev/null
     "$PY" "$HERE/measure.py" --out m.txt sh -c 'cp hf/model.safetensors copy.st && sync copy.st'
     COPY+=("$(cut -d' ' -f1 m.txt)")
+    rm -f copy.st
     sync
     "$PY" "$HERE/measure.py" --out m.txt "$CKPT_BIN" consolidate save back
     CONS+=("$(cut -d' ' -f1 m.txt)")
@@ -51,3 +59,4 @@ c=$(median "${COPY[@]}") k=$(median "${CONS[@]}")
 awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_max" 'BEGIN {
     printf "model %.2f GB; durable copy %.2f s; consolidate %.2f s (%.2fx, goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n",
         b / 1e9, c, k, k / c, r }'
+echo "load average (1, 5, 15 min): $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after; $(nproc) cores"

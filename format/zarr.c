@@ -550,102 +550,194 @@ static int scatter_bytes(scatter *s, const uint8_t *p, size_t n)
     return 0;
 }
 
-static int read_chunk(const zarr_array *a, scatter *s, int fd, const char *key, uint8_t *in, uint8_t *out,
-                      ZSTD_DCtx *dctx, zarr_stats *st)
+/* ---- decoding one chunk in order ---- */
+
+struct zarr_decoder {
+    const zarr_array *a;
+    ZSTD_DCtx *dctx;
+    uint8_t *in; /* ZARR_IO_BYTES of compressed input */
+    int fd;      /* the open chunk file, -1 when missing (the fill value) or none */
+    bool active;
+    char key[256];
+    uint64_t size;     /* bytes of the chunk file */
+    uint64_t in_off;   /* file bytes read so far */
+    ZSTD_inBuffer ib;  /* the piece being decoded */
+    uint64_t produced; /* raw bytes handed out */
+    size_t last;       /* ZSTD_decompressStream's hint: 0 once a frame ended */
+};
+
+zarr_decoder *zarr_decoder_new(void)
 {
-    struct stat sb;
-    if (fstat(fd, &sb) < 0) return zerr(a, CKPT_EIO, "chunk '%s': %s", key, strerror(errno));
-    uint64_t size = (uint64_t)sb.st_size;
-    if (st) {
-        st->chunks_present++;
-        st->stored_bytes += size;
+    zarr_decoder *d = ckpt_calloc(1, sizeof *d);
+    if (!d) return NULL;
+    d->fd = -1;
+    d->in = ckpt_malloc(ZARR_IO_BYTES);
+    d->dctx = ZSTD_createDCtx();
+    if (!d->in || !d->dctx) {
+        zarr_decoder_free(d);
+        ckpt_error_set(CKPT_ENOMEM, "out of memory for a zstd decoder");
+        return NULL;
     }
-    if (!a->zstd) {
-        if (size != a->chunk_nbytes)
-            return zerr(a, CKPT_EINVAL, "chunk '%s' is %llu bytes, an uncompressed chunk is %llu", key,
-                        (unsigned long long)size, (unsigned long long)a->chunk_nbytes);
-        for (uint64_t off = 0; off < size;) {
-            size_t n = (size_t)(size - off < ZARR_IO_BYTES ? size - off : ZARR_IO_BYTES);
-            int rc = ckpt_pread_full(fd, in, n, off, a->label);
-            if (!rc) rc = scatter_bytes(s, in, n);
-            if (rc) return rc;
-            off += n;
-        }
+    return d;
+}
+
+static void decoder_close(zarr_decoder *d)
+{
+    if (d->fd >= 0) close(d->fd);
+    d->fd = -1;
+    d->active = false;
+}
+
+void zarr_decoder_free(zarr_decoder *d)
+{
+    if (!d) return;
+    decoder_close(d);
+    ZSTD_freeDCtx(d->dctx);
+    free(d->in);
+    free(d);
+}
+
+int zarr_decoder_start(zarr_decoder *d, const zarr_array *a, const uint64_t *idx, zarr_stats *st)
+{
+    decoder_close(d);
+    d->a = a;
+    d->produced = 0;
+    d->in_off = 0;
+    d->ib = (ZSTD_inBuffer){d->in, 0, 0};
+    d->last = 1;
+    d->size = 0;
+    if (a->dirfd < 0) return zerr(a, CKPT_EINVAL, "array has no folder");
+    int fd = open_chunk(a, idx, d->key, sizeof d->key);
+    if (fd == CKPT_ENOTFOUND) {
+        d->active = true; /* the fill value */
         return 0;
     }
-    if (size > ZSTD_compressBound((size_t)a->chunk_nbytes) + 4096)
-        return zerr(a, CKPT_EINVAL, "chunk '%s' is %llu bytes, more than zstd needs for a %llu-byte chunk", key,
-                    (unsigned long long)size, (unsigned long long)a->chunk_nbytes);
-    ZSTD_DCtx_reset(dctx, ZSTD_reset_session_only);
-    uint64_t off = 0, produced = 0;
-    size_t last = 1; /* 0 once a frame ended exactly */
-    bool first = true;
-    while (off < size) {
-        size_t n = (size_t)(size - off < ZARR_IO_BYTES ? size - off : ZARR_IO_BYTES);
-        int rc = ckpt_pread_full(fd, in, n, off, a->label);
-        if (rc) return rc;
-        if (first) {
-            first = false;
-            unsigned long long fcs = ZSTD_getFrameContentSize(in, n);
-            if (fcs == ZSTD_CONTENTSIZE_ERROR)
-                return zerr(a, CKPT_EINVAL, "chunk '%s' is not a zstd frame", key);
-            if (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != a->chunk_nbytes)
-                return zerr(a, CKPT_EINVAL, "chunk '%s' decompresses to %llu bytes, a chunk is %llu", key, fcs,
-                            (unsigned long long)a->chunk_nbytes);
-        }
-        off += n;
-        ZSTD_inBuffer ib = {in, n, 0};
-        while (ib.pos < ib.size) {
-            uint64_t room = a->chunk_nbytes - produced;
-            /* one byte past the chunk is enough to see a bomb */
-            ZSTD_outBuffer ob = {out, (size_t)(room + 1 < ZARR_IO_BYTES ? room + 1 : ZARR_IO_BYTES), 0};
-            last = ZSTD_decompressStream(dctx, &ob, &ib);
-            if (ZSTD_isError(last))
-                return zerr(a, CKPT_EINVAL, "chunk '%s': zstd: %s", key, ZSTD_getErrorName(last));
-            if (ob.pos > room)
-                return zerr(a, CKPT_EINVAL, "chunk '%s' decompresses to more than %llu bytes (the chunk size)", key,
-                            (unsigned long long)a->chunk_nbytes);
-            produced += ob.pos;
-            if ((rc = scatter_bytes(s, out, ob.pos))) return rc;
-            if (ob.pos == 0 && ib.pos == ib.size) break;
-        }
+    if (fd < 0) return fd;
+    d->fd = fd;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0) {
+        int rc = zerr(a, CKPT_EIO, "chunk '%s': %s", d->key, strerror(errno));
+        decoder_close(d);
+        return rc;
     }
-    /* flush what the decoder still holds */
-    for (;;) {
-        uint64_t room = a->chunk_nbytes - produced;
-        ZSTD_inBuffer ib = {in, 0, 0};
-        ZSTD_outBuffer ob = {out, (size_t)(room + 1 < ZARR_IO_BYTES ? room + 1 : ZARR_IO_BYTES), 0};
-        if (last == 0) break;
-        last = ZSTD_decompressStream(dctx, &ob, &ib);
-        if (ZSTD_isError(last)) return zerr(a, CKPT_EINVAL, "chunk '%s': zstd: %s", key, ZSTD_getErrorName(last));
-        if (ob.pos > room)
-            return zerr(a, CKPT_EINVAL, "chunk '%s' decompresses to more than %llu bytes (the chunk size)", key,
+    d->size = (uint64_t)sb.st_size;
+    if (st) {
+        st->chunks_present++;
+        st->stored_bytes += d->size;
+    }
+    int rc = 0;
+    if (!a->zstd && d->size != a->chunk_nbytes)
+        rc = zerr(a, CKPT_EINVAL, "chunk '%s' is %llu bytes, an uncompressed chunk is %llu", d->key,
+                  (unsigned long long)d->size, (unsigned long long)a->chunk_nbytes);
+    else if (a->zstd && d->size > ZSTD_compressBound((size_t)a->chunk_nbytes) + 4096)
+        rc = zerr(a, CKPT_EINVAL, "chunk '%s' is %llu bytes, more than zstd needs for a %llu-byte chunk", d->key,
+                  (unsigned long long)d->size, (unsigned long long)a->chunk_nbytes);
+    if (!rc && a->zstd) ZSTD_DCtx_reset(d->dctx, ZSTD_reset_session_only);
+    if (rc) decoder_close(d);
+    else d->active = true;
+    return rc;
+}
+
+/* The next piece of the compressed file into d->ib; false at its end. The
+ * first piece's frame header is checked: a zstd frame, and the content size,
+ * when recorded, the chunk's. */
+static int refill(zarr_decoder *d, bool *more)
+{
+    const zarr_array *a = d->a;
+    *more = d->in_off < d->size;
+    if (!*more) return 0;
+    size_t n = (size_t)(d->size - d->in_off < ZARR_IO_BYTES ? d->size - d->in_off : ZARR_IO_BYTES);
+    int rc = ckpt_pread_full(d->fd, d->in, n, d->in_off, a->label);
+    if (rc) return rc;
+    if (d->in_off == 0) {
+        unsigned long long fcs = ZSTD_getFrameContentSize(d->in, n);
+        if (fcs == ZSTD_CONTENTSIZE_ERROR) return zerr(a, CKPT_EINVAL, "chunk '%s' is not a zstd frame", d->key);
+        if (fcs != ZSTD_CONTENTSIZE_UNKNOWN && fcs != a->chunk_nbytes)
+            return zerr(a, CKPT_EINVAL, "chunk '%s' decompresses to %llu bytes, a chunk is %llu", d->key, fcs,
                         (unsigned long long)a->chunk_nbytes);
-        produced += ob.pos;
-        int rc = scatter_bytes(s, out, ob.pos);
-        if (rc) return rc;
-        if (ob.pos == 0) break;
     }
-    if (last != 0)
-        return zerr(a, CKPT_EINVAL, "chunk '%s' is a truncated zstd frame (%llu of %llu bytes)", key,
-                    (unsigned long long)produced, (unsigned long long)a->chunk_nbytes);
-    if (produced != a->chunk_nbytes)
-        return zerr(a, CKPT_EINVAL, "chunk '%s' decompresses to %llu bytes, a chunk is %llu", key,
-                    (unsigned long long)produced, (unsigned long long)a->chunk_nbytes);
+    d->in_off += n;
+    d->ib = (ZSTD_inBuffer){d->in, n, 0};
     return 0;
 }
 
-static int fill_chunk(const zarr_array *a, scatter *s, uint8_t *buf)
+static int more_than_chunk(const zarr_decoder *d)
 {
-    size_t per = ZARR_IO_BYTES - ZARR_IO_BYTES % a->esize;
-    for (size_t i = 0; i < per; i += a->esize) memcpy(buf + i, a->fill, a->esize);
-    for (uint64_t left = a->chunk_nbytes; left;) {
-        size_t n = (size_t)(left < per ? left : per);
-        int rc = scatter_bytes(s, buf, n);
-        if (rc) return rc;
-        left -= n;
+    return zerr(d->a, CKPT_EINVAL, "chunk '%s' decompresses to more than %llu bytes (the chunk size)", d->key,
+                (unsigned long long)d->a->chunk_nbytes);
+}
+
+/* Decodes into ob until it is full or the input ends. */
+static int decode_into(zarr_decoder *d, ZSTD_outBuffer *ob)
+{
+    const zarr_array *a = d->a;
+    while (ob->pos < ob->size) {
+        bool more = true;
+        if (d->ib.pos == d->ib.size) {
+            int rc = refill(d, &more);
+            if (rc) return rc;
+        }
+        if (!more && d->last == 0) break; /* the frame ended and nothing follows */
+        size_t before = ob->pos;
+        ZSTD_inBuffer empty = {d->in, 0, 0};
+        d->last = ZSTD_decompressStream(d->dctx, ob, more ? &d->ib : &empty);
+        if (ZSTD_isError(d->last)) return zerr(a, CKPT_EINVAL, "chunk '%s': zstd: %s", d->key, ZSTD_getErrorName(d->last));
+        if (!more && ob->pos == before) break; /* the decoder holds nothing more */
     }
     return 0;
+}
+
+int zarr_decoder_read(zarr_decoder *d, void *buf, size_t len)
+{
+    const zarr_array *a = d->a;
+    if (!d->active || len > a->chunk_nbytes - d->produced)
+        return zerr(a, CKPT_EINVAL, "reading past the end of a chunk");
+    if (d->fd < 0) {
+        /* a missing chunk: the fill value, element by element from where we are */
+        uint8_t *p = buf;
+        for (size_t i = 0; i < len; i++) p[i] = a->fill[(d->produced + i) % a->esize];
+        d->produced += len;
+        return 0;
+    }
+    if (!a->zstd) {
+        int rc = ckpt_pread_full(d->fd, buf, len, d->produced, a->label);
+        if (!rc) d->produced += len;
+        return rc;
+    }
+    ZSTD_outBuffer ob = {buf, len, 0};
+    int rc = decode_into(d, &ob);
+    d->produced += ob.pos;
+    if (rc) return rc;
+    if (ob.pos < len) {
+        if (d->last != 0)
+            return zerr(a, CKPT_EINVAL, "chunk '%s' is a truncated zstd frame (%llu of %llu bytes)", d->key,
+                        (unsigned long long)d->produced, (unsigned long long)a->chunk_nbytes);
+        return zerr(a, CKPT_EINVAL, "chunk '%s' decompresses to %llu bytes, a chunk is %llu", d->key,
+                    (unsigned long long)d->produced, (unsigned long long)a->chunk_nbytes);
+    }
+    return 0;
+}
+
+int zarr_decoder_end(zarr_decoder *d)
+{
+    const zarr_array *a = d->a;
+    int rc = 0;
+    if (d->active && d->produced != a->chunk_nbytes)
+        rc = zerr(a, CKPT_EINVAL, "chunk ended early: %llu of %llu bytes read", (unsigned long long)d->produced,
+                  (unsigned long long)a->chunk_nbytes);
+    if (!rc && d->active && d->fd >= 0 && a->zstd) {
+        /* Every byte of the chunk is out: the rest of the file must make none
+         * (one byte of room is enough to see a bomb) and end the frame. */
+        uint8_t extra;
+        ZSTD_outBuffer ob = {&extra, 1, 0};
+        rc = decode_into(d, &ob);
+        if (!rc && ob.pos) rc = more_than_chunk(d);
+        if (!rc && d->last != 0)
+            rc = zerr(a, CKPT_EINVAL, "chunk '%s' is a truncated zstd frame (%llu of %llu bytes)", d->key,
+                      (unsigned long long)d->produced, (unsigned long long)a->chunk_nbytes);
+    }
+    decoder_close(d);
+    return rc;
 }
 
 int zarr_read(const zarr_array *a, zarr_sink sink, void *ctx, zarr_stats *st)
@@ -653,32 +745,29 @@ int zarr_read(const zarr_array *a, zarr_sink sink, void *ctx, zarr_stats *st)
     if (st) memset(st, 0, sizeof *st);
     if (a->nbytes == 0) return 0;
     if (a->dirfd < 0) return zerr(a, CKPT_EINVAL, "array has no folder");
-    uint8_t *in = ckpt_malloc(ZARR_IO_BYTES), *out = ckpt_malloc(ZARR_IO_BYTES), *pend = ckpt_malloc(ZARR_IO_BYTES);
-    ZSTD_DCtx *dctx = ZSTD_createDCtx();
-    int rc = (in && out && pend && dctx) ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    uint8_t *out = ckpt_malloc(ZARR_IO_BYTES), *pend = ckpt_malloc(ZARR_IO_BYTES);
+    zarr_decoder *d = zarr_decoder_new();
+    int rc = (out && pend && d) ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory");
     uint64_t idx[CKPT_MAX_RANK] = {0};
-    char key[256];
     scatter s = {.a = a, .sink = sink, .ctx = ctx, .pend = pend};
     s.row_bytes = a->ndim ? a->chunks[a->ndim - 1] * a->esize : a->esize;
     if (!rc) do {
-            for (int d = 0; d < a->ndim; d++) {
-                s.origin[d] = idx[d] * a->chunks[d];
-                s.valid[d] = a->shape[d] - s.origin[d] < a->chunks[d] ? a->shape[d] - s.origin[d] : a->chunks[d];
+            for (int k = 0; k < a->ndim; k++) {
+                s.origin[k] = idx[k] * a->chunks[k];
+                s.valid[k] = a->shape[k] - s.origin[k] < a->chunks[k] ? a->shape[k] - s.origin[k] : a->chunks[k];
             }
             s.pos = 0;
-            int fd = open_chunk(a, idx, key, sizeof key);
-            if (fd == CKPT_ENOTFOUND) {
-                rc = fill_chunk(a, &s, out);
-            } else if (fd < 0) {
-                rc = fd;
-            } else {
-                rc = read_chunk(a, &s, fd, key, in, out, dctx, st);
-                close(fd);
+            rc = zarr_decoder_start(d, a, idx, st);
+            for (uint64_t left = a->chunk_nbytes; !rc && left;) {
+                size_t n = (size_t)(left < ZARR_IO_BYTES ? left : ZARR_IO_BYTES);
+                rc = zarr_decoder_read(d, out, n);
+                if (!rc) rc = scatter_bytes(&s, out, n);
+                left -= n;
             }
+            if (!rc) rc = zarr_decoder_end(d);
             if (!rc) rc = flush(&s);
         } while (!rc && next_index(a, idx));
-    ZSTD_freeDCtx(dctx);
-    free(in);
+    zarr_decoder_free(d);
     free(out);
     free(pend);
     return rc;

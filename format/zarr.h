@@ -87,6 +87,29 @@ int zarr_stat(const zarr_array *a, zarr_stats *st);
  * chunks as the fill value), chunk by chunk, with bounded memory. st may be NULL. */
 int zarr_read(const zarr_array *a, zarr_sink sink, void *ctx, zarr_stats *st);
 
+/* One chunk decoded in order, into the caller's buffers: what zarr_read
+ * does for every chunk, for callers that want a chunk's bytes where they
+ * are needed (transform/easydel_import.c decodes arrays straight into the
+ * converter's memory). The checks are zarr_read's: the file's size, the
+ * frame's recorded content size before a byte is decoded, no output past
+ * the chunk (zarr_decoder_end looks one byte further), no frame ending
+ * short or truncated. A decoder holds a zstd context and a ZARR_IO_BYTES
+ * input buffer (plus zstd's window), whatever the chunk's size.
+ *
+ *   zarr_decoder *d = zarr_decoder_new();
+ *   zarr_decoder_start(d, &a, idx, NULL);      // chunk idx (a missing one reads as the fill value)
+ *   zarr_decoder_read(d, buf, n); ...          // its next n raw bytes (C order, padded to the chunk shape)
+ *   zarr_decoder_end(d);                       // all chunk_nbytes read, and nothing follows
+ *   zarr_decoder_free(d);
+ */
+typedef struct zarr_decoder zarr_decoder;
+zarr_decoder *zarr_decoder_new(void); /* NULL: out of memory (error set) */
+void zarr_decoder_free(zarr_decoder *d);
+/* st (may be NULL) counts the chunk file when present. */
+int zarr_decoder_start(zarr_decoder *d, const zarr_array *a, const uint64_t *idx, zarr_stats *st);
+int zarr_decoder_read(zarr_decoder *d, void *buf, size_t len);
+int zarr_decoder_end(zarr_decoder *d);
+
 /* True when rel is a relative path of plain components (no "", ".", "..",
  * leading '/', '\\', NUL or control characters). */
 bool zarr_rel_path_safe(const char *rel);

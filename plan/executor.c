@@ -20,6 +20,9 @@
 #include <sys/stat.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 #define EXEC_TILE_MIN_RUN 256 /* elements a transposing tile reads from each source line, at least */
 #define EXEC_TRANSPOSE_BLOCK 32 /* elements: a block's source lines stay in L1 */
@@ -63,6 +66,7 @@ typedef struct {
 
 typedef struct {
     exec_ctx *c;
+    void *vts;     /* the worker's state of p->vsource, or NULL */
     uint8_t *slab; /* EXEC_SLAB_BYTES, or the largest output tensor when smaller */
     uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
     uint8_t *cmp;  /* as slab, for checks */
@@ -154,9 +158,40 @@ static void copy_elems(const uint8_t *src, ckpt_dtype sdt, size_t ses, uint8_t *
     }
 }
 
+#ifdef __SSE2__
+/* 8 x 8 two-byte elements: element c of source row r (rows sstr bytes
+ * apart) to element r of destination row c (rows dstr bytes apart), in
+ * registers: 8 loads and 8 stores of 16 bytes, so a strip of 8 source rows
+ * is read front to back however far apart the rows lie (a power-of-two
+ * distance puts every row in the same cache set: 32 rows at a time thrash
+ * an 8-way L1, 8 do not). */
+static inline void transpose8x8_2(const uint8_t *src, size_t sstr, uint8_t *dst, size_t dstr)
+{
+    __m128i r[8], t[8], u[8];
+    for (int i = 0; i < 8; i++) r[i] = _mm_loadu_si128((const __m128i *)(const void *)(src + i * sstr));
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm_unpacklo_epi16(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm_unpackhi_epi16(r[2 * i], r[2 * i + 1]);
+    }
+    /* t[0] = r0r1 pairs of columns 0-3, t[1] columns 4-7; t[2], t[3] rows 2-3; ... */
+    for (int h = 0; h < 2; h++)
+        for (int q = 0; q < 2; q++) {
+            u[4 * h + 2 * q] = _mm_unpacklo_epi32(t[4 * h + q], t[4 * h + 2 + q]);
+            u[4 * h + 2 * q + 1] = _mm_unpackhi_epi32(t[4 * h + q], t[4 * h + 2 + q]);
+        }
+    /* u[0..3]: rows 0-3 of columns (0,1), (2,3), (4,5), (6,7); u[4..7]: rows 4-7 */
+    for (int c = 0; c < 4; c++) {
+        _mm_storeu_si128((__m128i *)(void *)(dst + (2 * c) * dstr), _mm_unpacklo_epi64(u[c], u[4 + c]));
+        _mm_storeu_si128((__m128i *)(void *)(dst + (2 * c + 1) * dstr), _mm_unpackhi_epi64(u[c], u[4 + c]));
+    }
+}
+#endif
+
 /* walk_run of a transposing walk: axes `in` (innermost, contiguous in the
  * output) and `tj` (contiguous in the source) in EXEC_TRANSPOSE_BLOCK x
- * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. */
+ * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. Two-byte
+ * elements copied as they are (bf16, f16: most of a model) go through
+ * transpose8x8_2 in strips of 8 source rows instead. */
 static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band, uint64_t band_first, ckpt_dtype sdt,
                              size_t ses, uint8_t *dst, ckpt_dtype ddt, size_t des)
 {
@@ -169,7 +204,25 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
             so += idx[k] * w->ss[k];
             d += idx[k] * w->ds[k];
         }
-        for (uint64_t jb = 0; jb < w->ext[tj]; jb += B) {
+        bool tiled = false;
+#ifdef __SSE2__
+        if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
+            tiled = true;
+            uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
+            for (uint64_t i = 0; i < i8; i += 8)
+                for (uint64_t j = 0; j < j8; j += 8)
+                    transpose8x8_2(band + (so + i * w->ss[in] + j - band_first) * 2, w->ss[in] * 2,
+                                   dst + (d + j * w->ds[tj] + i) * 2, w->ds[tj] * 2);
+            /* the edges: columns past j8 for every row, rows past i8 for the first j8 columns */
+            for (uint64_t j = j8; j < w->ext[tj]; j++)
+                copy_elems(band + (so + j - band_first) * 2, sdt, 2, dst + (d + j * w->ds[tj]) * 2, ddt, 2,
+                           w->ext[in], w->ss[in], 1);
+            for (uint64_t j = 0; i8 < w->ext[in] && j < j8; j++)
+                copy_elems(band + (so + i8 * w->ss[in] + j - band_first) * 2, sdt, 2,
+                           dst + (d + j * w->ds[tj] + i8) * 2, ddt, 2, w->ext[in] - i8, w->ss[in], 1);
+        }
+#endif
+        for (uint64_t jb = 0; !tiled && jb < w->ext[tj]; jb += B) {
             uint64_t je = w->ext[tj] - jb < B ? w->ext[tj] : jb + B;
             for (uint64_t ib = 0; ib < w->ext[in]; ib += B) {
                 uint64_t n = w->ext[in] - ib < B ? w->ext[in] - ib : B;
@@ -225,9 +278,18 @@ static void walk_run(const walk *w, const uint8_t *band, uint64_t band_first, ck
     }
 }
 
+/* A view of bytes [off, off+len) of a source file p->vsource makes. */
+static int vsource_view(worker *wk, const plan_source *s, uint64_t off, size_t len, const uint8_t **out)
+{
+    const exec_vsource *v = wk->c->p->vsource;
+    assert(v && wk->vts && len <= EXEC_BAND_BYTES);
+    int rc = v->view(v->ctx, wk->vts, s->file, off, len, out);
+    return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
+}
+
 /* Reads the source elements a walk needs (in bands of at most
  * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
- * them into dst. */
+ * them into dst. fd < 0: a source file p->vsource makes, read through views. */
 static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const char *path, uint8_t *dst,
                        ckpt_dtype ddt)
 {
@@ -237,7 +299,7 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
     /* Every byte read lies inside the source tensor (its parts were checked
      * against its shape, plan_part_in_source). */
     assert(ses > 0 && w.src <= s->nbytes / ses && span <= s->nbytes / ses - w.src);
-    if (s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
+    if (fd >= 0 && s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
         /* One contiguous run, no cast: read it straight into place, not through the band. */
         int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
         return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
@@ -267,6 +329,13 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
             if (rc) return rc;
         }
         return 0;
+    }
+    if (fd < 0) {
+        /* Made on demand: the walk runs over the provider's own bytes. */
+        const uint8_t *v;
+        int rc = vsource_view(wk, s, s->offset + w.src * ses, (size_t)(span * ses), &v);
+        if (!rc) walk_run(&w, v, w.src, s->dtype, dst, ddt);
+        return rc;
     }
     uint64_t needed = ses;
     for (int k = 0; k < w.nd; k++) needed *= w.ext[k];
@@ -303,7 +372,7 @@ static bool part_intersect(const plan_part *p, int ndim, const uint64_t *blo, co
 }
 
 /* True when every part is one contiguous run of a same-dtype source. */
-static bool tensor_is_fast(const exec_plan *p, const plan_tensor *t)
+bool exec_tensor_is_copy(const exec_plan *p, const plan_tensor *t)
 {
     uint64_t ts[PLAN_MAX_DIM], zero[PLAN_MAX_DIM] = {0};
     row_major_strides(t->ndim, t->shape, ts);
@@ -326,6 +395,21 @@ static void add_progress(exec_ctx *c, uint64_t n)
     c->done += n;
     if (!c->o->quiet) ckpt_progress_update(&c->prog, c->done);
     pthread_mutex_unlock(&c->mu);
+}
+
+/* copy_file_range's work for a source file p->vsource makes: views written out. */
+static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, int out_fd, uint64_t dst_off,
+                        uint64_t len, const char *out_path)
+{
+    for (uint64_t done = 0; done < len;) {
+        size_t n = (size_t)(len - done < EXEC_BAND_BYTES ? len - done : EXEC_BAND_BYTES);
+        const uint8_t *v;
+        int rc = vsource_view(wk, s, src_off + done, n, &v);
+        if (!rc) rc = ckpt_pwrite_full(out_fd, v, n, dst_off + done, out_path);
+        if (rc) return rc;
+        done += n;
+    }
+    return 0;
 }
 
 static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *out_path)
@@ -363,7 +447,8 @@ static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off
             assert(w.src * es <= s->nbytes && len <= s->nbytes - w.src * es);
             assert(w.dst + n <= plan_tensor_numel(t));
         }
-        int rc = ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
+        int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, out_fd, dst_off, len, out_path)
+                                         : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
         add_progress(c, len);
     }
@@ -381,7 +466,15 @@ static int fill_box(worker *wk, const plan_tensor *t, const uint64_t *blo, const
     memcpy(whole_box.lo, blo, (size_t)t->ndim * sizeof *blo);
     memcpy(whole_box.ext, bext, (size_t)t->ndim * sizeof *bext);
     assert(plan_part_in_tensor(&whole_box, t->ndim, t->shape));
-    memset(buf, 0, n * ckpt_dtype_size(t->dtype));
+    /* Zeros first, unless one source part covers the whole box (a transposed tile). */
+    bool covered = false;
+    for (size_t i = 0; !covered && i < t->nparts; i++) {
+        const plan_part *pt = &t->parts[i];
+        covered = pt->src != PLAN_ZERO;
+        for (int k = 0; covered && k < t->ndim; k++)
+            covered = pt->lo[k] <= blo[k] && blo[k] + bext[k] <= pt->lo[k] + pt->ext[k];
+    }
+    if (!covered) memset(buf, 0, n * ckpt_dtype_size(t->dtype));
     for (size_t i = 0; i < t->nparts; i++) {
         const plan_part *pt = &t->parts[i];
         uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
@@ -597,7 +690,7 @@ static int run_item(worker *wk, const work_item *it)
     assert(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tbytes) == 0 && tbytes == ot->nbytes);
     assert(ot->offset >= f->layout.header_len && ot->nbytes <= UINT64_MAX - ot->offset);
     (void)tbytes;
-    int rc = tensor_is_fast(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
+    int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     return rc;
 }
@@ -606,6 +699,11 @@ static void *worker_main(void *arg)
 {
     worker *wk = arg;
     exec_ctx *c = wk->c;
+    const exec_vsource *v = c->p->vsource;
+    if (v && !(wk->vts = v->thread_open(v->ctx))) {
+        exec_fail(c, CKPT_ENOMEM);
+        return NULL;
+    }
     for (;;) {
         pthread_mutex_lock(&c->mu);
         if (c->err || c->next >= c->nitems) {
@@ -640,6 +738,8 @@ static void *worker_main(void *arg)
             break;
         }
     }
+    if (v) v->thread_close(v->ctx, wk->vts);
+    wk->vts = NULL;
     return NULL;
 }
 
@@ -837,7 +937,8 @@ int exec_check_sources(const exec_plan *p, const int *src_fds)
     int rc = 0;
     for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
         struct stat sb;
-        if (fstat(src_fds[i], &sb) < 0) rc = ckpt_error_sys("%s: stat", p->src_paths[i]);
+        if (src_fds[i] < 0 && p->vsource) size[i] = UINT64_MAX; /* made on demand: its maker checks */
+        else if (fstat(src_fds[i], &sb) < 0) rc = ckpt_error_sys("%s: stat", p->src_paths[i]);
         else size[i] = (uint64_t)sb.st_size;
     }
     for (size_t i = 0; !rc && i < p->nsources; i++) {
@@ -887,7 +988,10 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     int rc = c.src_fds && c.out_fds && c.out_paths && c.items && wks ? 0 : CKPT_ENOMEM;
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++) c.src_fds[i] = -1;
     for (size_t f = 0; c.out_fds && f < p->nfiles; f++) c.out_fds[f] = -1;
+    if (!rc && p->vsource && o->hash_sources)
+        rc = ckpt_error_set(CKPT_EINVAL, "sources made on demand are not hashed");
     for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
+        if (p->vsource && p->vsource->serves(p->vsource->ctx, i)) continue; /* fd -1: read through views */
         c.src_fds[i] = open(p->src_paths[i], O_RDONLY | O_CLOEXEC);
         if (c.src_fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
     }
@@ -1014,6 +1118,7 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
     uint64_t nbytes;
     int rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &nbytes);
     if (rc) return rc;
+    if (p->vsource) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sources made on demand are not read here", t->name);
     if (off > nbytes || len > nbytes - off)
         return ckpt_error_set(CKPT_EINVAL, "tensor '%s': read past its end", t->name);
     if (len == 0) return 0;

@@ -47,7 +47,24 @@ typedef struct {
     size_t ntensors;
 } exec_file;
 
+/* Source files that are not on disk: their bytes are made on demand (the
+ * zarr arrays of an EasyDeL save, decoded by transform/easydel_import.c).
+ * The executor asks such a file for views of byte ranges where it would
+ * pread, mmap or copy_file_range a real one; each worker thread has its own
+ * state (a decoder, the bytes it decoded last). A plan's checks, hashing and
+ * exec_tensor_read do not read them. */
+typedef struct exec_vsource {
+    void *ctx;
+    bool (*serves)(void *ctx, size_t file); /* true for a source file (exec_plan.src_paths index) it makes */
+    void *(*thread_open)(void *ctx);        /* a worker's state; NULL: failed, error set */
+    void (*thread_close)(void *ctx, void *ts);
+    /* *out = bytes [off, off+len) of source file `file` (len <= EXEC_BAND_BYTES),
+     * valid until the next call with ts. */
+    int (*view)(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out);
+} exec_vsource;
+
 typedef struct {
+    const exec_vsource *vsource; /* not owned; NULL: every source file is a file */
     size_t nsrc_paths;
     char **src_paths;     /* source files; plan_source.file indexes these */
     plan_source *sources; /* plan_part.src indexes these */
@@ -96,6 +113,11 @@ typedef struct {
  * NULL). Used to serve stored files over HTTP without materialising them. */
 int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
                      size_t len, uint8_t *slab, uint8_t *band, exec_slab_cache *cache);
+
+/* True when the executor copies tensor t as it is, each part one contiguous
+ * run of a same-dtype source read front to back (copy_file_range), rather
+ * than gathering it slab by slab. */
+bool exec_tensor_is_copy(const exec_plan *p, const plan_tensor *t);
 
 /* Bytes of tensor data the plan writes (sum over files). */
 uint64_t exec_plan_bytes(const exec_plan *p);

@@ -11,9 +11,14 @@
 #include "format/safetensors.h"
 #include "transform/state_convert.h"
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 json_t *easydel_inverse_rules(void)
 {
@@ -31,10 +36,160 @@ json_t *easydel_inverse_rules(void)
         "op", "transpose", "pattern", "^(.*)\\.kernel$", "replacement", "$1.weight");
 }
 
+/* ---- the arrays as sources made on demand (plan/executor.h, exec_vsource) ----
+ *
+ * The arrays are laid out as if staged in safetensors files (model.safetensors,
+ * optimizer.safetensors in the temp folder), but those files are never
+ * written: the plan is made over their headers alone, and the executor's
+ * reads of their bytes are served by decoding the arrays (arrays_view). Each
+ * array is read one of three ways, chosen once the plan is known:
+ *   whole   - at most EASYDEL_DECODE_MAX_BYTES: a worker decodes it once into
+ *             its own memory and serves every read (a transpose's tiles) from it;
+ *   stream  - larger, one chunk holding the whole array, and only copied front
+ *             to back by the plan (an embedding renamed): decoded in order into
+ *             a window of EXEC_BAND_BYTES;
+ *   staged  - anything else larger (a transposed lm_head): decoded by the
+ *             first worker that needs it into a scratch file in the temp
+ *             folder (the other worker goes on with other tensors meanwhile),
+ *             then read through a mapping of the span asked for. */
+
+enum { READ_WHOLE, READ_STREAM, READ_STAGED };
+
 typedef struct {
-    const easydel_ckpt *c;
-    const size_t *which; /* st_out_tensor.user -> index in c->arrays */
-} stage_ctx;
+    const easydel_array *a;
+    uint64_t offset, nbytes; /* the array's bytes in its staged file's layout */
+    int how;
+    uint64_t scratch_off; /* READ_STAGED: where it goes in the scratch file */
+    int staged;           /* ... 1 once there, -1 when that failed (under varrays.mu) */
+} varray;
+
+typedef struct {
+    size_t src_file; /* exec_plan.src_paths index */
+    varray *arrays;  /* by offset */
+    size_t n;
+} vfile;
+
+typedef struct {
+    vfile files[2]; /* model, optimizer */
+    size_t nfiles;
+    int scratch_fd; /* READ_STAGED arrays, or -1 */
+    char *scratch_path;
+    pthread_mutex_t mu; /* staging one array at a time */
+} varrays;
+
+typedef struct {
+    zarr_decoder *d;
+    const easydel_array *held; /* READ_WHOLE: the array in buf */
+    uint8_t *buf;
+    size_t cap;
+    const easydel_array *streaming; /* READ_STREAM: the array d decodes */
+    uint64_t pos;                   /* its bytes decoded so far */
+    uint8_t *win;                   /* EXEC_BAND_BYTES: its bytes [wa, wb) */
+    uint64_t wa, wb;
+    void *map; /* READ_STAGED: the window mapped last, scratch bytes [map_base, +map_len) */
+    uint64_t map_base;
+    size_t map_len;
+} vthread;
+
+static bool arrays_serve(void *ctx, size_t file)
+{
+    const varrays *v = ctx;
+    for (size_t i = 0; i < v->nfiles; i++)
+        if (v->files[i].src_file == file) return true;
+    return false;
+}
+
+static void *arrays_thread_open(void *ctx)
+{
+    vthread *t = ckpt_calloc(1, sizeof *t);
+    if (t && !(t->d = zarr_decoder_new())) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
+
+static void arrays_thread_close(void *ctx, void *ts)
+{
+    vthread *t = ts;
+    if (!t) return;
+    zarr_decoder_free(t->d);
+    if (t->map) munmap(t->map, t->map_len);
+    free(t->buf);
+    free(t->win);
+    free(t);
+}
+
+typedef struct {
+    uint8_t *buf;
+    uint64_t nbytes;
+    const char *label;
+} mem_sink;
+
+static int to_mem(void *vctx, uint64_t off, const void *buf, size_t len)
+{
+    mem_sink *m = vctx;
+    if (off > m->nbytes || len > m->nbytes - off) return ckpt_error_set(CKPT_EINVAL, "%s: array bytes out of range", m->label);
+    memcpy(m->buf + off, buf, len);
+    return 0;
+}
+
+/* True when the array is one chunk of exactly its shape: its chunk's bytes are its bytes. */
+static bool one_chunk(const zarr_array *z)
+{
+    return z->nchunks == 1 && z->chunk_nbytes == z->nbytes;
+}
+
+/* The whole array into buf (a->z.nbytes): one chunk of its shape decoded
+ * straight into place, else chunk by chunk through zarr_read. */
+static int decode_whole(zarr_decoder *d, const easydel_array *a, uint8_t *buf)
+{
+    if (one_chunk(&a->z)) {
+        uint64_t idx[CKPT_MAX_RANK] = {0};
+        int rc = zarr_decoder_start(d, &a->z, idx, NULL);
+        if (!rc) rc = zarr_decoder_read(d, buf, (size_t)a->z.nbytes);
+        return rc ? rc : zarr_decoder_end(d); /* (a failed chunk is closed by the next start) */
+    }
+    mem_sink m = {.buf = buf, .nbytes = a->z.nbytes, .label = a->z.label};
+    return zarr_read(&a->z, to_mem, &m, NULL);
+}
+
+/* READ_STREAM: bytes [lo, lo+len) of the array into t->win, decoding on from
+ * where the stream is (from the start again for an earlier byte). */
+static int stream_view(vthread *t, const easydel_array *a, uint64_t lo, size_t len, const uint8_t **out)
+{
+    if (!t->win && !(t->win = ckpt_malloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
+    if (t->streaming == a && lo >= t->wa && lo + len <= t->wb) {
+        *out = t->win + (lo - t->wa);
+        return 0;
+    }
+    int rc = 0;
+    if (t->streaming != a || lo < t->wa) {
+        uint64_t idx[CKPT_MAX_RANK] = {0};
+        t->streaming = NULL;
+        if ((rc = zarr_decoder_start(t->d, &a->z, idx, NULL))) return rc;
+        t->streaming = a;
+        t->pos = t->wa = t->wb = 0;
+    }
+    size_t keep = 0;
+    if (lo < t->wb) { /* the window's tail is the read's head */
+        keep = (size_t)(t->wb - lo);
+        memmove(t->win, t->win + (lo - t->wa), keep);
+    }
+    while (!rc && t->pos < lo) { /* bytes before the read: decoded and dropped */
+        size_t n = (size_t)(lo - t->pos < EXEC_BAND_BYTES ? lo - t->pos : EXEC_BAND_BYTES);
+        rc = zarr_decoder_read(t->d, t->win, n);
+        t->pos += n;
+    }
+    if (!rc) rc = zarr_decoder_read(t->d, t->win + keep, len - keep);
+    t->pos = lo + len;
+    t->wa = lo;
+    t->wb = lo + len;
+    if (!rc && t->pos == a->z.nbytes) rc = zarr_decoder_end(t->d); /* and nothing follows */
+    if (rc) t->streaming = NULL;
+    else *out = t->win;
+    return rc;
+}
 
 typedef struct {
     int fd;
@@ -50,37 +205,173 @@ static int to_file(void *vctx, uint64_t off, const void *buf, size_t len)
     return ckpt_pwrite_full(s->fd, buf, len, s->base + off, s->path);
 }
 
-static int fill(void *vctx, const st_out_tensor *t, int fd, const char *path)
+/* READ_STAGED: the array decoded into the scratch file once (by whichever
+ * worker comes first; another waits), then read through a mapped window of
+ * STAGED_MAP_BYTES holding bytes [lo, lo+len) (reused by the next reads it
+ * holds: a transposed tile's walks come in order; only the pages a walk
+ * touches are read in). */
+#define STAGED_MAP_BYTES (32ull << 20)
+static int staged_view(varrays *v, vthread *t, varray *va, uint64_t lo, size_t len, const uint8_t **out)
 {
-    stage_ctx *sc = vctx;
-    const easydel_array *a = &sc->c->arrays[t->user];
-    sink_ctx s = {.fd = fd, .base = t->offset, .nbytes = t->nbytes, .path = path};
-    return zarr_read(&a->z, to_file, &s, NULL);
+    pthread_mutex_lock(&v->mu);
+    int rc = 0;
+    if (va->staged == 0) {
+        sink_ctx sc = {.fd = v->scratch_fd, .base = va->scratch_off, .nbytes = va->nbytes, .path = v->scratch_path};
+        rc = zarr_read(&va->a->z, to_file, &sc, NULL);
+        va->staged = rc ? -1 : 1;
+    } else if (va->staged < 0) {
+        rc = ckpt_error_set(CKPT_EIO, "%s: staging it failed", va->a->z.label);
+    }
+    pthread_mutex_unlock(&v->mu);
+    if (rc) return rc;
+    uint64_t start = va->scratch_off + lo;
+    if (!t->map || start < t->map_base || start + len > t->map_base + t->map_len) {
+        if (t->map) munmap(t->map, t->map_len);
+        t->map = NULL;
+        uint64_t base = start / STAGED_MAP_BYTES * STAGED_MAP_BYTES, end = base + STAGED_MAP_BYTES;
+        if (base < va->scratch_off) base = va->scratch_off; /* page-aligned: arrays start on 1 MiB */
+        if (end > va->scratch_off + va->nbytes) end = va->scratch_off + va->nbytes;
+        if (end < start + len) end = start + len;
+        void *m = mmap(NULL, (size_t)(end - base), PROT_READ, MAP_SHARED, v->scratch_fd, (off_t)base);
+        if (m == MAP_FAILED) return ckpt_error_sys("%s: map", v->scratch_path);
+        t->map = m;
+        t->map_base = base;
+        t->map_len = (size_t)(end - base);
+    }
+    *out = (const uint8_t *)t->map + (start - t->map_base);
+    return 0;
 }
 
-/* Writes the model/ arrays into staging/model.safetensors under their keys. */
-static int stage_model(const easydel_ckpt *c, const char *staging)
+static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out)
 {
-    st_layout l;
-    st_layout_init(&l);
+    varrays *v = ctx;
+    vthread *t = ts;
+    const vfile *f = NULL;
+    for (size_t i = 0; i < v->nfiles && !f; i++)
+        if (v->files[i].src_file == file) f = &v->files[i];
+    /* the array holding off (by offset, binary search) */
+    size_t lo = 0, hi = f ? f->n : 0;
+    while (hi - lo > 1) {
+        size_t mid = (lo + hi) / 2;
+        if (f->arrays[mid].offset <= off) lo = mid;
+        else hi = mid;
+    }
+    varray *va = f && f->n ? &f->arrays[lo] : NULL;
+    if (!va || off < va->offset || off - va->offset > va->nbytes || len > va->nbytes - (off - va->offset))
+        return ckpt_error_set(CKPT_EINVAL, "bytes [%llu, +%zu) of a staged file are not one array's",
+                              (unsigned long long)off, len);
+    const easydel_array *a = va->a;
+    uint64_t in = off - va->offset;
+    if (va->how == READ_STREAM) return stream_view(t, a, in, len, out);
+    if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
+    if (t->held != a) {
+        t->held = NULL;
+        if (a->z.nbytes > t->cap) {
+            free(t->buf);
+            t->cap = 0;
+            if (!(t->buf = ckpt_malloc((size_t)a->z.nbytes))) return CKPT_ENOMEM;
+            t->cap = (size_t)a->z.nbytes;
+        }
+        int rc = decode_whole(t->d, a, t->buf);
+        if (rc) return rc;
+        t->held = a;
+    }
+    *out = t->buf + in;
+    return 0;
+}
+
+static void varrays_free(varrays *v)
+{
+    for (size_t i = 0; i < v->nfiles; i++) free(v->files[i].arrays);
+    if (v->scratch_fd >= 0) close(v->scratch_fd);
+    free(v->scratch_path);
+    pthread_mutex_destroy(&v->mu);
+    memset(v, 0, sizeof *v);
+    v->scratch_fd = -1;
+}
+
+static int by_varray_offset(const void *x, const void *y)
+{
+    const varray *a = x, *b = y;
+    return a->offset < b->offset ? -1 : a->offset > b->offset;
+}
+
+/* Decides how each array of the planned files is read (above) and gives
+ * the staged ones their places in staging/.arrays. CKPT_EASYDEL_DECODE_MAX
+ * (bytes, at most EASYDEL_DECODE_MAX_BYTES) lowers the size up to which an
+ * array is decoded whole: the tests send small arrays down the other paths. */
+static int varrays_setup(varrays *v, convert_plan *cp, const easydel_ckpt *c, const st_layout *const *layouts,
+                         char *const *paths, size_t nlayouts, const char *staging)
+{
+    exec_plan *p = &cp->exec;
+    uint64_t whole_max = EASYDEL_DECODE_MAX_BYTES;
+    const char *e = getenv("CKPT_EASYDEL_DECODE_MAX");
+    int rc = e && *e ? ckpt_parse_u64_field("CKPT_EASYDEL_DECODE_MAX", e, 0, EASYDEL_DECODE_MAX_BYTES, &whole_max) : 0;
+    for (size_t k = 0; !rc && k < nlayouts; k++) {
+        vfile *f = &v->files[v->nfiles];
+        f->src_file = SIZE_MAX;
+        for (size_t i = 0; i < p->nsrc_paths; i++)
+            if (!strcmp(p->src_paths[i], paths[k])) f->src_file = i;
+        if (f->src_file == SIZE_MAX) continue; /* planned nothing from it */
+        const st_layout *l = layouts[k];
+        if (!(f->arrays = ckpt_calloc(l->ntensors + 1, sizeof *f->arrays))) rc = CKPT_ENOMEM;
+        for (size_t i = 0; !rc && i < l->ntensors; i++)
+            f->arrays[f->n++] = (varray){.a = &c->arrays[l->tensors[i].user], .offset = l->tensors[i].offset,
+                                         .nbytes = l->tensors[i].nbytes, .how = READ_WHOLE};
+        if (!rc) qsort(f->arrays, f->n, sizeof *f->arrays, by_varray_offset);
+        v->nfiles++;
+    }
+    /* Large arrays: streamed when every tensor reading them copies them front to back. */
+    for (size_t i = 0; !rc && i < cp->set.n; i++) {
+        const plan_tensor *t = &cp->set.t[i];
+        bool copy = exec_tensor_is_copy(p, t);
+        for (size_t j = 0; j < t->nparts; j++) {
+            if (t->parts[j].src == PLAN_ZERO) continue;
+            const plan_source *s = &p->sources[t->parts[j].src];
+            for (size_t fi = 0; fi < v->nfiles; fi++) {
+                vfile *f = &v->files[fi];
+                if (f->src_file != s->file) continue;
+                for (size_t a = 0; a < f->n; a++) {
+                    varray *va = &f->arrays[a];
+                    if (va->offset != s->offset || va->nbytes <= whole_max) continue;
+                    if (va->how == READ_WHOLE) va->how = copy && one_chunk(&va->a->z) ? READ_STREAM : READ_STAGED;
+                    else if (!copy) va->how = READ_STAGED;
+                }
+            }
+        }
+    }
+    /* The staged ones get their places in one scratch file, filled as they are first read. */
+    uint64_t end = 0;
+    for (size_t fi = 0; !rc && fi < v->nfiles; fi++)
+        for (size_t a = 0; a < v->files[fi].n; a++) {
+            varray *va = &v->files[fi].arrays[a];
+            if (va->how != READ_STAGED) continue;
+            va->scratch_off = end;
+            end += (va->nbytes + (1u << 20) - 1) / (1u << 20) * (1u << 20); /* 1 MiB: a multiple of any page */
+        }
+    if (!rc && end) {
+        if (!(v->scratch_path = ckpt_path_join(staging, ".arrays"))) return CKPT_ENOMEM;
+        v->scratch_fd = open(v->scratch_path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (v->scratch_fd < 0) rc = ckpt_error_sys("%s: create", v->scratch_path);
+    }
+    return rc;
+}
+
+/* The layout of the model/ arrays as staging/model.safetensors under their keys. */
+static int model_layout(const easydel_ckpt *c, st_layout *l)
+{
     int rc = 0;
     size_t n = 0;
     for (size_t i = 0; !rc && i < c->narrays; i++) {
         const easydel_array *a = &c->arrays[i];
         if (strcmp(a->prefix, "model") && *a->prefix) continue;
-        rc = st_layout_add(&l, a->key, a->z.dtype, a->z.ndim, a->z.shape, i);
+        rc = st_layout_add(l, a->key, a->z.dtype, a->z.ndim, a->z.shape, i);
         if (rc) rc = ckpt_error_prefix(rc, "%s: array '%s'", c->dir, a->path);
         n++;
     }
     if (!rc && !n) rc = ckpt_error_set(CKPT_EINVAL, "%s: %s lists no arrays under model/", c->dir, EASYDEL_INDEX_FILE);
-    if (!rc) rc = st_layout_set_meta(&l, "format", "pt");
-    if (!rc) rc = st_layout_finish(&l);
-    char *path = rc ? NULL : ckpt_path_join(staging, "model.safetensors");
-    if (!rc && !path) rc = CKPT_ENOMEM;
-    stage_ctx sc = {.c = c};
-    if (!rc) rc = st_write_file(path, &l, fill, &sc);
-    free(path);
-    st_layout_free(&l);
+    if (!rc) rc = st_layout_set_meta(l, "format", "pt");
+    if (!rc) rc = st_layout_finish(l);
     return rc;
 }
 
@@ -114,14 +405,14 @@ static const easydel_array *tx_param(const easydel_ckpt *c, const char *key, cha
 }
 
 /* --state: the tx/ arrays that are per-parameter slots (mu, nu, ...: shaped
- * like a model/ array whose key ends theirs) into staging/optimizer.safetensors
- * as "<param key>/<slot>", their scalars (count) into optimizer.json, the
- * save's step into metadata.json: staging becomes a ckpt training state in
- * EasyDeL's names, which the inverse conversion carries slots and all. */
-static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quiet)
+ * like a model/ array whose key ends theirs) laid out as
+ * staging/optimizer.safetensors (*l) as "<param key>/<slot>", their scalars
+ * (count) into optimizer.json, the save's step into metadata.json: staging
+ * becomes a ckpt training state in EasyDeL's names, which the inverse
+ * conversion carries slots and all. */
+static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quiet, st_layout *lp)
 {
-    st_layout l;
-    st_layout_init(&l);
+    st_layout l = *lp;
     json_t *scalars = json_object(), *slotset = json_object(), *left_out = json_array();
     size_t n = 0;
     int rc = scalars && slotset && left_out ? 0 : CKPT_ENOMEM;
@@ -145,12 +436,7 @@ static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quie
     }
     if (!rc && !n) rc = ckpt_error_set(CKPT_EINVAL, "%s: --state: no tx/ array is a slot of a model/ parameter", c->dir);
     if (!rc) rc = st_layout_finish(&l);
-    char *path = rc ? NULL : ckpt_path_join(staging, "optimizer.safetensors");
-    if (!rc && !path) rc = CKPT_ENOMEM;
-    stage_ctx sc = {.c = c};
-    if (!rc) rc = st_write_file(path, &l, fill, &sc);
-    free(path);
-    st_layout_free(&l);
+    *lp = l; /* laid out, never written: the executor reads the arrays through views */
     int64_t step = c->has_step ? c->step : 0;
     if (!rc) rc = easydel_write_state_files(staging, slotset, scalars, left_out, step);
     if (!rc && !quiet)
@@ -162,11 +448,40 @@ static int stage_optimizer(const easydel_ckpt *c, const char *staging, bool quie
     return rc;
 }
 
+/* The files the layouts describe (staging/model.safetensors, ...), never
+ * written: a checkpoint of their headers alone, for planning. */
+static int virtual_checkpoint(ckpt_checkpoint *ck, const char *staging, const st_layout *const *layouts,
+                              char *const *paths, size_t n)
+{
+    st_file files[2];
+    size_t done = 0;
+    int rc = 0;
+    for (; !rc && done < n; done++) {
+        rc = st_parse(&files[done], paths[done], layouts[done]->header, layouts[done]->header_len,
+                      layouts[done]->file_size);
+        if (rc) break;
+    }
+    if (rc) {
+        for (size_t i = 0; i < done; i++) st_close(&files[i]);
+        return rc;
+    }
+    return ckpt_checkpoint_from_files(ck, staging, files, n);
+}
+
 /* The staged folder (or, for an older save, the opened weights c with the
- * staged side files) converted with the inverse rules into dst. */
-static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint *c, const char *dst,
+ * staged side files; or, for a TensorStore save ec, the arrays laid out as
+ * the files paths[0..n) that are never written) converted with the inverse
+ * rules into dst. */
+static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint *c, const easydel_ckpt *ec,
+                           const st_layout *const *layouts, char *const *paths, size_t n, const char *dst,
                            consolidate_opts *o)
 {
+    ckpt_checkpoint vc;
+    if (ec) {
+        int rc = virtual_checkpoint(&vc, staging, layouts, paths, n);
+        if (rc) return rc;
+        c = &vc;
+    }
     json_t *rules = easydel_inverse_rules(), *config = NULL;
     char *rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json");
     int rc = rules && rules_path ? cj_write_file(rules_path, rules) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
@@ -186,10 +501,20 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
         ckpt_checkpoint_close(c);
     }
     if (rc) rc = ckpt_error_prefix(rc, "%s: mapping EasyDeL names back to Hugging Face", src);
+    varrays va = {.scratch_fd = -1};
+    pthread_mutex_init(&va.mu, NULL);
+    exec_vsource vs = {.ctx = &va, .serves = arrays_serve, .thread_open = arrays_thread_open,
+                       .thread_close = arrays_thread_close, .view = arrays_view};
+    if (!rc && ec) {
+        rc = varrays_setup(&va, &cp, ec, layouts, paths, n, staging);
+        cp.exec.vsource = &vs;
+        if (rc) convert_plan_free(&cp);
+    }
     if (!rc) {
         rc = convert_write(&cp, dst, &co);
         convert_plan_free(&cp);
     }
+    varrays_free(&va);
     free(rules_path);
     json_decref(rules);
     return rc;
@@ -209,11 +534,26 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
     char *staging = NULL;
     rc = ckpt_tmpdir_create(dst, &staging);
     if (!rc && legacy && o->state) rc = easydel_legacy_state(src, &lc, staging, o->quiet);
-    if (!rc && !legacy) rc = stage_model(&c, staging);
-    if (!rc && !legacy && o->state) rc = stage_optimizer(&c, staging, o->quiet);
+    st_layout model, opt;
+    st_layout_init(&model);
+    st_layout_init(&opt);
+    const st_layout *layouts[2] = {&model, &opt};
+    char *paths[2] = {NULL, NULL};
+    size_t n = !legacy && o->state ? 2 : 1;
+    if (!rc && !legacy) rc = model_layout(&c, &model);
+    if (!rc && !legacy && o->state) rc = stage_optimizer(&c, staging, o->quiet, &opt);
+    if (!rc && !legacy) {
+        paths[0] = ckpt_path_join(staging, "model.safetensors");
+        paths[1] = ckpt_path_join(staging, "optimizer.safetensors");
+        if (!paths[0] || !paths[1]) rc = CKPT_ENOMEM;
+    }
     if (!rc) rc = outdir_copy_model_files(src, staging);
-    if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, dst, o);
+    if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, legacy ? NULL : &c, layouts, paths, n, dst, o);
     else if (legacy) ckpt_checkpoint_close(&lc);
+    st_layout_free(&model);
+    st_layout_free(&opt);
+    free(paths[0]);
+    free(paths[1]);
     if (staging) ckpt_rm_rf(staging);
     free(staging);
     if (!legacy) easydel_close(&c);

@@ -172,8 +172,13 @@ static void store_value(ckpt_dtype dt, uint8_t *dst, int64_t v)
         memcpy(dst, &i, 4);
         break;
     }
+    case CKPT_DT_I16: { /* the value's low 16 bits (expect_block compares those) */
+        int16_t i = (int16_t)(uint16_t)v;
+        memcpy(dst, &i, 2);
+        break;
+    }
     default:
-        fail_msg("test tensors are F32 or I32, not %s", ckpt_dtype_name(dt));
+        fail_msg("test tensors are F32, I32 or I16, not %s", ckpt_dtype_name(dt));
     }
 }
 
@@ -193,6 +198,11 @@ static double load_value(ckpt_dtype dt, const uint8_t *p)
     case CKPT_DT_I32: {
         int32_t i;
         memcpy(&i, p, 4);
+        return i;
+    }
+    case CKPT_DT_I16: {
+        int16_t i;
+        memcpy(&i, p, 2);
         return i;
     }
     case CKPT_DT_BF16: {
@@ -370,6 +380,7 @@ static void expect_block(const view *v, uint64_t r0, uint64_t c0, uint64_t nr, u
             }
             uint64_t sr = transposed ? sr0 + j : sr0 + i, sc = transposed ? sc0 + i : sc0 + j;
             double want = (double)src_value(s, sr, sc), got = load_value(v->dtype, p);
+            if (v->dtype == CKPT_DT_I16) want = (int16_t)(uint16_t)src_value(s, sr, sc);
             if (got != want)
                 fail_msg("%s[%llu][%llu] is %.10g, expected %.10g (%s row %llu col %llu)", v->name,
                          (unsigned long long)r, (unsigned long long)c, got, want, s->name,
@@ -1170,6 +1181,30 @@ static void test_transpose_tiles(void **state)
     expect_block(&b, 0, 0, 300, 9000, &t[1], 0, 0, true);
     view_free(&a);
     view_free(&b);
+    expect_round_trip(fx, fx->dst);
+}
+
+/* The same with two-byte elements (bf16, f16: most models), which the
+ * executor moves in 8 x 8 register tiles: edges that are no multiple of 8
+ * on either axis, a tensor smaller than one tile, a wide one split into
+ * bands; every element checked. */
+static void test_transpose_tiles_2byte(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"tall.weight", CKPT_DT_I16, 2, {3001, 1003}, 1, 1003},
+        {"wide.weight", CKPT_DT_I16, 2, {9000, 301}, 2, 301},
+        {"tiny.weight", CKPT_DT_I16, 2, {5, 3}, 3, 3},
+        {"eight.weight", CKPT_DT_I16, 2, {16, 8}, 4, 8},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst, "{'rules': [{'op': 'transpose', 'pattern': '[.]weight$'}]}");
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) {
+        view v = load(fx->dst, -1, t[i].name);
+        expect_shape(&v, CKPT_DT_I16, 2, SHAPE(t[i].shape[1], t[i].shape[0]));
+        expect_block(&v, 0, 0, t[i].shape[1], t[i].shape[0], &t[i], 0, 0, true);
+        view_free(&v);
+    }
     expect_round_trip(fx, fx->dst);
 }
 
@@ -2214,6 +2249,7 @@ int main(void)
         T(test_unstack_experts),
         T(test_rename_drop_transpose),
         T(test_transpose_tiles),
+        T(test_transpose_tiles_2byte),
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),
