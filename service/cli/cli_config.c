@@ -31,13 +31,17 @@ static int read_token(const char *path, char **out)
     size_t len;
     int rc = ckpt_read_file(path, TOKEN_MAX_BYTES, &text, &len);
     if (rc) return rc;
+    if (memchr(text, 0, len)) {
+        free(text);
+        return ckpt_error_set(CKPT_EINVAL, "%s: not a text file", path);
+    }
     char *s = text;
     while (*s && isspace((unsigned char)*s)) s++;
     char *e = s;
     while (*e && *e != '\n' && *e != '\r') e++;
     while (e > s && isspace((unsigned char)e[-1])) e--;
     *e = 0;
-    if (!*s || memchr(text, 0, len)) {
+    if (!*s) {
         free(text);
         return ckpt_error_set(CKPT_EINVAL, "%s: no token on its first line", path);
     }
