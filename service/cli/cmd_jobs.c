@@ -185,7 +185,7 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
     if (a->workers < 1) a->workers = 1;
     a->grace = 30;
     a->keep_jobs = -1;
-    a->limit = 50;
+    a->limit = 0; /* jobs: 50 as text, 1000 as JSON */
     a->rest = calloc((size_t)argc * 2 + 1, sizeof *a->rest);
     if (!a->rest) return cli_fail();
     char **opts = calloc((size_t)argc * 2 + 1, sizeof *opts);
@@ -604,9 +604,10 @@ int cmd_jobs(int argc, char **argv)
                "                 [--server URL] [--home DIR]\n\n"
                "Lists jobs, newest first, under a header: id, state, kind, progress, when it was\n"
                "created and finished (UTC), how long it waited in the queue and ran, its\n"
-               "arguments and error. --limit N shows the newest N (default 50). --json prints\n"
-               "the jobs as GET /v1/jobs gives them (created_at, started_at, finished_at in\n"
-               "Unix seconds). The daemon forgets finished jobs after its --keep-jobs period.\n\n"
+               "arguments and error. --limit N shows the newest N (default 50; with --json\n"
+               "1000). --json prints the jobs as GET /v1/jobs gives them (created_at,\n"
+               "started_at, finished_at in Unix seconds). The daemon forgets finished jobs\n"
+               "after its --keep-jobs period (ckpt serve --help).\n\n"
                "examples:\n"
                "  ckpt jobs --state failed --limit 10\n"
                "  ckpt jobs --server http://127.0.0.1:8470 --json\n");
@@ -624,7 +625,7 @@ int cmd_jobs(int argc, char **argv)
                       : open_client(&c, &a);
     bool opened = !rc;
     json_t *jobs = NULL;
-    if (!rc && job_client_list(&c, a.state, a.limit, &jobs) < 0) rc = cli_fail();
+    if (!rc && job_client_list(&c, a.state, a.limit ? a.limit : a.json ? 1000 : 50, &jobs) < 0) rc = cli_fail();
     if (!rc && a.json) rc = cli_print_json(json_incref(jobs));
     else if (!rc) {
         size_t i;
