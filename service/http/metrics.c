@@ -81,12 +81,22 @@ static void observe(family *f, const char *labels, double value)
     s->sum += value;
 }
 
+/* k1="v1"[,k2="v2"] into out, the values escaped (k2 NULL: one label). */
+static void make_labels(char out[LABELS_MAX], const char *k1, const char *v1, const char *k2, const char *v2)
+{
+    char e1[96], e2[48];
+    label_value(e1, sizeof e1, v1);
+    if (k2) label_value(e2, sizeof e2, v2);
+    int n = snprintf(out, LABELS_MAX, k2 ? "%s=\"%s\",%s=\"%s\"" : "%s=\"%s\"", k1, e1, k2 ? k2 : "", k2 ? e2 : "");
+    if (n < 0) out[0] = 0; /* a longer value is cut, as label_value cuts it */
+}
+
 void metrics_observe_http(metrics *m, const char *route, unsigned code, double seconds, uint64_t bytes)
 {
     if (!m) return;
-    char r[96], labels[LABELS_MAX];
-    label_value(r, sizeof r, route);
-    snprintf(labels, sizeof labels, "route=\"%s\",code=\"%u\"", r, code);
+    char labels[LABELS_MAX], c[16];
+    snprintf(c, sizeof c, "%u", code);
+    make_labels(labels, "route", route, "code", c);
     pthread_mutex_lock(&m->mu);
     observe(&m->http, labels, seconds);
     m->served += bytes;
@@ -96,25 +106,22 @@ void metrics_observe_http(metrics *m, const char *route, unsigned code, double s
 void metrics_observe_job(metrics *m, const char *kind, const char *outcome, double run_seconds, uint64_t bytes)
 {
     if (!m) return;
-    char k[48], labels[LABELS_MAX];
-    label_value(k, sizeof k, kind);
-    snprintf(labels, sizeof labels, "kind=\"%s\",outcome=\"%s\"", k, outcome);
+    char labels[LABELS_MAX];
+    make_labels(labels, "kind", kind, "outcome", outcome);
+    bool ok = !strcmp(outcome, "succeeded");
     pthread_mutex_lock(&m->mu);
     observe(&m->job, labels, run_seconds);
-    if (!strcmp(outcome, "succeeded")) {
-        if (!strcmp(kind, "fetch")) m->fetched += bytes;
-        else if (!strcmp(kind, "convert") || !strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora"))
-            m->converted += bytes;
-    }
+    if (ok && !strcmp(kind, "fetch")) m->fetched += bytes;
+    else if (ok && (!strcmp(kind, "convert") || !strcmp(kind, "merge-lora") || !strcmp(kind, "unmerge-lora")))
+        m->converted += bytes;
     pthread_mutex_unlock(&m->mu);
 }
 
 void metrics_observe_wait(metrics *m, const char *kind, double wait_seconds)
 {
     if (!m) return;
-    char k[48], labels[LABELS_MAX];
-    label_value(k, sizeof k, kind);
-    snprintf(labels, sizeof labels, "kind=\"%s\"", k);
+    char labels[LABELS_MAX];
+    make_labels(labels, "kind", kind, NULL, NULL);
     pthread_mutex_lock(&m->mu);
     observe(&m->wait, labels, wait_seconds < 0 ? 0 : wait_seconds);
     pthread_mutex_unlock(&m->mu);
