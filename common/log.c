@@ -30,11 +30,16 @@ ckpt_log_level ckpt_log_get_level(void)
     return log_level;
 }
 
+static int events_on; /* ckpt_event_setup was called: messages are events too */
+
 static void vlog(const char *prefix, const char *fmt, va_list ap)
 {
     char buf[4096];
     vsnprintf(buf, sizeof buf, fmt, ap);
-    fprintf(stderr, "%s%s\n", prefix, buf);
+    if (events_on) /* the daemon: one format for every line of its log */
+        ckpt_event(*prefix == 'c' ? CKPT_EV_WARN : *prefix == 'd' ? CKPT_EV_DEBUG : CKPT_EV_INFO,
+                   *prefix == 'c' ? "warning" : "message", json_pack("{s:s}", "message", buf));
+    else fprintf(stderr, "%s%s\n", prefix, buf);
 }
 
 void ckpt_info(const char *fmt, ...)
@@ -130,6 +135,7 @@ void ckpt_progress_finish(ckpt_progress *p)
 
 static int event_json;
 static ckpt_event_level event_level = CKPT_EV_INFO;
+
 static const char *const event_names[] = {"error", "warn", "info", "debug"};
 
 int ckpt_event_level_parse(const char *text)
@@ -141,6 +147,7 @@ int ckpt_event_level_parse(const char *text)
 
 void ckpt_event_setup(int json, ckpt_event_level level)
 {
+    events_on = 1;
     event_json = json;
     event_level = level;
 }
@@ -185,7 +192,9 @@ void ckpt_event(ckpt_event_level level, const char *event, json_t *fields)
     size_t n = 0;
     if (event_json) {
         json_t *o = json_pack("{s:s,s:s,s:s}", "time", when, "level", event_names[level], "event", event);
-        if (o && fields) json_object_update(o, fields);
+        const char *k;
+        json_t *v;
+        json_object_foreach(fields, k, v) if (o && !json_is_null(v)) json_object_set(o, k, v); /* absent, not null */
         char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
         n = (size_t)snprintf(line, sizeof line, "%s", text ? text : "{}");
         free(text);

@@ -22,7 +22,9 @@ void ckpt_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
  *   json: {"time": "...", "level": "info", "event": "job.finished", "id": 5, ...}
  * fields is a JSON object (taken; may be NULL): its string values are quoted
  * in text when they hold a space, '"' or '='; control characters are escaped.
- * Events below the level set are dropped. */
+ * Events below the level set are dropped. Once ckpt_event_setup has been
+ * called (the daemon does), ckpt_info, ckpt_warn and ckpt_debug write events
+ * too ("message", "warning"; the text in "message"), so the log has one format. */
 typedef enum { CKPT_EV_ERROR = 0, CKPT_EV_WARN, CKPT_EV_INFO, CKPT_EV_DEBUG } ckpt_event_level;
 /* "error", "warn", "info", "debug" -> the level; -1 for anything else. */
 int ckpt_event_level_parse(const char *text);
