@@ -494,6 +494,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
     request *req = *con_cls;
     if (req) {
         http_answer a = http_answer_get();
+        if (req->method && !strcmp(req->method, "HEAD")) a.bytes = 0; /* headers only: no body went out */
         double secs = ckpt_now() - req->t0;
         const char *path = req->path ? req->path : "";
         const char *route = metrics_route(path);
