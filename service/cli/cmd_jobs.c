@@ -127,7 +127,8 @@ static int take_option(const char *cmd, job_args *a, int c, const char *v)
         /* 0s keeps nothing once finished; else a duration as sync --every takes it */
         if (!strcmp(v, "0") || !strcmp(v, "0s")) secs = 0;
         else if (schedule_parse_every(v, &secs) < 0)
-            return cli_usage_error(cmd, "--keep-jobs: %s", ckpt_error_last());
+            return cli_usage_error(cmd, "--keep-jobs takes a duration up to 366d: 0s, 90s, 30m, 12h, 30d, 2w; not '%s'",
+                                   v);
         a->keep_jobs = (double)secs;
         break;
     }
