@@ -219,7 +219,13 @@ rc=0; "${RD[@]}" rm Qwen/tiny@main 2>"$W/err" || rc=$?
 "${AD[@]}" rm Qwen/tiny@main:fused 2>/dev/null || fail "rm --server"
 ! "$B" show Qwen/tiny@main:fused >/dev/null 2>&1 || fail "rm --server left the layout"
 "${AD[@]}" gc --json | grep -q '"blobs_removed"' || fail "gc --server"
-"${RD[@]}" state ls --json >"$W/r.json" && same_json "$W/r.json" "$B" state ls --json || fail "state ls --server"
+"$B" state save "$W/src" "$W/st" --optimizer adamw --step 7 2>/dev/null && "$B" state import "$W/st" --run r1 >/dev/null ||
+    fail "a training state to export"
+"${RD[@]}" state ls --json >"$W/r.json" && same_json "$W/r.json" "$B" state ls --json && grep -q '"r1"' "$W/r.json" ||
+    fail "state ls --server: $(cat "$W/r.json")"
+CKPT_HOME=$W/se-home "${RD[@]}" state export r1@7 -o "$W/se" 2>/dev/null && diff -r "$W/st" "$W/se" >/dev/null ||
+    fail "state export --server differs from the state imported"
+rm -rf "$W/st" "$W/se" "$W/se-home"
 # schedules: /v1/schedules (a yearly cron: nothing runs in this test)
 rc=0; "${RD[@]}" sync add Qwen/tiny --cron "0 0 1 1 *" 2>"$W/err" || rc=$?
 [ "$rc" = 1 ] && grep -q 403 "$W/err" || fail "sync add with a read token ($rc): $(cat "$W/err")"
