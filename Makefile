@@ -294,8 +294,12 @@ install: all $(BUILD)/ckpt.1 install-lib
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/ckpt
 	install -m 0644 $(BUILD)/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1
-	if [ -f deploy/systemd/ckpt.service ]; then install -d $(DESTDIR)$(PREFIX)/lib/systemd/system && \
-	  install -m 0644 deploy/systemd/ckpt.service $(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service; fi
+	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
+	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions
+	sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' deploy/systemd/ckpt.service >$(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service
+	chmod 0644 $(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service
+	install -m 0644 deploy/completion/ckpt.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/ckpt
+	install -m 0644 deploy/completion/_ckpt $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_ckpt
 
 FORCE:
 

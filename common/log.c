@@ -3,7 +3,11 @@
 
 #include "common/util.h"
 
+#include <jansson.h>
 #include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <unistd.h>
@@ -26,11 +30,16 @@ ckpt_log_level ckpt_log_get_level(void)
     return log_level;
 }
 
+static int events_on; /* ckpt_event_setup was called: messages are events too */
+
 static void vlog(const char *prefix, const char *fmt, va_list ap)
 {
     char buf[4096];
     vsnprintf(buf, sizeof buf, fmt, ap);
-    fprintf(stderr, "%s%s\n", prefix, buf);
+    if (events_on) /* the daemon: one format for every line of its log */
+        ckpt_event(*prefix == 'c' ? CKPT_EV_WARN : *prefix == 'd' ? CKPT_EV_DEBUG : CKPT_EV_INFO,
+                   *prefix == 'c' ? "warning" : "message", json_pack("{s:s}", "message", buf));
+    else fprintf(stderr, "%s%s\n", prefix, buf);
 }
 
 void ckpt_info(const char *fmt, ...)
@@ -134,4 +143,97 @@ void ckpt_progress_finish(ckpt_progress *p)
     if (log_level < CKPT_LOG_INFO) return;
     p->done = p->total;
     if (p->tty) draw(p, 1);
+}
+
+static int event_json;
+static ckpt_event_level event_level = CKPT_EV_INFO;
+
+static const char *const event_names[] = {"error", "warn", "info", "debug"};
+
+int ckpt_event_level_parse(const char *text)
+{
+    for (int i = 0; i < 4; i++)
+        if (text && !strcmp(text, event_names[i])) return i;
+    return -1;
+}
+
+void ckpt_event_setup(int json, ckpt_event_level level)
+{
+    events_on = 1;
+    event_json = json;
+    event_level = level;
+}
+
+int ckpt_event_enabled(ckpt_event_level level)
+{
+    return level <= event_level;
+}
+
+/* s into out as text, quoted when needed, control characters as \xNN. */
+static void text_value(const char *s, char *out, size_t cap)
+{
+    bool quote = !*s || strpbrk(s, " \"=") != NULL;
+    size_t n = 0;
+    if (quote && n + 1 < cap) out[n++] = '"';
+    for (const unsigned char *p = (const unsigned char *)s; *p && n + 5 < cap; p++) {
+        if (*p < 0x20 || *p == 0x7f) n += (size_t)snprintf(out + n, cap - n, "\\x%02x", *p);
+        else if (*p == '"' || *p == '\\') {
+            out[n++] = '\\';
+            out[n++] = (char)*p;
+        } else out[n++] = (char)*p;
+    }
+    if (quote && n + 1 < cap) out[n++] = '"';
+    out[n] = 0;
+}
+
+void ckpt_event(ckpt_event_level level, const char *event, json_t *fields)
+{
+    if (!ckpt_event_enabled(level)) {
+        json_decref(fields);
+        return;
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    struct tm tm;
+    gmtime_r(&ts.tv_sec, &tm);
+    char when[40], tail[24];
+    strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(tail, sizeof tail, ".%03dZ", (int)(ts.tv_nsec / 1000000));
+    strncat(when, tail, sizeof when - strlen(when) - 1);
+    char line[8192];
+    size_t n = 0;
+    if (event_json) {
+        json_t *o = json_pack("{s:s,s:s,s:s}", "time", when, "level", event_names[level], "event", event);
+        const char *k;
+        json_t *v;
+        json_object_foreach(fields, k, v) if (o && !json_is_null(v)) json_object_set(o, k, v); /* absent, not null */
+        char *text = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+        n = (size_t)snprintf(line, sizeof line, "%s", text ? text : "{}");
+        free(text);
+        json_decref(o);
+    } else {
+        n = (size_t)snprintf(line, sizeof line, "%s %s %s", when, event_names[level], event);
+        const char *k;
+        json_t *v;
+        json_object_foreach(fields, k, v)
+        {
+            char val[2048];
+            if (n >= sizeof line - 1) break;
+            if (json_is_string(v)) text_value(json_string_value(v), val, sizeof val);
+            else if (json_is_integer(v)) snprintf(val, sizeof val, "%lld", (long long)json_integer_value(v));
+            else if (json_is_real(v)) snprintf(val, sizeof val, "%.3f", json_real_value(v));
+            else if (json_is_null(v)) continue;
+            else {
+                char *d = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+                text_value(d ? d : "", val, sizeof val);
+                free(d);
+            }
+            n += (size_t)snprintf(line + n, sizeof line - n, " %s=%s", k, val);
+        }
+    }
+    if (n > sizeof line - 2) n = sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t w = write(STDERR_FILENO, line, n);
+    (void)w;
+    json_decref(fields);
 }

@@ -16,6 +16,23 @@ void ckpt_info(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ckpt_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void ckpt_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
+/* Events of a long-running service (the daemon's log): one line each, to
+ * stderr, written with one write(2) so lines of threads never mix.
+ *   text: 2026-11-24T13:53:07.123Z info job.finished id=5 kind=convert seconds=1.234
+ *   json: {"time": "...", "level": "info", "event": "job.finished", "id": 5, ...}
+ * fields is a JSON object (taken; may be NULL): its string values are quoted
+ * in text when they hold a space, '"' or '='; control characters are escaped.
+ * Events below the level set are dropped. Once ckpt_event_setup has been
+ * called (the daemon does), ckpt_info, ckpt_warn and ckpt_debug write events
+ * too ("message", "warning"; the text in "message"), so the log has one format. */
+typedef enum { CKPT_EV_ERROR = 0, CKPT_EV_WARN, CKPT_EV_INFO, CKPT_EV_DEBUG } ckpt_event_level;
+/* "error", "warn", "info", "debug" -> the level; -1 for anything else. */
+int ckpt_event_level_parse(const char *text);
+void ckpt_event_setup(int json, ckpt_event_level level);
+int ckpt_event_enabled(ckpt_event_level level);
+struct json_t;
+void ckpt_event(ckpt_event_level level, const char *event, struct json_t *fields);
+
 /* Progress of one long task: call update as often as you like; it redraws at
  * most every 100 ms on a TTY (one line, rewritten: label, bar, percent,
  * done/total, rate, ETA) and every 5 s otherwise. */

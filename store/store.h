@@ -22,6 +22,8 @@
 
 #include "store/catalog.h"
 
+#include <jansson.h>
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -205,6 +207,9 @@ typedef struct {
 } store_du_result;
 
 int store_du(ckpt_store *s, store_du_result *res);
+/* The JSON of `ckpt du --json` and GET /v1/store: {"checkpoints", "logical_bytes",
+ * "physical_bytes", "blobs", "catalog_bytes", "dedup_ratio"}. */
+json_t *store_du_json(const store_du_result *r);
 /* Removes a checkpoint from the catalog (its blobs go at the next gc). */
 int store_rm(ckpt_store *s, const store_ckpt *c);
 

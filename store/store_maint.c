@@ -175,6 +175,14 @@ static int du_blob(void *vctx, const char *sha, const char *path, uint64_t size)
     return 0;
 }
 
+json_t *store_du_json(const store_du_result *r)
+{
+    double ratio = r->physical ? (double)r->logical / (double)r->physical : 0.0;
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r->checkpoints, "logical_bytes",
+                     (json_int_t)r->logical, "physical_bytes", (json_int_t)r->physical, "blobs", (json_int_t)r->blobs,
+                     "catalog_bytes", (json_int_t)r->db_bytes, "dedup_ratio", ratio);
+}
+
 int store_du(ckpt_store *s, store_du_result *res)
 {
     memset(res, 0, sizeof *res);

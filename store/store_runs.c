@@ -194,3 +194,23 @@ int store_run_forget(ckpt_store *s, const char *run, const uint64_t *steps, size
     free(repo);
     return rc;
 }
+
+int store_run_steps_json(ckpt_store *s, const char *run, json_t **out)
+{
+    store_run_step *steps;
+    size_t n;
+    int rc = store_run_steps(s, run, &steps, &n);
+    if (rc) return rc;
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < n; i++)
+        if (json_array_append_new(list, json_pack("{s:s,s:I,s:I,s:I}", "run", steps[i].run, "step",
+                                                  (json_int_t)steps[i].step, "total_size",
+                                                  (json_int_t)steps[i].total_size, "created_at",
+                                                  (json_int_t)steps[i].created_at))) {
+            json_decref(list);
+            list = NULL;
+        }
+    store_run_steps_free(steps, n);
+    *out = list;
+    return list ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory listing runs");
+}

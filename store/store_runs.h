@@ -36,6 +36,9 @@ int store_run_import(ckpt_store *s, const char *dir, const char *run, uint64_t s
 /* The steps of run (NULL: of every run), by run then step. */
 int store_run_steps(ckpt_store *s, const char *run, store_run_step **out, size_t *n);
 void store_run_steps_free(store_run_step *v, size_t n);
+/* The steps of run (NULL: every run) as `ckpt state ls --json` and GET
+ * /v1/runs print them: [{"run", "step", "total_size", "created_at"}]. */
+int store_run_steps_json(ckpt_store *s, const char *run, json_t **out);
 /* Resolves "RUN@STEP" (or "RUN": its newest step) to a stored checkpoint. */
 int store_run_resolve(ckpt_store *s, const char *ref, store_ckpt *out, uint64_t *step);
 /* Forgets steps[0..n) of run: their refs, and the run's checkpoints no ref names any more. */

@@ -52,6 +52,24 @@ int cli_print_json(json_t *j);
 /* True when argv holds --help or -h (before a "--"). */
 bool cli_wants_help(int argc, char **argv);
 
+/* Where a command works (cli_config.c). Precedence: the command line, then
+ * the environment (CKPT_HOME, CKPT_SERVER, CKPT_TOKEN), then the config file
+ * $XDG_CONFIG_HOME/ckpt/config (else ~/.config/ckpt/config; lines "key =
+ * value" for home, server, token_file; '#' comments).
+ * cli_config_load: fills in the variables the environment leaves unset;
+ * CLI_OK, or CLI_USAGE after printing the error (it names the line and key).
+ * cli_global_options: --home DIR, --server URL, --token-file FILE before the
+ * command (argv[1..]); *first is the command's index; CLI_OK or CLI_USAGE.
+ * cli_server: the daemon a command talks to: --server, else none when --home
+ * was given, else $CKPT_SERVER; NULL: the local store.
+ * cli_local_only: CLI_OK when the command works locally; else prints that cmd
+ * cannot work on a server (and what to do instead, if given) and returns
+ * CLI_USAGE. */
+int cli_config_load(void);
+int cli_global_options(int argc, char **argv, int *first);
+const char *cli_server(const char *server_flag, const char *home_flag);
+int cli_local_only(const char *cmd, const char *server_flag, const char *home_flag, const char *instead);
+
 /* Commands. */
 int cmd_inspect(int argc, char **argv);
 /* `ckpt inspect` of an EasyDeL TensorStore checkpoint folder (cmd_inspect_easydel.c). */

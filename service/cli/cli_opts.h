@@ -68,7 +68,7 @@ enum {
 };
 
 /* Most options one family knows, shared and own together. */
-#define CLI_MAX_OPTIONS 32
+#define CLI_MAX_OPTIONS 40
 
 /* The values of the shared options every family reads alike. */
 typedef struct {

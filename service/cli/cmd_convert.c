@@ -4,6 +4,7 @@
  */
 #include "service/cli/cli.h"
 #include "service/cli/cli_opts.h"
+#include "service/cli/job_client.h"
 
 #include "common/error.h"
 #include "common/json.h"
@@ -71,7 +72,8 @@ enum { OPT_PRINT_RULES = CLI_OPT_OWN, OPT_PARTS, OPT_LORA, OPT_LORA_SCALE, OPT_F
 /* Every option of plan, convert and consolidate; each takes the ones its allowed[] lists. */
 static const int convert_shared[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE,
                                      CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE,
-                                     CLI_OPT_JSON, CLI_OPT_NO_HASH, CLI_OPT_QUIET, CLI_OPT_HOME, CLI_OPT_END};
+                                     CLI_OPT_JSON, CLI_OPT_NO_HASH, CLI_OPT_QUIET, CLI_OPT_HOME, CLI_OPT_SERVER,
+                                     CLI_OPT_END};
 static const struct option convert_own[] = {
     {"print-rules", no_argument, 0, OPT_PRINT_RULES},
     {"parts", no_argument, 0, OPT_PARTS},
@@ -226,6 +228,35 @@ int cmd_plan(int argc, char **argv)
     return rc;
 }
 
+/* `ckpt convert REF --layout L --server URL`: a convert job on the daemon,
+ * followed to its end; prints the ref it made. */
+static int convert_on_server(cli_args *a)
+{
+    if (a->co.rules_file || a->co.lora)
+        return cli_usage_error("convert", "--rules and --lora name local files: they cannot go to a server "
+                                          "(`ckpt submit merge-lora` merges an adapter on the daemon)");
+    json_t *args = json_pack("{s:s,s:s}", "ref", a->pos[0], "layout", a->co.layout), *res = NULL;
+    if (args && a->co.tp > 1) json_object_set_new(args, "tp", json_integer(a->co.tp));
+    if (args && a->co.dtype) json_object_set_new(args, "dtype", json_string(a->co.dtype));
+    if (args && a->co.kv_size_multiplier) json_object_set_new(args, "kv_size_multiplier", json_integer(a->co.kv_size_multiplier));
+    if (args && a->co.max_shard_size)
+        json_object_set_new(args, "max_shard_size", json_integer((json_int_t)a->co.max_shard_size));
+    job_client jc;
+    int rc = args ? job_client_open(&jc, a->common.home, a->common.server) : CKPT_ENOMEM;
+    if (!rc) {
+        rc = job_client_run(&jc, "convert", args, &res);
+        job_client_close(&jc);
+    }
+    json_decref(args);
+    if (rc) return cli_fail();
+    const char *ref = json_string_value(json_object_get(res, "ref"));
+    printf("%s\n", ref ? ref : "");
+    ckpt_info("%s %s", json_is_true(json_object_get(res, "existed")) ? "already stored:" : "converted on the server:",
+              ref ? ref : "");
+    json_decref(res);
+    return CLI_OK;
+}
+
 /* `ckpt convert REF --layout L`: a new layout inside the store, as recipes. */
 static int convert_in_store(cli_args *a)
 {
@@ -252,7 +283,7 @@ int cmd_convert(int argc, char **argv)
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt convert SRC DST --layout L [--tp N] [options] [--force]\n"
                "       ckpt convert SRC DST --layout neuron --tp N --format nxd [--fuse-qkv] [options]\n"
-               "       ckpt convert REF --layout L [--tp N] [options] [--home DIR]\n\n"
+               "       ckpt convert REF --layout L [--tp N] [options] [--home DIR | --server URL]\n\n"
                "Converts the Hugging Face checkpoint SRC (a folder with config.json and\n"
                "model.safetensors or shards + index) into a layout, streaming tensor bytes with\n"
                "bounded memory. DST holds config.json, ckpt-layout.json (how every tensor was\n"
@@ -262,7 +293,8 @@ int cmd_convert(int argc, char **argv)
                "  --no-hash               do not record the sha256 of the source files\n\n"
                "With a stored REF (ORG/NAME[@REV], see ckpt ls) instead of folders, the layout\n"
                "is made inside the store as REF:LAYOUT (e.g. :neuron-tp8): recipes over the\n"
-               "original's tensors, almost no new bytes. Converting again prints the existing ref.\n\n"
+               "original's tensors, almost no new bytes. Converting again prints the existing ref.\n"
+               "With --server (or CKPT_SERVER), on a daemon's store: a convert job, waited for.\n\n"
                "examples:\n"
                "  ckpt convert ./Qwen2-0.5B ./qwen2-neuron-tp8 --layout neuron --tp 8\n"
                "  ckpt convert ./Mixtral ./mixtral-fused --layout fused --dtype bf16\n"
@@ -275,10 +307,12 @@ int cmd_convert(int argc, char **argv)
     static const int allowed[] = {CLI_OPT_LAYOUT, CLI_OPT_TP, CLI_OPT_KV_MULTIPLIER, CLI_OPT_DTYPE, CLI_OPT_MAX_SHARD_SIZE,
                                   CLI_OPT_RULES, CLI_OPT_THREADS, CLI_OPT_FORCE, CLI_OPT_NO_HASH, CLI_OPT_QUIET,
                                   CLI_OPT_HOME, OPT_LORA, OPT_LORA_SCALE, OPT_FORMAT, OPT_XSER, OPT_FUSE_QKV, OPT_PP,
-                                  CLI_OPT_END};
+                                  CLI_OPT_SERVER, CLI_OPT_END};
     cli_args a;
     int u = parse_args("convert", argc, argv, allowed, &a);
     if (u) return u;
+    if (a.common.server && (a.npos != 1 || a.format))
+        return cli_usage_error("convert", "--server converts a stored REF on the daemon; folders convert here");
     if (a.format) {
         if (a.npos != 2 || !ckpt_is_dir(a.pos[0]))
             return cli_usage_error("convert", "--format nxd converts a folder SRC into a folder DST");
@@ -288,9 +322,9 @@ int cmd_convert(int argc, char **argv)
                   a.co.tp > 0 ? a.co.tp : 1, ckpt_now() - t0);
         return CLI_OK;
     }
-    if (a.npos == 1 && !ckpt_is_dir(a.pos[0])) {
+    if (a.npos == 1 && (!ckpt_is_dir(a.pos[0]) || a.common.server)) {
         if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");
-        return convert_in_store(&a);
+        return cli_server(a.common.server, a.common.home) ? convert_on_server(&a) : convert_in_store(&a);
     }
     if (a.npos != 2) return cli_usage_error("convert", "expected SRC DST (folders), or REF (a stored checkpoint)");
     if (!a.co.layout && !a.co.rules_file) return cli_usage_error("convert", "--layout or --rules is required");

@@ -63,7 +63,7 @@ int cmd_fetch(int argc, char **argv)
         help();
         return CLI_OK;
     }
-    static const int shared[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
+    static const int shared[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_SERVER, CLI_OPT_END};
     static const struct option own[] = {
         {"include", required_argument, 0, OPT_INCLUDE},
         {"exclude", required_argument, 0, OPT_EXCLUDE},
@@ -106,6 +106,9 @@ int cmd_fetch(int argc, char **argv)
         }
     }
     if (c < 0) ret = CLI_USAGE;
+    if (!ret)
+        ret = cli_local_only("fetch", common.server, common.home,
+                             "queue it on the daemon with `ckpt submit fetch ORG/NAME[@REV]`");
     if (!ret && p.nargs != 1) ret = cli_usage_error("fetch", "expected one ORG/NAME[@REV]");
     char *repo = NULL;
     if (!ret && !(repo = ckpt_strdup(p.args[0]))) ret = cli_fail();

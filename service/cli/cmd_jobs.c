@@ -17,6 +17,7 @@
 #include "service/cli/job_client.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
+#include "service/jobs/schedule.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +29,9 @@
 
 /* Options every job command shares; the rest stay in rest[]. */
 typedef struct {
-    const char *home, *server, *state, *listen, *token_file;
+    const char *home, *server, *state, *listen, *token_file, *log_format, *log_level;
+    int limit;             /* jobs: how many to list */
+    double keep_jobs;      /* serve: seconds finished jobs are kept; < 0: the default */
     bool json, wait, follow;
     int priority, workers, max_attempts;
     int64_t after;
@@ -42,7 +45,8 @@ typedef struct {
 
 enum {
     O_STATE = CLI_OPT_OWN, O_LISTEN, O_TOKEN_FILE, O_ALLOW_PATH, O_CONNS_PER_IP, O_IDLE_TIMEOUT, O_PRIORITY,
-    O_AFTER, O_MAX_ATTEMPTS, O_WORKERS, O_GRACE, O_TIMEOUT, O_WAIT, O_FOLLOW,
+    O_AFTER, O_MAX_ATTEMPTS, O_WORKERS, O_GRACE, O_TIMEOUT, O_WAIT, O_FOLLOW, O_LIMIT, O_KEEP_JOBS, O_LOG_FORMAT,
+    O_LOG_LEVEL,
     /* a job's own options, which `submit` hands to the job (jobs_args_from_argv) */
     O_REPO, O_INCLUDE, O_EXCLUDE, O_CONNECTIONS, O_CHUNK_SIZE, O_SLEEP_MS, O_UNTIL_FILE, O_SCALE
 };
@@ -63,6 +67,10 @@ static const struct option jobs_own[] = {
     {"timeout", required_argument, NULL, O_TIMEOUT},
     {"wait", no_argument, NULL, O_WAIT},
     {"follow", no_argument, NULL, O_FOLLOW},
+    {"limit", required_argument, NULL, O_LIMIT},
+    {"keep-jobs", required_argument, NULL, O_KEEP_JOBS},
+    {"log-format", required_argument, NULL, O_LOG_FORMAT},
+    {"log-level", required_argument, NULL, O_LOG_LEVEL},
     {"repo", required_argument, NULL, O_REPO},
     {"include", required_argument, NULL, O_INCLUDE},
     {"exclude", required_argument, NULL, O_EXCLUDE},
@@ -110,6 +118,28 @@ static int take_option(const char *cmd, job_args *a, int c, const char *v)
         if (a->nallow == CKPT_ARRAY_LEN(a->allow)) return cli_usage_error(cmd, "more than 64 --allow-path folders");
         a->allow[a->nallow++] = (char *)v;
         break;
+    case O_LIMIT:
+        if (cli_parse_number(cmd, "--limit", v, 1, 100000, &n)) return CLI_USAGE;
+        a->limit = (int)n;
+        break;
+    case O_KEEP_JOBS: {
+        int64_t secs;
+        /* 0s keeps nothing once finished; else a duration as sync --every takes it */
+        if (!strcmp(v, "0") || !strcmp(v, "0s")) secs = 0;
+        else if (schedule_parse_every(v, &secs) < 0)
+            return cli_usage_error(cmd, "--keep-jobs takes a duration up to 366d: 0s, 90s, 30m, 12h, 30d, 2w; not '%s'",
+                                   v);
+        a->keep_jobs = (double)secs;
+        break;
+    }
+    case O_LOG_FORMAT:
+        if (strcmp(v, "text") && strcmp(v, "json")) return cli_usage_error(cmd, "--log-format is text or json");
+        a->log_format = v;
+        break;
+    case O_LOG_LEVEL:
+        if (ckpt_event_level_parse(v) < 0) return cli_usage_error(cmd, "--log-level is error, warn, info or debug");
+        a->log_level = v;
+        break;
     case O_CONNS_PER_IP:
         if (cli_parse_number(cmd, "--conns-per-ip", v, 1, 1024, &n)) return CLI_USAGE;
         a->per_ip = (int)n;
@@ -155,6 +185,8 @@ static int take_options(const char *cmd, int argc, char **argv, job_args *a, boo
     a->workers = (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (a->workers < 1) a->workers = 1;
     a->grace = 30;
+    a->keep_jobs = -1;
+    a->limit = 0; /* jobs: 50 as text, 1000 as JSON */
     a->rest = calloc((size_t)argc * 2 + 1, sizeof *a->rest);
     if (!a->rest) return cli_fail();
     char **opts = calloc((size_t)argc * 2 + 1, sizeof *opts);
@@ -223,15 +255,57 @@ static const char *jstr(const json_t *j, const char *k)
     return s ? s : "";
 }
 
-static void print_job_line(const json_t *j)
+/* "2026-11-24 13:53:07" (UTC), or "-" for 0. */
+static const char *when_text(double t, char *buf, size_t len)
+{
+    if (t <= 0) return "-";
+    time_t tt = (time_t)t;
+    struct tm tm;
+    gmtime_r(&tt, &tm);
+    strftime(buf, len, "%Y-%m-%d %H:%M:%S", &tm);
+    return buf;
+}
+
+/* "850ms", "12.3s", "4m05s", "2h10m"; "-" when a < 0. */
+static const char *duration_text(double secs, char *buf, size_t len)
+{
+    if (secs < 0) return "-";
+    if (secs < 1) snprintf(buf, len, "%.0fms", secs * 1000);
+    else if (secs < 60) snprintf(buf, len, "%.1fs", secs);
+    else if (secs < 3600) snprintf(buf, len, "%dm%02ds", (int)secs / 60, (int)secs % 60);
+    else snprintf(buf, len, "%dh%02dm", (int)(secs / 3600), (int)secs % 3600 / 60);
+    return buf;
+}
+
+static double jnum(const json_t *j, const char *k)
+{
+    return json_number_value(json_object_get(j, k));
+}
+
+static void print_jobs_header(void)
+{
+    printf("%6s  %-9s %-12s %4s  %-19s  %-19s  %8s  %8s  %s\n", "ID", "STATE", "KIND", "DONE", "CREATED (UTC)",
+           "FINISHED (UTC)", "WAITED", "RAN", "ARGS / ERROR");
+}
+
+/* One row of `ckpt jobs`: times in UTC; WAITED from created to started (or
+ * now, while queued), RAN from started to finished (or now, while running). */
+static void print_job_line(const json_t *j, double now)
 {
     json_t *p = json_object_get(j, "progress");
     long long done = json_integer_value(json_object_get(p, "done")), total = json_integer_value(json_object_get(p, "total"));
-    char pct[16] = "";
+    char pct[16] = "", created[32], finished[32], waited[32], ran[32];
     if (total > 0) snprintf(pct, sizeof pct, "%3lld%%", done * 100 / total);
+    double c = jnum(j, "created_at"), st = jnum(j, "started_at"), f = jnum(j, "finished_at");
+    const char *state = jstr(j, "state");
+    double w = st > 0 ? st - c : !strcmp(state, "queued") ? now - c : -1;
+    double r = st > 0 ? (f > 0 ? f - st : !strcmp(state, "running") ? now - st : -1) : -1;
     char *args = json_dumps(json_object_get(j, "args"), JSON_COMPACT | JSON_SORT_KEYS);
-    printf("%6lld  %-9s %-11s %4s  %-50.50s %s\n", (long long)json_integer_value(json_object_get(j, "id")),
-           jstr(j, "state"), jstr(j, "kind"), pct, args ? args : "", jstr(j, "error"));
+    const char *err = jstr(j, "error");
+    printf("%6lld  %-9s %-12s %4s  %-19s  %-19s  %8s  %8s  %.60s%s%s\n", (long long)json_integer_value(json_object_get(j, "id")),
+           state, jstr(j, "kind"), pct, when_text(c, created, sizeof created), when_text(f, finished, sizeof finished),
+           duration_text(w, waited, sizeof waited), duration_text(r, ran, sizeof ran), args ? args : "",
+           *err ? "  error: " : "", err);
     free(args);
 }
 
@@ -241,7 +315,8 @@ int cmd_serve(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt serve [--listen 127.0.0.1:8470] [--workers N] [--token-file F] [--grace S]\n"
-               "                  [--allow-path DIR]... [--conns-per-ip N] [--idle-timeout S] [--home DIR]\n\n"
+               "                  [--allow-path DIR]... [--conns-per-ip N] [--idle-timeout S] [--keep-jobs D]\n"
+               "                  [--log-format text|json] [--log-level error|warn|info|debug] [--home DIR]\n\n"
                "Runs the daemon: claims queued jobs (in priority order, up to N worker processes,\n"
                "default the number of cores), runs each in `ckpt worker`, renews leases, retries\n"
                "transient failures with backoff, and serves the HTTP API (jobs, /healthz,\n"
@@ -256,7 +331,13 @@ int cmd_serve(int argc, char **argv)
                "                      queued with `ckpt submit` on this CKPT_HOME are not limited.\n"
                "  --conns-per-ip N    connections one client address may hold (default %d)\n"
                "  --idle-timeout S    a connection silent for S seconds is closed, headers\n"
-               "                      included (default %d)\n\n"
+               "                      included (default %d)\n"
+               "  --keep-jobs D       finished jobs and their logs are forgotten D after they\n"
+               "                      ended: 90s, 12h, 30d (default 30d; 0s: at once)\n"
+               "  --log-format F      text (default) or json: one line per job start, finish,\n"
+               "                      failure and retry, schedule firing and HTTP request, on\n"
+               "                      stderr (tokens never appear)\n"
+               "  --log-level L       error, warn, info (default) or debug\n\n"
                "example:\n"
                "  ckpt serve --listen 0.0.0.0:8470 --token-file ~/.ckpt-tokens --allow-path /data/models\n",
                HTTP_PER_IP_DEFAULT, HTTP_IDLE_TIMEOUT_DEFAULT);
@@ -272,7 +353,10 @@ int cmd_serve(int argc, char **argv)
     }
     daemon_opts o = {.home = a.home, .listen = a.listen ? a.listen : "127.0.0.1:8470", .token_file = a.token_file,
                      .workers = a.workers, .grace_seconds = a.grace, .timeout_seconds = a.timeout,
-                     .allow_roots = roots, .per_ip = a.per_ip, .idle_timeout = a.idle_timeout};
+                     .allow_roots = roots, .per_ip = a.per_ip, .idle_timeout = a.idle_timeout,
+                     .keep_jobs = a.keep_jobs >= 0 ? a.keep_jobs : DAEMON_KEEP_JOBS_DEFAULT};
+    ckpt_event_setup(a.log_format && !strcmp(a.log_format, "json"),
+                     a.log_level ? (ckpt_event_level)ckpt_event_level_parse(a.log_level) : CKPT_EV_INFO);
     free(a.rest);
     int rc = daemon_run(&o);
     jobs_allow_roots_free(roots);
@@ -517,11 +601,16 @@ int cmd_submit(int argc, char **argv)
 int cmd_jobs(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt jobs [--state queued|running|succeeded|failed|cancelled] [--json]\n"
+        printf("usage: ckpt jobs [--state queued|running|succeeded|failed|cancelled] [--limit N] [--json]\n"
                "                 [--server URL] [--home DIR]\n\n"
-               "Lists jobs, newest first: id, state, kind, progress, arguments, error.\n\n"
+               "Lists jobs, newest first, under a header: id, state, kind, progress, when it was\n"
+               "created and finished (UTC), how long it waited in the queue and ran, its\n"
+               "arguments and error. --limit N shows the newest N (default 50; with --json\n"
+               "1000). --json prints the jobs as GET /v1/jobs gives them (created_at,\n"
+               "started_at, finished_at in Unix seconds). The daemon forgets finished jobs\n"
+               "after its --keep-jobs period (ckpt serve --help).\n\n"
                "examples:\n"
-               "  ckpt jobs --state failed\n"
+               "  ckpt jobs --state failed --limit 10\n"
                "  ckpt jobs --server http://127.0.0.1:8470 --json\n");
         return CLI_OK;
     }
@@ -529,17 +618,25 @@ int cmd_jobs(int argc, char **argv)
     int u = take_options("jobs", argc, argv, &a, false);
     if (u) return u;
     job_client c;
-    int rc = a.nrest ? cli_usage_error("jobs", "takes no arguments") : open_client(&c, &a);
+    static const char *const states[] = {"queued", "running", "succeeded", "failed", "cancelled"};
+    bool known = !a.state;
+    for (size_t k = 0; !known && k < CKPT_ARRAY_LEN(states); k++) known = !strcmp(a.state, states[k]);
+    int rc = a.nrest ? cli_usage_error("jobs", "takes no arguments")
+             : !known ? cli_usage_error("jobs", "--state is queued, running, succeeded, failed or cancelled")
+                      : open_client(&c, &a);
+    bool opened = !rc;
     json_t *jobs = NULL;
-    if (!rc && job_client_list(&c, a.state, &jobs) < 0) rc = cli_fail();
+    if (!rc && job_client_list(&c, a.state, a.limit ? a.limit : a.json ? 1000 : 50, &jobs) < 0) rc = cli_fail();
     if (!rc && a.json) rc = cli_print_json(json_incref(jobs));
     else if (!rc) {
         size_t i;
         json_t *j;
-        json_array_foreach(jobs, i, j) print_job_line(j);
+        double now = queue_now(); /* the wall clock the queue's times are in */
+        print_jobs_header();
+        json_array_foreach(jobs, i, j) print_job_line(j, now);
     }
     json_decref(jobs);
-    if (!a.nrest) job_client_close(&c);
+    if (opened) job_client_close(&c);
     free(a.rest);
     return rc;
 }

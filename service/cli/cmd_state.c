@@ -15,6 +15,7 @@
  */
 #include "service/cli/cli.h"
 #include "service/cli/cli_opts.h"
+#include "service/cli/job_client.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -50,7 +51,7 @@ enum {
 static const int state_shared[] = {
     CLI_OPT_HOME,           CLI_OPT_JSON,    CLI_OPT_QUIET, CLI_OPT_OUTPUT, CLI_OPT_FORCE,
     CLI_OPT_LAYOUT,         CLI_OPT_TP,      CLI_OPT_RANK,  CLI_OPT_DTYPE,  CLI_OPT_SEED,
-    CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_DRY_RUN, CLI_OPT_END};
+    CLI_OPT_MAX_SHARD_SIZE, CLI_OPT_DRY_RUN, CLI_OPT_SERVER, CLI_OPT_END};
 static const struct option state_own[] = {
     {"no-optimizer", no_argument, 0, O_NO_OPT},
     {"step", required_argument, 0, O_STEP},
@@ -490,9 +491,10 @@ static int state_import(int argc, char **argv)
         return CLI_OK;
     }
     static const int allowed[] = {O_RUN,        O_STEP,        CLI_OPT_HOME,
-                                  CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
+                                  CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_SERVER, CLI_OPT_END};
     state_args a;
     int u = parse("import", argc, argv, allowed, &a);
+    if (!u) u = cli_local_only("state import", a.common.server, a.common.home, NULL);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("state import", "expected one state folder");
     if (!a.run) return cli_usage_error("state import", "--run NAME is required");
@@ -530,42 +532,53 @@ static int state_import(int argc, char **argv)
 static int state_ls(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt state ls [RUN] [--home DIR] [--json]\n\n"
-               "Lists the stored steps of every run (or of RUN): run, step, size, when stored.\n\n"
+        printf("usage: ckpt state ls [RUN] [--json] [--home DIR | --server URL]\n\n"
+               "Lists the stored steps of every run (or of RUN): run, step, size, when stored.\n"
+               "With --server, a daemon's (GET /v1/runs).\n\n"
                "examples:\n"
                "  ckpt state ls\n"
                "  ckpt state ls llama-sft --json\n");
         return CLI_OK;
     }
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     state_args a;
     int u = parse("ls", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos > 1) return cli_usage_error("state ls", "expected at most one RUN");
-    ckpt_store s;
-    if (store_open(&s, a.common.home) < 0) return cli_fail();
-    store_run_step *steps;
-    size_t n;
-    int rc = store_run_steps(&s, a.npos ? a.pos[0] : NULL, &steps, &n);
-    store_close(&s);
-    if (rc) return cli_fail();
-    json_t *list = a.common.json ? json_array() : NULL;
-    for (size_t i = 0; i < n; i++) {
-        if (list) {
-            json_array_append_new(list, json_pack("{s:s,s:I,s:I,s:I}", "run", steps[i].run, "step",
-                                                  (json_int_t)steps[i].step, "total_size",
-                                                  (json_int_t)steps[i].total_size, "created_at",
-                                                  (json_int_t)steps[i].created_at));
-            continue;
+    const char *run = a.npos ? a.pos[0] : NULL;
+    json_t *list = NULL;
+    if (cli_server(a.common.server, a.common.home)) { /* GET /v1/runs[?run=] */
+        job_client jc;
+        json_t *got = NULL;
+        char *esc = run ? job_client_escape(run) : NULL, *path = ckpt_sprintf("/v1/runs%s%s", esc ? "?run=" : "", esc ? esc : "");
+        if (path && job_client_open(&jc, a.common.home, a.common.server) == 0) {
+            if (job_client_call(&jc, "GET", path, NULL, &got, NULL) == 0) list = json_incref(json_object_get(got, "steps"));
+            job_client_close(&jc);
         }
-        char size[32], when[32];
-        time_t t = (time_t)steps[i].created_at;
-        strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
-        printf("%-30s %10llu %12s  %s\n", steps[i].run, (unsigned long long)steps[i].step,
-               ckpt_format_size((uint64_t)steps[i].total_size, size, sizeof size), when);
+        json_decref(got);
+        free(esc);
+        free(path);
+    } else {
+        ckpt_store s;
+        if (store_open(&s, a.common.home) < 0) return cli_fail();
+        if (store_run_steps_json(&s, run, &list) < 0) list = NULL;
+        store_close(&s);
     }
-    store_run_steps_free(steps, n);
-    return list ? cli_print_json(list) : CLI_OK;
+    if (!json_is_array(list)) return json_decref(list), cli_fail();
+    if (a.common.json) return cli_print_json(list);
+    size_t i;
+    json_t *st;
+    json_array_foreach(list, i, st)
+    {
+        char size[32], when[32];
+        time_t t = (time_t)json_integer_value(json_object_get(st, "created_at"));
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
+        printf("%-30s %10lld %12s  %s\n", json_string_value(json_object_get(st, "run")),
+               (long long)json_integer_value(json_object_get(st, "step")),
+               ckpt_format_size((uint64_t)json_integer_value(json_object_get(st, "total_size")), size, sizeof size), when);
+    }
+    json_decref(list);
+    return CLI_OK;
 }
 
 static int state_export(int argc, char **argv)
@@ -585,9 +598,27 @@ static int state_export(int argc, char **argv)
     }
     static const int allowed[] = {CLI_OPT_OUTPUT, CLI_OPT_LAYOUT, CLI_OPT_TP,    CLI_OPT_RANK,
                                   O_NO_OPT,       CLI_OPT_DTYPE,  CLI_OPT_FORCE, CLI_OPT_HOME,
-                                  CLI_OPT_QUIET,  CLI_OPT_END};
+                                  CLI_OPT_QUIET,  CLI_OPT_SERVER, CLI_OPT_END};
     state_args a;
     int u = parse("export", argc, argv, allowed, &a);
+    if (!u && !a.layout && !a.no_opt && !a.dtype && cli_server(a.common.server, a.common.home)) {
+        /* a whole step is a stored checkpoint: pull it from the daemon's Hub API */
+        char ref[512];
+        const char *at = strchr(a.npos == 1 ? a.pos[0] : "", '@');
+        if (a.npos != 1 || !at || !a.common.out) return cli_usage_error("state export", "with --server: RUN@STEP -o DIR");
+        snprintf(ref, sizeof ref, "%s%.*s@step-%s", STORE_RUNS_REPO_PREFIX, (int)(at - a.pos[0]), a.pos[0], at + 1);
+        char *pv[8] = {"pull", ref, "-o", (char *)a.common.out};
+        int pc = 4;
+        if (a.common.force) pv[pc++] = "--force";
+        if (a.common.server) {
+            pv[pc++] = "--server";
+            pv[pc++] = (char *)a.common.server;
+        }
+        return cmd_pull(pc, pv);
+    }
+    if (!u)
+        u = cli_local_only("state export", a.common.server, a.common.home,
+                           "--layout, --no-optimizer and --dtype need the step here; export it whole with --server first");
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("state export", "expected one RUN@STEP");
     if (!a.common.out) return cli_usage_error("state export", "-o DIR is required");
@@ -649,9 +680,10 @@ static int state_keep(int argc, char **argv)
         return CLI_OK;
     }
     static const int allowed[] = {O_LAST,       O_EVERY,      CLI_OPT_DRY_RUN,
-                                  CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+                                  CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     state_args a;
     int u = parse("keep", argc, argv, allowed, &a);
+    if (!u) u = cli_local_only("state keep", a.common.server, a.common.home, NULL);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("state keep", "expected one RUN");
     if (!a.has_last) return cli_usage_error("state keep", "--last N is required");

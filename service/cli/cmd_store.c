@@ -5,6 +5,7 @@
  */
 #include "service/cli/cli.h"
 #include "service/cli/cli_opts.h"
+#include "service/cli/job_client.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -91,21 +92,24 @@ static int parse(const char *cmd, int argc, char **argv, const int *allowed, sto
     return CLI_OK;
 }
 
-/* The preamble every store command shares: --help, options, opening the
- * store. Returns -1 to go on, else the exit status to return at once. */
-static int begin(const char *cmd, int argc, char **argv, const char *help, const int *allowed,
-                 store_args *a, ckpt_store *s)
+/* The daemon the command works on (--server, CKPT_SERVER, the config), opened
+ * in *jc: 1 remote, 0 local, or CLI_FAIL's negation after printing. */
+static int remote_open(const store_args *a, job_client *jc)
 {
-    if (cli_wants_help(argc, argv)) {
-        fputs(help, stdout);
-        return CLI_OK;
-    }
-    int u = parse(cmd, argc, argv, allowed, a);
-    if (u) return u;
-    if (store_open(s, a->common.home) < 0) return cli_fail();
-    return -1;
+    if (!cli_server(a->common.server, a->common.home)) return 0;
+    return job_client_open(jc, a->common.home, a->common.server) < 0 ? -cli_fail() : 1;
 }
 
+/* GET/DELETE PATH_PREFIX{escaped ref}: the answer, or NULL after printing the error. */
+static json_t *remote_ref_call(job_client *jc, const char *method, const char *prefix, const char *ref)
+{
+    char *esc = job_client_escape(ref), *path = esc ? ckpt_sprintf("%s%s", prefix, esc) : NULL;
+    json_t *out = NULL;
+    if (!path || job_client_call(jc, method, path, NULL, &out, NULL) < 0) cli_fail();
+    free(esc);
+    free(path);
+    return out;
+}
 
 int cmd_import(int argc, char **argv)
 {
@@ -118,9 +122,12 @@ int cmd_import(int argc, char **argv)
                "example:\n  ckpt import ./Qwen2-0.5B --repo Qwen/Qwen2-0.5B@main\n");
         return CLI_OK;
     }
-    static const int allowed[] = {CLI_OPT_HOME, OPT_REPO, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_END};
+    static const int allowed[] = {CLI_OPT_HOME, OPT_REPO, CLI_OPT_JSON, CLI_OPT_QUIET, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
     int u = parse("import", argc, argv, allowed, &a);
+    if (!u)
+        u = cli_local_only("import", a.common.server, a.common.home,
+                           "queue it on the daemon with `ckpt submit import DIR --repo ORG/NAME` (--allow-path)");
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("import", "expected one folder or archive to import");
     if (!a.repo) return cli_usage_error("import", "--repo ORG/NAME[@REV] is required");
@@ -170,43 +177,62 @@ int cmd_import(int argc, char **argv)
     return ret;
 }
 
+/* `ckpt ls` as text, from the JSON of GET /v1/checkpoints (store_list_json). */
+static void print_ls(const json_t *list)
+{
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(list, "checkpoints"), i, c)
+    {
+        char size[32], when[32];
+        time_t t = (time_t)json_integer_value(json_object_get(c, "created_at"));
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
+        const char *ref = json_string_value(json_object_get(c, "ref")), *commit = json_string_value(json_object_get(c, "commit"));
+        printf("%-60s %.12s %12s  %s\n", ref ? ref : "?", commit ? commit : "",
+               ckpt_format_size((uint64_t)json_integer_value(json_object_get(c, "total_size")), size, sizeof size), when);
+    }
+}
+
 int cmd_ls(int argc, char **argv)
 {
     static const char help[] =
-        "usage: ckpt ls [REPO] [--home DIR] [--json]\n\n"
+        "usage: ckpt ls [REPO] [--json] [--home DIR | --server URL]\n\n"
         "Lists the stored checkpoints (originals and converted layouts): ref, commit,\n"
-        "size, creation time.\n\n"
+        "size, creation time. With --server (or CKPT_SERVER), a daemon's store\n"
+        "(GET /v1/checkpoints).\n\n"
         "examples:\n"
         "  ckpt ls\n"
-        "  ckpt ls Qwen/Qwen2-0.5B --json\n";
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+        "  ckpt ls Qwen/Qwen2-0.5B --json\n"
+        "  ckpt --server http://storage:8470 ls\n";
+    if (cli_wants_help(argc, argv)) return fputs(help, stdout), CLI_OK;
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
-    ckpt_store s;
-    int early = begin("ls", argc, argv, help, allowed, &a, &s);
-    if (early >= 0) return early;
+    int u = parse("ls", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos > 1) return cli_usage_error("ls", "expected at most one REPO");
     const char *repo = a.npos ? a.pos[0] : NULL;
-    int ret = CLI_OK;
-    if (a.common.json) {
-        json_t *list;
-        ret = store_list_json(&s, repo, &list) < 0 ? cli_fail() : cli_print_json(list);
+    job_client jc;
+    int remote = remote_open(&a, &jc);
+    if (remote < 0) return -remote;
+    json_t *list = NULL;
+    if (remote) {
+        char *esc = repo ? job_client_escape(repo) : NULL,
+             *path = ckpt_sprintf("/v1/checkpoints%s%s", esc ? "?repo=" : "", esc ? esc : "");
+        if (!path || job_client_call(&jc, "GET", path, NULL, &list, NULL) < 0) list = NULL;
+        free(esc);
+        free(path);
+        job_client_close(&jc);
     } else {
-        store_ckpt *v;
-        size_t n;
-        if (store_list(&s, repo, &v, &n) < 0) ret = cli_fail();
-        else {
-            for (size_t i = 0; i < n; i++) {
-                char *ref = store_ckpt_ref(&v[i]), size[32], when[32];
-                time_t t = (time_t)v[i].created_at;
-                strftime(when, sizeof when, "%Y-%m-%d %H:%M", gmtime(&t));
-                printf("%-60s %.12s %12s  %s\n", ref ? ref : "?", v[i].commit,
-                       ckpt_format_size((uint64_t)v[i].total_size, size, sizeof size), when);
-                free(ref);
-            }
-            store_list_free(v, n);
-        }
+        ckpt_store s;
+        if (store_open(&s, a.common.home) < 0) return cli_fail();
+        if (store_list_json(&s, repo, &list) < 0) list = NULL;
+        store_close(&s);
     }
-    store_close(&s);
-    return ret;
+    if (!list) return cli_fail();
+    if (a.common.json) return cli_print_json(list);
+    print_ls(list);
+    json_decref(list);
+    return CLI_OK;
 }
 
 int cmd_show(int argc, char **argv)
@@ -221,7 +247,7 @@ int cmd_show(int argc, char **argv)
         break;
     }
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt show REF [--home DIR] [--json]\n"
+        printf("usage: ckpt show REF [--json] [--home DIR | --server URL]\n"
                "       ckpt show JOB_ID [--server URL] [--home DIR]\n\n"
                "Shows a stored checkpoint: its files (size, sha256), tensors per file, and for a\n"
                "converted layout the source it came from. REF is ORG/NAME[@REV][:LAYOUT].\n"
@@ -231,59 +257,74 @@ int cmd_show(int argc, char **argv)
                "  ckpt show 42\n");
         return CLI_OK;
     }
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
     int u = parse("show", argc, argv, allowed, &a);
     if (u) return u;
     if (a.npos != 1) return cli_usage_error("show", "expected one REF");
-    ckpt_store s;
-    if (store_open(&s, a.common.home) < 0) return cli_fail();
-    store_ckpt c;
-    int rc = store_resolve(&s, a.pos[0], &c);
-    if (rc) {
-        store_close(&s);
-        return cli_fail();
-    }
+    job_client jc;
+    int remote = remote_open(&a, &jc);
+    if (remote < 0) return -remote;
     json_t *j = NULL;
-    rc = store_ckpt_json(&s, &c, true, &j);
-    json_t *files = json_object_get(j, "files");
-    int ret = CLI_OK;
-    if (rc)
-        ret = cli_fail();
-    else if (a.common.json)
-        ret = cli_print_json(json_incref(j));
-    else {
-        char size[32];
-        printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n",
-               json_string_value(json_object_get(j, "ref")), c.commit,
-               *c.layout ? c.layout : "(original)",
-               ckpt_format_size((uint64_t)c.total_size, size, sizeof size),
-               c.lossy ? " (lossy cast)" : "");
-        if (json_is_string(json_object_get(j, "source")))
-            printf("  source %s\n", json_string_value(json_object_get(j, "source")));
-        size_t i;
-        json_t *f;
-        json_array_foreach(files, i, f)
-        {
-            printf("  %-50s %12s  %.16s  %lld tensors%s\n",
-                   json_string_value(json_object_get(f, "path")),
-                   ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size,
-                                    sizeof size),
-                   json_string_value(json_object_get(f, "sha256")),
-                   (long long)json_integer_value(json_object_get(f, "tensors")),
-                   json_integer_value(json_object_get(f, "recipes")) ? " (recipes)" : "");
+    if (remote) {
+        j = remote_ref_call(&jc, "GET", "/v1/checkpoints/", a.pos[0]);
+        job_client_close(&jc);
+        if (!j) return CLI_FAIL;
+    } else {
+        ckpt_store s;
+        if (store_open(&s, a.common.home) < 0) return cli_fail();
+        store_ckpt c;
+        int rc = store_resolve(&s, a.pos[0], &c);
+        if (!rc) {
+            rc = store_ckpt_json(&s, &c, true, &j);
+            store_ckpt_free(&c);
         }
+        store_close(&s);
+        if (rc) return cli_fail();
+    }
+    if (a.common.json) return cli_print_json(j);
+    char size[32];
+    const char *layout = json_string_value(json_object_get(j, "layout"));
+    printf("%s\n  commit %s\n  layout %s\n  size   %s%s\n", json_string_value(json_object_get(j, "ref")),
+           json_string_value(json_object_get(j, "commit")), layout && *layout ? layout : "(original)",
+           ckpt_format_size((uint64_t)json_integer_value(json_object_get(j, "total_size")), size, sizeof size),
+           json_is_true(json_object_get(j, "lossy")) ? " (lossy cast)" : "");
+    if (json_is_string(json_object_get(j, "source")))
+        printf("  source %s\n", json_string_value(json_object_get(j, "source")));
+    size_t i;
+    json_t *f;
+    json_array_foreach(json_object_get(j, "files"), i, f)
+    {
+        printf("  %-50s %12s  %.16s  %lld tensors%s\n", json_string_value(json_object_get(f, "path")),
+               ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size, sizeof size),
+               json_string_value(json_object_get(f, "sha256")),
+               (long long)json_integer_value(json_object_get(f, "tensors")),
+               json_integer_value(json_object_get(f, "recipes")) ? " (recipes)" : "");
     }
     json_decref(j);
-    store_ckpt_free(&c);
-    store_close(&s);
-    return ret;
+    return CLI_OK;
 }
 
 /* `pull --server`: the daemon's Hub API serves REF as a revision (a layout as
  * "<commit>.<layout>"); hub_fetch brings it into the local store, verified,
  * with parallel ranges and resume. */
-static int fetch_remote(ckpt_store *s, const char *server, const char *ref, bool quiet, store_ckpt *out, bool *layout)
+/* Exclude patterns that leave, of the tp_rank_* folders, only rank's
+ * (tp_rank_%02d): every name of another length, and at each digit any other
+ * digit. At most 2 * 5 + 2 patterns, in pat[] (each up to 48 bytes). */
+static size_t rank_excludes(int rank, char pat[][48])
+{
+    char r[8];
+    int len = snprintf(r, sizeof r, "%02d", rank);
+    size_t n = 0;
+    for (int k = 1; k < len; k++) n += (size_t)!!snprintf(pat[n], 48, "tp_rank_%.*s/*", k, "????????");
+    snprintf(pat[n++], 48, "tp_rank_%.*s*/*", len + 1, "?????????");
+    for (int i = 0; i < len; i++)
+        snprintf(pat[n++], 48, "tp_rank_%.*s[!%c]%.*s/*", i, r, r[i], len - i - 1, "????????");
+    return n;
+}
+
+static int fetch_remote(ckpt_store *s, const char *server, const char *ref, bool quiet, int rank, store_ckpt *out,
+                        bool *layout)
 {
     char *repo, *rev, *lay;
     int rc = store_ref_parse(ref, &repo, &rev, &lay);
@@ -306,6 +347,14 @@ static int fetch_remote(ckpt_store *s, const char *server, const char *ref, bool
     hub_fetch_result res;
     memset(&res, 0, sizeof res);
     hub_fetch_opts fo = {.repo = repo, .revision = hubrev, .quiet = quiet};
+    /* one rank of a layout: only that rank's folder (and the files beside the ranks) come over */
+    char pat[16][48];
+    const char *excl[16];
+    if (rank >= 0 && lay) {
+        fo.filter.nexclude = rank_excludes(rank, pat);
+        for (size_t i = 0; i < fo.filter.nexclude; i++) excl[i] = pat[i];
+        fo.filter.exclude = excl;
+    }
     if (!rc) rc = hub_fetch(s, &fo, &res);
     if (!rc) {
         *out = res.ckpt;
@@ -337,7 +386,7 @@ static int pull_hf_cache(const store_args *a)
     }
     store_ckpt c;
     bool layout = false;
-    int rc = a->common.server ? fetch_remote(&s, a->common.server, a->pos[0], a->common.quiet, &c, &layout)
+    int rc = a->common.server ? fetch_remote(&s, a->common.server, a->pos[0], a->common.quiet, -1, &c, &layout)
                               : store_resolve(&s, a->pos[0], &c);
     store_hfcache_stats st;
     store_hfcache_opts o = {.no_symlinks = store_hfcache_symlinks_disabled()};
@@ -395,6 +444,7 @@ int cmd_pull(int argc, char **argv)
     store_args a;
     int u = parse("pull", argc, argv, allowed, &a);
     if (u) return u;
+    a.common.server = cli_server(a.common.server, a.common.home); /* CKPT_SERVER and the config too */
     if (a.hf_cache) return pull_hf_cache(&a);
     if (a.npos != 1) return cli_usage_error("pull", "expected one REF");
     if (!a.common.out)
@@ -411,7 +461,7 @@ int cmd_pull(int argc, char **argv)
     store_ckpt c;
     bool layout = false;
     int rc = a.common.server
-                 ? fetch_remote(&s, a.common.server, a.pos[0], a.common.quiet, &c, &layout)
+                 ? fetch_remote(&s, a.common.server, a.pos[0], a.common.quiet, a.rank, &c, &layout)
                  : store_resolve(&s, a.pos[0], &c);
     if (rc) {
         store_close(&s);
@@ -442,17 +492,31 @@ int cmd_pull(int argc, char **argv)
 int cmd_rm(int argc, char **argv)
 {
     static const char help[] =
-        "usage: ckpt rm REF [--home DIR]\n\n"
+        "usage: ckpt rm REF [--home DIR | --server URL]\n\n"
         "Removes a checkpoint from the catalog. Layouts converted from it keep working\n"
-        "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n\n"
+        "(they reference the blobs directly). Its bytes are freed by the next ckpt gc.\n"
+        "With --server, on a daemon (DELETE /v1/checkpoints/{ref}, an admin token).\n\n"
         "example:\n"
         "  ckpt rm Qwen/Qwen2-0.5B@main:fused && ckpt gc\n";
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_END};
+    if (cli_wants_help(argc, argv)) return fputs(help, stdout), CLI_OK;
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
+    int u = parse("rm", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos != 1) return cli_usage_error("rm", "expected one REF");
+    job_client jc;
+    int remote = remote_open(&a, &jc);
+    if (remote < 0) return -remote;
+    if (remote) {
+        json_t *j = remote_ref_call(&jc, "DELETE", "/v1/checkpoints/", a.pos[0]);
+        job_client_close(&jc);
+        if (!j) return CLI_FAIL;
+        ckpt_info("removed %s; ckpt gc on the server frees its space", json_string_value(json_object_get(j, "removed")));
+        json_decref(j);
+        return CLI_OK;
+    }
     ckpt_store s;
-    int early = begin("rm", argc, argv, help, allowed, &a, &s);
-    if (early >= 0) return early;
-    if (a.npos != 1) return store_close(&s), cli_usage_error("rm", "expected one REF");
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_ckpt c;
     int rc = store_resolve(&s, a.pos[0], &c);
     if (!rc) {
@@ -466,25 +530,53 @@ int cmd_rm(int argc, char **argv)
     return rc ? cli_fail() : CLI_OK;
 }
 
+/* Runs KIND as a job on the daemon and returns its result (NULL after printing the error). */
+static json_t *remote_job(job_client *jc, const char *kind, json_t *args)
+{
+    json_t *result = NULL;
+    if (!args || job_client_run(jc, kind, args, &result) < 0) cli_fail();
+    json_decref(args);
+    job_client_close(jc);
+    return result;
+}
+
 int cmd_gc(int argc, char **argv)
 {
     static const char help[] =
-        "usage: ckpt gc [--dry-run] [--home DIR] [--json]\n\n"
+        "usage: ckpt gc [--dry-run] [--json] [--home DIR | --server URL]\n\n"
         "Deletes blobs that no checkpoint references and the leftovers of interrupted\n"
         "writes (temp files of processes that are gone). Blobs that a running import\n"
-        "has leased are kept. --dry-run only counts.\n\n"
+        "has leased are kept. --dry-run only counts (locally). With --server, runs as a\n"
+        "gc job on the daemon and waits for it.\n\n"
         "examples:\n"
         "  ckpt gc --dry-run\n"
         "  ckpt gc --json\n";
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_DRY_RUN, CLI_OPT_JSON, CLI_OPT_END};
+    if (cli_wants_help(argc, argv)) return fputs(help, stdout), CLI_OK;
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_DRY_RUN, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
-    ckpt_store s;
-    int early = begin("gc", argc, argv, help, allowed, &a, &s);
-    if (early >= 0) return early;
-    store_gc_result r;
-    int rc = store_gc(&s, a.common.dry_run, &r);
-    store_close(&s);
-    if (rc) return cli_fail();
+    int u = parse("gc", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos) return cli_usage_error("gc", "takes no arguments");
+    if (a.common.dry_run && (u = cli_local_only("gc --dry-run", a.common.server, a.common.home, NULL))) return u;
+    job_client jc;
+    int remote = remote_open(&a, &jc);
+    if (remote < 0) return -remote;
+    store_gc_result r = {0};
+    if (remote) {
+        json_t *res = remote_job(&jc, "gc", json_object());
+        if (!res) return CLI_FAIL;
+        r.blobs_removed = (uint64_t)json_integer_value(json_object_get(res, "blobs_removed"));
+        r.bytes_freed = (uint64_t)json_integer_value(json_object_get(res, "bytes_freed"));
+        r.temps_removed = (uint64_t)json_integer_value(json_object_get(res, "temps_removed"));
+        r.leases_dropped = (uint64_t)json_integer_value(json_object_get(res, "leases_dropped"));
+        json_decref(res);
+    } else {
+        ckpt_store s;
+        if (store_open(&s, a.common.home) < 0) return cli_fail();
+        int rc = store_gc(&s, a.common.dry_run, &r);
+        store_close(&s);
+        if (rc) return cli_fail();
+    }
     char b[32];
     if (a.common.json)
         return cli_print_json(json_pack(
@@ -501,32 +593,42 @@ int cmd_gc(int argc, char **argv)
 int cmd_du(int argc, char **argv)
 {
     static const char help[] =
-        "usage: ckpt du [--home DIR] [--json]\n\n"
+        "usage: ckpt du [--json] [--home DIR | --server URL]\n\n"
         "Logical bytes of all stored checkpoints (what pulling all of them would write)\n"
-        "against physical bytes of the blobs on disk, and the deduplication ratio.\n\n"
+        "against physical bytes of the blobs on disk, and the deduplication ratio.\n"
+        "With --server, a daemon's store (GET /v1/store).\n\n"
         "example:\n"
         "  ckpt du --json\n";
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_END};
+    if (cli_wants_help(argc, argv)) return fputs(help, stdout), CLI_OK;
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
-    ckpt_store s;
-    int early = begin("du", argc, argv, help, allowed, &a, &s);
-    if (early >= 0) return early;
-    store_du_result r;
-    int rc = store_du(&s, &r);
-    store_close(&s);
-    if (rc) return cli_fail();
-    double ratio = r.physical ? (double)r.logical / (double)r.physical : 0.0;
-    if (a.common.json)
-        return cli_print_json(json_pack(
-            "{s:I,s:I,s:I,s:I,s:I,s:f}", "checkpoints", (json_int_t)r.checkpoints, "logical_bytes",
-            (json_int_t)r.logical, "physical_bytes", (json_int_t)r.physical, "blobs",
-            (json_int_t)r.blobs, "catalog_bytes", (json_int_t)r.db_bytes, "dedup_ratio", ratio));
+    int u = parse("du", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos) return cli_usage_error("du", "takes no arguments");
+    job_client jc;
+    int remote = remote_open(&a, &jc);
+    if (remote < 0) return -remote;
+    json_t *j = NULL;
+    if (remote) {
+        if (job_client_call(&jc, "GET", "/v1/store", NULL, &j, NULL) < 0) j = NULL;
+        job_client_close(&jc);
+    } else {
+        ckpt_store s;
+        store_du_result r;
+        if (store_open(&s, a.common.home) < 0) return cli_fail();
+        if (!store_du(&s, &r)) j = store_du_json(&r);
+        store_close(&s);
+    }
+    if (!j) return cli_fail();
+    if (a.common.json) return cli_print_json(j);
     char l[32], p[32], d[32];
-    printf("%llu checkpoints, logical %s, physical %s in %llu blobs (+ catalog %s), dedup ratio "
-           "%.2f\n",
-           (unsigned long long)r.checkpoints, ckpt_format_size(r.logical, l, sizeof l),
-           ckpt_format_size(r.physical, p, sizeof p), (unsigned long long)r.blobs,
-           ckpt_format_size(r.db_bytes, d, sizeof d), ratio);
+#define DU_U(k) ((uint64_t)json_integer_value(json_object_get(j, k)))
+    printf("%llu checkpoints, logical %s, physical %s in %llu blobs (+ catalog %s), dedup ratio %.2f\n",
+           (unsigned long long)DU_U("checkpoints"), ckpt_format_size(DU_U("logical_bytes"), l, sizeof l),
+           ckpt_format_size(DU_U("physical_bytes"), p, sizeof p), (unsigned long long)DU_U("blobs"),
+           ckpt_format_size(DU_U("catalog_bytes"), d, sizeof d), json_real_value(json_object_get(j, "dedup_ratio")));
+#undef DU_U
+    json_decref(j);
     return CLI_OK;
 }
 
@@ -539,19 +641,35 @@ static void print_line(void *ctx, const char *line)
 int cmd_verify(int argc, char **argv)
 {
     static const char help[] =
-        "usage: ckpt verify [REF] [--home DIR] [--json]\n\n"
+        "usage: ckpt verify [REF] [--json] [--home DIR | --server URL]\n\n"
         "Re-hashes every blob (of REF, or of the whole store), then rebuilds every file\n"
         "and checks its sha256 against the catalog. Names each damaged blob with the\n"
-        "checkpoints and files it breaks. Exit 1 if anything is damaged.\n\n"
+        "checkpoints and files it breaks. Exit 1 if anything is damaged. With --server,\n"
+        "runs as a verify job on the daemon and waits for it (its log names the damage).\n\n"
         "examples:\n"
         "  ckpt verify\n"
         "  ckpt verify Qwen/Qwen2-0.5B@main --json\n";
-    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_JSON, CLI_OPT_END};
+    static const int allowed[] = {CLI_OPT_HOME, CLI_OPT_QUIET, CLI_OPT_JSON, CLI_OPT_SERVER, CLI_OPT_END};
     store_args a;
+    if (cli_wants_help(argc, argv)) return fputs(help, stdout), CLI_OK;
+    int u = parse("verify", argc, argv, allowed, &a);
+    if (u) return u;
+    if (a.npos > 1) return cli_usage_error("verify", "expected at most one REF");
+    job_client jc;
+    int remote = remote_open(&a, &jc);
+    if (remote < 0) return -remote;
+    if (remote) {
+        json_t *args = a.npos ? json_pack("{s:s}", "ref", a.pos[0]) : json_object();
+        json_t *res = remote_job(&jc, "verify", args);
+        if (!res) return CLI_FAIL;
+        if (a.common.json) return cli_print_json(res);
+        ckpt_info("verify: clean (%lld checkpoints rebuilt and checked)",
+                  (long long)json_integer_value(json_object_get(res, "checkpoints_checked")));
+        json_decref(res);
+        return CLI_OK;
+    }
     ckpt_store s;
-    int early = begin("verify", argc, argv, help, allowed, &a, &s);
-    if (early >= 0) return early;
-    if (a.npos > 1) return store_close(&s), cli_usage_error("verify", "expected at most one REF");
+    if (store_open(&s, a.common.home) < 0) return cli_fail();
     store_verify_result r;
     int rc = store_verify(&s, a.npos ? a.pos[0] : NULL, print_line, NULL, &r);
     store_close(&s);

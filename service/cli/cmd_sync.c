@@ -1,8 +1,8 @@
 /*
  * cmd_sync.c — `ckpt sync add|ls|rm|run`: schedules that follow a Hub repo
- * (service/jobs/schedule.h). add/ls/rm work on CKPT_HOME's database; the daemon
- * (`ckpt serve`) runs them. run queues a sync job now (also on a daemon with
- * --server).
+ * (service/jobs/schedule.h), in CKPT_HOME's database or on a daemon
+ * (--server, CKPT_SERVER: /v1/schedules). The daemon (`ckpt serve`) runs them;
+ * run queues a sync job now.
  */
 #include "service/cli/cli.h"
 #include "service/cli/cli_opts.h"
@@ -25,8 +25,9 @@ static const char sync_help[] =
     "                     [--layout L [--tp N]]... [--include GLOB]... [--exclude GLOB]...\n"
     "       ckpt sync ls [--json]\n"
     "       ckpt sync rm ID\n"
-    "       ckpt sync run ID [--server URL]\n"
-    "       (each takes --home DIR)\n\n"
+    "       ckpt sync run ID\n"
+    "       (each takes --home DIR, or --server URL / CKPT_SERVER for a daemon's schedules:\n"
+    "        /v1/schedules, an admin token to add, remove or run)\n\n"
     "Follows a repo on a Hugging Face Hub (HF_ENDPOINT): the daemon (`ckpt serve`)\n"
     "runs a sync job when a schedule is due; it resolves REV (default main) and, when\n"
     "the commit changed since the last run, queues a fetch of that commit and one\n"
@@ -91,7 +92,16 @@ static int sync_add_option(schedule *sc, int c, const char *v)
     }
 }
 
-static int sync_add(schedule *sc, const char *target, const char *home, bool json)
+/* Prints the added schedule: its id, or its JSON. */
+static int print_added(json_t *j, int64_t id, bool json)
+{
+    if (json) return cli_print_json(j);
+    json_decref(j);
+    printf("%lld\n", (long long)id);
+    return CLI_OK;
+}
+
+static int sync_add(schedule *sc, const char *target, const char *home, const char *server, bool json)
 {
     int ret = CLI_OK;
     if (!target) ret = cli_usage_error("sync add", "expected ORG/NAME[@REV]");
@@ -107,18 +117,24 @@ static int sync_add(schedule *sc, const char *target, const char *home, bool jso
             ret = cli_usage_error("sync add", "%s", ckpt_error_last());
     }
     ckpt_store s;
-    if (!ret && !(ret = open_store(home, &s))) {
-        if (schedule_add(&s.cat, sc) < 0)
-            ret = cli_fail();
-        else if (json) {
-            json_t *j = schedule_json(sc);
-            char *text = j ? cj_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-            if (text) puts(text);
-            free(text);
-            json_decref(j);
-        } else {
-            printf("%lld\n", (long long)sc->id);
+    job_client jc;
+    if (!ret && cli_server(server, home)) {
+        /* POST /v1/schedules: the fields schedule_from_json reads */
+        json_t *body = json_pack("{s:s,s:s,s:O,s:O}", "repo", sc->repo, "revision", sc->revision, "layouts",
+                                 sc->layouts, "fetch", sc->fetch_args), *got = NULL;
+        if (body)
+            json_object_set_new(body, sc->cron ? "cron" : "every_seconds",
+                                sc->cron ? json_string(sc->cron) : json_integer(sc->every_seconds));
+        if (!body || job_client_open(&jc, home, server) < 0) ret = cli_fail();
+        else {
+            ret = job_client_call(&jc, "POST", "/v1/schedules", body, &got, NULL) < 0
+                      ? cli_fail()
+                      : print_added(got, json_integer_value(json_object_get(got, "id")), json);
+            job_client_close(&jc);
         }
+        json_decref(body);
+    } else if (!ret && !(ret = open_store(home, &s))) {
+        ret = schedule_add(&s.cat, sc) < 0 ? cli_fail() : print_added(schedule_json(sc), sc->id, json);
         store_close(&s);
     }
     schedule_free(sc);
@@ -137,70 +153,79 @@ static void utc(double t, char *buf, size_t len)
     strftime(buf, len, "%Y-%m-%d %H:%M:%SZ", &tm);
 }
 
-static int sync_ls(const char *home, bool json)
+static int sync_ls(const char *home, const char *server, bool json)
 {
-    ckpt_store s;
-    int ret = open_store(home, &s);
-    if (ret) return ret;
-    schedule *v;
-    size_t n;
-    if (schedule_list(&s.cat, &v, &n) < 0) {
-        store_close(&s);
-        return cli_fail();
-    }
-    if (json) {
-        json_t *a = json_array();
-        for (size_t i = 0; i < n; i++)
-            json_array_append_new(a, schedule_json(&v[i]));
-        char *text = cj_dumps(a, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-        if (text)
-            puts(text);
-        else
-            ret = cli_fail();
-        free(text);
-        json_decref(a);
+    json_t *list = NULL;
+    if (cli_server(server, home)) {
+        job_client jc;
+        json_t *got = NULL;
+        if (job_client_open(&jc, home, server) < 0) return cli_fail();
+        if (job_client_call(&jc, "GET", "/v1/schedules", NULL, &got, NULL) == 0)
+            list = json_incref(json_object_get(got, "schedules"));
+        json_decref(got);
+        job_client_close(&jc);
+        if (!json_is_array(list)) return json_decref(list), cli_fail();
     } else {
-        if (n)
-            printf("%-4s %-40s %-16s %-21s %-12s %s\n", "ID", "REPO@REV", "SCHEDULE",
-                   "NEXT RUN (UTC)", "LAST COMMIT", "LAST OUTCOME");
-        for (size_t i = 0; i < n; i++) {
-            char target[300], when[64], next[32], layouts[256] = "";
-            snprintf(target, sizeof target, "%s@%s", v[i].repo, v[i].revision);
-            if (v[i].cron)
-                snprintf(when, sizeof when, "cron %s", v[i].cron);
-            else {
-                static const struct {
-                    int64_t secs;
-                    char unit;
-                } units[] = {{604800, 'w'}, {86400, 'd'}, {3600, 'h'}, {60, 'm'}};
-                int64_t e = v[i].every_seconds;
-                char unit = 's';
-                for (size_t u = 0; u < sizeof units / sizeof units[0] && unit == 's'; u++)
-                    if (e % units[u].secs == 0) {
-                        e /= units[u].secs;
-                        unit = units[u].unit;
-                    }
-                snprintf(when, sizeof when, "every %lld%c", (long long)e, unit);
-            }
-            utc(v[i].next_run_at, next, sizeof next);
-            size_t k;
-            json_t *l;
-            json_array_foreach(v[i].layouts, k, l)
-            {
-                size_t o = strlen(layouts);
-                json_int_t tp = json_integer_value(json_object_get(l, "tp"));
-                snprintf(layouts + o, sizeof layouts - o, tp > 1 ? " %s tp%lld" : " %s",
-                         json_string_value(json_object_get(l, "layout")), (long long)tp);
-            }
-            printf("%-4lld %-40s %-16s %-21s %-12.12s %s\n", (long long)v[i].id, target, when, next,
-                   v[i].last_commit ? v[i].last_commit : "-",
-                   v[i].last_outcome ? v[i].last_outcome : "-");
-            if (*layouts) printf("     layouts:%s\n", layouts);
+        ckpt_store s;
+        int ret = open_store(home, &s);
+        if (ret) return ret;
+        schedule *v;
+        size_t n;
+        if (schedule_list(&s.cat, &v, &n) < 0) {
+            store_close(&s);
+            return cli_fail();
         }
+        list = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(list, schedule_json(&v[i]));
+        schedules_free(v, n);
+        store_close(&s);
     }
-    schedules_free(v, n);
-    store_close(&s);
-    return ret;
+    if (json) return cli_print_json(list);
+    if (json_array_size(list))
+        printf("%-4s %-40s %-16s %-21s %-12s %s\n", "ID", "REPO@REV", "SCHEDULE", "NEXT RUN (UTC)", "LAST COMMIT",
+               "LAST OUTCOME");
+    size_t i;
+    json_t *sc;
+    json_array_foreach(list, i, sc)
+    {
+        char target[300], when[64], next[32], layouts[256] = "";
+        const char *cron = json_string_value(json_object_get(sc, "cron")),
+                   *commit = json_string_value(json_object_get(sc, "last_commit")),
+                   *outcome = json_string_value(json_object_get(sc, "last_outcome"));
+        snprintf(target, sizeof target, "%s@%s", json_string_value(json_object_get(sc, "repo")),
+                 json_string_value(json_object_get(sc, "revision")));
+        if (cron)
+            snprintf(when, sizeof when, "cron %s", cron);
+        else {
+            static const struct {
+                int64_t secs;
+                char unit;
+            } units[] = {{604800, 'w'}, {86400, 'd'}, {3600, 'h'}, {60, 'm'}};
+            int64_t e = json_integer_value(json_object_get(sc, "every_seconds"));
+            char unit = 's';
+            for (size_t u = 0; u < sizeof units / sizeof units[0] && unit == 's' && e; u++)
+                if (e % units[u].secs == 0) {
+                    e /= units[u].secs;
+                    unit = units[u].unit;
+                }
+            snprintf(when, sizeof when, "every %lld%c", (long long)e, unit);
+        }
+        utc(json_number_value(json_object_get(sc, "next_run_at")), next, sizeof next);
+        size_t k;
+        json_t *l;
+        json_array_foreach(json_object_get(sc, "layouts"), k, l)
+        {
+            size_t o = strlen(layouts);
+            json_int_t tp = json_integer_value(json_object_get(l, "tp"));
+            snprintf(layouts + o, sizeof layouts - o, tp > 1 ? " %s tp%lld" : " %s",
+                     json_string_value(json_object_get(l, "layout")), (long long)tp);
+        }
+        printf("%-4lld %-40s %-16s %-21s %-12.12s %s\n", (long long)json_integer_value(json_object_get(sc, "id")),
+               target, when, next, commit ? commit : "-", outcome ? outcome : "-");
+        if (*layouts) printf("     layouts:%s\n", layouts);
+    }
+    json_decref(list);
+    return CLI_OK;
 }
 
 static int parse_id(const char *cmd, int n, char **rest, int64_t *id)
@@ -244,20 +269,32 @@ int cmd_sync(int argc, char **argv)
     }
     int64_t id = 0;
     if (add) {
-        ret = n > 1 ? cli_usage_error("sync add", "expected one ORG/NAME[@REV]") : sync_add(&sc, n ? rest[0] : NULL, home, json);
+        ret = n > 1 ? cli_usage_error("sync add", "expected one ORG/NAME[@REV]") : sync_add(&sc, n ? rest[0] : NULL, home, server, json);
     } else if (!strcmp(sub, "ls")) {
-        ret = n ? cli_usage_error("sync ls", "takes no arguments") : sync_ls(home, json);
+        ret = n ? cli_usage_error("sync ls", "takes no arguments") : sync_ls(home, server, json);
     } else if (!strcmp(sub, "rm")) {
         ckpt_store s;
-        if (!(ret = parse_id("sync rm", n, rest, &id)) && !(ret = open_store(home, &s))) {
+        job_client jc;
+        if ((ret = parse_id("sync rm", n, rest, &id))) {
+        } else if (cli_server(server, home)) {
+            char path[64];
+            json_t *got = NULL;
+            snprintf(path, sizeof path, "/v1/schedules/%lld", (long long)id);
+            if (job_client_open(&jc, home, server) < 0) ret = cli_fail();
+            else {
+                if (job_client_call(&jc, "DELETE", path, NULL, &got, NULL) < 0) ret = cli_fail();
+                json_decref(got);
+                job_client_close(&jc);
+            }
+        } else if (!(ret = open_store(home, &s))) {
             if (schedule_remove(&s.cat, id) < 0) ret = cli_fail();
             store_close(&s);
         }
     } else if (!strcmp(sub, "run")) {
         job_client jc;
         ckpt_store s;
-        if (!(ret = parse_id("sync run", n, rest, &id)) && !server && !getenv("CKPT_SERVER") &&
-            !(ret = open_store(home, &s))) {
+        bool remote = cli_server(server, home) != NULL;
+        if (!(ret = parse_id("sync run", n, rest, &id)) && !remote && !(ret = open_store(home, &s))) {
             schedule got; /* locally, a missing schedule is an error now rather than a job that finds
                              nothing */
             if (schedule_get(&s.cat, id, &got) < 0)
@@ -272,7 +309,10 @@ int cmd_sync(int argc, char **argv)
             else {
                 json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id), *job = NULL;
                 bool existed = false;
-                if (!args || job_client_submit(&jc, "sync", args, &(queue_submit_opts){0}, &job, &existed) < 0)
+                char path[64];
+                snprintf(path, sizeof path, "/v1/schedules/%lld/run", (long long)id);
+                if (!args || (remote ? job_client_call(&jc, "POST", path, NULL, &job, NULL)
+                                     : job_client_submit(&jc, "sync", args, &(queue_submit_opts){0}, &job, &existed)) < 0)
                     ret = cli_fail();
                 else
                     printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));

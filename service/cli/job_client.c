@@ -1,6 +1,8 @@
 /* job_client.c — job operations, locally through SQLite or remotely over HTTP (see job_client.h). */
 #include "service/cli/job_client.h"
 
+#include "service/cli/cli.h"
+
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
@@ -8,7 +10,9 @@
 #include "service/jobs/queue.h"
 #include "store/store.h"
 
+#include <ctype.h>
 #include <curl/curl.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,8 +21,8 @@
 int job_client_open(job_client *c, const char *home, const char *server)
 {
     memset(c, 0, sizeof *c);
-    const char *env = getenv("CKPT_SERVER"), *tok = getenv("CKPT_TOKEN");
-    if (!server && env && *env) server = env;
+    const char *tok = getenv("CKPT_TOKEN");
+    server = cli_server(server, home);
     if (server) {
         c->server = ckpt_strdup(server);
         size_t n = c->server ? strlen(c->server) : 0;
@@ -70,8 +74,10 @@ static size_t on_data(char *p, size_t size, size_t n, void *ctx)
     return add;
 }
 
-static int http(job_client *c, const char *method, const char *path, const json_t *body, json_t **out, long *status)
+int job_client_call(job_client *c, const char *method, const char *path, const json_t *body, json_t **out, long *status)
 {
+    long ignored;
+    if (!status) status = &ignored;
     CURL *h = curl_easy_init();
     if (!h) return ckpt_error_set(CKPT_ENOMEM, "cannot start libcurl");
     char *url = ckpt_sprintf("%s%s", c->server, path);
@@ -137,7 +143,7 @@ int job_client_submit(job_client *c, const char *kind, json_t *args, const queue
         if (o->depends_on) json_object_set_new(body, "depends_on", json_integer(o->depends_on));
         if (o->max_attempts) json_object_set_new(body, "max_attempts", json_integer(o->max_attempts));
         long status;
-        int rc = http(c, "POST", "/v1/jobs", body, job, &status);
+        int rc = job_client_call(c, "POST", "/v1/jobs", body, job, &status);
         json_decref(body);
         *existed = status == 200;
         return rc;
@@ -153,25 +159,24 @@ int job_client_get(job_client *c, int64_t id, json_t **job)
     char path[64];
     snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
     long st;
-    return http(c, "GET", path, NULL, job, &st);
+    return job_client_call(c, "GET", path, NULL, job, &st);
 }
 
-int job_client_list(job_client *c, const char *state, json_t **jobs)
+int job_client_list(job_client *c, const char *state, int limit, json_t **jobs)
 {
     if (c->server) {
         char path[128];
-        snprintf(path, sizeof path, "/v1/jobs%s%s&limit=1000", state ? "?state=" : "?x=", state ? state : "");
+        snprintf(path, sizeof path, "/v1/jobs?limit=%d%s%s", limit, state ? "&state=" : "", state ? state : "");
         json_t *r;
-        long st;
-        int rc = http(c, "GET", path, NULL, &r, &st);
+        int rc = job_client_call(c, "GET", path, NULL, &r, NULL);
         if (rc) return rc;
         *jobs = json_incref(json_object_get(r, "jobs"));
         json_decref(r);
-        return *jobs ? 0 : ckpt_error_set(CKPT_EIO, "%s: no 'jobs' in the answer", c->server);
+        return json_is_array(*jobs) ? 0 : ckpt_error_set(CKPT_EIO, "%s: no 'jobs' in the answer", c->server);
     }
     queue_job *list;
     size_t n;
-    int rc = queue_list(&c->cat, state, 1000, &list, &n);
+    int rc = queue_list(&c->cat, state, limit, &list, &n);
     if (rc) return rc;
     *jobs = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(*jobs, queue_job_json(&list[i]));
@@ -185,7 +190,7 @@ int job_client_cancel(job_client *c, int64_t id, json_t **job)
         char path[64];
         snprintf(path, sizeof path, "/v1/jobs/%lld", (long long)id);
         long st;
-        return http(c, "DELETE", path, NULL, job, &st);
+        return job_client_call(c, "DELETE", path, NULL, job, &st);
     }
     bool running;
     int rc = queue_cancel(&c->cat, id, &running);
@@ -198,7 +203,7 @@ int job_client_retry(job_client *c, int64_t id, json_t **job)
         char path[64];
         snprintf(path, sizeof path, "/v1/jobs/%lld/retry", (long long)id);
         long st;
-        return http(c, "POST", path, NULL, job, &st);
+        return job_client_call(c, "POST", path, NULL, job, &st);
     }
     int rc = queue_retry(&c->cat, id);
     return rc ? rc : local_job(c, id, job);
@@ -211,7 +216,7 @@ int job_client_logs(job_client *c, int64_t id, int64_t after, json_t **lines, in
         snprintf(path, sizeof path, "/v1/jobs/%lld/logs?after=%lld", (long long)id, (long long)after);
         json_t *r;
         long st;
-        int rc = http(c, "GET", path, NULL, &r, &st);
+        int rc = job_client_call(c, "GET", path, NULL, &r, &st);
         if (rc) return rc;
         *lines = json_incref(json_object_get(r, "lines"));
         *last = json_integer_value(json_object_get(r, "last"));
@@ -223,4 +228,46 @@ int job_client_logs(job_client *c, int64_t id, int64_t after, json_t **lines, in
     if (rc) return rc;
     json_decref(j);
     return queue_logs(&c->cat, id, after, lines, last);
+}
+
+char *job_client_escape(const char *s)
+{
+    size_t n = strlen(s);
+    char *out = ckpt_malloc(3 * n + 1), *o = out;
+    if (!out) return NULL;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (isalnum(*p) || strchr("-._~@:", *p)) *o++ = (char)*p;
+        else o += sprintf(o, "%%%02X", *p);
+    }
+    *o = 0;
+    return out;
+}
+
+int job_client_run(job_client *c, const char *kind, json_t *args, json_t **result)
+{
+    *result = NULL;
+    json_t *job = NULL;
+    bool existed;
+    int rc = job_client_submit(c, kind, args, &(queue_submit_opts){0}, &job, &existed);
+    int64_t id = json_integer_value(json_object_get(job, "id"));
+    for (int polls = 0; !rc; polls++) {
+        const char *st = json_string_value(json_object_get(job, "state"));
+        if (st && !strcmp(st, "succeeded")) {
+            *result = json_incref(json_object_get(job, "result"));
+            break;
+        }
+        if (st && (!strcmp(st, "failed") || !strcmp(st, "cancelled"))) {
+            const char *err = json_string_value(json_object_get(job, "error"));
+            rc = ckpt_error_set(CKPT_EIO, "%s job %lld %s: %s", kind, (long long)id, st, err ? err : "no message");
+            break;
+        }
+        /* a poll of the job's state: 25 ms at first, then 200 ms */
+        struct timespec ts = {0, (polls < 8 ? 25 : 200) * 1000000L};
+        nanosleep(&ts, NULL);
+        json_decref(job);
+        job = NULL;
+        rc = job_client_get(c, id, &job);
+    }
+    json_decref(job);
+    return rc;
 }

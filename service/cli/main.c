@@ -11,17 +11,27 @@
 
 static void usage(FILE *out)
 {
-    fprintf(out, "usage: ckpt <command> [options]\n\n"
+    fprintf(out, "usage: ckpt [--home DIR | --server URL] [--token-file FILE] <command> [options]\n\n"
                  "ckpt converts Hugging Face checkpoints between layouts (experts stacked,\n"
                  "Q/K/V and gate/up fused, tensor-parallel shards with padding) and back.\n\n"
                  "commands:\n");
     for (size_t i = 0; i < cli_ncommands; i++)
         fprintf(out, "  %-14s %s\n", cli_commands[i].name, cli_commands[i].summary);
-    fprintf(out, "\n'ckpt <command> --help' explains a command.\n");
+    fprintf(out, "\nglobal options, before the command:\n"
+                 "  --home DIR        the store (else $CKPT_HOME, the config's home, ~/.local/share/ckpt)\n"
+                 "  --server URL      work on a daemon (else $CKPT_SERVER, the config's server)\n"
+                 "  --token-file FILE the daemon's token on its first line (else $CKPT_TOKEN, the config's token_file)\n"
+                 "config: $XDG_CONFIG_HOME/ckpt/config, lines 'key = value' (home, server, token_file)\n\n"
+                 "example:\n  ckpt --server http://storage:8470 ls\n\n"
+                 "'ckpt <command> --help' explains a command.\n");
 }
 
 int main(int argc, char **argv)
 {
+    int first = 1;
+    if (cli_config_load() || cli_global_options(argc, argv, &first)) return CLI_USAGE;
+    argc -= first - 1;
+    argv += first - 1;
     if (argc < 2) {
         usage(stderr);
         return CLI_USAGE;

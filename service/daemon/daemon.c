@@ -20,6 +20,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "service/http/http_api.h"
+#include "service/http/metrics.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
 #include "service/jobs/schedule.h"
@@ -57,6 +58,9 @@ typedef struct {
     int status;
     char *error, *result;
     bool transient;
+    double created;     /* the job's submission, for its queue wait */
+    int attempt;
+    uint64_t done;      /* its last progress (bytes) */
 } worker_slot;
 
 typedef struct {
@@ -67,7 +71,29 @@ typedef struct {
     worker_slot *slots;
     size_t nslots;
     atomic_int running;
+    metrics *m; /* the HTTP API's figures (NULL without it) */
 } daemon_state;
+
+/* What names a job's subject in the log: its ref, repo, or source folder. */
+static const char *job_subject(const json_t *args)
+{
+    static const char *const keys[] = {"ref", "repo", "src", "dir", "schedule"};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(keys); i++) {
+        const char *v = json_string_value(json_object_get(args, keys[i]));
+        if (v) return v;
+    }
+    return NULL;
+}
+
+/* One log event about worker w's job, with the fields every job event has. */
+static void job_event(ckpt_event_level level, const char *event, const worker_slot *w, json_t *more)
+{
+    json_t *f = json_pack("{s:I,s:s,s:s?,s:i}", "id", (json_int_t)w->id, "kind", w->kind, "ref", job_subject(w->args),
+                          "attempt", w->attempt);
+    if (f && more) json_object_update(f, more);
+    json_decref(more);
+    ckpt_event(level, event, f);
+}
 
 static volatile sig_atomic_t stop_requested;
 
@@ -154,6 +180,9 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
     w->deadline = w->started + kind_timeout(d->o, w->kind);
     atomic_fetch_add(&d->running, 1);
     int rc = queue_set_pid(&d->store.cat, w->id, pid);
+    metrics_observe_wait(d->m, w->kind, w->started - w->created);
+    job_event(CKPT_EV_INFO, "job.started", w,
+              json_pack("{s:i,s:f}", "pid", (int)pid, "waited_seconds", w->started - w->created));
     ckpt_fault("daemon.spawned");
     return rc;
 }
@@ -163,6 +192,8 @@ static void handle_line(daemon_state *d, worker_slot *w, char *line)
     if (!strncmp(line, "@ckpt progress ", 15)) {
         long long done = 0, total = 0;
         int used = 0;
+        if (sscanf(line + 15, "%lld %lld %n", &done, &total, &used) >= 2 && done >= 0)
+            w->done = (uint64_t)done;
         if (sscanf(line + 15, "%lld %lld %n", &done, &total, &used) >= 2)
             queue_progress(&d->store.cat, w->id, done, total, used ? line + 15 + used : NULL);
     } else if (!strncmp(line, "@ckpt result ", 13)) {
@@ -251,30 +282,58 @@ static void cleanup_after(daemon_state *d, worker_slot *w)
     }
 }
 
+/* The job's state after its end was recorded: "queued" again means a retry. */
+static bool job_requeued(daemon_state *d, int64_t id)
+{
+    queue_job j;
+    if (queue_get(&d->store.cat, id, &j) < 0) return false;
+    bool again = !strcmp(j.state, "queued");
+    queue_job_free(&j);
+    return again;
+}
+
 static void finish_slot(daemon_state *d, worker_slot *w)
 {
     catalog *c = &d->store.cat;
     int st = w->status;
+    double ran = queue_now() - w->started;
+    const char *outcome;
+    const char *err = NULL;
+    char msg[512];
     if (w->releasing) {
         cleanup_after(d, w);
         queue_release(c, w->id);
+        outcome = "released";
     } else if (w->cancelling) {
         if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0)) cleanup_after(d, w);
         queue_mark_cancelled(c, w->id);
+        outcome = "cancelled";
     } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
         queue_finish(c, w->id, true, false, NULL, w->result);
+        outcome = "succeeded";
     } else {
-        char msg[512];
         if (WIFSIGNALED(st)) {
             snprintf(msg, sizeof msg, "worker killed by signal %d%s", WTERMSIG(st),
                      queue_now() > w->deadline ? " (job timed out)" : "");
             cleanup_after(d, w);
         }
         bool timed_out = queue_now() > w->deadline;
-        const char *err = w->error ? w->error : WIFSIGNALED(st) ? msg : "worker failed without a message";
+        err = w->error ? w->error : WIFSIGNALED(st) ? msg : "worker failed without a message";
         bool transient = w->error ? w->transient : !timed_out;
         queue_finish(c, w->id, false, transient && !timed_out, err, NULL);
+        outcome = transient && !timed_out && job_requeued(d, w->id) ? "retried" : "failed";
     }
+    if (strcmp(outcome, "released")) metrics_observe_job(d->m, w->kind, outcome, ran, w->done);
+    static const struct {
+        const char *outcome, *event;
+        ckpt_event_level level;
+    } events[] = {{"succeeded", "job.finished", CKPT_EV_INFO}, {"failed", "job.failed", CKPT_EV_ERROR},
+                  {"retried", "job.retry", CKPT_EV_WARN},      {"cancelled", "job.cancelled", CKPT_EV_INFO},
+                  {"released", "job.released", CKPT_EV_INFO}};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(events); i++)
+        if (!strcmp(events[i].outcome, outcome))
+            job_event(events[i].level, events[i].event, w,
+                      json_pack("{s:f,s:I,s:s?}", "seconds", ran, "bytes", (json_int_t)w->done, "error", err));
     ckpt_fault("daemon.finished");
     atomic_fetch_sub(&d->running, 1);
     close(w->fd);
@@ -357,6 +416,8 @@ static void claim_more(daemon_state *d)
         worker_slot *w = &d->slots[d->nslots];
         memset(w, 0, sizeof *w);
         w->id = jobs[i].id;
+        w->created = jobs[i].created_at;
+        w->attempt = jobs[i].attempt;
         w->kind = jobs[i].kind;
         w->args = jobs[i].args;
         jobs[i].kind = NULL;
@@ -390,10 +451,11 @@ int daemon_run(const daemon_opts *o)
     http_api *api = NULL;
     if (!d.owner || !d.slots) rc = CKPT_ENOMEM;
     http_api_opts ho = {.listen = o->listen, .token_file = o->token_file, .home = d.store.home,
-                        .running_workers = &d.running, .allow_roots = o->allow_roots,
+                        .running_workers = &d.running, .workers = o->workers, .allow_roots = o->allow_roots,
                         .per_ip = o->per_ip, .idle_timeout = o->idle_timeout};
     if (!rc && child_pipe[0] < 0 && pipe2(child_pipe, O_CLOEXEC | O_NONBLOCK) < 0) rc = ckpt_error_sys("pipe");
     if (!rc && !o->no_http) rc = http_api_start(&api, &ho);
+    d.m = http_api_metrics(api);
     if (rc) {
         free(d.owner);
         free(d.slots);
@@ -428,7 +490,7 @@ int daemon_run(const daemon_opts *o)
         if (url_file) ckpt_write_file_atomic(url_file, http_api_url(api), strlen(http_api_url(api)));
     }
     if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
-    double last_reap = 0, last_schedules = 0, grace_end = 0;
+    double last_reap = 0, last_schedules = 0, last_prune = 0, grace_end = 0;
     bool stopping = false;
     for (;;) {
         double now = queue_now();
@@ -445,6 +507,14 @@ int daemon_run(const daemon_opts *o)
         if (!stopping && now - last_schedules >= DAEMON_SCHEDULE_SECONDS) {
             last_schedules = now;
             if (schedule_queue_due(&d.store.cat, now, NULL) < 0) ckpt_warn("schedules: %s", ckpt_error_last());
+        }
+        if (!stopping && now - last_prune >= DAEMON_PRUNE_SECONDS) {
+            last_prune = now;
+            int pruned = 0;
+            if (queue_prune(&d.store.cat, now - o->keep_jobs, &pruned) < 0) ckpt_warn("prune: %s", ckpt_error_last());
+            else if (pruned)
+                ckpt_event(CKPT_EV_INFO, "jobs.pruned",
+                           json_pack("{s:i,s:f}", "jobs", pruned, "keep_seconds", o->keep_jobs));
         }
         if (!stopping) claim_more(&d);
         struct pollfd pfd[257];

@@ -8,12 +8,15 @@
 #include "common/util.h"
 #include "service/http/dashboard.h"
 #include "service/http/http_util.h"
+#include "service/http/metrics.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
+#include "service/jobs/schedule.h"
 #include "service/http/hub_api.h"
 #include "service/http/store_api.h"
 #include "store/store.h"
 #include "store/catalog.h"
+#include "store/store_runs.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -44,12 +47,16 @@ struct http_api {
     char url[128];
     atomic_int *running;
     char *const *roots; /* --allow-path folders, canonical, NULL-terminated (the daemon's) */
+    int workers_max;
+    metrics *m;
 };
 
 typedef struct {
     char *body;
     size_t len;
     bool too_big;
+    double t0;          /* when its headers were in */
+    char *method, *path; /* for the access log: the path without the query */
 } request;
 
 static int load_tokens(http_api *h, const char *path)
@@ -192,51 +199,25 @@ static enum MHD_Result list_jobs(http_api *h, ckpt_store *s, struct MHD_Connecti
     return send_json(c, 200, json_pack("{s:o}", "jobs", a));
 }
 
-static enum MHD_Result metrics(http_api *h, ckpt_store *s, struct MHD_Connection *c)
+static enum MHD_Result metrics_answer(http_api *h, ckpt_store *s, struct MHD_Connection *c)
 {
-    json_t *counts;
+    json_t *counts = NULL, *store = NULL;
     if (queue_counts(&s->cat, &counts) < 0) return send_error(c, 500, ckpt_error_last());
-    size_t cap = 4096, len = 0;
-    char *out = ckpt_malloc(cap);
-    if (!out) {
-        json_decref(counts);
-        return send_error(c, 500, "out of memory");
+    store_du_result du;
+    if (store_du(s, &du) == 0) store = store_du_json(&du);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        metrics_now now = {.queue = counts, .store = store, .workers_busy = h->running ? atomic_load(h->running) : 0,
+                           .workers_max = h->workers_max};
+        metrics_render(h->m, &now, f);
+        fclose(f);
     }
-#define EMIT(...)                                                                                                      \
-    do {                                                                                                               \
-        int n_ = snprintf(out + len, cap - len, __VA_ARGS__);                                                          \
-        if (n_ > 0 && (size_t)n_ >= cap - len) {                                                                       \
-            char *t_ = realloc(out, cap * 2 + (size_t)n_);                                                             \
-            if (t_) {                                                                                                  \
-                out = t_;                                                                                              \
-                cap = cap * 2 + (size_t)n_;                                                                            \
-                n_ = snprintf(out + len, cap - len, __VA_ARGS__);                                                      \
-            } else n_ = 0;                                                                                             \
-        }                                                                                                              \
-        if (n_ > 0) len += (size_t)n_;                                                                                 \
-    } while (0)
-    size_t i;
-    json_t *row;
-    EMIT("# HELP ckpt_jobs Jobs by state and kind.\n# TYPE ckpt_jobs gauge\n");
-    json_array_foreach(counts, i, row) EMIT("ckpt_jobs{state=\"%s\",kind=\"%s\"} %lld\n",
-                                            json_string_value(json_object_get(row, "state")),
-                                            json_string_value(json_object_get(row, "kind")),
-                                            (long long)json_integer_value(json_object_get(row, "count")));
-    EMIT("# HELP ckpt_job_duration_seconds_sum Seconds spent in finished jobs.\n# TYPE ckpt_job_duration_seconds_sum counter\n");
-    json_array_foreach(counts, i, row) EMIT("ckpt_job_duration_seconds_sum{state=\"%s\",kind=\"%s\"} %.3f\n",
-                                            json_string_value(json_object_get(row, "state")),
-                                            json_string_value(json_object_get(row, "kind")),
-                                            json_real_value(json_object_get(row, "seconds")));
-    EMIT("# HELP ckpt_bytes_processed_total Bytes jobs reported as done.\n# TYPE ckpt_bytes_processed_total counter\n");
-    json_array_foreach(counts, i, row) EMIT("ckpt_bytes_processed_total{state=\"%s\",kind=\"%s\"} %lld\n",
-                                            json_string_value(json_object_get(row, "state")),
-                                            json_string_value(json_object_get(row, "kind")),
-                                            (long long)json_integer_value(json_object_get(row, "bytes")));
-    EMIT("# HELP ckpt_workers Worker processes running.\n# TYPE ckpt_workers gauge\nckpt_workers %d\n",
-         h->running ? atomic_load(h->running) : 0);
-#undef EMIT
     json_decref(counts);
-    return http_send_text(c, 200, "text/plain; version=0.0.4", out);
+    json_decref(store);
+    if (!text) return send_error(c, 500, "out of memory");
+    return http_send_text(c, 200, "text/plain; version=0.0.4", text);
 }
 
 /* /v1/jobs/{id}[/logs|/retry] */
@@ -282,6 +263,98 @@ static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connecti
     return send_error(c, 405, "method not allowed here");
 }
 
+/* The request body as a JSON object, or a 400 already sent (*sent). */
+static json_t *body_object(struct MHD_Connection *c, const request *req, enum MHD_Result *sent)
+{
+    json_error_t err;
+    json_t *body = json_loadb(req->body ? req->body : "", req->len, JSON_REJECT_DUPLICATES, &err);
+    if (json_is_object(body)) return body;
+    json_decref(body);
+    char msg[256];
+    snprintf(msg, sizeof msg, "body is not a JSON object: %s", err.text);
+    *sent = send_error(c, 400, msg);
+    return NULL;
+}
+
+/* A positive id from a path segment of digits; 0 if it is not one. */
+static int64_t path_id(const char *text, const char **end)
+{
+    size_t digits = strspn(text, "0123456789");
+    char idtext[24];
+    uint64_t id = 0;
+    *end = text + digits;
+    if (!digits || digits >= sizeof idtext) return 0;
+    snprintf(idtext, sizeof idtext, "%.*s", (int)digits, text);
+    return ckpt_parse_u64_field("id", idtext, 1, INT64_MAX, &id) < 0 ? 0 : (int64_t)id;
+}
+
+/* /v1/schedules[/{id}[/run]] */
+static enum MHD_Result schedules_route(http_api *h, ckpt_store *s, struct MHD_Connection *c, const char *method,
+                                       const char *rest, const request *req)
+{
+    int rc;
+    if (!*rest && !strcmp(method, "GET")) {
+        schedule *v;
+        size_t n;
+        if ((rc = schedule_list(&s->cat, &v, &n))) return send_error(c, 500, ckpt_error_last());
+        json_t *a = json_array();
+        for (size_t i = 0; i < n; i++) json_array_append_new(a, schedule_json(&v[i]));
+        schedules_free(v, n);
+        return send_json(c, 200, json_pack("{s:o}", "schedules", a));
+    }
+    if (!*rest && !strcmp(method, "POST")) {
+        enum MHD_Result sent = MHD_NO;
+        json_t *body = body_object(c, req, &sent);
+        if (!body) return sent;
+        schedule sc;
+        rc = schedule_from_json(body, &sc);
+        json_decref(body);
+        if (!rc) rc = schedule_add(&s->cat, &sc);
+        enum MHD_Result r = rc ? send_error(c, code_for(rc), ckpt_error_last()) : send_json(c, 201, schedule_json(&sc));
+        schedule_free(&sc);
+        return r;
+    }
+    if (*rest != '/') return send_error(c, *rest ? 404 : 405, *rest ? "no such endpoint" : "method not allowed here");
+    const char *end;
+    int64_t id = path_id(rest + 1, &end);
+    if (!id) return send_error(c, 404, "no such schedule");
+    schedule sc;
+    if ((rc = schedule_get(&s->cat, id, &sc))) return send_error(c, code_for(rc), ckpt_error_last());
+    enum MHD_Result r;
+    if (!*end && !strcmp(method, "GET")) {
+        r = send_json(c, 200, schedule_json(&sc));
+    } else if (!*end && !strcmp(method, "DELETE")) {
+        rc = schedule_remove(&s->cat, id);
+        r = rc ? send_error(c, code_for(rc), ckpt_error_last())
+               : send_json(c, 200, json_pack("{s:I}", "removed", (json_int_t)id));
+    } else if (!strcmp(end, "/run") && !strcmp(method, "POST")) {
+        json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id);
+        int64_t job = 0;
+        bool existed = false;
+        rc = queue_submit(&s->cat, "sync", args, &(queue_submit_opts){0}, &job, &existed);
+        json_decref(args);
+        r = rc ? send_error(c, code_for(rc), ckpt_error_last()) : job_reply(h, s, c, existed ? 200 : 201, job);
+    } else {
+        r = send_error(c, 405, "method not allowed here");
+    }
+    schedule_free(&sc);
+    return r;
+}
+
+/* GET /v1/store (ckpt du --json) and GET /v1/runs[?run=] (ckpt state ls --json). */
+static enum MHD_Result store_summary(ckpt_store *s, struct MHD_Connection *c, const char *url, const char *method)
+{
+    if (strcmp(method, "GET")) return send_error(c, 405, "method not allowed here");
+    if (!strcmp(url, "/v1/store")) {
+        store_du_result r;
+        int rc = store_du(s, &r);
+        return rc ? http_send_store_error(c, rc, "measure the store") : send_json(c, 200, store_du_json(&r));
+    }
+    json_t *steps;
+    int rc = store_run_steps_json(s, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "run"), &steps);
+    return rc ? http_send_store_error(c, rc, "list runs") : send_json(c, 200, json_pack("{s:o}", "steps", steps));
+}
+
 /* 401 as the Hub words it (docs/hub.md, "Tokens"): on a Hub route without a
  * token, X-Error-Code RepoNotFound and "Invalid username or password.", which
  * huggingface_hub turns into RepositoryNotFoundError (so repo_exists,
@@ -306,12 +379,18 @@ static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *
         if (!role) return unauthorized(c, url, auth != NULL);
     }
     if (req->too_big) return send_error(c, 413, "request body too large");
+    /* Read tokens read; every action of the /v1 API needs an admin token. */
+    if (role < 2 && !strncmp(url, "/v1/", 4) && strcmp(method, "GET") && strcmp(method, "HEAD"))
+        return send_error(c, 403, !strcmp(url, "/v1/jobs")      ? "submitting needs an admin token"
+                                  : strstr(url, "/retry")        ? "retrying needs an admin token"
+                                  : !strncmp(url, "/v1/jobs", 8) ? "cancelling needs an admin token"
+                                                                 : "this action needs an admin token");
     bool handled;
     enum MHD_Result sr = store_api_route(s, c, url, method, &handled);
     if (handled) return sr;
     sr = hub_api_route(s, c, url, method, req->body, req->len, &handled);
     if (handled) return sr;
-    if (!strcmp(url, "/metrics")) return metrics(h, s, c);
+    if (!strcmp(url, "/metrics")) return metrics_answer(h, s, c);
     if (!strcmp(url, "/v1/jobs")) {
         if (!strcmp(method, "GET")) return list_jobs(h, s, c);
         if (!strcmp(method, "POST")) {
@@ -321,6 +400,9 @@ static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *
         return send_error(c, 405, "method not allowed here");
     }
     if (!strncmp(url, "/v1/jobs/", 9)) return job_route(h, s, c, method, url + 9, role);
+    if (!strncmp(url, "/v1/schedules", 13) && (!url[13] || url[13] == '/'))
+        return schedules_route(h, s, c, method, url + 13, req);
+    if (!strcmp(url, "/v1/store") || !strcmp(url, "/v1/runs")) return store_summary(s, c, url, method);
     return send_error(c, 404, "no such endpoint");
 }
 
@@ -367,6 +449,10 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         req = calloc(1, sizeof *req);
         if (!req) return MHD_NO;
         *con_cls = req;
+        http_answer_reset();
+        req->t0 = ckpt_now();
+        req->method = ckpt_strndup(method, 16);
+        req->path = ckpt_strndup(url, 1024);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
         uint64_t len;
         /* A length that is not a number is too big to trust; libmicrohttpd rejects it too. */
@@ -404,13 +490,27 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return r;
 }
 
+/* The end of a request: its access log line and its figures. The query is
+ * left out of the path (it is not logged at all), and tokens travel only in
+ * the Authorization header, which is never logged. */
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
+    http_api *h = cls;
     (void)c;
-    (void)toe;
     request *req = *con_cls;
     if (req) {
+        http_answer a = http_answer_get();
+        if (req->method && !strcmp(req->method, "HEAD")) a.bytes = 0; /* headers only: no body went out */
+        double secs = ckpt_now() - req->t0;
+        const char *path = req->path ? req->path : "";
+        const char *route = metrics_route(path);
+        metrics_observe_http(h->m, route, a.status, secs, a.bytes);
+        ckpt_event(toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? CKPT_EV_INFO : CKPT_EV_WARN, "http.request",
+                   json_pack("{s:s,s:s,s:s,s:i,s:I,s:f,s:s?}", "method", req->method ? req->method : "", "path", path,
+                             "route", route, "status", (int)a.status, "bytes", (json_int_t)a.bytes, "seconds", secs,
+                             "aborted", toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? NULL : "connection cut"));
+        free(req->method);
+        free(req->path);
         free(req->body);
         free(req);
     }
@@ -424,6 +524,8 @@ int http_api_start(http_api **out, const http_api_opts *o)
     pthread_mutex_init(&h->mu, NULL);
     pthread_cond_init(&h->freed, NULL);
     h->running = o->running_workers;
+    h->workers_max = o->workers;
+    h->m = metrics_new();
     h->roots = o->allow_roots;
     int rc = o->token_file ? load_tokens(h, o->token_file) : 0;
     char host[64] = "127.0.0.1";
@@ -452,7 +554,7 @@ int http_api_start(http_api **out, const http_api_opts *o)
         h->mhd = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL |
                                       MHD_USE_ERROR_LOG,
                                   0, NULL, NULL, handler, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                                  MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
+                                  MHD_OPTION_NOTIFY_COMPLETED, completed, h, MHD_OPTION_CONNECTION_TIMEOUT,
                                   (unsigned)(o->idle_timeout > 0 ? o->idle_timeout : HTTP_IDLE_TIMEOUT_DEFAULT),
                                   MHD_OPTION_CONNECTION_LIMIT, (unsigned)HTTP_MAX_CONNECTIONS,
                                   MHD_OPTION_PER_IP_CONNECTION_LIMIT,
@@ -471,6 +573,11 @@ int http_api_start(http_api **out, const http_api_opts *o)
     return rc;
 }
 
+metrics *http_api_metrics(http_api *h)
+{
+    return h ? h->m : NULL;
+}
+
 const char *http_api_url(const http_api *h)
 {
     return h->url;
@@ -485,6 +592,7 @@ void http_api_stop(http_api *h)
     free(h->home);
     pthread_cond_destroy(&h->freed);
     free(h->tokens);
+    metrics_free(h->m);
     pthread_mutex_destroy(&h->mu);
     free(h);
 }

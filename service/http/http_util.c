@@ -26,6 +26,33 @@ bool http_token_equal(const unsigned char a[HTTP_TOKEN_DIGEST], const unsigned c
     return CRYPTO_memcmp(a, b, HTTP_TOKEN_DIGEST) == 0;
 }
 
+/* The answer of the request this thread is serving (libmicrohttpd runs a
+ * thread per connection: the handler, the body callbacks and the completion
+ * of one request all run in it). */
+static _Thread_local http_answer current;
+
+void http_answer_reset(void)
+{
+    memset(&current, 0, sizeof current);
+}
+
+void http_answer_bytes(uint64_t n)
+{
+    current.bytes += n;
+}
+
+http_answer http_answer_get(void)
+{
+    return current;
+}
+
+enum MHD_Result http_queue(struct MHD_Connection *c, unsigned code, struct MHD_Response *r, uint64_t size)
+{
+    current.status = code;
+    current.bytes += size;
+    return MHD_queue_response(c, code, r);
+}
+
 static struct MHD_Response *text_response(const char *type, char *text)
 {
     struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
@@ -35,9 +62,10 @@ static struct MHD_Response *text_response(const char *type, char *text)
 
 enum MHD_Result http_send_text(struct MHD_Connection *c, unsigned code, const char *type, char *text)
 {
+    size_t len = strlen(text);
     struct MHD_Response *r = text_response(type, text);
     if (!r) return MHD_NO;
-    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    enum MHD_Result ret = http_queue(c, code, r, len);
     MHD_destroy_response(r);
     return ret;
 }
@@ -60,6 +88,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const
                                   const char *repo_commit, bool message_header)
 {
     char *s = json_text(json_pack("{s:s}", "error", msg));
+    size_t len = s ? strlen(s) : 0;
     struct MHD_Response *r = s ? text_response("application/json", s) : NULL;
     if (!r) return MHD_NO;
     if (hub_code) MHD_add_response_header(r, "X-Error-Code", hub_code);
@@ -72,7 +101,7 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned code, const
     }
     if (repo_commit) MHD_add_response_header(r, "X-Repo-Commit", repo_commit);
     if (code == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
-    enum MHD_Result ret = MHD_queue_response(c, code, r);
+    enum MHD_Result ret = http_queue(c, code, r, len);
     MHD_destroy_response(r);
     return ret;
 }
@@ -179,6 +208,7 @@ static ssize_t stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
     size_t n = sc->len - pos < max ? (size_t)(sc->len - pos) : max;
     if (n > HTTP_FILE_CHUNK) n = HTTP_FILE_CHUNK;
     if (store_file_read(sc->r, sc->start + pos, buf, n) < 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    http_answer_bytes(n);
     return (ssize_t)n;
 }
 
@@ -248,7 +278,7 @@ enum MHD_Result http_send_stored_file(ckpt_store *s, struct MHD_Connection *c, c
         snprintf(crange, sizeof crange, "bytes */%llu", (unsigned long long)T);
         struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
         MHD_add_response_header(resp, "Content-Range", crange);
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp);
+        enum MHD_Result ret = http_queue(c, MHD_HTTP_RANGE_NOT_SATISFIABLE, resp, 0);
         MHD_destroy_response(resp);
         return ret;
     }
@@ -285,7 +315,7 @@ enum MHD_Result http_send_stored_file(ckpt_store *s, struct MHD_Connection *c, c
             MHD_add_response_header(resp, "X-Linked-Size", size);
         }
     }
-    enum MHD_Result ret = MHD_queue_response(c, pr == 1 ? 206 : 200, resp);
+    enum MHD_Result ret = http_queue(c, pr == 1 ? 206 : 200, resp, 0);
     MHD_destroy_response(resp);
     return ret;
 }

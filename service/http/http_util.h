@@ -16,6 +16,19 @@
 
 #define HTTP_TOKEN_DIGEST 32
 
+/* What the request being served got (for the access log and /metrics):
+ * its status and the body bytes queued or streamed so far. Every answer goes
+ * through http_queue (size: a buffer's length; 0 for a streamed body, whose
+ * callback adds what it sends with http_answer_bytes). */
+typedef struct {
+    unsigned status;
+    uint64_t bytes;
+} http_answer;
+void http_answer_reset(void);
+void http_answer_bytes(uint64_t n);
+http_answer http_answer_get(void);
+enum MHD_Result http_queue(struct MHD_Connection *c, unsigned code, struct MHD_Response *r, uint64_t size);
+
 /* Takes ownership of text (malloc'd). */
 enum MHD_Result http_send_text(struct MHD_Connection *c, unsigned code, const char *type, char *text);
 /* Takes ownership of j (may be NULL: 500). */

@@ -511,7 +511,7 @@ static enum MHD_Result hub_tree(ckpt_store *s, struct MHD_Connection *c, const c
     }
     MHD_add_response_header(resp, "Content-Type", "application/json");
     if (start + per < total) add_next_link(c, resp, raw_url, "cursor", start + per);
-    ret = MHD_queue_response(c, 200, resp);
+    ret = http_queue(c, 200, resp, strlen(body));
     MHD_destroy_response(resp);
     store_ckpt_free(&r.c);
     return ret;
@@ -605,7 +605,7 @@ static enum MHD_Result hub_resolve(ckpt_store *s, struct MHD_Connection *c, cons
     } else if (raw_head_only) {
         struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
         MHD_add_response_header(resp, "X-Repo-Commit", r.sha);
-        ret = MHD_queue_response(c, 200, resp);
+        ret = http_queue(c, 200, resp, 0);
         MHD_destroy_response(resp);
     } else {
         char oid[41];
@@ -745,7 +745,7 @@ static enum MHD_Result hub_commits(ckpt_store *s, struct MHD_Connection *c, cons
     snprintf(count, sizeof count, "%zu", total);
     MHD_add_response_header(resp, "X-Total-Count", count);
     if ((page + 1) * limit < total) add_next_link(c, resp, raw_url, "p", page + 1);
-    ret = MHD_queue_response(c, 200, resp);
+    ret = http_queue(c, 200, resp, strlen(body));
     MHD_destroy_response(resp);
     return ret;
 }

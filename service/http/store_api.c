@@ -61,7 +61,10 @@ static ssize_t tar_stream_cb(void *cls, uint64_t pos, char *buf, size_t max)
     ssize_t n;
     do n = read(ts->rfd, buf, max);
     while (n < 0 && errno == EINTR);
-    if (n > 0) return n;
+    if (n > 0) {
+        http_answer_bytes((uint64_t)n);
+        return n;
+    }
     if (!ts->joined) {
         pthread_join(ts->th, NULL);
         ts->joined = true;
@@ -120,12 +123,12 @@ static enum MHD_Result send_archive(ckpt_store *s, struct MHD_Connection *c, con
         return MHD_NO;
     }
     MHD_add_response_header(resp, "Content-Type", zstd ? "application/zstd" : "application/x-tar");
-    enum MHD_Result ret = MHD_queue_response(c, 200, resp);
+    enum MHD_Result ret = http_queue(c, 200, resp, 0);
     MHD_destroy_response(resp);
     return ret;
 }
 
-static enum MHD_Result v1_checkpoints(ckpt_store *s, struct MHD_Connection *c, const http_segments *sg)
+static enum MHD_Result v1_checkpoints(ckpt_store *s, struct MHD_Connection *c, const http_segments *sg, bool is_delete)
 {
     json_t *j;
     if (sg->n == 2) {
@@ -137,7 +140,13 @@ static enum MHD_Result v1_checkpoints(ckpt_store *s, struct MHD_Connection *c, c
     int rc = store_resolve(s, sg->seg[2], &ck);
     if (rc) return http_send_store_error(c, rc, "resolve the ref");
     enum MHD_Result ret;
-    if (sg->n == 3) {
+    if (is_delete) {
+        rc = store_rm(s, &ck);
+        char *ref = rc ? NULL : store_ckpt_ref(&ck);
+        ret = rc ? http_send_store_error(c, rc, "remove the checkpoint")
+                 : http_send_json(c, 200, json_pack("{s:s}", "removed", ref ? ref : ""));
+        free(ref);
+    } else if (sg->n == 3) {
         rc = store_ckpt_json(s, &ck, true, &j);
         ret = rc ? http_send_store_error(c, rc, "describe the checkpoint") : http_send_json(c, 200, j);
     } else if (sg->n >= 5 && !strcmp(sg->seg[3], "files")) {
@@ -166,8 +175,10 @@ enum MHD_Result store_api_route(ckpt_store *s, struct MHD_Connection *c, const c
         return http_send_error(c, 400, "bad path encoding", NULL, NULL);
     }
     enum MHD_Result ret;
-    if (strcmp(method, "GET") && strcmp(method, "HEAD")) ret = http_send_error(c, 405, "method not allowed here", NULL, NULL);
-    else ret = v1_checkpoints(s, c, &sg);
+    bool is_delete = !strcmp(method, "DELETE") && sg.n == 3;
+    if (strcmp(method, "GET") && strcmp(method, "HEAD") && !is_delete)
+        ret = http_send_error(c, 405, "method not allowed here", NULL, NULL);
+    else ret = v1_checkpoints(s, c, &sg, is_delete);
     free(sg.buf);
     return ret;
 }

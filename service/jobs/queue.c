@@ -615,6 +615,25 @@ int queue_logs(catalog *c, int64_t id, int64_t after, json_t **lines, int64_t *l
     return 0;
 }
 
+static void bind_before(sqlite3_stmt *st, void *ctx)
+{
+    sqlite3_bind_double(st, 2, *(double *)ctx);
+}
+
+int queue_prune(catalog *c, double before, int *removed)
+{
+    /* ?1 is update_job's id, unused here. A job a queued or running one waits
+     * for is kept: its outcome decides the other's. job_logs go with their job
+     * (ON DELETE CASCADE). */
+    int rc = update_job(c,
+                        "DELETE FROM jobs WHERE ?1 = ?1 AND state IN ('succeeded', 'failed', 'cancelled') AND "
+                        "coalesce(finished_at, created_at) < ?2 AND id NOT IN (SELECT depends_on FROM jobs WHERE "
+                        "depends_on IS NOT NULL AND state IN ('queued', 'running'))",
+                        0, "prune finished jobs", bind_before, &before);
+    if (removed) *removed = rc ? 0 : sqlite3_changes(c->db);
+    return rc;
+}
+
 int queue_counts(catalog *c, json_t **out)
 {
     sqlite3_stmt *st;

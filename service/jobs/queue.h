@@ -93,6 +93,10 @@ json_t *queue_job_json(const queue_job *j);
 int queue_logs(catalog *c, int64_t id, int64_t after, json_t **lines, int64_t *last);
 /* Counts by state and kind, for /metrics. */
 int queue_counts(catalog *c, json_t **out);
+/* Forgets finished jobs (succeeded, failed, cancelled) that ended before
+ * `before`, with their logs, but none a queued or running job depends on;
+ * *removed (may be NULL) counts them. */
+int queue_prune(catalog *c, double before, int *removed);
 /* A lease owner name for this process: "host:pid:start". malloc'd. */
 char *queue_owner_self(void);
 /* True when the process named by an owner string still runs. */

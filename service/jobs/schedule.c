@@ -103,6 +103,78 @@ static int read_schedule(sqlite3_stmt *st, schedule *sc)
     return 0;
 }
 
+/* A list of at most 64 glob strings of up to 1024 bytes, or absent. */
+static int check_globs(const json_t *fetch, const char *key)
+{
+    const json_t *l = json_object_get(fetch, key);
+    if (!l) return 0;
+    if (!json_is_array(l) || json_array_size(l) > 64)
+        return ckpt_error_set(CKPT_EINVAL, "schedule 'fetch.%s': expected a list of at most 64 patterns", key);
+    size_t i;
+    const json_t *g;
+    json_array_foreach(l, i, g) if (!json_is_string(g) || json_string_length(g) > 1024 || !json_string_length(g))
+        return ckpt_error_set(CKPT_EINVAL, "schedule 'fetch.%s'[%zu]: expected a pattern of 1-1024 bytes", key, i);
+    return 0;
+}
+
+int schedule_from_json(const json_t *j, schedule *sc)
+{
+    memset(sc, 0, sizeof *sc);
+    if (!json_is_object(j)) return ckpt_error_set(CKPT_EINVAL, "a schedule is a JSON object");
+    const char *keys[] = {"repo", "revision", "every_seconds", "cron", "layouts", "fetch"};
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)j, k, v)
+    {
+        size_t i = 0;
+        while (i < CKPT_ARRAY_LEN(keys) && strcmp(k, keys[i])) i++;
+        if (i == CKPT_ARRAY_LEN(keys))
+            return ckpt_error_set(CKPT_EINVAL, "schedule: unknown field '%s' (repo, revision, every_seconds, cron, "
+                                               "layouts, fetch)", k);
+    }
+    const char *repo = json_string_value(json_object_get(j, "repo")),
+               *rev = json_string_value(json_object_get(j, "revision")),
+               *cron = json_string_value(json_object_get(j, "cron"));
+    json_t *every = json_object_get(j, "every_seconds"), *layouts = json_object_get(j, "layouts"),
+           *fetch = json_object_get(j, "fetch");
+    if (!repo) return ckpt_error_set(CKPT_EINVAL, "schedule: 'repo' (ORG/NAME) is required");
+    if (json_object_get(j, "revision") && !rev) return ckpt_error_set(CKPT_EINVAL, "schedule 'revision': expected a string");
+    if (!cron == !every) return ckpt_error_set(CKPT_EINVAL, "schedule: give 'every_seconds' or 'cron' (one of them)");
+    if (every && (!json_is_integer(every) || json_integer_value(every) < SCHEDULE_MIN_EVERY ||
+                  json_integer_value(every) > SCHEDULE_MAX_EVERY))
+        return ckpt_error_set(CKPT_EINVAL, "schedule 'every_seconds': expected a whole number from %d to %lld",
+                              SCHEDULE_MIN_EVERY, SCHEDULE_MAX_EVERY);
+    cron_spec cs;
+    if (cron && cron_parse(cron, &cs) < 0) return ckpt_error_set(CKPT_EINVAL, "schedule 'cron': %s", ckpt_error_last());
+    if (layouts && !json_is_array(layouts)) return ckpt_error_set(CKPT_EINVAL, "schedule 'layouts': expected a list");
+    size_t i;
+    json_t *l;
+    json_array_foreach(layouts, i, l)
+    {
+        json_t *tp = json_object_get(l, "tp");
+        if (!json_is_object(l) || !json_is_string(json_object_get(l, "layout")) || json_object_size(l) > 1u + !!tp ||
+            (tp && (!json_is_integer(tp) || json_integer_value(tp) < 1 || json_integer_value(tp) > 1024)))
+            return ckpt_error_set(CKPT_EINVAL, "schedule 'layouts'[%zu]: expected {\"layout\": L, \"tp\": 1-1024}", i);
+    }
+    if (fetch && (!json_is_object(fetch) || json_object_size(fetch) > (size_t)!!json_object_get(fetch, "include") +
+                                                                         !!json_object_get(fetch, "exclude")))
+        return ckpt_error_set(CKPT_EINVAL, "schedule 'fetch': expected {\"include\": [...], \"exclude\": [...]}");
+    int rc = check_globs(fetch, "include");
+    if (!rc) rc = check_globs(fetch, "exclude");
+    if (rc) return rc;
+    sc->repo = ckpt_strdup(repo);
+    sc->revision = ckpt_strdup(rev && *rev ? rev : "main");
+    sc->cron = cron ? ckpt_strdup(cron) : NULL;
+    sc->every_seconds = every ? json_integer_value(every) : 0;
+    sc->layouts = layouts ? json_deep_copy(layouts) : json_array();
+    sc->fetch_args = fetch ? json_deep_copy(fetch) : json_object();
+    if (!sc->repo || !sc->revision || (cron && !sc->cron) || !sc->layouts || !sc->fetch_args) {
+        schedule_free(sc);
+        return ckpt_error_set(CKPT_ENOMEM, "out of memory reading a schedule");
+    }
+    return 0;
+}
+
 void schedule_free(schedule *sc)
 {
     free(sc->repo);
@@ -334,8 +406,10 @@ int schedule_queue_due(catalog *c, double now, int *queued)
         if (!rc) rc = advance(c, sc, next, job);
         if (!rc && !existed && queued) (*queued)++;
         if (!rc)
-            ckpt_debug("schedule %lld: %s sync job %lld; next run in %.0f s", (long long)sc->id,
-                       existed ? "still has" : "queued", (long long)job, next - now);
+            ckpt_event(CKPT_EV_INFO, "schedule.fired",
+                       json_pack("{s:I,s:s,s:s,s:I,s:b,s:f}", "schedule", (json_int_t)sc->id, "repo", sc->repo,
+                                 "revision", sc->revision, "job", (json_int_t)job, "existed", existed, "next_in_seconds",
+                                 next - now));
     }
     for (size_t i = 0; i < n; i++)
         schedule_free(&due[i]);

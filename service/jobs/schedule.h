@@ -55,6 +55,11 @@ int schedule_next_after(const schedule *sc, double now, double *next);
  * sets sc->id and sc->next_run_at (now for --every: the first run is at
  * once; the next match for cron). */
 int schedule_add(catalog *c, schedule *sc);
+/* A schedule from its JSON (POST /v1/schedules): {"repo", "revision"?,
+ * "every_seconds" | "cron", "layouts"?: [{"layout", "tp"?}], "fetch"?:
+ * {"include"?, "exclude"?}}; every field checked, unknown ones refused.
+ * schedule_add checks the rest (repo name, layouts). */
+int schedule_from_json(const json_t *j, schedule *sc);
 int schedule_get(catalog *c, int64_t id, schedule *out);
 int schedule_list(catalog *c, schedule **out, size_t *n);
 int schedule_remove(catalog *c, int64_t id);

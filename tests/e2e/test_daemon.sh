@@ -418,9 +418,10 @@ done
 api 200 GET "/v1/jobs?state=succeeded" "${R[@]}"
 grep -q "\"id\":$id" "$work/out" || fail "?state=succeeded does not list job $id"
 api 200 GET /metrics "${R[@]}"
-grep -q '^ckpt_jobs{state="succeeded",kind="noop"} 1$' "$work/out" || fail "/metrics: no ckpt_jobs line for the job: $(head -c 800 "$work/out")"
-grep -q '^# TYPE ckpt_jobs gauge$' "$work/out" || fail "/metrics: no TYPE line"
-grep -q '^ckpt_workers [0-9]' "$work/out" || fail "/metrics: no ckpt_workers"
+grep -q '^ckpt_job_duration_seconds_count{kind="noop",outcome="succeeded"} 1$' "$work/out" ||
+    fail "/metrics: no duration count for the job: $(grep -v _bucket "$work/out" | head -c 800)"
+grep -q '^# TYPE ckpt_queue_jobs gauge$' "$work/out" || fail "/metrics: no TYPE line"
+grep -q '^ckpt_workers_busy [0-9]' "$work/out" || fail "/metrics: no ckpt_workers_busy"
 # The CLI against the server, with and without the token.
 expect_status 1 "$ckpt" jobs --server "$url"
 grep -q 401 "$work/err" || fail "jobs --server without a token: $(cat "$work/err")"

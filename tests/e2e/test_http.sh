@@ -117,8 +117,12 @@ echo "16 concurrent downloads of an 80 MB rank file identical; daemon peak RSS $
 REMOTE=$W/remote-home
 CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 -o "$W/r-tp2" --server "$URL" 2>/dev/null || fail "remote pull"
 diff -r "$W/tp2" "$W/r-tp2" >/dev/null || fail "remote pull of the layout differs from a local pull"
-CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 --rank 1 -o "$W/r-rank1" --server "$URL" 2>/dev/null || fail "remote rank pull"
+CKPT_HOME=$W/rank-home "$B" pull Qwen/tiny@main:neuron-tp2 --rank 1 -o "$W/r-rank1" --server "$URL" 2>/dev/null || fail "remote rank pull"
 cmp -s "$W/r-rank1/model.safetensors" "$W/tp2/tp_rank_01/model.safetensors" || fail "remote rank 1 differs"
+# only that rank's files came over: the other rank is not in the pulling store
+CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -c 'import json, sys; c = json.load(sys.stdin)["checkpoints"]; sys.exit(len(c) != 1)' &&
+    ! CKPT_HOME=$W/rank-home "$B" show "$(CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -c 'import json, sys; print(json.load(sys.stdin)["checkpoints"][0]["ref"])')" | grep -q tp_rank_00 ||
+    fail "a remote --rank 1 pull fetched more than rank 1: $(CKPT_HOME=$W/rank-home "$B" ls)"
 CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 --consolidated -o "$W/r-cons" --server "$URL" 2>/dev/null || fail "remote consolidated pull"
 diff -r "$W/orig" "$W/r-cons" >/dev/null || fail "remote consolidated pull differs from the original"
 stop_daemon
@@ -184,6 +188,119 @@ start_daemon --token-file "$W/tokens"
 [ "$(status -H 'Authorization: Bearer wrong-token-0123456789' "$URL/v1/checkpoints")" = 401 ] || fail "wrong token"
 [ "$(status "$URL/healthz")" = 200 ] || fail healthz
 stop_daemon
+
+# --- every store command against the daemon, or a refusal (issue 19) ---
+# A daemon with tokens that forgets finished jobs at once and logs JSON; the
+# commands go to it through --server, CKPT_SERVER and the config file; each
+# answer equals the local command's on the same store.
+printf '%s\n' readtoken-0123456789abcdef >"$W/read.tok"
+printf '%s\n' admintoken-0123456789abcdef >"$W/admin.tok"
+start_daemon --token-file "$W/tokens" --keep-jobs 0s --log-format json
+RD=("$B" --server "$URL" --token-file "$W/read.tok")
+AD=("$B" --server "$URL" --token-file "$W/admin.tok")
+"${RD[@]}" ls --json >"$W/r.json" && same_json "$W/r.json" "$B" ls --json || fail "ls --server differs from ls: $(head -c 300 "$W/r.json")"
+CKPT_SERVER=$URL CKPT_TOKEN=readtoken-0123456789abcdef "$B" show Qwen/tiny@main:neuron-tp2 --json >"$W/r.json" &&
+    same_json "$W/r.json" "$B" show Qwen/tiny@main:neuron-tp2 --json || fail "show with CKPT_SERVER differs from show"
+mkdir -p "$W/cfg/ckpt"
+printf '# the daemon\nserver = %s\ntoken_file = %s\n' "$URL" "$W/read.tok" >"$W/cfg/ckpt/config"
+XDG_CONFIG_HOME=$W/cfg "$B" du --json >"$W/r.json" || fail "du through the config file"
+"$B" du --json | "$py" -c 'import json, sys; a = json.load(sys.stdin); b = json.load(open(sys.argv[1])); sys.exit(any(a[k] != b[k] for k in ("checkpoints", "logical_bytes", "physical_bytes", "blobs")))' "$W/r.json" ||
+    fail "du --server differs from du: $(cat "$W/r.json")"
+XDG_CONFIG_HOME=$W/cfg "$B" --home "$W/home" ls >/dev/null || fail "--home before the command does not override the config's server"
+printf 'server = %s\nserve = x\n' "$URL" >"$W/cfg/ckpt/config"
+rc=0; XDG_CONFIG_HOME=$W/cfg "$B" ls 2>"$W/err" || rc=$?
+[ "$rc" = 2 ] && grep -q 'config:2: unknown key .serve.' "$W/err" || fail "a bad config line ($rc): $(cat "$W/err")"
+# a read token reads; acting needs an admin token
+rc=0; "${RD[@]}" rm Qwen/tiny@main 2>"$W/err" || rc=$?
+[ "$rc" = 1 ] && grep -q 403 "$W/err" || fail "rm with a read token ($rc): $(cat "$W/err")"
+[ "$("${AD[@]}" convert Qwen/tiny@main --layout fused 2>"$W/err")" = Qwen/tiny@main:fused ] || fail "convert --server: $(cat "$W/err")"
+"$B" show Qwen/tiny@main:fused >/dev/null || fail "convert --server made nothing in the daemon's store"
+"${AD[@]}" verify --json | grep -q '"clean": true' || fail "verify --server"
+"${AD[@]}" rm Qwen/tiny@main:fused 2>/dev/null || fail "rm --server"
+! "$B" show Qwen/tiny@main:fused >/dev/null 2>&1 || fail "rm --server left the layout"
+"${AD[@]}" gc --json | grep -q '"blobs_removed"' || fail "gc --server"
+"$B" state save "$W/src" "$W/st" --optimizer adamw --step 7 2>/dev/null && "$B" state import "$W/st" --run r1 >/dev/null ||
+    fail "a training state to export"
+"${RD[@]}" state ls --json >"$W/r.json" && same_json "$W/r.json" "$B" state ls --json && grep -q '"r1"' "$W/r.json" ||
+    fail "state ls --server: $(cat "$W/r.json")"
+CKPT_HOME=$W/se-home "${RD[@]}" state export r1@7 -o "$W/se" 2>/dev/null && diff -r "$W/st" "$W/se" >/dev/null ||
+    fail "state export --server differs from the state imported"
+rm -rf "$W/st" "$W/se" "$W/se-home"
+# schedules: /v1/schedules (a yearly cron: nothing runs in this test)
+rc=0; "${RD[@]}" sync add Qwen/tiny --cron "0 0 1 1 *" 2>"$W/err" || rc=$?
+[ "$rc" = 1 ] && grep -q 403 "$W/err" || fail "sync add with a read token ($rc): $(cat "$W/err")"
+sid=$("${AD[@]}" sync add Qwen/tiny --cron "0 0 1 1 *" --layout neuron --tp 2) || fail "sync add --server"
+"${RD[@]}" sync ls --json >"$W/r.json" && same_json "$W/r.json" "$B" sync ls --json && grep -q '"neuron"' "$W/r.json" ||
+    fail "sync ls --server: $(cat "$W/r.json")"
+"${AD[@]}" sync rm "$sid" && [ "$("$B" sync ls --json | tr -d ' \n')" = "[]" ] || fail "sync rm --server"
+rc=0; "${AD[@]}" sync run 999 2>"$W/err" || rc=$?
+[ "$rc" = 1 ] && grep -q 404 "$W/err" || fail "sync run of no schedule ($rc): $(cat "$W/err")"
+# what cannot work remotely says so, exit 2
+for cmd in "import $W/src --repo a/b" "fetch a/b" "state import $W/src --run r" "state keep r --last 1" "gc --dry-run"; do
+    rc=0; "${AD[@]}" $cmd 2>"$W/err" || rc=$?
+    [ "$rc" = 2 ] && grep -q "this machine's store only" "$W/err" || fail "$cmd --server ($rc): $(cat "$W/err")"
+done
+# jobs: a header, times, --limit; finished jobs pruned (--keep-jobs 0s): the convert, verify and gc are gone
+"$B" jobs | head -1 | grep -q '^ *ID  STATE .*CREATED (UTC).*FINISHED (UTC).*WAITED.*RAN' || fail "ckpt jobs has no header: $("$B" jobs | head -2)"
+rc=0; "$B" jobs --limit 0 2>/dev/null || rc=$?; [ "$rc" = 2 ] || fail "jobs --limit 0 exited $rc"
+rc=0; "$B" jobs --state done 2>/dev/null || rc=$?; [ "$rc" = 2 ] || fail "jobs --state done exited $rc"
+# (a poll for the daemon's prune, at most a second apart: the 60 s ceiling catches a hang)
+for _ in $(seq 1200); do [ "$("${RD[@]}" jobs --json | tr -d ' \n')" = "[]" ] && break; sleep 0.05; done
+[ "$("${RD[@]}" jobs --json | tr -d ' \n')" = "[]" ] || fail "finished jobs were not pruned: $("$B" jobs)"
+# /metrics: a strict parse, then the figures against what this daemon did
+curl -s -H 'Authorization: Bearer readtoken-0123456789abcdef' "$URL/metrics" >"$W/metrics"
+"$py" "$DIR/prom_check.py" "$W/metrics" >"$W/metrics.json" || fail "/metrics is not a valid exposition"
+"$B" du --json >"$W/du.json"
+"$py" - "$W/metrics.json" "$W/du.json" <<'PY' || fail "/metrics figures: $(grep -v _bucket "$W/metrics" | head -60)"
+import json, sys
+m, du = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+def want(key, ok, what):
+    if not ok(m.get(key)):
+        sys.exit(f"{key} = {m.get(key)}: {what}")
+want('ckpt_job_duration_seconds_count{kind="convert",outcome="succeeded"}', lambda v: v == 1, "one convert ran")
+want('ckpt_job_duration_seconds_count{kind="verify",outcome="succeeded"}', lambda v: v == 1, "one verify ran")
+want('ckpt_job_queue_wait_seconds_count{kind="gc"}', lambda v: v == 1, "one gc waited")
+want('ckpt_http_request_duration_seconds_count{code="403",route="/v1/checkpoints/{ref}"}', lambda v: v == 1, "one refused rm")
+want('ckpt_http_request_duration_seconds_count{code="201",route="/v1/schedules"}', lambda v: v == 1, "one schedule added")
+want('ckpt_converted_bytes_total{}', lambda v: v and v > 0, "the convert wrote bytes")
+want('ckpt_served_bytes_total{}', lambda v: v and v > 0, "answers were sent")
+want('ckpt_workers_busy{}', lambda v: v == 0, "no job runs")
+want('ckpt_queue_jobs{state="succeeded"}', lambda v: v == 0, "all pruned")
+for k, name in (("logical_bytes", "logical_bytes"), ("physical_bytes", "physical_bytes"), ("blobs", "blobs"), ("checkpoints", "checkpoints")):
+    want("ckpt_store_" + name + "{}", lambda v, k=k: v == du[k], f"du says {du[k]}")
+PY
+stop_daemon
+# the log: JSON lines for jobs and requests, the route of each request; no token anywhere
+grep '^{' "$W/serve.log" >"$W/events" || fail "no JSON log lines: $(tail -5 "$W/serve.log")"
+"$py" - "$W/events" <<'PY' || fail "the JSON log: $(head -c 1500 "$W/events")"
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+def has(**kv):
+    return any(all(e.get(k) == v for k, v in kv.items()) for e in ev)
+assert has(event="job.started", kind="convert", ref="Qwen/tiny@main"), "no job.started of the convert"
+assert any(e["event"] == "job.finished" and e["kind"] == "convert" and e["bytes"] > 0 and e["seconds"] >= 0 for e in ev), "no job.finished with bytes"
+assert has(event="http.request", method="DELETE", route="/v1/checkpoints/{ref}", status=403), "no access line of the refused rm"
+assert has(event="http.request", method="GET", path="/metrics", status=200), "no access line of /metrics"
+assert has(event="jobs.pruned"), "no prune logged"
+assert all("?" not in e.get("path", "") for e in ev), "a query in a logged path"
+PY
+! grep -q 'token-0123456789abcdef' "$W/serve.log" || fail "a token in the daemon's log"
+echo "every store command over --server, CKPT_SERVER and the config; refusals exit 2; jobs pruned; JSON log; /metrics parsed"
+
+# --- shell completion and the man page (deploy/) ---
+root=$(cd "$DIR/../.." && pwd)
+complete_words() { PATH=$(dirname "$B"):$PATH bash -c '. "$1"; shift; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _ckpt; printf "%s\n" "${COMPREPLY[@]}"' _ "$root/deploy/completion/ckpt.bash" "$@"; }
+complete_words ckpt sh | grep -qx show || fail "bash completion of a command"
+complete_words ckpt serve --keep | grep -qx -- --keep-jobs || fail "bash completion of an option"
+complete_words ckpt --home "$W/home" show Qwen/t | grep -qx 'Qwen/tiny@main:neuron-tp2' || fail "bash completion of a ref"
+if command -v zsh >/dev/null; then zsh -n "$root/deploy/completion/_ckpt" || fail "zsh completion does not parse"; fi
+dash "$root/deploy/mkman.sh" "$B" "$W/ckpt.1" 2>/dev/null || sh "$root/deploy/mkman.sh" "$B" "$W/ckpt.1"
+! grep -q $'\f' "$W/ckpt.1" || fail "a form feed in the man page"
+if command -v man >/dev/null; then
+    MANWIDTH=80 man --warnings -l "$W/ckpt.1" 2>"$W/man.err" >/dev/null
+    [ ! -s "$W/man.err" ] || fail "the man page renders with warnings: $(head -3 "$W/man.err")"
+fi
+echo "bash completion (commands, options, refs); the man page renders"
 
 # --- Hub fidelity (issue 18): the calls huggingface_hub and @huggingface/hub make ---
 # (docs/hub.md, Endpoints). hf_replay.py replays the Python client's exact

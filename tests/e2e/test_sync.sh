@@ -94,6 +94,10 @@ start_daemon
 wait_until 60 "the first commit fetched and converted" stored "$c1" neuron-tp8
 note "schedule $sid: commit ${c1:0:12} fetched and converted"
 [ "$(jobs_py 'len(kind("fetch"))')" = 1 ] || fail "expected 1 fetch job"
+# the daemon's log: a line per schedule firing and per job's start and end
+grep -Eq " info schedule.fired schedule=$sid repo=org/tiny revision=main job=[0-9]+" "$work/serve.log" &&
+    grep -Eq " info job.finished id=[0-9]+ kind=fetch ref=org/tiny .* bytes=[1-9]" "$work/serve.log" ||
+    fail "no schedule.fired or job.finished line: $(grep -E 'schedule|job\.' "$work/serve.log" | head -5)"
 
 # ---- 2. no new commit: nothing queued ----
 syncs=$(jobs_py 'len(kind("sync"))')

@@ -13,11 +13,13 @@
  * Linked against libckpt-svc.a (the service objects), like every unit test.
  */
 #include "service/http/http_util.h"
+#include "service/http/metrics.h"
 
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -99,6 +101,71 @@ static void test_split_path(void **state)
     free(sg.buf);
 }
 
+/* Labels are route patterns, never raw paths (a path per ref or job would
+ * make a series per request). */
+static void test_metrics_route(void **state)
+{
+    (void)state;
+    static const char *const cases[][2] = {
+        {"/v1/jobs", "/v1/jobs"},
+        {"/v1/jobs/42", "/v1/jobs/{id}"},
+        {"/v1/jobs/42/logs", "/v1/jobs/{id}/logs"},
+        {"/v1/jobs/42/retry", "/v1/jobs/{id}/retry"},
+        {"/v1/checkpoints/org%2Fm@main", "/v1/checkpoints/{ref}"},
+        {"/v1/checkpoints/org%2Fm@main/files/a/b.json", "/v1/checkpoints/{ref}/files/{path}"},
+        {"/v1/checkpoints/org%2Fm@main/archive.tar.zst", "/v1/checkpoints/{ref}/archive"},
+        {"/v1/schedules/3/run", "/v1/schedules/{id}/run"},
+        {"/api/models/org/m", "/api/models/{repo}"},
+        {"/api/models/org/m/revision/main", "/api/models/{repo}/revision/{revision}"},
+        {"/api/models/org/m/tree/main/sub", "/api/models/{repo}/tree/{revision}"},
+        {"/org/m/resolve/main/config.json", "/{repo}/resolve/{revision}/{path}"},
+        {"/org/m/raw/main/x", "/{repo}/raw/{revision}/{path}"},
+        {"/", "other"},
+        {"/favicon.ico", "other"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) assert_string_equal(metrics_route(cases[i][0]), cases[i][1]);
+}
+
+/* A histogram: cumulative buckets ending in +Inf = _count, and escaped labels. */
+static void test_metrics_render(void **state)
+{
+    (void)state;
+    metrics *m = metrics_new();
+    assert_non_null(m);
+    metrics_observe_http(m, "/v1/jobs", 200, 0.003, 10);
+    metrics_observe_http(m, "/v1/jobs", 200, 2.0, 5);
+    metrics_observe_job(m, "we\"ird", "succeeded", 1.0, 7);
+    metrics_observe_job(m, "fetch", "succeeded", 1.0, 100);
+    metrics_observe_job(m, "fetch", "failed", 1.0, 50);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    json_t *queue = json_array();
+    metrics_now now = {.queue = queue, .workers_busy = 1, .workers_max = 2};
+    metrics_render(m, &now, f);
+    fclose(f);
+    json_decref(queue);
+    static const char *const want[] = {
+        "ckpt_http_request_duration_seconds_bucket{route=\"/v1/jobs\",code=\"200\",le=\"0.005\"} 1\n",
+        "ckpt_http_request_duration_seconds_bucket{route=\"/v1/jobs\",code=\"200\",le=\"1\"} 1\n",
+        "ckpt_http_request_duration_seconds_bucket{route=\"/v1/jobs\",code=\"200\",le=\"2.5\"} 2\n",
+        "ckpt_http_request_duration_seconds_bucket{route=\"/v1/jobs\",code=\"200\",le=\"+Inf\"} 2\n",
+        "ckpt_http_request_duration_seconds_count{route=\"/v1/jobs\",code=\"200\"} 2\n",
+        "kind=\"we\\\"ird\",outcome=\"succeeded\"",
+        "ckpt_served_bytes_total 15\n",
+        "ckpt_fetched_bytes_total 100\n", /* the failed fetch's bytes are not counted */
+        "ckpt_queue_jobs{state=\"queued\"} 0\n",
+        "ckpt_workers_busy 1\n",
+        "# TYPE ckpt_job_queue_wait_seconds histogram\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(text, want[i])) fail_msg("/metrics lacks %s", want[i]);
+    free(text);
+    metrics_free(m);
+    metrics_observe_http(NULL, "/", 200, 0, 0); /* no figures without an API: a no-op */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -106,6 +173,8 @@ int main(void)
         cmocka_unit_test(test_token_digest_fixed),
         cmocka_unit_test(test_parse_range),
         cmocka_unit_test(test_split_path),
+        cmocka_unit_test(test_metrics_route),
+        cmocka_unit_test(test_metrics_render),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

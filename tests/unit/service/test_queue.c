@@ -12,6 +12,7 @@
  * Each test gets a fresh database under $TMPDIR (or /tmp).
  */
 #include "service/jobs/queue.h"
+#include "service/jobs/schedule.h"
 
 #include "common/error.h"
 #include "common/fsutil.h"
@@ -546,6 +547,81 @@ static void test_logs_progress_counts(void **state)
     queue_jobs_free(list, n);
 }
 
+/* ---- retention ---- */
+
+static void test_prune(void **state)
+{
+    fixture *f = *state;
+    int64_t done = submit(f, "{\"n\": 1}");
+    assert_int_equal(claim_one(f), done);
+    assert_int_equal(queue_log(&f->cat, done, "a line"), 0);
+    assert_int_equal(queue_finish(&f->cat, done, true, false, NULL, NULL), 0);
+    /* a failed job that a queued one waits for stays: its outcome decides the other's */
+    int64_t base = submit(f, "{\"n\": 2}");
+    assert_int_equal(claim_one(f), base);
+    assert_int_equal(queue_finish(&f->cat, base, false, false, "bad", NULL), 0);
+    int64_t after = submit_o(f, "noop", "{\"n\": 3}", &(queue_submit_opts){.depends_on = base}, NULL);
+    int64_t queued = submit(f, "{\"n\": 4}");
+    int removed = -1;
+    /* nothing ended before an hour ago */
+    assert_int_equal(queue_prune(&f->cat, queue_now() - 3600, &removed), 0);
+    assert_int_equal(removed, 0);
+    assert_int_equal(queue_prune(&f->cat, queue_now() + 1, &removed), 0);
+    assert_int_equal(removed, 1);
+    queue_job j;
+    assert_int_equal(queue_get(&f->cat, done, &j), CKPT_ENOTFOUND);
+    json_t *lines;
+    int64_t last;
+    assert_int_equal(queue_logs(&f->cat, done, 0, &lines, &last), 0);
+    assert_int_equal(json_array_size(lines), 0); /* its log went with it */
+    json_decref(lines);
+    assert_state(f, base, "failed");
+    assert_state(f, after, "queued");
+    assert_state(f, queued, "queued");
+}
+
+/* ---- schedules from JSON (POST /v1/schedules) ---- */
+
+static void test_schedule_from_json(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *json, *error; /* error NULL: accepted */
+    } cases[] = {
+        {"{\"repo\": \"org/m\", \"every_seconds\": 3600, \"layouts\": [{\"layout\": \"neuron\", \"tp\": 8}]}", NULL},
+        {"{\"repo\": \"org/m\", \"revision\": \"v1\", \"cron\": \"0 3 * * *\", \"fetch\": {\"include\": [\"*.json\"]}}", NULL},
+        {"{\"every_seconds\": 60}", "'repo'"},
+        {"{\"repo\": \"org/m\"}", "'every_seconds' or 'cron'"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 60, \"cron\": \"* * * * *\"}", "one of them"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 0}", "every_seconds"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": \"6h\"}", "every_seconds"},
+        {"{\"repo\": \"org/m\", \"cron\": \"61 * * * *\"}", "cron"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 60, \"layouts\": [{\"layout\": \"fused\", \"tp\": 0}]}", "layouts'[0]"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 60, \"layouts\": [{\"layout\": \"fused\", \"x\": 1}]}", "layouts'[0]"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 60, \"fetch\": {\"include\": [1]}}", "fetch.include"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 60, \"fetch\": {\"other\": []}}", "'fetch'"},
+        {"{\"repo\": \"org/m\", \"every_seconds\": 60, \"next_run_at\": 0}", "unknown field 'next_run_at'"},
+        {"[1]", "JSON object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_error_t err;
+        json_t *j = json_loads(cases[i].json, 0, &err);
+        assert_non_null(j);
+        schedule sc;
+        int rc = schedule_from_json(j, &sc);
+        json_decref(j);
+        if (!cases[i].error) {
+            if (rc) fail_msg("%s: %s", cases[i].json, ckpt_error_last());
+            assert_string_equal(sc.repo, "org/m");
+            assert_non_null(sc.revision);
+            schedule_free(&sc);
+        } else {
+            if (rc != CKPT_EINVAL) fail_msg("%s: accepted (%d)", cases[i].json, rc);
+            assert_contains(ckpt_error_last(), cases[i].error);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -562,6 +638,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_retry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_logs_progress_counts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
+        cmocka_unit_test(test_schedule_from_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
