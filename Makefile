@@ -229,7 +229,7 @@ $(BUILD)/ckpt-testhub: tests/hub/testhub.c $(TESTHUB_OBJS) $(BUILD)/libckpt.a
 # fuzz run — every stage runs even when an earlier one failed; the last line
 # is "N passed, N failed" (tests/run_all.sh).
 test: deps
-	@MAKE="$(MAKE)" FUZZ_SECONDS=10 CKPT_NPM_CACHE=$(abspath $(NPM_DIR)) tests/run_all.sh
+	@MAKE="$(MAKE)" FUZZ_SECONDS=6 CKPT_NPM_CACHE=$(abspath $(NPM_DIR)) tests/run_all.sh
 
 # The folders' layer order and no cycle between modules (tests/check_layers.py).
 check-layers: $(BUILD)/ckpt

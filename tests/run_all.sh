@@ -14,7 +14,7 @@
 #           one's summary lines are printed and its passed/failed counts added
 #           up (a program that dies before its summary counts as one failure)
 #   e2e     tests/e2e/run.sh: one count per script
-#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 10), two at a
+#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 6), two at a
 #           time: one count each (they build in the background from the unit
 #           stage on, one compiler at a time)
 # The last line is "N passed, N failed" over all of them, and the exit status
@@ -23,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 MAKE=${MAKE:-make}
 SAN_BUILD=build/san
-FUZZ_SECONDS=${FUZZ_SECONDS:-10}
+FUZZ_SECONDS=${FUZZ_SECONDS:-6}
 passed=0 failed=0
 summary=()
 log=$(mktemp "${TMPDIR:-/tmp}/ckpt-test.XXXXXX")
