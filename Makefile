@@ -63,7 +63,7 @@ SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
 
-.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench fuzz fuzz-short install install-lib clean format lib check-deps check-layers
+.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench bench-large fuzz fuzz-short install install-lib clean format lib check-deps check-layers
 
 all: $(BUILD)/ckpt
 
@@ -74,6 +74,7 @@ help:
 	@echo "make check-layers  check the folders' layer order and module cycles"
 	@echo "make demo     generate a model and run the pipeline on it; KEEP=1 leaves its daemon running and prints the dashboard URL"
 	@echo "make bench    the speed and memory table of bench/run.sh; BENCH=torch (or easydel, lora, ...) runs bench/torch.sh"
+	@echo "make bench-large  bench/large.sh: every operation on the 16 GB Llama-3-8B shape and the 18,900-tensor MoE"
 	@echo "make fuzz     run each libFuzzer harness for FUZZ_SECONDS (default 60)"
 	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
 	@echo "make install-lib  install libckpt, its public header ckpt.h and ckpt.pc"
@@ -286,6 +287,10 @@ BENCH ?= run
 bench: all $(BUILD)/ckpt-testhub
 	@[ -f bench/$(BENCH).sh ] || { echo "make bench: no bench/$(BENCH).sh"; exit 2; }
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) bench/$(BENCH).sh
+
+# The full-size Llama-3-8B shape (16 GB, kept between runs) and the many-tensor MoE.
+bench-large: all $(BUILD)/ckpt-testhub
+	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) bench/large.sh
 
 $(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
 	sh deploy/mkman.sh $(BUILD)/ckpt $@

@@ -4,8 +4,9 @@
     bench/measure.py [--out FILE] [--log FILE] CMD [ARG...]
 
 Runs CMD (no shell; wrap in `sh -c '...'` for a pipeline), waits for it and
-writes one line `WALL_SECONDS PEAK_RSS_MIB EXIT_STATUS HOW` to FILE (default
-stderr). With --log, CMD's stdout and stderr go to that file instead of
+writes one line `WALL_SECONDS PEAK_RSS_MIB EXIT_STATUS HOW CPU_SECONDS` to FILE
+(default stderr); CPU_SECONDS is the user + system time of the command and
+every process it waited for. With --log, CMD's stdout and stderr go to that file instead of
 passing through. The exit status is CMD's.
 
 Peak RSS is the largest resident set of any process of the command's tree
@@ -70,7 +71,8 @@ def main(argv):
     if peak_kib is None:
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
         how = "rusage"
-    line = "%.3f %.1f %d %s\n" % (wall, peak_kib / 1024.0, rc, how)
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = "%.3f %.1f %d %s %.3f\n" % (wall, peak_kib / 1024.0, rc, how, ru.ru_utime + ru.ru_stime)
     if out:
         with open(out, "w") as f:
             f.write(line)

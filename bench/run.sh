@@ -90,7 +90,7 @@ measure() {
         die "'$label' failed"
     fi
     local wall rss rc how
-    read -r wall rss rc how <"$WORK/measure.txt"
+    read -r wall rss rc how _ <"$WORK/measure.txt"
     RSS_HOW=$how
     if [ -z "${LABEL[$key]:-}" ]; then
         LABEL[$key]=$label

@@ -72,7 +72,7 @@ measure() {
         die "'$label' failed"
     fi
     local wall rss how
-    read -r wall rss _ how <"$WORK/measure.txt"
+    read -r wall rss _ how _ <"$WORK/measure.txt"
     RSS_HOW=$how
     WALL[$key]=$wall
     RSS[$key]=$rss

@@ -497,6 +497,84 @@ int plan_part_from_json(plan_part *p, const json_t *j, int ndim, int src_ndim, c
     return 0;
 }
 
+/* Whether b continues the run that starts at a (prev is the part before b)
+ * with one step per axis, set from the run's second part. Zero parts never
+ * form runs. */
+static bool part_runs_on(const plan_part *a, const plan_part *prev, const plan_part *b, int ndim,
+                           const plan_source *sources, uint64_t *step, bool first)
+{
+    if (a->src == PLAN_ZERO || b->src == PLAN_ZERO || sources[a->src].ndim != sources[b->src].ndim) return false;
+    bool moved = false;
+    for (int k = 0; k < ndim; k++) {
+        if (b->ext[k] != a->ext[k] || b->axis_map[k] != a->axis_map[k] || b->lo[k] < prev->lo[k]) return false;
+        uint64_t d = b->lo[k] - prev->lo[k];
+        if (first) step[k] = d;
+        else if (d != step[k]) return false;
+        moved |= d != 0;
+    }
+    for (int k = 0; k < sources[a->src].ndim; k++)
+        if (b->src_lo[k] != a->src_lo[k]) return false;
+    return moved;
+}
+
+json_t *plan_parts_to_json(const plan_part *parts, size_t n, int ndim, const plan_source *sources)
+{
+    json_t *arr = json_array();
+    for (size_t i = 0; arr && i < n;) {
+        const plan_part *a = &parts[i];
+        const plan_source *s = a->src == PLAN_ZERO ? NULL : &sources[a->src];
+        uint64_t step[PLAN_MAX_DIM] = {0};
+        size_t e = i + 1;
+        while (e < n && part_runs_on(a, &parts[e - 1], &parts[e], ndim, sources, step, e == i + 1)) e++;
+        json_t *j = plan_part_to_json(a, ndim, s ? s->ndim : 0, s ? s->name : NULL);
+        if (j && e - i > 1) {
+            json_t *names = json_array();
+            for (size_t k = i; names && k < e; k++) json_array_append_new(names, json_string(sources[parts[k].src].name));
+            json_object_del(j, "src");
+            json_object_set_new(j, "srcs", names);
+            json_object_set_new(j, "lo_step", u64_array(step, ndim));
+        }
+        if (!j || json_array_append_new(arr, j)) {
+            json_decref(arr);
+            return NULL;
+        }
+        i = e;
+    }
+    return arr;
+}
+
+size_t plan_part_json_count(const json_t *j)
+{
+    json_t *srcs = json_object_get(j, "srcs");
+    if (!srcs) return 1;
+    return json_is_array(srcs) ? json_array_size(srcs) : 0;
+}
+
+const char *plan_part_json_src(const json_t *j, size_t k)
+{
+    json_t *srcs = json_object_get(j, "srcs");
+    if (srcs) return json_string_value(json_array_get(srcs, k));
+    return k ? NULL : json_string_value(json_object_get(j, "src"));
+}
+
+int plan_part_from_json_at(plan_part *p, const json_t *j, size_t k, int ndim, int src_ndim, const char *what)
+{
+    json_t *srcs = json_object_get(j, "srcs");
+    if (srcs && (json_object_get(j, "src") || json_object_get(j, "zero")))
+        return ckpt_error_set(CKPT_EINVAL, "%s: a run has 'srcs' and also 'src' or 'zero'", what);
+    if (k >= plan_part_json_count(j)) return ckpt_error_set(CKPT_EINVAL, "%s: no part %zu in this entry", what, k);
+    int rc = plan_part_from_json(p, j, ndim, src_ndim, what);
+    if (rc || !srcs) return rc;
+    uint64_t step[PLAN_MAX_DIM];
+    if ((rc = read_u64_array(j, "lo_step", step, ndim, what))) return rc;
+    for (int d = 0; d < ndim; d++) {
+        uint64_t off;
+        if (__builtin_mul_overflow(step[d], (uint64_t)k, &off) || __builtin_add_overflow(p->lo[d], off, &p->lo[d]))
+            return ckpt_error_set(CKPT_EINVAL, "%s: run part %zu overflows on axis %d", what, k, d);
+    }
+    return 0;
+}
+
 const char *plan_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len)
 {
     size_t o = 0;

@@ -144,6 +144,18 @@ long plan_set_find(const plan_set *s, const char *name, int rank);
 json_t *plan_part_to_json(const plan_part *p, int ndim, int src_ndim, const char *src_name);
 /* Parses a part; `ndim` is the tensor's rank, `src_ndim` the source's. */
 int plan_part_from_json(plan_part *p, const json_t *j, int ndim, int src_ndim, const char *what);
+/* A tensor's parts as a JSON array, where consecutive parts that differ only
+ * in their source and in `lo` by a constant step (an expert stack: expert e
+ * at lo[0] = e) become one run entry {"srcs": [names], "lo_step": [...], and
+ * the first part's "src_lo", "axis_map", "lo", "ext"}. */
+json_t *plan_parts_to_json(const plan_part *parts, size_t n, int ndim, const plan_source *sources);
+/* How many parts an entry of that array stands for: 1 for a part, the length
+ * of "srcs" for a run (0 when "srcs" is not a non-empty array). */
+size_t plan_part_json_count(const json_t *j);
+/* The source name of part k of an entry (NULL for a zero part or a bad entry). */
+const char *plan_part_json_src(const json_t *j, size_t k);
+/* plan_part_from_json of part k of an entry (k < plan_part_json_count). */
+int plan_part_from_json_at(plan_part *p, const json_t *j, size_t k, int ndim, int src_ndim, const char *what);
 
 /* Tensor shape as "[a, b, c]" into buf. */
 const char *plan_shape_str(int ndim, const uint64_t *shape, char *buf, size_t len);

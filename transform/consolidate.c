@@ -189,6 +189,26 @@ static int add_inverse(consolidation *c, orig_tensor *o, const plan_part *p, int
     return consolidate_add_inverse(&o->t, p, stored_ndim, src_index, holder, c->what);
 }
 
+/* Adds the inverse of part k of layout entry jp (of stored tensor src_index on rank r). */
+static int invert_part(consolidation *c, const json_t *jp, size_t k, ckpt_dtype dt, int ndim, const uint64_t *shape,
+                       int32_t src_index, int r, const char *what)
+{
+    const char *sname = plan_part_json_src(jp, k);
+    orig_tensor *o = sname ? find_orig(c, sname) : NULL;
+    if (!o) return ckpt_error_set(CKPT_EINVAL, "%s names an unknown source tensor", what);
+    /* The executor converts between float dtypes only (a cast layout). */
+    if (o->t.dtype != dt && !(ckpt_dtype_is_castable_float(o->t.dtype) && ckpt_dtype_is_castable_float(dt)))
+        return ckpt_error_set(CKPT_EINVAL, "%s: the stored tensor is %s, its source '%s' %s: only float dtypes convert",
+                              what, ckpt_dtype_name(dt), o->name, ckpt_dtype_name(o->t.dtype));
+    plan_part p;
+    int rc = plan_part_from_json_at(&p, jp, k, ndim, o->t.ndim, what);
+    if (rc) return rc;
+    for (int d = 0; d < ndim; d++)
+        if (p.lo[d] > shape[d] || p.ext[d] > shape[d] - p.lo[d])
+            return ckpt_error_set(CKPT_EINVAL, "%s lies outside the tensor", what);
+    return add_inverse(c, o, &p, ndim, src_index, r);
+}
+
 static int invert_entry(consolidation *c, const json_t *e)
 {
     const char *name = json_string_value(json_object_get(e, "name"));
@@ -224,20 +244,17 @@ static int invert_entry(consolidation *c, const json_t *e)
         json_array_foreach(parts, pi, jp)
         {
             if (json_is_true(json_object_get(jp, "zero"))) continue;
-            const char *sname = json_string_value(json_object_get(jp, "src"));
-            orig_tensor *o = sname ? find_orig(c, sname) : NULL;
-            if (!o) return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' names an unknown source tensor", c->what, name);
-            plan_part p;
-            char what[512];
-            snprintf(what, sizeof what, "%s: tensor '%s' part %zu", c->what, name, pi);
-            /* The executor converts between float dtypes only (a cast layout). */
-            if (o->t.dtype != dt && !(ckpt_dtype_is_castable_float(o->t.dtype) && ckpt_dtype_is_castable_float(dt)))
-                return ckpt_error_set(CKPT_EINVAL, "%s: the stored tensor is %s, its source '%s' %s: only float dtypes convert",
-                                      what, ckpt_dtype_name(dt), o->name, ckpt_dtype_name(o->t.dtype));
-            if ((rc = plan_part_from_json(&p, jp, ndim, o->t.ndim, what))) return rc;
-            for (int k = 0; k < ndim; k++)
-                if (p.lo[k] + p.ext[k] > shape[k]) return ckpt_error_set(CKPT_EINVAL, "%s lies outside the tensor", what);
-            if ((rc = add_inverse(c, o, &p, ndim, src_index, r))) return rc;
+            size_t nrun = plan_part_json_count(jp);
+            if (!nrun)
+                return ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' part %zu: 'srcs' must be a non-empty array", c->what,
+                                      name, pi);
+            for (size_t k = 0; !rc && k < nrun; k++) {
+                char what[512];
+                if (nrun > 1) snprintf(what, sizeof what, "%s: tensor '%s' part %zu.%zu", c->what, name, pi, k);
+                else snprintf(what, sizeof what, "%s: tensor '%s' part %zu", c->what, name, pi);
+                rc = invert_part(c, jp, k, dt, ndim, shape, src_index, r, what);
+            }
+            if (rc) return rc;
         }
     }
     return 0;

@@ -50,13 +50,7 @@ static json_t *tensor_json(const convert_plan *cp, const plan_tensor *t, bool wi
     if (!j) return NULL;
     if (t->meta) json_object_update(j, t->meta);
     if (with_parts) {
-        json_t *parts = json_array();
-        for (size_t i = 0; parts && i < t->nparts; i++) {
-            const plan_part *p = &t->parts[i];
-            const plan_source *s = p->src == PLAN_ZERO ? NULL : &cp->exec.sources[p->src];
-            json_array_append_new(parts, plan_part_to_json(p, t->ndim, s ? s->ndim : 0, s ? s->name : NULL));
-        }
-        json_object_set_new(j, "parts", parts);
+        json_object_set_new(j, "parts", plan_parts_to_json(t->parts, t->nparts, t->ndim, cp->exec.sources));
     }
     return j;
 }

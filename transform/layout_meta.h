@@ -8,7 +8,8 @@
  *    "rules": {<the rules document>},
  *    "folders": [{"rank": 0, "dir": "tp_rank_00", "files": [...]}],
  *    "tensors": [{"name", "rank" (null: every rank holds it), "dtype", "shape",
- *                 "parts": [{"src", "src_lo", "axis_map", "lo", "ext"} | {"zero": true, "lo", "ext"}],
+ *                 "parts": [{"src", "src_lo", "axis_map", "lo", "ext"} | {"zero": true, "lo", "ext"}
+ *                           | {"srcs": [...], "lo_step", "src_lo", "axis_map", "lo", "ext"} (a run)],
  *                 "transforms": [...], "tensor_model_parallel", "partition_dim",
  *                 "partition_stride", "num_partitions", "padding", "fused", "gqa", "experts"}],
  *    "parameters": {name: {tensor_model_parallel, partition_dim, partition_stride, num_partitions}},

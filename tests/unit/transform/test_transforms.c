@@ -1053,8 +1053,59 @@ static void test_stack_experts_order(void **state)
     assert_int_equal(json_array_size(members), NEXPERTS);
     for (size_t e = 0; e < NEXPERTS; e++)
         assert_string_equal(json_string_value(json_array_get(members, e)), expert_names[e]);
+    /* The stack's parts are one run: expert e's box at lo[0] = e. */
+    json_t *parts = json_object_get(layout_entry(layout, "moe.experts.w.weight", -1), "parts");
+    assert_int_equal(json_array_size(parts), 1);
+    json_t *run = json_array_get(parts, 0);
+    expect_json(json_object_get(run, "srcs"), "['moe.experts.0.w.weight', 'moe.experts.1.w.weight', "
+                "'moe.experts.2.w.weight', 'moe.experts.3.w.weight', 'moe.experts.4.w.weight', "
+                "'moe.experts.5.w.weight', 'moe.experts.6.w.weight', 'moe.experts.7.w.weight', "
+                "'moe.experts.8.w.weight', 'moe.experts.9.w.weight', 'moe.experts.10.w.weight']", "the run's srcs");
+    expect_json(json_object_get(run, "lo_step"), "[1, 0, 0]", "the run's lo_step");
+    expect_json(json_object_get(run, "lo"), "[0, 0, 0]", "the run's lo");
+    expect_json(json_object_get(run, "ext"), "[1, 2, 3]", "the run's ext");
+    assert_null(json_object_get(run, "src"));
     json_decref(layout);
     expect_round_trip(fx, fx->dst);
+    /* A damaged run is an error naming the tensor and part, never a read
+     * outside the tensor or a part dropped silently. */
+    static const struct {
+        const char *key, *value, *message;
+    } damaged[] = {
+        {"srcs", "5", "'srcs' must be a non-empty array"},
+        {"srcs", "[]", "'srcs' must be a non-empty array"},
+        {"src", "'moe.experts.0.w.weight'", "a run has 'srcs' and also 'src'"},
+        {"lo_step", "[1, 0]", "'lo_step' must be an array of 3"},
+        {"lo_step", "[2, 0, 0]", "part 0.6 lies outside the tensor"},
+        {"srcs", "['moe.experts.0.w.weight', 'moe.experts.1.w.weight']", "the shards hold 0 of the 6 elements"},
+    };
+    assert_int_equal(ckpt_rm_rf(fx->back), 0);
+    json_t *good = load_layout(fx->dst);
+    for (size_t d = 0; d < CKPT_ARRAY_LEN(damaged); d++) {
+        layout = json_deep_copy(good);
+        run = json_array_get(json_object_get(layout_entry(layout, "moe.experts.w.weight", -1), "parts"), 0);
+        json_object_set_new(run, damaged[d].key, parse_json_text(damaged[d].value));
+        char *path = ckpt_path_join(fx->dst, CONVERT_LAYOUT_FILE);
+        assert_int_equal(cj_write_file(path, layout), 0);
+        free(path);
+        json_decref(layout);
+        consolidate_opts co = {.quiet = true};
+        assert_int_not_equal(consolidate_run(fx->dst, fx->back, &co), 0);
+        assert_contains(ckpt_error_last(), damaged[d].message);
+        expect_no_dst(fx->back);
+    }
+    /* A step that wraps around is refused where the part is read. */
+    json_t *wrap = json_deep_copy(json_array_get(json_object_get(layout_entry(good, "moe.experts.w.weight", -1), "parts"), 0));
+    json_object_set_new(wrap, "lo_step", parse_json_text("[9223372036854775807, 0, 0]"));
+    plan_part p;
+    assert_int_equal(plan_part_from_json_at(&p, wrap, 1, 3, 2, "wrap"), 0);
+    assert_int_equal(p.lo[0], 9223372036854775807ull);
+    assert_int_not_equal(plan_part_from_json_at(&p, wrap, 3, 3, 2, "wrap"), 0);
+    assert_contains(ckpt_error_last(), "wrap: run part 3 overflows on axis 0");
+    assert_int_not_equal(plan_part_from_json_at(&p, wrap, 11, 3, 2, "wrap"), 0);
+    assert_contains(ckpt_error_last(), "no part 11");
+    json_decref(wrap);
+    json_decref(good);
 
     /* transpose_last2: [E, in, out], expert e's [out, in] transposed. */
     convert_with_rules(fx, fx->dst2, "{'rules': [" STACK_RULE(TRANSPOSE_LAST2) "]}");
