@@ -958,7 +958,7 @@ int exec_check_sources(const exec_plan *p, const int *src_fds)
  * a file per tensor per rank: 2,000+ for an 8B model at tp 8): lift the soft
  * limit on open files towards the hard one when the plan needs more. Best
  * effort: an open that still fails names its file. */
-static void raise_open_files(size_t need)
+void exec_raise_open_files(size_t need)
 {
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY || need + 256 <= rl.rlim_cur) return;
@@ -969,7 +969,7 @@ static void raise_open_files(size_t need)
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
 {
-    raise_open_files(p->nsrc_paths + p->nfiles);
+    exec_raise_open_files(p->nsrc_paths + p->nfiles);
     exec_ctx c;
     memset(&c, 0, sizeof c);
     c.p = p;

@@ -91,6 +91,17 @@ typedef struct {
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
 
+/* The sha256 of every output file (nfiles entries into out) exactly as
+ * exec_run would write it, without writing: each file's header, then its
+ * tensors in offset order assembled by exec_tensor_read and hashed, files
+ * shared among `threads` threads (plan/exec_hash.c). The store needs the
+ * hashes of a converted layout it keeps only as recipes. */
+int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool quiet, char (*out)[65]);
+
+/* Lifts the soft limit on open files towards the hard one when `need` files
+ * must be open at once (best effort). */
+void exec_raise_open_files(size_t need);
+
 /* Checks that every source tensor's bytes [offset, offset+nbytes) lie inside
  * its file (src_fds: open descriptors of p->src_paths): a short file would
  * otherwise be read past its end (a bus error through mmap). CKPT_ECORRUPT

@@ -201,7 +201,7 @@ bool store_convert_is_side_file(const char *name)
     return !strchr(name, '/') && !outdir_is_weight_name(name);
 }
 
-/* Assembles the output safetensors files once, to learn their sha256. */
+/* The output safetensors files' sha256, assembled in memory and hashed, never written. */
 static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const uint64_t *at, const convert_opts *o,
                         char (*out)[65])
 {
@@ -218,20 +218,7 @@ static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const uin
         p->sources[i].file = i;
         p->sources[i].offset = at[i];
     }
-    char *base = store_tmp_base(s, "convert"), *tmp = NULL;
-    int rc = base ? ckpt_tmpdir_create(base, &tmp) : CKPT_ENOMEM;
-    free(base);
-    if (rc) return rc;
-    exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "convert", .no_fsync = true};
-    rc = exec_run(p, tmp, &eo);
-    for (size_t f = 0; !rc && f < p->nfiles; f++) {
-        char *path = ckpt_path_join(tmp, p->files[f].rel);
-        rc = path ? ckpt_sha256_file_hex(path, out[f]) : CKPT_ENOMEM;
-        free(path);
-    }
-    ckpt_rm_rf(tmp);
-    free(tmp);
-    return rc;
+    return exec_hash_outputs(p, o->threads > 0 ? o->threads : 2, "hashing", o->quiet, out);
 }
 
 static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,

@@ -85,7 +85,7 @@ rm -rf "$work/pull"
 expect_status 0 "$ckpt" convert "$M/k" "$work/off" --layout neuron --tp 8
 sums "$work/off" >"$work/want-conv"
 kill_series "convert" t/k@main:neuron-tp8 "$work/want-conv" undo_rm -- "$ckpt" convert t/k --layout neuron --tp 8 --quiet
-grep -qx 'exec.file_done:8' "$work/points" || fail "store convert did not write its 8 files"
+grep -qx 'exec.file_hashed:8' "$work/points" || fail "store convert did not hash its 8 files"
 expect_status 0 "$ckpt" convert t/k --layout neuron --tp 8
 expect_status 0 "$ckpt" pull t/k:neuron-tp8 -o "$work/pull"
 diff -r "$work/off" "$work/pull" >/dev/null || fail "fresh convert after the kills differs from the offline convert"

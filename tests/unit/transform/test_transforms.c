@@ -532,6 +532,25 @@ static void expect_round_trip(fixture *fx, const char *dst)
     expect_trees_equal(fx->src, fx->back);
 }
 
+/* exec_hash_outputs (the store's hashes of a layout it never writes) gives
+ * the sha256 of every file convert wrote into dst with the same options. */
+static void expect_hashes_without_writing(const char *src, const char *dst, convert_opts o)
+{
+    convert_plan cp;
+    if (convert_plan_build(&cp, src, &o) < 0) fail_msg("plan: %s", ckpt_error_last());
+    char(*got)[65] = calloc(cp.exec.nfiles + 1, sizeof *got);
+    assert_non_null(got);
+    if (exec_hash_outputs(&cp.exec, 2, NULL, true, got)) fail_msg("hashing: %s", ckpt_error_last());
+    for (size_t f = 0; f < cp.exec.nfiles; f++) {
+        char *path = ckpt_path_join(dst, cp.exec.files[f].rel), want[65];
+        assert_int_equal(ckpt_sha256_file_hex(path, want), 0);
+        if (strcmp(got[f], want)) fail_msg("%s: hashed without writing %s, written %s", path, got[f], want);
+        free(path);
+    }
+    free(got);
+    convert_plan_free(&cp);
+}
+
 /* Neither dst nor a dst.tmp-* sibling exists. */
 static void expect_no_dst(const char *dst)
 {
@@ -1705,6 +1724,7 @@ static void test_layout_metadata(void **state)
     src_tensor t[MINI_N];
     make_mini_llama(fx->src, &m, t);
     convert_ok(fx->src, fx->dst, preset("neuron", 4));
+    expect_hashes_without_writing(fx->src, fx->dst, preset("neuron", 4)); /* padding: zero parts */
     json_t *layout = load_layout(fx->dst);
     expect_json(json_object_get(layout, "format"), "'ckpt-layout'", "format");
     expect_json(json_object_get(layout, "layout"), "'neuron-tp4'", "layout");
@@ -2280,6 +2300,8 @@ static void test_executor_big(void **state)
     }
     expect_round_trip(fx, fx->dst2);
     expect_random_access(fx, s, ROWS, COLS, TP);
+    convert_opts split = {.rules_file = fx->rules};
+    expect_hashes_without_writing(fx->src, fx->dst2, split);
     free(ref);
     view_free(&src);
 }

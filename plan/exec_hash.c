@@ -1,0 +1,161 @@
+/* exec_hash.c — the sha256 of a plan's output files without writing them
+ * (exec_hash_outputs in executor.h). */
+#include "plan/executor.h"
+
+#include "common/error.h"
+#include "common/fault.h"
+#include "common/log.h"
+#include "common/sha256.h"
+#include "common/util.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* What a hashing thread reads in one exec_tensor_read. */
+#define HASH_CHUNK_BYTES (4u << 20)
+
+typedef struct {
+    const exec_plan *p;
+    const int *fds;
+    char (*out)[65];
+    pthread_mutex_t mu;
+    size_t next;   /* next file to take */
+    uint64_t done; /* bytes hashed, for progress */
+    ckpt_progress prog;
+    bool quiet;
+    int rc;
+} hash_ctx;
+
+static int hash_zeros(ckpt_sha256 *h, uint64_t n, const uint8_t *zeros)
+{
+    int rc = 0;
+    while (!rc && n) {
+        size_t k = n < HASH_CHUNK_BYTES ? (size_t)n : HASH_CHUNK_BYTES;
+        rc = ckpt_sha256_update(h, zeros, k);
+        n -= k;
+    }
+    return rc;
+}
+
+static void add_done(hash_ctx *c, uint64_t n)
+{
+    pthread_mutex_lock(&c->mu);
+    c->done += n;
+    if (!c->quiet) ckpt_progress_update(&c->prog, c->done);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* File f as exec_run writes it: the header, then the tensors in offset order,
+ * and zeros wherever no tensor lies (exec_run leaves those bytes unwritten). */
+static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, uint8_t *slab, uint8_t *band)
+{
+    const exec_file *ef = &c->p->files[f];
+    const st_layout *l = &ef->layout;
+    if (!l->finished) return ckpt_error_set(CKPT_EINVAL, "%s: the file's layout is not finished", ef->rel);
+    const st_out_tensor **order = ckpt_calloc(l->ntensors + 1, sizeof *order);
+    if (!order) return ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing %s", ef->rel);
+    for (size_t i = 0; i < l->ntensors; i++) order[i] = &l->tensors[i];
+    /* st_layout_finish assigns offsets in its own order: walk them sorted. */
+    for (size_t i = 1; i < l->ntensors; i++)
+        for (size_t j = i; j > 0 && order[j - 1]->offset > order[j]->offset; j--) {
+            const st_out_tensor *t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    ckpt_sha256 h;
+    int rc = ckpt_sha256_init(&h);
+    if (rc) {
+        free(order);
+        return rc;
+    }
+    rc = ckpt_sha256_update(&h, l->header, l->header_len);
+    uint64_t pos = l->header_len;
+    exec_slab_cache cache = {0};
+    for (size_t i = 0; !rc && i < l->ntensors; i++) {
+        const st_out_tensor *ot = order[i];
+        if (ot->offset < pos || ot->nbytes > l->file_size - ot->offset) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' overlaps another or the header", ef->rel, ot->name);
+            break;
+        }
+        rc = hash_zeros(&h, ot->offset - pos, zeros);
+        for (uint64_t off = 0; !rc && off < ot->nbytes;) {
+            size_t n = ot->nbytes - off < HASH_CHUNK_BYTES ? (size_t)(ot->nbytes - off) : HASH_CHUNK_BYTES;
+            rc = exec_tensor_read(c->p, c->fds, ef->tensors[ot->user], off, buf, n, slab, band, &cache);
+            if (!rc) rc = ckpt_sha256_update(&h, buf, n);
+            off += n;
+            if (!rc) add_done(c, n);
+            pthread_mutex_lock(&c->mu);
+            if (!rc && c->rc) rc = c->rc; /* another thread failed: stop early */
+            pthread_mutex_unlock(&c->mu);
+        }
+        pos = ot->offset + ot->nbytes;
+    }
+    if (!rc) rc = hash_zeros(&h, l->file_size - pos, zeros);
+    if (!rc) rc = ckpt_sha256_final_hex(&h, c->out[f]);
+    else ckpt_sha256_free(&h);
+    if (!rc) ckpt_fault("exec.file_hashed");
+    free(order);
+    return rc;
+}
+
+static void *hash_main(void *arg)
+{
+    hash_ctx *c = arg;
+    uint8_t *buf = malloc(HASH_CHUNK_BYTES), *zeros = calloc(1, HASH_CHUNK_BYTES);
+    uint8_t *slab = malloc(EXEC_READ_SLAB_BYTES), *band = malloc(EXEC_BAND_BYTES);
+    int rc = buf && zeros && slab && band ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
+    for (;;) {
+        pthread_mutex_lock(&c->mu);
+        if (rc && !c->rc) c->rc = rc;
+        size_t f = c->rc ? c->p->nfiles : c->next++;
+        pthread_mutex_unlock(&c->mu);
+        if (f >= c->p->nfiles) break;
+        rc = hash_file(c, f, buf, zeros, slab, band);
+    }
+    free(buf);
+    free(zeros);
+    free(slab);
+    free(band);
+    return NULL;
+}
+
+int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool quiet, char (*out)[65])
+{
+    if (p->vsource) return ckpt_error_set(CKPT_EINVAL, "sources made on demand are not hashed");
+    exec_raise_open_files(p->nsrc_paths);
+    int *fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *fds);
+    if (!fds) return CKPT_ENOMEM;
+    int rc = 0;
+    for (size_t i = 0; i < p->nsrc_paths; i++) fds[i] = -1;
+    for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
+        fds[i] = open(p->src_paths[i], O_RDONLY | O_CLOEXEC);
+        if (fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
+        else posix_fadvise(fds[i], 0, 0, POSIX_FADV_SEQUENTIAL);
+    }
+    if (!rc) rc = exec_check_sources(p, fds);
+    hash_ctx c = {.p = p, .fds = fds, .out = out, .quiet = quiet};
+    uint64_t total = 0;
+    for (size_t f = 0; f < p->nfiles; f++) total += p->files[f].layout.file_size - p->files[f].layout.header_len;
+    if (!rc && pthread_mutex_init(&c.mu, NULL)) rc = ckpt_error_set(CKPT_EIO, "cannot create a mutex");
+    if (!rc) {
+        if (!quiet) ckpt_progress_start(&c.prog, label ? label : "hashing", total);
+        if (threads < 1) threads = 1;
+        if ((size_t)threads > p->nfiles) threads = p->nfiles ? (int)p->nfiles : 1;
+        pthread_t tids[16];
+        int started = 0;
+        for (int i = 0; i < threads && i < 16; i++)
+            if (pthread_create(&tids[i], NULL, hash_main, &c) == 0) started++;
+        if (!started) hash_main(&c); /* no thread could start: hash here */
+        for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+        rc = c.rc;
+        if (!rc && !quiet) ckpt_progress_finish(&c.prog);
+        pthread_mutex_destroy(&c.mu);
+    }
+    for (size_t i = 0; i < p->nsrc_paths; i++)
+        if (fds[i] >= 0) close(fds[i]);
+    free(fds);
+    return rc;
+}
