@@ -13,6 +13,8 @@
 #   cp -r MODEL + sync            the durable copy: the baseline of every row
 #                                 that writes the model's bytes
 #   convert --layout neuron --tp 8, --layout vllm --tp 8, --layout easydel
+#   convert --format nxd --xser (neuronx-distributed's own training save), a
+#                                 durable copy of that save, its consolidate
 #   consolidate of the neuron tp8 output (compared with the model, round 1)
 #   cp -r + sync of one rank      the baseline of the rank pull
 #   import                        into a fresh store
@@ -28,6 +30,10 @@
 # gen-model qwen3-moe (the real 48 layers x 128 experts, ~18,900 tensors) at
 # BENCH_MOE_SCALE: plan, convert neuron tp8, import, store convert, rank
 # pull, each with its cost per tensor.
+#
+# The Python ways (load every rank, concatenate, save) are not run: they hold
+# the model twice, more than this size leaves in 24 GB (the 2 GB benches,
+# bench/nxd.sh and bench/run.sh, measure them).
 #
 # Prints min/median/max over BENCH_REPEAT rounds and, per row, median / the
 # baseline's median against the goals: <= 1.2x for a row that writes N bytes,
@@ -95,6 +101,7 @@ run() {
     R[$key]=$(maxof "${R[$key]:-0}" "$rss")
 }
 COPY=(sh -c 'cp -r "$1" "$2" && sync' sh)
+total_bytes() { "$CKPT_BIN" inspect "$1" --json | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["total_bytes"])'; }
 stat3() { printf '%s\n' $1 | sort -g | awk '{v[NR] = $1} END {printf "%.2f %.2f %.2f", v[1], v[int((NR + 1) / 2)], v[NR]}'; }
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), $(df -PT "$WORK" | awk 'NR==2 {print $2}') at $WORK, page cache $CACHE before every step"
@@ -117,6 +124,14 @@ for round in $(seq 1 "$REPEAT"); do
     rm -rf "$RW/vllm"
     run conv_ez copy "convert easydel" "$CKPT_BIN" convert "$MODEL" "$RW/ez" --layout easydel
     rm -rf "$RW/ez"
+    run conv_nxd copy "convert nxd tp8 --xser" "$CKPT_BIN" convert "$MODEL" "$RW/nxd" --layout neuron --tp $TP --format nxd --xser
+    run copy_nxd - "cp -r nxd save + sync" "${COPY[@]}" "$RW/nxd" "$RW/nxdcopy"
+    rm -rf "$RW/nxdcopy"
+    run consol_nxd copy_nxd "consolidate nxd xser tp8" "$CKPT_BIN" consolidate "$RW/nxd" "$RW/back"
+    if [ "$round" = 1 ]; then
+        [ "$(total_bytes "$RW/back")" = "$(total_bytes "$MODEL")" ] || die "the NxD save consolidates to other tensor bytes than the model's"
+    fi
+    rm -rf "$RW/nxd" "$RW/back"
     run consol copy "consolidate neuron tp8" "$CKPT_BIN" consolidate "$RW/n8" "$RW/back"
     [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/back" >/dev/null || die "consolidate differs from the model"; }
     rm -rf "$RW/back"
@@ -159,7 +174,7 @@ for round in $(seq 1 "$REPEAT"); do
     rm -rf "$RW"
 done
 
-for k in conv_n8 conv_vllm conv_ez consol import pull pull_rank pull_cons pull_zst fetch; do GOAL[$k]=1.2; done
+for k in conv_n8 conv_vllm conv_ez conv_nxd consol consol_nxd import pull pull_rank pull_cons pull_zst fetch; do GOAL[$k]=1.2; done
 GOAL[sconv]=0.3
 echo
 echo "== $(gb "$MBYTES") llama, $REPEAT round(s), page cache $CACHE; seconds as min / median / max"
