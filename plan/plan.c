@@ -362,6 +362,62 @@ static bool part_continues(const plan_part *a, const plan_part *b, int ndim, int
     return a->axis_map[k] >= 0;
 }
 
+int plan_part_compose(const plan_part *outer, int ndim, const plan_tensor *inner, int32_t src_offset, plan_tensor *out)
+{
+    if (outer->src == PLAN_ZERO) return plan_tensor_add_part(out, outer);
+    int m = inner->ndim;
+    /* The box of the inner tensor the outer part reads: mapped axes over
+     * their extent, the others at one index. */
+    uint64_t blo[PLAN_MAX_DIM], bext[PLAN_MAX_DIM];
+    int from_out[PLAN_MAX_DIM]; /* inner axis -> output axis walking it, or -1 */
+    for (int a = 0; a < m; a++) {
+        blo[a] = outer->src_lo[a];
+        bext[a] = 1;
+        from_out[a] = -1;
+    }
+    for (int k = 0; k < ndim; k++)
+        if (outer->axis_map[k] >= 0) {
+            bext[outer->axis_map[k]] = outer->ext[k];
+            from_out[outer->axis_map[k]] = k;
+        }
+    for (size_t j = 0; j < inner->nparts; j++) {
+        const plan_part *q = &inner->parts[j];
+        uint64_t ilo[PLAN_MAX_DIM], iext[PLAN_MAX_DIM];
+        bool empty = false;
+        for (int a = 0; a < m && !empty; a++) {
+            uint64_t lo = blo[a] > q->lo[a] ? blo[a] : q->lo[a];
+            uint64_t hi_b = blo[a] + bext[a], hi_q = q->lo[a] + q->ext[a], hi = hi_b < hi_q ? hi_b : hi_q;
+            empty = hi <= lo;
+            ilo[a] = lo;
+            iext[a] = empty ? 0 : hi - lo;
+        }
+        if (empty) continue;
+        plan_part r;
+        memset(&r, 0, sizeof r);
+        for (int k = 0; k < ndim; k++) {
+            int a = outer->axis_map[k];
+            r.lo[k] = a >= 0 ? outer->lo[k] + (ilo[a] - outer->src_lo[a]) : outer->lo[k];
+            r.ext[k] = a >= 0 ? iext[a] : outer->ext[k];
+            r.axis_map[k] = -1;
+        }
+        if (q->src == PLAN_ZERO) {
+            r.src = PLAN_ZERO;
+        } else {
+            r.src = q->src + src_offset;
+            memcpy(r.src_lo, q->src_lo, sizeof r.src_lo);
+            for (int a = 0; a < m; a++) {
+                int b = q->axis_map[a];
+                if (b < 0) continue;
+                r.src_lo[b] = q->src_lo[b] + (ilo[a] - q->lo[a]);
+                if (from_out[a] >= 0) r.axis_map[from_out[a]] = (int8_t)b;
+            }
+        }
+        int rc = plan_tensor_add_part(out, &r);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 void plan_tensor_coalesce(plan_tensor *t)
 {
     size_t w = 0;

@@ -113,6 +113,12 @@ int plan_tensor_squeeze(plan_tensor *out, const plan_tensor *in, int axis);
  * and the source (adjacent heads, neighbouring blocks), so the executor makes
  * fewer, larger copies. The bytes described do not change. */
 void plan_tensor_coalesce(plan_tensor *t);
+/* Appends to `out` the parts that read what part `outer` (of a tensor of
+ * `ndim` axes) reads from its source, when that source is itself assembled
+ * as `inner` (parts over other sources, their indices shifted by
+ * src_offset): one part per inner part the read box meets, zeros staying
+ * zeros. A zero `outer` is appended as it is. */
+int plan_part_compose(const plan_part *outer, int ndim, const plan_tensor *inner, int32_t src_offset, plan_tensor *out);
 /* Appends a rule description to t->meta["transforms"]. Steals `desc`. */
 int plan_tensor_note(plan_tensor *t, json_t *desc);
 

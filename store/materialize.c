@@ -327,12 +327,13 @@ static void pull_free(pull_state *ps)
     json_decref(ps->path_index);
 }
 
-int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
+/* The executor's plan of every stored file of c (of one rank, or all: -1)
+ * into ps, its blobs checked present. */
+static int plan_pull(pull_state *ps, ckpt_store *s, const store_ckpt *c, int rank)
 {
-    pull_state ps;
-    memset(&ps, 0, sizeof ps);
-    ps.s = s;
-    ps.id = c->id;
+    memset(ps, 0, sizeof *ps);
+    ps->s = s;
+    ps->id = c->id;
     /* Every catalog read of the plan in one read transaction (a WAL snapshot:
      * writers are not blocked): a concurrent rm either happened before it (a
      * clear error) or not at all as far as this pull is concerned. The bytes
@@ -350,12 +351,12 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
             sqlite3_finalize(st);
         }
     }
-    if (!rc) rc = load_files(&ps, o->rank);
+    if (!rc) rc = load_files(ps, rank);
     size_t total_tensors = 0;
-    for (size_t i = 0; !rc && i < ps.nfiles; i++) {
-        if (!ps.files[i].header) continue;
+    for (size_t i = 0; !rc && i < ps->nfiles; i++) {
+        if (!ps->files[i].header) continue;
         st_file sf;
-        if (st_parse(&sf, ps.files[i].path, ps.files[i].header, ps.files[i].header_len, ps.files[i].size) < 0) {
+        if (st_parse(&sf, ps->files[i].path, ps->files[i].header, ps->files[i].header_len, ps->files[i].size) < 0) {
             rc = ckpt_error_prefix(CKPT_ECORRUPT, "stored header");
             break;
         }
@@ -363,17 +364,24 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
         st_close(&sf);
     }
     if (!rc) {
-        ps.tensors = ckpt_calloc(total_tensors + 1, sizeof *ps.tensors);
-        ps.exec.files = ckpt_calloc(ps.nfiles + 1, sizeof *ps.exec.files);
-        ps.path_index = json_object();
-        if (!ps.tensors || !ps.exec.files || !ps.path_index) rc = CKPT_ENOMEM;
+        ps->tensors = ckpt_calloc(total_tensors + 1, sizeof *ps->tensors);
+        ps->exec.files = ckpt_calloc(ps->nfiles + 1, sizeof *ps->exec.files);
+        ps->path_index = json_object();
+        if (!ps->tensors || !ps->exec.files || !ps->path_index) rc = CKPT_ENOMEM;
     }
-    for (size_t i = 0; !rc && i < ps.nfiles; i++) {
-        if (!ps.files[i].header) continue;
-        rc = plan_file(&ps, &ps.files[i], &ps.exec.files[ps.exec.nfiles++]);
+    for (size_t i = 0; !rc && i < ps->nfiles; i++) {
+        if (!ps->files[i].header) continue;
+        rc = plan_file(ps, &ps->files[i], &ps->exec.files[ps->exec.nfiles++]);
     }
     if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
-    if (!rc) rc = check_blobs_exist(&ps);
+    if (!rc) rc = check_blobs_exist(ps);
+    return rc;
+}
+
+int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
+{
+    pull_state ps;
+    int rc = plan_pull(&ps, s, c, o->rank);
     char *tmp = NULL;
     if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) {
@@ -526,4 +534,58 @@ int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len)
         len -= n;
     }
     return len ? ckpt_error_set(CKPT_ECORRUPT, "'%s': bytes past the last tensor", r->file->path) : 0;
+}
+
+/* ---- pull --consolidated from stored parts ---- */
+
+struct store_stored_plan {
+    pull_state ps;
+};
+
+/* A stored safetensors file as its header alone, the rest of its size a hole. */
+static int write_header_only(const stored_file *f, const char *dir)
+{
+    char *dst = ckpt_path_join(dir, f->out_rel);
+    int rc = dst ? 0 : CKPT_ENOMEM;
+    char *slash = dst ? strrchr(dst, '/') : NULL;
+    if (!rc && slash) {
+        *slash = 0;
+        rc = ckpt_mkdir_p(dst, 0755);
+        *slash = '/';
+    }
+    int fd = rc ? -1 : open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (!rc && fd < 0) rc = ckpt_error_sys("%s: create", dst);
+    if (!rc) rc = ckpt_write_full(fd, f->header, f->header_len, dst);
+    if (!rc && ftruncate(fd, (off_t)f->size) < 0) rc = ckpt_error_sys("%s: truncate", dst);
+    if (fd >= 0) close(fd);
+    free(dst);
+    return rc;
+}
+
+int store_materialize_headers(ckpt_store *s, const store_ckpt *c, const char *dir, store_stored_plan **out)
+{
+    store_stored_plan *p = ckpt_calloc(1, sizeof *p);
+    if (!p) return CKPT_ENOMEM;
+    int rc = plan_pull(&p->ps, s, c, -1);
+    for (size_t i = 0; !rc && i < p->ps.nfiles; i++)
+        rc = p->ps.files[i].header ? write_header_only(&p->ps.files[i], dir) : copy_plain(&p->ps, &p->ps.files[i], dir);
+    if (!rc) rc = verify_written(&p->ps, dir); /* the plain files; the others are checked once consolidated */
+    if (rc) {
+        store_stored_plan_free(p);
+        return rc;
+    }
+    *out = p;
+    return 0;
+}
+
+const exec_plan *store_stored_plan_exec(const store_stored_plan *p)
+{
+    return &p->ps.exec;
+}
+
+void store_stored_plan_free(store_stored_plan *p)
+{
+    if (!p) return;
+    pull_free(&p->ps);
+    free(p);
 }

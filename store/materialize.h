@@ -11,6 +11,7 @@
 #ifndef CKPT_STORE_MATERIALIZE_H
 #define CKPT_STORE_MATERIALIZE_H
 
+#include "plan/executor.h"
 #include "store/store.h"
 
 typedef struct {
@@ -37,6 +38,17 @@ const char *materialize_rank_path(const char *path, int rank);
 
 /* Random access to one stored file, without materialising it: the header
  * from the catalog, tensor bytes from blobs or assembled from recipes. */
+/* pull --consolidated without writing the layout first: dir (an empty
+ * folder) gets every stored file of c, its safetensors files as their
+ * headers alone (holes where the tensors go), and *plan the executor's plan
+ * of those files from the store's blobs, for consolidate_opts.stored. The
+ * plain files are checked against the catalog; the rest is checked by the
+ * consolidation against the source's sha256. */
+typedef struct store_stored_plan store_stored_plan;
+int store_materialize_headers(ckpt_store *s, const store_ckpt *c, const char *dir, store_stored_plan **plan);
+const exec_plan *store_stored_plan_exec(const store_stored_plan *p);
+void store_stored_plan_free(store_stored_plan *p);
+
 typedef struct store_file_reader store_file_reader;
 int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path);
 uint64_t store_file_size(const store_file_reader *r);

@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/json.h"
 #include "common/util.h"
 #include "format/archive.h"
 #include "store/materialize.h"
@@ -20,6 +21,41 @@ int store_pull_format_parse(const char *text, store_pull_format *out)
     return 0;
 }
 
+/* Whether a layout consolidates from its stored parts, without writing the
+ * layout first (store_materialize_headers, consolidate_opts.stored):
+ * lossless, weights only (no training state, merged or converted LoRA), and
+ * every source file a safetensors file whose sha256 the layout records, the
+ * check of the result. Anything else is consolidated from a staged copy. */
+static bool from_parts(ckpt_store *s, const store_ckpt *c)
+{
+    store_file_row *rows;
+    size_t n;
+    if (!c->layout[0] || store_files_load(s, c->id, &rows, &n)) return false;
+    json_t *layout = NULL;
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(rows[i].path, CONVERT_LAYOUT_FILE) || !rows[i].blob) continue;
+        char *path = store_blob_path(s, rows[i].blob);
+        if (path && cj_load_file(&layout, path, CONVERT_LAYOUT_MAX_BYTES)) layout = NULL;
+        free(path);
+    }
+    store_files_free(rows, n);
+    bool ok = layout && !json_is_true(json_object_get(layout, "lossy")) && !json_object_get(layout, "state") &&
+              !json_object_get(layout, "lora_merge") && !json_object_get(layout, "restore_files");
+    json_t *files = json_object_get(json_object_get(layout, "source"), "files");
+    ok = ok && json_array_size(files) > 0;
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f)
+    {
+        const char *name = json_string_value(json_object_get(f, "name"));
+        size_t nl = name ? strlen(name) : 0;
+        ok = ok && nl > 12 && !strcmp(name + nl - 12, ".safetensors") && json_is_string(json_object_get(f, "sha256"));
+    }
+    json_decref(layout);
+    ckpt_error_clear();
+    return ok;
+}
+
 int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_pull_opts *o)
 {
     bool dir = o->format == STORE_PULL_DIR;
@@ -35,10 +71,15 @@ int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_
         rc = base ? ckpt_tmpdir_create(base, &stage) : CKPT_ENOMEM;
         free(base);
     }
-    materialize_opts mo = {.rank = o->rank, .force = o->force || staged, .quiet = o->quiet};
-    if (!rc) rc = store_materialize(s, c, staged ? stage : out, &mo);
+    store_stored_plan *parts = NULL;
+    if (!rc && o->consolidated && from_parts(s, c)) {
+        rc = store_materialize_headers(s, c, stage, &parts);
+    } else if (!rc) {
+        materialize_opts mo = {.rank = o->rank, .force = o->force || staged, .quiet = o->quiet};
+        rc = store_materialize(s, c, staged ? stage : out, &mo);
+    }
     if (!rc && o->consolidated) {
-        consolidate_opts co = {.quiet = o->quiet, .force = o->force};
+        consolidate_opts co = {.quiet = o->quiet, .force = o->force, .stored = parts ? store_stored_plan_exec(parts) : NULL};
         if (dir) {
             rc = consolidate_run(stage, out, &co);
         } else {
@@ -49,6 +90,7 @@ int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_
             stage = cons;
         }
     }
+    store_stored_plan_free(parts);
     if (!rc && !dir) rc = ckpt_archive_write_tree(stage, out, o->format == STORE_PULL_TAR_ZST);
     if (stage) {
         ckpt_rm_rf(stage);

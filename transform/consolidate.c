@@ -344,6 +344,129 @@ const char *consolidate_save_kind(const char *dir)
     return NULL;
 }
 
+/* ---- the store's pull --consolidated (consolidate_opts.stored) ----
+ * The rank files in `src` hold their headers only; `st` assembles each of
+ * their tensors from the store's blobs. Every part that reads a rank tensor
+ * is rewritten over that tensor's stored parts (plan_part_compose), so each
+ * blob byte is read once, straight into the consolidated files; replicas are
+ * no longer compared with each other, the files written are checked against
+ * the source files' sha256 instead (check_source_hashes). */
+static int compose_stored(consolidation *c, const exec_plan *st, const char *src)
+{
+    if (json_object_get(c->layout, "state") || json_object_get(c->layout, "lora_merge") || lora_layout_is_adapter(c->layout) ||
+        json_is_true(json_object_get(c->layout, "lossy")))
+        return ckpt_error_set(CKPT_EINVAL, "%s: only a lossless layout of weights is consolidated from stored parts", c->what);
+    size_t nold = c->exec.nsources, base_path = c->exec.nsrc_paths, sl = strlen(src);
+    const plan_tensor **inner = ckpt_calloc(nold + 1, sizeof *inner);
+    json_t *index = json_object(); /* "<file>\n<tensor>" -> stored tensor, as an integer index */
+    int rc = inner && index ? 0 : CKPT_ENOMEM;
+    for (size_t f = 0; !rc && f < st->nfiles; f++)
+        for (size_t i = 0; !rc && i < st->files[f].layout.ntensors; i++) {
+            const st_out_tensor *ot = &st->files[f].layout.tensors[i];
+            char *key = ckpt_sprintf("%s\n%s", st->files[f].rel, ot->name);
+            rc = key && !json_object_set_new(index, key, json_integer((json_int_t)(f << 32 | ot->user))) ? 0 : CKPT_ENOMEM;
+            free(key);
+        }
+    for (size_t i = 0; !rc && i < nold; i++) {
+        const plan_source *s = &c->exec.sources[i];
+        const char *path = c->exec.src_paths[s->file];
+        const char *rel = !strncmp(path, src, sl) && path[sl] == '/' ? path + sl + 1 : path;
+        char *key = ckpt_sprintf("%s\n%s", rel, s->name);
+        json_t *v = key ? json_object_get(index, key) : NULL;
+        free(key);
+        if (!v) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "%s: the store has no tensor '%s' in %s", c->what, s->name, rel);
+            break;
+        }
+        uint64_t fv = (uint64_t)json_integer_value(v);
+        inner[i] = st->files[fv >> 32].tensors[fv & 0xffffffffu];
+    }
+    json_decref(index);
+    /* The stored sources and their files, after the rank files' own. */
+    char **paths = rc ? NULL : ckpt_realloc(c->exec.src_paths, (base_path + st->nsrc_paths + 1) * sizeof *paths);
+    if (!rc && !paths) rc = CKPT_ENOMEM;
+    if (!rc) {
+        c->exec.src_paths = paths;
+        for (size_t f = 0; !rc && f < st->nsrc_paths; f++) {
+            if (!(paths[c->exec.nsrc_paths] = ckpt_strdup(st->src_paths[f]))) rc = CKPT_ENOMEM;
+            else c->exec.nsrc_paths++;
+        }
+        c->exec.src_paths_cap = c->exec.nsrc_paths;
+    }
+    plan_source *srcs = rc ? NULL : ckpt_realloc(c->exec.sources, (nold + st->nsources + 1) * sizeof *srcs);
+    if (!rc && !srcs) rc = CKPT_ENOMEM;
+    if (!rc) {
+        c->exec.sources = srcs;
+        for (size_t i = 0; !rc && i < st->nsources; i++) {
+            plan_source *d = &srcs[c->exec.nsources];
+            *d = st->sources[i];
+            d->file += base_path;
+            if (!(d->name = ckpt_strdup(st->sources[i].name))) rc = CKPT_ENOMEM;
+            else c->exec.nsources++;
+        }
+        c->exec.sources_cap = c->exec.nsources;
+    }
+    /* Each stored file plans its own source for a blob it reads: one source
+     * per blob range here, so the parts of one blob coalesce into a copy. */
+    size_t *canon = rc ? NULL : ckpt_calloc(st->nsources + 1, sizeof *canon);
+    json_t *seen = json_object();
+    if (!rc && (!canon || !seen)) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < st->nsources; i++) {
+        const plan_source *q = &st->sources[i];
+        char key[96 + 21 * PLAN_MAX_DIM];
+        int n = snprintf(key, sizeof key, "%zu:%llu:%llu:%d", q->file, (unsigned long long)q->offset,
+                         (unsigned long long)q->nbytes, (int)q->dtype);
+        for (int k = 0; k < q->ndim && n > 0 && (size_t)n < sizeof key; k++)
+            n += snprintf(key + n, sizeof key - (size_t)n, ",%llu", (unsigned long long)q->shape[k]);
+        json_t *v = json_object_get(seen, key);
+        canon[i] = v ? (size_t)json_integer_value(v) : i;
+        if (!v && json_object_set_new(seen, key, json_integer((json_int_t)i))) rc = CKPT_ENOMEM;
+    }
+    json_decref(seen);
+    for (size_t i = 0; !rc && i < c->norig; i++) {
+        plan_tensor *t = &c->orig[i].t;
+        plan_tensor out = *t;
+        out.parts = NULL;
+        out.nparts = out.cap = 0;
+        for (size_t p = 0; !rc && p < t->nparts; p++) {
+            const plan_part *pt = &t->parts[p];
+            rc = pt->src == PLAN_ZERO ? plan_tensor_add_part(&out, pt)
+                                      : plan_part_compose(pt, t->ndim, inner[pt->src], (int32_t)nold, &out);
+        }
+        free(t->parts);
+        t->parts = out.parts;
+        t->nparts = out.nparts;
+        t->cap = out.cap;
+        for (size_t p = 0; p < t->nparts; p++)
+            if (t->parts[p].src != PLAN_ZERO) t->parts[p].src = (int32_t)(nold + canon[(size_t)t->parts[p].src - nold]);
+        if (!rc) plan_tensor_coalesce(t);
+        for (size_t k = 0; k < t->nchecks; k++) free(t->checks[k].what);
+        t->nchecks = 0;
+    }
+    free(inner);
+    free(canon);
+    return rc;
+}
+
+/* Every consolidated file against the sha256 ckpt-layout.json records for
+ * the source file of that name (compose_stored's check). */
+static int check_source_hashes(consolidation *c, char (*got)[65])
+{
+    json_t *files = json_object_get(json_object_get(c->layout, "source"), "files");
+    for (size_t f = 0; f < c->exec.nfiles; f++) {
+        const char *want = json_string_value(json_object_get(json_array_get(files, f), "sha256"));
+        if (!want)
+            return ckpt_error_set(CKPT_EINVAL, "%s: source file %s has no sha256 to check the rebuilt file against",
+                                  c->what, c->exec.files[f].rel);
+        if (strcmp(want, got[f]))
+            return ckpt_error_set(CKPT_ECORRUPT,
+                                  "%s: the rebuilt file has sha256 %s, the layout's source %s: a stored part is damaged "
+                                  "(run ckpt verify); nothing was written",
+                                  c->exec.files[f].rel, got[f], want);
+    }
+    return 0;
+}
+
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
 {
     if (dcp_is_checkpoint(src)) return dcp_consolidate(src, dst, o);
@@ -385,11 +508,15 @@ int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
         }
     if (!rc) rc = check_coverage(&c);
     if (!rc) rc = layout_files(&c);
+    if (!rc && o->stored) rc = compose_stored(&c, o->stored, src);
+    char(*sha)[65] = !rc && o->stored ? ckpt_calloc(c.exec.nfiles + 1, sizeof *sha) : NULL;
+    if (!rc && o->stored && !sha) rc = CKPT_ENOMEM;
     char *tmp = NULL;
     if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) {
-        exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "consolidate"};
+        exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "consolidate", .out_sha256 = sha};
         rc = exec_run(&c.exec, tmp, &eo);
+        if (!rc && sha) rc = check_source_hashes(&c, sha);
         if (!rc) rc = write_index(&c, tmp);
         if (!rc) rc = outdir_copy_side_files(src, tmp);
         if (!rc) rc = state_consolidate_finish(c.layout, src, tmp, c.tp);
@@ -399,6 +526,7 @@ int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
         if (rc) ckpt_rm_rf(tmp);
         free(tmp);
     }
+    free(sha);
     consolidation_free(&c);
     free(lpath);
     return rc;

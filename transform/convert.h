@@ -95,6 +95,12 @@ typedef struct {
     uint64_t max_shard_size;  /* NxD and PyTorch DCP sources: output shards (0: CONVERT_DEFAULT_SHARD_SIZE) */
     const char *strip_prefix; /* PyTorch DCP sources only: removed from names that start with it, or NULL */
     bool state;               /* PyTorch DCP sources only: a training state, optimizer slots included */
+    /* The store's pull --consolidated: the layout folder's safetensors files
+     * hold their headers only, and `stored` assembles each of their tensors
+     * from the store's blobs (files named as in the folder); the parts are
+     * composed over it and every file written is checked against the sha256
+     * ckpt-layout.json records for its source file. NULL: the folder's bytes. */
+    const exec_plan *stored;
 } consolidate_opts;
 
 /* Rebuilds the original checkpoint from a converted directory. */

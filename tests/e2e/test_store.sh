@@ -265,6 +265,13 @@ expect_damage() {
         [ ! -e "$work/pull" ] || fail "$what: a failed pull of $r left $work/pull"
         [ "$(wc -l <"$work/err")" -ge 1 ] || fail "$what: pull of $r failed silently"
     done
+    # consolidated straight from the stored parts: the result is checked
+    # against the source's sha256 in ckpt-layout.json
+    expect_status 1 "$ckpt" pull t/v:neuron-tp2 --consolidated -o "$work/pull"
+    [ ! -e "$work/pull" ] || fail "$what: a failed pull --consolidated left $work/pull"
+    [ "$(wc -l <"$work/err")" -ge 1 ] || fail "$what: pull --consolidated failed silently"
+    [ -z "${CONSOLIDATED_NAMES:-}" ] || grep -qF -- "$CONSOLIDATED_NAMES" "$work/err" ||
+        fail "$what: pull --consolidated does not name $CONSOLIDATED_NAMES: $(cat "$work/err")"
     if [ "$full" = 0 ]; then
         tmp_empty "$what: failed pulls"
         return 0
@@ -282,7 +289,8 @@ bp=$(blob_path "$blob")
 [ -f "$bp" ] || fail "no blob file $bp for q_proj"
 cp "$bp" "$work/saved-blob"
 flip "$bp"
-expect_damage "flipped tensor blob" 1 "$blob" "t/v@main" "t/v@main:neuron-tp2" "$file" model.layers.1.self_attn.q_proj.weight
+CONSOLIDATED_NAMES="$file: the rebuilt file has sha256" \
+    expect_damage "flipped tensor blob" 1 "$blob" "t/v@main" "t/v@main:neuron-tp2" "$file" model.layers.1.self_attn.q_proj.weight
 grep -qF "t/other" "$work/out" && fail "verify blames t/other, which does not use the blob"
 cp "$work/saved-blob" "$bp"
 expect_verify_clean "tensor blob restored"
