@@ -652,8 +652,11 @@ def damage(out, what):
             os.remove(optim(1, 1))
             return
         sd = torch.load(optim(0, 1))
-        if kind == "optim_count":  # a parameter fewer in the no-decay group
-            sd["param_groups"][1]["params"].pop()
+        if kind == "optim_groups":  # the first no-decay parameter moved to the decay group (indices still in order)
+            sd["param_groups"][0]["params"].append(sd["param_groups"][1]["params"].pop(0))
+        elif kind == "optim_norm":  # model.norm.weight's exp_avg (replicated) differs on tp rank 1
+            i = len(sd["param_groups"][0]["params"]) + len(sd["param_groups"][1]["params"]) - 1
+            sd["state"][i]["exp_avg"][3] += 1
         elif kind == "optim_shape":  # index 1's exp_avg narrower
             sd["state"][1]["exp_avg"] = sd["state"][1]["exp_avg"][:, :8].clone()
         torch.save(sd, optim(0, 1))
@@ -700,7 +703,8 @@ def main():
                    help="(with --adapter) the adapter's target_modules; REF-adapter-<targets> unless all")
     s.add_argument("--optim", choices=("plain", "zero1"), default=None, help="save an AdamW's state too")
     s.add_argument("--dp", type=int, default=1, help="(with --optim zero1) the data-parallel ranks sharing it")
-    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a or evil:MARKER (the hostile tests)")
+    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a, optim_groups, optim_shape, optim_dp, "
+                   "optim_norm or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
     m.add_argument("specs", nargs="+")
