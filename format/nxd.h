@@ -13,7 +13,7 @@
  *                                              tensor_model_parallel, partition_dim, partition_stride,
  *                                              num_partitions) and "model_weight_transformation_specs"
  *   SAVE/shards/model/dp_rank_00[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt   (_get_path("model", ep=...))
- *   SAVE/shards/optim/...                      the optimizer (not read)
+ *   SAVE/shards/optim/...                      the optimizer (nxd_optim.h)
  *
  * With expert parallelism (ep > 1) the files carry _ep_rank_EE_ and on ep
  * ranks > 0 an xser save holds only the expert-parallel tensors (nxd_expert_param).
