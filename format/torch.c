@@ -507,7 +507,7 @@ static bool keeps_over(const tview *a, const tview *b)
 
 static int dedupe(tctx *c)
 {
-    qsort(c->tv, c->ntv, sizeof *c->tv, cmp_view);
+    if (c->ntv) qsort(c->tv, c->ntv, sizeof *c->tv, cmp_view); /* a tree may hold no tensor (tv NULL) */
     for (size_t i = 0; i < c->ntv;) {
         size_t j = i + 1;
         uint64_t hi = c->tv[i].hi;
@@ -857,6 +857,13 @@ int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64
 {
     tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
     return parse_ctx(&c, f, NULL);
+}
+
+int torch_parse_tree(st_file *f, pk_doc *doc, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
+{
+    memset(doc, 0, sizeof *doc);
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size, .tree = true};
+    return parse_ctx(&c, f, doc);
 }
 
 int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size)
