@@ -401,15 +401,15 @@ static int open_xser_rank(nxd_rank *r)
     return rc;
 }
 
-static int open_plain_rank(nxd_rank *r)
+int nxd_open_plain(ckpt_checkpoint *ck, const char *path, pk_doc *tree)
 {
     st_file *f = ckpt_calloc(1, sizeof *f);
     if (!f) return CKPT_ENOMEM;
-    int rc = torch_open(f, r->path);
+    int rc = tree ? torch_open_tree(f, tree, path) : torch_open(f, path);
     if (!rc) {
-        close(f->fd);
+        close(f->fd); /* read by path later: a save has many rank files */
         f->fd = -1;
-        rc = ckpt_checkpoint_from_files(&r->ck, r->path, f, 1);
+        rc = ckpt_checkpoint_from_files(ck, path, f, 1);
     }
     free(f);
     return rc;
@@ -448,7 +448,7 @@ static int open_ranks(nxd_ckpt *c, const char *model)
                 else if (xser != c->xser)
                     return ckpt_error_set(CKPT_EINVAL, "%s: %s while rank 0 is %s", r->path,
                                           xser ? "saved with xser" : "a plain torch.save", c->xser ? "xser" : "a plain torch.save");
-                rc = xser ? open_xser_rank(r) : open_plain_rank(r);
+                rc = xser ? open_xser_rank(r) : nxd_open_plain(&r->ck, r->path, NULL);
             }
     return rc;
 }

@@ -100,6 +100,10 @@ nxd_rank *nxd_rank_at(const nxd_ckpt *c, int pp, int ep, int tp);
  * holds "expert_mlps" (scripts/checkpoint_converter.py), in a save with ep
  * ranks. */
 bool nxd_expert_param(const nxd_ckpt *c, int pp, const char *name);
+/* A plain torch.save rank file as a checkpoint of its one file (closed: read
+ * by path); with tree, every tensor of its nested dicts (torch_open_tree) and
+ * *tree its pickle (pk_free it, also after an error of ckpt_checkpoint_from_files). */
+int nxd_open_plain(ckpt_checkpoint *ck, const char *path, pk_doc *tree);
 /* "dp_rank_DD[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt" (_get_path): its ranks. */
 bool nxd_parse_rank_name(const char *name, int *dp, int *ep, int *tp, int *pp, bool *has_ep);
 /* The rank file's name relative to shards/model ("dp_rank_00_tp_rank_01_pp_rank_00.pt"). */

@@ -222,18 +222,7 @@ static int xser_walk(xwalk *w, const pk_node *dict, const char *prefix, int dept
 
 static int open_rank(nxd_optim_rank *r, bool xser, pk_doc *d)
 {
-    if (!xser) {
-        st_file *f = ckpt_calloc(1, sizeof *f);
-        if (!f) return CKPT_ENOMEM;
-        int rc = torch_open_tree(f, d, r->path);
-        if (!rc) {
-            close(f->fd);
-            f->fd = -1;
-            rc = ckpt_checkpoint_from_files(&r->ck, r->path, f, 1);
-        }
-        free(f);
-        return rc;
-    }
+    if (!xser) return nxd_open_plain(&r->ck, r->path, d);
     size_t nallow;
     const pk_global_def *allow = nxd_xser_allow(&nallow);
     int rc = torch_load_pickle(d, r->path, allow, nallow);
