@@ -785,11 +785,22 @@ static bool no_decay(const char *name, bool llama_norm)
     return llama_norm && !strcmp(name, "model.norm.weight");
 }
 
+/* Where a part of a rank tensor reads from the rank's slot: each piece of it
+ * within one ZeRO-1 chunk (rows [d*C, (d+1)*C) of axis 0 are dp rank d's
+ * tensor; C = rows without ZeRO-1, one piece), as (dp rank, part reading
+ * that chunk's rows). */
+typedef struct {
+    int dp;
+    plan_part p;
+} piece;
+
 typedef struct {
     nxd_optim o;
     size_t *first;       /* per (pp, tp, dp) optimizer file: the index of its first plan source */
     const char ***names; /* per stage: parameter index -> name (pointers into the metadata) */
     int64_t *nnames;
+    json_t **index;      /* per stage: name -> parameter index */
+    piece *pcs;          /* scratch: dp + 1 pieces (a box of rows crosses at most dp chunks) */
     plan_tensor *slots;  /* "<param>/<slot>" */
     size_t nslots, cap;
     char **slot_names;   /* distinct, sorted */
@@ -805,7 +816,10 @@ static void nxd_state_free(nxd_state *s, int pp)
     for (size_t i = 0; i < s->nslots; i++) plan_tensor_free(&s->slots[i]);
     free(s->slots);
     for (int p = 0; s->names && p < pp; p++) free(s->names[p]);
+    for (int p = 0; s->index && p < pp; p++) json_decref(s->index[p]);
     free(s->names);
+    free(s->index);
+    free(s->pcs);
     free(s->nnames);
     free(s->first);
     for (size_t i = 0; i < s->nslot_names; i++) free(s->slot_names[i]);
@@ -830,8 +844,9 @@ static int stage_names(const nxd_job *j, nxd_state *s, int pp, bool llama_norm)
     json_t *m;
     json_object_foreach(params, name, m) if (!no_decay(name, llama_norm)) v[k++] = name, nd++;
     json_object_foreach(params, name, m) if (no_decay(name, llama_norm)) v[k++] = name;
-    for (int t = 0; t < j->c.tp; t++)
-        for (int d = 0; d < s->o.dp; d++) {
+    int rc = (s->index[pp] = json_object()) ? 0 : CKPT_ENOMEM;
+    for (int t = 0; !rc && t < j->c.tp; t++)
+        for (int d = 0; !rc && d < s->o.dp; d++) {
             const nxd_optim_rank *r = nxd_optim_at(&s->o, pp, t, d);
             bool two = r->ngroups == 2 && r->group_len[0] == (int64_t)nd && r->group_len[1] == (int64_t)(n - nd);
             /* one group of every parameter (an optimizer made over model.parameters()): named_parameters() order */
@@ -841,14 +856,16 @@ static int stage_names(const nxd_job *j, nxd_state *s, int pp, bool llama_norm)
                 json_object_foreach(params, name, m) v[k++] = name;
                 nd = n;
             }
-            if (!two && !one)
-                return ckpt_error_set(CKPT_EINVAL,
+            if (!two && !one && !rc)
+                rc = ckpt_error_set(CKPT_EINVAL,
                                       "%s: param_groups of %zu groups (%lld parameters in the first) do not match "
                                       "NeuronTrainer.create_optimizer's grouping of the %zu parameters of pp rank %d (%zu with "
                                       "weight decay, %zu without)",
                                       r->path, r->ngroups, (long long)r->group_len[0], n, pp, nd, n - nd);
         }
-    return 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (json_object_set_new(s->index[pp], v[i], json_integer((json_int_t)i))) rc = CKPT_ENOMEM;
+    return rc;
 }
 
 static const char *opt_label(const nxd_optim_rank *r) { return r->path; }
@@ -987,14 +1004,6 @@ static plan_part part_restrict(const plan_part *p, int ndim, const uint64_t *lo,
     return q;
 }
 
-/* Where a part of a rank tensor reads from the rank's slot: each piece of it
- * within one ZeRO-1 chunk (rows [d*C, (d+1)*C) of axis 0 are dp rank d's
- * tensor; C = rows without ZeRO-1, one piece), as (dp rank, part reading
- * that chunk's rows). */
-typedef struct {
-    int dp;
-    plan_part p;
-} piece;
 
 static int split_rows(const plan_part *p, int ndim, uint64_t C, piece *out, size_t max, size_t *n)
 {
@@ -1031,9 +1040,8 @@ static int slot_source(const nxd_job *j, const nxd_state *s, int32_t src, int d,
     if (!model_source(j, src, &pp, &tp)) return ckpt_error_set(CKPT_EINVAL, "--state: a part of no rank file");
     const char *name = j->exec.sources[src].name;
     const nxd_optim_rank *r = nxd_optim_at(&s->o, pp, tp, d);
-    int64_t idx = -1;
-    for (int64_t i = 0; i < s->nnames[pp] && idx < 0; i++)
-        if (!strcmp(s->names[pp][i], name)) idx = i;
+    json_t *ix = json_object_get(s->index[pp], name);
+    int64_t idx = ix ? (int64_t)json_integer_value(ix) : -1;
     const ckpt_tensor_ref *t = idx >= 0 ? slot_tensor(r, idx, slot) : NULL;
     *pp_out = pp;
     *idx_out = idx;
@@ -1047,11 +1055,11 @@ static int slot_source(const nxd_job *j, const nxd_state *s, int32_t src, int d,
 static int map_part(const nxd_job *j, const nxd_state *s, const plan_part *p, int ndim, const char *slot, plan_part *out, size_t max,
                     size_t *n, bool *missing, const char **pname)
 {
-    piece pcs[64];
+    piece *pcs = s->pcs;
     size_t np = 0;
     const plan_source *ms = &j->exec.sources[p->src];
     uint64_t C = ms->ndim ? (s->o.zero1 ? (ms->shape[0] + (uint64_t)s->o.dp - 1) / (uint64_t)s->o.dp : ms->shape[0]) : 1;
-    int rc = split_rows(p, ndim, C ? C : 1, pcs, CKPT_ARRAY_LEN(pcs), &np);
+    int rc = split_rows(p, ndim, C ? C : 1, pcs, (size_t)s->o.dp + 1, &np);
     *n = 0;
     for (size_t i = 0; !rc && i < np; i++) {
         int pp;
@@ -1084,24 +1092,25 @@ static int plan_slot(const nxd_job *j, nxd_state *s, const plan_tensor *o, const
     t.ndim = o->ndim;
     memcpy(t.shape, o->shape, sizeof t.shape);
     int rc = (t.name = ckpt_sprintf("%s/%s", o->name, slot)) ? 0 : CKPT_ENOMEM;
-    plan_part out[64], dout[64];
-    size_t n, dn;
+    size_t max = (size_t)s->o.dp + 1, n, dn;
+    plan_part *out = ckpt_calloc(2 * max, sizeof *out), *dout = out ? out + max : NULL;
+    if (!out) rc = CKPT_ENOMEM;
     *missing = false;
     for (size_t i = 0; !rc && !*missing && i < o->nparts; i++) {
         if (o->parts[i].src == PLAN_ZERO) {
             rc = plan_tensor_add_part(&t, &o->parts[i]);
             continue;
         }
-        rc = map_part(j, s, &o->parts[i], o->ndim, slot, out, CKPT_ARRAY_LEN(out), &n, missing, pname);
+        rc = map_part(j, s, &o->parts[i], o->ndim, slot, out, max, &n, missing, pname);
         for (size_t k = 0; !rc && !*missing && k < n; k++) rc = plan_tensor_add_part(&t, &out[k]);
     }
     /* the checks (replicated parameters, KV replicas): the same boxes of the slots must be equal */
     for (size_t i = 0; !rc && !*missing && i < o->nchecks; i++) {
         const struct plan_check *c = &o->checks[i];
-        rc = map_part(j, s, &c->primary, o->ndim, slot, out, CKPT_ARRAY_LEN(out), &n, missing, pname);
+        rc = map_part(j, s, &c->primary, o->ndim, slot, out, max, &n, missing, pname);
         for (size_t k = 0; !rc && !*missing && k < n; k++) {
             plan_part dup = part_restrict(&c->dup, o->ndim, out[k].lo, out[k].ext);
-            rc = map_part(j, s, &dup, o->ndim, slot, dout, CKPT_ARRAY_LEN(dout), &dn, missing, pname);
+            rc = map_part(j, s, &dup, o->ndim, slot, dout, max, &dn, missing, pname);
             for (size_t q = 0; !rc && !*missing && q < dn; q++) {
                 if (ckpt_grow(&t.checks, &t.checks_cap, t.nchecks + 1, sizeof *t.checks)) {
                     rc = CKPT_ENOMEM;
@@ -1115,6 +1124,7 @@ static int plan_slot(const nxd_job *j, nxd_state *s, const plan_tensor *o, const
             }
         }
     }
+    free(out);
     if (!rc && !*missing && ckpt_grow(&s->slots, &s->cap, s->nslots + 1, sizeof *s->slots)) rc = CKPT_ENOMEM;
     if (!rc && !*missing) {
         s->slots[s->nslots++] = t;
@@ -1166,10 +1176,12 @@ static int plan_state(nxd_job *j, nxd_state *s, const consolidate_opts *o)
     if (!rc) rc = nxd_optim_open(&s->o, &j->c);
     if (!rc && !(s->left_out = json_array())) rc = CKPT_ENOMEM;
     s->names = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->names);
+    s->index = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->index);
+    s->pcs = rc ? NULL : ckpt_calloc((size_t)s->o.dp + 1, sizeof *s->pcs);
     s->nnames = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->nnames);
     size_t nfiles = (size_t)j->c.pp * (size_t)j->c.tp * (size_t)s->o.dp;
     s->first = rc ? NULL : ckpt_calloc(nfiles, sizeof *s->first);
-    if (!rc && (!s->names || !s->nnames || !s->first)) rc = CKPT_ENOMEM;
+    if (!rc && (!s->names || !s->index || !s->pcs || !s->nnames || !s->first)) rc = CKPT_ENOMEM;
     for (int p = 0; !rc && p < j->c.pp; p++) rc = stage_names(j, s, p, llama_norm);
     if (!rc) rc = check_states(j, s, o->quiet);
     for (size_t f = 0; !rc && f < nfiles; f++) rc = convert_add_sources(&j->exec, &s->o.ranks[f].ck, &s->first[f]);
