@@ -436,16 +436,18 @@ def xser_save(obj, path, TensorReference):
     torch.save(info, path + ".info.pt")
 
 
-def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp):
+def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp, no_state=None, master_weights=False):
     """save_checkpoint's optimizer files (see the module's doc) of an AdamW at step 7 whose slots are random F32
     values, written in the original names to <out>-state-ref/optimizer.safetensors (beside a copy of the model: the
-    training state ckpt should make of the save)."""
+    training state ckpt should make of the save). no_state: a parameter in the groups without a state (no gradient
+    yet); master_weights: ZeRO-1's save_master_weights (sharded_master_weights, each chunk of the weight in F32)."""
     g = torch.Generator().manual_seed(17)
     slots = ("exp_avg", "exp_avg_sq")
     slot_ref = {s: collections.OrderedDict((n, torch.randn(t.shape, generator=g, dtype=torch.float32)) for n, t in ref.items())
                 for s in slots}
     os.makedirs(out + "-state-ref", exist_ok=True)
-    write_safetensors(out + "-state-ref/optimizer.safetensors", {f"{n}/{s}": slot_ref[s][n] for s in slots for n in ref})
+    write_safetensors(out + "-state-ref/optimizer.safetensors",
+                      {f"{n}/{s}": slot_ref[s][n] for s in slots for n in ref if n != no_state})
     write_safetensors(out + "-state-ref/model.safetensors", ref)
     sharded = {s: build(slot_ref[s], tp, fuse_qkv, kv_mult, cfg)[0] for s in slots}
     params = build(ref, tp, fuse_qkv, kv_mult, cfg)[1]
@@ -469,10 +471,13 @@ def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp):
                         t = torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, dp - t.shape[0] % dp])
                     return t.chunk(dp)[d].clone()
                 st = {i: {"step": torch.tensor(7.0), **{sl: chunk(sharded[sl][r][n]) for sl in slots}}
-                      for i, n in enumerate(order)}
+                      for i, n in enumerate(order) if n != no_state}
                 if mode == "zero1":
                     sd = {"state": {}, "param_groups": groups, "base_state": st,
                           "shape_info": {i: sharded[slots[0]][r][n].shape for i, n in enumerate(order)}}
+                    if master_weights:
+                        w = build(ref, tp, fuse_qkv, kv_mult, cfg)[0][r]
+                        sd["sharded_master_weights"] = {i: chunk(w[n].float()) for i, n in enumerate(order)}
                 else:
                     sd = {"state": st, "param_groups": groups}
                 path = os.path.join(folder, "dp_rank_{:02d}_tp_rank_{:02d}_pp_rank_{:02d}.pt".format(d, r, s))
@@ -482,14 +487,14 @@ def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp):
                     torch.save(sd, path)
 
 
-def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1, optim=None, dp=1):
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1, optim=None, dp=1, no_state=None, master_weights=False):
     ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = json.load(f)
     ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
     write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"], ep=ep)
     if optim:
-        write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, optim, dp)
+        write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, optim, dp, no_state, master_weights)
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = f.read()
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -671,7 +676,8 @@ def damage(out, what):
 
 def run_save(ref, b):
     if not b.adapter:
-        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep, b.optim, b.dp)
+        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep, b.optim, b.dp, b.no_state,
+                    b.master_weights)
     targets = b.lora_targets.split(",")
     ad = ref + "-adapter" + ("" if targets == LORA_TARGETS else "-" + "-".join(targets))
     if not os.path.exists(os.path.join(ad, "adapter_model.safetensors")):
@@ -703,6 +709,8 @@ def main():
                    help="(with --adapter) the adapter's target_modules; REF-adapter-<targets> unless all")
     s.add_argument("--optim", choices=("plain", "zero1"), default=None, help="save an AdamW's state too")
     s.add_argument("--dp", type=int, default=1, help="(with --optim zero1) the data-parallel ranks sharing it")
+    s.add_argument("--no-state", default=None, help="(with --optim) this parameter has no optimizer state")
+    s.add_argument("--master-weights", action="store_true", help="(with --optim zero1) sharded_master_weights too")
     s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a, optim_groups, optim_shape, optim_dp, "
                    "optim_norm or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")

@@ -9,7 +9,8 @@
 #    then no decay), per tp and pp rank; or ZeRO-1's base_state chunks, one
 #    file per dp rank, with shape_info. Plain torch.save and xser; tp 2, pp 1
 #    and 2, fused GQA qkv (its slots undone like its weight), dp 2 and 3 (rows
-#    padded to a multiple of dp). The state consolidate writes must hold every
+#    padded to a multiple of dp), ZeRO-1's sharded_master_weights and a parameter
+#    without state (both listed as left out). The state consolidate writes must hold every
 #    model and slot tensor byte for byte as the writer's reference
 #    ("<param>/<slot>", F32), step 7; `ckpt state load` accepts it, and a
 #    neuron layout of it consolidates back to the same optimizer bytes.
@@ -29,7 +30,8 @@ tpy=$(torch_python) || fail "no python3 with torch (make deps installs python3-t
 cd "$work"
 
 "$tpy" "$gen" saves ref "p1 --tp 2 --optim plain" "z1 --tp 2 --pp 2 --xser --fuse-qkv --optim zero1 --dp 2" \
-    "q3 --tp 2 --qwen3 --optim zero1 --dp 3" "x1 --tp 2 --xser --kv-size-multiplier 2 --optim plain" \
+    "q3 --tp 2 --qwen3 --optim zero1 --dp 3 --master-weights --no-state lm_head.weight" \
+    "x1 --tp 2 --xser --kv-size-multiplier 2 --optim plain" \
     "b-groups --tp 2 --optim plain --damage optim_groups" "b-shape --tp 2 --optim plain --damage optim_shape" \
     "b-dp --tp 2 --optim zero1 --dp 2 --damage optim_dp" "b-rep --tp 2 --optim plain --damage optim_norm" ||
     fail "nxd_gen.py saves"
@@ -46,6 +48,20 @@ for s in p1 z1 q3 x1; do
     grep -q "step 7" "$work/out" || fail "$s: state load: $(head -3 "$work/out")"
     grep -q "slots exp_avg exp_avg_sq" "$work/out" || fail "$s: state load: $(cat "$work/out")"
 done
+# what is not a slot is listed, on stderr and in optimizer.json
+expect_status 0 "$ckpt" consolidate q3 q3-again --state
+grep -q "left out sharded_master_weights" "$work/err" || fail "q3: sharded_master_weights not said: $(cat "$work/err")"
+"$py" - q3-state/optimizer.json <<'PYEOF' || fail "q3: optimizer.json left_out"
+import json, sys
+left = {(e["name"], e["why"].split(" ")[0]) for e in json.load(open(sys.argv[1]))["left_out"]}
+want = {("sharded_master_weights", "the"), ("lm_head.weight", "its")}
+sys.exit(0 if left == want else f"left_out {left}")
+PYEOF
+# sharded: the optimizer in shards with its index, the same tensors
+expect_status 0 "$ckpt" consolidate p1 p1-sharded --state --max-shard-size 200KB
+[ -f p1-sharded/optimizer.safetensors.index.json ] || fail "--max-shard-size: no optimizer index"
+"$py" "$st" p1-sharded | diff - p1.want >/dev/null || fail "--max-shard-size: the tensors differ"
+expect_status 0 "$ckpt" state load p1-sharded
 # the slots follow their parameters through a layout and back
 expect_status 0 "$ckpt" convert z1-state z1-tp2 --layout neuron --tp 2
 expect_status 0 "$ckpt" consolidate z1-tp2 z1-back
