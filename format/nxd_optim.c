@@ -92,6 +92,24 @@ static int read_groups(nxd_optim_rank *r, const pk_doc *d, const pk_node *root)
         }
         r->group_len[k] = (int64_t)params->n;
     }
+    /* "param_names" in every group, one name a parameter: kept */
+    for (size_t k = 0; k < g->n; k++) {
+        const pk_node *names = pk_dict_get(d, pk_item(d, g, k), "param_names");
+        if (!names) return 0;
+        if (names->kind != PK_LIST || (int64_t)names->n != r->group_len[k])
+            return ckpt_error_set(CKPT_EINVAL, "%s: param_groups[%zu][\"param_names\"] is not a list of its %lld parameters' names", r->path,
+                                  k, (long long)r->group_len[k]);
+    }
+    if (!(r->param_names = ckpt_calloc((size_t)r->nparams + 1, sizeof *r->param_names))) return CKPT_ENOMEM;
+    for (size_t k = 0, i = 0; k < g->n; k++) {
+        const pk_node *names = pk_dict_get(d, pk_item(d, g, k), "param_names");
+        for (size_t q = 0; q < names->n; q++, i++) {
+            const pk_node *x = pk_item(d, names, q);
+            if (x->kind != PK_STR || !x->slen || x->slen > ST_MAX_NAME || strlen(x->s) != x->slen)
+                return ckpt_error_set(CKPT_EINVAL, "%s: param_groups[%zu][\"param_names\"][%zu] is not a parameter name", r->path, k, q);
+            if (!(r->param_names[i] = ckpt_strdup(x->s))) return CKPT_ENOMEM;
+        }
+    }
     return 0;
 }
 
@@ -306,6 +324,8 @@ void nxd_optim_close(nxd_optim *o)
         nxd_optim_rank *r = &o->ranks[i];
         free(r->path);
         ckpt_checkpoint_close(&r->ck);
+        for (int64_t k = 0; r->param_names && k < r->nparams; k++) free(r->param_names[k]);
+        free(r->param_names);
         free(r->group_len);
         free(r->ps);
         for (size_t k = 0; k < r->nslots; k++) free(r->slots[k].name);

@@ -11,7 +11,8 @@
  *   - a torch optimizer's (torch/optim/optimizer.py Optimizer.state_dict):
  *     "state" {index: {slot: tensor or number}} and "param_groups"
  *     [{"params": [index, ...], hyperparameters...}], every parameter of the
- *     groups numbered in order from 0;
+ *     groups numbered in order from 0 (torch >= 2.6 also keeps a group's
+ *     "param_names" when the optimizer was given named parameters);
  *   - a ZeRO-1 one (torch_xla ZeroRedundancyOptimizer.state_dict, under
  *     NeuronZero1Optimizer): the same plus "base_state" {index: {slot:
  *     tensor}} — the wrapped optimizer's state of this dp rank's chunk: the
@@ -55,6 +56,8 @@ typedef struct {
     size_t ngroups;
     int64_t *group_len; /* parameters of each param_group */
     int64_t nparams;    /* their sum */
+    char **param_names; /* per index: the groups' "param_names" (torch >= 2.6, an optimizer given named
+                         * parameters), or NULL when a group has none */
     nxd_pstate *ps;     /* sorted by idx */
     size_t nps;
     nxd_oslot *slots;

@@ -436,11 +436,14 @@ def xser_save(obj, path, TensorReference):
     torch.save(info, path + ".info.pt")
 
 
-def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp, no_state=None, master_weights=False):
+def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp, no_state=None, master_weights=False,
+                param_names=False):
     """save_checkpoint's optimizer files (see the module's doc) of an AdamW at step 7 whose slots are random F32
     values, written in the original names to <out>-state-ref/optimizer.safetensors (beside a copy of the model: the
     training state ckpt should make of the save). no_state: a parameter in the groups without a state (no gradient
-    yet); master_weights: ZeRO-1's save_master_weights (sharded_master_weights, each chunk of the weight in F32)."""
+    yet); master_weights: ZeRO-1's save_master_weights (sharded_master_weights, each chunk of the weight in F32);
+    param_names: an optimizer given named parameters, which torch >= 2.6 keeps as each group's "param_names" — here
+    in groups the trainer would not make (no decay first), so only the names can place them."""
     g = torch.Generator().manual_seed(17)
     slots = ("exp_avg", "exp_avg_sq")
     slot_ref = {s: collections.OrderedDict((n, torch.randn(t.shape, generator=g, dtype=torch.float32)) for n, t in ref.items())
@@ -462,6 +465,11 @@ def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp, no_sta
         order = decay + [n for n in names if no_decay(n, cfg["model_type"])]
         groups = [dict(hyper, weight_decay=0.01, params=list(range(len(decay)))),
                   dict(hyper, weight_decay=0.0, params=list(range(len(decay), len(order))))]
+        if param_names:
+            nodecay = [n for n in names if no_decay(n, cfg["model_type"])]
+            order = nodecay + decay
+            groups = [dict(hyper, weight_decay=0.0, params=list(range(len(nodecay))), param_names=nodecay),
+                      dict(hyper, weight_decay=0.01, params=list(range(len(nodecay), len(order))), param_names=decay)]
         for r in range(tp):
             for d in range(dp if mode == "zero1" else 1):
                 def chunk(t):  # ZeroRedundancyOptimizer._shard_tensor
@@ -487,14 +495,15 @@ def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp, no_sta
                     torch.save(sd, path)
 
 
-def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1, optim=None, dp=1, no_state=None, master_weights=False):
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1, optim=None, dp=1, no_state=None, master_weights=False,
+         param_names=False):
     ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = json.load(f)
     ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
     write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"], ep=ep)
     if optim:
-        write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, optim, dp, no_state, master_weights)
+        write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, optim, dp, no_state, master_weights, param_names)
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = f.read()
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -662,6 +671,9 @@ def damage(out, what):
         elif kind == "optim_norm":  # model.norm.weight's exp_avg (replicated) differs on tp rank 1
             i = len(sd["param_groups"][0]["params"]) + len(sd["param_groups"][1]["params"]) - 1
             sd["state"][i]["exp_avg"][3] += 1
+        elif kind == "optim_names":  # (with --param-names) two names swapped on tp rank 1
+            g = sd["param_groups"][1]["param_names"]
+            g[0], g[1] = g[1], g[0]
         elif kind == "optim_shape":  # index 1's exp_avg narrower
             sd["state"][1]["exp_avg"] = sd["state"][1]["exp_avg"][:, :8].clone()
         torch.save(sd, optim(0, 1))
@@ -677,7 +689,7 @@ def damage(out, what):
 def run_save(ref, b):
     if not b.adapter:
         return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep, b.optim, b.dp, b.no_state,
-                    b.master_weights)
+                    b.master_weights, b.param_names)
     targets = b.lora_targets.split(",")
     ad = ref + "-adapter" + ("" if targets == LORA_TARGETS else "-" + "-".join(targets))
     if not os.path.exists(os.path.join(ad, "adapter_model.safetensors")):
@@ -711,7 +723,8 @@ def main():
     s.add_argument("--dp", type=int, default=1, help="(with --optim zero1) the data-parallel ranks sharing it")
     s.add_argument("--no-state", default=None, help="(with --optim) this parameter has no optimizer state")
     s.add_argument("--master-weights", action="store_true", help="(with --optim zero1) sharded_master_weights too")
-    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a, optim_groups, optim_shape, optim_dp, "
+    s.add_argument("--param-names", action="store_true", help="(with --optim) groups with param_names (torch >= 2.6)")
+    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a, optim_groups, optim_names, optim_shape, optim_dp, "
                    "optim_norm or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")

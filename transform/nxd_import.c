@@ -829,11 +829,14 @@ static void nxd_state_free(nxd_state *s, int pp)
     nxd_optim_close(&s->o);
 }
 
-/* Stage pp's parameter index -> name, as create_optimizer numbers them: the
- * decay group, then the no-decay group, each in named_parameters() order —
- * the order of the stage's metadata (create_parameter_metadata walks
- * named_parameters()). Checked against every file's param_groups. */
-static int stage_names(const nxd_job *j, nxd_state *s, int pp, bool llama_norm)
+/* Stage pp's parameter index -> name. When the files keep "param_names"
+ * (torch >= 2.6, an optimizer given named parameters), those, each a
+ * parameter of the stage. Else as create_optimizer numbers them: the decay
+ * group, then the no-decay group, each in named_parameters() order — the
+ * order of the stage's metadata (create_parameter_metadata walks
+ * named_parameters()); or one group of every parameter in that order (an
+ * optimizer over model.parameters()). Checked against every file. */
+static int stage_names(const nxd_job *j, nxd_state *s, int pp, const char *model_type)
 {
     json_t *params = json_object_get(j->c.meta[pp], "parameters");
     size_t n = json_object_size(params), nd = 0, k = 0;
@@ -841,30 +844,53 @@ static int stage_names(const nxd_job *j, nxd_state *s, int pp, bool llama_norm)
     if (!v) return CKPT_ENOMEM;
     s->names[pp] = v;
     s->nnames[pp] = (int64_t)n;
+    const nxd_optim_rank *r0 = nxd_optim_at(&s->o, pp, 0, 0);
     json_t *m;
-    json_object_foreach(params, name, m) if (!no_decay(name, llama_norm)) v[k++] = name, nd++;
-    json_object_foreach(params, name, m) if (no_decay(name, llama_norm)) v[k++] = name;
     int rc = (s->index[pp] = json_object()) ? 0 : CKPT_ENOMEM;
+    bool llama_norm = false, named = r0->param_names != NULL;
+    if (!rc && named && r0->nparams != (int64_t)n)
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: param_groups name %lld parameters; pp rank %d has %zu", r0->path, (long long)r0->nparams, pp, n);
+    for (size_t i = 0; !rc && named && i < n; i++) {
+        v[i] = r0->param_names[i];
+        if (!json_object_get(params, v[i]))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: param_names[%zu] '%s' is not a parameter of pp rank %d (%s)", r0->path, i, v[i], pp,
+                                j->c.meta_paths[pp]);
+    }
+    if (!rc && !named) rc = decay_rule(model_type, &llama_norm);
+    if (!rc && !named) {
+        json_object_foreach(params, name, m) if (!no_decay(name, llama_norm)) v[k++] = name, nd++;
+        json_object_foreach(params, name, m) if (no_decay(name, llama_norm)) v[k++] = name;
+    }
     for (int t = 0; !rc && t < j->c.tp; t++)
         for (int d = 0; !rc && d < s->o.dp; d++) {
             const nxd_optim_rank *r = nxd_optim_at(&s->o, pp, t, d);
+            if (named) {
+                for (size_t i = 0; !rc && i < n; i++)
+                    if (!r->param_names || r->nparams != (int64_t)n || strcmp(r->param_names[i], v[i]))
+                        rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter %zu is '%s' in %s but '%s' here", r->path, i, v[i], r0->path,
+                                            r->param_names && (int64_t)i < r->nparams ? r->param_names[i] : "(no param_names)");
+                continue;
+            }
             bool two = r->ngroups == 2 && r->group_len[0] == (int64_t)nd && r->group_len[1] == (int64_t)(n - nd);
-            /* one group of every parameter (an optimizer made over model.parameters()): named_parameters() order */
             bool one = r->ngroups == 1 && r->group_len[0] == (int64_t)n;
             if (one && nd != n) {
                 k = 0;
                 json_object_foreach(params, name, m) v[k++] = name;
                 nd = n;
             }
-            if (!two && !one && !rc)
+            if (!two && !one)
                 rc = ckpt_error_set(CKPT_EINVAL,
-                                      "%s: param_groups of %zu groups (%lld parameters in the first) do not match "
-                                      "NeuronTrainer.create_optimizer's grouping of the %zu parameters of pp rank %d (%zu with "
-                                      "weight decay, %zu without)",
-                                      r->path, r->ngroups, (long long)r->group_len[0], n, pp, nd, n - nd);
+                                    "%s: param_groups of %zu groups (%lld parameters in the first) do not match "
+                                    "NeuronTrainer.create_optimizer's grouping of the %zu parameters of pp rank %d (%zu with "
+                                    "weight decay, %zu without)",
+                                    r->path, r->ngroups, (long long)r->group_len[0], n, pp, nd, n - nd);
         }
-    for (size_t i = 0; !rc && i < n; i++)
-        if (json_object_set_new(s->index[pp], v[i], json_integer((json_int_t)i))) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (json_object_get(s->index[pp], v[i]))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is named twice in param_groups", r0->path, v[i]);
+        else if (json_object_set_new(s->index[pp], v[i], json_integer((json_int_t)i)))
+            rc = CKPT_ENOMEM;
+    }
     return rc;
 }
 
@@ -1170,9 +1196,6 @@ static int plan_state(nxd_job *j, nxd_state *s, const consolidate_opts *o)
     char *cp = j->c.root ? ckpt_path_join(j->c.root, "config.json") : NULL;
     int rc = cp && ckpt_exists(cp) ? cj_load_file(&cfg, cp, STATE_JSON_MAX_BYTES) : 0;
     free(cp);
-    bool llama_norm = false;
-    if (!rc) rc = decay_rule(json_string_value(json_object_get(cfg, "model_type")), &llama_norm);
-    json_decref(cfg);
     if (!rc) rc = nxd_optim_open(&s->o, &j->c);
     if (!rc && !(s->left_out = json_array())) rc = CKPT_ENOMEM;
     s->names = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->names);
@@ -1182,7 +1205,8 @@ static int plan_state(nxd_job *j, nxd_state *s, const consolidate_opts *o)
     size_t nfiles = (size_t)j->c.pp * (size_t)j->c.tp * (size_t)s->o.dp;
     s->first = rc ? NULL : ckpt_calloc(nfiles, sizeof *s->first);
     if (!rc && (!s->names || !s->index || !s->pcs || !s->nnames || !s->first)) rc = CKPT_ENOMEM;
-    for (int p = 0; !rc && p < j->c.pp; p++) rc = stage_names(j, s, p, llama_norm);
+    for (int p = 0; !rc && p < j->c.pp; p++) rc = stage_names(j, s, p, json_string_value(json_object_get(cfg, "model_type")));
+    json_decref(cfg);
     if (!rc) rc = check_states(j, s, o->quiet);
     for (size_t f = 0; !rc && f < nfiles; f++) rc = convert_add_sources(&j->exec, &s->o.ranks[f].ck, &s->first[f]);
     if (!rc) qsort(s->slot_names, s->nslot_names, sizeof *s->slot_names, cmp_cstr);

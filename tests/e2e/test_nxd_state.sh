@@ -9,7 +9,8 @@
 #    then no decay), per tp and pp rank; or ZeRO-1's base_state chunks, one
 #    file per dp rank, with shape_info. Plain torch.save and xser; tp 2, pp 1
 #    and 2, fused GQA qkv (its slots undone like its weight), dp 2 and 3 (rows
-#    padded to a multiple of dp), ZeRO-1's sharded_master_weights and a parameter
+#    padded to a multiple of dp), groups that keep their param_names (torch >=
+#    2.6; in an order only the names explain), ZeRO-1's sharded_master_weights and a parameter
 #    without state (both listed as left out). The state consolidate writes must hold every
 #    model and slot tensor byte for byte as the writer's reference
 #    ("<param>/<slot>", F32), step 7; `ckpt state load` accepts it, and a
@@ -18,7 +19,7 @@
 #    never appears: param_groups that are not the trainer's grouping, a slot
 #    of another shape than its parameter, a missing dp rank file of a ZeRO-1
 #    save, an optimizer slot that differs between tp ranks for a replicated
-#    parameter.
+#    parameter, param_names (torch >= 2.6) that differ between ranks.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
 # Debian's python3-torch, `make deps`).
 set -euo pipefail
@@ -31,9 +32,10 @@ cd "$work"
 
 "$tpy" "$gen" saves ref "p1 --tp 2 --optim plain" "z1 --tp 2 --pp 2 --xser --fuse-qkv --optim zero1 --dp 2" \
     "q3 --tp 2 --qwen3 --optim zero1 --dp 3 --master-weights --no-state lm_head.weight" \
-    "x1 --tp 2 --xser --kv-size-multiplier 2 --optim plain" \
+    "x1 --tp 2 --xser --kv-size-multiplier 2 --optim plain --param-names" \
     "b-groups --tp 2 --optim plain --damage optim_groups" "b-shape --tp 2 --optim plain --damage optim_shape" \
-    "b-dp --tp 2 --optim zero1 --dp 2 --damage optim_dp" "b-rep --tp 2 --optim plain --damage optim_norm" ||
+    "b-dp --tp 2 --optim zero1 --dp 2 --damage optim_dp" "b-rep --tp 2 --optim plain --damage optim_norm" \
+    "b-names --tp 2 --optim plain --param-names --damage optim_names" ||
     fail "nxd_gen.py saves"
 
 for s in p1 z1 q3 x1; do
@@ -77,3 +79,4 @@ refused b-groups "b-groups/shards/optim/dp_rank_00_tp_rank_01_pp_rank_00.pt: par
 refused b-shape "b-shape/shards/optim/dp_rank_00_tp_rank_01_pp_rank_00.pt: state index 1 slot 'exp_avg' is \[32, 8\], but its parameter 'model.layers.0.self_attn.q_proj.weight' is \[32, 64\] on tp rank 1"
 refused b-dp "b-dp/shards/optim/dp_rank_01_tp_rank_01_pp_rank_00.pt: missing optimizer file \(dp rank 1 of 2, tp rank 1, pp rank 0\)"
 refused b-rep "tensor 'model.norm.weight/exp_avg': tp rank 1 holds different bytes"
+refused b-names "b-names/shards/optim/dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 5 is 'model.embed_tokens.weight' in .*dp_rank_00_tp_rank_00_pp_rank_00.pt but 'model.layers.0.self_attn.q_proj.weight' here"
