@@ -1190,7 +1190,11 @@ static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const 
  * plans each slot of each original tensor as that tensor is planned. */
 static int plan_state(nxd_job *j, nxd_state *s, const consolidate_opts *o)
 {
-    if (j->c.adapter) return ckpt_error_set(CKPT_EINVAL, "%s: --state of an adapter save is not supported", j->c.shards);
+    if (j->c.adapter)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: --state: an adapter save holds no optimizer (NeuronPeftModel.save_pretrained passes none to "
+                              "save_checkpoint)",
+                              j->c.shards);
     if (j->c.ep > 1) return ckpt_error_set(CKPT_EINVAL, "%s: --state of an expert-parallel save is not supported", j->c.shards);
     json_t *cfg = NULL;
     char *cp = j->c.root ? ckpt_path_join(j->c.root, "config.json") : NULL;
