@@ -280,6 +280,8 @@ refused b-evil "global '(posix|os).system' is not allowed"
 expect_status 1 "$ckpt" consolidate s4 bad --state
 grep -q "s4/shards/optim: no optimizer here" "$work/err" || fail "--state: $(cat "$work/err")"
 [ ! -e bad ] || fail "--state without an optimizer left bad/"
+expect_status 1 "$ckpt" consolidate a1/adapter_default bad --state
+grep -q "an adapter save holds no optimizer" "$work/err" || fail "--state of an adapter: $(cat "$work/err")"
 # expert parallelism: a missing ep rank, a missing expert tensor of ep rank 1
 rm -rf b && cp -a e1 b && rm b/$M/dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt
 refused b "dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt: missing rank file \\(tp rank 1 of 2, pp rank 0 of 1, an expert-parallel rank\\)"
