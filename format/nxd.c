@@ -93,7 +93,7 @@ static bool take(const char **p, const char *lit)
 }
 
 /* dp_rank_DD[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt */
-static bool parse_rank_name(const char *name, int *dp, int *ep, int *tp, int *pp, bool *has_ep)
+bool nxd_parse_rank_name(const char *name, int *dp, int *ep, int *tp, int *pp, bool *has_ep)
 {
     const char *p = name;
     *ep = 0;
@@ -126,7 +126,7 @@ static int scan_model_dir(nxd_ckpt *c, const char *model)
     while (!rc && (e = readdir(d))) {
         int dp, ep, tp, pp;
         bool has_ep;
-        if (!parse_rank_name(e->d_name, &dp, &ep, &tp, &pp, &has_ep)) continue;
+        if (!nxd_parse_rank_name(e->d_name, &dp, &ep, &tp, &pp, &has_ep)) continue;
         if (dp != 0)
             rc = ckpt_error_set(CKPT_EINVAL,
                                 "%s/%s: a model file of data-parallel rank %d (neuronx-distributed saves the model "
@@ -210,15 +210,6 @@ static int load_meta(nxd_ckpt *c)
     return 0;
 }
 
-static const pk_node *dict_get(const pk_doc *d, const pk_node *dict, const char *key)
-{
-    for (size_t k = 0; dict->kind == PK_DICT && k + 1 < dict->n; k += 2) {
-        const pk_node *kn = pk_item(d, dict, k);
-        if (kn->kind == PK_STR && !strcmp(kn->s, key)) return pk_item(d, dict, k + 1);
-    }
-    return NULL;
-}
-
 /* The .info.pt entries by tensor id (sorted pairs: a save can hold tens of
  * thousands of tensors per rank). */
 typedef struct {
@@ -260,7 +251,7 @@ static int info_of(const pk_doc *info, const info_entry *idx, size_t nidx, int64
     const info_entry *hit = bsearch(&key, idx, nidx, sizeof *idx, cmp_info);
     if (!hit) return 0;
     const pk_node *v = hit->val;
-    const pk_node *dtn = dict_get(info, v, "dtype"), *sh = dict_get(info, v, "shape"), *epn = dict_get(info, v, "expert_model_parallel");
+    const pk_node *dtn = pk_dict_get(info, v, "dtype"), *sh = pk_dict_get(info, v, "shape"), *epn = pk_dict_get(info, v, "expert_model_parallel");
     *ep = epn && epn->kind == PK_BOOL && epn->i; /* _is_ep of _xser_load_data */
     if (!dtn || !sh || sh->kind != PK_TUPLE || sh->n > CKPT_MAX_RANK)
         return ckpt_error_set(CKPT_EINVAL, "%s: entry %lld has no dtype and shape", path, (long long)tid);
@@ -282,6 +273,18 @@ const pk_global_def *nxd_xser_allow(size_t *n)
     return XSER_ALLOW;
 }
 
+int nxd_xser_tid(const pk_doc *refs, const pk_node *val, const char *label, const char *name, int64_t *out)
+{
+    const pk_node *cls = val->kind == PK_OBJ ? pk_item(refs, val, 0) : NULL;
+    const pk_node *state = val->kind == PK_OBJ ? pk_item(refs, val, 2) : NULL;
+    const pk_node *tid = state ? pk_dict_get(refs, state, "tid") : NULL;
+    if (!cls || cls->tag != TAG_TENSOR_REF || pk_item(refs, val, 1)->n != 0 || !tid || tid->kind != PK_INT || tid->s || tid->i < 0 ||
+        tid->i >= NXD_MAX_TID)
+        return ckpt_error_set(CKPT_EINVAL, "%s: '%s' is not a TensorReference(tid) with a tensor id below %d", label, name, NXD_MAX_TID);
+    *out = tid->i;
+    return 0;
+}
+
 int nxd_xser_refs(const pk_doc *refs, const char *label, nxd_ref **out, size_t *nout)
 {
     *out = NULL;
@@ -301,22 +304,15 @@ int nxd_xser_refs(const pk_doc *refs, const char *label, nxd_ref **out, size_t *
             rc = ckpt_error_set(CKPT_EINVAL, "%s: a key that is not a parameter name", label);
             break;
         }
-        const pk_node *cls = val->kind == PK_OBJ ? pk_item(refs, val, 0) : NULL;
-        const pk_node *state = val->kind == PK_OBJ ? pk_item(refs, val, 2) : NULL;
-        const pk_node *tid = state ? dict_get(refs, state, "tid") : NULL;
-        if (!cls || cls->tag != TAG_TENSOR_REF || pk_item(refs, val, 1)->n != 0 || !tid || tid->kind != PK_INT || tid->s ||
-            tid->i < 0 || tid->i >= NXD_MAX_TID) {
-            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is not a TensorReference(tid) with a tensor id below %d", label,
-                                key->s, NXD_MAX_TID);
+        int64_t tid;
+        if ((rc = nxd_xser_tid(refs, val, label, key->s, &tid))) break;
+        if (seen[tid / 8] & (1u << (tid % 8))) {
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': tensor id %lld is used twice", label, key->s, (long long)tid);
             break;
         }
-        if (seen[tid->i / 8] & (1u << (tid->i % 8))) {
-            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s': tensor id %lld is used twice", label, key->s, (long long)tid->i);
-            break;
-        }
-        seen[tid->i / 8] |= (uint8_t)(1u << (tid->i % 8));
+        seen[tid / 8] |= (uint8_t)(1u << (tid % 8));
         r[i].name = key->s;
-        r[i].tid = tid->i;
+        r[i].tid = tid;
     }
     free(seen);
     if (rc) {
@@ -405,15 +401,15 @@ static int open_xser_rank(nxd_rank *r)
     return rc;
 }
 
-static int open_plain_rank(nxd_rank *r)
+int nxd_open_plain(ckpt_checkpoint *ck, const char *path, pk_doc *tree)
 {
     st_file *f = ckpt_calloc(1, sizeof *f);
     if (!f) return CKPT_ENOMEM;
-    int rc = torch_open(f, r->path);
+    int rc = tree ? torch_open_tree(f, tree, path) : torch_open(f, path);
     if (!rc) {
-        close(f->fd);
+        close(f->fd); /* read by path later: a save has many rank files */
         f->fd = -1;
-        rc = ckpt_checkpoint_from_files(&r->ck, r->path, f, 1);
+        rc = ckpt_checkpoint_from_files(ck, path, f, 1);
     }
     free(f);
     return rc;
@@ -452,7 +448,7 @@ static int open_ranks(nxd_ckpt *c, const char *model)
                 else if (xser != c->xser)
                     return ckpt_error_set(CKPT_EINVAL, "%s: %s while rank 0 is %s", r->path,
                                           xser ? "saved with xser" : "a plain torch.save", c->xser ? "xser" : "a plain torch.save");
-                rc = xser ? open_xser_rank(r) : open_plain_rank(r);
+                rc = xser ? open_xser_rank(r) : nxd_open_plain(&r->ck, r->path, NULL);
             }
     return rc;
 }

@@ -13,7 +13,7 @@
  *                                              tensor_model_parallel, partition_dim, partition_stride,
  *                                              num_partitions) and "model_weight_transformation_specs"
  *   SAVE/shards/model/dp_rank_00[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt   (_get_path("model", ep=...))
- *   SAVE/shards/optim/...                      the optimizer (not read)
+ *   SAVE/shards/optim/...                      the optimizer (nxd_optim.h)
  *
  * With expert parallelism (ep > 1) the files carry _ep_rank_EE_ and on ep
  * ranks > 0 an xser save holds only the expert-parallel tensors (nxd_expert_param).
@@ -76,6 +76,9 @@ typedef struct {
 
 /* The globals an xser reference file may name besides torch's (TensorReference). */
 const pk_global_def *nxd_xser_allow(size_t *n);
+/* The tensor id of a TensorReference(tid) record `val` (entry `name` of
+ * file `label`), below NXD_MAX_TID. */
+int nxd_xser_tid(const pk_doc *refs, const pk_node *val, const char *label, const char *name, int64_t *tid);
 /* The parameters of an xser reference pickle (torch_load_pickle with
  * nxd_xser_allow): a dict of names to TensorReference(tid) records, tids
  * below NXD_MAX_TID and used once. *out is malloc'd. */
@@ -97,6 +100,12 @@ nxd_rank *nxd_rank_at(const nxd_ckpt *c, int pp, int ep, int tp);
  * holds "expert_mlps" (scripts/checkpoint_converter.py), in a save with ep
  * ranks. */
 bool nxd_expert_param(const nxd_ckpt *c, int pp, const char *name);
+/* A plain torch.save rank file as a checkpoint of its one file (closed: read
+ * by path); with tree, every tensor of its nested dicts (torch_open_tree) and
+ * *tree its pickle (pk_free it, also after an error of ckpt_checkpoint_from_files). */
+int nxd_open_plain(ckpt_checkpoint *ck, const char *path, pk_doc *tree);
+/* "dp_rank_DD[_ep_rank_EE]_tp_rank_TT_pp_rank_PP.pt" (_get_path): its ranks. */
+bool nxd_parse_rank_name(const char *name, int *dp, int *ep, int *tp, int *pp, bool *has_ep);
 /* The rank file's name relative to shards/model ("dp_rank_00_tp_rank_01_pp_rank_00.pt"). */
 const char *nxd_rank_name(const nxd_rank *r);
 

@@ -664,3 +664,12 @@ void pk_free(pk_doc *d)
     free(d->nodes);
     memset(d, 0, sizeof *d);
 }
+
+const pk_node *pk_dict_get(const pk_doc *d, const pk_node *dict, const char *key)
+{
+    for (size_t k = 0; dict->kind == PK_DICT && k + 1 < dict->n; k += 2) {
+        const pk_node *kn = pk_item(d, dict, k);
+        if (kn->kind == PK_STR && !strcmp(kn->s, key)) return pk_item(d, dict, k + 1);
+    }
+    return NULL;
+}

@@ -110,6 +110,9 @@ void pk_free(pk_doc *d);
 static inline const pk_node *pk_at(const pk_doc *d, uint32_t id) { return &d->nodes[id]; }
 /* Item k of a container node (k < n). */
 static inline const pk_node *pk_item(const pk_doc *d, const pk_node *n, size_t k) { return &d->nodes[n->items[k]]; }
+/* The value of string key `key` in a PK_DICT node, or NULL (also when
+ * `dict` is not a dict). */
+const pk_node *pk_dict_get(const pk_doc *d, const pk_node *dict, const char *key);
 /* A readable name of a kind ("tuple", "dict", ...). */
 const char *pk_kind_name(pk_kind k);
 

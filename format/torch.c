@@ -158,6 +158,9 @@ typedef struct {
     size_t ntv, cap_tv;
     const char *single;         /* torch_open_tensor: the root is one tensor, named this */
     bool raw;                   /* torch_load_pickle: the pickle only, no tensors */
+    bool tree;                  /* torch_open_tree: tensors anywhere in nested dicts, and the pickle kept */
+    char **names;               /* ... their joined names (owned) */
+    size_t nnames, cap_names;
     const pk_global_def *extra; /* ... with these globals allowed too */
     size_t nextra;
 } tctx;
@@ -398,9 +401,55 @@ static const pk_node *state_dict(tctx *c, const pk_node *root)
     return root;
 }
 
+/* torch_open_tree: the tensors of dict d (and of the dicts in it, to
+ * TORCH_MAX_NESTING), named by their keys joined with '.' after prefix;
+ * values that are not tensors or dicts (lists, numbers, torch.Size) are left
+ * to the caller, who reads them in the pickle tree. */
+static int collect_nested(tctx *c, const pk_node *d, const char *prefix, int depth)
+{
+    if (depth > TORCH_MAX_NESTING) return terr(c, CKPT_ELIMIT, "dicts nested deeper than %d at '%s'", TORCH_MAX_NESTING, prefix);
+    for (size_t k = 0; k + 1 < d->n; k += 2) {
+        const pk_node *key = item(c, d, k), *val = item(c, d, k + 1);
+        if (val->kind != PK_DICT && val->kind != PK_CALL) continue;
+        char num[24];
+        const char *ks = num;
+        if (key->kind == PK_STR && strlen(key->s) == key->slen && key->slen && key->slen <= ST_MAX_NAME && !strchr(key->s, '.'))
+            ks = key->s;
+        else if (key->kind == PK_INT && !key->s && key->i >= 0)
+            snprintf(num, sizeof num, "%lld", (long long)key->i);
+        else
+            return terr(c, CKPT_EINVAL, "a key under '%s' that is neither a name without '.' nor an index", *prefix ? prefix : "(top)");
+        char *name = *prefix ? ckpt_sprintf("%s.%s", prefix, ks) : ckpt_strdup(ks);
+        if (!name || ckpt_grow(&c->names, &c->cap_names, c->nnames + 1, sizeof *c->names)) {
+            free(name);
+            return CKPT_ENOMEM;
+        }
+        c->names[c->nnames++] = name;
+        if (strlen(name) > ST_MAX_NAME) return terr(c, CKPT_ELIMIT, "a key path longer than %d bytes", ST_MAX_NAME);
+        int rc;
+        if (val->kind == PK_DICT) {
+            rc = collect_nested(c, val, name, depth + 1);
+        } else {
+            if (c->ntv >= ST_MAX_TENSORS) return terr(c, CKPT_ELIMIT, "more than %d tensors", ST_MAX_TENSORS);
+            if (ckpt_grow(&c->tv, &c->cap_tv, c->ntv + 1, sizeof *c->tv)) return CKPT_ENOMEM;
+            tview *v = &c->tv[c->ntv];
+            memset(v, 0, sizeof *v);
+            v->name = name;
+            rc = eval_tensor(c, val, name, 0, v);
+            if (!rc) c->ntv++;
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 static int collect(tctx *c)
 {
     const pk_node *root = N(c, c->doc.root);
+    if (c->tree) {
+        if (root->kind != PK_DICT) return terr(c, CKPT_EINVAL, "the pickle holds a %s, not a dict", pk_kind_name(root->kind));
+        return collect_nested(c, root, "", 0);
+    }
     if (c->single) { /* torch.save(tensor): the root is the tensor itself */
         if (!(c->tv = ckpt_calloc(1, sizeof *c->tv))) return CKPT_ENOMEM;
         c->tv[0].name = c->single;
@@ -458,7 +507,7 @@ static bool keeps_over(const tview *a, const tview *b)
 
 static int dedupe(tctx *c)
 {
-    qsort(c->tv, c->ntv, sizeof *c->tv, cmp_view);
+    if (c->ntv) qsort(c->tv, c->ntv, sizeof *c->tv, cmp_view); /* a tree may hold no tensor (tv NULL) */
     for (size_t i = 0; i < c->ntv;) {
         size_t j = i + 1;
         uint64_t hi = c->tv[i].hi;
@@ -779,6 +828,10 @@ static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
         *doc = c->doc;
         memset(&c->doc, 0, sizeof c->doc);
     } else {
+        if (!rc && c->tree) {
+            *doc = c->doc;
+            memset(&c->doc, 0, sizeof c->doc);
+        }
         if (!rc) rc = dedupe(c);
         if (!rc && !(f->path = ckpt_strdup(c->label))) rc = CKPT_ENOMEM;
         if (!rc) {
@@ -790,8 +843,13 @@ static int parse_ctx(tctx *c, st_file *f, pk_doc *doc)
     for (size_t i = 0; i < c->nst; i++) free(c->st[i].key);
     free(c->st);
     free(c->tv);
+    for (size_t i = 0; i < c->nnames; i++) free(c->names[i]);
+    free(c->names);
     pk_free(&c->doc);
-    if (rc) st_close(f);
+    if (rc) {
+        st_close(f);
+        if (c->tree) pk_free(doc);
+    }
     return rc;
 }
 
@@ -799,6 +857,13 @@ int torch_parse(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64
 {
     tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size};
     return parse_ctx(&c, f, NULL);
+}
+
+int torch_parse_tree(st_file *f, pk_doc *doc, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size)
+{
+    memset(doc, 0, sizeof *doc);
+    tctx c = {.label = label, .rd = rd, .ctx = ctx, .file_size = file_size, .tree = true};
+    return parse_ctx(&c, f, doc);
 }
 
 int torch_parse_tensor(st_file *f, const char *label, zip_read_fn rd, void *ctx, uint64_t size)
@@ -858,6 +923,13 @@ int torch_open_tensor(st_file *f, const char *path, const char *name)
 {
     tctx c = {.single = name};
     return open_ctx(&c, path, f, NULL);
+}
+
+int torch_open_tree(st_file *f, pk_doc *doc, const char *path)
+{
+    memset(doc, 0, sizeof *doc);
+    tctx c = {.tree = true};
+    return open_ctx(&c, path, f, doc);
 }
 
 int torch_load_pickle(pk_doc *doc, const char *path, const pk_global_def *extra, size_t nextra)

@@ -67,6 +67,14 @@ const char *torch_dtype_attr(ckpt_dtype dt);
 /* A torch.save file holding one tensor (torch.save(t, path), as xser writes
  * each tensor_<tid>.pt): f gets that one tensor, named `name`. */
 int torch_open_tensor(st_file *f, const char *path, const char *name);
+/* A torch.save of nested dicts (a torch optimizer's state_dict: "state" ->
+ * index -> slot -> tensor): every tensor in a dict at any depth (up to
+ * TORCH_MAX_NESTING), named by its keys joined with '.' (an integer key in
+ * decimal: "state.3.exp_avg"), in f; *doc gets the pickle tree, for the
+ * values that are not tensors (pk_free it). Tensors in lists are not taken. */
+int torch_open_tree(st_file *f, pk_doc *doc, const char *path);
+/* The same over any byte source (the fuzzers). */
+int torch_parse_tree(st_file *f, pk_doc *doc, const char *label, zip_read_fn rd, void *ctx, uint64_t file_size);
 /* The pickle of a torch.save file that holds no tensor storages (xser's
  * reference file, its .info.pt), run on the same machine with torch's
  * allow-list plus `extra` (the caller's tags must not collide with torch.c's:

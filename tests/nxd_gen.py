@@ -57,6 +57,22 @@ What is followed, and where (huggingface/optimum-neuron, aws-neuron/neuronx-dist
   {"dtype", "shape", "expert_model_parallel"}; CheckpointIOState.end writes
   shards/done ("1").
 - modeling_utils.py save_pretrained: config.json and trn_config.json in SAVE.
+- The optimizer (--optim plain|zero1): save_checkpoint(optimizer=...) writes
+  optimizer.state_dict() of each rank to shards/optim/_get_path("optim") —
+  dp_rank_00_tp_rank_TT_pp_rank_PP.pt, or with ZeRO-1 (dp=True) one file per
+  dp rank — plain or xser like the model. A torch AdamW state_dict
+  (torch/optim/optimizer.py state_dict): "state" {index: {"step", "exp_avg",
+  "exp_avg_sq"}} and "param_groups", the indices numbering the parameters of
+  the groups in order; the groups are NeuronTrainer.create_optimizer's
+  (optimum/neuron/trainers/transformers.py): weight decay for the names
+  get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias", "layernorm",
+  "rmsnorm"]) returns, then the others, each in named_parameters() order. With
+  ZeRO-1, torch_xla's ZeroRedundancyOptimizer.state_dict (NeuronZero1Optimizer):
+  "state" {} of the wrapper, "base_state" the wrapped AdamW's state of this dp
+  rank's chunk (_shard_tensor: padded on axis 0 to a multiple of dp, chunk
+  [dp rank]) and "shape_info" {index: torch.Size of the rank's parameter}.
+  The slots' values are SAVE-state-ref/optimizer.safetensors ("<original name>/<slot>",
+  F32) sharded exactly as the parameters (build()).
 """
 import argparse
 import collections
@@ -83,14 +99,14 @@ CONFIG.update(json.loads(os.environ.get("NXD_GEN_CONFIG", "{}")))
 
 # ---- a reference safetensors writer (dtype order, then names; compact header padded to 8) ----
 def write_safetensors(path, tensors):
-    names = sorted(tensors)  # one dtype (bf16): name order
+    names = sorted(tensors)  # one dtype (bf16, or f32 for an optimizer's slots): name order
     header = {"__metadata__": {"format": "pt"}}
     off = 0
     blobs = []
     for n in names:
         t = tensors[n].contiguous()
         b = t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes()
-        header[n] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        header[n] = {"dtype": "BF16" if t.dtype == torch.bfloat16 else "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
         off += len(b)
         blobs.append(b)
     h = json.dumps(header, separators=(",", ":")).encode()
@@ -385,12 +401,109 @@ def remove_adapter_name(name):
     return re.sub(r"(?P<q>(\w+\.)+?lora_(embedding_)?(A|B))\.(?P<a>\w+)(?P<r>(\.{0,1}\w+\.?)+)?", r"\g<q>\g<r>", name)
 
 
-def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1):
+def no_decay(name, model_type):
+    """Not in NeuronTrainer.get_decay_parameter_names: get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias",
+    "layernorm", "rmsnorm"]) drops a name the patterns match (lowercased) and the parameters of modules whose class
+    is in ALL_LAYERNORM_LAYERS (nn.LayerNorm, and LlamaRMSNorm: llama/modeling_llama.py appends it). LlamaRMSNorm
+    modules: every decoder layer's input_layernorm / post_attention_layernorm and, in Llama, model.norm (Qwen3's
+    model.norm, q_norm and k_norm are Qwen3RMSNorm, not in the list)."""
+    module_is_llama_norm = (name.endswith("_layernorm.weight") or
+                            (name == "model.norm.weight" and model_type in ("llama", "granite")))
+    return any(p in name.lower() for p in ("bias", "layernorm", "rmsnorm")) or module_is_llama_norm
+
+
+def xser_save(obj, path, TensorReference):
+    """_xser_save_data + _extract_tensor_info_and_update_state_dict of a nested dict: each tensor its own
+    <path>.tensors/tensor_<tid>.pt, the dict saved with TensorReference(tid) records and <path>.info.pt."""
+    folder = path + ".tensors"
+    os.makedirs(folder, exist_ok=True)
+    info, count = {}, [0]
+
+    def walk(d):
+        out = type(d)()
+        for k, v in d.items():
+            if isinstance(v, dict):
+                out[k] = walk(v)
+            elif isinstance(v, torch.Tensor):
+                tid = count[0]; count[0] += 1
+                torch.save(v, os.path.join(folder, "tensor_{}.pt".format(tid)))
+                info[tid] = {"dtype": v.dtype, "shape": v.shape, "expert_model_parallel": False}
+                out[k] = TensorReference(tid)
+            else:
+                out[k] = v
+        return out
+    torch.save(walk(obj), path)
+    torch.save(info, path + ".info.pt")
+
+
+def write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, mode, dp, no_state=None, master_weights=False,
+                param_names=False):
+    """save_checkpoint's optimizer files (see the module's doc) of an AdamW at step 7 whose slots are random F32
+    values, written in the original names to <out>-state-ref/optimizer.safetensors (beside a copy of the model: the
+    training state ckpt should make of the save). no_state: a parameter in the groups without a state (no gradient
+    yet); master_weights: ZeRO-1's save_master_weights (sharded_master_weights, each chunk of the weight in F32);
+    param_names: an optimizer given named parameters, which torch >= 2.6 keeps as each group's "param_names" — here
+    in groups the trainer would not make (no decay first), so only the names can place them."""
+    g = torch.Generator().manual_seed(17)
+    slots = ("exp_avg", "exp_avg_sq")
+    slot_ref = {s: collections.OrderedDict((n, torch.randn(t.shape, generator=g, dtype=torch.float32)) for n, t in ref.items())
+                for s in slots}
+    os.makedirs(out + "-state-ref", exist_ok=True)
+    write_safetensors(out + "-state-ref/optimizer.safetensors",
+                      {f"{n}/{s}": slot_ref[s][n] for s in slots for n in ref if n != no_state})
+    write_safetensors(out + "-state-ref/model.safetensors", ref)
+    sharded = {s: build(slot_ref[s], tp, fuse_qkv, kv_mult, cfg)[0] for s in slots}
+    params = build(ref, tp, fuse_qkv, kv_mult, cfg)[1]
+    folder = os.path.join(out, "shards", "optim")
+    os.makedirs(folder, exist_ok=True)
+    TensorReference = xser_modules() if xser else None
+    hyper = {"lr": 5e-05, "betas": (0.9, 0.999), "eps": 1e-08, "amsgrad": False, "foreach": None, "maximize": False,
+             "capturable": False, "differentiable": False, "fused": None}
+    for s in range(pp):
+        names = [n for n in params if stage_of(n, pp, cfg["num_hidden_layers"]) == s]
+        decay = [n for n in names if not no_decay(n, cfg["model_type"])]
+        order = decay + [n for n in names if no_decay(n, cfg["model_type"])]
+        groups = [dict(hyper, weight_decay=0.01, params=list(range(len(decay)))),
+                  dict(hyper, weight_decay=0.0, params=list(range(len(decay), len(order))))]
+        if param_names:
+            nodecay = [n for n in names if no_decay(n, cfg["model_type"])]
+            order = nodecay + decay
+            groups = [dict(hyper, weight_decay=0.0, params=list(range(len(nodecay))), param_names=nodecay),
+                      dict(hyper, weight_decay=0.01, params=list(range(len(nodecay), len(order))), param_names=decay)]
+        for r in range(tp):
+            for d in range(dp if mode == "zero1" else 1):
+                def chunk(t):  # ZeroRedundancyOptimizer._shard_tensor
+                    if mode != "zero1":
+                        return t
+                    if t.shape[0] % dp:
+                        t = torch.nn.functional.pad(t, [0, 0] * (t.dim() - 1) + [0, dp - t.shape[0] % dp])
+                    return t.chunk(dp)[d].clone()
+                st = {i: {"step": torch.tensor(7.0), **{sl: chunk(sharded[sl][r][n]) for sl in slots}}
+                      for i, n in enumerate(order) if n != no_state}
+                if mode == "zero1":
+                    sd = {"state": {}, "param_groups": groups, "base_state": st,
+                          "shape_info": {i: sharded[slots[0]][r][n].shape for i, n in enumerate(order)}}
+                    if master_weights:
+                        w = build(ref, tp, fuse_qkv, kv_mult, cfg)[0][r]
+                        sd["sharded_master_weights"] = {i: chunk(w[n].float()) for i, n in enumerate(order)}
+                else:
+                    sd = {"state": st, "param_groups": groups}
+                path = os.path.join(folder, "dp_rank_{:02d}_tp_rank_{:02d}_pp_rank_{:02d}.pt".format(d, r, s))
+                if xser:
+                    xser_save(sd, path, TensorReference)
+                else:
+                    torch.save(sd, path)
+
+
+def save(ref_dir, out, tp, pp, xser, fuse_qkv, kv_mult, ep=1, optim=None, dp=1, no_state=None, master_weights=False,
+         param_names=False):
     ref = read_safetensors(os.path.join(ref_dir, "model.safetensors"))
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = json.load(f)
     ranks, params, specs, m = build(ref, tp, fuse_qkv, kv_mult, cfg)
     write_shards(os.path.join(out, "shards"), ranks, params, specs, tp, pp, xser, cfg["num_hidden_layers"], ep=ep)
+    if optim:
+        write_optim(out, ref, cfg, tp, pp, xser, fuse_qkv, kv_mult, optim, dp, no_state, master_weights, param_names)
     with open(os.path.join(ref_dir, "config.json")) as f:
         cfg = f.read()
     with open(os.path.join(out, "config.json"), "w") as f:
@@ -547,6 +660,23 @@ def damage(out, what):
         p = os.path.join(out, "adapter_default", "adapter_shards", "model", "dp_rank_00_tp_rank_02_pp_rank_00.pt")
         sd = torch.load(p); sd["base_model.model.model.layers.1.mlp.gate_up_proj.lora_A.weight"][1, 3] += 1
         torch.save(sd, p)
+    elif kind.startswith("optim_"):  # the optimizer files (plain, or zero1 with dp 2)
+        optim = lambda d, r: os.path.join(out, "shards", "optim", "dp_rank_{:02d}_tp_rank_{:02d}_pp_rank_00.pt".format(d, r))
+        if kind == "optim_dp":  # dp rank 1's file of tp rank 1 is missing
+            os.remove(optim(1, 1))
+            return
+        sd = torch.load(optim(0, 1))
+        if kind == "optim_groups":  # the first no-decay parameter moved to the decay group (indices still in order)
+            sd["param_groups"][0]["params"].append(sd["param_groups"][1]["params"].pop(0))
+        elif kind == "optim_norm":  # model.norm.weight's exp_avg (replicated) differs on tp rank 1
+            i = len(sd["param_groups"][0]["params"]) + len(sd["param_groups"][1]["params"]) - 1
+            sd["state"][i]["exp_avg"][3] += 1
+        elif kind == "optim_names":  # (with --param-names) two names swapped on tp rank 1
+            g = sd["param_groups"][1]["param_names"]
+            g[0], g[1] = g[1], g[0]
+        elif kind == "optim_shape":  # index 1's exp_avg narrower
+            sd["state"][1]["exp_avg"] = sd["state"][1]["exp_avg"][:, :8].clone()
+        torch.save(sd, optim(0, 1))
     elif kind == "evil":  # a reference file whose pickle calls os.system
         class Evil:
             def __reduce__(self):
@@ -558,7 +688,8 @@ def damage(out, what):
 
 def run_save(ref, b):
     if not b.adapter:
-        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep)
+        return save(ref, b.out, b.tp, b.pp, b.xser, b.fuse_qkv, b.kv_size_multiplier, b.ep, b.optim, b.dp, b.no_state,
+                    b.master_weights, b.param_names)
     targets = b.lora_targets.split(",")
     ad = ref + "-adapter" + ("" if targets == LORA_TARGETS else "-" + "-".join(targets))
     if not os.path.exists(os.path.join(ad, "adapter_model.safetensors")):
@@ -588,7 +719,13 @@ def main():
                    help="save REF-adapter (a PEFT LoRA of REF, made when missing) as SAVE/adapter_default instead")
     s.add_argument("--lora-targets", default=",".join(LORA_TARGETS),
                    help="(with --adapter) the adapter's target_modules; REF-adapter-<targets> unless all")
-    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a or evil:MARKER (the hostile tests)")
+    s.add_argument("--optim", choices=("plain", "zero1"), default=None, help="save an AdamW's state too")
+    s.add_argument("--dp", type=int, default=1, help="(with --optim zero1) the data-parallel ranks sharing it")
+    s.add_argument("--no-state", default=None, help="(with --optim) this parameter has no optimizer state")
+    s.add_argument("--master-weights", action="store_true", help="(with --optim zero1) sharded_master_weights too")
+    s.add_argument("--param-names", action="store_true", help="(with --optim) groups with param_names (torch >= 2.6)")
+    s.add_argument("--damage", default=None, help="norm, shape, kv, info, lora_a, optim_groups, optim_names, optim_shape, optim_dp, "
+                   "optim_norm or evil:MARKER (the hostile tests)")
     m = sub.add_parser("saves")
     m.add_argument("ref")
     m.add_argument("specs", nargs="+")

@@ -473,16 +473,11 @@ int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
     if (o->strip_prefix)
         return ckpt_error_set(CKPT_EINVAL, "%s: --strip-prefix is for PyTorch DCP sources; this is not one", src);
     if (easydel_is_checkpoint(src) || easydel_is_legacy(src)) return easydel_consolidate(src, dst, o);
-    if (o->state && nxd_is_checkpoint(src))
-        return ckpt_error_set(CKPT_EINVAL,
-                              "%s: --state: the optimizer of a neuronx-distributed save (shards/optim/) is not read yet: its "
-                              "states are keyed by parameter index, not name (docs/layouts.md, NxD checkpoints in)",
-                              src);
-    if (o->state)
-        return ckpt_error_set(CKPT_EINVAL, "%s: --state is for PyTorch DCP and EasyDeL saves; this is neither (a "
-                                           "converted state consolidates into a state by itself)",
-                              src);
     if (nxd_is_checkpoint(src)) return nxd_consolidate(src, dst, o);
+    if (o->state)
+        return ckpt_error_set(CKPT_EINVAL, "%s: --state is for PyTorch DCP, EasyDeL and neuronx-distributed saves; this is none "
+                                           "(a converted state consolidates into a state by itself)",
+                              src);
     consolidation c;
     memset(&c, 0, sizeof c);
     char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);

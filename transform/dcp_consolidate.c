@@ -210,51 +210,6 @@ static int plan_slots(exec_plan *p, const dcp_ckpt *c, const consolidate_opts *o
     return rc;
 }
 
-/* Sorted distinct dtypes of tensors, as a JSON array of names. */
-static json_t *dtype_names(plan_tensor *const *t, size_t n)
-{
-    bool seen[CKPT_DT_COUNT] = {false};
-    for (size_t i = 0; i < n; i++) seen[t[i]->dtype] = true;
-    json_t *a = json_array();
-    for (int d = 0; a && d < CKPT_DT_COUNT; d++)
-        if (seen[d]) json_array_append_new(a, json_string(ckpt_dtype_name((ckpt_dtype)d)));
-    return a;
-}
-
-/* optimizer.json and metadata.json of the state (metadata.json last, as a
- * state is written: a folder that has it has everything). */
-static int write_state_side(const char *tmp, const dcp_state_out *so, plan_tensor **model, size_t nmodel)
-{
-    bool adam = so->nslot_names == 2 && !strcmp(so->slot_names[0], "exp_avg") && !strcmp(so->slot_names[1], "exp_avg_sq");
-    json_t *slots = json_array();
-    for (size_t i = 0; slots && i < so->nslot_names; i++) json_array_append_new(slots, json_string(so->slot_names[i]));
-    json_t *scalars = json_object();
-    if (scalars && so->has_opt_step && !so->opt_steps_differ) json_object_set_new(scalars, "step", json_real(so->opt_step));
-    json_t *opt = json_pack("{s:s,s:{},s:o,s:o}", "name", adam ? "adam" : "torch", "hyperparameters", "slots", slots,
-                            "scalars", scalars);
-    time_t now = time(NULL);
-    struct tm tm;
-    char ts[32] = "1970-01-01T00:00:00Z";
-    if (gmtime_r(&now, &tm)) strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-    json_t *dtypes = json_pack("{s:o,s:o}", "model", dtype_names(model, nmodel), "optimizer",
-                               dtype_names(so->slots, so->nslots));
-    json_t *meta = json_pack("{s:s,s:i,s:I,s:s,s:b,s:o}", "format", CKPT_STATE_FORMAT, "version", CKPT_STATE_VERSION,
-                             "step", (json_int_t)(so->has_step ? so->step : 0), "timestamp", ts, "has_optimizer_state",
-                             1, "dtypes", dtypes);
-    char *po = ckpt_path_join(tmp, STATE_OPTIMIZER_FILE), *pm = ckpt_path_join(tmp, STATE_METADATA_FILE);
-    char *to = opt ? cj_render(opt) : NULL, *tm_ = meta ? cj_render(meta) : NULL;
-    int rc = po && pm && to && tm_ ? 0 : CKPT_ENOMEM;
-    if (!rc) rc = ckpt_write_file_atomic(po, to, strlen(to));
-    if (!rc) rc = ckpt_write_file_atomic(pm, tm_, strlen(tm_));
-    free(po);
-    free(pm);
-    free(to);
-    free(tm_);
-    json_decref(opt);
-    json_decref(meta);
-    return rc;
-}
-
 /* The exec plan of c's model tensors (and, with o->state, their optimizer
  * slots); *tensors (n) are owned by the caller. */
 static int build_plan(exec_plan *p, const dcp_ckpt *c, const consolidate_opts *o, plan_tensor **tensors, size_t *n,
@@ -350,7 +305,13 @@ int dcp_consolidate(const char *src, const char *dst, consolidate_opts *o)
         rc = exec_run(&p, tmp, &eo);
         if (!rc) rc = write_index(tmp, "model.safetensors.index.json", index_text);
         if (!rc && o->state) rc = write_index(tmp, "optimizer.safetensors.index.json", so.index_text);
-        if (!rc && o->state) rc = write_state_side(tmp, &so, so.model_for_meta, so.nmodel);
+        json_t *scalars = o->state ? json_object() : NULL;
+        if (scalars && so.has_opt_step && !so.opt_steps_differ) json_object_set_new(scalars, "step", json_real(so.opt_step));
+        if (!rc && o->state)
+            rc = scalars ? state_write_side_files(tmp, so.slot_names, so.nslot_names, scalars, NULL, so.has_step ? (int64_t)so.step : 0,
+                                                  so.model_for_meta, so.nmodel, so.slots, so.nslots)
+                         : CKPT_ENOMEM;
+        json_decref(scalars);
         if (!rc) rc = ckpt_fsync_dir(tmp);
         if (!rc) rc = outdir_commit(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);

@@ -4,15 +4,20 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "format/nxd.h"
+#include "format/nxd_optim.h"
 #include "lora/lora.h"
 #include "transform/consolidate.h"
 #include "transform/rules.h"
+#include "transform/state_convert.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 typedef struct {
     nxd_ckpt c;
@@ -742,6 +747,505 @@ static int adapter_name(nxd_job *j)
     return 0;
 }
 
+/* ---- --state: the optimizer under shards/optim as a training state ---- */
+
+/* get_parameter_names(model, ALL_LAYERNORM_LAYERS, ["bias", "layernorm",
+ * "rmsnorm"]) as NeuronTrainer.get_decay_parameter_names calls it
+ * (optimum/neuron/trainers/transformers.py): a parameter gets no weight decay
+ * when its lowercased name holds one of the patterns, or when it lies in a
+ * module of a class in ALL_LAYERNORM_LAYERS — nn.LayerNorm, and LlamaRMSNorm,
+ * which optimum/neuron/models/training/llama/modeling_llama.py appends. Of
+ * the training models' norms (RMSNorm, never LayerNorm), LlamaRMSNorm is
+ * Llama's and Granite's final model.norm (their layers' norms match
+ * "layernorm" by name); Qwen3's model.norm, q_norm and k_norm are
+ * Qwen3RMSNorm, not in the list, so they decay. */
+static int decay_rule(const char *model_type, bool *llama_norm)
+{
+    static const char *const llama_like[] = {"llama", "granite"};
+    *llama_norm = false;
+    for (size_t i = 0; model_type && i < CKPT_ARRAY_LEN(llama_like); i++)
+        if (!strcmp(model_type, llama_like[i])) *llama_norm = true;
+    if (*llama_norm || (model_type && !strcmp(model_type, "qwen3"))) return 0;
+    return ckpt_error_set(CKPT_EINVAL,
+                          "--state: model_type '%s': which of its modules are in ALL_LAYERNORM_LAYERS (and so how "
+                          "NeuronTrainer.create_optimizer grouped its parameters) is known for llama, granite and qwen3 only",
+                          model_type ? model_type : "(none in config.json)");
+}
+
+static bool no_decay(const char *name, bool llama_norm)
+{
+    static const char *const pats[] = {"bias", "layernorm", "rmsnorm"};
+    char low[ST_MAX_NAME + 1];
+    size_t n = strlen(name);
+    if (n > ST_MAX_NAME) n = ST_MAX_NAME;
+    for (size_t i = 0; i < n; i++) low[i] = (char)(name[i] >= 'A' && name[i] <= 'Z' ? name[i] - 'A' + 'a' : name[i]);
+    low[n] = 0;
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(pats); i++)
+        if (strstr(low, pats[i])) return true;
+    return llama_norm && !strcmp(name, "model.norm.weight");
+}
+
+/* Where a part of a rank tensor reads from the rank's slot: each piece of it
+ * within one ZeRO-1 chunk (rows [d*C, (d+1)*C) of axis 0 are dp rank d's
+ * tensor; C = rows without ZeRO-1, one piece), as (dp rank, part reading
+ * that chunk's rows). */
+typedef struct {
+    int dp;
+    plan_part p;
+} piece;
+
+typedef struct {
+    nxd_optim o;
+    size_t *first;       /* per (pp, tp, dp) optimizer file: the index of its first plan source */
+    const char ***names; /* per stage: parameter index -> name (pointers into the metadata) */
+    int64_t *nnames;
+    json_t **index;      /* per stage: name -> parameter index */
+    piece *pcs;          /* scratch: dp + 1 pieces (a box of rows crosses at most dp chunks) */
+    plan_tensor *slots;  /* "<param>/<slot>" */
+    size_t nslots, cap;
+    char **slot_names;   /* distinct, sorted */
+    size_t nslot_names;
+    json_t *left_out;
+    bool has_step;
+    double step;
+    char *index_text;    /* optimizer.safetensors.index.json, or NULL */
+} nxd_state;
+
+static void nxd_state_free(nxd_state *s, int pp)
+{
+    for (size_t i = 0; i < s->nslots; i++) plan_tensor_free(&s->slots[i]);
+    free(s->slots);
+    for (int p = 0; s->names && p < pp; p++) free(s->names[p]);
+    for (int p = 0; s->index && p < pp; p++) json_decref(s->index[p]);
+    free(s->names);
+    free(s->index);
+    free(s->pcs);
+    free(s->nnames);
+    free(s->first);
+    for (size_t i = 0; i < s->nslot_names; i++) free(s->slot_names[i]);
+    free(s->slot_names);
+    json_decref(s->left_out);
+    free(s->index_text);
+    nxd_optim_close(&s->o);
+}
+
+/* Stage pp's parameter index -> name. When the files keep "param_names"
+ * (torch >= 2.6, an optimizer given named parameters), those, each a
+ * parameter of the stage. Else as create_optimizer numbers them: the decay
+ * group, then the no-decay group, each in named_parameters() order — the
+ * order of the stage's metadata (create_parameter_metadata walks
+ * named_parameters()); or one group of every parameter in that order (an
+ * optimizer over model.parameters()). Checked against every file. */
+static int stage_names(const nxd_job *j, nxd_state *s, int pp, const char *model_type)
+{
+    json_t *params = json_object_get(j->c.meta[pp], "parameters");
+    size_t n = json_object_size(params), nd = 0, k = 0;
+    const char **v = ckpt_calloc(n + 1, sizeof *v), *name;
+    if (!v) return CKPT_ENOMEM;
+    s->names[pp] = v;
+    s->nnames[pp] = (int64_t)n;
+    const nxd_optim_rank *r0 = nxd_optim_at(&s->o, pp, 0, 0);
+    json_t *m;
+    int rc = (s->index[pp] = json_object()) ? 0 : CKPT_ENOMEM;
+    bool llama_norm = false, named = r0->param_names != NULL;
+    if (!rc && named && r0->nparams != (int64_t)n)
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: param_groups name %lld parameters; pp rank %d has %zu", r0->path, (long long)r0->nparams, pp, n);
+    for (size_t i = 0; !rc && named && i < n; i++) {
+        v[i] = r0->param_names[i];
+        if (!json_object_get(params, v[i]))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: param_names[%zu] '%s' is not a parameter of pp rank %d (%s)", r0->path, i, v[i], pp,
+                                j->c.meta_paths[pp]);
+    }
+    if (!rc && !named) rc = decay_rule(model_type, &llama_norm);
+    if (!rc && !named) {
+        json_object_foreach(params, name, m) if (!no_decay(name, llama_norm)) v[k++] = name, nd++;
+        json_object_foreach(params, name, m) if (no_decay(name, llama_norm)) v[k++] = name;
+    }
+    for (int t = 0; !rc && t < j->c.tp; t++)
+        for (int d = 0; !rc && d < s->o.dp; d++) {
+            const nxd_optim_rank *r = nxd_optim_at(&s->o, pp, t, d);
+            if (named) {
+                for (size_t i = 0; !rc && i < n; i++)
+                    if (!r->param_names || r->nparams != (int64_t)n || strcmp(r->param_names[i], v[i]))
+                        rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter %zu is '%s' in %s but '%s' here", r->path, i, v[i], r0->path,
+                                            r->param_names && (int64_t)i < r->nparams ? r->param_names[i] : "(no param_names)");
+                continue;
+            }
+            bool two = r->ngroups == 2 && r->group_len[0] == (int64_t)nd && r->group_len[1] == (int64_t)(n - nd);
+            bool one = r->ngroups == 1 && r->group_len[0] == (int64_t)n;
+            if (one && nd != n) {
+                k = 0;
+                json_object_foreach(params, name, m) v[k++] = name;
+                nd = n;
+            }
+            if (!two && !one)
+                rc = ckpt_error_set(CKPT_EINVAL,
+                                    "%s: param_groups of %zu groups (%lld parameters in the first) do not match "
+                                    "NeuronTrainer.create_optimizer's grouping of the %zu parameters of pp rank %d (%zu with "
+                                    "weight decay, %zu without)",
+                                    r->path, r->ngroups, (long long)r->group_len[0], n, pp, nd, n - nd);
+        }
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (json_object_get(s->index[pp], v[i]))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: parameter '%s' is named twice in param_groups", r0->path, v[i]);
+        else if (json_object_set_new(s->index[pp], v[i], json_integer((json_int_t)i)))
+            rc = CKPT_ENOMEM;
+    }
+    return rc;
+}
+
+static const char *opt_label(const nxd_optim_rank *r) { return r->path; }
+
+/* The slot tensor of rank file r for parameter index idx, slot `slot`. */
+static const ckpt_tensor_ref *slot_tensor(const nxd_optim_rank *r, int64_t idx, const char *slot)
+{
+    const nxd_pstate *ps = nxd_optim_state(r, idx);
+    for (size_t k = 0; ps && k < ps->n; k++)
+        if (!strcmp(r->slots[ps->first + k].name, slot)) return r->slots[ps->first + k].t;
+    return NULL;
+}
+
+/* The value of a 0-d tensor or number slot. */
+static int slot_scalar(const nxd_optim_rank *r, const nxd_oslot *o, double *v)
+{
+    if (!o->t) {
+        *v = o->value;
+        return 0;
+    }
+    uint8_t b[8] = {0};
+    if (o->t->t->nbytes > sizeof b) return ckpt_error_set(CKPT_EINVAL, "%s: slot '%s' is not a scalar", r->path, o->name);
+    const char *path = r->ck.files[o->t->file].path;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ckpt_error_sys("%s: open", path);
+    int rc = ckpt_pread_full(fd, b, (size_t)o->t->t->nbytes, o->t->t->offset, path);
+    close(fd);
+    if (!rc && ckpt_scalar_value(o->t->t->dtype, b, v) < 0)
+        rc = ckpt_error_set(CKPT_EINVAL, "%s: slot '%s' is a %s scalar, not a number", r->path, o->name, ckpt_dtype_name(o->t->t->dtype));
+    return rc;
+}
+
+static int add_left_out(nxd_state *s, const char *file, const char *what, const char *why, bool quiet)
+{
+    if (!quiet) ckpt_info("%s: left out %s: %s", file, what, why);
+    return json_array_append_new(s->left_out, json_pack("{s:s,s:s,s:s}", "file", file, "name", what, "why", why)) ? CKPT_ENOMEM : 0;
+}
+
+/* Every file's states checked against the parameters they name: each tensor
+ * slot has its parameter's per-rank shape (ZeRO-1: shape_info is that shape
+ * and the slot this dp rank's chunk of it), the step is one value; the
+ * distinct slot names collected. */
+static int check_states(const nxd_job *j, nxd_state *s, bool quiet)
+{
+    int rc = 0;
+    for (int pp = 0; !rc && pp < j->c.pp; pp++)
+        for (int t = 0; !rc && t < j->c.tp; t++)
+            for (int d = 0; !rc && d < s->o.dp; d++) {
+                const nxd_optim_rank *r = nxd_optim_at(&s->o, pp, t, d);
+                for (size_t i = 0; !rc && i < r->nps; i++) {
+                    const nxd_pstate *ps = &r->ps[i];
+                    const char *name = s->names[pp][ps->idx];
+                    const st_tensor *pt = rank_tensor(j, pp, t, name);
+                    char got[96], want[96];
+                    if (!pt) {
+                        rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: state index %lld is '%s', not in tp rank %d's model file", opt_label(r),
+                                            (long long)ps->idx, name, t);
+                        break;
+                    }
+                    if (ps->has_shape && (ps->ndim != pt->ndim || memcmp(ps->shape, pt->shape, (size_t)pt->ndim * sizeof *pt->shape))) {
+                        rc = ckpt_error_set(CKPT_EINVAL, "%s: shape_info[%lld] is %s but parameter '%s' is %s on tp rank %d", opt_label(r),
+                                            (long long)ps->idx, plan_shape_str(ps->ndim, ps->shape, got, sizeof got), name,
+                                            plan_shape_str(pt->ndim, pt->shape, want, sizeof want), t);
+                        break;
+                    }
+                    uint64_t want_shape[CKPT_MAX_RANK];
+                    memcpy(want_shape, pt->shape, sizeof want_shape);
+                    if (s->o.zero1 && pt->ndim) /* _shard_tensor: padded to a multiple of dp on axis 0, one chunk */
+                        want_shape[0] = (pt->shape[0] + (uint64_t)s->o.dp - 1) / (uint64_t)s->o.dp;
+                    for (size_t k = 0; !rc && k < ps->n; k++) {
+                        const nxd_oslot *o = &r->slots[ps->first + k];
+                        if (!strcmp(o->name, "step") && (!o->t || !o->t->t->ndim)) {
+                            double v;
+                            rc = slot_scalar(r, o, &v);
+                            if (!rc && s->has_step && v != s->step)
+                                rc = ckpt_error_set(CKPT_EINVAL, "%s: state index %lld ('%s') is at step %.0f, others at %.0f", opt_label(r),
+                                                    (long long)ps->idx, name, v, s->step);
+                            s->step = v;
+                            s->has_step = true;
+                            continue;
+                        }
+                        if (!o->t || !o->t->t->ndim) {
+                            char what[ST_MAX_NAME + 64];
+                            snprintf(what, sizeof what, "%s[%lld]['%s'] of '%s'", s->o.zero1 ? "base_state" : "state", (long long)ps->idx,
+                                     o->name, name);
+                            if (!t && !d && !pp) rc = add_left_out(s, r->path, what, "a scalar other than step", quiet);
+                            continue;
+                        }
+                        const st_tensor *x = o->t->t;
+                        if (x->ndim != pt->ndim || memcmp(x->shape, want_shape, (size_t)x->ndim * sizeof *x->shape)) {
+                            rc = ckpt_error_set(CKPT_EINVAL, "%s: state index %lld slot '%s' is %s, but its parameter '%s' is %s on tp rank %d%s",
+                                                opt_label(r), (long long)ps->idx, o->name, plan_shape_str(x->ndim, x->shape, got, sizeof got),
+                                                name, plan_shape_str(pt->ndim, want_shape, want, sizeof want), t,
+                                                s->o.zero1 ? " (its ZeRO-1 chunk)" : "");
+                            break;
+                        }
+                        bool seen = false;
+                        for (size_t q = 0; q < s->nslot_names && !seen; q++) seen = !strcmp(s->slot_names[q], o->name);
+                        if (seen) continue;
+                        char **nv = ckpt_realloc(s->slot_names, (s->nslot_names + 1) * sizeof *nv);
+                        if (!nv || !(nv[s->nslot_names] = ckpt_strdup(o->name))) rc = CKPT_ENOMEM;
+                        if (nv) s->slot_names = nv;
+                        if (!rc) s->nslot_names++;
+                    }
+                }
+                if (!rc && r->master_weights && !t && !d && !pp)
+                    rc = add_left_out(s, r->path, "sharded_master_weights", "the optimizer's copy of the weights, not a slot", quiet);
+            }
+    return rc;
+}
+
+/* The model tensor (pp, tp) and name of plan source src, or false. */
+static bool model_source(const nxd_job *j, int32_t src, int *pp, int *tp)
+{
+    for (int p = 0; p < j->c.pp; p++)
+        for (int t = 0; t < j->c.tp; t++) {
+            size_t f = *first_source(j, p, 0, t);
+            if ((size_t)src >= f && (size_t)src < f + nxd_rank_at(&j->c, p, 0, t)->ck.ntensors) {
+                *pp = p;
+                *tp = t;
+                return true;
+            }
+        }
+    return false;
+}
+
+/* Part p restricted to the box [lo, lo+ext) of the tensor (inside p's). */
+static plan_part part_restrict(const plan_part *p, int ndim, const uint64_t *lo, const uint64_t *ext)
+{
+    plan_part q = *p;
+    for (int k = 0; k < ndim; k++) {
+        if (p->axis_map[k] >= 0) q.src_lo[p->axis_map[k]] += lo[k] - p->lo[k];
+        q.lo[k] = lo[k];
+        q.ext[k] = ext[k];
+    }
+    return q;
+}
+
+
+static int split_rows(const plan_part *p, int ndim, uint64_t C, piece *out, size_t max, size_t *n)
+{
+    *n = 0;
+    int k = -1;
+    for (int a = 0; a < ndim; a++)
+        if (p->axis_map[a] == 0) k = a;
+    uint64_t r0 = p->src_lo[0], len = k >= 0 ? p->ext[k] : 1;
+    for (uint64_t r = r0; r < r0 + len;) {
+        uint64_t d = r / C, end = (d + 1) * C < r0 + len ? (d + 1) * C : r0 + len;
+        if (*n == max) return ckpt_error_set(CKPT_ELIMIT, "a part spans more than %zu ZeRO-1 chunks", max);
+        uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
+        memcpy(lo, p->lo, sizeof lo);
+        memcpy(ext, p->ext, sizeof ext);
+        if (k >= 0) {
+            lo[k] = p->lo[k] + (r - r0);
+            ext[k] = end - r;
+        }
+        out[*n].dp = (int)d;
+        out[*n].p = part_restrict(p, ndim, lo, ext);
+        out[*n].p.src_lo[0] -= d * C;
+        (*n)++;
+        r = end;
+    }
+    return 0;
+}
+
+/* The slot `slot` of rank tensor src (a model source): the plan source of
+ * its dp rank d piece. */
+static int slot_source(const nxd_job *j, const nxd_state *s, int32_t src, int d, const char *slot, int32_t *out, int *pp_out,
+                       int64_t *idx_out)
+{
+    int pp, tp;
+    if (!model_source(j, src, &pp, &tp)) return ckpt_error_set(CKPT_EINVAL, "--state: a part of no rank file");
+    const char *name = j->exec.sources[src].name;
+    const nxd_optim_rank *r = nxd_optim_at(&s->o, pp, tp, d);
+    json_t *ix = json_object_get(s->index[pp], name);
+    int64_t idx = ix ? (int64_t)json_integer_value(ix) : -1;
+    const ckpt_tensor_ref *t = idx >= 0 ? slot_tensor(r, idx, slot) : NULL;
+    *pp_out = pp;
+    *idx_out = idx;
+    if (!t) return CKPT_ENOTFOUND; /* said by the caller */
+    *out = (int32_t)(s->first[((size_t)pp * (size_t)j->c.tp + (size_t)tp) * (size_t)s->o.dp + (size_t)d] + (size_t)(t - r->ck.tensors));
+    return 0;
+}
+
+/* Parts of orig o read from the rank tensors, as parts of its slot read from
+ * the optimizer files (split at ZeRO-1 chunks). */
+static int map_part(const nxd_job *j, const nxd_state *s, const plan_part *p, int ndim, const char *slot, plan_part *out, size_t max,
+                    size_t *n, bool *missing, const char **pname)
+{
+    piece *pcs = s->pcs;
+    size_t np = 0;
+    const plan_source *ms = &j->exec.sources[p->src];
+    uint64_t C = ms->ndim ? (s->o.zero1 ? (ms->shape[0] + (uint64_t)s->o.dp - 1) / (uint64_t)s->o.dp : ms->shape[0]) : 1;
+    int rc = split_rows(p, ndim, C ? C : 1, pcs, (size_t)s->o.dp + 1, &np);
+    *n = 0;
+    for (size_t i = 0; !rc && i < np; i++) {
+        int pp;
+        int64_t idx;
+        int32_t src;
+        rc = slot_source(j, s, p->src, pcs[i].dp, slot, &src, &pp, &idx);
+        if (rc == CKPT_ENOTFOUND) {
+            *missing = true;
+            *pname = ms->name;
+            return 0;
+        }
+        if (rc) return rc;
+        if (*n == max) return ckpt_error_set(CKPT_ELIMIT, "too many pieces");
+        out[*n] = pcs[i].p;
+        out[(*n)++].src = src;
+    }
+    return rc;
+}
+
+/* The slot `slot` of original tensor o: o's parts and checks, read from the
+ * optimizer files instead of the model's. *missing when some rank has no such
+ * slot for o's parameter. */
+static int plan_slot(const nxd_job *j, nxd_state *s, const plan_tensor *o, const char *slot, ckpt_dtype dt, bool *missing,
+                     const char **pname)
+{
+    plan_tensor t;
+    memset(&t, 0, sizeof t);
+    t.rank = PLAN_ALL_RANKS;
+    t.dtype = dt;
+    t.ndim = o->ndim;
+    memcpy(t.shape, o->shape, sizeof t.shape);
+    int rc = (t.name = ckpt_sprintf("%s/%s", o->name, slot)) ? 0 : CKPT_ENOMEM;
+    size_t max = (size_t)s->o.dp + 1, n, dn;
+    plan_part *out = ckpt_calloc(2 * max, sizeof *out), *dout = out ? out + max : NULL;
+    if (!out) rc = CKPT_ENOMEM;
+    *missing = false;
+    for (size_t i = 0; !rc && !*missing && i < o->nparts; i++) {
+        if (o->parts[i].src == PLAN_ZERO) {
+            rc = plan_tensor_add_part(&t, &o->parts[i]);
+            continue;
+        }
+        rc = map_part(j, s, &o->parts[i], o->ndim, slot, out, max, &n, missing, pname);
+        for (size_t k = 0; !rc && !*missing && k < n; k++) rc = plan_tensor_add_part(&t, &out[k]);
+    }
+    /* the checks (replicated parameters, KV replicas): the same boxes of the slots must be equal */
+    for (size_t i = 0; !rc && !*missing && i < o->nchecks; i++) {
+        const struct plan_check *c = &o->checks[i];
+        rc = map_part(j, s, &c->primary, o->ndim, slot, out, max, &n, missing, pname);
+        for (size_t k = 0; !rc && !*missing && k < n; k++) {
+            plan_part dup = part_restrict(&c->dup, o->ndim, out[k].lo, out[k].ext);
+            rc = map_part(j, s, &dup, o->ndim, slot, dout, max, &dn, missing, pname);
+            for (size_t q = 0; !rc && !*missing && q < dn; q++) {
+                if (ckpt_grow(&t.checks, &t.checks_cap, t.nchecks + 1, sizeof *t.checks)) {
+                    rc = CKPT_ENOMEM;
+                    break;
+                }
+                struct plan_check *nc = &t.checks[t.nchecks];
+                nc->primary = part_restrict(&out[k], o->ndim, dout[q].lo, dout[q].ext);
+                nc->dup = dout[q];
+                if (!(nc->what = ckpt_strdup(c->what))) rc = CKPT_ENOMEM;
+                else t.nchecks++;
+            }
+        }
+    }
+    free(out);
+    if (!rc && !*missing && ckpt_grow(&s->slots, &s->cap, s->nslots + 1, sizeof *s->slots)) rc = CKPT_ENOMEM;
+    if (!rc && !*missing) {
+        s->slots[s->nslots++] = t;
+        return 0;
+    }
+    plan_tensor_free(&t);
+    return rc;
+}
+
+/* The dtype of slot `slot` for orig o: the same on every rank tensor it reads. */
+static int slot_dtype(const nxd_job *j, const nxd_state *s, const plan_tensor *o, const char *slot, ckpt_dtype *dt, bool *found)
+{
+    *found = false;
+    for (size_t i = 0; i < o->nparts; i++) {
+        if (o->parts[i].src == PLAN_ZERO) continue;
+        int pp;
+        int64_t idx;
+        int32_t src;
+        for (int d = 0; d < s->o.dp; d++) {
+            int rc = slot_source(j, s, o->parts[i].src, d, slot, &src, &pp, &idx);
+            if (rc == CKPT_ENOTFOUND) continue;
+            if (rc) return rc;
+            ckpt_dtype x = j->exec.sources[src].dtype;
+            if (*found && x != *dt)
+                return ckpt_error_set(CKPT_EINVAL, "--state: slot '%s' of '%s' is %s on one rank and %s on another", slot, o->name,
+                                      ckpt_dtype_name(*dt), ckpt_dtype_name(x));
+            *dt = x;
+            *found = true;
+        }
+    }
+    return 0;
+}
+
+static int cmp_cstr(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* With --state: reads shards/optim, maps every state to its parameter, and
+ * plans each slot of each original tensor as that tensor is planned. */
+static int plan_state(nxd_job *j, nxd_state *s, const consolidate_opts *o)
+{
+    if (j->c.adapter)
+        return ckpt_error_set(CKPT_EINVAL,
+                              "%s: --state: an adapter save holds no optimizer (NeuronPeftModel.save_pretrained passes none to "
+                              "save_checkpoint)",
+                              j->c.shards);
+    if (j->c.ep > 1) return ckpt_error_set(CKPT_EINVAL, "%s: --state of an expert-parallel save is not supported", j->c.shards);
+    json_t *cfg = NULL;
+    char *cp = j->c.root ? ckpt_path_join(j->c.root, "config.json") : NULL;
+    int rc = cp && ckpt_exists(cp) ? cj_load_file(&cfg, cp, STATE_JSON_MAX_BYTES) : 0;
+    free(cp);
+    if (!rc) rc = nxd_optim_open(&s->o, &j->c);
+    if (!rc && !(s->left_out = json_array())) rc = CKPT_ENOMEM;
+    s->names = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->names);
+    s->index = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->index);
+    s->pcs = rc ? NULL : ckpt_calloc((size_t)s->o.dp + 1, sizeof *s->pcs);
+    s->nnames = rc ? NULL : ckpt_calloc((size_t)j->c.pp, sizeof *s->nnames);
+    size_t nfiles = (size_t)j->c.pp * (size_t)j->c.tp * (size_t)s->o.dp;
+    s->first = rc ? NULL : ckpt_calloc(nfiles, sizeof *s->first);
+    if (!rc && (!s->names || !s->index || !s->pcs || !s->nnames || !s->first)) rc = CKPT_ENOMEM;
+    for (int p = 0; !rc && p < j->c.pp; p++) rc = stage_names(j, s, p, json_string_value(json_object_get(cfg, "model_type")));
+    json_decref(cfg);
+    if (!rc) rc = check_states(j, s, o->quiet);
+    for (size_t f = 0; !rc && f < nfiles; f++) rc = convert_add_sources(&j->exec, &s->o.ranks[f].ck, &s->first[f]);
+    if (!rc) qsort(s->slot_names, s->nslot_names, sizeof *s->slot_names, cmp_cstr);
+    for (size_t i = 0; !rc && i < j->norig; i++) {
+        bool any = false;
+        for (size_t k = 0; !rc && k < s->nslot_names; k++) {
+            ckpt_dtype dt = CKPT_DT_F32;
+            bool found, missing;
+            const char *pname = NULL;
+            rc = slot_dtype(j, s, &j->orig[i], s->slot_names[k], &dt, &found);
+            if (!rc && !found && k + 1 == s->nslot_names && !any)
+                rc = add_left_out(s, s->o.dir, j->orig[i].name, "its parameter has no optimizer state (no step or no gradient yet)", o->quiet);
+            if (rc || !found) continue;
+            any = true;
+            rc = plan_slot(j, s, &j->orig[i], s->slot_names[k], dt, &missing, &pname);
+            if (!rc && missing)
+                rc = ckpt_error_set(CKPT_EINVAL, "%s: slot '%s' of parameter '%s' is on some ranks only (tensor '%s' needs it)", s->o.dir,
+                                    s->slot_names[k], pname ? pname : "?", j->orig[i].name);
+        }
+    }
+    for (size_t i = 0; !rc && i < s->nslots; i++) rc = consolidate_check_tensor(&s->slots[i], s->o.dir);
+    if (!rc && !s->nslots) rc = ckpt_error_set(CKPT_EINVAL, "%s: --state: no optimizer state to keep (no step taken yet?)", s->o.dir);
+    plan_tensor **ptrs = rc ? NULL : ckpt_calloc(s->nslots + 1, sizeof *ptrs);
+    if (!rc && !ptrs) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < s->nslots; i++) ptrs[i] = &s->slots[i];
+    uint64_t max = o->max_shard_size ? o->max_shard_size : CONVERT_DEFAULT_SHARD_SIZE;
+    if (!rc) rc = convert_layout_folder_prefix(&j->exec, "", "optimizer", ptrs, s->nslots, max, &s->index_text);
+    free(ptrs);
+    if (!rc && !o->quiet)
+        ckpt_info("%s: %zu optimizer slots (%s, %d dp rank file%s per tp rank) of %zu tensors, step %.0f, %zu left out", s->o.dir, s->nslots,
+                  s->o.zero1 ? "ZeRO-1" : "plain", s->o.dp, s->o.dp == 1 ? "" : "s", j->norig, s->has_step ? s->step : 0.0,
+                  json_array_size(s->left_out));
+    return rc;
+}
+
 int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
 {
     if (!o->force && !ckpt_dir_is_empty_or_missing(dst))
@@ -780,6 +1284,9 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
         stage_free(&st);
     }
     for (size_t i = 0; !rc && i < j.norig; i++) rc = consolidate_check_tensor(&j.orig[i], j.c.shards);
+    nxd_state ns;
+    memset(&ns, 0, sizeof ns);
+    if (!rc && o->state) rc = plan_state(&j, &ns, o);
     plan_tensor **ptrs = rc ? NULL : ckpt_calloc(j.norig + 1, sizeof *ptrs);
     if (!rc && !ptrs) rc = CKPT_ENOMEM;
     for (size_t i = 0; !rc && i < j.norig; i++) ptrs[i] = &j.orig[i];
@@ -796,6 +1303,21 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
             char *ip = ckpt_path_join(tmp, "model.safetensors.index.json");
             rc = ip ? ckpt_write_file_atomic(ip, index_text, strlen(index_text)) : CKPT_ENOMEM;
             free(ip);
+        }
+        if (!rc && o->state) {
+            char *ip = ns.index_text ? ckpt_path_join(tmp, "optimizer.safetensors.index.json") : NULL;
+            if (ns.index_text) rc = ip ? ckpt_write_file_atomic(ip, ns.index_text, strlen(ns.index_text)) : CKPT_ENOMEM;
+            free(ip);
+            json_t *scalars = json_object();
+            if (scalars && ns.has_step) json_object_set_new(scalars, "step", json_real(ns.step));
+            plan_tensor **sp = ckpt_calloc(ns.nslots + 1, sizeof *sp);
+            for (size_t i = 0; sp && i < ns.nslots; i++) sp[i] = &ns.slots[i];
+            if (!rc)
+                rc = scalars && sp ? state_write_side_files(tmp, ns.slot_names, ns.nslot_names, scalars, ns.left_out,
+                                                            ns.has_step ? (int64_t)ns.step : 0, ptrs, j.norig, sp, ns.nslots)
+                                   : CKPT_ENOMEM;
+            free(sp);
+            json_decref(scalars);
         }
         if (!rc && j.adapter) {
             /* adapter_config.json as save_pretrained wrote it, already in the
@@ -816,6 +1338,7 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
     free(index_text);
     free(ptrs);
     free(cfg);
+    nxd_state_free(&ns, j.c.pp);
     job_free(&j);
     return rc;
 }

@@ -26,7 +26,16 @@
  *   - the pipeline stages are merged and DST is written as `ckpt convert`
  *     writes a folder (model.safetensors or shards of --max-shard-size with
  *     their index, {"format": "pt"}), with config.json and the tokenizer
- *     files of SAVE; no ckpt-layout.json.
+ *     files of SAVE; no ckpt-layout.json;
+ *   - with o->state, shards/optim (format/nxd_optim.h) too, as a ckpt
+ *     training state: each state's index named by NeuronTrainer's
+ *     param_groups (decay, then no decay, in named_parameters() order; by
+ *     model_type, which norms are in ALL_LAYERNORM_LAYERS), every slot checked
+ *     against its parameter's per-rank shape (ZeRO-1: one dp chunk of it),
+ *     and planned as the parameter's original tensors are, each part read
+ *     from the rank's slot instead (split at ZeRO-1 chunk boundaries), the
+ *     replica checks included; optimizer.safetensors "<param>/<slot>",
+ *     optimizer.json (what was left out listed) and metadata.json (the step).
  */
 #ifndef CKPT_TRANSFORM_NXD_IMPORT_H
 #define CKPT_TRANSFORM_NXD_IMPORT_H

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define OPT_INDEX_NAME "optimizer.safetensors.index.json"
 
@@ -397,4 +398,46 @@ bool state_is_optimizer_file(const char *base)
     int end = 0;
     return sscanf(base, "optimizer-%5u-of-%5u.safetensors%n", &i, &n, &end) == 2 && end > 0 &&
            !base[end] && strlen(base) == strlen("optimizer-00001-of-00002.safetensors");
+}
+
+/* Sorted distinct dtypes of tensors, as a JSON array of names. */
+static json_t *dtype_names(plan_tensor *const *t, size_t n)
+{
+    bool seen[CKPT_DT_COUNT] = {false};
+    for (size_t i = 0; i < n; i++) seen[t[i]->dtype] = true;
+    json_t *a = json_array();
+    for (int d = 0; a && d < CKPT_DT_COUNT; d++)
+        if (seen[d]) json_array_append_new(a, json_string(ckpt_dtype_name((ckpt_dtype)d)));
+    return a;
+}
+
+int state_write_side_files(const char *dir, char *const *slot_names, size_t nslot_names, json_t *scalars, json_t *left_out,
+                           int64_t step, plan_tensor *const *model, size_t nmodel, plan_tensor *const *slots, size_t nslots)
+{
+    bool adam = nslot_names == 2 && !strcmp(slot_names[0], "exp_avg") && !strcmp(slot_names[1], "exp_avg_sq");
+    json_t *names = json_array();
+    for (size_t i = 0; names && i < nslot_names; i++) json_array_append_new(names, json_string(slot_names[i]));
+    json_t *opt = json_pack("{s:s,s:{},s:o,s:O}", "name", adam ? "adam" : "torch", "hyperparameters", "slots", names, "scalars",
+                            scalars);
+    /* what could not be mapped is kept with the state, not only said on stderr */
+    if (opt && left_out && json_array_size(left_out) && json_object_set(opt, "left_out", left_out)) {
+        json_decref(opt);
+        opt = NULL;
+    }
+    time_t now = time(NULL);
+    struct tm tm;
+    char ts[32] = "1970-01-01T00:00:00Z";
+    if (gmtime_r(&now, &tm)) strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    json_t *dtypes = json_pack("{s:o,s:o}", "model", dtype_names(model, nmodel), "optimizer", dtype_names(slots, nslots));
+    json_t *meta = json_pack("{s:s,s:i,s:I,s:s,s:b,s:o}", "format", CKPT_STATE_FORMAT, "version", CKPT_STATE_VERSION, "step",
+                             (json_int_t)step, "timestamp", ts, "has_optimizer_state", 1, "dtypes", dtypes);
+    char *po = ckpt_path_join(dir, STATE_OPTIMIZER_FILE), *pm = ckpt_path_join(dir, STATE_METADATA_FILE);
+    int rc = po && pm && opt && meta ? 0 : CKPT_ENOMEM;
+    if (!rc) rc = cj_write_file(po, opt);
+    if (!rc) rc = cj_write_file(pm, meta);
+    free(po);
+    free(pm);
+    json_decref(opt);
+    json_decref(meta);
+    return rc;
 }

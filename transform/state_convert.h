@@ -69,6 +69,14 @@ int state_consolidate_finish(const json_t *layout, const char *src, const char *
 #define STATE_OPTIMIZER_FILE "optimizer.json"
 #define STATE_CONFIG_FILE "config.json"
 #define STATE_JSON_MAX_BYTES (16u << 20) /* metadata.json, optimizer.json, config.json */
+/* optimizer.json and metadata.json of a state consolidated from a training
+ * save into dir (metadata.json last: a folder that has it has everything):
+ * the optimizer "adam" when its slots are exactly exp_avg and exp_avg_sq, else
+ * "torch"; its sorted slot names, scalars (owned by the caller), what could not
+ * be mapped (left_out, an array, or NULL: kept in optimizer.json as
+ * "left_out"), the step, and the dtypes of the model and slot tensors. */
+int state_write_side_files(const char *dir, char *const *slot_names, size_t nslot_names, json_t *scalars, json_t *left_out,
+                           int64_t step, plan_tensor *const *model, size_t nmodel, plan_tensor *const *slots, size_t nslots);
 /* Splits "<param>/<slot>" at the last '/'; false when there is none. */
 bool state_split_slot_name(const char *name, size_t *param_len);
 /* True for "optimizer.safetensors" and "optimizer-0000i-of-0000n.safetensors" (a base name). */

@@ -103,7 +103,7 @@ int cli_inspect_nxd(const char *path, bool as_json)
     printf("neuronx-distributed %s %s: tp %d, pp %d, ep %d, %s, %d rank files%s\n", c.adapter ? "PEFT adapter save" : "save",
            c.shards, c.tp, c.pp, c.ep,
            c.xser ? "xser (TensorReference + .tensors/)" : "torch.save state dicts", c.tp * c.pp * c.ep,
-           c.has_optim ? ", optimizer in optim/ (not read)" : "");
+           c.has_optim ? ", optimizer in optim/ (consolidate --state reads it)" : "");
     int pw = 9;
     for (int s = 0; s < c.pp; s++) {
         const char *name;

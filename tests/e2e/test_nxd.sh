@@ -27,7 +27,7 @@
 #    file, .info.pt disagreeing with a tensor file, a pickle naming os.system;
 #    a lora_A copy that differs on a rank, an adapter without
 #    adapter_config.json or with --max-shard-size, a peft_type in a model
-#    save, --state (the optimizer is not read), a missing ep rank or expert
+#    save, --state of a save without an optimizer, a missing ep rank or expert
 #    tensor.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3 with
 # Debian's python3-torch, `make deps`).
@@ -276,9 +276,12 @@ refused b-shape "dp_rank_00_tp_rank_01_pp_rank_00.pt: parameter 'model.layers.1.
 refused b-kv "tensor 'model.layers.0.self_attn.k_proj.weight': tp rank 2 holds different bytes"
 refused b-info "tensor_2.pt: parameter 'model.layers.0.self_attn.o_proj.weight' \(tensor 2\) is BF16 \[64, 16\], .*info.pt says \[64, 99\]"
 refused b-evil "global '(posix|os).system' is not allowed"
-# the optimizer is not read: --state says so
+# --state of a save without an optimizer (test_nxd_state.sh has saves with one)
 expect_status 1 "$ckpt" consolidate s4 bad --state
-grep -q "the optimizer of a neuronx-distributed save (shards/optim/) is not read yet" "$work/err" || fail "--state: $(cat "$work/err")"
+grep -q "s4/shards/optim: no optimizer here" "$work/err" || fail "--state: $(cat "$work/err")"
+[ ! -e bad ] || fail "--state without an optimizer left bad/"
+expect_status 1 "$ckpt" consolidate a1/adapter_default bad --state
+grep -q "an adapter save holds no optimizer" "$work/err" || fail "--state of an adapter: $(cat "$work/err")"
 # expert parallelism: a missing ep rank, a missing expert tensor of ep rank 1
 rm -rf b && cp -a e1 b && rm b/$M/dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt
 refused b "dp_rank_00_ep_rank_01_tp_rank_01_pp_rank_00.pt: missing rank file \\(tp rank 1 of 2, pp rank 0 of 1, an expert-parallel rank\\)"

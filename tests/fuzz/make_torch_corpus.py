@@ -28,6 +28,15 @@ import torch_hostile  # noqa: E402
 MAX = 65536
 
 
+def adamw_state():
+    g = torch.Generator().manual_seed(2)
+    p = torch.nn.Parameter(torch.randn(4, 2, generator=g))
+    opt = torch.optim.AdamW([p])
+    p.grad = torch.ones_like(p)
+    opt.step()
+    return opt.state_dict()
+
+
 def main():
     zdir = os.path.join(HERE, "corpus", "fuzz_torch_zip")
     pdir = os.path.join(HERE, "corpus", "fuzz_pickle")
@@ -41,6 +50,8 @@ def main():
         small["tied"] = small["w"]
         torch.save(small, os.path.join(tmp, "gen", "small.pt"))
         torch.save(small, os.path.join(tmp, "gen", "small_legacy.pt"), _use_new_zipfile_serialization=False)
+        # a torch optimizer's state_dict (nested dicts, integer keys): what neuronx-distributed saves under shards/optim
+        torch.save(adamw_state(), os.path.join(tmp, "gen", "optim.pt"))
         os.makedirs(os.path.join(tmp, "hostile"))
         torch_hostile.main(os.path.join(tmp, "hostile"), "/nonexistent/marker")
         n = 0

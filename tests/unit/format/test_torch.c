@@ -694,6 +694,89 @@ static void test_torch_write_round_trip(void **state)
     assert_non_null(strstr(ckpt_error_last(), "tensor 'u': torch has no storage type for U32"));
 }
 
+/* torch_parse_tree: a torch optimizer's state_dict, {"state": {0: {"exp_avg":
+ * tensor, "step": 7}, 1: {"exp_avg": tensor}}, "param_groups": [{"params":
+ * [0, 1]}]}: the tensors at any depth named by their joined keys, the rest
+ * left in the pickle; a key holding '.' (names would collide) refused. */
+static void p_optim(buf *o, const char *slot_key)
+{
+    int two[] = {2}, one[] = {1};
+    put(o, "\x80\x02", 2);
+    put8(o, '}');
+    put8(o, '(');
+    p_str(o, "state");
+    put8(o, '}');
+    put8(o, '(');
+    p_int(o, 0);
+    put8(o, '}');
+    put8(o, '(');
+    p_str(o, slot_key);
+    p_tensor(o, "0", 4, 0, 1, two, one, false);
+    p_str(o, "step");
+    p_int(o, 7);
+    put8(o, 'u');
+    p_int(o, 1);
+    put8(o, '}');
+    put8(o, '(');
+    p_str(o, "exp_avg");
+    p_tensor(o, "0", 4, 2, 1, two, one, false);
+    put8(o, 'u');
+    put8(o, 'u');
+    p_str(o, "param_groups");
+    put8(o, ']');
+    put8(o, '}');
+    put8(o, '(');
+    p_str(o, "params");
+    put8(o, ']');
+    put8(o, '(');
+    p_int(o, 0);
+    p_int(o, 1);
+    put8(o, 'e');
+    put8(o, 'u');
+    put8(o, 'a');
+    put8(o, 'u');
+    put8(o, '.');
+}
+
+static void test_torch_tree(void **state)
+{
+    (void)state;
+    buf pkl = {0}, img = {0};
+    p_optim(&pkl, "exp_avg");
+    torch_zip(&img, &pkl, sizeof DATA, 0, "little");
+    mem m = {img.b, img.n};
+    st_file f;
+    pk_doc doc;
+    assert_int_equal(torch_parse_tree(&f, &doc, "img.bin", mem_read, &m, img.n), 0);
+    assert_int_equal(f.ntensors, 2);
+    const st_tensor *a = st_find(&f, "state.0.exp_avg"), *b = st_find(&f, "state.1.exp_avg");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(a->shape[0], 2);
+    assert_int_equal(b->offset, a->offset + 8); /* storage offset 2 floats */
+    assert_memory_equal(img.b + b->offset, (const uint8_t *)DATA + 8, 8);
+    const pk_node *root = pk_at(&doc, doc.root), *groups = pk_dict_get(&doc, root, "param_groups");
+    assert_non_null(groups);
+    assert_int_equal(groups->kind, PK_LIST);
+    const pk_node *st0 = pk_dict_get(&doc, root, "state");
+    assert_non_null(st0);
+    assert_int_equal(st0->n, 4); /* two entries */
+    st_close(&f);
+    pk_free(&doc);
+    free(pkl.b);
+    free(img.b);
+    pkl = (buf){0};
+    img = (buf){0};
+    p_optim(&pkl, "exp.avg");
+    torch_zip(&img, &pkl, sizeof DATA, 0, "little");
+    m = (mem){img.b, img.n};
+    expect_error(torch_parse_tree(&f, &doc, "img.bin", mem_read, &m, img.n), CKPT_EINVAL,
+                 "a key under 'state.0' that is neither a name without '.' nor an index");
+    assert_null(doc.nodes);
+    free(pkl.b);
+    free(img.b);
+}
+
 static void test_sniff(void **state)
 {
     (void)state;
@@ -711,7 +794,7 @@ int main(void)
         cmocka_unit_test(test_torch_zip_refusals),  cmocka_unit_test(test_zipdir_rules),
         cmocka_unit_test(test_torch_legacy),        cmocka_unit_test(test_torch_mutations),
         cmocka_unit_test(test_sniff),               cmocka_unit_test(test_torch_transposed_view),
-        cmocka_unit_test(test_torch_zip64),         cmocka_unit_test(test_torch_write_round_trip),
+        cmocka_unit_test(test_torch_zip64),         cmocka_unit_test(test_torch_write_round_trip), cmocka_unit_test(test_torch_tree),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
