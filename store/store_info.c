@@ -197,18 +197,6 @@ static int last_verify(ckpt_store *s, int64_t id, json_t **out)
     return 0;
 }
 
-bool store_verify_clean(const store_verify_result *r)
-{
-    return !r->damaged_blobs && !r->broken_checkpoints;
-}
-
-json_t *store_verify_json(const store_verify_result *r)
-{
-    return json_pack("{s:b,s:I,s:I,s:I}", "clean", store_verify_clean(r), "damaged_blobs", (json_int_t)r->damaged_blobs,
-                     "checkpoints_checked", (json_int_t)r->checkpoints_checked, "broken_checkpoints",
-                     (json_int_t)r->broken_checkpoints);
-}
-
 int store_ckpt_json(ckpt_store *s, const store_ckpt *c, bool with_files, json_t **out)
 {
     *out = NULL;

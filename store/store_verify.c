@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void record_checkpoint(ckpt_store *s, int64_t id, bool ok, const char *error);
 static void record_run(ckpt_store *s, const char *ref, const store_verify_result *r);
@@ -77,6 +78,14 @@ int store_verify(ckpt_store *s, const char *ref, store_verify_report report, voi
 
 /* ---- the last outcomes, kept for the dashboard (schema/005_dashboard.sql) ---- */
 
+/* Wall-clock seconds (ckpt_now is monotonic: it times, it does not date). */
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 /* A verify that ran is not undone by failing to note it: a failure to record
  * is a warning. */
 static void record_failed(ckpt_store *s, const char *what)
@@ -92,7 +101,7 @@ static void record_checkpoint(ckpt_store *s, int64_t id, bool ok, const char *er
                                       "VALUES (?, ?, ?, ?)"))
         return;
     sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_double(st, 2, ckpt_now());
+    sqlite3_bind_double(st, 2, wall_now());
     sqlite3_bind_int(st, 3, ok);
     if (error) sqlite3_bind_text(st, 4, error, -1, SQLITE_TRANSIENT);
     if (sqlite3_step(st) != SQLITE_DONE) record_failed(s, "record the verify of a checkpoint");
@@ -105,7 +114,7 @@ static void record_run(ckpt_store *s, const char *ref, const store_verify_result
     if (catalog_prepare(&s->cat, &st, "INSERT INTO verify_runs(at, ref, clean, damaged_blobs, checkpoints_checked, "
                                       "broken_checkpoints) VALUES (?, ?, ?, ?, ?, ?)"))
         return;
-    sqlite3_bind_double(st, 1, ckpt_now());
+    sqlite3_bind_double(st, 1, wall_now());
     if (ref) sqlite3_bind_text(st, 2, ref, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 3, store_verify_clean(r));
     sqlite3_bind_int64(st, 4, (sqlite3_int64)r->damaged_blobs);
@@ -132,4 +141,16 @@ int store_verify_last_run(ckpt_store *s, json_t **out)
                          (json_int_t)sqlite3_column_int64(st, 5));
     sqlite3_finalize(st);
     return 0;
+}
+
+bool store_verify_clean(const store_verify_result *r)
+{
+    return !r->damaged_blobs && !r->broken_checkpoints;
+}
+
+json_t *store_verify_json(const store_verify_result *r)
+{
+    return json_pack("{s:b,s:I,s:I,s:I}", "clean", store_verify_clean(r), "damaged_blobs", (json_int_t)r->damaged_blobs,
+                     "checkpoints_checked", (json_int_t)r->checkpoints_checked, "broken_checkpoints",
+                     (json_int_t)r->broken_checkpoints);
 }
