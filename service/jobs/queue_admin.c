@@ -102,7 +102,7 @@ int queue_attempts(catalog *c, int64_t id, json_t **out)
     if (rc) return rc;
     sqlite3_bind_int64(st, 1, id);
     while (sqlite3_step(st) == SQLITE_ROW) {
-        json_t *a = json_pack("{s:i,s:f,s:s,s:s?}", "attempt", sqlite3_column_int(st, 0), "finished_at",
+        json_t *a = json_pack("{s:i,s:f,s:s,s:s*}", "attempt", sqlite3_column_int(st, 0), "finished_at",
                               sqlite3_column_double(st, 2), "outcome", (const char *)sqlite3_column_text(st, 3), "error",
                               (const char *)sqlite3_column_text(st, 4));
         if (a && sqlite3_column_type(st, 1) != SQLITE_NULL)
