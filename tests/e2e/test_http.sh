@@ -304,7 +304,7 @@ import json, sys, time
 v = json.load(open(sys.argv[1]))["last_verify"]
 sys.exit(not (v["clean"] is True and v["ref"] is None and v["checkpoints_checked"] >= 2 and abs(v["at"] - time.time()) < 3600))' "$W/api.json" ||
     fail "GET /v1/store has no last verify: $(cat "$W/api.json")"
-[ "$(api $RT GET /v1/checkpoints/Qwen/tiny@main)" = 200 ] && "$py" -c '
+[ "$(api $RT GET /v1/checkpoints/Qwen%2Ftiny@main)" = 200 ] && "$py" -c '
 import json, sys
 sys.exit(json.load(open(sys.argv[1]))["last_verify"]["ok"] is not True)' "$W/api.json" || fail "a checkpoint's last_verify: $(cat "$W/api.json")"
 [ "$(api $RT GET "/v1/stats?hours=1")" = 200 ] && "$py" -c '
@@ -330,7 +330,7 @@ sid=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$W
 [ "$(api $AT POST /v1/jobs/bulk '{"action":"nuke","state":"failed"}')" = 400 ] || fail "bulk with an unknown action"
 [ "$(api $AT POST "/v1/jobs/$vid/delete")" = 200 ] && [ "$(api $AT GET "/v1/jobs/$vid")" = 404 ] || fail "delete job $vid"
 ngc=$("$B" jobs --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "gc" for j in json.load(sys.stdin)))')
-[ "$(api $AT POST /v1/jobs/bulk '{"action":"delete","q":"\"gc\""}')" = 200 ] && grep -q "\"matched\": *$ngc, *\"done\": *$ngc" "$W/api.json" &&
+[ "$(api $AT POST /v1/jobs/bulk '{"action":"delete","q":"gc"}')" = 200 ] && grep -q "\"matched\": *$ngc, *\"done\": *$ngc" "$W/api.json" &&
     [ "$ngc" -ge 1 ] && ! "$B" jobs --json | grep -q '"kind": *"gc"' || fail "bulk delete of the gc jobs ($ngc): $(cat "$W/api.json")"
 stop_daemon
 # the log: JSON lines for jobs and requests, the route of each request; no token anywhere
