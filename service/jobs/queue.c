@@ -220,24 +220,6 @@ int queue_get(catalog *c, int64_t id, queue_job *out)
     return rc;
 }
 
-int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_t *n)
-{
-    *jobs = NULL;
-    *n = 0;
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(c, &st, "SELECT " JOB_COLUMNS " FROM jobs WHERE ?1 IS NULL OR state = ?1 ORDER BY id DESC LIMIT ?2");
-    if (rc) return rc;
-    if (state) sqlite3_bind_text(st, 1, state, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 2, limit > 0 ? limit : 1000);
-    size_t cap = 0;
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
-        if ((rc = ckpt_grow(jobs, &cap, *n + 1, sizeof **jobs))) break;
-        if (!(rc = queue_read_row(st, &(*jobs)[*n]))) (*n)++;
-    }
-    sqlite3_finalize(st);
-    return rc;
-}
-
 json_t *queue_job_json(const queue_job *j)
 {
     json_t *o = json_pack("{s:I,s:s,s:O,s:s,s:i,s:i,s:i,s:f}", "id", (json_int_t)j->id, "kind", j->kind, "args",

@@ -65,6 +65,12 @@ int queue_find(catalog *c, const queue_filter *f, int limit, int offset, queue_j
     return rc;
 }
 
+int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_t *n)
+{
+    int64_t total;
+    return queue_find(c, &(queue_filter){state, NULL}, limit > 0 ? limit : 1000, 0, jobs, n, &total);
+}
+
 int queue_state_counts(catalog *c, const queue_filter *f, json_t **out)
 {
     *out = NULL;
