@@ -141,13 +141,9 @@ static unsigned code_for(int rc)
 
 static enum MHD_Result job_reply(http_api *h, ckpt_store *s, struct MHD_Connection *c, unsigned code, int64_t id)
 {
-    queue_job j;
-    int rc = queue_get(&s->cat, id, &j);
-    if (rc) return send_error(c, code_for(rc), ckpt_error_last());
-    json_t *o = queue_job_json(&j), *attempts = NULL;
-    queue_job_free(&j);
-    if (o && !queue_attempts(&s->cat, id, &attempts)) json_object_set_new(o, "attempts", attempts);
-    return send_json(c, code, o);
+    json_t *o;
+    int rc = queue_job_detail(&s->cat, id, &o);
+    return rc ? send_error(c, code_for(rc), ckpt_error_last()) : send_json(c, code, o);
 }
 
 static enum MHD_Result post_job(http_api *h, ckpt_store *s, struct MHD_Connection *c, const request *req)

@@ -119,6 +119,24 @@ int queue_attempts(catalog *c, int64_t id, json_t **out)
     return 0;
 }
 
+int queue_job_detail(catalog *c, int64_t id, json_t **out)
+{
+    *out = NULL;
+    queue_job j;
+    int rc = queue_get(c, id, &j);
+    if (rc) return rc;
+    json_t *o = queue_job_json(&j), *attempts = NULL;
+    queue_job_free(&j);
+    if (!o) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if ((rc = queue_attempts(c, id, &attempts))) {
+        json_decref(o);
+        return rc;
+    }
+    json_object_set_new(o, "attempts", attempts);
+    *out = o;
+    return 0;
+}
+
 static int delete_tx(catalog *c, void *vctx)
 {
     int64_t id = *(int64_t *)vctx;

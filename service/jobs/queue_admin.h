@@ -35,6 +35,9 @@ int queue_state_counts(catalog *c, const queue_filter *f, json_t **out);
 /* The ended attempts of a job, oldest first (the last 20):
  * [{"attempt", "started_at"?, "finished_at", "outcome", "error"?}]. */
 int queue_attempts(catalog *c, int64_t id, json_t **out);
+/* A job's JSON (queue_job_json) with its "attempts": what `ckpt show ID`
+ * and GET /v1/jobs/{id} print. */
+int queue_job_detail(catalog *c, int64_t id, json_t **out);
 /* Forgets a finished job with its log and attempts. A queued or running job
  * is refused (cancel it first), as is one a queued or running job waits for. */
 int queue_delete(catalog *c, int64_t id);
