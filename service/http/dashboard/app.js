@@ -136,6 +136,7 @@ async function act(what, fn) {
   try {
     const msg = await fn();
     flash(typeof msg === 'string' ? msg : what, true);
+    ui.pollError = false; // the message stays until the next page, not the next refresh
   } catch (e) {
     flash(e.message);
   }
@@ -651,13 +652,14 @@ async function poll(again) {
   inFlight = (async () => {
     do {
       ui.again = false;
+      const page = ui.refresh;
       try {
-        await ui.refresh();
+        await page();
         if (ui.pollError) { flash(''); ui.pollError = false; }
         document.body.dataset.loaded = String(Date.now());
       } catch (e) {
-        flash(e.message);
-        ui.pollError = true;
+        // The error of a page left meanwhile (a job just deleted) is no news.
+        if (page === ui.refresh) { flash(e.message); ui.pollError = true; }
       }
     } while (ui.again);
   })();
