@@ -183,6 +183,20 @@ int store_file_infos(ckpt_store *s, int64_t id, store_file_info **out, size_t *n
     return 0;
 }
 
+static int last_verify(ckpt_store *s, int64_t id, json_t **out)
+{
+    *out = NULL;
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT at, ok, error FROM verify_checkpoints WHERE checkpoint_id = ?");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        *out = json_pack("{s:f,s:b,s:s?}", "at", sqlite3_column_double(st, 0), "ok", sqlite3_column_int(st, 1), "error",
+                         (const char *)sqlite3_column_text(st, 2));
+    sqlite3_finalize(st);
+    return 0;
+}
+
 int store_ckpt_json(ckpt_store *s, const store_ckpt *c, bool with_files, json_t **out)
 {
     *out = NULL;
@@ -209,6 +223,8 @@ int store_ckpt_json(ckpt_store *s, const store_ckpt *c, bool with_files, json_t 
     free(ref);
     free(src);
     if (!rc && !j) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    json_t *verified = NULL;
+    if (!rc && !(rc = last_verify(s, c->id, &verified)) && verified) json_object_set_new(j, "last_verify", verified);
     if (!rc && with_files) {
         store_file_info *fs;
         size_t n;

@@ -9,7 +9,9 @@
  *     {"id": 7, "ref": "org/name@main:neuron-tp2", "repo": "org/name",
  *      "revision": "main", "commit": "<40 hex>", "layout": "neuron-tp2" ("" for an original),
  *      "source": "org/name@main" (the original a layout was converted from; null when none or removed),
- *      "lossy": false, "total_size": 123456, "created_at": 1700000000 (Unix seconds)}
+ *      "lossy": false, "total_size": 123456, "created_at": 1700000000 (Unix seconds),
+ *      "last_verify": {"at": 1700000100.5, "ok": true, "error": "..." (when not ok)}
+ *        (only once `ckpt verify` or a verify job rebuilt it; store_verify.h)}
  *   with files (ckpt show, GET /v1/checkpoints/{ref}) it adds
  *     "files": [{"path": "model.safetensors", "size": 1234, "sha256": "<64 hex>",
  *                "safetensors": true, "tensors": 12, "recipes": 0}, ...]   (path order)

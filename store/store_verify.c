@@ -3,6 +3,7 @@
 
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "store/materialize.h"
 #include "store/store_info.h"
@@ -10,6 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+static void record_checkpoint(ckpt_store *s, int64_t id, bool ok, const char *error);
+static void record_run(ckpt_store *s, const char *ref, const store_verify_result *r);
 
 static void quiet_report(void *ctx, const char *line)
 {
@@ -64,9 +69,78 @@ int store_verify(ckpt_store *s, const char *ref, store_verify_report report, voi
         if (r < 0) rc = r;
         else res->broken_checkpoints += (uint64_t)r;
         res->checkpoints_checked++;
+        if (r >= 0) record_checkpoint(s, v[i].id, r == 0, r ? ckpt_error_last() : NULL);
     }
     store_list_free(v, n);
+    if (!rc) record_run(s, ref, res);
     return rc;
+}
+
+/* ---- the last outcomes, kept for the dashboard (schema/005_dashboard.sql) ---- */
+
+/* Wall-clock seconds (ckpt_now is monotonic: it times, it does not date). */
+static double wall_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* A verify that ran is not undone by failing to note it: a failure to record
+ * is a warning. */
+static void record_failed(ckpt_store *s, const char *what)
+{
+    catalog_error(&s->cat, what);
+    ckpt_warn("verify: %s", ckpt_error_last());
+}
+
+static void record_checkpoint(ckpt_store *s, int64_t id, bool ok, const char *error)
+{
+    sqlite3_stmt *st;
+    if (catalog_prepare(&s->cat, &st, "INSERT OR REPLACE INTO verify_checkpoints(checkpoint_id, at, ok, error) "
+                                      "VALUES (?, ?, ?, ?)"))
+        return;
+    sqlite3_bind_int64(st, 1, id);
+    sqlite3_bind_double(st, 2, wall_now());
+    sqlite3_bind_int(st, 3, ok);
+    if (error) sqlite3_bind_text(st, 4, error, -1, SQLITE_TRANSIENT);
+    if (sqlite3_step(st) != SQLITE_DONE) record_failed(s, "record the verify of a checkpoint");
+    sqlite3_finalize(st);
+}
+
+static void record_run(ckpt_store *s, const char *ref, const store_verify_result *r)
+{
+    sqlite3_stmt *st;
+    if (catalog_prepare(&s->cat, &st, "INSERT INTO verify_runs(at, ref, clean, damaged_blobs, checkpoints_checked, "
+                                      "broken_checkpoints) VALUES (?, ?, ?, ?, ?, ?)"))
+        return;
+    sqlite3_bind_double(st, 1, wall_now());
+    if (ref) sqlite3_bind_text(st, 2, ref, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 3, store_verify_clean(r));
+    sqlite3_bind_int64(st, 4, (sqlite3_int64)r->damaged_blobs);
+    sqlite3_bind_int64(st, 5, (sqlite3_int64)r->checkpoints_checked);
+    sqlite3_bind_int64(st, 6, (sqlite3_int64)r->broken_checkpoints);
+    if (sqlite3_step(st) != SQLITE_DONE) record_failed(s, "record a verify run");
+    sqlite3_finalize(st);
+    if (catalog_exec(&s->cat, "DELETE FROM verify_runs WHERE id <= (SELECT max(id) FROM verify_runs) - 100"))
+        ckpt_warn("verify: %s", ckpt_error_last());
+}
+
+int store_verify_last_run(ckpt_store *s, json_t **out)
+{
+    *out = NULL;
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "SELECT at, ref, clean, damaged_blobs, checkpoints_checked, broken_checkpoints "
+                                           "FROM verify_runs ORDER BY id DESC LIMIT 1");
+    if (rc) return rc;
+    if (sqlite3_step(st) == SQLITE_ROW)
+        *out = json_pack("{s:f,s:s?,s:b,s:I,s:I,s:I}", "at", sqlite3_column_double(st, 0), "ref",
+                         (const char *)sqlite3_column_text(st, 1), "clean", sqlite3_column_int(st, 2),
+                         "damaged_blobs", (json_int_t)sqlite3_column_int64(st, 3), "checkpoints_checked",
+                         (json_int_t)sqlite3_column_int64(st, 4), "broken_checkpoints",
+                         (json_int_t)sqlite3_column_int64(st, 5));
+    sqlite3_finalize(st);
+    return 0;
 }
 
 bool store_verify_clean(const store_verify_result *r)

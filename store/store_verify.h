@@ -34,4 +34,12 @@ int store_verify(ckpt_store *s, const char *ref, store_verify_report report, voi
 bool store_verify_clean(const store_verify_result *r);
 json_t *store_verify_json(const store_verify_result *r);
 
+/* Each store_verify that ran records its report (verify_runs, the last 100)
+ * and, per checkpoint it rebuilt, when and whether it rebuilt
+ * (verify_checkpoints). The last run, for the dashboard ({"at", "ref"?,
+ * "clean", "damaged_blobs", "checkpoints_checked", "broken_checkpoints"}; *out
+ * stays NULL when there was none); a checkpoint's own is its JSON's
+ * "last_verify" (store_info.h). */
+int store_verify_last_run(ckpt_store *s, json_t **out);
+
 #endif

@@ -211,6 +211,7 @@ static int sync_ls(const char *home, const char *server, bool json)
             snprintf(when, sizeof when, "every %lld%c", (long long)e, unit);
         }
         utc(json_number_value(json_object_get(sc, "next_run_at")), next, sizeof next);
+        if (json_is_true(json_object_get(sc, "paused"))) snprintf(next, sizeof next, "paused"); /* the dashboard's Pause */
         size_t k;
         json_t *l;
         json_array_foreach(json_object_get(sc, "layouts"), k, l)

@@ -8,6 +8,7 @@
 #include "common/json.h"
 #include "common/util.h"
 #include "service/jobs/queue.h"
+#include "service/jobs/queue_admin.h"
 #include "store/store.h"
 
 #include <ctype.h>
@@ -126,12 +127,7 @@ int job_client_call(job_client *c, const char *method, const char *path, const j
 
 static int local_job(job_client *c, int64_t id, json_t **job)
 {
-    queue_job j;
-    int rc = queue_get(&c->cat, id, &j);
-    if (rc) return rc;
-    *job = queue_job_json(&j);
-    queue_job_free(&j);
-    return *job ? 0 : CKPT_ENOMEM;
+    return queue_job_detail(&c->cat, id, job);
 }
 
 int job_client_submit(job_client *c, const char *kind, json_t *args, const queue_submit_opts *o, json_t **job,

@@ -23,6 +23,7 @@
 #include "service/http/metrics.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
+#include "service/jobs/stats.h"
 #include "service/jobs/schedule.h"
 #include "store/store.h"
 
@@ -490,7 +491,8 @@ int daemon_run(const daemon_opts *o)
         if (url_file) ckpt_write_file_atomic(url_file, http_api_url(api), strlen(http_api_url(api)));
     }
     if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
-    double last_reap = 0, last_schedules = 0, last_prune = 0, grace_end = 0;
+    double last_reap = 0, last_schedules = 0, last_prune = 0, last_sample = 0, grace_end = 0;
+    uint64_t served_seen = 0;
     bool stopping = false;
     for (;;) {
         double now = queue_now();
@@ -515,6 +517,13 @@ int daemon_run(const daemon_opts *o)
             else if (pruned)
                 ckpt_event(CKPT_EV_INFO, "jobs.pruned",
                            json_pack("{s:i,s:f}", "jobs", pruned, "keep_seconds", o->keep_jobs));
+        }
+        if (!stopping && now - last_sample >= STATS_SAMPLE_SECONDS) {
+            last_sample = now;
+            uint64_t served = metrics_served_bytes(d.m);
+            if (stats_sample(&d.store.cat, now, atomic_load(&d.running), served - served_seen) < 0)
+                ckpt_warn("stats: %s", ckpt_error_last());
+            else served_seen = served;
         }
         if (!stopping) claim_more(&d);
         struct pollfd pfd[257];

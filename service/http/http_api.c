@@ -11,12 +11,15 @@
 #include "service/http/metrics.h"
 #include "service/jobs/jobs_run.h"
 #include "service/jobs/queue.h"
+#include "service/jobs/queue_admin.h"
+#include "service/jobs/stats.h"
 #include "service/jobs/schedule.h"
 #include "service/http/hub_api.h"
 #include "service/http/store_api.h"
 #include "store/store.h"
 #include "store/catalog.h"
 #include "store/store_runs.h"
+#include "store/store_verify.h"
 
 #include <arpa/inet.h>
 #include <ctype.h>
@@ -138,12 +141,9 @@ static unsigned code_for(int rc)
 
 static enum MHD_Result job_reply(http_api *h, ckpt_store *s, struct MHD_Connection *c, unsigned code, int64_t id)
 {
-    queue_job j;
-    int rc = queue_get(&s->cat, id, &j);
-    if (rc) return send_error(c, code_for(rc), ckpt_error_last());
-    json_t *o = queue_job_json(&j);
-    queue_job_free(&j);
-    return send_json(c, code, o);
+    json_t *o;
+    int rc = queue_job_detail(&s->cat, id, &o);
+    return rc ? send_error(c, code_for(rc), ckpt_error_last()) : send_json(c, code, o);
 }
 
 static enum MHD_Result post_job(http_api *h, ckpt_store *s, struct MHD_Connection *c, const request *req)
@@ -183,20 +183,79 @@ static enum MHD_Result post_job(http_api *h, ckpt_store *s, struct MHD_Connectio
     return job_reply(h, s, c, existed ? 200 : 201, id);
 }
 
+/* The ?state= and ?q= of a request (queue_admin.h). */
+static queue_filter request_filter(struct MHD_Connection *c)
+{
+    const char *q = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "q");
+    return (queue_filter){MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state"), q && *q ? q : NULL};
+}
+
+/* GET /v1/jobs[?state=S][&q=TEXT][&limit=N][&offset=N]: newest first, with the total matched. */
 static enum MHD_Result list_jobs(http_api *h, ckpt_store *s, struct MHD_Connection *c)
 {
-    const char *state = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
+    (void)h;
     const char *limit = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "limit");
+    const char *offset = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "offset");
+    uint64_t lim = 100, off = 0;
+    if (limit && ckpt_parse_u64_field("limit", limit, 1, 100000, &lim) < 0) return send_error(c, 400, ckpt_error_last());
+    if (offset && ckpt_parse_u64_field("offset", offset, 0, INT32_MAX, &off) < 0)
+        return send_error(c, 400, ckpt_error_last());
+    queue_filter f = request_filter(c);
     queue_job *jobs;
     size_t n;
-    uint64_t lim = 100;
-    if (limit && ckpt_parse_u64_field("limit", limit, 1, 100000, &lim) < 0) return send_error(c, 400, ckpt_error_last());
-    int rc = queue_list(&s->cat, state, (int)lim, &jobs, &n);
-    if (rc) return send_error(c, 500, ckpt_error_last());
+    int64_t total;
+    int rc = queue_find(&s->cat, &f, (int)lim, (int)off, &jobs, &n, &total);
+    if (rc) return send_error(c, code_for(rc), ckpt_error_last());
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(a, queue_job_json(&jobs[i]));
     queue_jobs_free(jobs, n);
-    return send_json(c, 200, json_pack("{s:o}", "jobs", a));
+    return send_json(c, 200, json_pack("{s:o,s:I}", "jobs", a, "total", (json_int_t)total));
+}
+
+/* GET /v1/jobs/counts[?q=TEXT]: jobs per state (the dashboard's tabs). */
+static enum MHD_Result job_counts(ckpt_store *s, struct MHD_Connection *c)
+{
+    queue_filter f = request_filter(c);
+    json_t *counts;
+    int rc = queue_state_counts(&s->cat, &f, &counts);
+    return rc ? send_error(c, code_for(rc), ckpt_error_last()) : send_json(c, 200, counts);
+}
+
+static json_t *body_object(struct MHD_Connection *c, const request *req, enum MHD_Result *sent);
+
+/* POST /v1/jobs/bulk {"action": "cancel"|"retry"|"delete", "state"?, "q"?}:
+ * the action on every job the filter matches. At least one of state and q
+ * is required, so an empty filter never clears the whole queue by accident. */
+static enum MHD_Result job_bulk(ckpt_store *s, struct MHD_Connection *c, const request *req)
+{
+    enum MHD_Result sent = MHD_NO;
+    json_t *body = body_object(c, req, &sent);
+    if (!body) return sent;
+    const char *action = json_string_value(json_object_get(body, "action"));
+    const char *q = json_string_value(json_object_get(body, "q"));
+    queue_filter f = {json_string_value(json_object_get(body, "state")), q && *q ? q : NULL};
+    int matched = 0, done = 0;
+    int rc = !action            ? ckpt_error_set(CKPT_EINVAL, "missing 'action' (cancel, retry or delete)")
+             : !f.state && !f.q ? ckpt_error_set(CKPT_EINVAL, "a bulk action needs a filter: 'state' or 'q'")
+                                : queue_bulk(&s->cat, &f, action, &matched, &done);
+    enum MHD_Result r = rc ? send_error(c, code_for(rc), ckpt_error_last())
+                           : send_json(c, 200, json_pack("{s:s,s:i,s:i}", "action", action, "matched", matched,
+                                                         "done", done));
+    json_decref(body);
+    return r;
+}
+
+/* GET /v1/stats[?hours=N]: the per-minute figures of the last N hours (default 6, at most 24). */
+static enum MHD_Result stats_answer(ckpt_store *s, struct MHD_Connection *c)
+{
+    const char *hours = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "hours");
+    uint64_t hrs = 6;
+    if (hours && ckpt_parse_u64_field("hours", hours, 1, STATS_KEEP_SECONDS / 3600, &hrs) < 0)
+        return send_error(c, 400, ckpt_error_last());
+    double now = queue_now();
+    json_t *out;
+    int rc = stats_series(&s->cat, now - (double)hrs * 3600, now, &out);
+    return rc ? send_error(c, 500, ckpt_error_last()) : send_json(c, 200, out);
 }
 
 static enum MHD_Result metrics_answer(http_api *h, ckpt_store *s, struct MHD_Connection *c)
@@ -245,6 +304,12 @@ static enum MHD_Result job_route(http_api *h, ckpt_store *s, struct MHD_Connecti
         int rc = queue_retry(&s->cat, id);
         if (rc) return send_error(c, code_for(rc), ckpt_error_last());
         return job_reply(h, s, c, 200, id);
+    }
+    if (!strcmp(end, "/delete") && !strcmp(method, "POST")) {
+        if (role < 2) return send_error(c, 403, "deleting needs an admin token");
+        int rc = queue_delete(&s->cat, id);
+        if (rc) return send_error(c, code_for(rc), ckpt_error_last());
+        return send_json(c, 200, json_pack("{s:I}", "deleted", (json_int_t)id));
     }
     if (!strcmp(end, "/logs") && !strcmp(method, "GET")) {
         const char *after = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "after");
@@ -327,6 +392,12 @@ static enum MHD_Result schedules_route(http_api *h, ckpt_store *s, struct MHD_Co
         rc = schedule_remove(&s->cat, id);
         r = rc ? send_error(c, code_for(rc), ckpt_error_last())
                : send_json(c, 200, json_pack("{s:I}", "removed", (json_int_t)id));
+    } else if ((!strcmp(end, "/pause") || !strcmp(end, "/resume")) && !strcmp(method, "POST")) {
+        rc = schedule_set_paused(&s->cat, id, !strcmp(end, "/pause"));
+        schedule_free(&sc);
+        if (!rc) rc = schedule_get(&s->cat, id, &sc);
+        r = rc ? send_error(c, code_for(rc), ckpt_error_last()) : send_json(c, 200, schedule_json(&sc));
+        if (rc) return r;
     } else if (!strcmp(end, "/run") && !strcmp(method, "POST")) {
         json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id);
         int64_t job = 0;
@@ -348,7 +419,10 @@ static enum MHD_Result store_summary(ckpt_store *s, struct MHD_Connection *c, co
     if (!strcmp(url, "/v1/store")) {
         store_du_result r;
         int rc = store_du(s, &r);
-        return rc ? http_send_store_error(c, rc, "measure the store") : send_json(c, 200, store_du_json(&r));
+        json_t *j = rc ? NULL : store_du_json(&r), *verify = NULL;
+        if (!rc && (rc = store_verify_last_run(s, &verify))) json_decref(j);
+        if (!rc && verify) json_object_set_new(j, "last_verify", verify);
+        return rc ? http_send_store_error(c, rc, "measure the store") : send_json(c, 200, j);
     }
     json_t *steps;
     int rc = store_run_steps_json(s, MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "run"), &steps);
@@ -381,10 +455,12 @@ static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *
     if (req->too_big) return send_error(c, 413, "request body too large");
     /* Read tokens read; every action of the /v1 API needs an admin token. */
     if (role < 2 && !strncmp(url, "/v1/", 4) && strcmp(method, "GET") && strcmp(method, "HEAD"))
-        return send_error(c, 403, !strcmp(url, "/v1/jobs")      ? "submitting needs an admin token"
-                                  : strstr(url, "/retry")        ? "retrying needs an admin token"
-                                  : !strncmp(url, "/v1/jobs", 8) ? "cancelling needs an admin token"
-                                                                 : "this action needs an admin token");
+        return send_error(c, 403, !strcmp(url, "/v1/jobs")           ? "submitting needs an admin token"
+                                  : strstr(url, "/retry")             ? "retrying needs an admin token"
+                                  : strstr(url, "/delete")            ? "deleting needs an admin token"
+                                  : !strcmp(url, "/v1/jobs/bulk")     ? "a bulk action needs an admin token"
+                                  : !strncmp(url, "/v1/jobs/", 9)     ? "cancelling needs an admin token"
+                                                                      : "this action needs an admin token");
     bool handled;
     enum MHD_Result sr = store_api_route(s, c, url, method, &handled);
     if (handled) return sr;
@@ -399,6 +475,12 @@ static enum MHD_Result route(http_api *h, ckpt_store *s, struct MHD_Connection *
         }
         return send_error(c, 405, "method not allowed here");
     }
+    if (!strcmp(url, "/v1/jobs/counts"))
+        return strcmp(method, "GET") ? send_error(c, 405, "method not allowed here") : job_counts(s, c);
+    if (!strcmp(url, "/v1/jobs/bulk"))
+        return strcmp(method, "POST") ? send_error(c, 405, "method not allowed here") : job_bulk(s, c, req);
+    if (!strcmp(url, "/v1/stats"))
+        return strcmp(method, "GET") ? send_error(c, 405, "method not allowed here") : stats_answer(s, c);
     if (!strncmp(url, "/v1/jobs/", 9)) return job_route(h, s, c, method, url + 9, role);
     if (!strncmp(url, "/v1/schedules", 13) && (!url[13] || url[13] == '/'))
         return schedules_route(h, s, c, method, url + 13, req);

@@ -117,6 +117,15 @@ void metrics_observe_job(metrics *m, const char *kind, const char *outcome, doub
     pthread_mutex_unlock(&m->mu);
 }
 
+uint64_t metrics_served_bytes(metrics *m)
+{
+    if (!m) return 0;
+    pthread_mutex_lock(&m->mu);
+    uint64_t n = m->served;
+    pthread_mutex_unlock(&m->mu);
+    return n;
+}
+
 void metrics_observe_wait(metrics *m, const char *kind, double wait_seconds)
 {
     if (!m) return;
@@ -196,17 +205,23 @@ void metrics_render(metrics *m, const metrics_now *now, FILE *f)
 
 const char *metrics_route(const char *path)
 {
-    static const char *const exact[] = {"/healthz", "/metrics", "/v1/jobs", "/v1/checkpoints", "/v1/schedules",
-                                        "/v1/store", "/v1/runs"};
+    static const char *const exact[] = {"/healthz",  "/metrics",   "/v1/jobs",  "/v1/jobs/counts", "/v1/jobs/bulk",
+                                        "/v1/stats", "/v1/store",  "/v1/runs",  "/v1/checkpoints", "/v1/schedules"};
     for (size_t i = 0; i < CKPT_ARRAY_LEN(exact); i++)
         if (!strcmp(path, exact[i])) return exact[i];
     if (!strncmp(path, "/v1/jobs/", 9)) {
         const char *e = path + 9 + strspn(path + 9, "0123456789");
-        return !strcmp(e, "/logs") ? "/v1/jobs/{id}/logs" : !strcmp(e, "/retry") ? "/v1/jobs/{id}/retry" : "/v1/jobs/{id}";
+        return !strcmp(e, "/logs")     ? "/v1/jobs/{id}/logs"
+               : !strcmp(e, "/retry")  ? "/v1/jobs/{id}/retry"
+               : !strcmp(e, "/delete") ? "/v1/jobs/{id}/delete"
+                                       : "/v1/jobs/{id}";
     }
     if (!strncmp(path, "/v1/schedules/", 14)) {
         const char *e = path + 14 + strspn(path + 14, "0123456789");
-        return !strcmp(e, "/run") ? "/v1/schedules/{id}/run" : "/v1/schedules/{id}";
+        return !strcmp(e, "/run")      ? "/v1/schedules/{id}/run"
+               : !strcmp(e, "/pause")  ? "/v1/schedules/{id}/pause"
+               : !strcmp(e, "/resume") ? "/v1/schedules/{id}/resume"
+                                       : "/v1/schedules/{id}";
     }
     if (!strncmp(path, "/v1/checkpoints/", 16)) {
         const char *e = strchr(path + 16, '/');

@@ -34,6 +34,8 @@ void metrics_observe_http(metrics *m, const char *route, unsigned code, double s
  * for the kinds that write layouts (convert, merge-lora, unmerge-lora). */
 void metrics_observe_job(metrics *m, const char *kind, const char *outcome, double run_seconds, uint64_t bytes);
 void metrics_observe_wait(metrics *m, const char *kind, double wait_seconds);
+/* HTTP body bytes sent since start (the daemon samples it for stats.h). */
+uint64_t metrics_served_bytes(metrics *m);
 
 /* The figures read at scrape time. */
 typedef struct {

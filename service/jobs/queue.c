@@ -1,5 +1,6 @@
 /* queue.c — the SQLite job queue (see queue.h). */
 #include "service/jobs/queue.h"
+#include "service/jobs/queue_rows.h"
 
 #include "common/error.h"
 #include "common/json.h"
@@ -60,8 +61,7 @@ static int step_done(catalog *c, sqlite3_stmt *st, const char *what)
     return rc;
 }
 
-/* Runs fn inside BEGIN IMMEDIATE .. COMMIT. */
-static int in_tx(catalog *c, int (*fn)(catalog *, void *), void *ctx)
+int queue_in_tx(catalog *c, int (*fn)(catalog *, void *), void *ctx)
 {
     int rc = catalog_begin(c);
     if (rc) return rc;
@@ -141,17 +141,14 @@ int queue_submit(catalog *c, const char *kind, const json_t *args, const queue_s
     snprintf(key, sizeof key, "%s:%s", kind, hex);
     queue_submit_opts dflt = {0};
     submit_ctx s = {kind, canon, key, o ? o : &dflt, id, existed};
-    if (!rc) rc = in_tx(c, submit_tx, &s);
+    if (!rc) rc = queue_in_tx(c, submit_tx, &s);
     free(canon);
     return rc;
 }
 
 /* ---- reading jobs ---- */
 
-#define JOB_COLUMNS                                                                                                    \
-    "id, kind, args, state, priority, attempt, max_attempts, run_after, created_at, started_at, finished_at, "         \
-    "lease_expires, depends_on, worker_pid, progress_done, progress_total, phase, error, result, lease_owner, "         \
-    "cancel_requested"
+#define JOB_COLUMNS QUEUE_JOB_COLUMNS
 
 static char *text_or_null(sqlite3_stmt *st, int i)
 {
@@ -159,7 +156,7 @@ static char *text_or_null(sqlite3_stmt *st, int i)
     return t ? ckpt_strdup((const char *)t) : NULL;
 }
 
-static int read_job(sqlite3_stmt *st, queue_job *j)
+int queue_read_row(sqlite3_stmt *st, queue_job *j)
 {
     memset(j, 0, sizeof *j);
     j->id = sqlite3_column_int64(st, 0);
@@ -216,27 +213,9 @@ int queue_get(catalog *c, int64_t id, queue_job *out)
     if (rc) return rc;
     sqlite3_bind_int64(st, 1, id);
     int step = sqlite3_step(st);
-    if (step == SQLITE_ROW) rc = read_job(st, out);
+    if (step == SQLITE_ROW) rc = queue_read_row(st, out);
     else if (step == SQLITE_DONE) rc = ckpt_error_set(CKPT_ENOTFOUND, "no job %lld", (long long)id);
     else rc = catalog_error(c, "read job");
-    sqlite3_finalize(st);
-    return rc;
-}
-
-int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_t *n)
-{
-    *jobs = NULL;
-    *n = 0;
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(c, &st, "SELECT " JOB_COLUMNS " FROM jobs WHERE ?1 IS NULL OR state = ?1 ORDER BY id DESC LIMIT ?2");
-    if (rc) return rc;
-    if (state) sqlite3_bind_text(st, 1, state, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 2, limit > 0 ? limit : 1000);
-    size_t cap = 0;
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
-        if ((rc = ckpt_grow(jobs, &cap, *n + 1, sizeof **jobs))) break;
-        if (!(rc = read_job(st, &(*jobs)[*n]))) (*n)++;
-    }
     sqlite3_finalize(st);
     return rc;
 }
@@ -306,7 +285,7 @@ static int claim_tx(catalog *c, void *vctx)
         int step = sqlite3_step(st);
         if (step == SQLITE_ROW) {
             if (!(rc = ckpt_grow(&cc->jobs, &cc->cap, cc->njobs + 1, sizeof *cc->jobs)) &&
-                !(rc = read_job(st, &cc->jobs[cc->njobs]))) {
+                !(rc = queue_read_row(st, &cc->jobs[cc->njobs]))) {
                 for (size_t i = 0; i < nr; i++)
                     if (!strcmp(cc->rooms[i].kind, cc->jobs[cc->njobs].kind)) room[i]--;
                 cc->njobs++;
@@ -325,7 +304,7 @@ int queue_claim(catalog *c, const char *owner, int n, const queue_kind_room *roo
                 size_t *njobs)
 {
     claim_ctx cc = {.owner = owner, .n = n, .rooms = rooms, .nrooms = nrooms};
-    int rc = n > 0 ? in_tx(c, claim_tx, &cc) : 0;
+    int rc = n > 0 ? queue_in_tx(c, claim_tx, &cc) : 0;
     if (rc) {
         queue_jobs_free(cc.jobs, cc.njobs);
         cc.jobs = NULL;
@@ -442,7 +421,7 @@ static int reap_tx(catalog *c, void *vctx)
 int queue_reap(catalog *c, const char *self_owner, int *requeued)
 {
     reap_ctx r = {self_owner, 0};
-    int rc = in_tx(c, reap_tx, &r);
+    int rc = queue_in_tx(c, reap_tx, &r);
     if (requeued) *requeued = r.requeued;
     return rc;
 }
@@ -564,7 +543,7 @@ static int cancel_tx(catalog *c, void *vctx)
 int queue_cancel(catalog *c, int64_t id, bool *running)
 {
     cancel_ctx cc = {id, running};
-    return in_tx(c, cancel_tx, &cc);
+    return queue_in_tx(c, cancel_tx, &cc);
 }
 
 static int retry_tx(catalog *c, void *vctx)
@@ -594,7 +573,7 @@ static int retry_tx(catalog *c, void *vctx)
 
 int queue_retry(catalog *c, int64_t id)
 {
-    return in_tx(c, retry_tx, &id);
+    return queue_in_tx(c, retry_tx, &id);
 }
 
 int queue_logs(catalog *c, int64_t id, int64_t after, json_t **lines, int64_t *last)

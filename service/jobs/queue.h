@@ -84,7 +84,8 @@ int queue_cancel(catalog *c, int64_t id, bool *running);
 int queue_mark_cancelled(catalog *c, int64_t id);
 int queue_retry(catalog *c, int64_t id);
 int queue_get(catalog *c, int64_t id, queue_job *out);
-/* Jobs, newest first; state NULL for all. */
+/* Jobs, newest first; state NULL for all (limit 0: 1000). queue_find
+ * (queue_admin.h) with a state filter; defined in queue_admin.c. */
 int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_t *n);
 void queue_job_free(queue_job *j);
 void queue_jobs_free(queue_job *jobs, size_t n);

@@ -78,7 +78,7 @@ static json_t *col_json(sqlite3_stmt *st, int i, bool array)
 #define SCHEDULE_COLUMNS                                                                           \
     "id, repo, revision, every_seconds, cron, layouts, fetch_args, next_run_at, last_run_at, "     \
     "created_at, "                                                                                 \
-    "last_commit, last_outcome, last_job_id"
+    "last_commit, last_outcome, last_job_id, paused"
 
 static int read_schedule(sqlite3_stmt *st, schedule *sc)
 {
@@ -96,6 +96,7 @@ static int read_schedule(sqlite3_stmt *st, schedule *sc)
     sc->last_commit = col_text(st, 10);
     sc->last_outcome = col_text(st, 11);
     sc->last_job_id = sqlite3_column_int64(st, 12);
+    sc->paused = sqlite3_column_int(st, 13) != 0;
     if (!sc->repo || !sc->revision || !sc->layouts || !sc->fetch_args) {
         schedule_free(sc);
         return ckpt_error_set(CKPT_ENOMEM, "out of memory reading a schedule");
@@ -309,6 +310,25 @@ int schedule_remove(catalog *c, int64_t id)
     return rc;
 }
 
+int schedule_set_paused(catalog *c, int64_t id, bool paused)
+{
+    int rc = catalog_begin(c);
+    sqlite3_stmt *st = NULL;
+    if (!rc) rc = catalog_prepare(c, &st, "UPDATE schedules SET paused = ? WHERE id = ?");
+    if (!rc) {
+        sqlite3_bind_int(st, 1, paused);
+        sqlite3_bind_int64(st, 2, id);
+        if (sqlite3_step(st) != SQLITE_DONE)
+            rc = catalog_error(c, paused ? "pause schedule" : "resume schedule");
+        else if (sqlite3_changes(c->db) == 0)
+            rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
+    }
+    sqlite3_finalize(st);
+    if (!rc) return catalog_commit(c);
+    catalog_rollback(c);
+    return rc;
+}
+
 json_t *schedule_json(const schedule *sc)
 {
     json_t *j =
@@ -324,6 +344,7 @@ json_t *schedule_json(const schedule *sc)
     if (sc->last_commit) json_object_set_new(j, "last_commit", json_string(sc->last_commit));
     if (sc->last_outcome) json_object_set_new(j, "last_outcome", json_string(sc->last_outcome));
     if (sc->last_job_id) json_object_set_new(j, "last_job_id", json_integer(sc->last_job_id));
+    json_object_set_new(j, "paused", json_boolean(sc->paused));
     return j;
 }
 
@@ -380,7 +401,7 @@ int schedule_queue_due(catalog *c, double now, int *queued)
     sqlite3_stmt *st;
     int rc = catalog_prepare(c, &st,
                              "SELECT " SCHEDULE_COLUMNS
-                             " FROM schedules WHERE next_run_at <= ? ORDER BY next_run_at LIMIT ?");
+                             " FROM schedules WHERE next_run_at <= ? AND NOT paused ORDER BY next_run_at LIMIT ?");
     if (rc) return rc;
     sqlite3_bind_double(st, 1, now);
     sqlite3_bind_int(st, 2, SCHEDULE_MAX_DUE_PER_TICK);

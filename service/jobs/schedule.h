@@ -27,6 +27,7 @@
 #include "store/store.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #define SCHEDULE_MIN_EVERY 1 /* seconds */
@@ -44,6 +45,7 @@ typedef struct {
     double next_run_at, last_run_at, created_at;
     char *last_commit, *last_outcome;
     int64_t last_job_id;
+    bool paused; /* not queued when due (schedule_set_paused) */
 } schedule;
 
 /* "90", "90s", "30m", "6h", "1d", "2w" -> seconds (SCHEDULE_MIN..MAX_EVERY). */
@@ -63,6 +65,9 @@ int schedule_from_json(const json_t *j, schedule *sc);
 int schedule_get(catalog *c, int64_t id, schedule *out);
 int schedule_list(catalog *c, schedule **out, size_t *n);
 int schedule_remove(catalog *c, int64_t id);
+/* A paused schedule is skipped by schedule_queue_due (run now still queues
+ * it); resumed, it runs at its next_run_at, at once when that has passed. */
+int schedule_set_paused(catalog *c, int64_t id, bool paused);
 void schedule_free(schedule *sc);
 void schedules_free(schedule *v, size_t n);
 json_t *schedule_json(const schedule *sc);

@@ -16,6 +16,8 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 from selenium import webdriver
 from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
@@ -39,6 +41,7 @@ def fail(msg):
         print("console: %s" % d.get_log("browser")[-10:], file=sys.stderr)
     except Exception:
         pass
+    print("dashboard_driver: FAIL: " + msg, file=sys.stderr)  # again, last: run.sh shows the tail
     sys.exit(1)
 
 
@@ -70,8 +73,29 @@ def until(what, fn):
 
     try:
         return WebDriverWait(d, WAIT, poll_frequency=0.1).until(probe)
-    except Exception:
-        fail("timed out waiting for " + what)
+    except Exception as e:
+        fail("timed out waiting for %s (%s)" % (what, type(e).__name__ + ": " + str(e)[:300]))
+
+
+def api(base, path, method="GET", token=None):
+    """The JSON of a request to the daemon's API (the same the page uses)."""
+    req = urllib.request.Request(base + path, method=method)
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    with urllib.request.urlopen(req) as r:
+        return json.loads(r.read())
+
+
+def api_status(base, path):
+    try:
+        urllib.request.urlopen(base + path)
+        return 200
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def find_all(css):
+    return d.find_elements(By.CSS_SELECTOR, css)
 
 
 def text(css):
@@ -179,6 +203,13 @@ try:
     d.find_element(By.ID, "job-retry").click()
     accept_confirm()
     until("the retried convert to succeed", job_state_is("succeeded"))
+    # Its attempts: the first failed (with its error), the retry succeeded; the page shows what the API keeps.
+    attempts = api(A, "/v1/jobs/" + failed)["attempts"]
+    if [(a["attempt"], a["outcome"]) for a in attempts] != [(1, "failed"), (1, "succeeded")] or not attempts[0]["error"]:
+        fail("the retried convert's attempts: %s" % attempts)
+    until("the attempts table", lambda: [(r.get_attribute("data-attempt"), r.get_attribute("data-outcome"),
+                                          r.find_elements(By.TAG_NAME, "td")[5].text) for r in find_all("#attempts-table tbody tr")] ==
+          [("1", "failed", attempts[0]["error"]), ("1", "succeeded", "")])
     shot("job-retried")
     note("retry")
 
@@ -228,15 +259,72 @@ try:
     until("the overview's counts", lambda: text("#ov-workers") == "0" and text("#ov-queue") == "0" and
           [td.text for td in d.find_elements(By.CSS_SELECTOR, "#state-table tbody td")] ==
           ["0", "0", "0", str(want["succeeded"]), "0", str(want["cancelled"])])
-    go(A + "/#/schedules", "#schedules-missing, #schedules-table")
-    shot("overview-schedules")
-    note("overview and schedules")
+    # The charts: from /v1/stats, kept in the database. The jobs that ended
+    # so far: fetch, convert and the retried convert succeeded; the first
+    # try of that convert failed (the noop was cancelled: neither).
+    stats = api(A, "/v1/stats?hours=6")
+    total = lambda name: sum(r["value"] for r in stats["rows"] if r["name"] == name)
+    if total("jobs.succeeded") != 3 or total("jobs.failed") != 1 or total("bytes.fetch") <= 0 or total("bytes.convert") <= 0:
+        fail("/v1/stats after the jobs ran: %s" % stats["rows"])
+    until("the charts", lambda: [d.find_element(By.ID, c).get_attribute("data-total") for c in
+                                 ("chart-succeeded", "chart-failed", "chart-fetched", "chart-converted")] ==
+          ["3", "1", str(total("bytes.fetch")), str(total("bytes.convert"))] and
+          len(find_all("#chart-succeeded svg rect")) >= 1)
+    shot("overview")
+
+    # --- schedules: add (a yearly cron: it never runs here), pause, resume, remove ---
+    go(A + "/#/schedules", "#schedule-form")
+    d.find_element(By.ID, "s-repo").send_keys("org/tiny")
+    d.find_element(By.ID, "s-cron").send_keys("0 0 1 1 *")
+    d.find_element(By.ID, "s-layouts").send_keys("neuron-tp2")
+    d.find_element(By.ID, "s-add").click()
+    until("the new schedule's row", lambda: find_all('#schedules-table tr[data-id]'))
+    sid = find_all('#schedules-table tr[data-id]')[0].get_attribute("data-id")
+    sc = api(A, "/v1/schedules/" + sid)
+    if sc["repo"] != "org/tiny" or sc["cron"] != "0 0 1 1 *" or sc["layouts"] != [{"layout": "neuron", "tp": 2}] or sc["paused"]:
+        fail("the form added %s" % sc)
+    row = '#schedules-table tr[data-id="%s"]' % sid
+    d.find_element(By.CSS_SELECTOR, row + " button.pause").click()
+    accept_confirm()
+    until("the schedule paused", lambda: d.find_element(By.CSS_SELECTOR, row).get_attribute("data-paused") == "true" and
+          text(row + " .next-run") == "paused")
+    if not api(A, "/v1/schedules/" + sid)["paused"]:
+        fail("the page says paused, the API does not")
+    shot("schedule-paused")
+    d.find_element(By.CSS_SELECTOR, row + " button.resume").click()
+    accept_confirm()
+    until("the schedule resumed", lambda: d.find_element(By.CSS_SELECTOR, row).get_attribute("data-paused") == "false")
+    if api(A, "/v1/schedules/" + sid)["paused"]:
+        fail("the page says resumed, the API does not")
+    d.find_element(By.CSS_SELECTOR, row + " button.remove").click()
+    accept_confirm()
+    until("the schedule removed", lambda: not find_all(row))
+    if api(A, "/v1/schedules")["schedules"]:
+        fail("a removed schedule is still listed by the API")
+    note("overview charts and schedules")
+
+    # --- the store's figures after a verify (the verify job records its outcome) ---
+    run("verify", "--server", A)
+    du = api(A, "/v1/store")
+    go(A + "/#/store", "#store-fields")
+    until("the store's figures and last verify", lambda: d.find_element(By.ID, "st-logical").get_attribute("data-bytes") ==
+          str(du["logical_bytes"]) and d.find_element(By.ID, "st-physical").get_attribute("data-bytes") ==
+          str(du["physical_bytes"]) and text("#st-dedup") == "%.2f×" % du["dedup_ratio"] and
+          d.find_element(By.ID, "st-verify").get_attribute("data-clean") == "true")
+    lv = du["last_verify"]
+    if lv["checkpoints_checked"] != du["checkpoints"] or not text("#st-verify").startswith("clean"):
+        fail("last verify %s, shown %r, of %d checkpoints" % (lv, text("#st-verify"), du["checkpoints"]))
+    if {r.get_attribute("data-ok") for r in find_all("#store-table td.verify")} != {"true"}:
+        fail("a checkpoint without its verify result in the store list")
+    shot("store-verified")
+    note("store figures after a verify")
+
 
     # --- a narrow screen: the jobs table's container stays inside the window ---
     d.set_window_size(400, 900)
     go(A + "/#/jobs", "#jobs-table")
     d.find_element(By.ID, "job-search").send_keys(Keys.CONTROL, "a", Keys.DELETE)  # the search is kept while the tab lives
-    until("the jobs list on a narrow window", lambda: len(d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")) >= 4)
+    until("the jobs list on a narrow window", lambda: len(d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")) >= 4)  # B's
     over = d.execute_script("""
         const w = document.getElementById('jobs-table-wrap'), r = w.getBoundingClientRect();
         return {right: r.right, inner: window.innerWidth, page: document.documentElement.scrollWidth,
@@ -246,6 +334,36 @@ try:
     shot("jobs-narrow")
     note("narrow window")
     d.set_window_size(1280, 900)
+
+    # --- delete: one job from its page (a dismissed confirmation changes nothing), then all succeeded ---
+    go(A + "/#/jobs/" + noop, "#job-delete")
+    d.find_element(By.ID, "job-delete").click()
+    WebDriverWait(d, WAIT).until(EC.alert_is_present())
+    d.switch_to.alert.dismiss()
+    if api_status(A, "/v1/jobs/" + noop) != 200:
+        fail("a dismissed delete deleted job " + noop)
+    d.find_element(By.ID, "job-delete").click()
+    accept_confirm()
+    until("the jobs list after the delete", lambda: "Job %s deleted" % noop in (text("#flash") or "") and find_all("#jobs-table"))
+    if api_status(A, "/v1/jobs/" + noop) != 404:
+        fail("job %s still answers after its delete" % noop)
+    nsucc = api(A, "/v1/jobs/counts")["succeeded"]
+    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="succeeded"]').click()
+    until("the succeeded tab", lambda: text('#job-tabs button[data-state="succeeded"] .count') == str(nsucc) and
+          not d.find_element(By.ID, "bulk-delete").get_attribute("disabled"))
+    d.find_element(By.ID, "bulk-delete").click()
+    WebDriverWait(d, WAIT).until(EC.alert_is_present())
+    asked = d.switch_to.alert.text
+    d.switch_to.alert.accept()
+    if asked != "Delete all %d succeeded jobs?" % nsucc:
+        fail("the bulk delete asked %r" % asked)
+    until("the succeeded jobs deleted", lambda: text('#job-tabs button[data-state="succeeded"] .count') == "0" and
+          "delete: %d of %d" % (nsucc, nsucc) in (text("#flash") or ""))
+    counts = api(A, "/v1/jobs/counts")
+    if counts["succeeded"] != 0 or counts["all"] != 0:
+        fail("after deleting one job and all succeeded ones: %s" % counts)
+    shot("jobs-deleted")
+    note("delete one and all matching")
 
     # --- daemon B, with tokens: the page loads without one, a read token sees but cannot act ---
     go(B + "/#/jobs", "#main")
@@ -268,6 +386,12 @@ try:
     d.find_element(By.ID, "job-retry").click()
     accept_confirm()
     until("the refusal of a retry", lambda: "403" in (text("#flash") or "") and "admin token" in text("#flash"))
+    go(B + "/#/jobs", "#jobs-table")
+    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="failed"]').click()
+    until("the failed tab of B", lambda: not d.find_element(By.ID, "bulk-retry").get_attribute("disabled"))
+    d.find_element(By.ID, "bulk-retry").click()
+    accept_confirm()
+    until("the refusal of a bulk retry", lambda: "403" in (text("#flash") or "") and "bulk action needs an admin token" in text("#flash"))
     shot("read-token-refused")
     note("read token")
     if json.loads(run("show", env["FAILED_B"], home=env["HOME_B"]))["state"] != "failed":
@@ -278,6 +402,7 @@ try:
     until("the refusal of a submit", lambda: "403" in (text("#flash") or "") and "submitting needs an admin token" in text("#flash"))
     if len(json.loads(run("jobs", "--json", home=env["HOME_B"]))) != 31:
         fail("a read token's submit queued a job")
-    print("dashboard: submit, progress, cancel, retry, store page, narrow window and read token checked")
+    print("dashboard: submit, progress, cancel, retry and its attempts, store page and figures after a verify, "
+          "overview charts, schedules added/paused/resumed/removed, delete one and all, narrow window and read token checked")
 finally:
     d.quit()

@@ -10,13 +10,22 @@
 #    shows its phase live; a fetch+convert submitted from the form waits
 #    behind it; cancelling the noop from its page lets them run to success,
 #    the log followed; a convert that failed (its source was not stored yet)
-#    is retried from its page and succeeds; the checkpoint page's files and
-#    tensor table equal `ckpt show --json` and `ckpt inspect --json` of the
-#    pulled files; the overview's counts equal `ckpt jobs --json`; the
-#    schedules page loads; on a 400 px window the jobs table stays inside the window.
+#    is retried from its page and succeeds, its two attempts (failed with
+#    the error, then succeeded) shown as the API keeps them; the checkpoint
+#    page's files and tensor table equal `ckpt show --json` and `ckpt
+#    inspect --json` of the pulled files; the overview's counts equal `ckpt
+#    jobs --json` and its charts total what /v1/stats recorded (3 succeeded,
+#    1 failed, the bytes fetched and converted); a schedule is added from the
+#    form, paused, resumed and removed, each confirmed and seen by the API;
+#    after `ckpt verify --server` the store page shows the logical and
+#    physical bytes, dedup ratio and a clean last verify of every checkpoint;
+#    on a 400 px window the jobs table stays inside the window; a job is
+#    deleted from its page (a dismissed confirmation deletes nothing), then
+#    all succeeded ones at once, and the API has none left.
 # 3. Daemon B (--token-file): the page loads, asks for a token, and with a
-#    read token shows jobs but a retry and a submit are refused (403) with
-#    the server's message, and nothing changes; its 31 jobs take two pages.
+#    read token shows jobs but a retry, a bulk retry and a submit are refused
+#    (403) with the server's message, and nothing changes; its 31 jobs take
+#    two pages.
 # Screenshots go to $work/shots (emptied with $work at exit; with
 # CKPT_DASHBOARD_SHOTS=DIR they are copied there first, to look at).
 set -euo pipefail
@@ -110,7 +119,8 @@ note "browser"
 CKPT_BIN=$ckpt URL_A=$A URL_B=$B HOME_B=$work/b READ_TOKEN=$read_token SHOTS=$work/shots PROFILE=$work/profile \
     NOOP_ID=$noop FAILED_ID=$failed FAILED_B=$failed_b PULL_DIR=$work/pulled \
     /usr/bin/python3 "$E2E_DIR/dashboard_driver.py" || fail "the browser test failed (screenshots in $work/shots)"
-for s in jobs-running job-cancelled job-succeeded job-retried checkpoint overview-schedules jobs-narrow read-token-refused; do
+for s in jobs-running job-cancelled job-succeeded job-retried checkpoint overview schedule-paused store-verified jobs-narrow \
+    jobs-deleted read-token-refused; do
     [ -s "$work/shots/$s.png" ] || fail "no screenshot $s.png"
 done
 note "done"

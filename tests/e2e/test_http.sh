@@ -268,6 +268,70 @@ want('ckpt_queue_jobs{state="succeeded"}', lambda v: v is not None and v >= 3, "
 for k, name in (("logical_bytes", "logical_bytes"), ("physical_bytes", "physical_bytes"), ("blobs", "blobs"), ("checkpoints", "checkpoints")):
     want("ckpt_store_" + name + "{}", lambda v, k=k: v == du[k], f"du says {du[k]}")
 PY
+# the dashboard's API: counts, search and pages, attempts, delete, bulk
+# actions, paused schedules, per-minute figures, the last verify; a read
+# token reads them and is refused every action
+api() { # api TOKEN METHOD PATH [BODY]: the body to $W/api.json, the status on stdout
+    curl -s -o "$W/api.json" -w '%{http_code}' -X "$2" -H "Authorization: Bearer $1-0123456789abcdef" \
+        ${4:+--data "$4"} "$URL$3"
+}
+RT=readtoken AT=admintoken
+vid=$("$B" jobs --json | "$py" -c 'import json, sys; print(next(j["id"] for j in json.load(sys.stdin) if j["kind"] == "verify"))')
+[ "$(api $RT GET /v1/jobs/counts)" = 200 ] && "$B" jobs --json | "$py" -c '
+import json, sys
+jobs, got = json.load(sys.stdin), json.load(open(sys.argv[1]))
+want = {s: sum(j["state"] == s for j in jobs) for s in ("queued", "running", "succeeded", "failed", "cancelled")}
+want.update(all=len(jobs), retrying=0)
+sys.exit(got != want and f"counts {got} != {want}")' "$W/api.json" || fail "GET /v1/jobs/counts: $(cat "$W/api.json")"
+[ "$(api $RT GET "/v1/jobs?state=succeeded&q=VERIFY&limit=1")" = 200 ] && "$py" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+sys.exit(not (r["total"] == 1 and [j["id"] for j in r["jobs"]] == [int(sys.argv[2])]))' "$W/api.json" "$vid" ||
+    fail "GET /v1/jobs?state=succeeded&q=VERIFY: $(cat "$W/api.json")"
+[ "$(api $RT GET "/v1/jobs?limit=1&offset=1")" = 200 ] && "$B" jobs --json | "$py" -c '
+import json, sys
+jobs, r = json.load(sys.stdin), json.load(open(sys.argv[1]))
+sys.exit(not (r["total"] == len(jobs) and [j["id"] for j in r["jobs"]] == [jobs[1]["id"]]))' "$W/api.json" ||
+    fail "GET /v1/jobs?limit=1&offset=1: $(cat "$W/api.json")"
+[ "$(api $RT GET "/v1/jobs?state=done")" = 400 ] && grep -q "state: 'done' is not one of" "$W/api.json" || fail "?state=done: $(cat "$W/api.json")"
+[ "$(api $RT GET "/v1/jobs/$vid")" = 200 ] && "$py" -c '
+import json, sys
+a = json.load(open(sys.argv[1]))["attempts"]
+sys.exit(not (len(a) == 1 and a[0]["attempt"] == 1 and a[0]["outcome"] == "succeeded" and a[0]["finished_at"] >= a[0]["started_at"]))' "$W/api.json" ||
+    fail "the attempts of verify job $vid: $(cat "$W/api.json")"
+[ "$(api $RT GET /v1/store)" = 200 ] && "$py" -c '
+import json, sys, time
+v = json.load(open(sys.argv[1]))["last_verify"]
+sys.exit(not (v["clean"] is True and v["ref"] is None and v["checkpoints_checked"] >= 2 and abs(v["at"] - time.time()) < 3600))' "$W/api.json" ||
+    fail "GET /v1/store has no last verify: $(cat "$W/api.json")"
+[ "$(api $RT GET /v1/checkpoints/Qwen%2Ftiny@main)" = 200 ] && "$py" -c '
+import json, sys
+sys.exit(json.load(open(sys.argv[1]))["last_verify"]["ok"] is not True)' "$W/api.json" || fail "a checkpoint's last_verify: $(cat "$W/api.json")"
+[ "$(api $RT GET "/v1/stats?hours=1")" = 200 ] && "$py" -c '
+import json, sys
+r = json.load(open(sys.argv[1]))
+got = {(x["name"], x["kind"]): x["value"] for x in r["rows"]}
+tot = lambda n, k: sum(x["value"] for x in r["rows"] if x["name"] == n and x["kind"] == k)
+sys.exit(not (r["bucket_seconds"] == 60 and tot("jobs.succeeded", "convert") == 1 and tot("jobs.succeeded", "verify") == 1
+              and tot("bytes.convert", "") > 0 and ("queue.depth", "") in got))' "$W/api.json" || fail "GET /v1/stats: $(cat "$W/api.json")"
+[ "$(api $RT GET "/v1/stats?hours=25")" = 400 ] || fail "/v1/stats?hours=25 is not refused"
+[ "$(api $RT POST "/v1/jobs/$vid/delete")" = 403 ] && grep -q 'deleting needs an admin token' "$W/api.json" || fail "delete with a read token"
+[ "$(api $RT POST /v1/jobs/bulk '{"action":"delete","state":"succeeded"}')" = 403 ] && grep -q 'bulk action needs an admin token' "$W/api.json" ||
+    fail "bulk with a read token: $(cat "$W/api.json")"
+[ "$(api $RT POST /v1/schedules '{"repo":"Qwen/tiny","cron":"0 0 1 1 *"}')" = 403 ] || fail "schedule add with a read token"
+[ "$(api $AT POST /v1/schedules '{"repo":"Qwen/tiny","cron":"0 0 1 1 *"}')" = 201 ] || fail "schedule add: $(cat "$W/api.json")"
+sid=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$W/api.json")
+[ "$(api $RT POST "/v1/schedules/$sid/pause")" = 403 ] || fail "pause with a read token"
+[ "$(api $AT POST "/v1/schedules/$sid/pause")" = 200 ] && grep -q '"paused": *true' "$W/api.json" || fail "pause: $(cat "$W/api.json")"
+"$B" sync ls --json | grep -q '"paused": *true' || fail "the pause is not in the store's schedules"
+[ "$(api $AT POST "/v1/schedules/$sid/resume")" = 200 ] && grep -q '"paused": *false' "$W/api.json" || fail "resume: $(cat "$W/api.json")"
+[ "$(api $AT DELETE "/v1/schedules/$sid")" = 200 ] && [ "$(api $AT POST "/v1/schedules/$sid/pause")" = 404 ] || fail "remove, then pause: 404"
+[ "$(api $AT POST /v1/jobs/bulk '{"action":"delete"}')" = 400 ] && grep -q 'needs a filter' "$W/api.json" || fail "bulk without a filter"
+[ "$(api $AT POST /v1/jobs/bulk '{"action":"nuke","state":"failed"}')" = 400 ] || fail "bulk with an unknown action"
+[ "$(api $AT POST "/v1/jobs/$vid/delete")" = 200 ] && [ "$(api $AT GET "/v1/jobs/$vid")" = 404 ] || fail "delete job $vid"
+ngc=$("$B" jobs --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "gc" for j in json.load(sys.stdin)))')
+[ "$(api $AT POST /v1/jobs/bulk '{"action":"delete","q":"gc"}')" = 200 ] && grep -q "\"matched\": *$ngc, *\"done\": *$ngc" "$W/api.json" &&
+    [ "$ngc" -ge 1 ] && ! "$B" jobs --json | grep -q '"kind": *"gc"' || fail "bulk delete of the gc jobs ($ngc): $(cat "$W/api.json")"
 stop_daemon
 # the log: JSON lines for jobs and requests, the route of each request; no token anywhere
 grep '^{' "$W/serve.log" >"$W/events" || fail "no JSON log lines: $(tail -5 "$W/serve.log")"

@@ -1,6 +1,7 @@
 // app.js — the ckpt dashboard: plain JavaScript over the daemon's JSON API
 // (the same /v1/... endpoints the CLI uses). Pages by the URL fragment:
 //   #/jobs, #/jobs/ID, #/store, #/store/REF, #/schedules, #/overview
+// (the README's "The web dashboard" lists each page with the API it calls).
 // The token is typed once, kept in sessionStorage and sent as the
 // Authorization header; it never goes into a URL. Every value from the
 // server is put in the page as text (textContent), never as HTML.
@@ -9,7 +10,6 @@
 const TOKEN_KEY = 'ckpt.token';
 const POLL_MS = 1000;
 const PAGE_SIZE = 25;
-const JOB_LIMIT = 2000;
 const STATES = ['queued', 'running', 'retrying', 'succeeded', 'failed', 'cancelled'];
 
 const ui = {
@@ -136,6 +136,7 @@ async function act(what, fn) {
   try {
     const msg = await fn();
     flash(typeof msg === 'string' ? msg : what, true);
+    ui.pollError = false; // the message stays until the next page, not the next refresh
   } catch (e) {
     flash(e.message);
   }
@@ -183,7 +184,10 @@ function jobsSkeleton(main) {
     el('div', {class: 'tabs', id: 'job-tabs'}, ['all', ...STATES].map(s =>
       el('button', {type: 'button', 'data-state': s, onclick: () => { ui.jobsTab = s; ui.jobsPage = 0; poll(true); }},
          s, el('span', {class: 'count', text: ''})))),
-    el('div', {class: 'toolbar'}, search),
+    el('div', {class: 'toolbar'}, search,
+      el('span', {class: 'muted', id: 'bulk-label', text: 'all matching:'}),
+      ['cancel', 'retry', 'delete'].map(a => el('button', {type: 'button', id: 'bulk-' + a, class: a === 'retry' ? null : 'danger',
+        onclick: () => bulkAction(a)}, a[0].toUpperCase() + a.slice(1) + ' all'))),
     table(['id', 'state', 'kind', 'what', 'progress', {text: 'created', class: 'hide-narrow'},
            {text: 'error', class: 'hide-narrow'}], [], 'jobs-table'),
     el('div', {class: 'toolbar', id: 'pager'},
@@ -194,28 +198,52 @@ function jobsSkeleton(main) {
     submitForm()));
 }
 
+// The filter of the jobs page, as the API takes it (GET /v1/jobs, /v1/jobs/counts, POST /v1/jobs/bulk).
+function jobsFilter() {
+  const f = {};
+  if (ui.jobsTab !== 'all') f.state = ui.jobsTab;
+  if (ui.jobsQuery.trim()) f.q = ui.jobsQuery.trim();
+  return f;
+}
+
+function query(params) {
+  const p = new URLSearchParams(params).toString();
+  return p ? '?' + p : '';
+}
+
+// Cancel, retry or delete every job the tab and search match, once confirmed.
+function bulkAction(action) {
+  const f = jobsFilter();
+  const what = (f.state ? f.state + ' ' : '') + 'jobs' + (f.q ? ' matching "' + f.q + '"' : '');
+  const n = ui.jobsShown || 0;
+  if (!confirm(action[0].toUpperCase() + action.slice(1) + ' all ' + n + ' ' + what + '?')) return;
+  act('', async () => {
+    const r = await api('POST', '/v1/jobs/bulk', Object.assign({action}, f));
+    return action + ': ' + r.done + ' of ' + r.matched + ' ' + what;
+  });
+}
+
 async function jobsPage(main) {
-  const data = await api('GET', '/v1/jobs?limit=' + JOB_LIMIT);
+  const f = jobsFilter();
+  const [counts, data] = await Promise.all([
+    api('GET', '/v1/jobs/counts' + query(f.q ? {q: f.q} : {})),
+    api('GET', '/v1/jobs' + query(Object.assign({limit: PAGE_SIZE, offset: ui.jobsPage * PAGE_SIZE}, f)))]);
   if (!main.querySelector('#jobs-view')) jobsSkeleton(main);
   const jobs = data.jobs || [];
-  const counts = {all: jobs.length};
-  for (const s of STATES) counts[s] = 0;
-  for (const j of jobs) counts[jobState(j)] = (counts[jobState(j)] || 0) + 1;
-  const q = ui.jobsQuery.trim().toLowerCase();
-  const shown = jobs.filter(j => (ui.jobsTab === 'all' || jobState(j) === ui.jobsTab) &&
-    (!q || (j.kind + ' ' + jobLabel(j) + ' ' + JSON.stringify(j.args || {})).toLowerCase().includes(q)));
-  const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
-  if (ui.jobsPage >= pages) ui.jobsPage = pages - 1;
-  if (ui.jobsPage < 0) ui.jobsPage = 0;
-  const slice = shown.slice(ui.jobsPage * PAGE_SIZE, (ui.jobsPage + 1) * PAGE_SIZE);
+  const total = data.total || 0;
+  const pages = Math.max(1, Math.ceil(total / PAGE_SIZE));
+  if (ui.jobsPage >= pages && ui.jobsPage > 0) { ui.jobsPage = pages - 1; ui.again = true; return; }
+  ui.jobsShown = total;
   for (const b of main.querySelectorAll('#job-tabs button')) {
     b.classList.toggle('active', b.dataset.state === ui.jobsTab);
     b.querySelector('.count').textContent = counts[b.dataset.state] || 0;
   }
+  // A bulk action needs a filter: a tab or a search.
+  for (const b of main.querySelectorAll('[id^="bulk-"]')) b.disabled = !f.state && !f.q || total === 0;
   main.querySelector('#page-prev').disabled = ui.jobsPage === 0;
   main.querySelector('#page-next').disabled = ui.jobsPage >= pages - 1;
-  main.querySelector('#page-info').textContent = 'page ' + (ui.jobsPage + 1) + ' of ' + pages + ' (' + shown.length + ' jobs)';
-  const rows = slice.map(j => el('tr', {'data-id': j.id, 'data-state': jobState(j)},
+  main.querySelector('#page-info').textContent = 'page ' + (ui.jobsPage + 1) + ' of ' + pages + ' (' + total + ' jobs)';
+  const rows = jobs.map(j => el('tr', {'data-id': j.id, 'data-state': jobState(j)},
     el('td', {class: 'num'}, el('a', {href: '#/jobs/' + j.id, text: j.id})),
     el('td', {}, stateBadge(jobState(j))),
     el('td', {text: j.kind}),
@@ -259,6 +287,9 @@ function submitForm() {
 async function jobPage(main, id) {
   const j = await api('GET', '/v1/jobs/' + id);
   const st = jobState(j);
+  // The job it waits for, with its state (it may have been deleted since).
+  let dep = null;
+  if (j.depends_on) dep = await api('GET', '/v1/jobs/' + j.depends_on).catch(e => { if (e.status === 404) return null; throw e; });
   const fields = el('dl', {class: 'fields', id: 'job-fields'},
     el('dt', {text: 'state'}), el('dd', {id: 'job-state'}, stateBadge(st), j.cancel_requested ? ' (cancel requested)' : ''),
     el('dt', {text: 'kind'}), el('dd', {text: j.kind}),
@@ -269,7 +300,8 @@ async function jobPage(main, id) {
     el('dt', {text: 'finished'}), el('dd', {text: fmtTime(j.finished_at)}),
     el('dt', {text: 'duration'}), el('dd', {text: j.started_at ? fmtDuration((j.finished_at || Date.now() / 1000) - j.started_at) : ''}),
     j.run_after ? [el('dt', {text: 'next attempt'}), el('dd', {text: fmtTime(j.run_after)})] : null,
-    j.depends_on ? [el('dt', {text: 'after job'}), el('dd', {}, el('a', {href: '#/jobs/' + j.depends_on, text: j.depends_on}))] : null,
+    j.depends_on ? [el('dt', {text: 'after job'}), el('dd', {id: 'job-dep'}, el('a', {href: '#/jobs/' + j.depends_on, text: j.depends_on}),
+      dep ? [' ', dep.kind, ' ', jobLabel(dep), ' ', stateBadge(jobState(dep))] : ' (deleted)')] : null,
     j.worker_pid ? [el('dt', {text: 'worker pid'}), el('dd', {text: j.worker_pid})] : null,
     el('dt', {text: 'progress'}), el('dd', {}, progressCell(j)),
     el('dt', {text: 'last error'}), el('dd', {id: 'job-error', class: 'mono', text: j.error || ''}),
@@ -282,12 +314,22 @@ async function jobPage(main, id) {
       el('div', {class: 'toolbar', id: 'job-actions'}),
       el('dl', {id: 'job-fields'}),
       el('h2', {text: 'Arguments'}), el('pre', {id: 'job-args'}),
+      el('h2', {text: 'Attempts'}),
+      table(['attempt', 'started', 'ended', 'duration', 'outcome', 'error'], [], 'attempts-table'),
       el('h2', {text: 'Log'}), el('pre', {id: 'job-log', 'data-last': '0'}));
     main.replaceChildren(view);
   }
   view.querySelector('#job-title').textContent = 'Job ' + id + ' · ' + j.kind + ' ' + jobLabel(j);
   view.querySelector('#job-args').textContent = JSON.stringify(j.args, null, 2);
   view.querySelector('#job-fields').replaceWith(fields);
+  // Each attempt that ended, oldest first (the server keeps the last 20).
+  view.querySelector('#attempts-table tbody').replaceChildren(...(j.attempts || []).map((a, i) => el('tr', {'data-attempt': a.attempt, 'data-outcome': a.outcome},
+    el('td', {class: 'num', text: a.attempt}),
+    el('td', {text: fmtTime(a.started_at)}),
+    el('td', {text: fmtTime(a.finished_at)}),
+    el('td', {text: a.started_at ? fmtDuration(a.finished_at - a.started_at) : ''}),
+    el('td', {}, stateBadge(a.outcome)),
+    el('td', {class: 'mono', text: a.error || ''}))));
   // The buttons are made again only when the state changes: a click is never lost to a poll.
   const actions = view.querySelector('#job-actions');
   if (actions.dataset.state !== j.state) {
@@ -296,7 +338,18 @@ async function jobPage(main, id) {
       (j.state === 'queued' || j.state === 'running') ? el('button', {type: 'button', id: 'job-cancel', class: 'danger',
         onclick: () => { if (confirm('Cancel job ' + id + '?')) act('Cancel requested for job ' + id, () => api('DELETE', '/v1/jobs/' + id)); }}, 'Cancel') : '',
       (j.state === 'failed' || j.state === 'cancelled') ? el('button', {type: 'button', id: 'job-retry',
-        onclick: () => { if (confirm('Retry job ' + id + '?')) act('Job ' + id + ' queued again', () => api('POST', '/v1/jobs/' + id + '/retry')); }}, 'Retry') : '');
+        onclick: () => { if (confirm('Retry job ' + id + '?')) act('Job ' + id + ' queued again', () => api('POST', '/v1/jobs/' + id + '/retry')); }}, 'Retry') : '',
+      (j.state !== 'queued' && j.state !== 'running') ? el('button', {type: 'button', id: 'job-delete', class: 'danger',
+        onclick: () => {
+          if (!confirm('Delete job ' + id + ' with its log and attempts? This cannot be undone.')) return;
+          act('', async () => {
+            await api('POST', '/v1/jobs/' + id + '/delete');
+            ui.keepFlash = true;
+            location.hash = '#/jobs';
+            ui.refresh = route(); // now: the refresh after an action must not ask for the deleted job
+            return 'Job ' + id + ' deleted';
+          });
+        }}, 'Delete') : '');
   }
   sizeBars(view);
   const log = view.querySelector('#job-log');
@@ -308,22 +361,37 @@ async function jobPage(main, id) {
   if (atEnd) log.scrollTop = log.scrollHeight;
 }
 
+function verifyText(v) {
+  if (!v) return 'never verified';
+  return (v.ok ? 'ok' : 'DAMAGED') + ' · ' + fmtTime(v.at) + (v.error ? ' · ' + v.error : '');
+}
+
 async function storePage(main) {
-  const data = await api('GET', '/v1/checkpoints');
+  const [data, du] = await Promise.all([api('GET', '/v1/checkpoints'), api('GET', '/v1/store')]);
   const cks = data.checkpoints || [];
-  const sig = JSON.stringify(cks);
+  const sig = JSON.stringify([cks, du]);
   const shown = main.querySelector('#store-table');
   if (shown && shown.dataset.sig === sig) return; // unchanged: links stay clickable
-  const total = cks.reduce((s, c) => s + (c.total_size || 0), 0);
+  const lv = du.last_verify;
   const rows = cks.map(c => el('tr', {'data-ref': c.ref},
     el('td', {class: 'mono'}, el('a', {href: '#/store/' + encodeURIComponent(c.ref), text: c.ref})),
     el('td', {text: c.layout || '(original)'}),
     el('td', {class: 'mono hide-narrow', text: (c.commit || '').slice(0, 12)}),
     el('td', {class: 'num', text: fmtBytes(c.total_size)}),
+    el('td', {class: 'verify', 'data-ok': c.last_verify ? String(c.last_verify.ok) : '', text: c.last_verify ? (c.last_verify.ok ? 'ok' : 'DAMAGED') : ''}),
     el('td', {class: 'hide-narrow', text: fmtTime(c.created_at)})));
   main.replaceChildren(el('h1', {text: 'Store'}),
-    el('p', {class: 'muted', text: cks.length + ' checkpoints, ' + fmtBytes(total) + ' of files (logical; layouts share the originals\' blobs)'}),
-    table(['ref', 'layout', {text: 'commit', class: 'hide-narrow'}, {text: 'size', class: 'num'},
+    el('dl', {class: 'fields', id: 'store-fields'},
+      el('dt', {text: 'checkpoints'}), el('dd', {id: 'st-checkpoints', text: du.checkpoints}),
+      el('dt', {text: 'logical bytes'}), el('dd', {id: 'st-logical', 'data-bytes': du.logical_bytes, text: fmtBytes(du.logical_bytes) + ' (every file of every checkpoint)'}),
+      el('dt', {text: 'physical bytes'}), el('dd', {id: 'st-physical', 'data-bytes': du.physical_bytes, text: fmtBytes(du.physical_bytes) + ' in ' + du.blobs + ' blobs'}),
+      el('dt', {text: 'dedup ratio'}), el('dd', {id: 'st-dedup', text: (du.dedup_ratio || 0).toFixed(2) + '×'}),
+      el('dt', {text: 'catalog'}), el('dd', {text: fmtBytes(du.catalog_bytes)}),
+      el('dt', {text: 'last verify'}), el('dd', {id: 'st-verify', 'data-clean': lv ? String(lv.clean) : ''},
+        lv ? (lv.clean ? 'clean' : 'DAMAGED') + ' · ' + fmtTime(lv.at) + ' · ' + (lv.ref || 'whole store') + ' · ' +
+             lv.checkpoints_checked + ' checkpoints checked, ' + lv.damaged_blobs + ' damaged blobs, ' +
+             lv.broken_checkpoints + ' not rebuilding' : 'never (ckpt verify, or a verify job)')),
+    table(['ref', 'layout', {text: 'commit', class: 'hide-narrow'}, {text: 'size', class: 'num'}, 'verified',
            {text: 'stored', class: 'hide-narrow'}], rows, 'store-table'));
   main.querySelector('#store-table').dataset.sig = sig;
 }
@@ -378,6 +446,7 @@ async function checkpointPage(main, ref) {
       el('dt', {text: 'layout'}), el('dd', {text: c.layout || '(original)'}),
       c.source ? [el('dt', {text: 'converted from'}), el('dd', {}, el('a', {href: '#/store/' + encodeURIComponent(c.source), text: c.source}))] : null,
       el('dt', {text: 'size'}), el('dd', {text: fmtBytes(c.total_size) + ' in ' + files.length + ' files'}),
+      el('dt', {text: 'last verify'}), el('dd', {id: 'ckpt-verify', text: verifyText(c.last_verify)}),
       el('dt', {text: 'Hub API'}), el('dd', {class: 'mono', id: 'hub-url', text: server + '/api/models/' + org + '/' + name + '/revision/' + rev})),
     el('h2', {text: 'Pull'}), cmds,
     el('h2', {text: 'Files'}),
@@ -400,61 +469,155 @@ async function checkpointPage(main, ref) {
   status.dataset.done = '1';
 }
 
+// "90", "90s", "30m", "6h", "1d", "2w" -> seconds (as `ckpt sync add --every`), or NaN.
+function parseEvery(text) {
+  const m = /^(\d+)\s*([smhdw]?)$/.exec(text.trim());
+  if (!m) return NaN;
+  return +m[1] * {'': 1, s: 1, m: 60, h: 3600, d: 86400, w: 604800}[m[2]];
+}
+
+// Adds a schedule (POST /v1/schedules): a period or a cron expression, and
+// the layouts to convert each new commit to ("neuron-tp2, gguf").
+function scheduleForm() {
+  const f = el('form', {class: 'submit', id: 'schedule-form'},
+    el('label', {}, 'repository (ORG/NAME)', el('input', {name: 'repo', id: 's-repo', required: true, placeholder: 'Qwen/Qwen2-0.5B'})),
+    el('label', {}, 'revision', el('input', {name: 'revision', id: 's-revision', value: 'main'})),
+    el('label', {}, 'every (90s, 30m, 6h, 1d)', el('input', {name: 'every', id: 's-every', placeholder: '6h'})),
+    el('label', {}, 'or cron (UTC)', el('input', {name: 'cron', id: 's-cron', placeholder: '0 3 * * *'})),
+    el('label', {}, 'layouts (L or L-tpN, comma-separated)', el('input', {name: 'layouts', id: 's-layouts', placeholder: 'neuron-tp2'})),
+    el('button', {type: 'submit', id: 's-add'}, 'Add schedule'));
+  f.addEventListener('submit', ev => {
+    ev.preventDefault();
+    const body = {repo: f.repo.value.trim(), revision: f.revision.value.trim() || 'main'};
+    const cron = f.cron.value.trim(), every = f.every.value.trim();
+    if (cron) body.cron = cron;
+    if (every) body.every_seconds = parseEvery(every);
+    if (every && !(body.every_seconds > 0)) { flash('every: "' + every + '" is not a period like 90s, 30m, 6h or 1d'); return; }
+    body.layouts = f.layouts.value.split(',').map(x => x.trim()).filter(Boolean).map(x => {
+      const m = /^(.*)-tp(\d+)$/.exec(x);
+      return m ? {layout: m[1], tp: +m[2]} : {layout: x};
+    });
+    act('', async () => {
+      const sc = await api('POST', '/v1/schedules', body);
+      f.reset();
+      return 'Schedule ' + sc.id + ' added';
+    });
+  });
+  return f;
+}
+
 async function schedulesPage(main) {
-  let data;
-  try {
-    data = await api('GET', '/v1/schedules');
-  } catch (e) {
-    if (e.status !== 404) throw e;
-    main.replaceChildren(el('h1', {text: 'Schedules'}),
-      el('p', {id: 'schedules-missing', text: 'This server has no schedules API (GET /v1/schedules). Use ckpt sync ls on its machine.'}));
-    return;
+  const data = await api('GET', '/v1/schedules');
+  const list = data.schedules || [];
+  if (!main.querySelector('#schedules-view')) {
+    main.replaceChildren(el('div', {id: 'schedules-view'}, el('h1', {text: 'Schedules'}),
+      el('div', {id: 'schedules-list'}), el('h2', {text: 'Add a schedule'}), scheduleForm()));
   }
-  const list = Array.isArray(data) ? data : data.schedules || [];
+  const sig = JSON.stringify(list);
+  const shown = main.querySelector('#schedules-table');
+  if (shown && shown.dataset.sig === sig) return; // unchanged: buttons stay clickable
   // The fields of `ckpt sync ls --json` (service/jobs/schedule.c).
   const layouts = s => (s.layouts || []).map(l => l.layout + (l.tp ? '-tp' + l.tp : '')).join(', ');
-  const rows = list.map(s => el('tr', {'data-id': s.id},
+  const action = (s, label, cls, question, done, method, path) => el('button', {type: 'button', class: cls, onclick: () => {
+    if (confirm(question)) act(done, () => api(method, path));
+  }}, label);
+  const rows = list.map(s => el('tr', {'data-id': s.id, 'data-paused': String(!!s.paused)},
     el('td', {class: 'num', text: s.id}),
     el('td', {class: 'mono', text: s.repo + (s.revision ? '@' + s.revision : '')}),
     el('td', {text: s.cron ? 'cron ' + s.cron : s.every_seconds ? 'every ' + fmtDuration(s.every_seconds) : ''}),
     el('td', {class: 'hide-narrow', text: layouts(s)}),
-    el('td', {text: fmtTime(s.next_run_at)}),
+    el('td', {class: 'next-run', text: s.paused ? 'paused' : fmtTime(s.next_run_at)}),
     el('td', {class: 'hide-narrow', text: fmtTime(s.last_run_at)}),
     el('td', {class: 'mono hide-narrow', text: (s.last_commit || '').slice(0, 12)}),
     el('td', {}, s.last_outcome || '', s.last_job_id ? [' (', el('a', {href: '#/jobs/' + s.last_job_id, text: 'job ' + s.last_job_id}), ')'] : null),
-    el('td', {}, el('button', {type: 'button', class: 'run-now', onclick: () => {
-      if (confirm('Run schedule ' + s.id + ' now?')) act('Schedule ' + s.id + ' queued', () => api('POST', '/v1/schedules/' + s.id + '/run'));
-    }}, 'Run now'))));
-  const sig = JSON.stringify(list);
-  const shown = main.querySelector('#schedules-table');
-  if (shown && shown.dataset.sig === sig) return; // unchanged: buttons stay clickable
-  main.replaceChildren(el('h1', {text: 'Schedules'}),
-    table(['id', 'repo', 'period', {text: 'layouts', class: 'hide-narrow'}, 'next run', {text: 'last run', class: 'hide-narrow'},
-           {text: 'last commit', class: 'hide-narrow'}, 'last outcome', ''], rows, 'schedules-table'));
+    el('td', {class: 'actions'},
+      action(s, 'Run now', 'run-now', 'Run schedule ' + s.id + ' now?', 'Schedule ' + s.id + ' queued', 'POST', '/v1/schedules/' + s.id + '/run'),
+      s.paused ? action(s, 'Resume', 'resume', 'Resume schedule ' + s.id + '?', 'Schedule ' + s.id + ' resumed', 'POST', '/v1/schedules/' + s.id + '/resume')
+               : action(s, 'Pause', 'pause', 'Pause schedule ' + s.id + '?', 'Schedule ' + s.id + ' paused', 'POST', '/v1/schedules/' + s.id + '/pause'),
+      action(s, 'Remove', 'remove danger', 'Remove schedule ' + s.id + ' (' + s.repo + ')? Its checkpoints stay.', 'Schedule ' + s.id + ' removed', 'DELETE', '/v1/schedules/' + s.id))));
+  main.querySelector('#schedules-list').replaceChildren(list.length ? table(['id', 'repo', 'period', {text: 'layouts', class: 'hide-narrow'}, 'next run',
+      {text: 'last run', class: 'hide-narrow'}, {text: 'last commit', class: 'hide-narrow'}, 'last outcome', ''], rows, 'schedules-table')
+    : el('p', {id: 'schedules-table', class: 'muted', text: 'No schedules yet.'}));
   main.querySelector('#schedules-table').dataset.sig = sig;
 }
 
+const CHART_HOURS = 6;
+const CHART_STEP = 600; // one bar per 10 minutes
+
+// The per-minute rows of GET /v1/stats summed (or, for samples, maxed) into
+// CHART_STEP bars: {name: [v per bar]}. A figure per kind is summed over kinds.
+function chartSeries(stats, names, max) {
+  const end = Math.floor(stats.now / CHART_STEP) * CHART_STEP, n = CHART_HOURS * 3600 / CHART_STEP;
+  const start = end - (n - 1) * CHART_STEP;
+  const out = {};
+  for (const name of names) out[name] = new Array(n).fill(0);
+  for (const r of stats.rows || []) {
+    const v = out[r.name], i = Math.floor((r.t - start) / CHART_STEP);
+    if (!v || i < 0 || i >= n) continue;
+    v[i] = max ? Math.max(v[i], r.value) : v[i] + r.value;
+  }
+  return {start, values: out};
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+function svg(tag, attrs) {
+  const e = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  return e;
+}
+
+// A small bar chart of one series over the last hours, with its total (or peak).
+function chart(id, title, values, start, fmt, peak) {
+  const W = 240, H = 48, n = values.length, bw = W / n, top = Math.max(1, ...values);
+  const total = peak ? Math.max(0, ...values) : values.reduce((a, b) => a + b, 0);
+  const g = svg('svg', {viewBox: '0 0 ' + W + ' ' + H, class: 'chart-svg', role: 'img', 'aria-label': title});
+  g.append(svg('line', {x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5, class: 'axis'}));
+  values.forEach((v, i) => {
+    if (!v) return;
+    const h = Math.max(1, (H - 2) * v / top);
+    const r = svg('rect', {x: (i * bw + 0.5).toFixed(1), y: (H - 1 - h).toFixed(1), width: Math.max(1, bw - 1).toFixed(1), height: h.toFixed(1)});
+    const t = svg('title');
+    t.textContent = fmtTime(start + i * CHART_STEP).slice(11, 16) + ' UTC: ' + fmt(v);
+    r.append(t);
+    g.append(r);
+  });
+  return el('figure', {class: 'chart', id, 'data-total': total},
+    el('figcaption', {}, el('span', {text: title}), el('strong', {text: (peak ? 'peak ' : '') + fmt(total)})), g);
+}
+
 async function overviewPage(main) {
-  const [health, jobs, store] = await Promise.all([
+  const [health, counts, running, stats] = await Promise.all([
     fetch('/healthz', {cache: 'no-store'}).then(r => r.json()),
-    api('GET', '/v1/jobs?limit=' + JOB_LIMIT),
-    api('GET', '/v1/checkpoints')]);
-  const list = jobs.jobs || [];
-  const counts = {};
-  for (const j of list) counts[jobState(j)] = (counts[jobState(j)] || 0) + 1;
-  const running = list.filter(j => j.state === 'running');
-  const hour = Date.now() / 1000 - 3600;
-  const lastHour = list.filter(j => j.finished_at && j.finished_at >= hour);
+    api('GET', '/v1/jobs/counts'),
+    api('GET', '/v1/jobs?state=running&limit=100'),
+    api('GET', '/v1/stats?hours=' + CHART_HOURS)]);
+  const jobsOf = chartSeries(stats, ['jobs.succeeded', 'jobs.failed'], false);
+  const bytes = chartSeries(stats, ['bytes.fetch', 'bytes.convert', 'bytes.merge-lora', 'bytes.unmerge-lora', 'bytes.served'], false);
+  const samples = chartSeries(stats, ['queue.depth', 'workers.busy'], true);
+  const converted = bytes.values['bytes.convert'].map((v, i) => v + bytes.values['bytes.merge-lora'][i] + bytes.values['bytes.unmerge-lora'][i]);
+  const hour = (stats.rows || []).filter(r => r.t >= stats.now - 3600);
+  const inHour = name => hour.filter(r => r.name === name).reduce((a, r) => a + r.value, 0);
+  const num = v => String(v);
+  const list = running.jobs || [];
   main.replaceChildren(el('h1', {text: 'Overview'}),
     el('dl', {class: 'fields', id: 'overview-fields'},
       el('dt', {text: 'workers busy'}), el('dd', {id: 'ov-workers', text: health.workers}),
-      el('dt', {text: 'queue depth'}), el('dd', {id: 'ov-queue', text: (counts.queued || 0) + (counts.retrying || 0)}),
-      el('dt', {text: 'finished in the last hour'}), el('dd', {text: lastHour.length + ' (' + lastHour.filter(j => j.state === 'failed').length + ' failed)'}),
-      el('dt', {text: 'checkpoints'}), el('dd', {text: (store.checkpoints || []).length})),
-    el('h2', {text: 'Running now'}),
-    table(['job', 'kind', 'what', 'progress'], running.map(j => el('tr', {},
-      el('td', {}, el('a', {href: '#/jobs/' + j.id, text: j.id})), el('td', {text: j.kind}),
-      el('td', {class: 'mono', text: jobLabel(j)}), el('td', {}, progressCell(j)))), 'running-table'),
+      el('dt', {text: 'queue depth'}), el('dd', {id: 'ov-queue', text: counts.queued || 0}),
+      el('dt', {text: 'in the last hour'}), el('dd', {id: 'ov-hour', text: inHour('jobs.succeeded') + ' jobs succeeded, ' + inHour('jobs.failed') + ' failed'}),
+      el('dt', {text: 'jobs kept'}), el('dd', {text: counts.all || 0})),
+    el('h2', {text: 'Workers'}),
+    table(['job', 'worker pid', 'kind', 'what', 'progress'], list.map(j => el('tr', {'data-id': j.id},
+      el('td', {}, el('a', {href: '#/jobs/' + j.id, text: j.id})), el('td', {class: 'num', text: j.worker_pid || ''}),
+      el('td', {text: j.kind}), el('td', {class: 'mono', text: jobLabel(j)}), el('td', {}, progressCell(j)))), 'running-table'),
+    el('h2', {text: 'The last ' + CHART_HOURS + ' hours (per 10 minutes)'}),
+    el('div', {class: 'charts', id: 'charts'},
+      chart('chart-succeeded', 'jobs succeeded', jobsOf.values['jobs.succeeded'], jobsOf.start, num),
+      chart('chart-failed', 'jobs failed', jobsOf.values['jobs.failed'], jobsOf.start, num),
+      chart('chart-fetched', 'bytes fetched', bytes.values['bytes.fetch'], bytes.start, fmtBytes),
+      chart('chart-converted', 'bytes converted', converted, bytes.start, fmtBytes),
+      chart('chart-served', 'bytes served', bytes.values['bytes.served'], bytes.start, fmtBytes),
+      chart('chart-queue', 'queue depth', samples.values['queue.depth'], samples.start, num, true),
+      chart('chart-workers', 'workers busy', samples.values['workers.busy'], samples.start, num, true)),
     el('h2', {text: 'Jobs by state'}),
     table(STATES, [el('tr', {}, STATES.map(s => el('td', {class: 'num', text: counts[s] || 0})))], 'state-table'));
   sizeBars(main);
@@ -489,13 +652,14 @@ async function poll(again) {
   inFlight = (async () => {
     do {
       ui.again = false;
+      const page = ui.refresh;
       try {
-        await ui.refresh();
+        await page();
         if (ui.pollError) { flash(''); ui.pollError = false; }
         document.body.dataset.loaded = String(Date.now());
       } catch (e) {
-        flash(e.message);
-        ui.pollError = true;
+        // The error of a page left meanwhile (a job just deleted) is no news.
+        if (page === ui.refresh) { flash(e.message); ui.pollError = true; }
       }
     } while (ui.again);
   })();

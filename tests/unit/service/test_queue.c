@@ -6,12 +6,16 @@
  * failing with "dependency job N"), leases (a dead owner or an expired lease
  * requeues with backoff or fails at max_attempts; a live owner on another
  * host is trusted), transient and permanent failures, release on shutdown,
- * cancel, retry, logs and counts.
+ * cancel, retry, logs and counts; the dashboard's side (queue_admin.h,
+ * stats.h): attempts kept per job (bounded), filters, counts, delete, bulk
+ * actions, per-minute figures.
  *
  * Linked against libckpt-svc.a (the service objects), like every unit test.
  * Each test gets a fresh database under $TMPDIR (or /tmp).
  */
 #include "service/jobs/queue.h"
+#include "service/jobs/queue_admin.h"
+#include "service/jobs/stats.h"
 #include "service/jobs/schedule.h"
 
 #include "common/error.h"
@@ -582,6 +586,164 @@ static void test_prune(void **state)
 
 /* ---- schedules from JSON (POST /v1/schedules) ---- */
 
+
+/* ---- the dashboard's side: attempts, filters, counts, delete, bulk, stats ---- */
+
+static void test_attempts(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit(f, "{\"n\": 1}");
+    /* two transient failures, then success: three attempts, each with its outcome */
+    for (int i = 0; i < 3; i++) {
+        sql(f, "UPDATE jobs SET run_after = 0");
+        assert_int_equal(claim_one(f), a);
+        assert_int_equal(queue_finish(&f->cat, a, i == 2, true, i == 2 ? NULL : "network down", NULL), 0);
+    }
+    json_t *at;
+    assert_int_equal(queue_attempts(&f->cat, a, &at), 0);
+    assert_int_equal(json_array_size(at), 3);
+    const char *want[] = {"retrying", "retrying", "succeeded"};
+    for (int i = 0; i < 3; i++) {
+        json_t *x = json_array_get(at, (size_t)i);
+        assert_int_equal(json_integer_value(json_object_get(x, "attempt")), i + 1);
+        assert_string_equal(json_string_value(json_object_get(x, "outcome")), want[i]);
+        assert_true(json_real_value(json_object_get(x, "finished_at")) >= json_real_value(json_object_get(x, "started_at")));
+    }
+    assert_string_equal(json_string_value(json_object_get(json_array_get(at, 0), "error")), "network down");
+    assert_null(json_object_get(json_array_get(at, 2), "error"));
+    json_decref(at);
+    /* a released attempt (daemon shutdown) says so; at most 20 are kept, the newest */
+    int64_t b = submit(f, "{\"n\": 2}");
+    assert_int_equal(claim_one(f), b);
+    assert_int_equal(queue_release(&f->cat, b), 0);
+    for (int i = 0; i < 25; i++) {
+        sql(f, "UPDATE jobs SET run_after = 0, attempt = 0");
+        assert_int_equal(claim_one(f), b);
+        assert_int_equal(queue_finish(&f->cat, b, false, true, "again", NULL), 0);
+    }
+    assert_int_equal(queue_attempts(&f->cat, b, &at), 0);
+    assert_int_equal(json_array_size(at), 20);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(at, 19), "outcome")), "retrying");
+    json_decref(at);
+    /* they go with their job */
+    sql(f, "UPDATE jobs SET state = 'failed' WHERE id = 2");
+    assert_int_equal(queue_delete(&f->cat, b), 0);
+    assert_int_equal(queue_attempts(&f->cat, b, &at), 0);
+    assert_int_equal(json_array_size(at), 0);
+    json_decref(at);
+}
+
+static int64_t count_of(json_t *counts, const char *state)
+{
+    return json_integer_value(json_object_get(counts, state));
+}
+
+static void test_find_counts_delete_bulk(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit_o(f, "fetch", "{\"repo\": \"org/Alpha\"}", NULL, NULL);
+    int64_t b = submit_o(f, "convert", "{\"ref\": \"org/alpha@main\"}", &(queue_submit_opts){.depends_on = a}, NULL);
+    int64_t c = submit(f, "{\"n\": 3}");
+    /* a runs and fails for a retry; c is claimed: b waits for a */
+    assert_int_equal(claim(f, f->self, 1, NULL, 0, NULL), 1);
+    assert_int_equal(queue_finish(&f->cat, a, false, true, "network down", NULL), 0);
+    sql(f, "UPDATE jobs SET run_after = 1e12 WHERE id = 1");
+    assert_int_equal(claim_one(f), c);
+    json_t *counts;
+    assert_int_equal(queue_state_counts(&f->cat, &(queue_filter){0}, &counts), 0);
+    assert_int_equal(count_of(counts, "all"), 3);
+    assert_int_equal(count_of(counts, "queued"), 2);
+    assert_int_equal(count_of(counts, "retrying"), 1);
+    assert_int_equal(count_of(counts, "running"), 1);
+    json_decref(counts);
+    assert_int_equal(queue_state_counts(&f->cat, &(queue_filter){.q = "ALPHA"}, &counts), 0);
+    assert_int_equal(count_of(counts, "all"), 2);
+    json_decref(counts);
+    queue_job *jobs;
+    size_t n;
+    int64_t total;
+    assert_int_equal(queue_find(&f->cat, &(queue_filter){.state = "retrying"}, 10, 0, &jobs, &n, &total), 0);
+    assert_true(n == 1 && total == 1 && jobs[0].id == a);
+    queue_jobs_free(jobs, n);
+    assert_int_equal(queue_find(&f->cat, &(queue_filter){.q = "alpha"}, 1, 1, &jobs, &n, &total), 0);
+    assert_true(n == 1 && total == 2 && jobs[0].id == a); /* newest first: b, then a */
+    queue_jobs_free(jobs, n);
+    assert_int_equal(queue_find(&f->cat, &(queue_filter){.state = "done"}, 10, 0, &jobs, &n, &total), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "state: 'done'");
+    /* delete: not a running or queued job, nor one a queued job waits for */
+    assert_int_equal(queue_delete(&f->cat, c), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "cancel it before deleting it");
+    assert_int_equal(queue_finish(&f->cat, c, false, false, "bad", NULL), 0);
+    sql(f, "UPDATE jobs SET state = 'failed' WHERE id = 1");
+    assert_int_equal(queue_delete(&f->cat, a), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "waits for job 1");
+    assert_int_equal(queue_delete(&f->cat, c), 0);
+    assert_int_equal(queue_get(&f->cat, c, &(queue_job){0}), CKPT_ENOTFOUND);
+    /* bulk: cancel the queued one (b), then retry failed and cancelled, then delete all that match */
+    int matched, done;
+    assert_int_equal(queue_bulk(&f->cat, &(queue_filter){.q = "alpha"}, "cancel", &matched, &done), 0);
+    assert_true(matched == 2 && done == 1);
+    assert_state(f, b, "cancelled");
+    assert_int_equal(queue_bulk(&f->cat, &(queue_filter){.q = "alpha"}, "retry", &matched, &done), 0);
+    assert_true(matched == 2 && done == 2);
+    assert_state(f, a, "queued");
+    assert_int_equal(queue_bulk(&f->cat, &(queue_filter){.q = "alpha"}, "delete", &matched, &done), 0);
+    assert_true(matched == 2 && done == 0); /* both queued: nothing deleted */
+    assert_int_equal(queue_bulk(&f->cat, &(queue_filter){.state = "queued"}, "nuke", &matched, &done), CKPT_EINVAL);
+    sql(f, "UPDATE jobs SET state = 'succeeded'");
+    assert_int_equal(queue_bulk(&f->cat, &(queue_filter){.state = "succeeded"}, "delete", &matched, &done), 0);
+    assert_true(matched == 2 && done == 2);
+    assert_int_equal(queue_state_counts(&f->cat, &(queue_filter){0}, &counts), 0);
+    assert_int_equal(count_of(counts, "all"), 0);
+    json_decref(counts);
+}
+
+static int64_t stat_total(json_t *series, const char *name, const char *kind)
+{
+    int64_t t = 0;
+    size_t i;
+    json_t *r;
+    json_array_foreach(json_object_get(series, "rows"), i, r)
+    {
+        if (!strcmp(json_string_value(json_object_get(r, "name")), name) &&
+            !strcmp(json_string_value(json_object_get(r, "kind")), kind))
+            t += json_integer_value(json_object_get(r, "value"));
+    }
+    return t;
+}
+
+static void test_stats(void **state)
+{
+    fixture *f = *state;
+    int64_t a = submit_o(f, "fetch", "{\"repo\": \"org/a\"}", NULL, NULL);
+    int64_t b = submit_o(f, "fetch", "{\"repo\": \"org/b\"}", NULL, NULL);
+    submit(f, "{\"n\": 1}");
+    assert_int_equal(claim(f, f->self, 2, NULL, 0, NULL), 2);
+    assert_int_equal(queue_progress(&f->cat, a, 1000, 1000, "done"), 0);
+    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_progress(&f->cat, b, 500, 1000, "half"), 0);
+    assert_int_equal(queue_finish(&f->cat, b, false, false, "bad", NULL), 0);
+    double now = queue_now();
+    /* a sample now and one two days ago: the old minute is pruned by the next sample */
+    sql(f, "INSERT INTO stats(bucket, name, kind, value) VALUES (60, 'queue.depth', '', 9)");
+    assert_int_equal(stats_sample(&f->cat, now, 2, 300), 0);
+    assert_int_equal(stats_sample(&f->cat, now, 1, 200), 0);
+    json_t *series;
+    assert_int_equal(stats_series(&f->cat, 0, now, &series), 0);
+    assert_int_equal(stat_total(series, "jobs.succeeded", "fetch"), 1);
+    assert_int_equal(stat_total(series, "jobs.failed", "fetch"), 1);
+    assert_int_equal(stat_total(series, "bytes.fetch", ""), 1000); /* only jobs that succeeded */
+    assert_int_equal(stat_total(series, "bytes.served", ""), 500);
+    assert_int_equal(stat_total(series, "workers.busy", ""), 2); /* the minute's peak */
+    assert_int_equal(stat_total(series, "queue.depth", ""), 1);  /* the noop is queued */
+    json_decref(series);
+    sqlite3_stmt *st;
+    assert_int_equal(catalog_prepare(&f->cat, &st, "SELECT count(*) FROM stats WHERE bucket = 60"), 0);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    assert_int_equal(sqlite3_column_int(st, 0), 0);
+    sqlite3_finalize(st);
+}
+
 static void test_schedule_from_json(void **state)
 {
     (void)state;
@@ -639,6 +801,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_retry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_logs_progress_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_attempts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_find_counts_delete_bulk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_stats, setup, teardown),
         cmocka_unit_test(test_schedule_from_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,197 @@
+/* queue_admin.c — filters, counts, attempts, deletion (see queue_admin.h). */
+#include "service/jobs/queue_admin.h"
+
+#include "common/error.h"
+#include "common/util.h"
+#include "service/jobs/queue_rows.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const STATES[] = {"queued", "running", "retrying", "succeeded", "failed", "cancelled"};
+#define NSTATES (sizeof STATES / sizeof *STATES)
+
+/* ?1 the state, ?2 the search text; both NULL for any. */
+#define FILTER_WHERE                                                                                                   \
+    " WHERE (?1 IS NULL OR CASE WHEN ?1 = 'retrying' THEN state = 'queued' AND attempt > 0 ELSE state = ?1 END) "     \
+    "AND (?2 IS NULL OR instr(lower(kind || ' ' || args), lower(?2)) > 0) "
+
+int queue_filter_check(const queue_filter *f)
+{
+    if (f->q && strlen(f->q) > QUEUE_MAX_QUERY)
+        return ckpt_error_set(CKPT_EINVAL, "q: longer than %d bytes", QUEUE_MAX_QUERY);
+    if (!f->state) return 0;
+    for (size_t i = 0; i < NSTATES; i++)
+        if (!strcmp(f->state, STATES[i])) return 0;
+    return ckpt_error_set(CKPT_EINVAL, "state: '%.32s' is not one of queued, running, retrying, succeeded, failed, cancelled",
+                          f->state);
+}
+
+static void bind_filter(sqlite3_stmt *st, const queue_filter *f)
+{
+    if (f->state) sqlite3_bind_text(st, 1, f->state, -1, SQLITE_STATIC);
+    if (f->q && *f->q) sqlite3_bind_text(st, 2, f->q, -1, SQLITE_STATIC);
+}
+
+int queue_find(catalog *c, const queue_filter *f, int limit, int offset, queue_job **jobs, size_t *n, int64_t *total)
+{
+    *jobs = NULL;
+    *n = 0;
+    *total = 0;
+    int rc = queue_filter_check(f);
+    sqlite3_stmt *st;
+    if (rc || (rc = catalog_prepare(c, &st, "SELECT count(*) FROM jobs" FILTER_WHERE))) return rc;
+    bind_filter(st, f);
+    if (sqlite3_step(st) == SQLITE_ROW) *total = sqlite3_column_int64(st, 0);
+    else rc = catalog_error(c, "count jobs");
+    sqlite3_finalize(st);
+    if (rc || (rc = catalog_prepare(c, &st, "SELECT " QUEUE_JOB_COLUMNS " FROM jobs" FILTER_WHERE
+                                            "ORDER BY id DESC LIMIT ?3 OFFSET ?4")))
+        return rc;
+    bind_filter(st, f);
+    sqlite3_bind_int(st, 3, limit > 0 ? limit : 100);
+    sqlite3_bind_int(st, 4, offset > 0 ? offset : 0);
+    size_t cap = 0;
+    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+        if ((rc = ckpt_grow(jobs, &cap, *n + 1, sizeof **jobs))) break;
+        if (!(rc = queue_read_row(st, &(*jobs)[*n]))) (*n)++;
+    }
+    sqlite3_finalize(st);
+    if (rc) {
+        queue_jobs_free(*jobs, *n);
+        *jobs = NULL;
+        *n = 0;
+    }
+    return rc;
+}
+
+int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_t *n)
+{
+    int64_t total;
+    return queue_find(c, &(queue_filter){state, NULL}, limit > 0 ? limit : 1000, 0, jobs, n, &total);
+}
+
+int queue_state_counts(catalog *c, const queue_filter *f, json_t **out)
+{
+    *out = NULL;
+    queue_filter any = {NULL, f->q};
+    int rc = queue_filter_check(&any);
+    sqlite3_stmt *st;
+    if (rc || (rc = catalog_prepare(c, &st, "SELECT state, attempt > 0 AND state = 'queued', count(*) FROM jobs" FILTER_WHERE
+                                            "GROUP BY 1, 2")))
+        return rc;
+    bind_filter(st, &any);
+    json_int_t counts[NSTATES] = {0}, all = 0;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const char *state = (const char *)sqlite3_column_text(st, 0);
+        json_int_t k = sqlite3_column_int64(st, 2);
+        all += k;
+        for (size_t i = 0; i < NSTATES; i++)
+            if (!strcmp(state, STATES[i])) counts[i] += k;
+        if (sqlite3_column_int(st, 1)) counts[2] += k; /* retrying: queued ones that ran before */
+    }
+    sqlite3_finalize(st);
+    json_t *o = json_pack("{s:I}", "all", all);
+    for (size_t i = 0; o && i < NSTATES; i++) json_object_set_new(o, STATES[i], json_integer(counts[i]));
+    if (!o) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    *out = o;
+    return 0;
+}
+
+int queue_attempts(catalog *c, int64_t id, json_t **out)
+{
+    *out = json_array();
+    sqlite3_stmt *st;
+    int rc = *out ? catalog_prepare(c, &st, "SELECT attempt, started_at, finished_at, outcome, error FROM job_attempts "
+                                           "WHERE job_id = ? ORDER BY seq")
+                  : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        json_t *a = json_pack("{s:i,s:f,s:s,s:s*}", "attempt", sqlite3_column_int(st, 0), "finished_at",
+                              sqlite3_column_double(st, 2), "outcome", (const char *)sqlite3_column_text(st, 3), "error",
+                              (const char *)sqlite3_column_text(st, 4));
+        if (a && sqlite3_column_type(st, 1) != SQLITE_NULL)
+            json_object_set_new(a, "started_at", json_real(sqlite3_column_double(st, 1)));
+        json_array_append_new(*out, a);
+    }
+    sqlite3_finalize(st);
+    return 0;
+}
+
+int queue_job_detail(catalog *c, int64_t id, json_t **out)
+{
+    *out = NULL;
+    queue_job j;
+    int rc = queue_get(c, id, &j);
+    if (rc) return rc;
+    json_t *o = queue_job_json(&j), *attempts = NULL;
+    queue_job_free(&j);
+    if (!o) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if ((rc = queue_attempts(c, id, &attempts))) {
+        json_decref(o);
+        return rc;
+    }
+    json_object_set_new(o, "attempts", attempts);
+    *out = o;
+    return 0;
+}
+
+static int delete_tx(catalog *c, void *vctx)
+{
+    int64_t id = *(int64_t *)vctx;
+    queue_job j;
+    int rc = queue_get(c, id, &j);
+    if (rc) return rc;
+    bool active = !strcmp(j.state, "queued") || !strcmp(j.state, "running");
+    if (active) rc = ckpt_error_set(CKPT_EINVAL, "job %lld is %s: cancel it before deleting it", (long long)id, j.state);
+    queue_job_free(&j);
+    sqlite3_stmt *st;
+    if (rc || (rc = catalog_prepare(c, &st, "SELECT id FROM jobs WHERE depends_on = ? AND state IN ('queued', 'running') "
+                                            "LIMIT 1")))
+        return rc;
+    sqlite3_bind_int64(st, 1, id);
+    if (sqlite3_step(st) == SQLITE_ROW)
+        rc = ckpt_error_set(CKPT_EINVAL, "job %lld waits for job %lld: it cannot be deleted yet",
+                            (long long)sqlite3_column_int64(st, 0), (long long)id);
+    sqlite3_finalize(st);
+    if (rc || (rc = catalog_prepare(c, &st, "DELETE FROM jobs WHERE id = ?"))) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, "delete job");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int queue_delete(catalog *c, int64_t id)
+{
+    return queue_in_tx(c, delete_tx, &id);
+}
+
+int queue_bulk(catalog *c, const queue_filter *f, const char *action, int *matched, int *done)
+{
+    *matched = *done = 0;
+    bool cancel = !strcmp(action, "cancel"), retry = !strcmp(action, "retry"), del = !strcmp(action, "delete");
+    if (!cancel && !retry && !del)
+        return ckpt_error_set(CKPT_EINVAL, "action: '%.32s' is not one of cancel, retry, delete", action);
+    queue_job *jobs;
+    size_t n;
+    int64_t total;
+    int rc = queue_find(c, f, QUEUE_BULK_MAX, 0, &jobs, &n, &total);
+    if (rc) return rc;
+    *matched = (int)n;
+    for (size_t i = 0; i < n && !rc; i++) {
+        const char *st = jobs[i].state;
+        bool active = !strcmp(st, "queued") || !strcmp(st, "running");
+        bool applies = cancel ? active : retry ? !strcmp(st, "failed") || !strcmp(st, "cancelled") : !active;
+        if (!applies) continue;
+        bool running;
+        int r = cancel ? queue_cancel(c, jobs[i].id, &running) : retry ? queue_retry(c, jobs[i].id)
+                                                                       : queue_delete(c, jobs[i].id);
+        /* A job that changed meanwhile, or one another waits for, is skipped; a catalog failure stops. */
+        if (r == CKPT_EINVAL || r == CKPT_EEXIST || r == CKPT_ENOTFOUND) ckpt_error_clear();
+        else if (r) rc = r;
+        else (*done)++;
+    }
+    queue_jobs_free(jobs, n);
+    return rc;
+}
