@@ -7,8 +7,9 @@
 #    outlives its daemon.
 # 2. kill -9 of a worker mid-convert: the job is retried and succeeds.
 # 3. Cancel of a running convert: the worker exits, state cancelled,
-#    no partial output. (In 2 and 3 the worker stops itself mid-convert, at
-#    its first output file, CKPT_FAULT_WORKER=exec.file_done:1:STOP, and
+#    no partial output. (In 2 and 3 the worker stops itself mid-convert, once
+#    its computed blobs are written and its first output file is hashed,
+#    CKPT_FAULT_WORKER=exec.file_hashed:1:STOP, and
 #    stays stopped until the test has killed it or the daemon has seen the
 #    cancel, so a fast machine cannot finish the convert first.)
 # 4. 50 concurrent `ckpt submit` (local SQLite), then 30 more (half through
@@ -231,11 +232,12 @@ export CKPT_HOME=$work/h2
 expect_status 0 "$ckpt" gen-model llama "$M/big" --scale 16 --layers 2
 expect_status 0 "$ckpt" import "$M/big" --repo t/big
 rm -rf "$M/big"
-# The worker stops itself (SIGSTOP) at a named point mid-convert: its output
-# file written and fsynced, nothing committed (CKPT_FAULT_WORKER); only the
+# The worker stops itself (SIGSTOP) at a named point mid-convert: its cast
+# tensors written as blobs in tmp/, its first output file hashed, nothing
+# committed (CKPT_FAULT_WORKER); only the
 # first worker to get there (CKPT_FAULT_ONCE), so the retry runs through.
 # However fast the machine, the job is caught in the middle.
-CKPT_FAULT_WORKER=exec.file_done:1:STOP CKPT_FAULT_ONCE=$work/stop2.once ready_daemon --workers 2
+CKPT_FAULT_WORKER=exec.file_hashed:1:STOP CKPT_FAULT_ONCE=$work/stop2.once ready_daemon --workers 2
 # worker_stopped ID: job ID is running and its worker is stopped; $wpid.
 worker_stopped() {
     state_is "$1" running || return 1
@@ -244,7 +246,7 @@ worker_stopped() {
 }
 # A cast computes every tensor: real output, in tmp/ until the commit.
 id=$(run "$ckpt" submit convert t/big --layout hf --dtype f32)
-wait_until 60 "the worker of job $id to stop at exec.file_done:1" worker_stopped "$id"
+wait_until 60 "the worker of job $id to stop at exec.file_hashed:1" worker_stopped "$id"
 [ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "a running convert has nothing in tmp/"
 kill -9 "$wpid"
 wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" succeeded
@@ -263,10 +265,10 @@ expect_no_workers "worker kill"
 note "3. cancel a running convert"
 # A daemon whose workers stop once more, at the first of two output files.
 stop_daemon
-CKPT_FAULT_WORKER=exec.file_done:1:STOP CKPT_FAULT_ONCE=$work/stop3.once ready_daemon --workers 2
+CKPT_FAULT_WORKER=exec.file_hashed:1:STOP CKPT_FAULT_ONCE=$work/stop3.once ready_daemon --workers 2
 blobs_before=$(nblobs)
 id=$(run "$ckpt" submit convert t/big --layout neuron --tp 2 --dtype f32)
-wait_until 60 "the worker of job $id to stop at exec.file_done:1" worker_stopped "$id"
+wait_until 60 "the worker of job $id to stop at exec.file_hashed:1" worker_stopped "$id"
 [ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "a running convert has nothing in tmp/"
 t=$(ms)
 expect_status 0 "$ckpt" cancel "$id"
