@@ -311,6 +311,33 @@ static int vsource_view(worker *wk, const plan_source *s, uint64_t off, size_t l
     return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
 }
 
+/* walk_gather of a walk over a source p->vsource makes, through its
+ * view_rows: the walk's axis of largest stride as the rows, the rest of the
+ * walk inside each row. 1: not served so (the caller goes on with views). */
+static int gather_rows(worker *wk, const walk *w, const plan_source *s, uint8_t *dst, ckpt_dtype ddt)
+{
+    const exec_vsource *v = wk->c->p->vsource;
+    size_t ses = ckpt_dtype_size(s->dtype);
+    int j = 0;
+    for (int k = 1; k < w->nd; k++)
+        if (w->ss[k] > w->ss[j]) j = k;
+    uint64_t rest = 1;
+    for (int k = 0; k < w->nd; k++)
+        if (k != j) rest += (w->ext[k] - 1) * w->ss[k];
+    if (w->nd < 2 || rest > w->ss[j] || w->ext[j] * rest * ses > EXEC_BAND_BYTES) return 1;
+    const uint8_t *rows;
+    uint64_t stride;
+    int rc = v->view_rows(v->ctx, wk->vts, s->file, s->offset + w->src * ses, w->ext[j], w->ss[j] * ses,
+                          (size_t)(rest * ses), &rows, &stride);
+    if (rc == 1) return 1;
+    if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
+    walk r = *w; /* the same walk over the rows where they are */
+    r.src = 0;
+    r.ss[j] = stride / ses;
+    walk_run(&r, rows, 0, s->dtype, dst, ddt);
+    return 0;
+}
+
 /* Reads the source elements a walk needs (in bands of at most
  * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
  * them into dst. fd < 0: a source file p->vsource makes, read through views. */
@@ -327,6 +354,10 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
         /* One contiguous run, no cast: read it straight into place, not through the band. */
         int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
         return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
+    }
+    if (fd < 0 && wk->c->p->vsource->view_rows) {
+        int rc = gather_rows(wk, &w, s, dst, ddt);
+        if (rc != 1) return rc;
     }
     if (span * ses > EXEC_BAND_BYTES) {
         /* Split the axis with the largest source stride in two. */

@@ -61,6 +61,14 @@ typedef struct exec_vsource {
     /* *out = bytes [off, off+len) of source file `file` (len <= EXEC_BAND_BYTES),
      * valid until the next call with ts. */
     int (*view)(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out);
+    /* Optional (NULL: not offered): a walk's rows (a transposed tile's
+     * source lines): `rows` runs of len bytes, `stride` bytes apart from
+     * off (rows * len <= EXEC_BAND_BYTES). *out and *out_stride (bytes, a
+     * multiple of the element size): run r is at *out + r * *out_stride,
+     * valid until the next call with ts. 1: not served this way (the
+     * executor asks view for the span instead). */
+    int (*view_rows)(void *ctx, void *ts, size_t file, uint64_t off, uint64_t rows, uint64_t stride, size_t len,
+                     const uint8_t **out, uint64_t *out_stride);
 } exec_vsource;
 
 typedef struct {
