@@ -21,7 +21,12 @@
  *
  * Output files are created in out_dir (normally a temporary directory that
  * the caller renames into place), headers first, then tensor bytes, then
- * fsync. Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * fsync. With exec_opts.direct, a long run written from a slab (or from a
+ * source made on demand, copied into the slab) goes to the device with
+ * O_DIRECT, its whole 4 KiB blocks only: the slab places each box at its
+ * file offset's place in a block, and the partial blocks at a run's ends
+ * are written through the page cache (a file system that refuses O_DIRECT
+ * is written through the page cache alone). Consolidation plans may carry checks (plan_tensor.checks): pairs of
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */

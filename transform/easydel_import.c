@@ -311,6 +311,10 @@ static int arrays_view_rows(void *ctx, void *ts, size_t file, uint64_t off, uint
         t->banded = NULL;
         t->streaming = NULL; /* the decoder starts over */
         uint64_t b0 = c0, bw = ncols - c0 < w ? ncols - c0 : w;
+        free(t->buf); /* a worker holds a band or an array decoded whole, never both */
+        t->buf = NULL;
+        t->cap = 0;
+        t->held = NULL;
         if (nrows * bw * es > t->band_cap) {
             free(t->band);
             t->band_cap = 0;
@@ -348,6 +352,10 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
         t->held = NULL;
+        free(t->band);
+        t->band = NULL;
+        t->band_cap = 0;
+        t->banded = NULL;
         if (a->z.nbytes > t->cap) {
             free(t->buf);
             t->cap = 0;

@@ -1211,9 +1211,10 @@ static void test_transpose_tiles_2byte(void **state)
 /* exec_opts.direct (convert_opts.direct): the whole blocks of long runs
  * through O_DIRECT, the partial blocks at their ends through the page cache,
  * give the bytes the page cache alone gives. The tensors lie at offsets in no
- * block boundary (a small one first, odd sizes); transposed tiles (a slab
- * placed at its offset's place in a block), a cast and copied whole tensors
- * (copy_file_range, never direct) are written side by side by two workers. */
+ * block boundary (a small one first, odd sizes); transposed tiles of two-
+ * and four-byte elements (a slab placed at its offset's place in a block)
+ * and a tensor copied whole (copy_file_range, never direct) are written side
+ * by side by two workers. */
 static void test_direct_writes(void **state)
 {
     fixture *fx = *state;
