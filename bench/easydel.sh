@@ -15,7 +15,9 @@
 # into page cache memory just freed: on a virtual machine, memory the guest
 # has not touched for a while can cost several times more to write.
 # consolidate decodes the arrays as the executor asks for them, with no
-# staging copy of the model (docs/easydel.md, "Reading the arrays").
+# staging copy of the model (docs/easydel.md, "Reading the arrays"), and
+# writes its output with O_DIRECT: it fills no page cache, and the cmp
+# reads the output back from the disk.
 #
 # Environment: CKPT_BIN (an optimised build), BENCH_SCALE, BENCH_LAYERS,
 # BENCH_REPEAT, BENCH_DIR, BENCH_PYTHON (with python3-zarr and

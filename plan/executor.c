@@ -26,9 +26,20 @@
 
 #define EXEC_TILE_MIN_RUN 256 /* elements a transposing tile reads from each source line, at least */
 #define EXEC_TRANSPOSE_BLOCK 32 /* elements: a block's source lines stay in L1 */
+/* Two-byte elements: a square of this many elements is transposed in 8 x 8
+ * tiles into a buffer of its own (32 KiB, contiguous), then copied out row
+ * by row: written straight into the slab, the tiles' stores land in as many
+ * output rows as the walk is long, rows a power of two apart (or a multiple
+ * of one) that share a few cache sets and miss on nearly every store. */
+#define EXEC_TRANSPOSE_TILE 128
 /* A gather reads through mmap when its span is this many times the bytes it needs. */
 #define EXEC_SPARSE_FACTOR 2
 #define EXEC_SPARSE_MIN (256u << 10)
+/* exec_opts.direct: O_DIRECT writes are whole blocks of this many bytes (a
+ * multiple of any device's logical block), runs shorter than EXEC_DIRECT_MIN
+ * go through the page cache. */
+#define EXEC_DIRECT_ALIGN 4096u
+#define EXEC_DIRECT_MIN (256u << 10)
 
 /* A strided walk: element i (multi-index over ext) is at src + sum i[k]*ss[k]
  * (source elements) and dst + sum i[k]*ds[k] (destination elements). */
@@ -49,6 +60,7 @@ typedef struct {
     const exec_opts *o;
     int *src_fds;
     int *out_fds;
+    int *dio_fds; /* o->direct: per output file, an O_DIRECT descriptor, or -1 */
     char **out_paths;
     work_item *items;
     size_t nitems, next;
@@ -67,7 +79,9 @@ typedef struct {
 typedef struct {
     exec_ctx *c;
     void *vts;     /* the worker's state of p->vsource, or NULL */
-    uint8_t *slab; /* EXEC_SLAB_BYTES, or the largest output tensor when smaller */
+    uint8_t *slab; /* EXEC_SLAB_BYTES, or the largest output tensor when smaller, and
+                      EXEC_DIRECT_ALIGN more (a box is placed where its file offset lies in a block) */
+    size_t slab_bytes;
     uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
     uint8_t *cmp;  /* as slab, for checks */
 } worker;
@@ -191,12 +205,16 @@ static inline void transpose8x8_2(const uint8_t *src, size_t sstr, uint8_t *dst,
  * output) and `tj` (contiguous in the source) in EXEC_TRANSPOSE_BLOCK x
  * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. Two-byte
  * elements copied as they are (bf16, f16: most of a model) go through
- * transpose8x8_2 in strips of 8 source rows instead. */
+ * transpose8x8_2 in squares of EXEC_TRANSPOSE_TILE instead. */
 static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band, uint64_t band_first, ckpt_dtype sdt,
                              size_t ses, uint8_t *dst, ckpt_dtype ddt, size_t des)
 {
     const uint64_t B = EXEC_TRANSPOSE_BLOCK;
     uint64_t idx[PLAN_MAX_DIM] = {0};
+#ifdef __SSE2__
+    const uint64_t T = EXEC_TRANSPOSE_TILE;
+    uint8_t tile[EXEC_TRANSPOSE_TILE * EXEC_TRANSPOSE_TILE * 2] __attribute__((aligned(64)));
+#endif
     for (;;) {
         uint64_t so = w->src, d = w->dst;
         for (int k = 0; k < in; k++) {
@@ -209,10 +227,16 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
         if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
             tiled = true;
             uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
-            for (uint64_t i = 0; i < i8; i += 8)
-                for (uint64_t j = 0; j < j8; j += 8)
-                    transpose8x8_2(band + (so + i * w->ss[in] + j - band_first) * 2, w->ss[in] * 2,
-                                   dst + (d + j * w->ds[tj] + i) * 2, w->ds[tj] * 2);
+            for (uint64_t jb = 0; jb < j8; jb += T)
+                for (uint64_t ib = 0; ib < i8; ib += T) {
+                    uint64_t nj = j8 - jb < T ? j8 - jb : T, ni = i8 - ib < T ? i8 - ib : T;
+                    for (uint64_t i = 0; i < ni; i += 8)
+                        for (uint64_t j = 0; j < nj; j += 8)
+                            transpose8x8_2(band + (so + (ib + i) * w->ss[in] + jb + j - band_first) * 2,
+                                           w->ss[in] * 2, tile + (j * T + i) * 2, T * 2);
+                    for (uint64_t j = 0; j < nj; j++)
+                        memcpy(dst + (d + (jb + j) * w->ds[tj] + ib) * 2, tile + j * T * 2, ni * 2);
+                }
             /* the edges: columns past j8 for every row, rows past i8 for the first j8 columns */
             for (uint64_t j = j8; j < w->ext[tj]; j++)
                 copy_elems(band + (so + j - band_first) * 2, sdt, 2, dst + (d + j * w->ds[tj]) * 2, ddt, 2,
@@ -287,6 +311,33 @@ static int vsource_view(worker *wk, const plan_source *s, uint64_t off, size_t l
     return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
 }
 
+/* walk_gather of a walk over a source p->vsource makes, through its
+ * view_rows: the walk's axis of largest stride as the rows, the rest of the
+ * walk inside each row. 1: not served so (the caller goes on with views). */
+static int gather_rows(worker *wk, const walk *w, const plan_source *s, uint8_t *dst, ckpt_dtype ddt)
+{
+    const exec_vsource *v = wk->c->p->vsource;
+    size_t ses = ckpt_dtype_size(s->dtype);
+    int j = 0;
+    for (int k = 1; k < w->nd; k++)
+        if (w->ss[k] > w->ss[j]) j = k;
+    uint64_t rest = 1;
+    for (int k = 0; k < w->nd; k++)
+        if (k != j) rest += (w->ext[k] - 1) * w->ss[k];
+    if (w->nd < 2 || rest > w->ss[j] || w->ext[j] * rest * ses > EXEC_BAND_BYTES) return 1;
+    const uint8_t *rows;
+    uint64_t stride;
+    int rc = v->view_rows(v->ctx, wk->vts, s->file, s->offset + w->src * ses, w->ext[j], w->ss[j] * ses,
+                          (size_t)(rest * ses), &rows, &stride);
+    if (rc == 1) return 1;
+    if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
+    walk r = *w; /* the same walk over the rows where they are */
+    r.src = 0;
+    r.ss[j] = stride / ses;
+    walk_run(&r, rows, 0, s->dtype, dst, ddt);
+    return 0;
+}
+
 /* Reads the source elements a walk needs (in bands of at most
  * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
  * them into dst. fd < 0: a source file p->vsource makes, read through views. */
@@ -303,6 +354,10 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
         /* One contiguous run, no cast: read it straight into place, not through the band. */
         int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
         return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
+    }
+    if (fd < 0 && wk->c->p->vsource->view_rows) {
+        int rc = gather_rows(wk, &w, s, dst, ddt);
+        if (rc != 1) return rc;
     }
     if (span * ses > EXEC_BAND_BYTES) {
         /* Split the axis with the largest source stride in two. */
@@ -397,24 +452,81 @@ static void add_progress(exec_ctx *c, uint64_t n)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* copy_file_range's work for a source file p->vsource makes: views written out. */
-static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, int out_fd, uint64_t dst_off,
-                        uint64_t len, const char *out_path)
+/* The O_DIRECT part of out_write: bytes [off, off+len), whole blocks, from
+ * buf (aligned). 1: the file system refused this write (EINVAL, nothing written). */
+static int direct_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
 {
+    while (len) {
+        ssize_t n = pwrite(c->dio_fds[f], buf, len, (off_t)off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EINVAL) return 1;
+        if (n < 0) return ckpt_error_sys("%s: write at offset %llu", c->out_paths[f], (unsigned long long)off);
+        if (n == 0 || n % EXEC_DIRECT_ALIGN) /* a short write: the rest (if any) through the page cache */
+            return ckpt_pwrite_full(c->out_fds[f], buf + n, len - (size_t)n, off + (uint64_t)n, c->out_paths[f]);
+        buf += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return 0;
+}
+
+/* Writes buf to output file f at off. With o->direct, when buf lies at the
+ * same place in a block as off and the run is long, the whole blocks go
+ * through the O_DIRECT descriptor (straight to the device, no page cache
+ * filled) and only the partial blocks at its ends through the page cache. */
+static int out_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    const uint64_t A = EXEC_DIRECT_ALIGN;
+    uint64_t a = (off + A - 1) / A * A, b = (off + len) / A * A;
+    int fd = c->out_fds[f];
+    const char *path = c->out_paths[f];
+    if (!c->dio_fds || c->dio_fds[f] < 0 || len < EXEC_DIRECT_MIN || (uintptr_t)buf % A != off % A || b <= a)
+        return ckpt_pwrite_full(fd, buf, len, off, path);
+    int rc = a > off ? ckpt_pwrite_full(fd, buf, (size_t)(a - off), off, path) : 0;
+    if (!rc && (rc = direct_write(c, f, buf + (a - off), (size_t)(b - a), a)) == 1)
+        rc = ckpt_pwrite_full(fd, buf + (a - off), (size_t)(b - a), a, path); /* refused: the page cache */
+    if (!rc && off + len > b) rc = ckpt_pwrite_full(fd, buf + (b - off), (size_t)(off + len - b), b, path);
+    return rc;
+}
+
+/* Where a box of n bytes to be written at file offset off goes in the slab:
+ * at off's place in a block when the output is written with O_DIRECT. */
+static uint8_t *slab_for(worker *wk, size_t f, uint64_t off, uint64_t n)
+{
+    exec_ctx *c = wk->c;
+    bool direct = c->dio_fds && c->dio_fds[f] >= 0 && n >= EXEC_DIRECT_MIN;
+    return wk->slab + (direct ? off % EXEC_DIRECT_ALIGN : 0);
+}
+
+/* copy_file_range's work for a source file p->vsource makes: views written
+ * out (through the slab when the output takes O_DIRECT: a view lies
+ * anywhere in memory). */
+static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, size_t f, uint64_t dst_off, uint64_t len)
+{
+    exec_ctx *c = wk->c;
+    bool direct = c->dio_fds && c->dio_fds[f] >= 0 && len >= EXEC_DIRECT_MIN;
+    uint64_t piece = direct ? wk->slab_bytes : EXEC_BAND_BYTES;
     for (uint64_t done = 0; done < len;) {
-        size_t n = (size_t)(len - done < EXEC_BAND_BYTES ? len - done : EXEC_BAND_BYTES);
+        size_t n = (size_t)(len - done < piece ? len - done : piece);
         const uint8_t *v;
         int rc = vsource_view(wk, s, src_off + done, n, &v);
-        if (!rc) rc = ckpt_pwrite_full(out_fd, v, n, dst_off + done, out_path);
+        if (!rc && direct) {
+            uint8_t *b = slab_for(wk, f, dst_off + done, n);
+            memcpy(b, v, n);
+            v = b;
+        }
+        if (!rc) rc = out_write(c, f, v, n, dst_off + done);
         if (rc) return rc;
         done += n;
     }
     return 0;
 }
 
-static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *out_path)
+static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
 {
     exec_ctx *c = wk->c;
+    int out_fd = c->out_fds[f];
+    const char *out_path = c->out_paths[f];
     uint64_t ts[PLAN_MAX_DIM], zero[PLAN_MAX_DIM] = {0};
     row_major_strides(t->ndim, t->shape, ts);
     for (size_t i = 0; i < t->nparts; i++) {
@@ -447,7 +559,7 @@ static int run_fast(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off
             assert(w.src * es <= s->nbytes && len <= s->nbytes - w.src * es);
             assert(w.dst + n <= plan_tensor_numel(t));
         }
-        int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, out_fd, dst_off, len, out_path)
+        int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, f, dst_off, len)
                                          : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
         add_progress(c, len);
@@ -493,26 +605,34 @@ static int fill_box(worker *wk, const plan_tensor *t, const uint64_t *blo, const
     return 0;
 }
 
-/* Writes box [blo, blo+bext) from buf (row-major) into the tensor at t_off. */
-static int write_box(const plan_tensor *t, const uint64_t *blo, const uint64_t *bext, const uint8_t *buf, int fd,
-                     uint64_t t_off, const char *path)
+/* True when box [blo, blo+bext) of t is one contiguous run of the tensor
+ * (every axis after the first partial one whole), starting at element *start. */
+static bool box_run(const plan_tensor *t, const uint64_t *blo, const uint64_t *bext, uint64_t *start)
 {
-    size_t es = ckpt_dtype_size(t->dtype);
     uint64_t ts[PLAN_MAX_DIM];
     row_major_strides(t->ndim, t->shape, ts);
-    for (int k = 0; k < t->ndim; k++) assert(blo[k] <= t->shape[k] && bext[k] <= t->shape[k] - blo[k]);
-    /* Contiguous in the file when every axis after the first partial one is whole. */
     int first = 0;
     while (first < t->ndim && bext[first] == 1) first++;
     bool contiguous = true;
     for (int k = first + 1; k < t->ndim; k++) contiguous &= bext[k] == t->shape[k];
-    uint64_t n = 1;
+    *start = 0;
+    for (int k = 0; k < t->ndim; k++) *start += blo[k] * ts[k];
+    return contiguous || t->ndim == 0;
+}
+
+/* Writes box [blo, blo+bext) from buf (row-major) into the tensor at t_off of output file f. */
+static int write_box(exec_ctx *c, size_t f, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext,
+                     const uint8_t *buf, uint64_t t_off)
+{
+    int fd = c->out_fds[f];
+    const char *path = c->out_paths[f];
+    size_t es = ckpt_dtype_size(t->dtype);
+    uint64_t ts[PLAN_MAX_DIM];
+    row_major_strides(t->ndim, t->shape, ts);
+    for (int k = 0; k < t->ndim; k++) assert(blo[k] <= t->shape[k] && bext[k] <= t->shape[k] - blo[k]);
+    uint64_t n = 1, start;
     for (int k = 0; k < t->ndim; k++) n *= bext[k];
-    if (contiguous || t->ndim == 0) {
-        uint64_t off = 0;
-        for (int k = 0; k < t->ndim; k++) off += blo[k] * ts[k];
-        return ckpt_pwrite_full(fd, buf, n * es, t_off + off * es, path);
-    }
+    if (box_run(t, blo, bext, &start)) return out_write(c, f, buf, n * es, t_off + start * es);
     uint64_t row = bext[t->ndim - 1], idx[PLAN_MAX_DIM] = {0};
     for (uint64_t r = 0; r < n / row; r++) {
         uint64_t off = blo[t->ndim - 1] * ts[t->ndim - 1];
@@ -597,7 +717,7 @@ static bool slab_next(slab_iter *it, uint64_t *lo, uint64_t *ext)
     return true;
 }
 
-static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_off, const char *path)
+static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
 {
     slab_iter it;
     slab_iter_init(&it, t, tensor_is_transposed(wk->c->p, t), EXEC_SLAB_BYTES);
@@ -605,7 +725,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_of
     size_t es = ckpt_dtype_size(t->dtype);
     if (t->ndim == 0) {
         int rc = fill_box(wk, t, lo, ext, wk->slab);
-        if (!rc) rc = write_box(t, lo, ext, wk->slab, out_fd, t_off, path);
+        if (!rc) rc = write_box(wk->c, f, t, lo, ext, wk->slab, t_off);
         if (!rc) add_progress(wk->c, es);
         return rc;
     }
@@ -613,8 +733,10 @@ static int run_slabs(worker *wk, const plan_tensor *t, int out_fd, uint64_t t_of
         uint64_t n = 1;
         for (int k = 0; k < t->ndim; k++) n *= ext[k];
         assert(n * es <= EXEC_SLAB_BYTES); /* the slab holds the box */
-        int rc = fill_box(wk, t, lo, ext, wk->slab);
-        if (!rc) rc = write_box(t, lo, ext, wk->slab, out_fd, t_off, path);
+        uint64_t start;
+        uint8_t *buf = box_run(t, lo, ext, &start) ? slab_for(wk, f, t_off + start * es, n * es) : wk->slab;
+        int rc = fill_box(wk, t, lo, ext, buf);
+        if (!rc) rc = write_box(wk->c, f, t, lo, ext, buf, t_off);
         if (rc) return rc;
         if (wk->c->err) return CKPT_ECANCELLED;
         add_progress(wk->c, n * es);
@@ -684,13 +806,11 @@ static int run_item(worker *wk, const work_item *it)
     const exec_file *f = &c->p->files[it->file];
     const st_out_tensor *ot = &f->layout.tensors[it->slot];
     const plan_tensor *t = f->tensors[ot->user];
-    int fd = c->out_fds[it->file];
-    const char *path = c->out_paths[it->file];
     uint64_t tbytes = 0;
     assert(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tbytes) == 0 && tbytes == ot->nbytes);
     assert(ot->offset >= f->layout.header_len && ot->nbytes <= UINT64_MAX - ot->offset);
     (void)tbytes;
-    int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, fd, ot->offset, path) : run_slabs(wk, t, fd, ot->offset, path);
+    int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset) : run_slabs(wk, t, it->file, ot->offset);
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     return rc;
 }
@@ -926,6 +1046,8 @@ static int open_outputs(exec_ctx *c, const char *out_dir)
         int rc = ckpt_pwrite_full(fd, ef->layout.header, ef->layout.header_len, 0, path);
         if (!rc && ftruncate(fd, (off_t)ef->layout.file_size) < 0) rc = ckpt_error_sys("%s: extend", path);
         if (rc) return rc;
+        /* A file system that takes no O_DIRECT (tmpfs) is written through the page cache. */
+        if (c->dio_fds) c->dio_fds[f] = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC);
     }
     return 0;
 }
@@ -981,6 +1103,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     c.src_fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *c.src_fds);
     c.out_fds = ckpt_calloc(p->nfiles + 1, sizeof *c.out_fds);
     c.out_paths = ckpt_calloc(p->nfiles + 1, sizeof *c.out_paths);
+    if (o->direct && !o->out_sha256) c.dio_fds = ckpt_calloc(p->nfiles + 1, sizeof *c.dio_fds);
     size_t nitems = 0;
     for (size_t f = 0; f < p->nfiles; f++) nitems += p->files[f].layout.ntensors;
     c.items = ckpt_calloc(nitems + 1, sizeof *c.items);
@@ -988,6 +1111,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     int rc = c.src_fds && c.out_fds && c.out_paths && c.items && wks ? 0 : CKPT_ENOMEM;
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++) c.src_fds[i] = -1;
     for (size_t f = 0; c.out_fds && f < p->nfiles; f++) c.out_fds[f] = -1;
+    for (size_t f = 0; c.dio_fds && f < p->nfiles; f++) c.dio_fds[f] = -1;
     if (!rc && p->vsource && o->hash_sources)
         rc = ckpt_error_set(CKPT_EINVAL, "sources made on demand are not hashed");
     for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
@@ -1046,7 +1170,8 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     size_t band_bytes = src_max < EXEC_BAND_BYTES ? (size_t)src_max : EXEC_BAND_BYTES;
     for (int i = 0; !rc && i < threads; i++) {
         wks[i].c = &c;
-        wks[i].slab = malloc(slab_bytes);
+        wks[i].slab = aligned_alloc(EXEC_DIRECT_ALIGN, (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN);
+        wks[i].slab_bytes = slab_bytes;
         wks[i].band = malloc(band_bytes);
         wks[i].cmp = malloc(slab_bytes);
         if (!wks[i].slab || !wks[i].band || !wks[i].cmp) {
@@ -1074,6 +1199,9 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (!rc && !o->quiet) ckpt_progress_finish(&c.prog);
     for (size_t f = 0; c.out_fds && f < p->nfiles; f++)
         if (c.out_fds[f] >= 0 && close(c.out_fds[f]) < 0 && !rc) rc = ckpt_error_sys("%s: close", c.out_paths[f]);
+    for (size_t f = 0; c.dio_fds && f < p->nfiles; f++)
+        if (c.dio_fds[f] >= 0) close(c.dio_fds[f]);
+    free(c.dio_fds);
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++)
         if (c.src_fds[i] >= 0) close(c.src_fds[i]);
     for (size_t f = 0; c.out_paths && f < p->nfiles; f++) free(c.out_paths[f]);

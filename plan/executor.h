@@ -21,7 +21,12 @@
  *
  * Output files are created in out_dir (normally a temporary directory that
  * the caller renames into place), headers first, then tensor bytes, then
- * fsync. Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * fsync. With exec_opts.direct, a long run written from a slab (or from a
+ * source made on demand, copied into the slab) goes to the device with
+ * O_DIRECT, its whole 4 KiB blocks only: the slab places each box at its
+ * file offset's place in a block, and the partial blocks at a run's ends
+ * are written through the page cache (a file system that refuses O_DIRECT
+ * is written through the page cache alone). Consolidation plans may carry checks (plan_tensor.checks): pairs of
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */
@@ -61,6 +66,14 @@ typedef struct exec_vsource {
     /* *out = bytes [off, off+len) of source file `file` (len <= EXEC_BAND_BYTES),
      * valid until the next call with ts. */
     int (*view)(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out);
+    /* Optional (NULL: not offered): a walk's rows (a transposed tile's
+     * source lines): `rows` runs of len bytes, `stride` bytes apart from
+     * off (rows * len <= EXEC_BAND_BYTES). *out and *out_stride (bytes, a
+     * multiple of the element size): run r is at *out + r * *out_stride,
+     * valid until the next call with ts. 1: not served this way (the
+     * executor asks view for the span instead). */
+    int (*view_rows)(void *ctx, void *ts, size_t file, uint64_t off, uint64_t rows, uint64_t stride, size_t len,
+                     const uint8_t **out, uint64_t *out_stride);
 } exec_vsource;
 
 typedef struct {
@@ -85,6 +98,8 @@ typedef struct {
     bool quiet;        /* no progress lines */
     const char *label; /* progress label */
     bool no_fsync;     /* tests of the executor alone */
+    bool direct;       /* write the tensors' whole blocks with O_DIRECT where the file system takes it: no
+                          page cache filled (nothing reads the output back soon); not with out_sha256 */
     char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by
                                EXEC_HASH_THREADS threads that trail the writers, reading back what they wrote */
 } exec_opts;

@@ -54,6 +54,7 @@ typedef struct {
     double lora_scale; /* its scale (0: 1) */
     const json_t *rules_doc; /* a rules document in memory instead of a preset (nxd_export.c) */
     bool no_files;           /* plan the output tensors only, no files: the caller lays them out (nxd_export.c) */
+    bool direct;             /* write the tensors with O_DIRECT (exec_opts.direct): nothing reads them back */
 } convert_opts;
 
 typedef struct {

@@ -53,7 +53,7 @@ json_t *easydel_inverse_rules(void)
  *             folder (the other worker goes on with other tensors meanwhile),
  *             then read through a mapping of the span asked for. */
 
-enum { READ_WHOLE, READ_STREAM, READ_STAGED };
+enum { READ_WHOLE, READ_STREAM, READ_STAGED, READ_BAND };
 
 typedef struct {
     const easydel_array *a;
@@ -75,6 +75,7 @@ typedef struct {
     int scratch_fd; /* READ_STAGED arrays, or -1 */
     char *scratch_path;
     pthread_mutex_t mu; /* staging one array at a time */
+    uint64_t band_max;  /* READ_BAND: bytes of a band */
 } varrays;
 
 typedef struct {
@@ -89,6 +90,10 @@ typedef struct {
     void *map; /* READ_STAGED: the window mapped last, scratch bytes [map_base, +map_len) */
     uint64_t map_base;
     size_t map_len;
+    const easydel_array *banded; /* READ_BAND: columns [band_c0, +band_w) of every row of it in band */
+    uint64_t band_c0, band_w;
+    uint8_t *band;
+    size_t band_cap;
 } vthread;
 
 static bool arrays_serve(void *ctx, size_t file)
@@ -117,6 +122,7 @@ static void arrays_thread_close(void *ctx, void *ts)
     if (t->map) munmap(t->map, t->map_len);
     free(t->buf);
     free(t->win);
+    free(t->band);
     free(t);
 }
 
@@ -242,10 +248,9 @@ static int staged_view(varrays *v, vthread *t, varray *va, uint64_t lo, size_t l
     return 0;
 }
 
-static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out)
+/* The array holding bytes [off, off+len) of staged file `file`, or NULL (error set). */
+static varray *find_varray(varrays *v, size_t file, uint64_t off, uint64_t len)
 {
-    varrays *v = ctx;
-    vthread *t = ts;
     const vfile *f = NULL;
     for (size_t i = 0; i < v->nfiles && !f; i++)
         if (v->files[i].src_file == file) f = &v->files[i];
@@ -257,15 +262,100 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
         else hi = mid;
     }
     varray *va = f && f->n ? &f->arrays[lo] : NULL;
-    if (!va || off < va->offset || off - va->offset > va->nbytes || len > va->nbytes - (off - va->offset))
-        return ckpt_error_set(CKPT_EINVAL, "bytes [%llu, +%zu) of a staged file are not one array's",
-                              (unsigned long long)off, len);
+    if (!va || off < va->offset || off - va->offset > va->nbytes || len > va->nbytes - (off - va->offset)) {
+        ckpt_error_set(CKPT_EINVAL, "bytes [%llu, +%llu) of a staged file are not one array's",
+                       (unsigned long long)off, (unsigned long long)len);
+        return NULL;
+    }
+    return va;
+}
+
+/* READ_BAND: the columns of a band of a one-chunk array, as rows of the
+ * last axis (the others flattened), and how many columns a band holds. */
+static uint64_t band_cols(const varrays *v, const easydel_array *a, uint64_t *nrows, uint64_t *ncols)
+{
+    size_t es = ckpt_dtype_size(a->z.dtype);
+    *ncols = a->z.ndim ? a->z.shape[a->z.ndim - 1] : 0;
+    *nrows = es && *ncols ? a->z.nbytes / es / *ncols : 0;
+    return *nrows ? v->band_max / es / *nrows : 0;
+}
+
+/* Decodes bytes of the stream into nowhere (a row's columns outside the band). */
+static int decode_skip(vthread *t, uint64_t n)
+{
+    if (!t->win && !(t->win = ckpt_malloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
+    int rc = 0;
+    for (uint64_t k; !rc && n; n -= k) {
+        k = n < (256u << 10) ? n : (256u << 10); /* stays in the cache */
+        rc = zarr_decoder_read(t->d, t->win, (size_t)k);
+    }
+    return rc;
+}
+
+/* exec_vsource.view_rows: runs of a READ_BAND array's rows, from the band
+ * holding their columns, decoded anew (the whole array, keeping the band's
+ * columns of each row) when the band held does not. */
+static int arrays_view_rows(void *ctx, void *ts, size_t file, uint64_t off, uint64_t rows, uint64_t stride,
+                            size_t len, const uint8_t **out, uint64_t *out_stride)
+{
+    varrays *v = ctx;
+    vthread *t = ts;
+    varray *va = find_varray(v, file, off, len);
+    if (!va || va->how != READ_BAND) return 1; /* (view says why) */
+    const easydel_array *a = va->a;
+    size_t es = ckpt_dtype_size(a->z.dtype);
+    uint64_t nrows, ncols, w = band_cols(v, a, &nrows, &ncols), in = off - va->offset, rowb = ncols * es;
+    uint64_t r0 = in / rowb, c0 = in % rowb / es, n = len / es;
+    if (stride != rowb || in % es || len % es || c0 + n > ncols || r0 + rows > nrows || n > w) return 1;
+    if (t->banded != a || c0 < t->band_c0 || c0 + n > t->band_c0 + t->band_w) {
+        t->banded = NULL;
+        t->streaming = NULL; /* the decoder starts over */
+        uint64_t b0 = c0, bw = ncols - c0 < w ? ncols - c0 : w;
+        free(t->buf); /* a worker holds a band or an array decoded whole, never both */
+        t->buf = NULL;
+        t->cap = 0;
+        t->held = NULL;
+        if (nrows * bw * es > t->band_cap) {
+            free(t->band);
+            t->band_cap = 0;
+            if (!(t->band = ckpt_malloc((size_t)(nrows * bw * es)))) return CKPT_ENOMEM;
+            t->band_cap = (size_t)(nrows * bw * es);
+        }
+        uint64_t idx[CKPT_MAX_RANK] = {0};
+        int rc = zarr_decoder_start(t->d, &a->z, idx, NULL);
+        for (uint64_t r = 0; !rc && r < nrows; r++) {
+            rc = decode_skip(t, b0 * es);
+            if (!rc) rc = zarr_decoder_read(t->d, t->band + r * bw * es, (size_t)(bw * es));
+            if (!rc) rc = decode_skip(t, (ncols - b0 - bw) * es);
+        }
+        if (!rc) rc = zarr_decoder_end(t->d);
+        if (rc) return rc;
+        t->banded = a;
+        t->band_c0 = b0;
+        t->band_w = bw;
+    }
+    *out = t->band + (r0 * t->band_w + c0 - t->band_c0) * es;
+    *out_stride = t->band_w * es;
+    return 0;
+}
+
+static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t len, const uint8_t **out)
+{
+    varrays *v = ctx;
+    vthread *t = ts;
+    varray *va = find_varray(v, file, off, len);
+    if (!va) return CKPT_EINVAL;
     const easydel_array *a = va->a;
     uint64_t in = off - va->offset;
-    if (va->how == READ_STREAM) return stream_view(t, a, in, len, out);
+    /* (a banded array read otherwise than by rows: one chunk, decoded in order) */
+    if (va->how == READ_STREAM || va->how == READ_BAND) return stream_view(t, a, in, len, out);
     if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
         t->held = NULL;
+        free(t->band);
+        t->band = NULL;
+        t->band_cap = 0;
+        t->banded = NULL;
         if (a->z.nbytes > t->cap) {
             free(t->buf);
             t->cap = 0;
@@ -290,6 +380,14 @@ static void varrays_free(varrays *v)
     v->scratch_fd = -1;
 }
 
+/* READ_BAND suits a one-chunk array of two or more dimensions whose
+ * columns take at most EASYDEL_BAND_PASSES bands. */
+static bool banded(const varrays *v, const easydel_array *a)
+{
+    uint64_t nrows, ncols, w = band_cols(v, a, &nrows, &ncols);
+    return one_chunk(&a->z) && a->z.ndim >= 2 && w && (ncols + w - 1) / w <= EASYDEL_BAND_PASSES;
+}
+
 static int by_varray_offset(const void *x, const void *y)
 {
     const varray *a = x, *b = y;
@@ -305,8 +403,10 @@ static int varrays_setup(varrays *v, convert_plan *cp, const easydel_ckpt *c, co
 {
     exec_plan *p = &cp->exec;
     uint64_t whole_max = EASYDEL_DECODE_MAX_BYTES;
-    const char *e = getenv("CKPT_EASYDEL_DECODE_MAX");
+    const char *e = getenv("CKPT_EASYDEL_DECODE_MAX"), *eb = getenv("CKPT_EASYDEL_BAND_MAX");
     int rc = e && *e ? ckpt_parse_u64_field("CKPT_EASYDEL_DECODE_MAX", e, 0, EASYDEL_DECODE_MAX_BYTES, &whole_max) : 0;
+    v->band_max = EASYDEL_BAND_BYTES;
+    if (!rc && eb && *eb) rc = ckpt_parse_u64_field("CKPT_EASYDEL_BAND_MAX", eb, 0, EASYDEL_BAND_BYTES, &v->band_max);
     for (size_t k = 0; !rc && k < nlayouts; k++) {
         vfile *f = &v->files[v->nfiles];
         f->src_file = SIZE_MAX;
@@ -334,8 +434,8 @@ static int varrays_setup(varrays *v, convert_plan *cp, const easydel_ckpt *c, co
                 for (size_t a = 0; a < f->n; a++) {
                     varray *va = &f->arrays[a];
                     if (va->offset != s->offset || va->nbytes <= whole_max) continue;
-                    if (va->how == READ_WHOLE) va->how = copy && one_chunk(&va->a->z) ? READ_STREAM : READ_STAGED;
-                    else if (!copy) va->how = READ_STAGED;
+                    if (va->how == READ_WHOLE && copy && one_chunk(&va->a->z)) va->how = READ_STREAM;
+                    else if (!copy || va->how == READ_WHOLE) va->how = banded(v, va->a) ? READ_BAND : READ_STAGED;
                 }
             }
         }
@@ -486,7 +586,7 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     char *rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json");
     int rc = rules && rules_path ? cj_write_file(rules_path, rules) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
     convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
-                       .no_hash = true, .no_layout_file = true};
+                       .no_hash = true, .no_layout_file = true, .direct = ec != NULL};
     convert_plan cp;
     if (!rc && c) {
         char *cfg = ckpt_path_join(staging, "config.json");
@@ -504,7 +604,7 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     varrays va = {.scratch_fd = -1};
     pthread_mutex_init(&va.mu, NULL);
     exec_vsource vs = {.ctx = &va, .serves = arrays_serve, .thread_open = arrays_thread_open,
-                       .thread_close = arrays_thread_close, .view = arrays_view};
+                       .thread_close = arrays_thread_close, .view = arrays_view, .view_rows = arrays_view_rows};
     if (!rc && ec) {
         rc = varrays_setup(&va, &cp, ec, layouts, paths, n, staging);
         cp.exec.vsource = &vs;

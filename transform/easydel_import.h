@@ -32,6 +32,12 @@
  * through a window, or into a scratch file when the plan reads them out of
  * order (docs/easydel.md, "Speed and memory"). */
 #define EASYDEL_DECODE_MAX_BYTES (48ull << 20)
+/* A larger one-chunk array of two or more dimensions that the plan
+ * transposes (a lm_head) is decoded in passes, each keeping a band of its
+ * columns of at most this many bytes, when that takes at most
+ * EASYDEL_BAND_PASSES passes; any other is staged. */
+#define EASYDEL_BAND_BYTES (64ull << 20)
+#define EASYDEL_BAND_PASSES 4
 
 /* The rules document inverting the easydel preset (tp 1). New reference. */
 json_t *easydel_inverse_rules(void);

@@ -1,22 +1,31 @@
 #!/usr/bin/env bash
-# test_easydel_read.sh — the three ways `ckpt consolidate` reads an EasyDeL
+# test_easydel_read.sh — the four ways `ckpt consolidate` reads an EasyDeL
 # TensorStore save's arrays with no staging copy (docs/easydel.md, "Reading
 # the arrays"): decoded whole into a worker's memory, streamed in order
-# through a window (a large one-chunk array the plan only copies), or staged
-# by the first worker that needs it into a scratch file (a large array read
-# out of order: a transposed kernel, an array of many chunks).
+# through a window (a large one-chunk array the plan only copies), decoded
+# in passes over bands of its columns (a large one-chunk array the plan
+# transposes, in at most 4 bands), or staged by the first worker that needs
+# it into a scratch file (any other large array read out of order: more
+# bands, stacked experts in chunks, an array of many chunks).
 #
-# The bench-sized arrays that take the last two paths are too big for a
+# The bench-sized arrays that take the last three paths are too big for a
 # test; CKPT_EASYDEL_DECODE_MAX lowers the size up to which an array is
-# decoded whole, so small saves take every path:
+# decoded whole and CKPT_EASYDEL_BAND_MAX the bytes of a band, so small
+# saves take every path:
 # 1. Llama with one chunk per array and with 7-row chunks whose edges fall
 #    inside the executor's tiles ("/" keys), Mixtral's stacked experts in
 #    5-row chunks: consolidated at limits 0 (nothing whole) and 3000 bytes
 #    (norms whole, the rest streamed or staged), each byte-identical to the
-#    gen-model original (test_easydel.sh covers the default); --state at
-#    limit 0 gives the same training state as at the default.
-# 2. Hostile chunks met on the streamed and staged paths are refused as on
-#    the whole path, one line naming the array: a short chunk, a frame with
+#    gen-model original (test_easydel.sh covers the default); at limit 0
+#    with bands of 300000 bytes (the kernels in one band each; lm_head
+#    [128, 4008] would take 4, but the executor's one tile of it is wider
+#    than a band, so it is read in order instead) and 100000 (lm_head
+#    staged: 11 bands). A tile narrower than a band of a larger array
+#    (several passes) needs arrays of 8 MiB and more: bench/easydel.sh
+#    checks that case byte for byte. --state at limit 0 gives the same
+#    training state as at the default.
+# 2. Hostile chunks met on the streamed, banded and staged paths are refused
+#    as on the whole path, one line naming the array: a short chunk, a frame with
 #    more after the chunk's bytes (a second frame: no recorded size stops it
 #    up front), and DST never appears.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK; /usr/bin/python3
@@ -49,6 +58,13 @@ for limit in 0 3000; do
         rm -rf "back-$s"
     done
 done
+for band in 300000 100000; do
+    note "CKPT_EASYDEL_DECODE_MAX=0 CKPT_EASYDEL_BAND_MAX=$band"
+    expect_status 0 env CKPT_EASYDEL_DECODE_MAX=0 CKPT_EASYDEL_BAND_MAX=$band "$ckpt" consolidate one back-one
+    cmp -s hf-llama/model.safetensors back-one/model.safetensors ||
+        fail "bands of $band bytes: model.safetensors differs from the original"
+    rm -rf back-one
+done
 note "--state"
 expect_status 0 env CKPT_EASYDEL_DECODE_MAX=0 "$ckpt" consolidate one state0 --state
 expect_status 0 "$ckpt" consolidate one state --state
@@ -57,19 +73,20 @@ for f in model.safetensors optimizer.safetensors optimizer.json metadata.json; d
 done
 rm -rf state state0
 
-# ---- 2. hostile chunks on the streamed and staged paths ----
-# broken NAME ARRAY PYTHON MESSAGE: a copy of `one` whose ARRAY's chunk
-# PYTHON rewrites (C: the chunk's path, raw: its decoded bytes) must be
-# refused at limit 0 with MESSAGE on one line, leaving no DST.
+# ---- 2. hostile chunks on the streamed, banded and staged paths ----
+# broken NAME ARRAY PYTHON MESSAGE [BAND_MAX]: a copy of `one` whose ARRAY's
+# chunk PYTHON rewrites (C: the chunk's path, raw: its decoded bytes) must be
+# refused at limit 0 (and bands of BAND_MAX bytes) with MESSAGE on one line,
+# leaving no DST.
 broken() {
-    local name=$1 a=$2 code=$3 msg=$4
+    local name=$1 a=$2 code=$3 msg=$4 band=${5:-}
     rm -rf "b-$name"
     cp -a one "b-$name"
     (cd "b-$name" && $zpy -c "import numcodecs
 C = '$a/0.0'
 raw = numcodecs.Zstd(1).decode(open(C, 'rb').read())
 $code") || fail "$name: setting up"
-    expect_status 1 env CKPT_EASYDEL_DECODE_MAX=0 "$ckpt" consolidate "b-$name" "out-$name"
+    expect_status 1 env CKPT_EASYDEL_DECODE_MAX=0 ${band:+CKPT_EASYDEL_BAND_MAX=$band} "$ckpt" consolidate "b-$name" "out-$name"
     [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$name: expected one line, got: $(cat "$work/err")"
     grep -qF "$msg" "$work/err" || fail "$name: '$msg' not in: $(cat "$work/err")"
     [ ! -e "out-$name" ] || fail "$name: DST appeared"
@@ -78,13 +95,16 @@ $code") || fail "$name: setting up"
 }
 note "hostile chunks"
 emb=model/model/embed_tokens/embedding  # copied whole: streamed
-ker=model/model/layers/0/mlp/up_proj/kernel # transposed: staged
+ker=model/model/layers/0/mlp/up_proj/kernel # transposed: in bands; staged with bands of 1 byte
 broken stream-short $emb "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw[:100]))" \
     "array '$emb': chunk '0.0' decompresses to 100 bytes"
 broken stream-more $emb "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw) + numcodecs.Zstd(1).encode(b'x' * 10))" \
     "array '$emb': chunk '0.0' decompresses to more than"
-broken staged-short $ker "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw[:100]))" \
-    "array '$ker': chunk '0.0' decompresses to 100 bytes"
-broken staged-more $ker "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw) + numcodecs.Zstd(1).encode(b'x' * 10))" \
-    "array '$ker': chunk '0.0' decompresses to more than"
+for band in "" 1; do
+    way=${band:+staged}
+    broken "${way:-band}-short" $ker "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw[:100]))" \
+        "array '$ker': chunk '0.0' decompresses to 100 bytes" "$band"
+    broken "${way:-band}-more" $ker "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw) + numcodecs.Zstd(1).encode(b'x' * 10))" \
+        "array '$ker': chunk '0.0' decompresses to more than" "$band"
+done
 note "done"

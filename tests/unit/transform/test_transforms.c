@@ -1278,6 +1278,34 @@ static void test_transpose_tiles_2byte(void **state)
     expect_round_trip(fx, fx->dst);
 }
 
+/* exec_opts.direct (convert_opts.direct): the whole blocks of long runs
+ * through O_DIRECT, the partial blocks at their ends through the page cache,
+ * give the bytes the page cache alone gives. The tensors lie at offsets in no
+ * block boundary (a small one first, odd sizes); transposed tiles of two-
+ * and four-byte elements (a slab placed at its offset's place in a block)
+ * and a tensor copied whole (copy_file_range, never direct) are written side
+ * by side by two workers. */
+static void test_direct_writes(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"a.weight", CKPT_DT_I16, 2, {3, 5}, 1, 5},
+        {"big.weight", CKPT_DT_I16, 2, {701, 403}, 2, 403},
+        {"mid.weight", CKPT_DT_I16, 2, {409, 397}, 3, 397},
+        {"f.weight", CKPT_DT_F32, 2, {300, 251}, 4, 251},
+        {"plain.bias", CKPT_DT_I16, 1, {150001}, 5, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    write_json_text(fx->rules, "{'rules': [{'op': 'transpose', 'pattern': '[.]weight$'}]}");
+    convert_ok(fx->src, fx->dst, (convert_opts){.rules_file = fx->rules, .direct = true});
+    convert_ok(fx->src, fx->dst2, (convert_opts){.rules_file = fx->rules});
+    expect_trees_equal(fx->dst, fx->dst2);
+    view v = load(fx->dst, -1, "big.weight");
+    expect_shape(&v, CKPT_DT_I16, 2, SHAPE(403, 701));
+    expect_block(&v, 0, 0, 403, 701, &t[1], 0, 0, true);
+    view_free(&v);
+}
+
 /* cast f32 -> bf16 rounds to nearest even (ckpt_f32_to_bf16), leaves integer
  * tensors alone, and marks the layout lossy. */
 static void test_cast_bf16(void **state)
@@ -2323,6 +2351,7 @@ int main(void)
         T(test_rename_drop_transpose),
         T(test_transpose_tiles),
         T(test_transpose_tiles_2byte),
+        T(test_direct_writes),
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),
