@@ -437,9 +437,10 @@ static int http_error(const s3_client *c, const s3_req *r, int code)
     err_doc d;
     err_read(r, &d);
     if (r->status == 403 && !d.code[0]) snprintf(d.code, sizeof d.code, "AccessDenied");
-    return ckpt_error_set(code, "%s%s%s: %s: HTTP %ld%s%s%s%s%s", c->name, r->key ? "/" : "", r->key ? r->key : "",
+    return ckpt_error_set(code, "%s%s%s: %s: HTTP %ld%s%s%s%s%s%s", c->name, r->key ? "/" : "", r->key ? r->key : "",
                           r->op, r->status, d.code[0] ? " " : "", d.code, d.message[0] ? " (" : "", d.message,
-                          d.message[0] ? ")" : "");
+                          d.message[0] ? ")" : "",
+                          r->status == 403 ? "; check AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION" : "");
 }
 
 static bool transient_curl(CURLcode rc)
@@ -574,8 +575,10 @@ static int perform(s3_client *c, s3_req *r)
             ckpt_debug("%s/%s: %s: %s; retrying", c->name, r->key ? r->key : "", r->op, curl_easy_strerror(cr));
         } else if (transient_status(r->status)) {
             if (attempt >= c->retries) {
-                rc = http_error(c, r, CKPT_EBUSY);
-                ckpt_error_prefix(rc, "after %u attempts", attempt);
+                char msg[1024];
+                http_error(c, r, CKPT_EBUSY);
+                snprintf(msg, sizeof msg, "%s", ckpt_error_last());
+                rc = ckpt_error_set(CKPT_EBUSY, "%s (after %u attempts)", msg, attempt);
                 break;
             }
             ckpt_debug("%s/%s: %s: HTTP %ld; retrying", c->name, r->key ? r->key : "", r->op, r->status);
