@@ -684,14 +684,29 @@ int s3_get_fd(s3_client *c, const char *key, uint64_t off, uint64_t len, int fd,
     return get_range(c, key, off, len, NULL, fd, fd_off);
 }
 
-int s3_delete(s3_client *c, const char *key)
+/* A DELETE of key (with query: of an upload); gone already is success. */
+static int delete_req(s3_client *c, const char *op, const char *key, const char *query)
 {
     s3_req r;
-    req_init(&r, "DELETE", "DELETE", key);
+    req_init(&r, op, "DELETE", key);
+    r.query = query;
     int rc = perform(c, &r);
     if (!rc && r.status != 204 && r.status != 200 && r.status != 404) rc = http_error(c, &r, CKPT_EIO);
     req_free(&r);
     return rc;
+}
+
+int s3_delete(s3_client *c, const char *key) { return delete_req(c, "DELETE", key, NULL); }
+
+/* r's body: bytes [off, off+len) of fd, whose sha256 is sha (NULL: unsigned). */
+static void req_body_fd(s3_req *r, int fd, uint64_t off, uint64_t len, const char *sha)
+{
+    r->hdr[1] = "Content-Type: application/octet-stream";
+    r->body_fd = fd;
+    r->body_off = off;
+    r->body_len = len;
+    r->has_body = true;
+    r->payload_sha = sha;
 }
 
 /* ---- PUT ---- */
@@ -702,12 +717,7 @@ static int put_single(s3_client *c, const char *key, int fd, uint64_t off, uint6
     s3_req r;
     req_init(&r, "PUT", "PUT", key);
     r.hdr[0] = "If-None-Match: *";
-    r.hdr[1] = "Content-Type: application/octet-stream";
-    r.body_fd = fd;
-    r.body_off = off;
-    r.body_len = len;
-    r.has_body = true;
-    r.payload_sha = sha;
+    req_body_fd(&r, fd, off, len, sha);
     int rc = perform(c, &r);
     if (!rc) {
         if (r.status == 412)
@@ -737,12 +747,7 @@ static int abort_upload(s3_client *c, const char *key, const char *upload_id)
     s3_param p[] = {{"uploadId", upload_id}};
     char *q = query_build(p, 1);
     if (!q) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    s3_req r;
-    req_init(&r, "abort multipart upload", "DELETE", key);
-    r.query = q;
-    int rc = perform(c, &r);
-    if (!rc && r.status != 204 && r.status != 200 && r.status != 404) rc = http_error(c, &r, CKPT_EIO);
-    req_free(&r);
+    int rc = delete_req(c, "abort multipart upload", key, q);
     free(q);
     return rc;
 }
@@ -813,12 +818,7 @@ static int put_multipart(s3_client *c, const char *key, int fd, uint64_t off, ui
         }
         req_init(&r, "upload part", "PUT", key);
         r.query = q;
-        r.hdr[0] = "Content-Type: application/octet-stream";
-        r.body_fd = fd;
-        r.body_off = off + poff;
-        r.body_len = plen;
-        r.has_body = true;
-        r.payload_sha = sha;
+        req_body_fd(&r, fd, off + poff, plen, sha);
         rc = perform(c, &r);
         if (!rc && r.status != 200) rc = http_error(c, &r, r.status == 403 ? CKPT_EINVAL : CKPT_EIO);
         if (!rc && !r.etag[0])

@@ -25,14 +25,6 @@ int64_t store_proc_start_time(int pid)
     return ckpt_proc_start_time(pid);
 }
 
-/* The start time of this process, against pid reuse in leases and temp names. */
-static int64_t self_start_time(void)
-{
-    static int64_t cached = -1;
-    if (cached < 0) cached = store_proc_start_time((int)getpid());
-    return cached;
-}
-
 int store_open(ckpt_store *s, const char *home)
 {
     memset(s, 0, sizeof *s);
@@ -69,15 +61,6 @@ void store_close(ckpt_store *s)
     memset(s, 0, sizeof *s);
 }
 
-char *store_tmp_base(const ckpt_store *s, const char *kind)
-{
-    return ckpt_sprintf("%s/%s-%d-%lld", s->tmp_dir, kind, (int)getpid(), (long long)self_start_time());
-}
-
-char *store_blob_path(const ckpt_store *s, const char *sha)
-{
-    return ckpt_sprintf("%s/%.2s/%s", s->blob_dir, sha, sha + 2);
-}
 
 /* ---- blobs ---- */
 
@@ -162,7 +145,7 @@ static int lease_names(ckpt_store *s, const char *(*sha)(const void *, size_t), 
     for (size_t i = 0; !rc && i < n; i++) {
         sqlite3_bind_text(st, 1, sha(arg, i), -1, SQLITE_STATIC);
         sqlite3_bind_int64(st, 2, getpid());
-        sqlite3_bind_int64(st, 3, self_start_time());
+        sqlite3_bind_int64(st, 3, store_self_start_time());
         if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "lease blob");
         sqlite3_reset(st);
     }
@@ -269,7 +252,7 @@ int store_leases_release(ckpt_store *s)
     int rc = catalog_prepare(&s->cat, &st, "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
     if (rc) return rc;
     sqlite3_bind_int64(st, 1, getpid());
-    sqlite3_bind_int64(st, 2, self_start_time());
+    sqlite3_bind_int64(st, 2, store_self_start_time());
     if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "release leases");
     sqlite3_finalize(st);
     return rc;

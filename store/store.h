@@ -60,6 +60,9 @@ void store_close(ckpt_store *s);
 char *store_tmp_base(const ckpt_store *s, const char *kind);
 /* blobs/ab/cdef...; malloc'd. */
 char *store_blob_path(const ckpt_store *s, const char *sha256);
+/* The start time of this process (store_proc_start_time, cached), against
+ * pid reuse in leases and temp names. */
+int64_t store_self_start_time(void);
 
 /* ---- where blobs live (store_blobs.c) ---- */
 

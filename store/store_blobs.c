@@ -32,6 +32,23 @@
 /* Bytes of one ranged GET when a blob is copied or hashed. */
 #define BLOB_GET_CHUNK (64ull << 20)
 
+int64_t store_self_start_time(void)
+{
+    static int64_t cached = -1;
+    if (cached < 0) cached = ckpt_proc_start_time((int)getpid());
+    return cached;
+}
+
+char *store_tmp_base(const ckpt_store *s, const char *kind)
+{
+    return ckpt_sprintf("%s/%s-%d-%lld", s->tmp_dir, kind, (int)getpid(), (long long)store_self_start_time());
+}
+
+char *store_blob_path(const ckpt_store *s, const char *sha)
+{
+    return ckpt_sprintf("%s/%.2s/%s", s->blob_dir, sha, sha + 2);
+}
+
 int store_blobs_config(ckpt_store *s)
 {
     const char *url = getenv("CKPT_BLOBS");

@@ -107,13 +107,17 @@ def close_both(a, b):
             pass
 
 
-def take_rule(rules_of_kind, line, length):
-    """The first rule of a list that applies to a request (one use taken), or None."""
+def take_rule(rules_of_kind, line, length, start=-1):
+    """The first rule of a list that applies to a message (one use taken), or
+    None: more than "after" body bytes, "only" in the request line, and for a
+    "resumed" rule a Range starting past byte 0."""
     with lock:
         for r in rules_of_kind:
             if r["left"] == 0 or length <= r["after"]:
                 continue
             if r["only"] and r["only"] not in line:
+                continue
+            if r["resumed"] and start <= 0:
                 continue
             r["left"] -= 1
             return r
@@ -202,17 +206,8 @@ def wants_cut(line, rng, length):
     if rng.startswith("bytes="):
         s = rng[6:].split("-", 1)[0]
         start = int(s) if s.isdigit() else -1
-    with lock:
-        for r in rules:
-            if r["left"] == 0 or length <= r["after"]:
-                continue
-            if r["only"] and r["only"] not in line:
-                continue
-            if r["resumed"] and start <= 0:
-                continue
-            r["left"] -= 1
-            return r["after"]
-    return -1
+    r = take_rule(rules, line, length, start)
+    return r["after"] if r else -1
 
 
 def pump_responses(client, server, pending, cond):
