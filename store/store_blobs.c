@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +63,17 @@ int store_blobs_config(ckpt_store *s)
 }
 
 bool store_blobs_remote(const ckpt_store *s) { return s->s3_bucket != NULL; }
+
+/* A temp name for a download of blob sha, unique in this process too (the
+ * daemon's HTTP threads may fetch the same blob at once). malloc'd. */
+static char *download_tmp(const ckpt_store *s, const char *kind, const char *sha)
+{
+    static atomic_uint seq;
+    char *base = store_tmp_base(s, kind);
+    char *tmp = base ? ckpt_sprintf("%s-%.16s-%u", base, sha, atomic_fetch_add(&seq, 1)) : NULL;
+    free(base);
+    return tmp;
+}
 
 /* The client, opened on first use (a command that never touches a blob
  * never loads libcurl). */
@@ -142,8 +154,7 @@ char *store_blob_read_path(ckpt_store *s, const char *sha)
     if (access(dst, R_OK) == 0) return dst;
     bool exists = false;
     uint64_t size = 0;
-    char *dir = ckpt_sprintf("%s/%.2s", s->cache_dir, sha), *base = store_tmp_base(s, "blobget");
-    char *tmp = base ? ckpt_sprintf("%s-%.16s", base, sha) : NULL, hex[65];
+    char *dir = ckpt_sprintf("%s/%.2s", s->cache_dir, sha), *tmp = download_tmp(s, "blobget", sha), hex[65];
     int rc = dir && tmp ? ckpt_mkdir_p(dir, 0755) : CKPT_ENOMEM;
     if (!rc) rc = store_blob_stat(s, sha, &exists, &size);
     if (!rc && !exists)
@@ -157,7 +168,7 @@ char *store_blob_read_path(ckpt_store *s, const char *sha)
     if (fd >= 0) close(fd);
     if (!rc && rename(tmp, dst) < 0) rc = ckpt_error_sys("%s: rename", dst);
     if (rc && tmp) unlink(tmp);
-    free(dir), free(base), free(tmp);
+    free(dir), free(tmp);
     if (rc) {
         free(dst);
         return NULL;
@@ -177,7 +188,7 @@ int store_blob_hash(ckpt_store *s, const char *sha, bool *exists, char hex[65])
         return rc;
     }
     /* streamed through a temp file in tmp/, never whole in memory */
-    char *base = store_tmp_base(s, "blobhash"), *tmp = base ? ckpt_sprintf("%s-%.16s", base, sha) : NULL;
+    char *tmp = download_tmp(s, "blobhash", sha);
     int fd = tmp ? open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600) : -1;
     if (!tmp) rc = CKPT_ENOMEM;
     else if (fd < 0) rc = ckpt_error_sys("%s: create", tmp);
@@ -185,7 +196,7 @@ int store_blob_hash(ckpt_store *s, const char *sha, bool *exists, char hex[65])
     if (!rc) rc = store_blob_copy_to_fd(s, sha, size, fd);
     if (!rc) rc = ckpt_sha256_fd_range_hex(fd, 0, size, hex, sha);
     if (fd >= 0) close(fd);
-    free(base), free(tmp);
+    free(tmp);
     return rc;
 }
 
