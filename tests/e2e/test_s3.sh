@@ -196,6 +196,15 @@ note "import again: nothing uploaded"
 expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
 [ "$(objects)" = "$(du_field blobs)" ] || fail "objects and du disagree after a second import"
 
+note "an import killed after its third upload: nothing visible, the re-run completes"
+gen qwen2 "$work/src2" --scale 8 --layers 2 --shard-mb 1 --seed 7
+CKPT_FAULT=blob.published:3 expect_status 137 "$ckpt" import "$work/src2" --repo org/crash
+! refs | grep -q org/crash || fail "a killed import left org/crash in the catalog"
+expect_status 0 "$ckpt" import "$work/src2" --repo org/crash
+expect_status 0 "$ckpt" pull org/crash -o "$work/p4"
+same_tree "$work/src2" "$work/p4" "pull after a killed import and its re-run"
+expect_status 0 "$ckpt" rm org/crash
+
 note "verify: clean, then a blob removed from the bucket is named"
 expect_status 0 "$ckpt" verify
 victim=$("$ckpt" s3 ls s3://ckpt-store/team/a/ | sort -k2 -n | tail -n 1 | cut -d' ' -f1)
