@@ -19,12 +19,13 @@ DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
 	libzstd-dev zlib1g-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
-	python3-torch curl ca-certificates chromium chromium-driver python3-selenium
+	python3-torch curl ca-certificates chromium chromium-driver python3-selenium \
+	ceph-mon ceph-osd radosgw ceph-common libexpat1-dev
 
 # libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
-PKGS    := sqlite3 libcurl libarchive jansson libpcre2-8 libmicrohttpd libcrypto libzstd zlib
-LINKED_PKGS := sqlite3 jansson libpcre2-8 libcrypto libzstd zlib
+PKGS    := sqlite3 libcurl libarchive expat jansson libpcre2-8 libmicrohttpd libcrypto libzstd zlib
+LINKED_PKGS := sqlite3 expat jansson libpcre2-8 libcrypto libzstd zlib
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(LINKED_PKGS) 2>/dev/null) -ldl -lpthread -lm
 

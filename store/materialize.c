@@ -148,7 +148,7 @@ typedef struct {
 
 static char *blob_path_cb(void *ctx, const char *sha256)
 {
-    return store_blob_path(((lookup_ctx *)ctx)->ps->s, sha256);
+    return store_blob_read_path(((lookup_ctx *)ctx)->ps->s, sha256);
 }
 
 static int lookup_cb(void *ctx, const char *path, const char *name, const char **blob, const char **recipe)
@@ -195,7 +195,7 @@ static int check_blobs_exist(pull_state *ps)
 
 static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
 {
-    char *src = store_blob_path(ps->s, f->blob), *dst = ckpt_path_join(tmp, f->out_rel);
+    char *src = store_blob_read_path(ps->s, f->blob), *dst = ckpt_path_join(tmp, f->out_rel);
     int rc = src && dst ? 0 : CKPT_ENOMEM;
     char *slash = dst ? strrchr(dst, '/') : NULL;
     if (!rc && slash) {
@@ -454,7 +454,7 @@ int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c,
         if (!strcmp(r->ps.files[i].path, path)) r->file = &r->ps.files[i];
     if (!rc && !r->file) rc = ckpt_error_set(CKPT_ENOTFOUND, "no file '%s' in this checkpoint", path);
     if (!rc && !r->file->header) {
-        char *bp = store_blob_path(s, r->file->blob);
+        char *bp = store_blob_read_path(s, r->file->blob);
         r->blob_fd = bp ? open(bp, O_RDONLY | O_CLOEXEC) : -1;
         if (r->blob_fd < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob of '%s' is missing from the store", path);
         free(bp);

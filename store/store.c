@@ -25,14 +25,6 @@ int64_t store_proc_start_time(int pid)
     return ckpt_proc_start_time(pid);
 }
 
-/* The start time of this process, against pid reuse in leases and temp names. */
-static int64_t self_start_time(void)
-{
-    static int64_t cached = -1;
-    if (cached < 0) cached = store_proc_start_time((int)getpid());
-    return cached;
-}
-
 int store_open(ckpt_store *s, const char *home)
 {
     memset(s, 0, sizeof *s);
@@ -52,6 +44,7 @@ int store_open(ckpt_store *s, const char *home)
     if (!rc) rc = ckpt_mkdir_p(s->home, 0700);
     if (!rc) rc = ckpt_mkdir_p(s->blob_dir, 0755);
     if (!rc) rc = ckpt_mkdir_p(s->tmp_dir, 0755);
+    if (!rc) rc = store_blobs_config(s);
     if (!rc) rc = catalog_open(&s->cat, db);
     free(db);
     if (rc) store_close(s);
@@ -61,21 +54,13 @@ int store_open(ckpt_store *s, const char *home)
 void store_close(ckpt_store *s)
 {
     catalog_close(&s->cat);
+    store_blobs_close(s);
     free(s->home);
     free(s->blob_dir);
     free(s->tmp_dir);
     memset(s, 0, sizeof *s);
 }
 
-char *store_tmp_base(const ckpt_store *s, const char *kind)
-{
-    return ckpt_sprintf("%s/%s-%d-%lld", s->tmp_dir, kind, (int)getpid(), (long long)self_start_time());
-}
-
-char *store_blob_path(const ckpt_store *s, const char *sha)
-{
-    return ckpt_sprintf("%s/%.2s/%s", s->blob_dir, sha, sha + 2);
-}
 
 /* ---- blobs ---- */
 
@@ -160,7 +145,7 @@ static int lease_names(ckpt_store *s, const char *(*sha)(const void *, size_t), 
     for (size_t i = 0; !rc && i < n; i++) {
         sqlite3_bind_text(st, 1, sha(arg, i), -1, SQLITE_STATIC);
         sqlite3_bind_int64(st, 2, getpid());
-        sqlite3_bind_int64(st, 3, self_start_time());
+        sqlite3_bind_int64(st, 3, store_self_start_time());
         if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "lease blob");
         sqlite3_reset(st);
     }
@@ -197,11 +182,10 @@ int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n)
 {
     int rc = n ? lease_names(s, array_sha, shas, n) : 0;
     for (size_t i = 0; !rc && i < n; i++) {
-        char *path = store_blob_path(s, shas[i]);
-        if (!path) return CKPT_ENOMEM;
-        if (access(path, F_OK) < 0)
+        bool exists = false;
+        rc = store_blob_stat(s, shas[i], &exists, NULL);
+        if (!rc && !exists)
             rc = ckpt_error_set(CKPT_ENOTFOUND, "blob %s is not in the store (removed meanwhile? run ckpt verify)", shas[i]);
-        free(path);
     }
     return rc;
 }
@@ -210,11 +194,10 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
 {
     *have = false;
     int rc = lease_names(s, one_sha, sha256, 1);
-    char *path = rc ? NULL : store_blob_path(s, sha256);
-    if (!rc && !path) rc = CKPT_ENOMEM;
-    struct stat st;
-    if (!rc && stat(path, &st) == 0 && (uint64_t)st.st_size == size) *have = true;
-    free(path);
+    bool exists = false;
+    uint64_t got = 0;
+    if (!rc) rc = store_blob_stat(s, sha256, &exists, &got);
+    if (!rc && exists && got == size) *have = true;
     return rc;
 }
 
@@ -229,7 +212,14 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
     if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
     if (!rc) ckpt_fault("blobs.synced");
     if (!rc) rc = lease(s, ws, n);
-    for (size_t i = 0; !rc && i < n; i++) {
+    /* In a bucket: each temp is uploaded (a PUT acknowledged is durable
+     * there) and dropped; the catalog commits after all of them. */
+    for (size_t i = 0; !rc && store_blobs_remote(s) && i < n; i++) {
+        rc = store_blob_upload(s, ws[i].sha256, ws[i].tmp_path, ws[i].size);
+        if (!rc) unlink(ws[i].tmp_path);
+        if (!rc) ckpt_fault("blob.published");
+    }
+    for (size_t i = 0; !rc && !store_blobs_remote(s) && i < n; i++) {
         char *dst = store_blob_path(s, ws[i].sha256);
         char *dir = ckpt_sprintf("%s/%.2s", s->blob_dir, ws[i].sha256);
         if (!dst || !dir) rc = CKPT_ENOMEM;
@@ -244,7 +234,7 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
         free(dst);
         free(dir);
     }
-    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
+    if (!rc && !store_blobs_remote(s) && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->blob_dir);
     if (sync_fd >= 0) close(sync_fd);
     for (size_t i = 0; i < n; i++) {
         if (ws[i].fd >= 0) close(ws[i].fd);
@@ -262,7 +252,7 @@ int store_leases_release(ckpt_store *s)
     int rc = catalog_prepare(&s->cat, &st, "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
     if (rc) return rc;
     sqlite3_bind_int64(st, 1, getpid());
-    sqlite3_bind_int64(st, 2, self_start_time());
+    sqlite3_bind_int64(st, 2, store_self_start_time());
     if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "release leases");
     sqlite3_finalize(st);
     return rc;

@@ -31,11 +31,17 @@
 #define STORE_MAX_FILES 100000
 #define STORE_MAX_PATH 1024
 
+struct s3_client;
+
 typedef struct {
     char *home;
     char *blob_dir;
     char *tmp_dir;
     catalog cat;
+    /* blobs in a bucket (CKPT_BLOBS=s3://BUCKET/PREFIX, store_blobs.c); all
+     * NULL for the local blobs/ folder */
+    char *s3_bucket, *s3_prefix, *cache_dir;
+    struct s3_client *s3; /* opened on first use */
 } ckpt_store;
 
 typedef struct {
@@ -54,6 +60,39 @@ void store_close(ckpt_store *s);
 char *store_tmp_base(const ckpt_store *s, const char *kind);
 /* blobs/ab/cdef...; malloc'd. */
 char *store_blob_path(const ckpt_store *s, const char *sha256);
+/* The start time of this process (store_proc_start_time, cached), against
+ * pid reuse in leases and temp names. */
+int64_t store_self_start_time(void);
+
+/* ---- where blobs live (store_blobs.c) ---- */
+
+/* Reads CKPT_BLOBS (the CLI's --blobs and the config's blobs set it): unset
+ * or empty is the local blobs/ folder; s3://BUCKET/PREFIX a bucket, with
+ * endpoint, region and credentials from the AWS_* variables (store/s3.h).
+ * store_open calls it. */
+int store_blobs_config(ckpt_store *s);
+void store_blobs_close(ckpt_store *s);
+bool store_blobs_remote(const ckpt_store *s);
+/* PREFIX/ab/cdef...: the object of blob sha in the bucket; malloc'd. */
+char *store_blob_key(const ckpt_store *s, const char *sha);
+/* Whether blob sha is stored (a stat, or a HEAD), and its size. */
+int store_blob_stat(ckpt_store *s, const char *sha, bool *exists, uint64_t *size);
+/* Uploads a finished blob's temp file (a bucket only): once, If-None-Match. */
+int store_blob_upload(ckpt_store *s, const char *sha, const char *tmp_path, uint64_t size);
+/* A file holding blob sha's bytes, for readers that open files: the blob
+ * itself in the local folder, else a copy in CKPT_HOME/blob-cache fetched
+ * with ranged GETs and checked against sha first. NULL on failure, with the
+ * error set (CKPT_ECORRUPT when the blob is missing or damaged). malloc'd. */
+char *store_blob_read_path(ckpt_store *s, const char *sha);
+/* Bytes [0, size) of blob sha from the bucket into fd (ranged GETs). */
+int store_blob_copy_to_fd(ckpt_store *s, const char *sha, uint64_t size, int fd);
+/* Re-hashes blob sha where it lives: *exists, and its bytes' sha256 in hex. */
+int store_blob_hash(ckpt_store *s, const char *sha, bool *exists, char hex[65]);
+/* Every blob in the bucket (LIST): its sha256, size and last-modified time. */
+typedef int (*store_blob_list_cb)(void *ud, const char *sha, uint64_t size, int64_t mtime);
+int store_blob_list(ckpt_store *s, store_blob_list_cb cb, void *ud);
+/* Deletes blob sha from the bucket (and its cached copy). */
+int store_blob_delete(ckpt_store *s, const char *sha);
 
 /* ---- writing blobs ---- */
 

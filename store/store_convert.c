@@ -29,7 +29,7 @@ static const store_file_row *find_file(const src_files *f, const char *path)
 /* Reads a whole-file blob as text. */
 static int blob_text(ckpt_store *s, const store_file_row *f, char **out)
 {
-    char *path = store_blob_path(s, f->blob);
+    char *path = store_blob_read_path(s, f->blob);
     int rc = path ? ckpt_read_file(path, CKPT_INDEX_MAX_BYTES, out, NULL) : CKPT_ENOMEM;
     free(path);
     return rc;
@@ -84,7 +84,7 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
             break;
         }
         if (torch) {
-            char *path = store_blob_path(s, f->blob);
+            char *path = store_blob_read_path(s, f->blob);
             rc = path ? tensor_file_open(&parsed[i], path) : CKPT_ENOMEM;
             free(path);
             if (rc && rc != CKPT_ENOMEM) rc = ckpt_error_prefix(rc, "%s@%s: %s", src->repo, src->revision, f->path);
@@ -114,7 +114,7 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     ckpt_index_free(&ix);
     const store_file_row *cfg = find_file(files, "config.json");
     if (!rc && cfg && cfg->blob) {
-        char *path = store_blob_path(s, cfg->blob);
+        char *path = store_blob_read_path(s, cfg->blob);
         rc = path ? cj_load_file(config, path, CONVERT_CONFIG_MAX_BYTES) : CKPT_ENOMEM;
         free(path);
     }
@@ -213,7 +213,7 @@ static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const uin
     p->src_paths = ckpt_calloc(p->nsources + 1, sizeof *p->src_paths);
     if (!p->src_paths) return CKPT_ENOMEM;
     for (size_t i = 0; i < p->nsources; i++) {
-        if (!(p->src_paths[i] = store_blob_path(s, blobs[i]))) return CKPT_ENOMEM;
+        if (!(p->src_paths[i] = store_blob_read_path(s, blobs[i]))) return CKPT_ENOMEM;
         p->nsrc_paths++;
         p->sources[i].file = i;
         p->sources[i].offset = at[i];

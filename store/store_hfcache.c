@@ -71,7 +71,7 @@ static int produce(ckpt_store *s, const store_ckpt *c, const store_file_row *f, 
 {
     if (unlink(dst) < 0 && errno != ENOENT) return ckpt_error_sys("%s: remove", dst);
     if (f->blob && !f->header) {
-        char *src = store_blob_path(s, f->blob);
+        char *src = store_blob_read_path(s, f->blob);
         if (!src) return CKPT_ENOMEM;
         int ok = link(src, dst) == 0;
         free(src);

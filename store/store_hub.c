@@ -144,7 +144,7 @@ int store_hub_file_oid(ckpt_store *s, const store_file_row *f, char out[41])
         return 0;
     }
     if (oid_cached(f->sha256, out)) return 0;
-    char *path = store_blob_path(s, f->blob);
+    char *path = store_blob_read_path(s, f->blob);
     int rc = path ? blob_git_oid(path, f->size, out) : CKPT_ENOMEM;
     if (!rc) oid_remember(f->sha256, out);
     else rc = ckpt_error_prefix(rc, "git oid of '%s'", f->path);

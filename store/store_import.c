@@ -318,9 +318,9 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
             if (!rc) memcpy(sha, w->sha256, sizeof sha);
             /* Stored already: the next tensor may be too. */
             if (!rc) {
-                char *bp = store_blob_path(s, sha);
-                *probe = bp && access(bp, F_OK) == 0;
-                free(bp);
+                bool stored = false;
+                rc = store_blob_stat(s, sha, &stored, NULL);
+                *probe = stored;
             }
         } else if (!rc) {
             *probe = true;

@@ -96,7 +96,7 @@ static const ckpt_tensor_ref *module_weight(const lora_job *j, const lora_module
 
 static int blob_fd(ckpt_store *s, const char *blob, int *fd)
 {
-    char *path = store_blob_path(s, blob);
+    char *path = store_blob_read_path(s, blob);
     if (!path) return CKPT_ENOMEM;
     *fd = open(path, O_RDONLY | O_CLOEXEC);
     int rc = *fd < 0 ? ckpt_error_sys("%s: open blob", path) : 0;

@@ -18,10 +18,12 @@
 #include "common/util.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static bool writer_alive(int pid, int64_t start)
@@ -75,15 +77,15 @@ static int blob_wanted(ckpt_store *s, sqlite3_stmt *q, const char *sha, bool *wa
 /* Calls fn for each blob file: its sha256 (from the path) and full path. */
 typedef int (*blob_fn)(void *ctx, const char *sha, const char *path, uint64_t size);
 
-static int for_each_blob(ckpt_store *s, blob_fn fn, void *ctx)
+static int for_each_blob(const char *blob_dir, blob_fn fn, void *ctx)
 {
-    DIR *top = opendir(s->blob_dir);
-    if (!top) return ckpt_error_sys("%s: open", s->blob_dir);
+    DIR *top = opendir(blob_dir);
+    if (!top) return ckpt_error_sys("%s: open", blob_dir);
     int rc = 0;
     struct dirent *d;
     while (!rc && (d = readdir(top))) {
         if (strlen(d->d_name) != 2) continue;
-        char *sub = ckpt_path_join(s->blob_dir, d->d_name);
+        char *sub = ckpt_path_join(blob_dir, d->d_name);
         DIR *dd = sub ? opendir(sub) : NULL;
         struct dirent *e;
         while (dd && !rc && (e = readdir(dd))) {
@@ -106,7 +108,44 @@ typedef struct {
     sqlite3_stmt *q;
     bool dry_run;
     store_gc_result *res;
+    int64_t started; /* Unix seconds */
 } gc_ctx;
+
+/* In a bucket, a blob whose object is newer than the gc's start less this
+ * margin (clocks of other hosts; CKPT_GC_MARGIN_S, default 300) is kept
+ * whatever the catalog says: it may be a writer's whose lease this catalog
+ * cannot see. */
+static int64_t gc_remote_margin(void)
+{
+    const char *v = getenv("CKPT_GC_MARGIN_S");
+    int64_t m;
+    return v && *v && ckpt_parse_i64_field("CKPT_GC_MARGIN_S", v, -86400, 86400, &m) == 0 ? m : 300;
+}
+
+static int gc_remote_blob(void *vctx, const char *sha, uint64_t size, int64_t mtime)
+{
+    gc_ctx *g = vctx;
+    bool wanted;
+    int rc = blob_wanted(g->s, g->q, sha, &wanted);
+    if (rc || wanted) return rc;
+    if (mtime < 0 || mtime >= g->started - gc_remote_margin()) return 0;
+    if (!g->dry_run && (rc = store_blob_delete(g->s, sha)) < 0) return rc;
+    if (!g->dry_run) ckpt_fault("gc.blob_removed");
+    g->res->blobs_removed++;
+    g->res->bytes_freed += size;
+    return 0;
+}
+
+/* A cached copy of a blob of a bucket (blob-cache/) that nothing wants. */
+static int gc_cached_blob(void *vctx, const char *sha, const char *path, uint64_t size)
+{
+    gc_ctx *g = vctx;
+    bool wanted;
+    int rc = blob_wanted(g->s, g->q, sha, &wanted);
+    (void)size;
+    if (!rc && !wanted && !g->dry_run && unlink(path) < 0 && errno != ENOENT) rc = ckpt_error_sys("%s: remove", path);
+    return rc;
+}
 
 static int gc_blob(void *vctx, const char *sha, const char *path, uint64_t size)
 {
@@ -147,12 +186,14 @@ int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res)
     memset(res, 0, sizeof *res);
     int rc = catalog_begin(&s->cat);
     if (rc) return rc;
-    gc_ctx g = {.s = s, .dry_run = dry_run, .res = res};
+    gc_ctx g = {.s = s, .dry_run = dry_run, .res = res, .started = (int64_t)time(NULL)};
     rc = drop_stale_leases(s, &res->leases_dropped);
     if (!rc)
         rc = catalog_prepare(&s->cat, &g.q,
                              "SELECT 1 FROM checkpoint_blobs WHERE blob = ?1 UNION ALL SELECT 1 FROM blob_leases WHERE blob = ?1 LIMIT 1");
-    if (!rc) rc = for_each_blob(s, gc_blob, &g);
+    if (!rc && !store_blobs_remote(s)) rc = for_each_blob(s->blob_dir, gc_blob, &g);
+    if (!rc && store_blobs_remote(s)) rc = store_blob_list(s, gc_remote_blob, &g);
+    if (!rc && store_blobs_remote(s)) rc = for_each_blob(s->cache_dir, gc_cached_blob, &g);
     sqlite3_finalize(g.q);
     if (!rc) rc = gc_temps(s, dry_run, res);
     /* Kept pieces of interrupted fetches: stale once no fetch holds them and
@@ -173,6 +214,12 @@ static int du_blob(void *vctx, const char *sha, const char *path, uint64_t size)
     r->blobs++;
     r->physical += size;
     return 0;
+}
+
+static int du_remote_blob(void *vctx, const char *sha, uint64_t size, int64_t mtime)
+{
+    (void)mtime;
+    return du_blob(vctx, sha, NULL, size);
 }
 
 json_t *store_du_json(const store_du_result *r)
@@ -196,7 +243,8 @@ int store_du(ckpt_store *s, store_du_result *res)
     sqlite3_finalize(st);
     struct stat sb;
     if (stat(s->cat.path, &sb) == 0) res->db_bytes = (uint64_t)sb.st_size;
-    return for_each_blob(s, du_blob, res);
+    if (store_blobs_remote(s)) return store_blob_list(s, du_remote_blob, res);
+    return for_each_blob(s->blob_dir, du_blob, res);
 }
 
 int store_rm(ckpt_store *s, const store_ckpt *c)
@@ -262,16 +310,19 @@ int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, vo
     if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, "verify: list blobs");
     sqlite3_finalize(st);
     for (size_t i = 0; !rc && i < n; i++) {
-        char *path = store_blob_path(s, list[i]), hex[65];
-        if (!path) {
-            rc = CKPT_ENOMEM;
-            break;
-        }
+        char hex[65];
+        bool exists = false;
         const char *problem = NULL;
         char detail[128];
-        if (!ckpt_exists(path)) problem = "missing";
-        else if (ckpt_sha256_file_hex(path, hex) < 0) problem = "unreadable";
-        else if (strcmp(hex, list[i])) {
+        if (store_blob_hash(s, list[i], &exists, hex) < 0) {
+            if (store_blobs_remote(s) && exists) { /* the bucket failed, not the blob: stop with its error */
+                rc = CKPT_EIO;
+                break;
+            }
+            problem = exists ? "unreadable" : "missing";
+        } else if (!exists) {
+            problem = "missing";
+        } else if (strcmp(hex, list[i])) {
             snprintf(detail, sizeof detail, "its bytes hash to %.16s...", hex);
             problem = detail;
         }
@@ -279,7 +330,6 @@ int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, vo
             (*damaged)++;
             report_users(s, list[i], problem, report, ctx);
         }
-        free(path);
     }
     for (size_t i = 0; i < n; i++) free(list[i]);
     free(list);

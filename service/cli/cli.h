@@ -101,6 +101,7 @@ int cmd_verify(int argc, char **argv);
 int cmd_state(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_worker(int argc, char **argv);
+int cmd_s3(int argc, char **argv);
 int cmd_submit(int argc, char **argv);
 int cmd_jobs(int argc, char **argv);
 int cmd_job_show(int argc, char **argv);

@@ -68,10 +68,10 @@ static char *config_path(void)
     return NULL;
 }
 
-/* One "key = value" line of the config into vals[] (home, server, token_file). */
-static int config_line(const char *path, int lineno, char *line, char *vals[3])
+/* One "key = value" line of the config into vals[] (home, server, token_file, blobs). */
+static int config_line(const char *path, int lineno, char *line, char *vals[4])
 {
-    static const char *const keys[3] = {"home", "server", "token_file"};
+    static const char *const keys[4] = {"home", "server", "token_file", "blobs"};
     char *eq = strchr(line, '=');
     if (!eq) return ckpt_error_set(CKPT_EINVAL, "%s:%d: expected 'key = value'", path, lineno);
     char *k = line, *ke = eq, *v = eq + 1, *ve = v + strlen(v);
@@ -84,14 +84,14 @@ static int config_line(const char *path, int lineno, char *line, char *vals[3])
     for (const char *p = v; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             return ckpt_error_set(CKPT_EINVAL, "%s:%d: the value of '%s' holds a control character", path, lineno, k);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (strcmp(k, keys[i])) continue;
         if (vals[i]) return ckpt_error_set(CKPT_EINVAL, "%s:%d: '%s' is set twice", path, lineno, k);
         if (!*v) return ckpt_error_set(CKPT_EINVAL, "%s:%d: '%s' has no value", path, lineno, k);
         vals[i] = v;
         return 0;
     }
-    return ckpt_error_set(CKPT_EINVAL, "%s:%d: unknown key '%s' (known: home, server, token_file)", path, lineno,
+    return ckpt_error_set(CKPT_EINVAL, "%s:%d: unknown key '%s' (known: home, server, token_file, blobs)", path, lineno,
                           *k ? k : "");
 }
 
@@ -103,7 +103,7 @@ int cli_config_load(void)
     size_t len = 0;
     struct stat st;
     int rc = stat(path, &st) == 0 ? ckpt_read_file(path, CONFIG_MAX_BYTES, &text, &len) : 0;
-    char *vals[3] = {0};
+    char *vals[4] = {0};
     if (!rc && text && memchr(text, 0, len)) rc = ckpt_error_set(CKPT_EINVAL, "%s: not a text file", path);
     int lineno = 0;
     for (char *line = text, *next; !rc && line && *line; line = next) {
@@ -118,6 +118,7 @@ int cli_config_load(void)
     if (!rc && vals[0] && !getenv("CKPT_HOME")) setenv("CKPT_HOME", vals[0], 1);
     if (!rc && vals[1] && !getenv("CKPT_SERVER")) setenv("CKPT_SERVER", vals[1], 1);
     if (!rc && vals[2] && !getenv("CKPT_TOKEN")) rc = set_token_from(vals[2]);
+    if (!rc && vals[3] && !getenv("CKPT_BLOBS")) setenv("CKPT_BLOBS", vals[3], 1);
     free(text);
     free(path);
     if (rc) {
@@ -152,6 +153,8 @@ int cli_global_options(int argc, char **argv, int *first)
             setenv("CKPT_HOME", v, 1);
             /* a home given on the command line means this machine's store */
             unsetenv("CKPT_SERVER");
+        } else if ((v = global_value("--blobs", argc, argv, &i, &missing))) {
+            setenv("CKPT_BLOBS", v, 1); /* where the store's blobs live: a folder's default or s3:// */
         } else if ((v = global_value("--server", argc, argv, &i, &missing))) {
             setenv("CKPT_SERVER", v, 1);
             server_flag_given = true;
@@ -163,8 +166,8 @@ int cli_global_options(int argc, char **argv, int *first)
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "--version")) {
             break;
         } else {
-            fprintf(stderr, "ckpt: %s '%s' before the command (global options: --home DIR, --server URL, "
-                            "--token-file FILE)\n",
+            fprintf(stderr, "ckpt: %s '%s' before the command (global options: --home DIR, --blobs URL, "
+                            "--server URL, --token-file FILE)\n",
                     missing ? "a value is missing after" : "unknown option", argv[i]);
             return CLI_USAGE;
         }

@@ -61,6 +61,8 @@ const cli_command cli_commands[] = {
      "queue a failed or cancelled job again"},
     {"worker", cmd_worker, 0,
      "internal: run one job (started by serve)"},
+    {"s3", cmd_s3, 0,
+     "internal: the store's S3 client on its own (put, get, head, ls, rm of a bucket)"},
     {"pull", cmd_pull, CLI_WRITES,
      "write a stored checkpoint (or one rank, or its consolidated form) to a folder or tar"},
 };

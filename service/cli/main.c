@@ -19,9 +19,11 @@ static void usage(FILE *out)
         fprintf(out, "  %-14s %s\n", cli_commands[i].name, cli_commands[i].summary);
     fprintf(out, "\nglobal options, before the command:\n"
                  "  --home DIR        the store (else $CKPT_HOME, the config's home, ~/.local/share/ckpt)\n"
+                 "  --blobs URL       where the store's blobs live: s3://BUCKET/PREFIX (else $CKPT_BLOBS,\n"
+                 "                    the config's blobs; default: the store's blobs/ folder)\n"
                  "  --server URL      work on a daemon (else $CKPT_SERVER, the config's server)\n"
                  "  --token-file FILE the daemon's token on its first line (else $CKPT_TOKEN, the config's token_file)\n"
-                 "config: $XDG_CONFIG_HOME/ckpt/config, lines 'key = value' (home, server, token_file)\n\n"
+                 "config: $XDG_CONFIG_HOME/ckpt/config, lines 'key = value' (home, server, token_file, blobs)\n\n"
                  "example:\n  ckpt --server http://storage:8470 ls\n\n"
                  "'ckpt <command> --help' explains a command.\n");
 }

@@ -3,6 +3,7 @@
 mid-body (python3 standard library only).
 
     cutproxy.py --target HOST:PORT --url-file F --log F [--cut RULE]...
+                [--cut-request RULE]... [--status CODE[@K],only=TEXT]...
 
 It listens on 127.0.0.1 (a free port; its URL "http://127.0.0.1:PORT" is
 written to F once it accepts) and forwards every connection to TARGET byte
@@ -19,6 +20,14 @@ has cuts left applies. Every response is logged, one line:
 
     GET /org/repo/resolve/REV/PATH range=bytes=S-E status=206 body=LEN [cut=N]
 
+--cut-request N[@K][,only=TEXT] cuts the first K requests whose body is longer
+than N bytes (an upload) after N body bytes: the server gets a truncated
+request and the client a closed connection, logged "... cut-request=N".
+--status CODE[@K],only=TEXT answers the first K matching requests itself
+with HTTP CODE and an S3 error document (503 SlowDown, else InternalError),
+then closes the connection; the request is not forwarded (its body is read
+first unless it waits for "100 Continue"). Logged "... status=CODE injected".
+
 A message the proxy cannot follow (chunked, no length) is passed through as
 is for the rest of its connection, logged as "unframed". SIGTERM stops it.
 """
@@ -32,6 +41,8 @@ import threading
 
 lock = threading.Lock()
 rules = []
+request_rules = []
+status_rules = []
 args = None
 logf = None
 
@@ -96,6 +107,27 @@ def close_both(a, b):
             pass
 
 
+def take_rule(rules_of_kind, line, length, start=-1):
+    """The first rule of a list that applies to a message (one use taken), or
+    None: more than "after" body bytes, "only" in the request line, and for a
+    "resumed" rule a Range starting past byte 0."""
+    with lock:
+        for r in rules_of_kind:
+            if r["left"] == 0 or length <= r["after"]:
+                continue
+            if r["only"] and r["only"] not in line:
+                continue
+            if r["resumed"] and start <= 0:
+                continue
+            r["left"] -= 1
+            return r
+    return None
+
+
+ERROR_DOC = ('<?xml version="1.0" encoding="UTF-8"?><Error><Code>%s</Code>'
+             '<Message>injected by cutproxy</Message></Error>')
+
+
 def pump_requests(client, server, pending, cond):
     src = Stream(client)
     try:
@@ -105,6 +137,29 @@ def pump_requests(client, server, pending, cond):
                 break
             line, hdrs = parse_head(head)
             method = line.split(" ", 1)[0]
+            length = int(hdrs.get("content-length", "0") or 0)
+            injected = take_rule(status_rules, line, 0)
+            if injected:
+                if "100-continue" not in hdrs.get("expect", "").lower():
+                    for _ in src.chunks(length):
+                        pass
+                code = injected["code"]
+                body = (ERROR_DOC % ("SlowDown" if code == 503 else "InternalError")).encode()
+                client.sendall(b"HTTP/1.1 %d Injected\r\nContent-Type: application/xml\r\n"
+                               b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (code, len(body)) + body)
+                log("%s status=%d injected" % (line.rsplit(" ", 1)[0], code))
+                close_both(client, server)
+                return
+            cut = take_rule(request_rules, line, length)
+            if cut:
+                server.sendall(head)
+                sent = 0
+                for part in src.chunks(cut["after"]):
+                    server.sendall(part)
+                    sent += len(part)
+                log("%s body=%d cut-request=%d" % (line.rsplit(" ", 1)[0], length, sent))
+                close_both(client, server)
+                return
             with cond:
                 pending.append((method, line.rsplit(" ", 1)[0], hdrs.get("range", "")))
                 cond.notify()
@@ -115,7 +170,7 @@ def pump_requests(client, server, pending, cond):
                     server.sendall(src.buf)
                     src.buf = b""
                 break
-            for part in src.chunks(int(hdrs.get("content-length", "0") or 0)):
+            for part in src.chunks(length):
                 server.sendall(part)
     except OSError:
         pass
@@ -151,17 +206,8 @@ def wants_cut(line, rng, length):
     if rng.startswith("bytes="):
         s = rng[6:].split("-", 1)[0]
         start = int(s) if s.isdigit() else -1
-    with lock:
-        for r in rules:
-            if r["left"] == 0 or length <= r["after"]:
-                continue
-            if r["only"] and r["only"] not in line:
-                continue
-            if r["resumed"] and start <= 0:
-                continue
-            r["left"] -= 1
-            return r["after"]
-    return -1
+    r = take_rule(rules, line, length, start)
+    return r["after"] if r else -1
 
 
 def pump_responses(client, server, pending, cond):
@@ -242,8 +288,17 @@ def main():
     p.add_argument("--url-file", required=True)
     p.add_argument("--log", required=True)
     p.add_argument("--cut", action="append", default=[], metavar="RULE")
+    p.add_argument("--cut-request", action="append", default=[], metavar="RULE")
+    p.add_argument("--status", action="append", default=[], metavar="CODE[@K],only=TEXT")
     args = p.parse_args()
     rules.extend(parse_rule(r) for r in args.cut)
+    request_rules.extend(parse_rule(r) for r in args.cut_request)
+    for text in args.status:
+        r = parse_rule(text)
+        if r["resumed"]:
+            raise SystemExit("cutproxy: --status takes no 'resumed'")
+        r["code"], r["after"] = r["after"], -1
+        status_rules.append(r)
     logf = open(args.log, "a")
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -26,7 +26,8 @@
 #                       ${NAME}_url and ${NAME}_pid
 #   hub_client_env      fetches retry in milliseconds and see no token of the machine
 #   set_faults URL SPEC replaces the faults of the test Hub at URL
-# At exit: the script's on_exit function if it has one, then every
+# At exit: the script's on_exit function if it has one, the commands in
+# e2e_cleanups (libraries such as ceph_lib.sh add their own), then every
 # serve_bg server is stopped and checked, every other background job
 # killed, and $work emptied.
 
@@ -36,6 +37,7 @@ testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
 py=$(python3 -c 'import sys; print(sys.executable)')
 E2E_LOGS=()
 e2e_servers=()
+e2e_cleanups=() # commands run at exit after on_exit (a library's servers: ceph_lib.sh)
 
 fail() { # the logs first, the reason last: run.sh shows the last 60 lines of a failed test
     local pattern l
@@ -131,6 +133,7 @@ e2e_exit() {
     local rc=$? p bad=0
     trap - EXIT
     if declare -F on_exit >/dev/null; then on_exit || true; fi
+    for p in "${e2e_cleanups[@]}"; do "$p" || true; done
     for p in "${e2e_servers[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
     for p in "${e2e_servers[@]}"; do wait "$p" 2>/dev/null || bad=$?; done
     for p in $(jobs -p); do kill -9 "$p" 2>/dev/null || true; done

@@ -171,7 +171,7 @@ done
 check_convert mixtral-sharded neuron 8
 # A layout pull opens each blob once, not once per part (8 per expert tensor at
 # tp 8): with the descriptors limited to the store's blob count + 48 it works.
-nfd=$(($(find "$CKPT_HOME/blobs" -type f | wc -l) + 48))
+nfd=$(($(du_field blobs) + 48))
 (ulimit -n "$nfd" && exec "$ckpt" pull t/mixtral-sharded@main:neuron-tp8 -o "$work/pull" >/dev/null 2>"$work/err") ||
     fail "pull of neuron-tp8 with $nfd descriptors: $(cat "$work/err")"
 rm -rf "$work/pull"
