@@ -34,7 +34,7 @@ static bool from_parts(ckpt_store *s, const store_ckpt *c)
     json_t *layout = NULL;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(rows[i].path, CONVERT_LAYOUT_FILE) || !rows[i].blob) continue;
-        char *path = store_blob_path(s, rows[i].blob);
+        char *path = store_blob_read_path(s, rows[i].blob);
         if (path && cj_load_file(&layout, path, CONVERT_LAYOUT_MAX_BYTES)) layout = NULL;
         free(path);
     }
