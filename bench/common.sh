@@ -43,10 +43,25 @@ bench_start() {
     WORK=$(mktemp -d "$BASE/ckpt-bench-$BENCH_NAME.XXXXXX")
 }
 
-# bench_cleanup_on_exit: WORK is removed when the script exits, unless
-# BENCH_KEEP=1 (then its path is printed).
+# bench_need_hub: CKPT_TESTHUB (default beside CKPT_BIN) is built and curl
+# is there, for the scripts that serve a store over the Hub API.
+bench_need_hub() {
+    CKPT_TESTHUB=${CKPT_TESTHUB:-$(dirname "$CKPT_BIN")/ckpt-testhub}
+    [ -x "$CKPT_TESTHUB" ] || die "CKPT_TESTHUB '$CKPT_TESTHUB' is not built (make BUILD=DIR DIR/ckpt-testhub)"
+    command -v curl >/dev/null || die "curl is needed"
+}
+
+# bench_stop_hub: the test Hub whose pid is in HUB_PID, if any, stopped.
+HUB_PID=""
+bench_stop_hub() {
+    if [ -n "$HUB_PID" ]; then kill -TERM "$HUB_PID" 2>/dev/null && wait "$HUB_PID" 2>/dev/null; fi
+    HUB_PID=""
+}
+
+# bench_cleanup_on_exit: when the script exits, a test Hub it started is
+# stopped and WORK removed, unless BENCH_KEEP=1 (then its path is printed).
 bench_cleanup_on_exit() {
-    trap 'if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench/$BENCH_NAME: kept $WORK"; else rm -rf "$WORK"; fi' EXIT
+    trap 'bench_stop_hub; if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench/$BENCH_NAME: kept $WORK"; else rm -rf "$WORK"; fi' EXIT
 }
 
 # median V...: the median of the numbers given (the upper one of an even count).

@@ -38,16 +38,9 @@ BENCH_NAME=fetch
 # shellcheck source=bench/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-CKPT_TESTHUB=${CKPT_TESTHUB:-$(dirname "$CKPT_BIN")/ckpt-testhub}
-[ -x "$CKPT_TESTHUB" ] || die "CKPT_TESTHUB '$CKPT_TESTHUB' is not built (make BUILD=DIR DIR/ckpt-testhub)"
-command -v curl >/dev/null || die "curl is needed"
+bench_need_hub
 bench_start
-HUB_PID=""
-cleanup() {
-    [ -n "$HUB_PID" ] && kill -TERM "$HUB_PID" 2>/dev/null && wait "$HUB_PID" 2>/dev/null
-    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
+bench_cleanup_on_exit
 FETCH_OPTS=()
 [ -n "${BENCH_CONNECTIONS:-}" ] && FETCH_OPTS+=(--connections "$BENCH_CONNECTIONS")
 [ -n "${BENCH_CHUNK:-}" ] && FETCH_OPTS+=(--chunk-size "$BENCH_CHUNK")

@@ -54,21 +54,14 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 LSCALE=${BENCH_LARGE_SCALE:-1}
 MOE_SCALE=${BENCH_MOE_SCALE:-8}
 MODEL=${BENCH_LARGE_MODEL:-$BASE/ckpt-bench-large-model-s$LSCALE}
-CKPT_TESTHUB=${CKPT_TESTHUB:-$(dirname "$CKPT_BIN")/ckpt-testhub}
 TP=8
 RANK=3
 [ -x "$PY" ] || PY=python3
-[ -x "$CKPT_TESTHUB" ] || die "CKPT_TESTHUB '$CKPT_TESTHUB' is not built (make BUILD=DIR DIR/ckpt-testhub)"
-command -v curl >/dev/null || die "curl is needed"
+bench_need_hub
 [[ $LSCALE =~ ^[1-9][0-9]*$ ]] || die "BENCH_LARGE_SCALE must be a positive number"
 [[ $MOE_SCALE =~ ^[0-9]+$ ]] || die "BENCH_MOE_SCALE must be a number"
 bench_start
-HUB_PID=""
-cleanup() {
-    [ -n "$HUB_PID" ] && kill -TERM "$HUB_PID" 2>/dev/null && wait "$HUB_PID" 2>/dev/null
-    if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench/large: kept $WORK"; else rm -rf "$WORK"; fi
-}
-trap cleanup EXIT
+bench_cleanup_on_exit
 
 CACHE=warm
 [ "$(id -u)" = 0 ] && [ -w /proc/sys/vm/drop_caches ] && CACHE=cold
@@ -168,8 +161,7 @@ for round in $(seq 1 "$REPEAT"); do
     run curl_sha - "curl + sha256sum" sh -c 'cd "$1" && xargs -n 1 curl -sfO <"$2" && sha256sum ./* >/dev/null && sync' sh "$RW/curl" "$WORK/urls"
     rm -rf "$RW/curl"
     run fetch curl_sha "fetch from the test Hub" env HF_ENDPOINT="$HUB" CKPT_HOME="$RW/client" "$CKPT_BIN" fetch bench/large
-    kill -TERM "$HUB_PID" && wait "$HUB_PID" 2>/dev/null || true
-    HUB_PID=""
+    bench_stop_hub
     unset CKPT_HOME
     rm -rf "$RW"
 done
