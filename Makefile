@@ -19,7 +19,8 @@ DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libsqlite3-dev libcurl4-openssl-dev libarchive-dev libopenblas-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
 	libzstd-dev zlib1g-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
-	python3-torch curl ca-certificates chromium chromium-driver python3-selenium
+	python3-torch curl ca-certificates chromium chromium-driver python3-selenium \
+	postgresql libpq-dev
 
 # libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
