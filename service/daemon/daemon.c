@@ -490,8 +490,9 @@ int daemon_run(const daemon_opts *o)
         if (url_file) ckpt_write_file_atomic(url_file, http_api_url(api), strlen(http_api_url(api)));
     }
     if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
-    double last_reap = 0, last_schedules = 0, last_prune = 0, grace_end = 0;
-    bool stopping = false;
+    double last_reap = 0, last_schedules = 0, last_prune = 0, last_claim = 0, grace_end = 0;
+    size_t last_nslots = 0;
+    bool stopping = false, woken = false;
     for (;;) {
         double now = queue_now();
         if (stop_requested && !stopping) {
@@ -516,10 +517,20 @@ int daemon_run(const daemon_opts *o)
                 ckpt_event(CKPT_EV_INFO, "jobs.pruned",
                            json_pack("{s:i,s:f}", "jobs", pruned, "keep_seconds", o->keep_jobs));
         }
-        if (!stopping) claim_more(&d);
-        struct pollfd pfd[257];
-        size_t slot_of[257], np = 0;
+        /* On PostgreSQL a claim is a round trip other daemons share: claim when
+         * a submission NOTIFYs, when a slot frees, or once a second (a job
+         * whose backoff ended, a missed wake-up); on SQLite at every tick. */
+        int wake_fd = stopping ? -1 : queue_wake_fd(&d.store.cat);
+        if (!stopping && (wake_fd < 0 || woken || d.nslots != last_nslots || now - last_claim >= 1.0)) {
+            claim_more(&d);
+            last_claim = now;
+            last_nslots = d.nslots;
+            woken = false;
+        }
+        struct pollfd pfd[258];
+        size_t slot_of[258], np = 0;
         pfd[np++] = (struct pollfd){.fd = child_pipe[0], .events = POLLIN};
+        if (wake_fd >= 0) pfd[np++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
         for (size_t i = 0; i < d.nslots && np < CKPT_ARRAY_LEN(pfd); i++) {
             if (d.slots[i].eof) continue;
             slot_of[np] = i;
@@ -530,7 +541,12 @@ int daemon_run(const daemon_opts *o)
             char sink[64];
             while (read(child_pipe[0], sink, sizeof sink) > 0) {}
         }
-        for (size_t i = 1; i < np; i++)
+        size_t first_slot = 1;
+        if (wake_fd >= 0) {
+            if (pfd[1].revents) woken = queue_wake_drain(&d.store.cat);
+            first_slot = 2;
+        }
+        for (size_t i = first_slot; i < np; i++)
             if (pfd[i].revents && !drain(&d, &d.slots[slot_of[i]])) d.slots[slot_of[i]].eof = true;
         collect_exits(&d);
         supervise(&d, stopping, grace_end);
