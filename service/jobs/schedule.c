@@ -421,6 +421,10 @@ int schedule_queue_due(catalog *c, double now, int *queued)
         if (!(rc = read_schedule(st, &due[n]))) n++;
     if (!rc && e < 0) rc = e;
     db_finalize(st);
+    if (!rc && n == 0) { /* the common case: nothing due, nothing to commit */
+        db_rollback(d);
+        return 0;
+    }
     for (size_t i = 0; !rc && i < n; i++) {
         jobs[i] = 0;
         existed[i] = false;

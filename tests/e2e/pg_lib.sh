@@ -53,7 +53,7 @@ pg_start() {
         pg_port=
     done
     [ -n "$pg_port" ] || fail "PostgreSQL found no free port in 5 tries"
-    wait_until 60 "PostgreSQL to accept connections" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port"
+    wait_until 60 "PostgreSQL to accept connections" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -U ckpt -d postgres
     as_pg "$pg_bin/createdb" -h "$pg_dir" -p "$pg_port" -U ckpt ckpt || fail "createdb failed"
     pg_url="postgresql://ckpt@127.0.0.1:$pg_port/ckpt"
 }
