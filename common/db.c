@@ -228,8 +228,9 @@ int db_prepare(ckpt_db *d, ckpt_stmt **out, const char *sql, const char *what)
             return rc;
         }
     } else if (!(st->sql = pg_sql(sql, &st->nparams)) || st->nparams > DB_MAX_PARAMS) {
+        int rc = st->sql ? ckpt_error_set(CKPT_EINVAL, "%s: %s: too many parameters", d->name, what) : CKPT_ENOMEM;
         db_finalize(st);
-        return st->sql ? ckpt_error_set(CKPT_EINVAL, "%s: %s: too many parameters", d->name, what) : CKPT_ENOMEM;
+        return rc;
     }
     *out = st;
     return 0;
