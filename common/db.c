@@ -48,6 +48,24 @@ bool db_is_pg_url(const char *url)
     return url && (!strncmp(url, "postgresql://", 13) || !strncmp(url, "postgres://", 11));
 }
 
+/* url with the value of every password=... query parameter replaced by "***". */
+static char *redact_query(char *url)
+{
+    char *q = url ? strchr(url, '?') : NULL;
+    if (!q) return url;
+    for (char *p = q + 1; p && *p;) {
+        if (!strncmp(p, "password=", 9)) {
+            char *end = p + 9 + strcspn(p + 9, "&");
+            char *r = ckpt_sprintf("%.*s***%s", (int)(p + 9 - url), url, end);
+            free(url);
+            return r;
+        }
+        p = strchr(p, '&');
+        if (p) p++;
+    }
+    return url;
+}
+
 char *db_redact_url(const char *url)
 {
     const char *auth = strstr(url, "://");
@@ -56,9 +74,8 @@ char *db_redact_url(const char *url)
     size_t hostpart = strcspn(auth, "/?");
     const char *at = memchr(auth, '@', hostpart);
     const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
-    if (!colon) return ckpt_strdup(url);
     /* scheme://user + @rest: the password between ':' and '@' is dropped */
-    return ckpt_sprintf("%.*s%s", (int)(colon - url), url, at);
+    return redact_query(colon ? ckpt_sprintf("%.*s%s", (int)(colon - url), url, at) : ckpt_strdup(url));
 }
 
 db_kind_t db_kind(const ckpt_db *d)
