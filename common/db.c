@@ -382,6 +382,11 @@ const char *db_col_text(ckpt_stmt *st, int i)
     return db_col_null(st, i) ? NULL : PQgetvalue(st->res, st->row, i);
 }
 
+ckpt_db *db_stmt_db(ckpt_stmt *st)
+{
+    return st->db;
+}
+
 int64_t db_changes(ckpt_stmt *st)
 {
     return st->changes;

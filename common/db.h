@@ -65,6 +65,8 @@ bool db_col_null(ckpt_stmt *st, int i);
 int64_t db_col_int64(ckpt_stmt *st, int i);
 double db_col_double(ckpt_stmt *st, int i);
 const char *db_col_text(ckpt_stmt *st, int i); /* NULL for NULL; valid until the next step */
+/* The database st was prepared on. */
+ckpt_db *db_stmt_db(ckpt_stmt *st);
 /* Rows the last finished INSERT/UPDATE/DELETE of st changed. */
 int64_t db_changes(ckpt_stmt *st);
 /* True when the last error of d was a unique constraint. */

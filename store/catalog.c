@@ -272,3 +272,10 @@ int catalog_jobs(catalog *c, ckpt_db **d)
     *d = pg;
     return 0;
 }
+
+int catalog_jobs_prepare(catalog *c, ckpt_stmt **st, const char *sql, const char *what)
+{
+    ckpt_db *d;
+    int rc = catalog_jobs(c, &d);
+    return rc ? rc : db_prepare(d, st, sql, what);
+}

@@ -54,6 +54,8 @@ int catalog_error(catalog *c, const char *what);
 int catalog_exec(catalog *c, const char *sql);
 /* The database of the job queue and schedules (see above); *d stays owned by c. */
 int catalog_jobs(catalog *c, ckpt_db **d);
+/* catalog_jobs, then db_prepare on that database. */
+int catalog_jobs_prepare(catalog *c, ckpt_stmt **st, const char *sql, const char *what);
 /* The value of CKPT_DB when it names PostgreSQL, else NULL (SQLite in
  * CKPT_HOME); anything else in CKPT_DB is refused with a message. */
 int catalog_db_url(const char **url);

@@ -273,14 +273,11 @@ int queue_list(catalog *c, const char *state, int limit, queue_job **jobs, size_
 {
     *jobs = NULL;
     *n = 0;
-    ckpt_db *d;
     ckpt_stmt *st;
-    int rc = catalog_jobs(c, &d);
-    if (!rc)
-        rc = db_prepare(d, &st,
-                        state ? "SELECT " JOB_COLUMNS " FROM jobs WHERE state = ?2 ORDER BY id DESC LIMIT ?1"
-                              : "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id DESC LIMIT ?1",
-                        "list jobs");
+    int rc = catalog_jobs_prepare(c, &st,
+                                  state ? "SELECT " JOB_COLUMNS " FROM jobs WHERE state = ?2 ORDER BY id DESC LIMIT ?1"
+                                        : "SELECT " JOB_COLUMNS " FROM jobs ORDER BY id DESC LIMIT ?1",
+                                  "list jobs");
     if (rc) return rc;
     db_bind_int64(st, 1, limit > 0 ? limit : 1000);
     if (state) db_bind_text(st, 2, state);
@@ -688,14 +685,11 @@ int queue_retry(catalog *c, int64_t id)
 
 int queue_logs(catalog *c, int64_t id, int64_t after, json_t **lines, int64_t *last)
 {
-    ckpt_db *d;
     ckpt_stmt *st;
     *lines = json_array();
     *last = after;
-    int rc = catalog_jobs(c, &d);
-    if (!rc)
-        rc = db_prepare(d, &st, "SELECT seq, at, line FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT 10000",
-                        "read job logs");
+    int rc = catalog_jobs_prepare(
+        c, &st, "SELECT seq, at, line FROM job_logs WHERE job_id = ? AND seq > ? ORDER BY seq LIMIT 10000", "read job logs");
     if (rc) return rc;
     db_bind_int64(st, 1, id);
     db_bind_int64(st, 2, after);
@@ -731,16 +725,13 @@ int queue_prune(catalog *c, double before, int *removed)
 
 int queue_counts(catalog *c, json_t **out)
 {
-    ckpt_db *d;
     ckpt_stmt *st;
     *out = json_array();
-    int rc = catalog_jobs(c, &d);
-    if (!rc)
-        rc = db_prepare(d, &st,
-                        "SELECT state, kind, count(*), coalesce(sum(CASE WHEN finished_at IS NOT NULL AND started_at "
-                        "IS NOT NULL THEN finished_at - started_at END), 0), coalesce(sum(progress_done), 0) FROM jobs "
-                        "GROUP BY state, kind",
-                        "count jobs");
+    int rc = catalog_jobs_prepare(c, &st,
+                                  "SELECT state, kind, count(*), coalesce(sum(CASE WHEN finished_at IS NOT NULL AND "
+                                  "started_at IS NOT NULL THEN finished_at - started_at END), 0), "
+                                  "coalesce(sum(progress_done), 0) FROM jobs GROUP BY state, kind",
+                                  "count jobs");
     if (rc) return rc;
     int e;
     while ((e = db_step(st)) == DB_ROW)

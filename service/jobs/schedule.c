@@ -249,8 +249,9 @@ int schedule_add(catalog *c, schedule *sc)
 }
 
 /* One statement of schedules in its own transaction; *changes gets its rows. */
-static int one_statement(ckpt_db *d, ckpt_stmt *st, int64_t *changes)
+static int one_statement(ckpt_stmt *st, int64_t *changes)
 {
+    ckpt_db *d = db_stmt_db(st);
     int rc = db_begin(d);
     if (!rc) rc = db_run(st);
     if (!rc && changes) *changes = db_changes(st);
@@ -263,10 +264,8 @@ static int one_statement(ckpt_db *d, ckpt_stmt *st, int64_t *changes)
 
 int schedule_get(catalog *c, int64_t id, schedule *out)
 {
-    ckpt_db *d;
     ckpt_stmt *st;
-    int rc = catalog_jobs(c, &d);
-    if (!rc) rc = db_prepare(d, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE id = ?", "read schedule");
+    int rc = catalog_jobs_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE id = ?", "read schedule");
     if (rc) return rc;
     db_bind_int64(st, 1, id);
     int e = db_step(st);
@@ -284,10 +283,8 @@ int schedule_list(catalog *c, schedule **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
-    ckpt_db *d;
     ckpt_stmt *st;
-    int rc = catalog_jobs(c, &d);
-    if (!rc) rc = db_prepare(d, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules ORDER BY id", "list schedules");
+    int rc = catalog_jobs_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules ORDER BY id", "list schedules");
     if (rc) return rc;
     size_t cap = 0;
     int e = 0;
@@ -307,14 +304,12 @@ int schedule_list(catalog *c, schedule **out, size_t *n)
 
 int schedule_remove(catalog *c, int64_t id)
 {
-    ckpt_db *d;
     ckpt_stmt *st;
     int64_t changed = 0;
-    int rc = catalog_jobs(c, &d);
-    if (!rc) rc = db_prepare(d, &st, "DELETE FROM schedules WHERE id = ?", "remove schedule");
+    int rc = catalog_jobs_prepare(c, &st, "DELETE FROM schedules WHERE id = ?", "remove schedule");
     if (rc) return rc;
     db_bind_int64(st, 1, id);
-    rc = one_statement(d, st, &changed);
+    rc = one_statement(st, &changed);
     db_finalize(st);
     if (!rc && !changed) rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
     return rc;
@@ -340,20 +335,17 @@ json_t *schedule_json(const schedule *sc)
 
 int schedule_record(catalog *c, int64_t id, const char *commit, const char *outcome)
 {
-    ckpt_db *d;
     ckpt_stmt *st;
-    int rc = catalog_jobs(c, &d);
-    if (!rc)
-        rc = db_prepare(d, &st,
-                        "UPDATE schedules SET last_run_at = ?, last_commit = coalesce(?, last_commit), "
-                        "last_outcome = ? WHERE id = ?",
-                        "record sync outcome");
+    int rc = catalog_jobs_prepare(c, &st,
+                                  "UPDATE schedules SET last_run_at = ?, last_commit = coalesce(?, last_commit), "
+                                  "last_outcome = ? WHERE id = ?",
+                                  "record sync outcome");
     if (rc) return rc;
     db_bind_double(st, 1, queue_now());
     db_bind_text(st, 2, commit);
     db_bind_text(st, 3, outcome);
     db_bind_int64(st, 4, id);
-    rc = one_statement(d, st, NULL);
+    rc = one_statement(st, NULL);
     db_finalize(st);
     return rc;
 }
