@@ -492,7 +492,9 @@ int daemon_run(const daemon_opts *o)
     if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
     double last_reap = 0, last_schedules = 0, last_prune = 0, last_claim = 0, grace_end = 0;
     size_t last_nslots = 0;
-    bool stopping = false, woken = false;
+    const char *db_url = NULL;
+    /* (while PostgreSQL is unreachable, wake_fd is -1 and claims stay once a second) */
+    bool stopping = false, woken = false, on_pg = catalog_db_url(&db_url) == 0 && db_url;
     for (;;) {
         double now = queue_now();
         if (stop_requested && !stopping) {
@@ -520,8 +522,8 @@ int daemon_run(const daemon_opts *o)
         /* On PostgreSQL a claim is a round trip other daemons share: claim when
          * a submission NOTIFYs, when a slot frees, or once a second (a job
          * whose backoff ended, a missed wake-up); on SQLite at every tick. */
-        int wake_fd = stopping ? -1 : queue_wake_fd(&d.store.cat);
-        if (!stopping && (wake_fd < 0 || woken || d.nslots != last_nslots || now - last_claim >= 1.0)) {
+        int wake_fd = stopping || !on_pg ? -1 : queue_wake_fd(&d.store.cat);
+        if (!stopping && (!on_pg || woken || d.nslots != last_nslots || now - last_claim >= 1.0)) {
             claim_more(&d);
             last_claim = now;
             last_nslots = d.nslots;
