@@ -8,6 +8,9 @@
 #                       $pg_url (postgresql://ckpt@127.0.0.1:PORT/ckpt),
 #                       $pg_port and $pg_dir. Waits for readiness by polling
 #                       pg_isready (a ceiling that only catches a hang).
+#   pg_crash            the server stopped as a crash would (-m immediate: no
+#                       shutdown checkpoint, recovery at the next start), then
+#                       started again on the same port and folder.
 #   pg_stop             pg_ctl stop -m immediate (its processes are not the
 #                       script's children): the script's on_exit calls it.
 #   pg_psql SQL         runs SQL in the database as its owner; rows on stdout,
@@ -43,12 +46,7 @@ pg_start() {
     for try in 1 2 3 4 5; do
         # A free port now; another process may take it before the server binds (then retry).
         pg_port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-        # fsync off: the test's data is thrown away, and durability of the server itself is not under test.
-        if as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -s \
-            -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $pg_dir -c fsync=off -c full_page_writes=off -c max_connections=60" \
-            start -w -t 60 >>"$pg_dir/ctl.log" 2>&1; then
-            break
-        fi
+        if pg_server_start; then break; fi
         grep -q "could not bind\|already in use" "$pg_dir/server.log" 2>/dev/null || fail "PostgreSQL did not start: $(tail -n 5 "$pg_dir/server.log")"
         pg_port=
     done
@@ -56,6 +54,20 @@ pg_start() {
     wait_until 60 "PostgreSQL to accept connections" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -U ckpt -d postgres
     as_pg "$pg_bin/createdb" -h "$pg_dir" -p "$pg_port" -U ckpt ckpt || fail "createdb failed"
     pg_url="postgresql://ckpt@127.0.0.1:$pg_port/ckpt"
+}
+
+# pg_server_start: the server on $pg_dir/data and $pg_port; waits for it (pg_ctl -w).
+pg_server_start() {
+    # fsync off: the test's data is thrown away, and durability of the server itself is not under test.
+    as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -s \
+        -o "-c listen_addresses=127.0.0.1 -p $pg_port -k $pg_dir -c fsync=off -c full_page_writes=off -c max_connections=60" \
+        start -w -t 60 >>"$pg_dir/ctl.log" 2>&1
+}
+
+pg_crash() {
+    as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -s -m immediate stop >>"$pg_dir/ctl.log" 2>&1 || fail "PostgreSQL did not stop"
+    pg_server_start || fail "PostgreSQL did not start again: $(tail -n 5 "$pg_dir/server.log")"
+    wait_until 60 "PostgreSQL to accept connections again" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -U ckpt -d postgres
 }
 
 pg_stop() {

@@ -16,7 +16,9 @@
 #    no worker of the dead daemon left.
 # 5. A schedule due with both daemons looking fires once: one sync job, one
 #    schedule.fired line across both logs, next_run_at moved on.
-# 6. A store the database does not serve is refused, and a bad CKPT_DB too.
+# 6. PostgreSQL stopped as a crash would and started again under the two
+#    daemons: they reconnect, and a job submitted afterwards runs.
+# 7. A store the database does not serve is refused, and a bad CKPT_DB too.
 # Until the checkpoints' catalog moves to PostgreSQL (docs/ARCHITECTURE.md),
 # the daemons share one CKPT_HOME.
 set -euo pipefail
@@ -144,15 +146,21 @@ expect_status 0 "$ckpt" cancel "$sj"
 sync_ended() { [ "$(pg_psql "SELECT state IN ('succeeded', 'failed', 'cancelled') FROM jobs WHERE id = $sj")" = t ]; }
 wait_until 60 "sync job $sj to end" sync_ended
 note "5. schedule $sid fired once"
+
+# ---- 6. the server crashes and comes back under the daemons ----
+pg_crash
+y=$("$ckpt" submit noop --sleep-ms 2)
+wait_until 60 "job $y to run after the server's restart" state_is "$y" succeeded
+note "6. PostgreSQL crashed and restarted; job $y ran"
 stop "$da_pid"
 stop "$db_pid"
 daemons=()
 
-# ---- 6. refusals ----
+# ---- 7. refusals ----
 expect_status 1 env CKPT_HOME="$work/other" "$ckpt" jobs
 grep -q "serves the store at $(hostname):$CKPT_HOME/ckpt.db" "$work/err" || fail "another store: $(cat "$work/err")"
 expect_status 1 env CKPT_DB=mysql://u:secret@h/db "$ckpt" jobs
 grep -q "expected a postgresql:// URL" "$work/err" && ! grep -q secret "$work/err" || fail "bad CKPT_DB: $(cat "$work/err")"
 expect_status 1 env CKPT_DB="postgresql://ckpt:secret@127.0.0.1:$pg_port/nosuchdb" "$ckpt" jobs
 grep -q "nosuchdb" "$work/err" && ! grep -q secret "$work/err" || fail "unknown database: $(cat "$work/err")"
-note "6. refusals"
+note "7. refusals"
