@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* PostgreSQL type oids of the values we send (pg_type.h). */
@@ -26,6 +27,7 @@ struct ckpt_db {
     PGconn *pg;
     bool in_tx, last_unique;
     char listen[64]; /* the channel LISTENed on, again after a reconnect */
+    double last_reset; /* when a reconnect was last tried (monotonic seconds) */
 };
 
 struct ckpt_stmt {
@@ -187,6 +189,13 @@ static int pg_ready(ckpt_db *d, const char *what)
 {
     if (PQstatus(d->pg) == CONNECTION_OK) return 0;
     if (d->in_tx) return pg_result_error(d, NULL, what);
+    /* at most one attempt a second: a daemon asks every tick while the server is down */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+    if (d->last_reset && now - d->last_reset < 1.0)
+        return ckpt_error_set(CKPT_EIO, "%s: %s: the server is unreachable (retrying)", d->name, what);
+    d->last_reset = now;
     PQreset(d->pg);
     if (PQstatus(d->pg) != CONNECTION_OK) return pg_result_error(d, NULL, what);
     PQsetNoticeProcessor(d->pg, pg_quiet, NULL);
