@@ -113,6 +113,7 @@ static int pg_result_error(ckpt_db *d, PGresult *res, const char *what)
     d->last_unique = state && !strcmp(state, "23505");
     char clean[512];
     snprintf(clean, sizeof clean, "%s", msg && *msg ? msg : "no answer from the server");
+    clean[strcspn(clean, "\n")] = 0; /* libpq's hints on further lines are for a terminal */
     size_t n = strlen(clean);
     while (n && (clean[n - 1] == '\n' || clean[n - 1] == ' ')) clean[--n] = 0;
     return ckpt_error_set(pg_code(state), "%s: %s: %s", d->name, what, clean);
