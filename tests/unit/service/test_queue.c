@@ -49,8 +49,9 @@ static int setup(void **state)
     free(db);
     if (rc) return -1;
     /* With CKPT_DB=postgresql://... (tests/e2e/test_pg.sh runs this program
-     * so), every test starts from an empty database that the first queue call
-     * migrates again. */
+     * so), every test starts from empty tables (ids from 1) and a database
+     * that serves no store yet (each test's catalog is a new folder); the
+     * first test's first queue call migrates it. */
     const char *url = NULL;
     if (catalog_db_url(&url) == 0 && url) {
         ckpt_db *pg;
@@ -58,7 +59,10 @@ static int setup(void **state)
             fprintf(stderr, "%s\n", ckpt_error_last());
             return -1;
         }
-        rc = db_exec(pg, "DROP TABLE IF EXISTS job_logs, jobs, schedules, ckpt_migrations, ckpt_meta CASCADE", "reset");
+        rc = db_exec(pg,
+                     "DO $$ BEGIN IF to_regclass('jobs') IS NOT NULL THEN "
+                     "TRUNCATE job_logs, jobs, schedules, ckpt_meta RESTART IDENTITY; END IF; END $$",
+                     "reset");
         db_close(pg);
         if (rc) return -1;
     }
