@@ -184,21 +184,59 @@ int catalog_db_url(const char **url)
     return rc;
 }
 
+static bool pg_known(const char *name)
+{
+    for (size_t i = 0; i < ckpt_pg_schema_count; i++)
+        if (!strcmp(name, ckpt_pg_schema_names[i])) return true;
+    return false;
+}
+
+/* How many of this binary's migrations d has not applied (all when it has
+ * none); a migration d has that this binary does not know is an error: the
+ * database was made by a newer ckpt. */
+static int pg_missing(ckpt_db *d, size_t *missing)
+{
+    *missing = ckpt_pg_schema_count;
+    ckpt_stmt *st;
+    int rc = db_prepare(d, &st, "SELECT to_regclass('ckpt_migrations') IS NOT NULL", "read migrations");
+    if (rc) return rc;
+    int e = db_step(st);
+    bool exists = e == DB_ROW && db_col_int64(st, 0);
+    db_finalize(st);
+    if (e < 0 || !exists) return e < 0 ? e : 0;
+    if ((rc = db_prepare(d, &st, "SELECT name FROM ckpt_migrations", "read migrations"))) return rc;
+    while (!rc && (e = db_step(st)) == DB_ROW) {
+        const char *name = db_col_text(st, 0);
+        if (!pg_known(name))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: the database has migration %s, which this ckpt does not know; use a "
+                                             "newer ckpt", db_name(d), name);
+        else (*missing)--;
+    }
+    if (!rc && e < 0) rc = e;
+    db_finalize(st);
+    return rc;
+}
+
 /* Key of the advisory lock migrations take ("ckpt" in ASCII, 0x636b7074). */
 #define PG_MIGRATE_LOCK "1667985524"
 
 /* Applies the schema/pg/ files this database has not seen, by name, under a
  * transaction-scoped advisory lock: daemons starting together wait for the
- * first one and then find nothing left to do. */
+ * first one and then find nothing left to do. The common case, a current
+ * database, is one read and no lock (every `ckpt worker` connects). */
 static int pg_migrate(ckpt_db *d)
 {
-    int rc = db_begin(d);
+    size_t missing;
+    int rc = pg_missing(d, &missing);
+    if (rc || !missing) return rc;
+    rc = db_begin(d);
     if (!rc) rc = db_exec(d, "SELECT pg_advisory_xact_lock(" PG_MIGRATE_LOCK ")", "lock for migrations");
     if (!rc)
         rc = db_exec(d,
                      "CREATE TABLE IF NOT EXISTS ckpt_migrations (name text PRIMARY KEY, applied_at double precision NOT "
                      "NULL); CREATE TABLE IF NOT EXISTS ckpt_meta (key text PRIMARY KEY, value text NOT NULL)",
                      "create the migrations table");
+    if (!rc) rc = pg_missing(d, &missing); /* again, under the lock: refuses a newer database */
     for (size_t i = 0; !rc && i < ckpt_pg_schema_count; i++) {
         ckpt_stmt *st;
         if ((rc = db_prepare(d, &st, "SELECT 1 FROM ckpt_migrations WHERE name = ?", "read migrations"))) break;

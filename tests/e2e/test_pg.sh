@@ -6,7 +6,8 @@
 #    server: CKPT_DB=postgresql://... runs every case on it, each from an
 #    empty database (so the schema/pg/ migrations run each time).
 # 2. Several processes migrate at once: one set of tables, each migration
-#    recorded once (pg_advisory_xact_lock).
+#    recorded once (pg_advisory_xact_lock); a database with a migration this
+#    binary does not know is refused.
 # 3. Two daemons (separate processes and ports, --workers 1 each) share one
 #    database: with one daemon's only worker held by a job, the other daemon
 #    takes the next one — jobs spread across both, each run once.
@@ -84,7 +85,12 @@ for i in 1 2 3 4; do [ "$(cat "$work/mig.$i")" = "[]" ] || fail "ckpt jobs $i wh
     fail "migrations recorded: $(pg_psql "SELECT name FROM ckpt_migrations")"
 [ "$(pg_psql "SELECT value FROM ckpt_meta WHERE key = 'store'")" = "$(hostname):$(realpath "$CKPT_HOME")/ckpt.db" ] ||
     fail "the database does not record its store: $(pg_psql "SELECT * FROM ckpt_meta")"
-note "2. four processes migrated once"
+pg_psql "INSERT INTO ckpt_migrations VALUES ('999_future.sql', 0)"
+expect_status 1 "$ckpt" jobs
+grep -q "has migration 999_future.sql, which this ckpt does not know; use a newer ckpt" "$work/err" ||
+    fail "a newer database: $(cat "$work/err")"
+pg_psql "DELETE FROM ckpt_migrations WHERE name = '999_future.sql'"
+note "2. four processes migrated once; a database of a newer ckpt is refused"
 
 # ---- 3. two daemons share the queue ----
 start da
