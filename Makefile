@@ -20,11 +20,11 @@ DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
 	libzstd-dev zlib1g-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
 	python3-torch curl ca-certificates chromium chromium-driver python3-selenium \
-	ceph-mon ceph-osd radosgw ceph-common libexpat1-dev
+	ceph-mon ceph-osd radosgw ceph-common libexpat1-dev postgresql libpq-dev
 
-# libcurl, libarchive, libmicrohttpd and OpenBLAS are headers only here: common/lazylib.h
+# libcurl, libarchive, libmicrohttpd, OpenBLAS and libpq are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
-PKGS    := sqlite3 libcurl libarchive expat jansson libpcre2-8 libmicrohttpd libcrypto libzstd zlib
+PKGS    := sqlite3 libcurl libarchive expat libpq jansson libpcre2-8 libmicrohttpd libcrypto libzstd zlib
 LINKED_PKGS := sqlite3 expat jansson libpcre2-8 libcrypto libzstd zlib
 PKG_CFLAGS = $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   = $(shell pkg-config --libs $(LINKED_PKGS) 2>/dev/null) -ldl -lpthread -lm
@@ -55,7 +55,9 @@ TEST_SUPPORT := $(wildcard tests/support/*.c)
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 
 SCHEMA_SQL := $(sort $(wildcard schema/[0-9]*.sql))
-LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o
+# The same numbered migrations in PostgreSQL's dialect (--db postgresql://).
+SCHEMA_PG_SQL := $(sort $(wildcard schema/pg/[0-9]*.sql))
+LIB_OBJS  := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/schema.o $(BUILD)/obj/gen/schema_pg.o
 # The web dashboard's files, compiled in (service/http/dashboard/embed.sh).
 DASH_FILES := service/http/dashboard/index.html service/http/dashboard/app.js service/http/dashboard/app.css
 SVC_OBJS  := $(SVC_SRCS:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/gen/dashboard.o
@@ -110,7 +112,11 @@ $(BUILD)/gen/schema.c: $(SCHEMA_SQL) schema/embed.sh
 	@mkdir -p $(dir $@)
 	sh schema/embed.sh $@ $(SCHEMA_SQL)
 
-$(BUILD)/obj/gen/schema.o: $(BUILD)/gen/schema.c
+$(BUILD)/gen/schema_pg.c: $(SCHEMA_PG_SQL) schema/embed.sh
+	@mkdir -p $(dir $@)
+	sh schema/embed.sh --prefix ckpt_pg_schema $@ $(SCHEMA_PG_SQL)
+
+$(BUILD)/obj/gen/schema.o $(BUILD)/obj/gen/schema_pg.o: $(BUILD)/obj/gen/%.o: $(BUILD)/gen/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS_ALL) -c $< -o $@
 

@@ -1,5 +1,5 @@
 /* lazylib_stubs.c — the functions ckpt calls from libcurl, libarchive,
- * libmicrohttpd and OpenBLAS, each forwarding to the library loaded on first
+ * libmicrohttpd, OpenBLAS and libpq, each forwarding to the library loaded on first
  * use (lazylib.h says why). The compiler checks every definition here against
  * the library's own header; a function used elsewhere but missing here is a
  * link error, so the list cannot silently fall behind. */
@@ -10,6 +10,7 @@
 #include <archive_entry.h>
 #include <cblas.h>
 #include <curl/curl.h>
+#include <libpq-fe.h>
 #include <microhttpd.h>
 #include <stdarg.h>
 #include <string.h>
@@ -18,6 +19,7 @@ static lazylib lib_curl = {"libcurl.so.4", "libcurl4", NULL};
 static lazylib lib_archive = {"libarchive.so.13", "libarchive13", NULL};
 static lazylib lib_mhd = {"libmicrohttpd.so.12", "libmicrohttpd12", NULL};
 static lazylib lib_blas = {"libopenblas.so.0", "libopenblas0", NULL};
+static lazylib lib_pq = {"libpq.so.5", "libpq5", NULL};
 
 /* FN is a static pointer of type T, resolved once (racing threads store the
  * same address). dlsym's void * becomes a function pointer through memcpy, the
@@ -206,3 +208,27 @@ LAZY_VOID(lib_blas, cblas_sgemm,
            const blasint ldb, const float beta, float *c, const blasint ldc),
           (layout, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
 LAZY_VOID(lib_blas, openblas_set_num_threads, (int n), (n))
+
+/* libpq: only a catalog on PostgreSQL (--db postgresql://...) loads it. */
+LAZY(lib_pq, PGconn *, PQconnectdb, (const char *conninfo), (conninfo))
+LAZY(lib_pq, ConnStatusType, PQstatus, (const PGconn *c), (c))
+LAZY(lib_pq, char *, PQerrorMessage, (const PGconn *c), (c))
+LAZY_VOID(lib_pq, PQfinish, (PGconn *c), (c))
+LAZY_VOID(lib_pq, PQreset, (PGconn *c), (c))
+LAZY(lib_pq, PQnoticeProcessor, PQsetNoticeProcessor, (PGconn *c, PQnoticeProcessor p, void *arg), (c, p, arg))
+LAZY(lib_pq, PGresult *, PQexec, (PGconn *c, const char *q), (c, q))
+LAZY(lib_pq, PGresult *, PQexecParams,
+     (PGconn *c, const char *q, int n, const Oid *types, const char *const *vals, const int *lens, const int *fmts,
+      int rfmt),
+     (c, q, n, types, vals, lens, fmts, rfmt))
+LAZY(lib_pq, ExecStatusType, PQresultStatus, (const PGresult *r), (r))
+LAZY(lib_pq, char *, PQresultErrorField, (const PGresult *r, int field), (r, field))
+LAZY_VOID(lib_pq, PQclear, (PGresult *r), (r))
+LAZY(lib_pq, int, PQntuples, (const PGresult *r), (r))
+LAZY(lib_pq, char *, PQgetvalue, (const PGresult *r, int row, int col), (r, row, col))
+LAZY(lib_pq, int, PQgetisnull, (const PGresult *r, int row, int col), (r, row, col))
+LAZY(lib_pq, char *, PQcmdTuples, (PGresult *r), (r))
+LAZY(lib_pq, int, PQsocket, (const PGconn *c), (c))
+LAZY(lib_pq, int, PQconsumeInput, (PGconn *c), (c))
+LAZY(lib_pq, PGnotify *, PQnotifies, (PGconn *c), (c))
+LAZY_VOID(lib_pq, PQfreemem, (void *p), (p))

@@ -13,6 +13,9 @@
 extern const char *const ckpt_schema_names[];
 extern const char *const ckpt_schema_sql[];
 extern const size_t ckpt_schema_count;
+extern const char *const ckpt_pg_schema_names[];
+extern const char *const ckpt_pg_schema_sql[];
+extern const size_t ckpt_pg_schema_count;
 
 int catalog_schema_version(void)
 {
@@ -49,32 +52,17 @@ int catalog_prepare(catalog *c, sqlite3_stmt **st, const char *sql)
 
 int catalog_begin(catalog *c)
 {
-    /* busy_timeout covers BEGIN IMMEDIATE; retry a few times beyond it so no
-     * SQLITE_BUSY reaches a user under ordinary contention. */
-    for (int attempt = 0; attempt < 10; attempt++) {
-        int rc = sqlite3_exec(c->db, "BEGIN IMMEDIATE", NULL, NULL, NULL);
-        if (rc == SQLITE_OK) return 0;
-        if (rc != SQLITE_BUSY) return catalog_error(c, "begin");
-        usleep(10000u * (unsigned)(attempt + 1));
-    }
-    return catalog_error(c, "begin (database stayed locked)");
+    return db_begin(c->lite);
 }
 
 int catalog_commit(catalog *c)
 {
-    ckpt_fault("catalog.before_commit");
-    if (sqlite3_exec(c->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK) {
-        int rc = catalog_error(c, "commit");
-        catalog_rollback(c);
-        return rc;
-    }
-    ckpt_fault("catalog.committed");
-    return 0;
+    return db_commit(c->lite);
 }
 
 void catalog_rollback(catalog *c)
 {
-    if (c->db && !sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    if (c->lite) db_rollback(c->lite);
 }
 
 static int user_version(catalog *c, int *v)
@@ -152,6 +140,7 @@ int catalog_open(catalog *c, const char *path)
         SQLITE_OK)
         rc = catalog_error(c, "open");
     if (!rc) sqlite3_busy_timeout(c->db, CATALOG_BUSY_TIMEOUT_MS);
+    if (!rc) rc = db_wrap_sqlite(c->db, path, &c->lite);
     /* Switching a new database to WAL takes a lock the busy handler does not
      * cover: when two processes create CKPT_HOME at once, retry (bounded). */
     for (int attempt = 0; !rc; attempt++) {
@@ -168,7 +157,163 @@ int catalog_open(catalog *c, const char *path)
 
 void catalog_close(catalog *c)
 {
+    db_close(c->pg);
+    db_close(c->lite);
     if (c->db) sqlite3_close(c->db);
     free(c->path);
     memset(c, 0, sizeof *c);
+}
+
+/* ---- the queue's database ---- */
+
+int catalog_db_url(const char **url)
+{
+    const char *v = getenv("CKPT_DB");
+    *url = NULL;
+    if (!v || !*v || !strcmp(v, "sqlite")) return 0;
+    if (db_is_pg_url(v)) {
+        *url = v;
+        return 0;
+    }
+    char *shown = db_redact_url(v);
+    int rc = ckpt_error_set(CKPT_EINVAL,
+                            "CKPT_DB (--db) '%s': expected a postgresql:// URL, or sqlite (the default: the "
+                            "catalog's file in CKPT_HOME)",
+                            shown ? shown : "?");
+    free(shown);
+    return rc;
+}
+
+static bool pg_known(const char *name)
+{
+    for (size_t i = 0; i < ckpt_pg_schema_count; i++)
+        if (!strcmp(name, ckpt_pg_schema_names[i])) return true;
+    return false;
+}
+
+/* How many of this binary's migrations d has not applied (all when it has
+ * none); a migration d has that this binary does not know is an error: the
+ * database was made by a newer ckpt. */
+static int pg_missing(ckpt_db *d, size_t *missing)
+{
+    *missing = ckpt_pg_schema_count;
+    ckpt_stmt *st;
+    int rc = db_prepare(d, &st, "SELECT to_regclass('ckpt_migrations') IS NOT NULL", "read migrations");
+    if (rc) return rc;
+    int e = db_step(st);
+    bool exists = e == DB_ROW && db_col_int64(st, 0);
+    db_finalize(st);
+    if (e < 0 || !exists) return e < 0 ? e : 0;
+    if ((rc = db_prepare(d, &st, "SELECT name FROM ckpt_migrations", "read migrations"))) return rc;
+    while (!rc && (e = db_step(st)) == DB_ROW) {
+        const char *name = db_col_text(st, 0);
+        if (!pg_known(name))
+            rc = ckpt_error_set(CKPT_EINVAL, "%s: the database has migration %s, which this ckpt does not know; use a "
+                                             "newer ckpt", db_name(d), name);
+        else (*missing)--;
+    }
+    if (!rc && e < 0) rc = e;
+    db_finalize(st);
+    return rc;
+}
+
+/* Key of the advisory lock migrations take ("ckpt" in ASCII, 0x636b7074). */
+#define PG_MIGRATE_LOCK "1667985524"
+
+/* Applies the schema/pg/ files this database has not seen, by name, under a
+ * transaction-scoped advisory lock: daemons starting together wait for the
+ * first one and then find nothing left to do. The common case, a current
+ * database, is one read and no lock (every `ckpt worker` connects). */
+static int pg_migrate(ckpt_db *d)
+{
+    size_t missing;
+    int rc = pg_missing(d, &missing);
+    if (rc || !missing) return rc;
+    rc = db_begin(d);
+    if (!rc) rc = db_exec(d, "SELECT pg_advisory_xact_lock(" PG_MIGRATE_LOCK ")", "lock for migrations");
+    if (!rc)
+        rc = db_exec(d,
+                     "CREATE TABLE IF NOT EXISTS ckpt_migrations (name text PRIMARY KEY, applied_at double precision NOT "
+                     "NULL); CREATE TABLE IF NOT EXISTS ckpt_meta (key text PRIMARY KEY, value text NOT NULL)",
+                     "create the migrations table");
+    if (!rc) rc = pg_missing(d, &missing); /* again, under the lock: refuses a newer database */
+    for (size_t i = 0; !rc && i < ckpt_pg_schema_count; i++) {
+        ckpt_stmt *st;
+        if ((rc = db_prepare(d, &st, "SELECT 1 FROM ckpt_migrations WHERE name = ?", "read migrations"))) break;
+        db_bind_text(st, 1, ckpt_pg_schema_names[i]);
+        int e = db_step(st);
+        db_finalize(st);
+        if (e < 0) rc = e;
+        if (e != DB_DONE) continue;
+        rc = db_exec(d, ckpt_pg_schema_sql[i], ckpt_pg_schema_names[i]);
+        if (rc) ckpt_error_prefix(rc, "migration schema/pg/%s", ckpt_pg_schema_names[i]);
+        if (!rc && !(rc = db_prepare(d, &st,
+                                     "INSERT INTO ckpt_migrations(name, applied_at) VALUES (?, "
+                                     "extract(epoch FROM clock_timestamp()))",
+                                     "record a migration"))) {
+            db_bind_text(st, 1, ckpt_pg_schema_names[i]);
+            rc = db_run(st);
+            db_finalize(st);
+        }
+    }
+    if (rc) {
+        db_rollback(d);
+        return rc;
+    }
+    return db_commit(d);
+}
+
+/* The first store to use a queue database owns it; another is refused. */
+static int pg_claim_store(catalog *c, ckpt_db *d)
+{
+    char host[256] = "localhost", real[4096];
+    gethostname(host, sizeof host - 1);
+    if (!realpath(c->path, real)) snprintf(real, sizeof real, "%s", c->path);
+    char *mine = ckpt_sprintf("%s:%s", host, real);
+    if (!mine) return CKPT_ENOMEM;
+    ckpt_stmt *st;
+    int rc = db_prepare(d, &st,
+                        "INSERT INTO ckpt_meta(key, value) VALUES ('store', ?) ON CONFLICT (key) DO UPDATE SET "
+                        "value = ckpt_meta.value RETURNING value",
+                        "record the queue's store");
+    if (!rc) {
+        db_bind_text(st, 1, mine);
+        int e = db_step(st);
+        if (e < 0) rc = e;
+        else if (e == DB_ROW && strcmp(db_col_text(st, 0), mine))
+            rc = ckpt_error_set(CKPT_EINVAL,
+                                "%s: this queue database serves the store at %s; this process's catalog is %s. The "
+                                "checkpoints' catalog is not on PostgreSQL yet, so every daemon and client sharing a "
+                                "queue database uses the same CKPT_HOME (or give each store its own database)",
+                                db_name(d), db_col_text(st, 0), mine);
+        db_finalize(st);
+    }
+    free(mine);
+    return rc;
+}
+
+int catalog_jobs(catalog *c, ckpt_db **d)
+{
+    *d = c->pg ? c->pg : c->lite;
+    const char *url;
+    int rc = catalog_db_url(&url);
+    if (rc || !url || c->pg) return rc;
+    ckpt_db *pg;
+    if ((rc = db_open_pg(url, &pg))) return rc;
+    rc = pg_migrate(pg);
+    if (!rc) rc = pg_claim_store(c, pg);
+    if (rc) {
+        db_close(pg);
+        return rc;
+    }
+    c->pg = pg;
+    *d = pg;
+    return 0;
+}
+
+int catalog_jobs_prepare(catalog *c, ckpt_stmt **st, const char *sql, const char *what)
+{
+    ckpt_db *d;
+    int rc = catalog_jobs(c, &d);
+    return rc ? rc : db_prepare(d, st, sql, what);
 }

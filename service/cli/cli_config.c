@@ -3,7 +3,7 @@
  * before the command, and the server a command talks to (see cli.h).
  *
  * Precedence, strongest first: an option on the command line, the
- * environment (CKPT_HOME, CKPT_SERVER, CKPT_TOKEN), the config file. The
+ * environment (CKPT_HOME, CKPT_SERVER, CKPT_TOKEN, CKPT_DB), the config file. The
  * config file only fills in variables the environment does not set, so every
  * later step reads the environment alone.
  */
@@ -68,10 +68,11 @@ static char *config_path(void)
     return NULL;
 }
 
-/* One "key = value" line of the config into vals[] (home, server, token_file, blobs). */
-static int config_line(const char *path, int lineno, char *line, char *vals[4])
+/* One "key = value" line of the config into vals[] (home, server, token_file, blobs, db). */
+#define CONFIG_NKEYS 5
+static int config_line(const char *path, int lineno, char *line, char *vals[CONFIG_NKEYS])
 {
-    static const char *const keys[4] = {"home", "server", "token_file", "blobs"};
+    static const char *const keys[CONFIG_NKEYS] = {"home", "server", "token_file", "blobs", "db"};
     char *eq = strchr(line, '=');
     if (!eq) return ckpt_error_set(CKPT_EINVAL, "%s:%d: expected 'key = value'", path, lineno);
     char *k = line, *ke = eq, *v = eq + 1, *ve = v + strlen(v);
@@ -84,14 +85,14 @@ static int config_line(const char *path, int lineno, char *line, char *vals[4])
     for (const char *p = v; *p; p++)
         if ((unsigned char)*p < 0x20 || *p == 0x7f)
             return ckpt_error_set(CKPT_EINVAL, "%s:%d: the value of '%s' holds a control character", path, lineno, k);
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < CONFIG_NKEYS; i++) {
         if (strcmp(k, keys[i])) continue;
         if (vals[i]) return ckpt_error_set(CKPT_EINVAL, "%s:%d: '%s' is set twice", path, lineno, k);
         if (!*v) return ckpt_error_set(CKPT_EINVAL, "%s:%d: '%s' has no value", path, lineno, k);
         vals[i] = v;
         return 0;
     }
-    return ckpt_error_set(CKPT_EINVAL, "%s:%d: unknown key '%s' (known: home, server, token_file, blobs)", path, lineno,
+    return ckpt_error_set(CKPT_EINVAL, "%s:%d: unknown key '%s' (known: home, server, token_file, blobs, db)", path, lineno,
                           *k ? k : "");
 }
 
@@ -103,7 +104,7 @@ int cli_config_load(void)
     size_t len = 0;
     struct stat st;
     int rc = stat(path, &st) == 0 ? ckpt_read_file(path, CONFIG_MAX_BYTES, &text, &len) : 0;
-    char *vals[4] = {0};
+    char *vals[CONFIG_NKEYS] = {0};
     if (!rc && text && memchr(text, 0, len)) rc = ckpt_error_set(CKPT_EINVAL, "%s: not a text file", path);
     int lineno = 0;
     for (char *line = text, *next; !rc && line && *line; line = next) {
@@ -119,6 +120,7 @@ int cli_config_load(void)
     if (!rc && vals[1] && !getenv("CKPT_SERVER")) setenv("CKPT_SERVER", vals[1], 1);
     if (!rc && vals[2] && !getenv("CKPT_TOKEN")) rc = set_token_from(vals[2]);
     if (!rc && vals[3] && !getenv("CKPT_BLOBS")) setenv("CKPT_BLOBS", vals[3], 1);
+    if (!rc && vals[4] && !getenv("CKPT_DB")) setenv("CKPT_DB", vals[4], 1);
     free(text);
     free(path);
     if (rc) {
@@ -158,6 +160,9 @@ int cli_global_options(int argc, char **argv, int *first)
         } else if ((v = global_value("--server", argc, argv, &i, &missing))) {
             setenv("CKPT_SERVER", v, 1);
             server_flag_given = true;
+        } else if ((v = global_value("--db", argc, argv, &i, &missing))) {
+            /* the queue's database (store/catalog.h); workers inherit it */
+            setenv("CKPT_DB", v, 1);
         } else if ((v = global_value("--token-file", argc, argv, &i, &missing))) {
             if (set_token_from(v) < 0) {
                 fprintf(stderr, "ckpt: --token-file: %s\n", ckpt_error_last());
@@ -167,7 +172,7 @@ int cli_global_options(int argc, char **argv, int *first)
             break;
         } else {
             fprintf(stderr, "ckpt: %s '%s' before the command (global options: --home DIR, --blobs URL, "
-                            "--server URL, --token-file FILE)\n",
+                            "--server URL, --token-file FILE, --db URL)\n",
                     missing ? "a value is missing after" : "unknown option", argv[i]);
             return CLI_USAGE;
         }

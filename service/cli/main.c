@@ -23,7 +23,9 @@ static void usage(FILE *out)
                  "                    the config's blobs; default: the store's blobs/ folder)\n"
                  "  --server URL      work on a daemon (else $CKPT_SERVER, the config's server)\n"
                  "  --token-file FILE the daemon's token on its first line (else $CKPT_TOKEN, the config's token_file)\n"
-                 "config: $XDG_CONFIG_HOME/ckpt/config, lines 'key = value' (home, server, token_file, blobs)\n\n"
+                 "  --db URL          jobs and schedules in PostgreSQL (postgresql://...; else $CKPT_DB, the config's db;\n"
+                 "                    default: SQLite in the store)\n"
+                 "config: $XDG_CONFIG_HOME/ckpt/config, lines 'key = value' (home, server, token_file, blobs, db)\n\n"
                  "example:\n  ckpt --server http://storage:8470 ls\n\n"
                  "'ckpt <command> --help' explains a command.\n");
 }

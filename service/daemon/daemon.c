@@ -491,9 +491,12 @@ int daemon_run(const daemon_opts *o)
         if (url_file) ckpt_write_file_atomic(url_file, http_api_url(api), strlen(http_api_url(api)));
     }
     if (requeued) ckpt_info("put %d jobs of a previous daemon back in the queue", requeued);
-    double last_reap = 0, last_schedules = 0, last_prune = 0, last_sample = 0, grace_end = 0;
+    double last_reap = 0, last_schedules = 0, last_prune = 0, last_sample = 0, last_claim = 0, grace_end = 0;
     uint64_t served_seen = 0;
-    bool stopping = false;
+    size_t last_nslots = 0;
+    const char *db_url = NULL;
+    /* (while PostgreSQL is unreachable, wake_fd is -1 and claims stay once a second) */
+    bool stopping = false, woken = false, on_pg = catalog_db_url(&db_url) == 0 && db_url;
     for (;;) {
         double now = queue_now();
         if (stop_requested && !stopping) {
@@ -525,10 +528,20 @@ int daemon_run(const daemon_opts *o)
                 ckpt_warn("stats: %s", ckpt_error_last());
             else served_seen = served;
         }
-        if (!stopping) claim_more(&d);
-        struct pollfd pfd[257];
-        size_t slot_of[257], np = 0;
+        /* On PostgreSQL a claim is a round trip other daemons share: claim when
+         * a submission NOTIFYs, when a slot frees, or once a second (a job
+         * whose backoff ended, a missed wake-up); on SQLite at every tick. */
+        int wake_fd = stopping || !on_pg ? -1 : queue_wake_fd(&d.store.cat);
+        if (!stopping && (!on_pg || woken || d.nslots != last_nslots || now - last_claim >= 1.0)) {
+            claim_more(&d);
+            last_claim = now;
+            last_nslots = d.nslots;
+            woken = false;
+        }
+        struct pollfd pfd[258];
+        size_t slot_of[258], np = 0;
         pfd[np++] = (struct pollfd){.fd = child_pipe[0], .events = POLLIN};
+        if (wake_fd >= 0) pfd[np++] = (struct pollfd){.fd = wake_fd, .events = POLLIN};
         for (size_t i = 0; i < d.nslots && np < CKPT_ARRAY_LEN(pfd); i++) {
             if (d.slots[i].eof) continue;
             slot_of[np] = i;
@@ -539,7 +552,12 @@ int daemon_run(const daemon_opts *o)
             char sink[64];
             while (read(child_pipe[0], sink, sizeof sink) > 0) {}
         }
-        for (size_t i = 1; i < np; i++)
+        size_t first_slot = 1;
+        if (wake_fd >= 0) {
+            if (pfd[1].revents) woken = queue_wake_drain(&d.store.cat);
+            first_slot = 2;
+        }
+        for (size_t i = first_slot; i < np; i++)
             if (pfd[i].revents && !drain(&d, &d.slots[slot_of[i]])) d.slots[slot_of[i]].eof = true;
         collect_exits(&d);
         supervise(&d, stopping, grace_end);

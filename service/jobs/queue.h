@@ -1,5 +1,6 @@
 /*
- * queue.h — the job queue in SQLite (schema/002_jobs.sql).
+ * queue.h — the job queue (schema/002_jobs.sql), in the catalog's SQLite
+ * database or in PostgreSQL (catalog_jobs(), store/catalog.h).
  *
  * A job is a kind ("import", "convert", ...) and a JSON object of arguments.
  * Life: queued -> running (claimed under a lease) -> succeeded | failed |
@@ -8,10 +9,14 @@
  * backoff, or fails it after max_attempts. Transient failures retry with
  * exponential backoff and jitter (capped); permanent ones fail at once.
  *
- * Every write is one BEGIN IMMEDIATE transaction (catalog_begin), so
- * concurrent submitters and daemons never see SQLITE_BUSY. Submitting the
+ * Every write is one transaction (db_begin: BEGIN IMMEDIATE on SQLite, so
+ * concurrent submitters and daemons never see SQLITE_BUSY; READ COMMITTED on
+ * PostgreSQL, where several daemons claim with FOR UPDATE SKIP LOCKED and
+ * change a leased job only while it is still the lease's). Submitting the
  * same kind and arguments while such a job is queued or running returns that
- * job (a partial unique index on the canonical arguments' hash).
+ * job (a partial unique index on the canonical arguments' hash). On
+ * PostgreSQL a submission, a retry and a requeue NOTIFY the channel
+ * ckpt_jobs, which idle daemons LISTEN on (queue_listen) instead of polling.
  */
 #ifndef CKPT_SERVICE_JOBS_QUEUE_H
 #define CKPT_SERVICE_JOBS_QUEUE_H
@@ -58,6 +63,9 @@ double queue_now(void);
 
 int queue_submit(catalog *c, const char *kind, const json_t *args, const queue_submit_opts *o, int64_t *id,
                  bool *existed);
+/* The same inside the caller's transaction on d (catalog_jobs). */
+int queue_submit_in(ckpt_db *d, const char *kind, const json_t *args, const queue_submit_opts *o, int64_t *id,
+                    bool *existed);
 /* Claims up to n runnable jobs for owner: queued, due, dependency succeeded,
  * in (priority, run_after, id) order, skipping kinds at their limit (kinds
  * lists kind names with how many more each may start; NULL: no limits). */
@@ -98,6 +106,12 @@ int queue_counts(catalog *c, json_t **out);
  * `before`, with their logs, but none a queued or running job depends on;
  * *removed (may be NULL) counts them. */
 int queue_prune(catalog *c, double before, int *removed);
+/* Wake-ups: on PostgreSQL, LISTENs on ckpt_jobs and returns the connection's
+ * socket to poll (-1 on SQLite, or while the server is unreachable: poll on a
+ * timer); queue_wake_drain() after it was readable says whether a job may be
+ * waiting. */
+int queue_wake_fd(catalog *c);
+bool queue_wake_drain(catalog *c);
 /* A lease owner name for this process: "host:pid:start". malloc'd. */
 char *queue_owner_self(void);
 /* True when the process named by an owner string still runs. */

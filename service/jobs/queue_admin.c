@@ -11,10 +11,29 @@
 static const char *const STATES[] = {"queued", "running", "retrying", "succeeded", "failed", "cancelled"};
 #define NSTATES (sizeof STATES / sizeof *STATES)
 
-/* ?1 the state, ?2 the search text; both NULL for any. */
+/* ?1 the state, ?2 the search text; both NULL for any (cast: PostgreSQL
+ * cannot infer the type of a NULL parameter compared with IS NULL). %s: the
+ * engine's substring position function, instr (SQLite) or strpos
+ * (PostgreSQL). */
 #define FILTER_WHERE                                                                                                   \
-    " WHERE (?1 IS NULL OR CASE WHEN ?1 = 'retrying' THEN state = 'queued' AND attempt > 0 ELSE state = ?1 END) "     \
-    "AND (?2 IS NULL OR instr(lower(kind || ' ' || args), lower(?2)) > 0) "
+    " WHERE (CAST(?1 AS text) IS NULL OR CASE WHEN ?1 = 'retrying' THEN state = 'queued' AND attempt > 0 "             \
+    "ELSE state = ?1 END) AND (CAST(?2 AS text) IS NULL OR %s(lower(kind || ' ' || args), lower(?2)) > 0) "
+
+/* Prepares sql (with FILTER_WHERE's %s) on the queue's database, f bound. */
+static int prepare_filtered(catalog *c, ckpt_stmt **st, const char *sql, const queue_filter *f, const char *what)
+{
+    ckpt_db *d;
+    int rc = catalog_jobs(c, &d);
+    if (rc) return rc;
+    char *text = ckpt_sprintf(sql, db_kind(d) == DB_PG ? "strpos" : "instr");
+    if (!text) return CKPT_ENOMEM;
+    rc = db_prepare(d, st, text, what);
+    free(text);
+    if (rc) return rc;
+    if (f->state) db_bind_text(*st, 1, f->state);
+    if (f->q && *f->q) db_bind_text(*st, 2, f->q);
+    return 0;
+}
 
 int queue_filter_check(const queue_filter *f)
 {
@@ -27,36 +46,30 @@ int queue_filter_check(const queue_filter *f)
                           f->state);
 }
 
-static void bind_filter(sqlite3_stmt *st, const queue_filter *f)
-{
-    if (f->state) sqlite3_bind_text(st, 1, f->state, -1, SQLITE_STATIC);
-    if (f->q && *f->q) sqlite3_bind_text(st, 2, f->q, -1, SQLITE_STATIC);
-}
-
 int queue_find(catalog *c, const queue_filter *f, int limit, int offset, queue_job **jobs, size_t *n, int64_t *total)
 {
     *jobs = NULL;
     *n = 0;
     *total = 0;
     int rc = queue_filter_check(f);
-    sqlite3_stmt *st;
-    if (rc || (rc = catalog_prepare(c, &st, "SELECT count(*) FROM jobs" FILTER_WHERE))) return rc;
-    bind_filter(st, f);
-    if (sqlite3_step(st) == SQLITE_ROW) *total = sqlite3_column_int64(st, 0);
-    else rc = catalog_error(c, "count jobs");
-    sqlite3_finalize(st);
-    if (rc || (rc = catalog_prepare(c, &st, "SELECT " QUEUE_JOB_COLUMNS " FROM jobs" FILTER_WHERE
-                                            "ORDER BY id DESC LIMIT ?3 OFFSET ?4")))
+    ckpt_stmt *st;
+    if (rc || (rc = prepare_filtered(c, &st, "SELECT count(*) FROM jobs" FILTER_WHERE, f, "count jobs"))) return rc;
+    int e = db_step(st);
+    if (e == DB_ROW) *total = db_col_int64(st, 0);
+    else rc = e < 0 ? e : ckpt_error_set(CKPT_EIO, "count jobs: no row");
+    db_finalize(st);
+    if (rc || (rc = prepare_filtered(c, &st, "SELECT " QUEUE_JOB_COLUMNS " FROM jobs" FILTER_WHERE
+                                             "ORDER BY id DESC LIMIT ?3 OFFSET ?4", f, "find jobs")))
         return rc;
-    bind_filter(st, f);
-    sqlite3_bind_int(st, 3, limit > 0 ? limit : 100);
-    sqlite3_bind_int(st, 4, offset > 0 ? offset : 0);
+    db_bind_int64(st, 3, limit > 0 ? limit : 100);
+    db_bind_int64(st, 4, offset > 0 ? offset : 0);
     size_t cap = 0;
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+    while (!rc && (e = db_step(st)) == DB_ROW) {
         if ((rc = ckpt_grow(jobs, &cap, *n + 1, sizeof **jobs))) break;
         if (!(rc = queue_read_row(st, &(*jobs)[*n]))) (*n)++;
     }
-    sqlite3_finalize(st);
+    if (!rc && e < 0) rc = e;
+    db_finalize(st);
     if (rc) {
         queue_jobs_free(*jobs, *n);
         *jobs = NULL;
@@ -76,21 +89,24 @@ int queue_state_counts(catalog *c, const queue_filter *f, json_t **out)
     *out = NULL;
     queue_filter any = {NULL, f->q};
     int rc = queue_filter_check(&any);
-    sqlite3_stmt *st;
-    if (rc || (rc = catalog_prepare(c, &st, "SELECT state, attempt > 0 AND state = 'queued', count(*) FROM jobs" FILTER_WHERE
-                                            "GROUP BY 1, 2")))
+    ckpt_stmt *st;
+    if (rc || (rc = prepare_filtered(c, &st,
+                                     "SELECT state, CASE WHEN attempt > 0 AND state = 'queued' THEN 1 ELSE 0 END, "
+                                     "count(*) FROM jobs" FILTER_WHERE "GROUP BY 1, 2",
+                                     &any, "count jobs by state")))
         return rc;
-    bind_filter(st, &any);
     json_int_t counts[NSTATES] = {0}, all = 0;
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        const char *state = (const char *)sqlite3_column_text(st, 0);
-        json_int_t k = sqlite3_column_int64(st, 2);
+    int e;
+    while ((e = db_step(st)) == DB_ROW) {
+        const char *state = db_col_text(st, 0);
+        json_int_t k = db_col_int64(st, 2);
         all += k;
-        for (size_t i = 0; i < NSTATES; i++)
+        for (size_t i = 0; state && i < NSTATES; i++)
             if (!strcmp(state, STATES[i])) counts[i] += k;
-        if (sqlite3_column_int(st, 1)) counts[2] += k; /* retrying: queued ones that ran before */
+        if (db_col_int64(st, 1)) counts[2] += k; /* retrying: queued ones that ran before */
     }
-    sqlite3_finalize(st);
+    db_finalize(st);
+    if (e < 0) return e;
     json_t *o = json_pack("{s:I}", "all", all);
     for (size_t i = 0; o && i < NSTATES; i++) json_object_set_new(o, STATES[i], json_integer(counts[i]));
     if (!o) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
@@ -101,21 +117,31 @@ int queue_state_counts(catalog *c, const queue_filter *f, json_t **out)
 int queue_attempts(catalog *c, int64_t id, json_t **out)
 {
     *out = json_array();
-    sqlite3_stmt *st;
-    int rc = *out ? catalog_prepare(c, &st, "SELECT attempt, started_at, finished_at, outcome, error FROM job_attempts "
-                                           "WHERE job_id = ? ORDER BY seq")
+    ckpt_stmt *st;
+    int rc = *out ? catalog_jobs_prepare(c, &st,
+                                         "SELECT attempt, started_at, finished_at, outcome, error FROM job_attempts "
+                                         "WHERE job_id = ? ORDER BY seq",
+                                         "read job attempts")
                   : ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    while (sqlite3_step(st) == SQLITE_ROW) {
-        json_t *a = json_pack("{s:i,s:f,s:s,s:s*}", "attempt", sqlite3_column_int(st, 0), "finished_at",
-                              sqlite3_column_double(st, 2), "outcome", (const char *)sqlite3_column_text(st, 3), "error",
-                              (const char *)sqlite3_column_text(st, 4));
-        if (a && sqlite3_column_type(st, 1) != SQLITE_NULL)
-            json_object_set_new(a, "started_at", json_real(sqlite3_column_double(st, 1)));
+    if (rc) {
+        json_decref(*out);
+        *out = NULL;
+        return rc;
+    }
+    db_bind_int64(st, 1, id);
+    int e;
+    while ((e = db_step(st)) == DB_ROW) {
+        json_t *a = json_pack("{s:i,s:f,s:s?,s:s*}", "attempt", (int)db_col_int64(st, 0), "finished_at",
+                              db_col_double(st, 2), "outcome", db_col_text(st, 3), "error", db_col_text(st, 4));
+        if (a && !db_col_null(st, 1)) json_object_set_new(a, "started_at", json_real(db_col_double(st, 1)));
         json_array_append_new(*out, a);
     }
-    sqlite3_finalize(st);
+    db_finalize(st);
+    if (e < 0) {
+        json_decref(*out);
+        *out = NULL;
+        return e;
+    }
     return 0;
 }
 
@@ -137,28 +163,36 @@ int queue_job_detail(catalog *c, int64_t id, json_t **out)
     return 0;
 }
 
-static int delete_tx(catalog *c, void *vctx)
+static int delete_tx(ckpt_db *d, void *vctx)
 {
     int64_t id = *(int64_t *)vctx;
     queue_job j;
-    int rc = queue_get(c, id, &j);
+    int rc = queue_get_in(d, id, &j);
     if (rc) return rc;
     bool active = !strcmp(j.state, "queued") || !strcmp(j.state, "running");
     if (active) rc = ckpt_error_set(CKPT_EINVAL, "job %lld is %s: cancel it before deleting it", (long long)id, j.state);
     queue_job_free(&j);
-    sqlite3_stmt *st;
-    if (rc || (rc = catalog_prepare(c, &st, "SELECT id FROM jobs WHERE depends_on = ? AND state IN ('queued', 'running') "
-                                            "LIMIT 1")))
+    ckpt_stmt *st;
+    if (rc || (rc = db_prepare(d, &st,
+                               "SELECT id FROM jobs WHERE depends_on = ? AND state IN ('queued', 'running') LIMIT 1",
+                               "find jobs waiting for a job")))
         return rc;
-    sqlite3_bind_int64(st, 1, id);
-    if (sqlite3_step(st) == SQLITE_ROW)
+    db_bind_int64(st, 1, id);
+    int e = db_step(st);
+    if (e == DB_ROW)
         rc = ckpt_error_set(CKPT_EINVAL, "job %lld waits for job %lld: it cannot be deleted yet",
-                            (long long)sqlite3_column_int64(st, 0), (long long)id);
-    sqlite3_finalize(st);
-    if (rc || (rc = catalog_prepare(c, &st, "DELETE FROM jobs WHERE id = ?"))) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, "delete job");
-    sqlite3_finalize(st);
+                            (long long)db_col_int64(st, 0), (long long)id);
+    else if (e < 0) rc = e;
+    db_finalize(st);
+    /* Only while it is still finished: on PostgreSQL another daemon's retry
+     * may have queued it since the read. */
+    if (rc || (rc = db_prepare(d, &st, "DELETE FROM jobs WHERE id = ? AND state IN ('succeeded', 'failed', 'cancelled')",
+                               "delete job")))
+        return rc;
+    db_bind_int64(st, 1, id);
+    rc = db_run(st);
+    if (!rc && !db_changes(st)) rc = ckpt_error_set(CKPT_EBUSY, "job %lld changed state meanwhile; try again", (long long)id);
+    db_finalize(st);
     return rc;
 }
 
@@ -188,7 +222,7 @@ int queue_bulk(catalog *c, const queue_filter *f, const char *action, int *match
         int r = cancel ? queue_cancel(c, jobs[i].id, &running) : retry ? queue_retry(c, jobs[i].id)
                                                                        : queue_delete(c, jobs[i].id);
         /* A job that changed meanwhile, or one another waits for, is skipped; a catalog failure stops. */
-        if (r == CKPT_EINVAL || r == CKPT_EEXIST || r == CKPT_ENOTFOUND) ckpt_error_clear();
+        if (r == CKPT_EINVAL || r == CKPT_EEXIST || r == CKPT_ENOTFOUND || r == CKPT_EBUSY) ckpt_error_clear();
         else if (r) rc = r;
         else (*done)++;
     }

@@ -60,15 +60,15 @@ int schedule_next_after(const schedule *sc, double now, double *next)
     return 0;
 }
 
-static char *col_text(sqlite3_stmt *st, int i)
+static char *col_text(ckpt_stmt *st, int i)
 {
-    const unsigned char *t = sqlite3_column_text(st, i);
-    return t ? ckpt_strdup((const char *)t) : NULL;
+    const char *t = db_col_text(st, i);
+    return t ? ckpt_strdup(t) : NULL;
 }
 
-static json_t *col_json(sqlite3_stmt *st, int i, bool array)
+static json_t *col_json(ckpt_stmt *st, int i, bool array)
 {
-    const char *t = (const char *)sqlite3_column_text(st, i);
+    const char *t = db_col_text(st, i);
     json_error_t err;
     json_t *j = t ? json_loads(t, 0, &err) : NULL;
     if (!j) j = array ? json_array() : json_object();
@@ -80,23 +80,23 @@ static json_t *col_json(sqlite3_stmt *st, int i, bool array)
     "created_at, "                                                                                 \
     "last_commit, last_outcome, last_job_id, paused"
 
-static int read_schedule(sqlite3_stmt *st, schedule *sc)
+static int read_schedule(ckpt_stmt *st, schedule *sc)
 {
     memset(sc, 0, sizeof *sc);
-    sc->id = sqlite3_column_int64(st, 0);
+    sc->id = db_col_int64(st, 0);
     sc->repo = col_text(st, 1);
     sc->revision = col_text(st, 2);
-    sc->every_seconds = sqlite3_column_int64(st, 3);
+    sc->every_seconds = db_col_int64(st, 3);
     sc->cron = col_text(st, 4);
     sc->layouts = col_json(st, 5, true);
     sc->fetch_args = col_json(st, 6, false);
-    sc->next_run_at = sqlite3_column_double(st, 7);
-    sc->last_run_at = sqlite3_column_double(st, 8);
-    sc->created_at = sqlite3_column_double(st, 9);
+    sc->next_run_at = db_col_double(st, 7);
+    sc->last_run_at = db_col_double(st, 8);
+    sc->created_at = db_col_double(st, 9);
     sc->last_commit = col_text(st, 10);
     sc->last_outcome = col_text(st, 11);
-    sc->last_job_id = sqlite3_column_int64(st, 12);
-    sc->paused = sqlite3_column_int(st, 13) != 0;
+    sc->last_job_id = db_col_int64(st, 12);
+    sc->paused = db_col_int64(st, 13) != 0;
     if (!sc->repo || !sc->revision || !sc->layouts || !sc->fetch_args) {
         schedule_free(sc);
         return ckpt_error_set(CKPT_ENOMEM, "out of memory reading a schedule");
@@ -221,52 +221,62 @@ int schedule_add(catalog *c, schedule *sc)
     if (sc->cron && (rc = schedule_next_after(sc, now, &sc->next_run_at))) return rc;
     char *layouts = cj_dumps(sc->layouts, JSON_COMPACT),
          *fetch = cj_dumps(sc->fetch_args, JSON_COMPACT | JSON_SORT_KEYS);
-    sqlite3_stmt *st = NULL;
-    rc = layouts && fetch ? catalog_begin(c) : CKPT_ENOMEM;
+    ckpt_db *d = NULL;
+    ckpt_stmt *st = NULL;
+    rc = layouts && fetch ? catalog_jobs(c, &d) : CKPT_ENOMEM;
     if (!rc)
-        rc = catalog_prepare(
-            c, &st,
-            "INSERT INTO schedules(repo, revision, every_seconds, cron, layouts, fetch_args, "
-            "next_run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+        rc = db_prepare(d, &st,
+                        "INSERT INTO schedules(repo, revision, every_seconds, cron, layouts, fetch_args, "
+                        "next_run_at, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id",
+                        "add schedule");
     if (!rc) {
-        sqlite3_bind_text(st, 1, sc->repo, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 2, sc->revision, -1, SQLITE_STATIC);
-        if (sc->every_seconds) sqlite3_bind_int64(st, 3, sc->every_seconds);
-        if (sc->cron) sqlite3_bind_text(st, 4, sc->cron, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 5, layouts, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 6, fetch, -1, SQLITE_STATIC);
-        sqlite3_bind_double(st, 7, sc->next_run_at);
-        sqlite3_bind_double(st, 8, now);
-        if (sqlite3_step(st) != SQLITE_DONE)
-            rc = catalog_error(c, "add schedule");
-        else
-            sc->id = sqlite3_last_insert_rowid(c->db);
+        db_bind_text(st, 1, sc->repo);
+        db_bind_text(st, 2, sc->revision);
+        if (sc->every_seconds) db_bind_int64(st, 3, sc->every_seconds);
+        db_bind_text(st, 4, sc->cron);
+        db_bind_text(st, 5, layouts);
+        db_bind_text(st, 6, fetch);
+        db_bind_double(st, 7, sc->next_run_at);
+        db_bind_double(st, 8, now);
+        int e = db_step(st); /* one statement: its own transaction on either engine */
+        if (e == DB_ROW) sc->id = db_col_int64(st, 0);
+        rc = e < 0 ? e : db_run(st);
         sc->created_at = now;
     }
-    sqlite3_finalize(st);
-    if (!rc)
-        rc = catalog_commit(c);
-    else if (layouts && fetch)
-        catalog_rollback(c);
+    db_finalize(st);
     free(layouts);
     free(fetch);
     return rc;
 }
 
+/* One statement of schedules in its own transaction; *changes gets its rows. */
+static int one_statement(ckpt_stmt *st, int64_t *changes)
+{
+    ckpt_db *d = db_stmt_db(st);
+    int rc = db_begin(d);
+    if (!rc) rc = db_run(st);
+    if (!rc && changes) *changes = db_changes(st);
+    if (rc) {
+        db_rollback(d);
+        return rc;
+    }
+    return db_commit(d);
+}
+
 int schedule_get(catalog *c, int64_t id, schedule *out)
 {
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE id = ?");
+    ckpt_stmt *st;
+    int rc = catalog_jobs_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE id = ?", "read schedule");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    int step = sqlite3_step(st);
-    if (step == SQLITE_ROW)
+    db_bind_int64(st, 1, id);
+    int e = db_step(st);
+    if (e == DB_ROW)
         rc = read_schedule(st, out);
-    else if (step == SQLITE_DONE)
+    else if (e == DB_DONE)
         rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
     else
-        rc = catalog_error(c, "read schedule");
-    sqlite3_finalize(st);
+        rc = e;
+    db_finalize(st);
     return rc;
 }
 
@@ -274,15 +284,17 @@ int schedule_list(catalog *c, schedule **out, size_t *n)
 {
     *out = NULL;
     *n = 0;
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules ORDER BY id");
+    ckpt_stmt *st;
+    int rc = catalog_jobs_prepare(c, &st, "SELECT " SCHEDULE_COLUMNS " FROM schedules ORDER BY id", "list schedules");
     if (rc) return rc;
     size_t cap = 0;
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
+    int e = 0;
+    while (!rc && (e = db_step(st)) == DB_ROW) {
         if ((rc = ckpt_grow(out, &cap, *n + 1, sizeof **out))) break;
         if (!(rc = read_schedule(st, &(*out)[*n]))) (*n)++;
     }
-    sqlite3_finalize(st);
+    if (!rc && e < 0) rc = e;
+    db_finalize(st);
     if (rc) {
         schedules_free(*out, *n);
         *out = NULL;
@@ -291,42 +303,32 @@ int schedule_list(catalog *c, schedule **out, size_t *n)
     return rc;
 }
 
+/* Runs sql (a change of schedule id, its ? parameters: paused then id, or
+ * id alone when paused < 0); no such schedule is CKPT_ENOTFOUND. */
+static int change_schedule(catalog *c, int64_t id, int paused, const char *sql, const char *what)
+{
+    ckpt_stmt *st;
+    int64_t changed = 0;
+    int rc = catalog_jobs_prepare(c, &st, sql, what);
+    if (rc) return rc;
+    int i = 1;
+    if (paused >= 0) db_bind_int64(st, i++, paused);
+    db_bind_int64(st, i, id);
+    rc = one_statement(st, &changed);
+    db_finalize(st);
+    if (!rc && !changed) rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
+    return rc;
+}
+
 int schedule_remove(catalog *c, int64_t id)
 {
-    int rc = catalog_begin(c);
-    sqlite3_stmt *st = NULL;
-    if (!rc) rc = catalog_prepare(c, &st, "DELETE FROM schedules WHERE id = ?");
-    if (!rc) {
-        sqlite3_bind_int64(st, 1, id);
-        if (sqlite3_step(st) != SQLITE_DONE)
-            rc = catalog_error(c, "remove schedule");
-        else if (sqlite3_changes(c->db) == 0)
-            rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)",
-                                (long long)id);
-    }
-    sqlite3_finalize(st);
-    if (!rc) return catalog_commit(c);
-    catalog_rollback(c);
-    return rc;
+    return change_schedule(c, id, -1, "DELETE FROM schedules WHERE id = ?", "remove schedule");
 }
 
 int schedule_set_paused(catalog *c, int64_t id, bool paused)
 {
-    int rc = catalog_begin(c);
-    sqlite3_stmt *st = NULL;
-    if (!rc) rc = catalog_prepare(c, &st, "UPDATE schedules SET paused = ? WHERE id = ?");
-    if (!rc) {
-        sqlite3_bind_int(st, 1, paused);
-        sqlite3_bind_int64(st, 2, id);
-        if (sqlite3_step(st) != SQLITE_DONE)
-            rc = catalog_error(c, paused ? "pause schedule" : "resume schedule");
-        else if (sqlite3_changes(c->db) == 0)
-            rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld (see ckpt sync ls)", (long long)id);
-    }
-    sqlite3_finalize(st);
-    if (!rc) return catalog_commit(c);
-    catalog_rollback(c);
-    return rc;
+    return change_schedule(c, id, paused ? 1 : 0, "UPDATE schedules SET paused = ? WHERE id = ?",
+                           paused ? "pause schedule" : "resume schedule");
 }
 
 json_t *schedule_json(const schedule *sc)
@@ -350,87 +352,102 @@ json_t *schedule_json(const schedule *sc)
 
 int schedule_record(catalog *c, int64_t id, const char *commit, const char *outcome)
 {
-    int rc = catalog_begin(c);
-    sqlite3_stmt *st = NULL;
-    if (!rc)
-        rc = catalog_prepare(
-            c, &st,
-            "UPDATE schedules SET last_run_at = ?, last_commit = coalesce(?, last_commit), "
-            "last_outcome = ? WHERE id = ?");
-    if (!rc) {
-        sqlite3_bind_double(st, 1, queue_now());
-        if (commit) sqlite3_bind_text(st, 2, commit, -1, SQLITE_STATIC);
-        sqlite3_bind_text(st, 3, outcome, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 4, id);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, "record sync outcome");
-    }
-    sqlite3_finalize(st);
-    if (!rc) return catalog_commit(c);
-    catalog_rollback(c);
+    ckpt_stmt *st;
+    int rc = catalog_jobs_prepare(c, &st,
+                                  "UPDATE schedules SET last_run_at = ?, last_commit = coalesce(?, last_commit), "
+                                  "last_outcome = ? WHERE id = ?",
+                                  "record sync outcome");
+    if (rc) return rc;
+    db_bind_double(st, 1, queue_now());
+    db_bind_text(st, 2, commit);
+    db_bind_text(st, 3, outcome);
+    db_bind_int64(st, 4, id);
+    rc = one_statement(st, NULL);
+    db_finalize(st);
     return rc;
 }
 
 /* ---- the daemon's tick ---- */
 
-/* Moves next_run_at of a schedule that ran (if nobody moved it meanwhile). */
-static int advance(catalog *c, const schedule *sc, double next, int64_t job)
+/* Queues one due schedule's sync job and moves its next_run_at, inside the
+ * caller's transaction, which holds the schedule's row. */
+static int fire(ckpt_db *d, const schedule *sc, double now, int64_t *job, bool *existed, double *next)
 {
-    int rc = catalog_begin(c);
-    sqlite3_stmt *st = NULL;
-    if (!rc)
-        rc = catalog_prepare(
-            c, &st,
-            "UPDATE schedules SET next_run_at = ?, last_job_id = coalesce(?, last_job_id) "
-            "WHERE id = ? AND next_run_at = ?");
-    if (!rc) {
-        sqlite3_bind_double(st, 1, next);
-        if (job) sqlite3_bind_int64(st, 2, job);
-        sqlite3_bind_int64(st, 3, sc->id);
-        sqlite3_bind_double(st, 4, sc->next_run_at);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, "advance schedule");
+    json_t *args = json_pack("{s:I}", "schedule", (json_int_t)sc->id);
+    queue_submit_opts qo = {.max_attempts = 2};
+    int rc = args ? queue_submit_in(d, "sync", args, &qo, job, existed) : CKPT_ENOMEM;
+    json_decref(args);
+    if (!rc) rc = schedule_next_after(sc, now, next);
+    if (rc == CKPT_ENOTFOUND) { /* an impossible date ("0 0 31 2 *"): park it */
+        *next = now + CRON_HORIZON_SECONDS;
+        rc = 0;
     }
-    sqlite3_finalize(st);
-    if (!rc) return catalog_commit(c);
-    catalog_rollback(c);
+    ckpt_stmt *st;
+    if (!rc)
+        rc = db_prepare(d, &st,
+                        "UPDATE schedules SET next_run_at = ?, last_job_id = coalesce(?, last_job_id) WHERE id = ?",
+                        "advance schedule");
+    if (rc) return rc;
+    db_bind_double(st, 1, *next);
+    if (*job) db_bind_int64(st, 2, *job);
+    db_bind_int64(st, 3, sc->id);
+    rc = db_run(st);
+    db_finalize(st);
     return rc;
 }
 
 int schedule_queue_due(catalog *c, double now, int *queued)
 {
     if (queued) *queued = 0;
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(c, &st,
-                             "SELECT " SCHEDULE_COLUMNS
-                             " FROM schedules WHERE next_run_at <= ? AND NOT paused ORDER BY next_run_at LIMIT ?");
+    ckpt_db *d;
+    ckpt_stmt *st;
+    int rc = catalog_jobs(c, &d);
+    if (!rc) rc = db_begin(d);
     if (rc) return rc;
-    sqlite3_bind_double(st, 1, now);
-    sqlite3_bind_int(st, 2, SCHEDULE_MAX_DUE_PER_TICK);
+    /* Reading, queueing and moving next_run_at are one transaction: on SQLite
+     * the write lock, on PostgreSQL the due rows locked (SKIP LOCKED: a row
+     * another daemon is firing is its business), so every daemon sharing the
+     * database may look and a schedule still fires once per due time. */
+    rc = db_prepare(d, &st,
+                    db_kind(d) == DB_PG ? "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE next_run_at <= ? AND paused = 0 ORDER BY "
+                                          "next_run_at LIMIT ? FOR UPDATE SKIP LOCKED"
+                                        : "SELECT " SCHEDULE_COLUMNS " FROM schedules WHERE next_run_at <= ? AND paused = 0 ORDER BY "
+                                          "next_run_at LIMIT ?",
+                    "find due schedules");
+    if (rc) {
+        db_rollback(d);
+        return rc;
+    }
+    db_bind_double(st, 1, now);
+    db_bind_int64(st, 2, SCHEDULE_MAX_DUE_PER_TICK);
     schedule due[SCHEDULE_MAX_DUE_PER_TICK];
+    int64_t jobs[SCHEDULE_MAX_DUE_PER_TICK];
+    bool existed[SCHEDULE_MAX_DUE_PER_TICK];
+    double next[SCHEDULE_MAX_DUE_PER_TICK];
     size_t n = 0;
-    while (!rc && n < SCHEDULE_MAX_DUE_PER_TICK && sqlite3_step(st) == SQLITE_ROW)
+    int e = 0;
+    while (!rc && n < SCHEDULE_MAX_DUE_PER_TICK && (e = db_step(st)) == DB_ROW)
         if (!(rc = read_schedule(st, &due[n]))) n++;
-    sqlite3_finalize(st);
+    if (!rc && e < 0) rc = e;
+    db_finalize(st);
+    if (!rc && n == 0) { /* the common case: nothing due, nothing to commit */
+        db_rollback(d);
+        return 0;
+    }
+    for (size_t i = 0; !rc && i < n; i++) {
+        jobs[i] = 0;
+        existed[i] = false;
+        rc = fire(d, &due[i], now, &jobs[i], &existed[i], &next[i]);
+    }
+    if (rc) db_rollback(d);
+    else rc = db_commit(d);
     for (size_t i = 0; !rc && i < n; i++) {
         schedule *sc = &due[i];
-        json_t *args = json_pack("{s:I}", "schedule", (json_int_t)sc->id);
-        queue_submit_opts qo = {.max_attempts = 2};
-        int64_t job = 0;
-        bool existed = false;
-        rc = args ? queue_submit(c, "sync", args, &qo, &job, &existed) : CKPT_ENOMEM;
-        json_decref(args);
-        double next = 0;
-        if (!rc) rc = schedule_next_after(sc, now, &next);
-        if (rc == CKPT_ENOTFOUND) { /* an impossible date ("0 0 31 2 *"): park it */
-            next = now + CRON_HORIZON_SECONDS;
-            rc = 0;
-        }
-        if (!rc) rc = advance(c, sc, next, job);
-        if (!rc && !existed && queued) (*queued)++;
-        if (!rc)
-            ckpt_event(CKPT_EV_INFO, "schedule.fired",
-                       json_pack("{s:I,s:s,s:s,s:I,s:b,s:f}", "schedule", (json_int_t)sc->id, "repo", sc->repo,
-                                 "revision", sc->revision, "job", (json_int_t)job, "existed", existed, "next_in_seconds",
-                                 next - now));
+        if (!existed[i] && queued) (*queued)++;
+        ckpt_event(CKPT_EV_INFO, "schedule.fired",
+                   json_pack("{s:I,s:s,s:s,s:I,s:b,s:f}", "schedule", (json_int_t)sc->id, "repo", sc->repo, "revision",
+                             sc->revision, "job", (json_int_t)jobs[i], "existed", existed[i], "next_in_seconds",
+                             next[i] - now));
     }
     for (size_t i = 0; i < n; i++)
         schedule_free(&due[i]);

@@ -8,11 +8,13 @@
  *
  *   schedule_queue_due() (the daemon, about once a second) queues one `sync`
  *   job {"schedule": ID} per due schedule — the queue's unique key returns
- *   the job already queued or running, so never two at once — and then moves
- *   next_run_at past now: for --every to the next period (or now + period
- *   when periods were missed), for cron to the next match. A crash between
- *   the two steps finds the queued job again, not a second one. After
- *   downtime a missed schedule therefore runs once, not once per period.
+ *   the job already queued or running, so never two at once — and moves
+ *   next_run_at past now, in the same transaction: for --every to the next
+ *   period (or now + period when periods were missed), for cron to the next
+ *   match. A crash leaves both steps or neither. After downtime a missed
+ *   schedule therefore runs once, not once per period. With the queue on
+ *   PostgreSQL (store/catalog.h) every daemon looks; the due rows are locked
+ *   (FOR UPDATE SKIP LOCKED) while they fire, so each fires once.
  *
  *   sync_run() (the `sync` job, in a worker) resolves the revision on the
  *   Hub. When the commit is the last one seen and is stored, it queues

@@ -1,6 +1,7 @@
 /*
  * stats.h — the figures behind the dashboard's charts, per minute over the
- * last day, in the catalog (table `stats`, schema/005_dashboard.sql).
+ * last day, in the queue's database (table `stats`, schema/005_dashboard.sql and
+ * schema/pg/005_dashboard.sql: SQLite or PostgreSQL, catalog_jobs).
  *
  * Jobs that succeed or fail are counted by a trigger on the jobs table (one
  * row update per job that ends, per kind), with the bytes of those that

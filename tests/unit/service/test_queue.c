@@ -52,6 +52,24 @@ static int setup(void **state)
     int rc = db ? catalog_open(&f->cat, db) : -1;
     free(db);
     if (rc) return -1;
+    /* With CKPT_DB=postgresql://... (tests/e2e/test_pg.sh runs this program
+     * so), every test starts from empty tables (ids from 1) and a database
+     * that serves no store yet (each test's catalog is a new folder); the
+     * first test's first queue call migrates it. */
+    const char *url = NULL;
+    if (catalog_db_url(&url) == 0 && url) {
+        ckpt_db *pg;
+        if (db_open_pg(url, &pg)) {
+            fprintf(stderr, "%s\n", ckpt_error_last());
+            return -1;
+        }
+        rc = db_exec(pg,
+                     "DO $$ BEGIN IF to_regclass('jobs') IS NOT NULL THEN "
+                     "TRUNCATE job_logs, job_attempts, stats, jobs, schedules, ckpt_meta RESTART IDENTITY; END IF; END $$",
+                     "reset");
+        db_close(pg);
+        if (rc) return -1;
+    }
     char host[256] = "localhost";
     gethostname(host, sizeof host - 1);
     f->self = queue_owner_self();
@@ -137,9 +155,24 @@ static void assert_state(fixture *f, int64_t id, const char *state)
     queue_job_free(&j);
 }
 
+/* SQL on the queue's database (SQLite, or PostgreSQL when CKPT_DB says so). */
 static void sql(fixture *f, const char *text)
 {
-    assert_int_equal(catalog_exec(&f->cat, text), 0);
+    ckpt_db *d;
+    assert_int_equal(catalog_jobs(&f->cat, &d), 0);
+    if (db_exec(d, text, "test")) fail_msg("%s", ckpt_error_last());
+}
+
+/* The first column of the first row of a query on the queue's database. */
+static int64_t sql_int(fixture *f, const char *text)
+{
+    ckpt_stmt *st;
+    if (catalog_jobs_prepare(&f->cat, &st, text, "test")) fail_msg("%s", ckpt_error_last());
+    int e = db_step(st);
+    int64_t v = db_col_int64(st, 0);
+    db_finalize(st);
+    if (e != DB_ROW) fail_msg("%s: no row (%s)", text, e < 0 ? ckpt_error_last() : "");
+    return v;
 }
 
 /* ---- unique jobs ---- */
@@ -737,11 +770,40 @@ static void test_stats(void **state)
     assert_int_equal(stat_total(series, "workers.busy", ""), 2); /* the minute's peak */
     assert_int_equal(stat_total(series, "queue.depth", ""), 1);  /* the noop is queued */
     json_decref(series);
-    sqlite3_stmt *st;
-    assert_int_equal(catalog_prepare(&f->cat, &st, "SELECT count(*) FROM stats WHERE bucket = 60"), 0);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    assert_int_equal(sqlite3_column_int(st, 0), 0);
-    sqlite3_finalize(st);
+    assert_int_equal(sql_int(f, "SELECT count(*) FROM stats WHERE bucket = 60"), 0);
+}
+
+static void test_schedule_paused(void **state)
+{
+    fixture *f = *state;
+    schedule sc = {.repo = "org/m", .revision = "main", .every_seconds = 3600, .layouts = json_array(),
+                   .fetch_args = json_object()};
+    if (schedule_add(&f->cat, &sc)) fail_msg("schedule_add: %s", ckpt_error_last());
+    int64_t id = sc.id;
+    json_decref(sc.layouts);
+    json_decref(sc.fetch_args);
+    double now = queue_now();
+    int queued = -1;
+    /* due now, but paused: nothing queued, next_run_at kept */
+    assert_int_equal(schedule_set_paused(&f->cat, id, true), 0);
+    schedule got;
+    assert_int_equal(schedule_get(&f->cat, id, &got), 0);
+    assert_true(got.paused);
+    schedule_free(&got);
+    assert_int_equal(schedule_queue_due(&f->cat, now + 1, &queued), 0);
+    assert_int_equal(queued, 0);
+    assert_int_equal(sql_int(f, "SELECT count(*) FROM jobs WHERE kind = 'sync'"), 0);
+    /* resumed: it runs at once, its next run an hour on */
+    assert_int_equal(schedule_set_paused(&f->cat, id, false), 0);
+    assert_int_equal(schedule_queue_due(&f->cat, now + 1, &queued), 0);
+    assert_int_equal(queued, 1);
+    assert_int_equal(sql_int(f, "SELECT count(*) FROM jobs WHERE kind = 'sync'"), 1);
+    assert_int_equal(schedule_get(&f->cat, id, &got), 0);
+    assert_false(got.paused);
+    assert_true(got.next_run_at > now + 3000);
+    schedule_free(&got);
+    assert_int_equal(schedule_set_paused(&f->cat, id + 1, true), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), "no schedule");
 }
 
 static void test_schedule_from_json(void **state)
@@ -804,6 +866,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_attempts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_find_counts_delete_bulk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_schedule_paused, setup, teardown),
         cmocka_unit_test(test_schedule_from_json),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,205 @@
+#!/usr/bin/env bash
+# test_pg.sh — the job queue and schedules on a real PostgreSQL 15
+# (pg_lib.sh: initdb in the scratch folder, 127.0.0.1, a free port).
+#
+# 1. The queue's unit tests (tests/unit/service/test_queue.c) against the
+#    server: CKPT_DB=postgresql://... runs every case on it, each from an
+#    empty database (so the schema/pg/ migrations run each time).
+# 2. Several processes migrate at once: one set of tables, each migration
+#    recorded once (pg_advisory_xact_lock); a database with a migration this
+#    binary does not know is refused.
+# 3. Two daemons (separate processes and ports, --workers 1 each) share one
+#    database: with one daemon's only worker held by a job, the other daemon
+#    takes the next one — jobs spread across both, each run once.
+# 4. kill -9 of a daemon mid-job (the crash point daemon.spawned, right after
+#    its worker started): the other daemon sees the lease's owner dead, puts
+#    the job back and finishes it — one job, succeeded on its second attempt,
+#    no worker of the dead daemon left.
+# 5. A schedule due with both daemons looking fires once: one sync job, one
+#    schedule.fired line across both logs, next_run_at moved on.
+#    5b. The dashboard's queue endpoints read PostgreSQL: the attempts of the
+#    job of step 4 (the lost one, then the one that succeeded), counts per
+#    state, per-minute figures (the trigger's jobs.succeeded, the daemon's
+#    queue.depth), and a schedule paused through the API.
+# 6. PostgreSQL stopped as a crash would and started again under the two
+#    daemons: they reconnect, and a job submitted afterwards runs.
+# 7. A store the database does not serve is refused, and a bad CKPT_DB too.
+# Until the checkpoints' catalog moves to PostgreSQL (docs/ARCHITECTURE.md),
+# the daemons share one CKPT_HOME.
+set -euo pipefail
+
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+. "$E2E_DIR/pg_lib.sh"
+E2E_LOGS=("$work/d*.log" "$work/pg/server.log")
+
+unit=$(dirname "$ckpt")/tests/test_queue
+[ -x "$unit" ] || fail "$unit is not built (make BUILD=... \$BUILD/tests/test_queue)"
+
+daemons=()
+on_exit() {
+    local p
+    for p in "${daemons[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    pg_stop
+}
+
+# A job's column, read straight from the database (cheaper than a ckpt process per poll).
+col() { pg_psql "SELECT $2 FROM jobs WHERE id = $1"; }
+state_is() { [ "$(col "$1" state)" = "$2" ]; }
+running_pid() { [ "$(col "$1" "state = 'running' AND worker_pid > 0")" = t ]; }
+parent_of() { awk '/^PPid:/ {print $2}' "/proc/$1/status"; }
+gone() {
+    local s
+    s=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 0
+    [[ -z "$s" || "$s" == Z* || "$s" == X* ]]
+}
+
+# start NAME [env...]: a daemon with one worker on the shared home; its pid in $NAME_pid.
+start() {
+    local name=$1
+    shift
+    env "$@" "$ckpt" serve --listen 127.0.0.1:0 --workers 1 >>"$work/$name.log" 2>&1 &
+    local pid=$!
+    daemons+=("$pid")
+    printf -v "${name}_pid" '%s' "$pid"
+    wait_until 60 "daemon $name to start" grep -q "ckpt serve: http://" "$work/$name.log"
+}
+stop() { # stop PID: SIGTERM; it must exit 0
+    local rc=0
+    kill -TERM "$1"
+    wait "$1" || rc=$?
+    [ "$rc" -eq 0 ] || fail "daemon $1 exited $rc after SIGTERM"
+}
+
+pg_start
+note "PostgreSQL up on port $pg_port"
+export CKPT_DB=$pg_url CKPT_HOME=$work/home
+unset CKPT_SERVER
+
+# ---- 1. the queue's unit tests on the server ----
+"$unit" >"$work/unit.log" 2>&1 || fail "test_queue on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
+grep -q "PASSED  \] 19 test" "$work/unit.log" || fail "test_queue on PostgreSQL: $(tail -n 3 "$work/unit.log")"
+note "1. test_queue passes on PostgreSQL"
+
+# ---- 2. migrations from several processes at once ----
+pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta CASCADE;
+         DROP FUNCTION IF EXISTS ckpt_job_attempt_ended, ckpt_job_ended_stats"
+for i in 1 2 3 4; do "$ckpt" jobs --json >"$work/mig.$i" 2>&1 & done
+wait
+for i in 1 2 3 4; do [ "$(cat "$work/mig.$i")" = "[]" ] || fail "ckpt jobs $i while migrating: $(head -c 300 "$work/mig.$i")"; done
+[ "$(pg_psql "SELECT count(*), count(DISTINCT name) FROM ckpt_migrations")" = "3|3" ] ||
+    fail "migrations recorded: $(pg_psql "SELECT name FROM ckpt_migrations")"
+[ "$(pg_psql "SELECT value FROM ckpt_meta WHERE key = 'store'")" = "$(hostname):$(realpath "$CKPT_HOME")/ckpt.db" ] ||
+    fail "the database does not record its store: $(pg_psql "SELECT * FROM ckpt_meta")"
+pg_psql "INSERT INTO ckpt_migrations VALUES ('999_future.sql', 0)"
+expect_status 1 "$ckpt" jobs
+grep -q "has migration 999_future.sql, which this ckpt does not know; use a newer ckpt" "$work/err" ||
+    fail "a newer database: $(cat "$work/err")"
+pg_psql "DELETE FROM ckpt_migrations WHERE name = '999_future.sql'"
+note "2. four processes migrated once; a database of a newer ckpt is refused"
+
+# ---- 3. two daemons share the queue ----
+start da
+start db
+hold1=$("$ckpt" submit noop --until-file "$CKPT_HOME/go1")
+wait_until 60 "job $hold1 to run" running_pid "$hold1"
+hold2=$("$ckpt" submit noop --until-file "$CKPT_HOME/go2")
+wait_until 60 "job $hold2 to run" running_pid "$hold2"
+p1=$(parent_of "$(col "$hold1" worker_pid)")
+p2=$(parent_of "$(col "$hold2" worker_pid)")
+[ "$p1" != "$p2" ] && [[ " $da_pid $db_pid " == *" $p1 "* ]] && [[ " $da_pid $db_pid " == *" $p2 "* ]] ||
+    fail "jobs $hold1 and $hold2 ran under $p1 and $p2 (daemons $da_pid, $db_pid)"
+touch "$CKPT_HOME/go1" "$CKPT_HOME/go2"
+wait_until 60 "job $hold1 to succeed" state_is "$hold1" succeeded
+wait_until 60 "job $hold2 to succeed" state_is "$hold2" succeeded
+for j in "$hold1" "$hold2"; do [ "$(col "$j" attempt)" = 1 ] || fail "job $j ran $(col "$j" attempt) times"; done
+note "3. jobs $hold1 and $hold2 ran on daemons $p1 and $p2"
+
+# ---- 4. kill -9 of a daemon mid-job ----
+stop "$da_pid"
+hold3=$("$ckpt" submit noop --until-file "$CKPT_HOME/go3")
+wait_until 60 "job $hold3 to run on db" running_pid "$hold3"
+# db's only worker is busy: the next job can only go to the daemon that dies.
+env CKPT_FAULT=daemon.spawned:1 "$ckpt" serve --listen 127.0.0.1:0 --workers 1 >>"$work/dk.log" 2>&1 &
+dk_pid=$!
+daemons+=("$dk_pid")
+x=$("$ckpt" submit noop --sleep-ms 1)
+rc=0
+wait "$dk_pid" || rc=$?
+[ "$rc" -eq 137 ] || fail "the daemon with CKPT_FAULT=daemon.spawned:1 exited $rc, not 137"
+wpid=$(pg_psql "SELECT worker_pid FROM jobs WHERE id = $x")
+[ -z "$wpid" ] || wait_until 60 "the dead daemon's worker $wpid to die with it" gone "$wpid"
+touch "$CKPT_HOME/go3"
+wait_until 60 "job $x to be finished by the other daemon" state_is "$x" succeeded
+expect_status 0 "$ckpt" show "$x"
+"$py" -c 'import json, sys; j = json.load(open(sys.argv[1])); assert j["attempt"] == 2 and j["state"] == "succeeded", j' "$work/out" ||
+    fail "job $x: $(cat "$work/out"), expected attempt 2 (one lost lease, one run)"
+[ "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'noop' AND args LIKE '%sleep_ms%'")" = 1 ] || fail "job $x was doubled"
+grep -Eq "info job.finished id=$x kind=noop" "$work/db.log" || fail "daemon db did not finish job $x"
+note "4. daemon $dk_pid killed at daemon.spawned; daemon db finished job $x (attempt 2)"
+
+# ---- 5. a schedule fires once across daemons ----
+start da
+export HF_ENDPOINT=http://127.0.0.1:9 # the sync job itself is not under test here (cancelled below)
+sid=$("$ckpt" sync add org/tiny --every 1h)
+queued_sync() { [ -n "$(pg_psql "SELECT last_job_id FROM schedules WHERE id = $sid")" ]; }
+wait_until 60 "schedule $sid to queue its sync job" queued_sync
+sj=$(pg_psql "SELECT last_job_id FROM schedules WHERE id = $sid")
+fired() { cat "$work/da.log" "$work/db.log" | grep -c "schedule.fired schedule=$sid " || true; }
+fired_once() { [ "$(fired)" -ge 1 ]; }
+wait_until 60 "a schedule.fired line" fired_once
+# The job was queued and next_run_at moved an hour on in one transaction:
+# whichever daemon looks later finds the schedule not due.
+[ "$(fired)" -eq 1 ] || fail "schedule $sid fired $(fired) times"
+[ "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'sync'")" = 1 ] || fail "more than one sync job"
+[ "$(pg_psql "SELECT next_run_at > extract(epoch FROM now()) + 3000 FROM schedules WHERE id = $sid")" = t ] ||
+    fail "next_run_at did not move an hour on"
+expect_status 0 "$ckpt" cancel "$sj"
+sync_ended() { [ "$(pg_psql "SELECT state IN ('succeeded', 'failed', 'cancelled') FROM jobs WHERE id = $sj")" = t ]; }
+wait_until 60 "sync job $sj to end" sync_ended
+note "5. schedule $sid fired once"
+
+# ---- 5b. the dashboard's queue endpoints on PostgreSQL ----
+url=$(grep -o 'ckpt serve: http://[0-9.:]*' "$work/db.log" | head -n 1 | cut -d' ' -f3)
+api() { curl -s -o "$work/api.json" -w '%{http_code}' -X "$1" "$url$2"; }
+[ "$(api GET "/v1/jobs/$x")" = 200 ] && "$py" -c '
+import json, sys
+at = json.load(open(sys.argv[1]))["attempts"]
+sys.exit(not (len(at) == 2 and at[0]["attempt"] == 1 and at[0]["outcome"] != "succeeded"
+              and at[1]["attempt"] == 2 and at[1]["outcome"] == "succeeded") and f"attempts {at}")' "$work/api.json" ||
+    fail "attempts of job $x: $(cat "$work/api.json")"
+[ "$(api GET "/v1/jobs/counts?q=noop")" = 200 ] && "$py" -c '
+import json, sys
+c = json.load(open(sys.argv[1]))
+sys.exit(not (c["all"] == int(sys.argv[2]) and c["succeeded"] == int(sys.argv[3])) and f"counts {c}")' "$work/api.json" \
+    "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'noop'")" \
+    "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'noop' AND state = 'succeeded'")" ||
+    fail "GET /v1/jobs/counts: $(cat "$work/api.json")"
+[ "$(api GET "/v1/stats?hours=1")" = 200 ] && "$py" -c '
+import json, sys
+rows = json.load(open(sys.argv[1]))["rows"]
+tot = lambda n, k: sum(r["value"] for r in rows if r["name"] == n and r["kind"] == k)
+sys.exit(not (tot("jobs.succeeded", "noop") >= 3 and any(r["name"] == "queue.depth" for r in rows)) and f"rows {rows}")' \
+    "$work/api.json" || fail "GET /v1/stats: $(cat "$work/api.json")"
+[ "$(api POST "/v1/schedules/$sid/pause")" = 200 ] && grep -q '"paused": *true' "$work/api.json" ||
+    fail "pause: $(cat "$work/api.json")"
+[ "$(pg_psql "SELECT paused FROM schedules WHERE id = $sid")" = 1 ] || fail "the pause is not in PostgreSQL"
+"$ckpt" sync ls --json | grep -q '"paused": *true' || fail "sync ls does not show the pause"
+note "5b. attempts, counts, per-minute figures and a paused schedule on PostgreSQL"
+
+# ---- 6. the server crashes and comes back under the daemons ----
+pg_crash
+y=$("$ckpt" submit noop --sleep-ms 2)
+wait_until 60 "job $y to run after the server's restart" state_is "$y" succeeded
+note "6. PostgreSQL crashed and restarted; job $y ran"
+stop "$da_pid"
+stop "$db_pid"
+daemons=()
+
+# ---- 7. refusals ----
+expect_status 1 env CKPT_HOME="$work/other" "$ckpt" jobs
+grep -q "serves the store at $(hostname):$CKPT_HOME/ckpt.db" "$work/err" || fail "another store: $(cat "$work/err")"
+expect_status 1 env CKPT_DB=mysql://u:secret@h/db "$ckpt" jobs
+grep -q "expected a postgresql:// URL" "$work/err" && ! grep -q secret "$work/err" || fail "bad CKPT_DB: $(cat "$work/err")"
+expect_status 1 env CKPT_DB="postgresql://ckpt:secret@127.0.0.1:$pg_port/nosuchdb" "$ckpt" jobs
+grep -q "nosuchdb" "$work/err" && ! grep -q secret "$work/err" || fail "unknown database: $(cat "$work/err")"
+note "7. refusals"
