@@ -145,6 +145,7 @@ LAZY(lib_archive, int, archive_write_open2,
       archive_free_callback *f),
      (a, cd, o, w, c, f))
 LAZY(lib_archive, int, archive_write_add_filter_zstd, (struct archive *a), (a))
+LAZY(lib_archive, int, archive_write_set_filter_option, (struct archive *a, const char *m, const char *o, const char *v), (a, m, o, v))
 LAZY(lib_archive, int, archive_write_set_format_pax_restricted, (struct archive *a), (a))
 LAZY(lib_archive, int, archive_write_set_bytes_in_last_block, (struct archive *a, int n), (a, n))
 LAZY(lib_archive, int, archive_write_open_fd, (struct archive *a, int fd), (a, fd))

@@ -268,6 +268,21 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* The zstd filter, compressing on every online core (at most 8): one thread
+ * holds a 2 GB checkpoint's tar.zst at about 80 MB/s on this class of CPU,
+ * slower than the disk. libzstd's multithreaded frames are the same bytes
+ * for any number of workers. */
+static int add_zstd(struct archive *a)
+{
+    if (archive_write_add_filter_zstd(a) != ARCHIVE_OK)
+        return ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    char threads[8];
+    snprintf(threads, sizeof threads, "%ld", n < 1 ? 1 : n > 8 ? 8 : n);
+    (void)archive_write_set_filter_option(a, "zstd", "threads", threads); /* best effort: older libarchive */
+    return 0;
+}
+
 int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
 {
     name_list nl = {0};
@@ -276,8 +291,7 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
     struct archive *a = archive_write_new();
     archive_write_set_format_pax_restricted(a);
     archive_write_set_bytes_in_last_block(a, 1); /* no zero padding after a zstd frame on stdout */
-    if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
-        rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
+    if (zstd && !rc) rc = add_zstd(a);
     bool to_stdout = !strcmp(out, "-");
     tar_sink sink = {.fd = to_stdout ? 1 : -1};
     if (!rc && !to_stdout && (sink.fd = open(out, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0)
@@ -331,8 +345,7 @@ int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, s
     int rc = 0;
     archive_write_set_format_pax_restricted(a);
     archive_write_set_bytes_in_last_block(a, 1); /* no zero padding after a zstd frame */
-    if (zstd && archive_write_add_filter_zstd(a) != ARCHIVE_OK)
-        rc = ckpt_error_set(CKPT_EIO, "zstd compression is not available: %s", archive_error_string(a));
+    if (zstd) rc = add_zstd(a);
     tar_sink sink = {.fd = fd};
     if (!rc && archive_write_open2(a, &sink, NULL, sink_write, NULL, NULL) != ARCHIVE_OK)
         rc = ckpt_error_set(CKPT_EIO, "archive output: %s", archive_error_string(a));
