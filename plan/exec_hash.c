@@ -55,16 +55,8 @@ static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, 
     const exec_file *ef = &c->p->files[f];
     const st_layout *l = &ef->layout;
     if (!l->finished) return ckpt_error_set(CKPT_EINVAL, "%s: the file's layout is not finished", ef->rel);
-    const st_out_tensor **order = ckpt_calloc(l->ntensors + 1, sizeof *order);
+    size_t *order = exec_offset_order(l);
     if (!order) return ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing %s", ef->rel);
-    for (size_t i = 0; i < l->ntensors; i++) order[i] = &l->tensors[i];
-    /* st_layout_finish assigns offsets in its own order: walk them sorted. */
-    for (size_t i = 1; i < l->ntensors; i++)
-        for (size_t j = i; j > 0 && order[j - 1]->offset > order[j]->offset; j--) {
-            const st_out_tensor *t = order[j];
-            order[j] = order[j - 1];
-            order[j - 1] = t;
-        }
     ckpt_sha256 h;
     int rc = ckpt_sha256_init(&h);
     if (rc) {
@@ -75,7 +67,7 @@ static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, 
     uint64_t pos = l->header_len;
     exec_slab_cache cache = {0};
     for (size_t i = 0; !rc && i < l->ntensors; i++) {
-        const st_out_tensor *ot = order[i];
+        const st_out_tensor *ot = &l->tensors[order[i]];
         if (ot->offset < pos || ot->nbytes > l->file_size - ot->offset) {
             rc = ckpt_error_set(CKPT_EINVAL, "%s: tensor '%s' overlaps another or the header", ef->rel, ot->name);
             break;

@@ -927,13 +927,20 @@ static void *hash_main(void *arg)
 
 /* ---- hashing the outputs as they are written ---- */
 
-static const st_layout *sort_layout; /* qsort context: set under hash_sort_mu */
-static pthread_mutex_t hash_sort_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int by_offset(const void *a, const void *b)
+static int by_offset(const void *a, const void *b, void *layout)
 {
-    uint64_t x = sort_layout->tensors[*(const size_t *)a].offset, y = sort_layout->tensors[*(const size_t *)b].offset;
+    const st_layout *l = layout;
+    uint64_t x = l->tensors[*(const size_t *)a].offset, y = l->tensors[*(const size_t *)b].offset;
     return x < y ? -1 : x > y;
+}
+
+size_t *exec_offset_order(const st_layout *l)
+{
+    size_t *order = ckpt_calloc(l->ntensors + 1, sizeof *order);
+    if (!order) return NULL;
+    for (size_t i = 0; i < l->ntensors; i++) order[i] = i;
+    qsort_r(order, l->ntensors, sizeof *order, by_offset, (void *)l);
+    return order;
 }
 
 /* Feeds bytes [from, to) of the file at fd to h. */
@@ -955,18 +962,11 @@ static int hash_file_range(ckpt_sha256 *h, int fd, uint64_t from, uint64_t to, u
 static int hash_output(exec_ctx *c, size_t f, uint8_t *buf, size_t bufsz)
 {
     const st_layout *l = &c->p->files[f].layout;
-    size_t *order = ckpt_calloc(l->ntensors + 1, sizeof *order);
+    size_t *order = exec_offset_order(l);
     int fd = open(c->out_paths[f], O_RDONLY | O_CLOEXEC);
     int rc = !order ? ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing %s", c->out_paths[f])
              : fd < 0 ? ckpt_error_sys("%s: open", c->out_paths[f])
                       : 0;
-    for (size_t i = 0; order && i < l->ntensors; i++) order[i] = i;
-    if (!rc) {
-        pthread_mutex_lock(&hash_sort_mu);
-        sort_layout = l;
-        qsort(order, l->ntensors, sizeof *order, by_offset);
-        pthread_mutex_unlock(&hash_sort_mu);
-    }
     ckpt_sha256 h;
     bool open_hash = !rc && !(rc = ckpt_sha256_init(&h));
     uint64_t pos = 0;

@@ -117,6 +117,10 @@ int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool q
  * must be open at once (best effort). */
 void exec_raise_open_files(size_t need);
 
+/* The indices of l's tensors in the order of their offsets in the file
+ * (ntensors + 1 entries, caller frees; NULL: out of memory). */
+size_t *exec_offset_order(const st_layout *l);
+
 /* Checks that every source tensor's bytes [offset, offset+nbytes) lie inside
  * its file (src_fds: open descriptors of p->src_paths): a short file would
  * otherwise be read past its end (a bus error through mmap). CKPT_ECORRUPT

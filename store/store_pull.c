@@ -21,11 +21,9 @@ int store_pull_format_parse(const char *text, store_pull_format *out)
     return 0;
 }
 
-/* Whether a layout consolidates from its stored parts, without writing the
- * layout first (store_materialize_headers, consolidate_opts.stored):
- * lossless, weights only (no training state, merged or converted LoRA), and
- * every source file a safetensors file whose sha256 the layout records, the
- * check of the result. Anything else is consolidated from a staged copy. */
+/* Whether a stored layout consolidates from its stored parts, without
+ * writing the layout first (store_materialize_headers, consolidate_opts.stored);
+ * anything else is consolidated from a staged copy. */
 static bool from_parts(ckpt_store *s, const store_ckpt *c)
 {
     store_file_row *rows;
@@ -39,18 +37,7 @@ static bool from_parts(ckpt_store *s, const store_ckpt *c)
         free(path);
     }
     store_files_free(rows, n);
-    bool ok = layout && !json_is_true(json_object_get(layout, "lossy")) && !json_object_get(layout, "state") &&
-              !json_object_get(layout, "lora_merge") && !json_object_get(layout, "restore_files");
-    json_t *files = json_object_get(json_object_get(layout, "source"), "files");
-    ok = ok && json_array_size(files) > 0;
-    size_t i;
-    json_t *f;
-    json_array_foreach(files, i, f)
-    {
-        const char *name = json_string_value(json_object_get(f, "name"));
-        size_t nl = name ? strlen(name) : 0;
-        ok = ok && nl > 12 && !strcmp(name + nl - 12, ".safetensors") && json_is_string(json_object_get(f, "sha256"));
-    }
+    bool ok = consolidate_layout_composable(layout);
     json_decref(layout);
     ckpt_error_clear();
     return ok;

@@ -351,11 +351,29 @@ const char *consolidate_save_kind(const char *dir)
  * blob byte is read once, straight into the consolidated files; replicas are
  * no longer compared with each other, the files written are checked against
  * the source files' sha256 instead (check_source_hashes). */
+bool consolidate_layout_composable(const json_t *layout)
+{
+    if (!layout || json_object_get(layout, "state") || json_object_get(layout, "lora_merge") ||
+        lora_layout_is_adapter(layout) || json_is_true(json_object_get(layout, "lossy")))
+        return false;
+    json_t *files = json_object_get(json_object_get(layout, "source"), "files");
+    bool ok = json_array_size(files) > 0;
+    size_t i;
+    json_t *f;
+    json_array_foreach(files, i, f)
+    {
+        const char *name = json_string_value(json_object_get(f, "name"));
+        size_t nl = name ? strlen(name) : 0;
+        ok = ok && nl > 12 && !strcmp(name + nl - 12, ".safetensors") && json_is_string(json_object_get(f, "sha256"));
+    }
+    return ok;
+}
+
 static int compose_stored(consolidation *c, const exec_plan *st, const char *src)
 {
-    if (json_object_get(c->layout, "state") || json_object_get(c->layout, "lora_merge") || lora_layout_is_adapter(c->layout) ||
-        json_is_true(json_object_get(c->layout, "lossy")))
-        return ckpt_error_set(CKPT_EINVAL, "%s: only a lossless layout of weights is consolidated from stored parts", c->what);
+    if (!consolidate_layout_composable(c->layout))
+        return ckpt_error_set(CKPT_EINVAL, "%s: only a lossless layout of weights from safetensors files with sha256 is "
+                                           "consolidated from stored parts", c->what);
     size_t nold = c->exec.nsources, base_path = c->exec.nsrc_paths, sl = strlen(src);
     const plan_tensor **inner = ckpt_calloc(nold + 1, sizeof *inner);
     json_t *index = json_object(); /* "<file>\n<tensor>" -> stored tensor, as an integer index */
@@ -454,10 +472,8 @@ static int check_source_hashes(consolidation *c, char (*got)[65])
 {
     json_t *files = json_object_get(json_object_get(c->layout, "source"), "files");
     for (size_t f = 0; f < c->exec.nfiles; f++) {
+        /* every source file has one: consolidate_layout_composable */
         const char *want = json_string_value(json_object_get(json_array_get(files, f), "sha256"));
-        if (!want)
-            return ckpt_error_set(CKPT_EINVAL, "%s: source file %s has no sha256 to check the rebuilt file against",
-                                  c->what, c->exec.files[f].rel);
         if (strcmp(want, got[f]))
             return ckpt_error_set(CKPT_ECORRUPT,
                                   "%s: the rebuilt file has sha256 %s, the layout's source %s: a stored part is damaged "

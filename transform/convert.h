@@ -104,6 +104,12 @@ typedef struct {
     const exec_plan *stored;
 } consolidate_opts;
 
+/* Whether a layout (ckpt-layout.json) can be consolidated from stored parts
+ * (consolidate_opts.stored): lossless, weights only (no training state,
+ * merged or converted LoRA), every source file a safetensors file whose
+ * sha256 it records, the check of the result. */
+bool consolidate_layout_composable(const json_t *layout);
+
 /* Rebuilds the original checkpoint from a converted directory. */
 int consolidate_run(const char *src, const char *dst, consolidate_opts *o);
 /* What a folder is when it is a training save consolidate reads rather than
