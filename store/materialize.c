@@ -4,6 +4,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/sha256.h"
 #include "common/util.h"
 #include "transform/convert.h"
@@ -33,7 +34,14 @@ typedef struct {
     plan_tensor *tensors; /* owned, one per output tensor */
     size_t ntensors, tcap;
     json_t *path_index; /* blob path -> index in exec.src_paths (rebuild_ctx) */
+    bool pending_only;  /* only safetensors files whose sha256 is not known yet ... */
+    const char *only;   /* ... and of those only this path (NULL: all) */
 } pull_state;
+
+static bool file_pending(const char *sha256, const uint8_t *header)
+{
+    return header && !*sha256;
+}
 
 /* The rank of a vLLM sharded-state file, "model-rank-<R>-part-<P>.safetensors"
  * in the checkpoint's top folder (the vllm layout's rank_files), or -1. */
@@ -119,6 +127,8 @@ static int load_files(pull_state *ps, int rank)
     for (size_t i = 0; !rc && i < n; i++) {
         const char *keep = materialize_rank_path(rows[i].path, rank);
         if (!keep) continue;
+        bool wanted = file_pending(rows[i].sha256, rows[i].header) && (!ps->only || !strcmp(ps->only, rows[i].path));
+        if (ps->pending_only && !wanted) continue;
         char *rel = ckpt_strdup(keep);
         if (!rel) {
             rc = CKPT_ENOMEM;
@@ -137,7 +147,8 @@ static int load_files(pull_state *ps, int rank)
         rows[i].header = NULL;
     }
     store_files_free(rows, n);
-    if (!rc && ps->nfiles == 0) rc = ckpt_error_set(CKPT_ENOTFOUND, "nothing to pull (no files for rank %d)", rank);
+    if (!rc && ps->nfiles == 0 && !ps->pending_only)
+        rc = ckpt_error_set(CKPT_ENOTFOUND, "nothing to pull (no files for rank %d)", rank);
     return rc;
 }
 
@@ -225,6 +236,8 @@ static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
  * taking them in turn. Either way a damaged blob fails the pull before DST
  * exists. */
 #define VERIFY_THREADS 2
+/* Threads hashing pending layout files (store_hash_pending). */
+#define STORE_HASH_THREADS 2
 
 typedef struct {
     pull_state *ps;
@@ -302,7 +315,7 @@ static int check_file_hashes(const pull_state *ps, char (*got)[65])
     for (size_t i = 0; i < ps->nfiles; i++) {
         const stored_file *f = &ps->files[i];
         if (!f->header) continue;
-        if (strcmp(got[k], f->sha256))
+        if (*f->sha256 && strcmp(got[k], f->sha256))
             return ckpt_error_set(CKPT_ECORRUPT,
                                   "%s: the rebuilt file has sha256 %s, the catalog says %s: a blob is damaged "
                                   "(run ckpt verify); nothing was written",
@@ -328,12 +341,15 @@ static void pull_free(pull_state *ps)
 }
 
 /* The executor's plan of every stored file of c (of one rank, or all: -1)
- * into ps, its blobs checked present. */
-static int plan_pull(pull_state *ps, ckpt_store *s, const store_ckpt *c, int rank)
+ * into ps, its blobs checked present; with pending, only the files whose
+ * sha256 is not known yet (only that one when only is not NULL). */
+static int plan_pull_sel(pull_state *ps, ckpt_store *s, const store_ckpt *c, int rank, bool pending, const char *only)
 {
     memset(ps, 0, sizeof *ps);
     ps->s = s;
     ps->id = c->id;
+    ps->pending_only = pending;
+    ps->only = only;
     /* Every catalog read of the plan in one read transaction (a WAL snapshot:
      * writers are not blocked): a concurrent rm either happened before it (a
      * clear error) or not at all as far as this pull is concerned. The bytes
@@ -378,6 +394,44 @@ static int plan_pull(pull_state *ps, ckpt_store *s, const store_ckpt *c, int ran
     return rc;
 }
 
+static int plan_pull(pull_state *ps, ckpt_store *s, const store_ckpt *c, int rank)
+{
+    return plan_pull_sel(ps, s, c, rank, false, NULL);
+}
+
+/* The hashes of the pending files of ps (exec files are ps's files with a
+ * header, in order) into the catalog. */
+static int record_file_hashes(const pull_state *ps, char (*got)[65])
+{
+    int rc = 0;
+    size_t k = 0;
+    for (size_t i = 0; !rc && i < ps->nfiles; i++) {
+        const stored_file *f = &ps->files[i];
+        if (!f->header) continue;
+        if (!*f->sha256) rc = store_file_set_sha256(ps->s, ps->id, f->path, got[k]);
+        k++;
+    }
+    return rc;
+}
+
+int store_hash_pending(ckpt_store *s, const store_ckpt *c, int rank, const char *path, bool quiet)
+{
+    bool any;
+    int rc = store_files_pending(s, c->id, path, &any);
+    if (rc || !any) return rc;
+    pull_state ps;
+    rc = plan_pull_sel(&ps, s, c, rank, true, path);
+    char(*sha)[65] = NULL;
+    if (!rc && ps.exec.nfiles) {
+        sha = ckpt_calloc(ps.exec.nfiles, sizeof *sha);
+        rc = sha ? exec_hash_outputs(&ps.exec, STORE_HASH_THREADS, "hashing", quiet, sha) : CKPT_ENOMEM;
+        if (!rc) rc = record_file_hashes(&ps, sha);
+    }
+    free(sha);
+    pull_free(&ps);
+    return rc ? ckpt_error_prefix(rc, "%s@%.12s:%s: compute the sha256 of its files", c->repo, c->commit, c->layout) : 0;
+}
+
 int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
 {
     pull_state ps;
@@ -404,16 +458,27 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
         if (!rc && verify_blobs) rc = check_blob_hashes(&ps, blob_sha);
         if (!rc && out_sha) rc = check_file_hashes(&ps, out_sha);
         free(blob_sha);
-        free(out_sha);
         for (size_t i = 0; !rc && i < ps.nfiles; i++)
             if (!ps.files[i].header) rc = copy_plain(&ps, &ps.files[i], tmp);
         if (!rc) rc = verify_written(&ps, tmp);
         if (!rc) rc = outdir_commit(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);
+        /* First use of a layout converted in the store: what was written is
+         * what its files are, and the catalog keeps that for later readers
+         * (a failure here costs a later reader the hashing, not this pull). */
+        if (!rc && out_sha && record_file_hashes(&ps, out_sha))
+            ckpt_warn("%s: the files' sha256 were not recorded: %s", dst, ckpt_error_last());
+        free(out_sha);
         free(tmp);
     }
     pull_free(&ps);
     return rc;
+}
+
+int store_files_load_hashed(ckpt_store *s, const store_ckpt *c, int rank, store_file_row **rows, size_t *n)
+{
+    int rc = store_hash_pending(s, c, rank, NULL, true);
+    return rc ? rc : store_files_load(s, c->id, rows, n);
 }
 
 /* ---- random access to one stored file (HTTP serving) ---- */
@@ -444,6 +509,9 @@ void store_file_close(store_file_reader *r)
 int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path)
 {
     *out = NULL;
+    /* A layout file's sha256 (its ETag, the Hub's lfs oid) once, before the first read. */
+    int prc = store_hash_pending(s, c, -1, path, true);
+    if (prc) return prc;
     store_file_reader *r = ckpt_calloc(1, sizeof *r);
     if (!r) return CKPT_ENOMEM;
     r->blob_fd = -1;

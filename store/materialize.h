@@ -49,6 +49,19 @@ int store_materialize_headers(ckpt_store *s, const store_ckpt *c, const char *di
 const exec_plan *store_stored_plan_exec(const store_stored_plan *p);
 void store_stored_plan_free(store_stored_plan *p);
 
+/* The sha256 of c's safetensors files a convert in the store left pending
+ * (store_files_load): assembled from their recipes in memory, hashed (two
+ * threads), then recorded together; only those of rank `rank` (-1: all, as
+ * materialize_opts.rank) and only `path` when not NULL. Nothing to do costs
+ * one catalog query. Pulls record what they write themselves; the HTTP
+ * reader, the Hub API, the HF-cache export, archives and the daemon's
+ * convert job call this. */
+int store_hash_pending(ckpt_store *s, const store_ckpt *c, int rank, const char *path, bool quiet);
+
+/* store_files_load with the pending sha256 of the files a rank pull of
+ * `rank` would give (-1: all) filled in first. */
+int store_files_load_hashed(ckpt_store *s, const store_ckpt *c, int rank, store_file_row **rows, size_t *n);
+
 typedef struct store_file_reader store_file_reader;
 int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path);
 uint64_t store_file_size(const store_file_reader *r);

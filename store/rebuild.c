@@ -113,15 +113,19 @@ static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *reci
             if (!rc) rc = plan_tensor_add_part(t, &p);
             continue;
         }
-        const char *blob = json_string_value(json_object_get(jp, "blob"));
+        /* One part, or a run of them over several blobs of one kind (an
+         * expert stack: "srcs" and "lo_step", plan_parts_to_json). */
+        json_t *runs = json_object_get(jp, "srcs");
+        size_t count = runs ? plan_part_json_count(jp) : 1;
+        if (runs && json_object_get(jp, "blob")) count = 0;
         json_t *jat = json_object_get(jp, "at");
         const char *dts = json_string_value(json_object_get(jp, "dtype"));
         json_t *js = json_object_get(jp, "shape");
         ckpt_dtype dt;
         size_t ndim = json_array_size(js);
         uint64_t shape[PLAN_MAX_DIM];
-        if (!is_sha256(blob) || !dts || ckpt_dtype_from_name(dts, &dt) < 0 || !json_is_array(js) ||
-            ndim > PLAN_MAX_DIM || (jat && (!json_is_integer(jat) || json_integer_value(jat) < 0))) {
+        if (count == 0 || count > PLAN_MAX_PARTS_PER_TENSOR || !dts || ckpt_dtype_from_name(dts, &dt) < 0 ||
+            !json_is_array(js) || ndim > PLAN_MAX_DIM || (jat && (!json_is_integer(jat) || json_integer_value(jat) < 0))) {
             rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part %zu", what, i);
             break;
         }
@@ -137,15 +141,25 @@ static int recipe_tensor(const rebuild_ctx *rb, plan_tensor *t, const char *reci
         if (!rc && dt != t->dtype && !(ckpt_dtype_is_castable_float(dt) && ckpt_dtype_is_castable_float(t->dtype)))
             rc = ckpt_error_set(CKPT_ECORRUPT, "%s: recipe part %zu is %s, the tensor %s", what, i,
                                 ckpt_dtype_name(dt), ckpt_dtype_name(t->dtype));
-        int32_t idx;
-        if (!rc) rc = from_json(&p, jp, t->ndim, (int)ndim, pwhat);
-        if (!rc) rc = add_source(rb, blob, jat ? (uint64_t)json_integer_value(jat) : 0, dt, (int)ndim, shape, pwhat, &idx);
-        if (!rc) {
-            p.src = idx;
-            rc = plan_part_check(&p, t->ndim, t->shape, &rb->exec->sources[idx], CKPT_ECORRUPT, pwhat);
+        for (size_t k = 0; !rc && k < count; k++) {
+            const char *blob = runs ? plan_part_json_src(jp, k) : json_string_value(json_object_get(jp, "blob"));
+            if (runs) snprintf(pwhat, sizeof pwhat, "%s: recipe part %zu (run part %zu)", what, i, k);
+            if (!is_sha256(blob)) {
+                rc = ckpt_error_set(CKPT_ECORRUPT, "%s: bad recipe part %zu", what, i);
+                break;
+            }
+            int32_t idx;
+            rc = plan_part_from_json_at(&p, jp, k, t->ndim, (int)ndim, pwhat);
+            if (rc == CKPT_EINVAL || rc == CKPT_ELIMIT) rc = CKPT_ECORRUPT;
+            if (!rc)
+                rc = add_source(rb, blob, jat ? (uint64_t)json_integer_value(jat) : 0, dt, (int)ndim, shape, pwhat, &idx);
+            if (!rc) {
+                p.src = idx;
+                rc = plan_part_check(&p, t->ndim, t->shape, &rb->exec->sources[idx], CKPT_ECORRUPT, pwhat);
+            }
+            if (!rc) rc = add_covered(&covered, &p, t, numel, pwhat);
+            if (!rc) rc = plan_tensor_add_part(t, &p);
         }
-        if (!rc) rc = add_covered(&covered, &p, t, numel, pwhat);
-        if (!rc) rc = plan_tensor_add_part(t, &p);
     }
     if (!rc && covered != numel)
         rc = ckpt_error_set(CKPT_ECORRUPT, "%s: the recipe's parts hold %llu elements, the tensor %llu", what,

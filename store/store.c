@@ -301,8 +301,9 @@ static int add_blob_ref(catalog *c, sqlite3_stmt *st, int64_t id, const char *bl
     return step_done(c, st, "record blob reference");
 }
 
-/* Every "blob" a recipe names. */
-static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char *recipe)
+/* Every blob a recipe names ("blob" of a part, "srcs" of a run), each once
+ * per commit (seen: the names already recorded). */
+static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char *recipe, json_t *seen)
 {
     json_error_t err;
     json_t *j = json_loads(recipe, 0, &err);
@@ -315,8 +316,14 @@ static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char 
     int rc = 0;
     json_array_foreach(j, i, p)
     {
-        const char *b = json_string_value(json_object_get(p, "blob"));
-        if (b && !rc) rc = add_blob_ref(c, st, id, b);
+        json_t *run = json_object_get(p, "srcs");
+        size_t n = run ? json_array_size(run) : 1;
+        for (size_t k = 0; !rc && k < n; k++) {
+            const char *b = json_string_value(run ? json_array_get(run, k) : json_object_get(p, "blob"));
+            if (!b || json_object_get(seen, b)) continue;
+            rc = add_blob_ref(c, st, id, b);
+            if (!rc && json_object_set_new(seen, b, json_true())) rc = CKPT_ENOMEM;
+        }
     }
     json_decref(j);
     return rc;
@@ -382,6 +389,8 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
     if (!rc) rc = catalog_prepare(c, &ins_tensor,
                                   "INSERT INTO tensors(checkpoint_id, path, name, blob, recipe) VALUES (?, ?, ?, ?, ?)");
     if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT OR IGNORE INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?)");
+    json_t *seen = json_object();
+    if (!rc && !seen) rc = CKPT_ENOMEM;
     for (size_t f = 0; !rc && f < r->nfiles; f++) {
         const store_file_rec *fr = &r->files[f];
         sqlite3_bind_int64(ins_file, 1, id);
@@ -405,12 +414,13 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
             else sqlite3_bind_null(ins_tensor, 5);
             rc = step_done(c, ins_tensor, "insert tensor");
             if (!rc && t->blob) rc = add_blob_ref(c, ins_ref, id, t->blob);
-            if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, id, t->recipe);
+            if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, id, t->recipe, seen);
         }
     }
     sqlite3_finalize(ins_file);
     sqlite3_finalize(ins_tensor);
     sqlite3_finalize(ins_ref);
+    json_decref(seen);
     return rc;
 }
 
@@ -741,7 +751,9 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
     while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
         const char *path = (const char *)sqlite3_column_text(st, 0), *sha = (const char *)sqlite3_column_text(st, 2);
         const char *blob = (const char *)sqlite3_column_text(st, 3);
-        if (!path || !sha || strlen(sha) != 64 || !ckpt_shard_name_safe(path)) {
+        /* "" is a layout file whose sha256 is not computed yet (store_hash_pending). */
+        bool pending = sha && !*sha && sqlite3_column_bytes(st, 4) > 0;
+        if (!path || !sha || (strlen(sha) != 64 && !pending) || !ckpt_shard_name_safe(path)) {
             rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: checkpoint %lld has a damaged file row", (long long)id);
             break;
         }
@@ -766,5 +778,34 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
         *rows = NULL;
         *n = 0;
     }
+    return rc;
+}
+
+int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any)
+{
+    *any = false;
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st,
+                             "SELECT 1 FROM files WHERE checkpoint_id = ? AND sha256 = '' AND (?2 IS NULL OR path = ?2) LIMIT 1");
+    if (rc) return rc;
+    sqlite3_bind_int64(st, 1, id);
+    if (path) sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
+    int step = sqlite3_step(st);
+    if (step == SQLITE_ROW) *any = true;
+    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "read files");
+    sqlite3_finalize(st);
+    return rc;
+}
+
+int store_file_set_sha256(ckpt_store *s, int64_t id, const char *path, const char *sha256)
+{
+    sqlite3_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st, "UPDATE files SET sha256 = ? WHERE checkpoint_id = ? AND path = ? AND sha256 = ''");
+    if (rc) return rc;
+    sqlite3_bind_text(st, 1, sha256, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(st, 2, id);
+    sqlite3_bind_text(st, 3, path, -1, SQLITE_STATIC);
+    rc = step_done(&s->cat, st, "record a file's sha256");
+    sqlite3_finalize(st);
     return rc;
 }

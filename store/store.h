@@ -221,9 +221,16 @@ typedef struct {
     size_t header_len;
 } store_file_row;
 
-/* The files of checkpoint id, in path order. */
+/* The files of checkpoint id, in path order. A layout's safetensors file
+ * converted inside the store has sha256 "" until it is first needed: a
+ * convert commits without reading the source bytes, and store_hash_pending
+ * (materialize.h) fills it in. */
 int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n);
 void store_files_free(store_file_row *rows, size_t n);
+/* Whether checkpoint id has such a file (path, or any when path is NULL). */
+int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any);
+/* Records the sha256 of a pending file (no change when it is known). */
+int store_file_set_sha256(ckpt_store *s, int64_t id, const char *path, const char *sha256);
 
 /* ---- maintenance (store_maint.c) ---- */
 

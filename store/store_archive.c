@@ -51,6 +51,10 @@ int store_archive_plan(ckpt_store *s, const store_ckpt *c, int rank, store_archi
     if (!rc) rc = store_files_load(s, c->id, &rows, &n);
     if (!rc) rc = materialize_rank_check_files(rows, n, c->id, rank); /* the rule pull follows */
     if (!rc) {
+        store_files_free(rows, n);
+        rc = store_files_load_hashed(s, c, rank, &rows, &n);
+    }
+    if (!rc) {
         ar->e = ckpt_calloc(n + 1, sizeof *ar->e);
         ar->paths = ckpt_calloc(n + 1, sizeof *ar->paths);
         ar->sha = ckpt_calloc(n + 1, sizeof *ar->sha);

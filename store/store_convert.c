@@ -145,26 +145,77 @@ static bool is_whole_source(const plan_tensor *t, const plan_source *src)
     return true;
 }
 
+/* The blob fields of a recipe entry: "dtype", "shape" and, for bytes inside
+ * a torch.save file's blob, "at". */
+static void set_blob_fields(json_t *j, const plan_source *src, uint64_t at)
+{
+    json_t *shape = json_array();
+    for (int k = 0; k < src->ndim; k++) json_array_append_new(shape, json_integer((json_int_t)src->shape[k]));
+    json_object_set_new(j, "dtype", json_string(ckpt_dtype_name(src->dtype)));
+    json_object_set_new(j, "shape", shape);
+    if (at) json_object_set_new(j, "at", json_integer((json_int_t)at));
+}
+
+static bool same_blob_kind(const plan_source *a, uint64_t at_a, const plan_source *b, uint64_t at_b)
+{
+    return a->dtype == b->dtype && a->ndim == b->ndim && at_a == at_b &&
+           !memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0]);
+}
+
+/* A tensor's recipe: its parts as ckpt-layout.json writes them
+ * (plan_parts_to_json: the parts of an expert stack as one run entry with
+ * "srcs" and "lo_step"), each source named by its blob ("blob", or the run's
+ * "srcs") with the blob's dtype, shape and offset. A run's blobs share those;
+ * a tensor where one would not is written part by part. */
 static char *recipe_json(const plan_tensor *t, const exec_plan *p, char **blobs, const uint64_t *at)
 {
-    json_t *a = json_array();
-    for (size_t i = 0; a && i < t->nparts; i++) {
-        const plan_part *pt = &t->parts[i];
-        const plan_source *src = pt->src == PLAN_ZERO ? NULL : &p->sources[pt->src];
-        json_t *j = plan_part_to_json(pt, t->ndim, src ? src->ndim : 0, src ? src->name : NULL);
-        if (j && src) {
-            json_t *shape = json_array();
-            for (int k = 0; k < src->ndim; k++) json_array_append_new(shape, json_integer((json_int_t)src->shape[k]));
-            json_object_del(j, "src");
-            json_object_set_new(j, "blob", json_string(blobs[pt->src]));
-            json_object_set_new(j, "dtype", json_string(ckpt_dtype_name(src->dtype)));
-            json_object_set_new(j, "shape", shape);
-            if (at[pt->src]) json_object_set_new(j, "at", json_integer((json_int_t)at[pt->src]));
+    plan_part *parts = ckpt_calloc(t->nparts + 1, sizeof *parts);
+    plan_source *srcs = ckpt_calloc(t->nparts + 1, sizeof *srcs);
+    uint64_t *ats = ckpt_calloc(t->nparts + 1, sizeof *ats);
+    json_t *a = NULL;
+    if (parts && srcs && ats) {
+        for (size_t i = 0; i < t->nparts; i++) { /* one local source per part, named by its blob */
+            parts[i] = t->parts[i];
+            if (parts[i].src == PLAN_ZERO) continue;
+            srcs[i] = p->sources[parts[i].src];
+            srcs[i].name = blobs[parts[i].src];
+            ats[i] = at[parts[i].src];
+            parts[i].src = (int32_t)i;
         }
-        json_array_append_new(a, j);
+        a = plan_parts_to_json(parts, t->nparts, t->ndim, srcs);
+    }
+    size_t i = 0, k;
+    json_t *j;
+    bool runs_ok = true;
+    json_array_foreach(a, k, j)
+    {
+        size_t n = plan_part_json_count(j);
+        for (size_t m = i + 1; m < i + n; m++) runs_ok &= same_blob_kind(&srcs[i], ats[i], &srcs[m], ats[m]);
+        i += n;
+    }
+    if (a && !runs_ok) { /* part by part */
+        json_decref(a);
+        a = json_array();
+        for (i = 0; a && i < t->nparts; i++)
+            json_array_append_new(a, plan_part_to_json(&parts[i], t->ndim, parts[i].src == PLAN_ZERO ? 0 : srcs[i].ndim,
+                                                       parts[i].src == PLAN_ZERO ? NULL : srcs[i].name));
+    }
+    i = 0;
+    json_array_foreach(a, k, j)
+    {
+        json_t *name = json_object_get(j, "src");
+        if (name) {
+            json_object_set(j, "blob", name);
+            json_object_del(j, "src");
+        }
+        if (parts[i].src != PLAN_ZERO) set_blob_fields(j, &srcs[i], ats[i]);
+        i += plan_part_json_count(j);
     }
     char *s = a ? cj_dumps(a, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(a);
+    free(parts);
+    free(srcs);
+    free(ats);
     return s;
 }
 
@@ -201,28 +252,12 @@ bool store_convert_is_side_file(const char *name)
     return !strchr(name, '/') && !outdir_is_weight_name(name);
 }
 
-/* The output safetensors files' sha256, assembled in memory and hashed, never written. */
-static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const uint64_t *at, const convert_opts *o,
-                        char (*out)[65])
-{
-    exec_plan *p = &cp->exec;
-    /* Each source tensor is its own blob file, at offset 0, or a byte range of a torch.save file's blob. */
-    for (size_t i = 0; i < p->nsrc_paths; i++) free(p->src_paths[i]);
-    free(p->src_paths);
-    p->nsrc_paths = 0;
-    p->src_paths = ckpt_calloc(p->nsources + 1, sizeof *p->src_paths);
-    if (!p->src_paths) return CKPT_ENOMEM;
-    for (size_t i = 0; i < p->nsources; i++) {
-        if (!(p->src_paths[i] = store_blob_read_path(s, blobs[i]))) return CKPT_ENOMEM;
-        p->nsrc_paths++;
-        p->sources[i].file = i;
-        p->sources[i].offset = at[i];
-    }
-    return exec_hash_outputs(p, o->threads > 0 ? o->threads : 2, "hashing", o->quiet, out);
-}
-
+/* The layout's catalog record. Its safetensors files' sha256 are left
+ * pending (""): they would take reading every source byte, which a convert
+ * in the store otherwise never does; store_hash_pending fills them in on
+ * first use. */
 static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,
-                        const uint64_t *at, char (*file_sha)[65], char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
+                        const uint64_t *at, char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
                         size_t *nws)
 {
     int rc = 0;
@@ -231,7 +266,7 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
         store_file_rec *fr = store_convert_rec_add_file(r, ef->rel);
         if (!fr) return CKPT_ENOMEM;
         fr->size = ef->layout.file_size;
-        memcpy(fr->sha256, file_sha[f], 65);
+        fr->sha256[0] = 0;
         fr->header_len = ef->layout.header_len;
         fr->header = ckpt_malloc(fr->header_len);
         fr->tensors = ckpt_calloc(ef->layout.ntensors + 1, sizeof *fr->tensors);
@@ -329,10 +364,9 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
     } else if (!rc) {
         char **blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *blobs);
         uint64_t *at = ckpt_calloc(cp.exec.nsources + 1, sizeof *at);
-        char(*file_sha)[65] = ckpt_calloc(cp.exec.nfiles + 1, sizeof *file_sha);
         store_blob_writer *ws = ckpt_calloc(cp.nfolders + 2, sizeof *ws);
         size_t nws = 0;
-        if (!blobs || !at || !file_sha || !ws) rc = CKPT_ENOMEM;
+        if (!blobs || !at || !ws) rc = CKPT_ENOMEM;
         for (size_t i = 0; !rc && i < cp.exec.nsources; i++) {
             const plan_source *ps = &cp.exec.sources[i];
             const st_file *sf = &cp.src.files[ps->file];
@@ -351,10 +385,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};
-        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, at, file_sha, src_hashes, &r, ws, &nws);
-        if (!rc) rc = hash_outputs(s, &cp, blobs, at, o, file_sha);
-        /* hash_outputs fills file_sha after build_record copied it: copy again. */
-        for (size_t f = 0; !rc && f < cp.exec.nfiles; f++) memcpy(r.files[f].sha256, file_sha[f], 65);
+        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, at, src_hashes, &r, ws, &nws);
         if (!rc) rc = store_blobs_publish(s, ws, nws);
         else
             for (size_t i = 0; i < nws; i++) store_blob_abort(&ws[i]);
@@ -365,7 +396,6 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         for (size_t i = 0; blobs && i < cp.exec.nsources; i++) free(blobs[i]);
         free(blobs);
         free(at);
-        free(file_sha);
         free(ws);
     }
     if (planned) convert_plan_free(&cp);

@@ -198,7 +198,7 @@ int store_hfcache_write(ckpt_store *s, const store_ckpt *c, const char *dir, con
     rc = blobs && snaps && tree && files ? 0 : CKPT_ENOMEM;
     if (!rc) rc = ckpt_mkdir_p(snaps, 0755);
     if (!rc && !o->no_symlinks) rc = ckpt_mkdir_p(blobs, 0755);
-    if (!rc) rc = store_files_load(s, c->id, &rows, &n);
+    if (!rc) rc = store_files_load_hashed(s, c, -1, &rows, &n);
     st->files = n;
     for (size_t i = 0; !rc && i < n; i++) {
         const store_file_row *f = &rows[i];

@@ -155,7 +155,8 @@ int store_file_infos(ckpt_store *s, int64_t id, store_file_info **out, size_t *n
     int step;
     while ((step = sqlite3_step(st)) == SQLITE_ROW) {
         const char *path = (const char *)sqlite3_column_text(st, 0), *sha = (const char *)sqlite3_column_text(st, 2);
-        if (!path || !sha || strlen(sha) != 64) {
+        bool pending = sha && !*sha && sqlite3_column_int(st, 3); /* store_hash_pending */
+        if (!path || !sha || (strlen(sha) != 64 && !pending)) {
             rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: checkpoint %lld has a damaged file row", (long long)id);
             break;
         }
@@ -231,8 +232,9 @@ int store_ckpt_json(ckpt_store *s, const store_ckpt *c, bool with_files, json_t 
         rc = store_file_infos(s, c->id, &fs, &n);
         json_t *files = rc ? NULL : json_array();
         for (size_t i = 0; files && i < n; i++)
-            json_array_append_new(files, json_pack("{s:s,s:I,s:s,s:b,s:I,s:I}", "path", fs[i].path, "size",
-                                                   (json_int_t)fs[i].size, "sha256", fs[i].sha256, "safetensors",
+            json_array_append_new(files, json_pack("{s:s,s:I,s:o,s:b,s:I,s:I}", "path", fs[i].path, "size",
+                                                   (json_int_t)fs[i].size, "sha256",
+                                                   *fs[i].sha256 ? json_string(fs[i].sha256) : json_null(), "safetensors",
                                                    fs[i].safetensors, "tensors", (json_int_t)fs[i].tensors,
                                                    "recipes", (json_int_t)fs[i].recipes));
         if (!rc) store_file_infos_free(fs, n);

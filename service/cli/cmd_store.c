@@ -295,9 +295,10 @@ int cmd_show(int argc, char **argv)
     json_t *f;
     json_array_foreach(json_object_get(j, "files"), i, f)
     {
-        printf("  %-50s %12s  %.16s  %lld tensors%s\n", json_string_value(json_object_get(f, "path")),
+        const char *sha = json_string_value(json_object_get(f, "sha256"));
+        printf("  %-50s %12s  %-16.16s  %lld tensors%s\n", json_string_value(json_object_get(f, "path")),
                ckpt_format_size((uint64_t)json_integer_value(json_object_get(f, "size")), size, sizeof size),
-               json_string_value(json_object_get(f, "sha256")),
+               sha ? sha : "(sha256 pending)",
                (long long)json_integer_value(json_object_get(f, "tensors")),
                json_integer_value(json_object_get(f, "recipes")) ? " (recipes)" : "");
     }

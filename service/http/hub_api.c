@@ -5,6 +5,7 @@
 #include "common/log.h"
 #include "common/util.h"
 #include "service/http/http_util.h"
+#include "store/materialize.h"
 #include "store/store_hub.h"
 #include "store/store_info.h"
 
@@ -179,9 +180,11 @@ typedef struct {
     size_t n;
 } hub_files;
 
-static int load_hub_files(ckpt_store *s, int64_t id, hub_files *out)
+/* With the sha256 a convert in the store left pending filled in: the Hub
+ * API names LFS files by them. */
+static int load_hub_files(ckpt_store *s, const store_ckpt *c, hub_files *out)
 {
-    return store_files_load(s, id, &out->v, &out->n);
+    return store_files_load_hashed(s, c, -1, &out->v, &out->n);
 }
 
 static void hub_files_free(hub_files *f)
@@ -328,7 +331,7 @@ static enum MHD_Result hub_revision(ckpt_store *s, struct MHD_Connection *c, con
     if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
     bool blobs = query_flag(c, "blobs");
     hub_files fs;
-    int rc = load_hub_files(s, r.c.id, &fs);
+    int rc = load_hub_files(s, &r.c, &fs);
     if (rc) {
         store_ckpt_free(&r.c);
         return hub_failed(c, rc, "read the files", repo);
@@ -453,7 +456,7 @@ static enum MHD_Result hub_tree(ckpt_store *s, struct MHD_Connection *c, const c
     bool recursive = query_flag(c, "recursive"), expand = query_flag(c, "expand");
     size_t sublen = sub ? strlen(sub) : 0;
     hub_files fs;
-    int rc = load_hub_files(s, r.c.id, &fs);
+    int rc = load_hub_files(s, &r.c, &fs);
     if (rc) {
         store_ckpt_free(&r.c);
         return hub_failed(c, rc, "read the files", repo);
@@ -551,7 +554,7 @@ static enum MHD_Result hub_paths_info(ckpt_store *s, struct MHD_Connection *c, c
     }
     json_decref(j);
     hub_files fs;
-    int rc = load_hub_files(s, r.c.id, &fs);
+    int rc = load_hub_files(s, &r.c, &fs);
     if (rc) {
         json_decref(paths);
         store_ckpt_free(&r.c);
@@ -593,7 +596,7 @@ static enum MHD_Result hub_resolve(ckpt_store *s, struct MHD_Connection *c, cons
     if (!hub_lookup(s, c, repo, rev, &r, &ret)) return ret;
     hub_files fs;
     const store_file_row *f = NULL;
-    int rc = load_hub_files(s, r.c.id, &fs);
+    int rc = load_hub_files(s, &r.c, &fs);
     if (rc) {
         store_ckpt_free(&r.c);
         return hub_failed(c, rc, "read the files", repo);

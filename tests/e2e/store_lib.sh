@@ -46,6 +46,11 @@ import json, sys
 for f in sorted(json.load(sys.stdin)["files"], key=lambda f: f["path"].encode()):
     print(f["sha256"] + "  " + f["path"])'
 }
+# pending_sha REF: how many of REF's files have their sha256 pending (a
+# convert in the store leaves them to the first reader).
+pending_sha() {
+    ASAN_OPTIONS=$query_asan "$ckpt" show "$1" --json | "$py" -c 'import json, sys; print(sum(f["sha256"] is None for f in json.load(sys.stdin)["files"]))'
+}
 tmp_empty() {
     [ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "$1: $CKPT_HOME/tmp is not empty: $(ls -A "$CKPT_HOME/tmp" | head -5 | tr '\n' ' ')"
 }

@@ -9,7 +9,7 @@
 # 3. Cancel of a running convert: the worker exits, state cancelled,
 #    no partial output. (In 2 and 3 the worker stops itself mid-convert, once
 #    its computed blobs are written and its first output file is hashed,
-#    CKPT_FAULT_WORKER=exec.file_hashed:1:STOP, and
+#    CKPT_FAULT_WORKER=blob.written:1:STOP, and
 #    stays stopped until the test has killed it or the daemon has seen the
 #    cancel, so a fast machine cannot finish the convert first.)
 # 4. 50 concurrent `ckpt submit` (local SQLite), then 30 more (half through
@@ -232,21 +232,19 @@ export CKPT_HOME=$work/h2
 expect_status 0 "$ckpt" gen-model llama "$M/big" --scale 16 --layers 2
 expect_status 0 "$ckpt" import "$M/big" --repo t/big
 rm -rf "$M/big"
-# The worker stops itself (SIGSTOP) at a named point mid-convert: its cast
-# tensors written as blobs in tmp/, its first output file hashed, nothing
-# committed (CKPT_FAULT_WORKER); only the
+# The worker stops itself (SIGSTOP) at a named point mid-convert: its first
+# blob written in tmp/, nothing committed (CKPT_FAULT_WORKER); only the
 # first worker to get there (CKPT_FAULT_ONCE), so the retry runs through.
 # However fast the machine, the job is caught in the middle.
-CKPT_FAULT_WORKER=exec.file_hashed:1:STOP CKPT_FAULT_ONCE=$work/stop2.once ready_daemon --workers 2
+CKPT_FAULT_WORKER=blob.written:1:STOP CKPT_FAULT_ONCE=$work/stop2.once ready_daemon --workers 2
 # worker_stopped ID: job ID is running and its worker is stopped; $wpid.
 worker_stopped() {
     state_is "$1" running || return 1
     wpid=$(jf "$1" 'j.get("worker_pid") or ""')
     [ -n "$wpid" ] && [ "$(awk '/^State:/ {print $2}' "/proc/$wpid/status" 2>/dev/null)" = T ]
 }
-# A cast computes every tensor: real output, in tmp/ until the commit.
 id=$(run "$ckpt" submit convert t/big --layout hf --dtype f32)
-wait_until 60 "the worker of job $id to stop at exec.file_hashed:1" worker_stopped "$id"
+wait_until 60 "the worker of job $id to stop at blob.written:1" worker_stopped "$id"
 [ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "a running convert has nothing in tmp/"
 kill -9 "$wpid"
 wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" succeeded
@@ -254,6 +252,11 @@ wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" s
 [ "$(jf "$id" 'j["result"]["ref"]')" = "t/big@main:hf-f32" ] || fail "job $id: result $(jf "$id" 'j.get("result")')"
 [ "$("$ckpt" ls --json | "$py" -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)["checkpoints"]))')" = 1 ] ||
     fail "t/big@main:hf-f32 is not stored exactly once"
+# The convert job hashes the files the commit left pending: the Hub API needs them.
+"$ckpt" show t/big@main:hf-f32 --json | "$py" -c '
+import json, sys
+fs = json.load(sys.stdin)["files"]
+assert fs and all(f["sha256"] and len(f["sha256"]) == 64 for f in fs), fs' || fail "the convert job left file sha256 pending"
 expect_status 0 "$ckpt" logs "$id"
 tmp_empty "after the worker kill and retry"
 expect_verify_clean "worker kill"
@@ -263,12 +266,12 @@ expect_no_workers "worker kill"
 # 3. cancel a running convert
 # =========================================================================
 note "3. cancel a running convert"
-# A daemon whose workers stop once more, at the first of two output files.
+# A daemon whose workers stop once more, at their first blob.
 stop_daemon
-CKPT_FAULT_WORKER=exec.file_hashed:1:STOP CKPT_FAULT_ONCE=$work/stop3.once ready_daemon --workers 2
+CKPT_FAULT_WORKER=blob.written:1:STOP CKPT_FAULT_ONCE=$work/stop3.once ready_daemon --workers 2
 blobs_before=$(nblobs)
 id=$(run "$ckpt" submit convert t/big --layout neuron --tp 2 --dtype f32)
-wait_until 60 "the worker of job $id to stop at exec.file_hashed:1" worker_stopped "$id"
+wait_until 60 "the worker of job $id to stop at blob.written:1" worker_stopped "$id"
 [ -n "$(ls -A "$CKPT_HOME/tmp")" ] || fail "a running convert has nothing in tmp/"
 t=$(ms)
 expect_status 0 "$ckpt" cancel "$id"

@@ -96,10 +96,10 @@ note "a killed state export: gc removed its staging"
 # The convert stops itself at a named point (CKPT_FAULT=NAME:N:STOP), the test
 # removes the source, then lets the convert go on: a clear error, nothing stored.
 expect_status 0 "$ckpt" import "$work/m" --repo t/gone@main
-CKPT_FAULT=exec.file_hashed:1:STOP "$ckpt" convert t/gone@main --layout fused >"$work/out" 2>"$work/err" &
+CKPT_FAULT=blob.written:1:STOP "$ckpt" convert t/gone@main --layout fused >"$work/out" 2>"$work/err" &
 cpid=$!
 stopped() { [ "$(awk '{print $3}' "/proc/$1/stat" 2>/dev/null)" = T ]; }
-wait_until 60 "the convert to stop at exec.file_hashed" stopped "$cpid"
+wait_until 60 "the convert to stop at blob.written" stopped "$cpid"
 "$ckpt" rm t/gone@main >/dev/null 2>"$work/rm.err" || fail "rm during the convert: $(cat "$work/rm.err")"
 kill -CONT "$cpid"
 rc=0

@@ -133,8 +133,13 @@ check_convert() {
     esac
     if [ "$tp" -gt 1 ]; then [[ "$out" == *"tp$tp"* ]] || fail "layout name '$out' does not say tp$tp"; fi
     expect_status 0 "$ckpt" convert "$src" "$off" --layout "$layout" --tp "$tp" "$@"
+    # No tensor byte was read: the safetensors files' sha256 wait for the
+    # first pull, which records what it wrote.
+    [ "$(pending_sha "$out")" = "$(find "$off" -name '*.safetensors' | wc -l)" ] ||
+        fail "convert $out left $(pending_sha "$out") files' sha256 pending, expected one per safetensors file"
     expect_status 0 "$ckpt" pull "$out" -o "$p"
     diff -r "$off" "$p" >"$work/diff" || fail "pull $out differs from the offline convert: $(head -c 1500 "$work/diff")"
+    diff <(sums "$off") <(show_sums "$out") >"$work/diff" || fail "$out: the sha256 the pull recorded: $(head -c 1500 "$work/diff")"
     rm -rf "$p"
     # converting again: the same ref, nothing new
     again=$(run "$ckpt" convert "$ref" --layout "$layout" --tp "$tp" "$@")

@@ -39,12 +39,14 @@ killed=0
 after_kill() {
     local what=$1 ref=$2 want=$3 before=$4 now
     now=$(refs)
+    # verify first: it also records the sha256 a convert in the store leaves
+    # pending, which show_sums compares.
+    expect_verify_clean "$what"
     if [ "$now" != "$before" ]; then
         [ "$now" = "$(printf '%s\n%s\n' "$before" "$ref" | sed '/^$/d' | LC_ALL=C sort)" ] ||
             fail "$what: ls shows '$now', expected '$before' plus at most $ref"
         diff "$want" <(show_sums "$ref") >/dev/null || fail "$what: $ref is visible but its files are not the expected ones"
     fi
-    expect_verify_clean "$what"
     expect_status 0 "$ckpt" gc
     gc_settled "$what"
 }
@@ -85,8 +87,21 @@ rm -rf "$work/pull"
 expect_status 0 "$ckpt" convert "$M/k" "$work/off" --layout neuron --tp 8
 sums "$work/off" >"$work/want-conv"
 kill_series "convert" t/k@main:neuron-tp8 "$work/want-conv" undo_rm -- "$ckpt" convert t/k --layout neuron --tp 8 --quiet
-grep -qx 'exec.file_hashed:8' "$work/points" || fail "store convert did not hash its 8 files"
+grep -q '^exec\.' "$work/points" && fail "store convert read tensor bytes: $(tr '\n' ' ' <"$work/points")"
+grep -qx 'catalog.committed:[0-9]*' "$work/points" || fail "store convert passed no catalog commit"
 expect_status 0 "$ckpt" convert t/k --layout neuron --tp 8
+# Its 8 files' sha256 are left to the first reader. One stopped while hashing
+# them (an HF-cache export) records none; the next records all 8, equal to
+# the offline convert's.
+pending() { pending_sha t/k:neuron-tp8; }
+[ "$(pending)" = 8 ] || fail "store convert left $(pending) files pending, expected its 8 safetensors files"
+crash_at exec.file_hashed:5 "$ckpt" pull t/k:neuron-tp8 --hf-cache "$work/hfc" --quiet
+[ "$(pending)" = 8 ] || fail "a hashing stopped at file 5 of 8 recorded $((8 - $(pending))) sha256"
+expect_status 0 "$ckpt" pull t/k:neuron-tp8 --hf-cache "$work/hfc" --quiet
+[ "$(pending)" = 0 ] || fail "an HF-cache export left $(pending) files pending"
+diff <(grep safetensors "$work/want-conv") <(show_sums t/k:neuron-tp8 | grep safetensors) >/dev/null ||
+    fail "the recorded sha256 are not the offline convert's: $(show_sums t/k:neuron-tp8)"
+rm -rf "$work/hfc"
 expect_status 0 "$ckpt" pull t/k:neuron-tp8 -o "$work/pull"
 diff -r "$work/off" "$work/pull" >/dev/null || fail "fresh convert after the kills differs from the offline convert"
 rm -rf "$work/pull" "$work/off"

@@ -430,7 +430,7 @@ async function checkpointPage(main, ref) {
     el('td', {class: 'mono', text: f.path}),
     el('td', {class: 'num', text: fmtBytes(f.size), title: f.size + ' bytes'}),
     el('td', {class: 'num', text: f.safetensors ? f.tensors : ''}),
-    el('td', {class: 'mono', text: f.sha256})));
+    el('td', {class: 'mono', text: f.sha256 || 'pending (computed on first pull or download)'})));
   const tbody = el('tbody', {});
   const tensors = el('div', {class: 'table-wrap', id: 'tensors-table-wrap'},
     el('table', {id: 'tensors-table'},

@@ -9,7 +9,10 @@
  * blobs. Then one recipe row is changed with SQL, the way a damaged or
  * hand-edited catalog would be: a part reading past its blob, a part outside
  * its tensor, a missing part, a doubled part, a part that is not a part; and
- * a blob cut short. Each time pulling the layout (store_materialize) and
+ * a blob cut short; and in a Qwen3-MoE's expert stack, whose recipe holds
+ * the experts as one run entry ("srcs" and "lo_step"), a run with a bad blob
+ * name, with a "blob" too, one source short, and a step that leaves the
+ * tensor. Each time pulling the layout (store_materialize) and
  * reading the file in place (store_file_open, as HTTP serving does) fail with
  * CKPT_ECORRUPT and a message naming the file, the tensor and the part, and
  * nothing is written. The original row put back, both work again.
@@ -44,12 +47,12 @@ typedef struct {
     int pulls;
 } fixture;
 
-/* The recipe row of a tensor split across ranks with more than one element. */
-static void setup_store(fixture *f)
+/* The recipe row of tensor `like` (an SQL LIKE pattern) of arch's layout. */
+static void setup_store(fixture *f, const char *arch, const char *like)
 {
     char *src = ckpt_path_join(f->root, "src"), *home = ckpt_path_join(f->root, "home");
     genmodel_opts o;
-    genmodel_opts_init(&o, "llama");
+    genmodel_opts_init(&o, arch);
     o.scale = 32;
     o.layers = 1;
     if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
@@ -66,10 +69,11 @@ static void setup_store(fixture *f)
         sqlite3_prepare_v2(
             f->s.cat.db,
             "SELECT path, name, recipe FROM tensors WHERE checkpoint_id = ? AND "
-            "recipe IS NOT NULL AND name LIKE '%down_proj.weight' ORDER BY path LIMIT 1",
+            "recipe IS NOT NULL AND name LIKE ? ORDER BY path LIMIT 1",
             -1, &st, NULL),
         SQLITE_OK);
     sqlite3_bind_int64(st, 1, f->conv.id);
+    sqlite3_bind_text(st, 2, like, -1, SQLITE_STATIC);
     assert_int_equal(sqlite3_step(st), SQLITE_ROW);
     f->path = ckpt_strdup((const char *)sqlite3_column_text(st, 0));
     f->name = ckpt_strdup((const char *)sqlite3_column_text(st, 1));
@@ -79,15 +83,27 @@ static void setup_store(fixture *f)
     free(home);
 }
 
-static int setup(void **state)
+static int setup_arch(void **state, const char *arch, const char *like)
 {
     if (scratch_setup(state)) return -1;
     fixture *f = calloc(1, sizeof *f);
     if (!f) return -1;
     f->root = *state;
-    setup_store(f);
+    setup_store(f, arch, like);
     *state = f;
     return 0;
+}
+
+/* A tensor split across ranks with more than one element. */
+static int setup(void **state)
+{
+    return setup_arch(state, "llama", "%down_proj.weight");
+}
+
+/* The stacked experts of the first layer. */
+static int setup_moe(void **state)
+{
+    return setup_arch(state, "qwen3-moe", "%experts.down_proj.weight");
 }
 
 static int teardown(void **state)
@@ -287,6 +303,73 @@ static void test_blob_cut_short(void **state)
     free(bp);
 }
 
+/* The run entry of the recipe. */
+static json_t *run_entry(json_t *parts)
+{
+    size_t i;
+    json_t *p;
+    json_array_foreach(parts, i, p) if (json_object_get(p, "srcs")) return p;
+    fail_msg("no run in the recipe");
+    return NULL;
+}
+
+static void edit_run_bad_blob(json_t *parts)
+{
+    json_array_set_new(json_object_get(run_entry(parts), "srcs"), 1, json_string("not-a-blob"));
+}
+
+static void edit_run_and_blob(json_t *parts)
+{
+    json_t *r = run_entry(parts);
+    json_object_set(r, "blob", json_array_get(json_object_get(r, "srcs"), 0));
+}
+
+static void edit_run_short(json_t *parts)
+{
+    json_t *srcs = json_object_get(run_entry(parts), "srcs");
+    json_array_remove(srcs, json_array_size(srcs) - 1);
+}
+
+static void edit_run_step_out(json_t *parts)
+{
+    json_array_set_new(json_object_get(run_entry(parts), "lo_step"), 0, json_integer(1000));
+}
+
+static void test_recipe_run(void **state)
+{
+    fixture *f = *state;
+    json_error_t err;
+    json_t *parts = json_loads(f->recipe, 0, &err);
+    assert_non_null(parts);
+    /* Every expert of the layer in one entry, one expert further along axis 0 each. */
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(f->s.cat.db,
+                                        "SELECT count(*) FROM tensors WHERE checkpoint_id = ? AND name LIKE "
+                                        "'model.layers.0.mlp.experts.%.down_proj.weight'",
+                                        -1, &st, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_int64(st, 1, f->orig.id);
+    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+    int experts = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+    assert_true(experts >= 2);
+    json_t *r = run_entry(parts);
+    assert_int_equal(json_array_size(json_object_get(r, "srcs")), experts);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(r, "lo_step"), 0)), 1);
+    assert_null(json_object_get(r, "blob"));
+    json_decref(parts);
+    expect_fine(f);
+    damage(f, edit_run_bad_blob);
+    expect_corrupt(f, "bad recipe part");
+    damage(f, edit_run_and_blob);
+    expect_corrupt(f, "bad recipe part");
+    damage(f, edit_run_short);
+    expect_corrupt(f, "the recipe's parts hold");
+    damage(f, edit_run_step_out);
+    expect_corrupt(f, "lies outside the tensor");
+    expect_fine(f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -294,6 +377,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_recipe_outside_tensor, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recipe_parts_missing_or_doubled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_blob_cut_short, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recipe_run, setup_moe, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
