@@ -189,14 +189,20 @@ static void expect_fine(fixture *f)
     store_file_close(r);
 }
 
-/* The first part that reads a blob. */
-static json_t *first_blob_part(json_t *parts)
+/* The first entry of the recipe with field `key`. */
+static json_t *entry_with(json_t *parts, const char *key)
 {
     size_t i;
     json_t *p;
-    json_array_foreach(parts, i, p) if (json_object_get(p, "blob")) return p;
-    fail_msg("no blob part in the recipe");
+    json_array_foreach(parts, i, p) if (json_object_get(p, key)) return p;
+    fail_msg("no entry with '%s' in the recipe", key);
     return NULL;
+}
+
+/* The first part that reads a blob. */
+static json_t *first_blob_part(json_t *parts)
+{
+    return entry_with(parts, "blob");
 }
 
 static void edit_past_blob(json_t *parts)
@@ -306,11 +312,7 @@ static void test_blob_cut_short(void **state)
 /* The run entry of the recipe. */
 static json_t *run_entry(json_t *parts)
 {
-    size_t i;
-    json_t *p;
-    json_array_foreach(parts, i, p) if (json_object_get(p, "srcs")) return p;
-    fail_msg("no run in the recipe");
-    return NULL;
+    return entry_with(parts, "srcs");
 }
 
 static void edit_run_bad_blob(json_t *parts)
