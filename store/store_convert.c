@@ -9,6 +9,7 @@
 #include "format/outdir.h"
 #include "format/torch.h"
 #include "transform/layout_meta.h"
+#include "store/blob_ranges.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -213,12 +214,16 @@ static int hash_outputs(ckpt_store *s, convert_plan *cp, char **blobs, const uin
     p->src_paths = ckpt_calloc(p->nsources + 1, sizeof *p->src_paths);
     if (!p->src_paths) return CKPT_ENOMEM;
     for (size_t i = 0; i < p->nsources; i++) {
-        if (!(p->src_paths[i] = store_blob_read_path(s, blobs[i]))) return CKPT_ENOMEM;
+        if (!(p->src_paths[i] = store_blob_source_path(s, blobs[i]))) return CKPT_ENOMEM;
         p->nsrc_paths++;
         p->sources[i].file = i;
         p->sources[i].offset = at[i];
     }
-    return exec_hash_outputs(p, o->threads > 0 ? o->threads : 2, "hashing", o->quiet, out);
+    store_blob_ranges ranges; /* blobs in a bucket: ranged GETs, no local copies */
+    int rc = store_blob_ranges_attach(s, p, &ranges);
+    if (!rc) rc = exec_hash_outputs(p, o->threads > 0 ? o->threads : 2, "hashing", o->quiet, out);
+    p->vsource = NULL;
+    return rc;
 }
 
 static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,
