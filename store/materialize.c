@@ -18,6 +18,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Executor threads of a pull from a bucket (each holds one connection). */
+#define MATERIALIZE_REMOTE_THREADS 4
+
 typedef struct {
     char *path, *out_rel, *blob, sha256[65];
     uint64_t size;
@@ -401,7 +404,9 @@ int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const
         char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
         char(*out_sha)[65] = !verify_blobs && ps.exec.nfiles ? ckpt_calloc(ps.exec.nfiles, sizeof *out_sha) : NULL;
         if (verify_blobs ? !blob_sha : ps.exec.nfiles && !out_sha) rc = CKPT_ENOMEM;
-        exec_opts eo = {.threads = o->threads,
+        /* ranged GETs wait on the network more than on a core: more at once */
+        int threads = o->threads > 0 ? o->threads : ps.exec.vsource ? MATERIALIZE_REMOTE_THREADS : 0;
+        exec_opts eo = {.threads = threads,
                         .quiet = o->quiet,
                         .label = "pull",
                         .hash_sources = verify_blobs,

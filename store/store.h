@@ -81,8 +81,6 @@ bool store_blobs_remote(const ckpt_store *s);
 char *store_blob_key(const ckpt_store *s, const char *sha);
 /* Whether blob sha is stored (a stat, or a HEAD), and its size. */
 int store_blob_stat(ckpt_store *s, const char *sha, bool *exists, uint64_t *size);
-/* Uploads a finished blob's temp file (a bucket only): once, If-None-Match. */
-int store_blob_upload(ckpt_store *s, const char *sha, const char *tmp_path, uint64_t size);
 /* A file holding blob sha's bytes, for the few readers that need a whole
  * file (config.json, an index, ckpt-layout.json, a torch.save file, a LoRA
  * merge's base weight): the blob itself in the local folder, else a copy in
@@ -129,9 +127,16 @@ void store_blob_abort(store_blob_writer *w);
  * store_blob_write/store_blob_end. The caller vouches for the hash. */
 int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha256);
 
+/* Uploads finished blobs' temp files to the bucket (a bucket only): each
+ * once (If-None-Match), CKPT_S3_UPLOADS (default 4) at a time, each thread
+ * with its own connection; a temp is removed once its upload is
+ * acknowledged (crash point blob.published). The first failure stops the
+ * rest and is returned. */
+int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n);
+
 /* Publishes finished blobs: leases their names, syncs the temp files, renames
- * them into blobs/ (dropping a temp whose blob already exists), syncs. The
- * writers are closed and freed. */
+ * them into blobs/ (dropping a temp whose blob already exists) or uploads
+ * them (a bucket), syncs. The writers are closed and freed. */
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n);
 /* Leases blob sha256 for this process (so no gc removes it before the
  * checkpoint using it commits) and says whether it is stored already with

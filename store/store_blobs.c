@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +41,8 @@
 /* The defaults of CKPT_BLOB_CACHE_MB and CKPT_S3_RANGE_GAP. */
 #define BLOB_CACHE_MB_DEFAULT 1024
 #define RANGE_GAP_DEFAULT (256u << 10)
+/* The default of CKPT_S3_UPLOADS: blobs uploaded at once. */
+#define UPLOADS_DEFAULT 4
 
 int64_t store_self_start_time(void)
 {
@@ -141,17 +144,75 @@ int store_blob_stat(ckpt_store *s, const char *sha, bool *exists, uint64_t *size
     return rc;
 }
 
-int store_blob_upload(ckpt_store *s, const char *sha, const char *tmp_path, uint64_t size)
+/* Adds a client's requests, retries and bytes to the store's totals. */
+static void stats_add(ckpt_store *s, const s3_client *c)
 {
-    s3_client *c;
-    char *key = store_blob_key(s, sha);
-    int rc = key ? client(s, &c) : CKPT_ENOMEM;
-    int fd = rc ? -1 : open(tmp_path, O_RDONLY | O_CLOEXEC);
-    if (!rc && fd < 0) rc = ckpt_error_sys("%s: open", tmp_path);
-    if (!rc) rc = s3_put_fd(c, key, fd, 0, size, sha, NULL);
+    uint64_t req = 0, retries = 0, in = 0;
+    s3_stats(c, &req, &retries, &in);
+    __atomic_fetch_add(&s->s3_requests, req, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->s3_retries, retries, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&s->s3_bytes, in, __ATOMIC_RELAXED);
+}
+
+static int upload_one(ckpt_store *s, s3_client *c, const store_blob_writer *w)
+{
+    char *key = store_blob_key(s, w->sha256);
+    int fd = key ? open(w->tmp_path, O_RDONLY | O_CLOEXEC) : -1;
+    int rc = !key ? CKPT_ENOMEM : fd < 0 ? ckpt_error_sys("%s: open", w->tmp_path) : 0;
+    if (!rc) rc = s3_put_fd(c, key, fd, 0, w->size, w->sha256, NULL);
     if (fd >= 0) close(fd);
     free(key);
+    if (!rc) unlink(w->tmp_path); /* acknowledged: durable in the bucket */
+    if (!rc) ckpt_fault("blob.published");
     return rc;
+}
+
+typedef struct {
+    ckpt_store *s;
+    store_blob_writer *ws;
+    size_t n, next;
+    pthread_mutex_t mu;
+    int rc;
+    char msg[1024];
+} upload_job;
+
+static void *upload_main(void *arg)
+{
+    upload_job *u = arg;
+    s3_client *c = NULL;
+    int rc = s3_open(u->s->s3_bucket, &c);
+    for (;;) {
+        pthread_mutex_lock(&u->mu);
+        if (rc && !u->rc) {
+            u->rc = rc;
+            snprintf(u->msg, sizeof u->msg, "%s", ckpt_error_last());
+        }
+        size_t i = u->rc ? u->n : u->next++;
+        pthread_mutex_unlock(&u->mu);
+        if (i >= u->n) break;
+        rc = upload_one(u->s, c, &u->ws[i]);
+    }
+    if (c) stats_add(u->s, c);
+    s3_close(c);
+    return NULL;
+}
+
+int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n)
+{
+    const char *e = getenv("CKPT_S3_UPLOADS");
+    uint64_t want = UPLOADS_DEFAULT;
+    if (e && *e && (ckpt_parse_u64(e, &want) < 0 || want < 1 || want > 64))
+        return ckpt_error_set(CKPT_EINVAL, "CKPT_S3_UPLOADS '%s': expected 1 to 64", e);
+    upload_job u = {.s = s, .ws = ws, .n = n};
+    if (pthread_mutex_init(&u.mu, NULL)) return ckpt_error_set(CKPT_EIO, "cannot create a mutex");
+    pthread_t th[64];
+    size_t started = 0;
+    for (size_t i = 0; i < want && i < n; i++)
+        if (pthread_create(&th[i], NULL, upload_main, &u) == 0) started++;
+    if (!started) upload_main(&u); /* no thread could start: upload here */
+    for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&u.mu);
+    return u.rc ? ckpt_error_set(u.rc, "%s", u.msg) : 0;
 }
 
 int store_blob_copy_to_fd(ckpt_store *s, const char *sha, uint64_t size, int fd)
@@ -355,11 +416,7 @@ void store_blob_ranges_close(store_blob_ranges *r, void *ts)
 {
     range_reader *t = ts;
     if (!t) return;
-    uint64_t req = 0, retries = 0, in = 0;
-    s3_stats(t->c, &req, &retries, &in);
-    __atomic_fetch_add(&r->s->s3_requests, req, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->s->s3_retries, retries, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&r->s->s3_bytes, in, __ATOMIC_RELAXED);
+    stats_add(r->s, t->c);
     s3_close(t->c);
     free(t->buf);
     free(t);
