@@ -118,20 +118,7 @@ echo "== a rank pull reads only its byte ranges"
 CKPT_DEBUG=1 "$CKPT_BIN" pull "bench/llama:neuron-tp$TP" --rank 0 -o "$WORK/rank0" --quiet 2>"$WORK/rank.err" >/dev/null ||
     { cat "$WORK/rank.err" >&2; die "rank pull failed"; }
 got=$(sed -n 's/^debug: blobs s3:.*: \([0-9]*\) requests, [0-9]* retries, \([0-9]*\) bytes received$/\1 \2/p' "$WORK/rank.err")
-rank=$("$PY" - "$WORK/rank0" <<'PY'
-import os, struct, sys
-total = 0
-for root, _, files in os.walk(sys.argv[1]):
-    for f in files:
-        p = os.path.join(root, f)
-        n = os.path.getsize(p)
-        if f.endswith(".safetensors"):
-            with open(p, "rb") as fh:
-                n -= 8 + struct.unpack("<Q", fh.read(8))[0]
-        total += n
-print(total)
-PY
-)
+rank=$("$PY" "$HERE/../tests/e2e/payload_bytes.py" "$WORK/rank0")
 awk -v req="${got%% *}" -v got="${got#* }" -v rank="$rank" -v all="$BYTES" -v tp="$TP" 'BEGIN {
     printf "  rank 0 of %d: %.1f MB requested in %d requests, the rank holds %.1f MB (%.2fx), the model %.1f MB (%.2f of it)\n",
         tp, got / 1e6, req, rank / 1e6, got / rank, all / 1e6, got / all }'

@@ -191,22 +191,7 @@ note "a rank pull requests exactly the rank's bytes from the bucket"
 # so the bytes received are exactly the rank's tensor bytes (every output
 # byte comes from one source byte; the layout has no zero padding here) and
 # its whole plain files; CKPT_DEBUG=1 prints the store's totals as it closes.
-# rank_bytes DIR: tensor bytes of DIR's safetensors files + sizes of the rest.
-rank_bytes() {
-    "$py" - "$1" <<'PY'
-import os, struct, sys
-total = 0
-for root, _, files in os.walk(sys.argv[1]):
-    for f in files:
-        p = os.path.join(root, f)
-        n = os.path.getsize(p)
-        if f.endswith(".safetensors"):
-            with open(p, "rb") as fh:
-                n -= 8 + struct.unpack("<Q", fh.read(8))[0]
-        total += n
-print(total)
-PY
-}
+rank_bytes() { "$py" "$E2E_DIR/payload_bytes.py" "$1"; }
 # received: bytes received from the bucket by the last command (its debug line).
 received() { sed -n 's/^debug: blobs s3:.*: [0-9]* requests, [0-9]* retries, \([0-9]*\) bytes received$/\1/p' "$work/err"; }
 rm -rf "$CKPT_HOME/blob-cache"
