@@ -426,8 +426,12 @@ void store_blob_ranges_close(store_blob_ranges *r, void *ts)
 static int range_get(range_reader *t, const char *key, uint64_t off, size_t len, void *buf)
 {
     int rc = s3_get(t->c, key, off, len, buf);
-    if (rc == CKPT_ENOTFOUND)
-        rc = ckpt_error_set(CKPT_ECORRUPT, "blob %s is missing from s3://%s (run ckpt verify)", key, t->r->s->s3_bucket);
+    size_t n = strlen(key);
+    if (rc == CKPT_ENOTFOUND && n >= 65 && key[n - 63] == '/') /* PREFIX/ab/cdef...: name the blob */
+        rc = ckpt_error_set(CKPT_ECORRUPT, "blob %.2s%s is missing from s3://%s (run ckpt verify)", key + n - 65,
+                            key + n - 62, t->r->s->s3_bucket);
+    else if (rc == CKPT_ENOTFOUND)
+        rc = ckpt_error_set(CKPT_ECORRUPT, "%s is missing from s3://%s (run ckpt verify)", key, t->r->s->s3_bucket);
     return rc;
 }
 
@@ -477,7 +481,7 @@ static int ranges_view_rows(void *ctx, void *ts, size_t file, uint64_t off, uint
 {
     store_blob_ranges *r = ctx;
     range_reader *t = ts;
-    if (rows < 2 || stride < len || stride - len < r->gap) return 1;
+    if (rows < 2 || stride <= len || stride - len < r->gap) return 1; /* adjacent or close: the span */
     int rc = reader_buf(t, (size_t)(rows * len));
     for (uint64_t i = 0; !rc && i < rows; i++)
         rc = range_get(t, r->p->src_paths[file] + r->skip, off + i * stride, len, t->buf + i * len);

@@ -28,7 +28,8 @@ CEPH_OBJECTSTORE=${CEPH_OBJECTSTORE:-memstore}
 ceph_objectstore_conf() {
     if [ "$CEPH_OBJECTSTORE" = bluestore ]; then
         printf '%s\n' "osd objectstore = bluestore" "bluestore block create = true" \
-            "bluestore block size = $((${CEPH_BLUESTORE_GB:-24} << 30))" "bluestore fsck on mount = false"
+            "bluestore block size = $((${CEPH_BLUESTORE_GB:-24} << 30))" "bluestore fsck on mount = false" \
+            "osd memory target = 1073741824"
     else
         printf '%s\n' "osd objectstore = memstore" "memstore device bytes = 2147483648"
     fi
