@@ -219,6 +219,13 @@ f=$(cd "$work/r1" && find . -name '*.safetensors' | head -n 1)
 curl -sf -o "$work/served" "$(cat "$CKPT_HOME/serve.url")/org/qwen/resolve/neuron-tp2/tp_rank_01/${f#./}" ||
     fail "GET of tp_rank_01/${f#./} failed: $(tail -3 "$work/serve.log")"
 cmp -s "$work/served" "$work/r1/$f" || fail "the served file differs from the pulled one"
+# a Range of the same file, and a whole plain file (config.json), from the bucket in ranges
+url=$(cat "$CKPT_HOME/serve.url")/org/qwen/resolve/neuron-tp2
+curl -sf -r 1000-300999 -o "$work/served.part" "$url/tp_rank_01/${f#./}" || fail "a Range GET failed: $(tail -3 "$work/serve.log")"
+cmp -s "$work/served.part" <(tail -c +1001 "$work/r1/$f" | head -c 300000) || fail "the served range differs from the pulled file's"
+curl -sf -o "$work/served.cfg" "$url/config.json" || fail "GET config.json failed: $(tail -3 "$work/serve.log")"
+cmp -s "$work/served.cfg" "$work/src/config.json" || fail "the served config.json differs"
+[ -z "$(find "$CKPT_HOME/blob-cache" -type f -size +64k)" ] || fail "serving copied tensor blobs whole into blob-cache/"
 serve_stop "$serve_pid"
 
 note "import again: nothing uploaded"
