@@ -241,6 +241,29 @@ expect_status 0 "$ckpt" pull org/crash -o "$work/p4"
 same_tree "$work/src2" "$work/p4" "pull after a killed import and its re-run"
 expect_status 0 "$ckpt" rm org/crash
 
+note "verify: clean, then a blob removed from the bucket is named"
+expect_status 0 "$ckpt" verify
+victim=$("$ckpt" s3 ls s3://ckpt-store/team/a/ | sort -k2 -n | tail -n 1 | cut -d' ' -f1)
+sha=$(echo "$victim" | sed 's|^team/a/\(..\)/|\1|')
+expect_status 0 "$ckpt" s3 rm "s3://ckpt-store/$victim"
+rm -rf "$CKPT_HOME/blob-cache"
+expect_status 1 "$ckpt" verify
+grep -q "$sha" "$work/out" "$work/err" && grep -q missing "$work/out" "$work/err" ||
+    fail "verify does not name the missing blob $sha: $(cat "$work/out" "$work/err" | head -5)"
+expect_status 0 "$ckpt" rm org/big # the biggest blob is org/big's
+
+note "rm + gc: fresh blobs kept within the margin, then deleted"
+before=$(objects)
+expect_status 0 "$ckpt" rm org/qwen:neuron-tp2
+expect_status 0 "$ckpt" rm org/qwen
+expect_status 0 "$ckpt" gc --json
+[ "$(jget blobs_removed <"$work/out")" = 0 ] || fail "gc removed blobs newer than its start: $(cat "$work/out")"
+[ "$(objects)" = "$before" ] || fail "objects went from $before to $(objects) though gc removed none"
+CKPT_GC_MARGIN_S=-3600 expect_status 0 "$ckpt" gc --json
+removed=$(jget blobs_removed <"$work/out")
+[ "$removed" -gt 0 ] && [ "$(objects)" = $((before - removed)) ] || fail "gc removed $removed, objects $before -> $(objects)"
+[ "$(objects)" = 0 ] || fail "objects left after every checkpoint was removed: $(objects)"
+
 note "the gateway killed while a multipart upload is between parts: nothing visible, the re-run completes"
 # The import stops itself (SIGSTOP at the crash point s3.part_uploaded)
 # after the first 8 MiB part of its 16 MB embeddings blob is acknowledged;
@@ -275,29 +298,6 @@ expect_status 0 "$ckpt" import "$work/llama3" --repo org/cut
 expect_status 0 "$ckpt" pull org/cut -o "$work/p5"
 same_tree "$work/llama3" "$work/p5" "pull after the gateway was killed mid-upload and the import re-run"
 expect_status 0 "$ckpt" rm org/cut
-
-note "verify: clean, then a blob removed from the bucket is named"
-expect_status 0 "$ckpt" verify
-victim=$("$ckpt" s3 ls s3://ckpt-store/team/a/ | sort -k2 -n | tail -n 1 | cut -d' ' -f1)
-sha=$(echo "$victim" | sed 's|^team/a/\(..\)/|\1|')
-expect_status 0 "$ckpt" s3 rm "s3://ckpt-store/$victim"
-rm -rf "$CKPT_HOME/blob-cache"
-expect_status 1 "$ckpt" verify
-grep -q "$sha" "$work/out" "$work/err" && grep -q missing "$work/out" "$work/err" ||
-    fail "verify does not name the missing blob $sha: $(cat "$work/out" "$work/err" | head -5)"
-expect_status 0 "$ckpt" rm org/big # the biggest blob is org/big's
-
-note "rm + gc: fresh blobs kept within the margin, then deleted"
-before=$(objects)
-expect_status 0 "$ckpt" rm org/qwen:neuron-tp2
-expect_status 0 "$ckpt" rm org/qwen
-expect_status 0 "$ckpt" gc --json
-[ "$(jget blobs_removed <"$work/out")" = 0 ] || fail "gc removed blobs newer than its start: $(cat "$work/out")"
-[ "$(objects)" = "$before" ] || fail "objects went from $before to $(objects) though gc removed none"
-CKPT_GC_MARGIN_S=-3600 expect_status 0 "$ckpt" gc --json
-removed=$(jget blobs_removed <"$work/out")
-[ "$removed" -gt 0 ] && [ "$(objects)" = $((before - removed)) ] || fail "gc removed $removed, objects $before -> $(objects)"
-[ "$(objects)" = 0 ] || fail "objects left after every checkpoint was removed: $(objects)"
 
 note "--blobs and the config file select the bucket"
 export -n CKPT_BLOBS
