@@ -66,7 +66,7 @@ SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
 
-.PHONY: FORCE all help deps test unit header-check check-exports e2e demo bench bench-large fuzz fuzz-short install install-lib clean format lib check-deps check-layers
+.PHONY: FORCE all help deps deps-bench test unit header-check check-exports e2e demo bench bench-large fuzz fuzz-short install install-lib clean format lib check-deps check-layers
 
 all: $(BUILD)/ckpt
 
@@ -84,17 +84,30 @@ help:
 	@echo "make install  install to \$$DESTDIR\$$PREFIX"
 	@echo "make format   clang-format every source file"
 
-# deps: install only what is missing; as non-root, print the command instead.
-deps:
-	@missing=""; for p in $(DEB_PACKAGES); do \
+# Debian packages only the benches need, not make test: awscli for bench/s3.sh's
+# `aws s3 cp` baseline. `make bench BENCH=s3` installs them (deps-bench).
+BENCH_DEB_PACKAGES := awscli
+
+# deb_install(PACKAGES, EXTRA_CHECK): install only what is missing of
+# PACKAGES (EXTRA_CHECK: shell that adds to $$missing); as non-root, print the
+# command instead.
+define deb_install
+	@missing=""; for p in $(1); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
 	done; \
-	command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm"; \
+	$(2) \
 	if [ -z "$$missing" ]; then echo "deps: all packages present"; \
 	elif [ "$$(id -u)" = 0 ]; then echo "deps: installing$$missing"; \
 	  export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
 	else echo "deps: missing$$missing"; echo "run: sudo apt-get update && sudo apt-get install -y$$missing"; exit 1; fi
+endef
+
+deps:
+	$(call deb_install,$(DEB_PACKAGES),command -v npm >/dev/null 2>&1 || missing="$$missing nodejs npm";)
 	@$(MAKE) --no-print-directory $(NPM_HUB)
+
+deps-bench:
+	$(call deb_install,$(BENCH_DEB_PACKAGES),)
 
 # The npm client the Hub tests drive (@huggingface/hub), installed by deps
 # from the npm registry into build/npm, so no test downloads anything.
@@ -289,10 +302,11 @@ demo: deps all $(BUILD)/ckpt-testhub
 	@KEEP=$(KEEP) CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) ./demo.sh
 
 # bench: the transform engine's table (bench/run.sh); BENCH=NAME runs
-# bench/NAME.sh instead (torch, easydel, lora, store, fetch, queue, serve).
+# bench/NAME.sh instead (torch, easydel, lora, store, fetch, queue, serve, s3).
 BENCH ?= run
 bench: all $(BUILD)/ckpt-testhub
 	@[ -f bench/$(BENCH).sh ] || { echo "make bench: no bench/$(BENCH).sh"; exit 2; }
+	@if [ "$(BENCH)" = s3 ]; then $(MAKE) --no-print-directory deps-bench; fi
 	@CKPT_BIN=$(abspath $(BUILD)/ckpt) CKPT_TESTHUB=$(abspath $(BUILD)/ckpt-testhub) bench/$(BENCH).sh
 
 # The full-size Llama-3-8B shape (16 GB, kept between runs) and the many-tensor MoE.

@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -27,6 +28,7 @@ typedef struct {
     ckpt_progress prog;
     bool quiet;
     int rc;
+    char msg[1024]; /* the message of rc: errors are per thread */
 } hash_ctx;
 
 static int hash_zeros(ckpt_sha256 *h, uint64_t n, const uint8_t *zeros)
@@ -50,7 +52,8 @@ static void add_done(hash_ctx *c, uint64_t n)
 
 /* File f as exec_run writes it: the header, then the tensors in offset order,
  * and zeros wherever no tensor lies (exec_run leaves those bytes unwritten). */
-static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, uint8_t *slab, uint8_t *band)
+static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, uint8_t *slab, uint8_t *band,
+                     void *vts)
 {
     const exec_file *ef = &c->p->files[f];
     const st_layout *l = &ef->layout;
@@ -65,7 +68,7 @@ static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, 
     }
     rc = ckpt_sha256_update(&h, l->header, l->header_len);
     uint64_t pos = l->header_len;
-    exec_slab_cache cache = {0};
+    exec_slab_cache cache = {.vts = vts};
     for (size_t i = 0; !rc && i < l->ntensors; i++) {
         const st_out_tensor *ot = &l->tensors[order[i]];
         if (ot->offset < pos || ot->nbytes > l->file_size - ot->offset) {
@@ -99,14 +102,21 @@ static void *hash_main(void *arg)
     uint8_t *buf = malloc(HASH_CHUNK_BYTES), *zeros = calloc(1, HASH_CHUNK_BYTES);
     uint8_t *slab = malloc(EXEC_READ_SLAB_BYTES), *band = malloc(EXEC_BAND_BYTES);
     int rc = buf && zeros && slab && band ? 0 : ckpt_error_set(CKPT_ENOMEM, "out of memory for hashing");
+    const exec_vsource *v = c->p->vsource;
+    void *vts = !rc && v ? v->thread_open(v->ctx) : NULL;
+    if (!rc && v && !vts) rc = CKPT_ENOMEM; /* thread_open set the error */
     for (;;) {
         pthread_mutex_lock(&c->mu);
-        if (rc && !c->rc) c->rc = rc;
+        if (rc && !c->rc) {
+            c->rc = rc;
+            snprintf(c->msg, sizeof c->msg, "%s", ckpt_error_last());
+        }
         size_t f = c->rc ? c->p->nfiles : c->next++;
         pthread_mutex_unlock(&c->mu);
         if (f >= c->p->nfiles) break;
-        rc = hash_file(c, f, buf, zeros, slab, band);
+        rc = hash_file(c, f, buf, zeros, slab, band, vts);
     }
+    if (vts) v->thread_close(v->ctx, vts);
     free(buf);
     free(zeros);
     free(slab);
@@ -116,13 +126,13 @@ static void *hash_main(void *arg)
 
 int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool quiet, char (*out)[65])
 {
-    if (p->vsource) return ckpt_error_set(CKPT_EINVAL, "sources made on demand are not hashed");
     exec_raise_open_files(p->nsrc_paths);
     int *fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *fds);
     if (!fds) return CKPT_ENOMEM;
     int rc = 0;
     for (size_t i = 0; i < p->nsrc_paths; i++) fds[i] = -1;
     for (size_t i = 0; !rc && i < p->nsrc_paths; i++) {
+        if (p->vsource && p->vsource->serves(p->vsource->ctx, i)) continue; /* fd -1: read through views */
         fds[i] = open(p->src_paths[i], O_RDONLY | O_CLOEXEC);
         if (fds[i] < 0) rc = ckpt_error_sys("%s: open", p->src_paths[i]);
         else posix_fadvise(fds[i], 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -142,7 +152,7 @@ int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool q
             if (pthread_create(&tids[i], NULL, hash_main, &c) == 0) started++;
         if (!started) hash_main(&c); /* no thread could start: hash here */
         for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
-        rc = c.rc;
+        rc = c.rc ? ckpt_error_set(c.rc, "%s", c.msg) : 0;
         if (!rc && !quiet) ckpt_progress_finish(&c.prog);
         pthread_mutex_destroy(&c.mu);
     }

@@ -1246,7 +1246,9 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
     uint64_t nbytes;
     int rc = ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &nbytes);
     if (rc) return rc;
-    if (p->vsource) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sources made on demand are not read here", t->name);
+    void *vts = cache ? cache->vts : NULL;
+    if (p->vsource && !vts)
+        return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sources made on demand are read with a reader's state", t->name);
     if (off > nbytes || len > nbytes - off)
         return ckpt_error_set(CKPT_EINVAL, "tensor '%s': read past its end", t->name);
     if (len == 0) return 0;
@@ -1256,14 +1258,24 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
         const plan_source *s = &p->sources[pt->src];
         bool whole = s->dtype == t->dtype && s->ndim == t->ndim && s->nbytes == nbytes;
         for (int k = 0; whole && k < t->ndim; k++) whole = pt->axis_map[k] == k && pt->src_lo[k] == 0;
-        if (whole) return ckpt_pread_full(src_fds[s->file], buf, len, s->offset + off, p->src_paths[s->file]);
+        if (whole && src_fds[s->file] >= 0)
+            return ckpt_pread_full(src_fds[s->file], buf, len, s->offset + off, p->src_paths[s->file]);
+        for (uint64_t done = 0; whole && done < len;) { /* made on demand: views of at most a band */
+            size_t n = len - done < EXEC_BAND_BYTES ? (size_t)(len - done) : EXEC_BAND_BYTES;
+            const uint8_t *v;
+            rc = p->vsource->view(p->vsource->ctx, vts, s->file, s->offset + off + done, n, &v);
+            if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
+            memcpy((uint8_t *)buf + done, v, n);
+            done += n;
+        }
+        if (whole) return 0;
     }
     if (es == 0) return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype assembled from pieces", t->name);
     exec_ctx c;
     memset(&c, 0, sizeof c);
     c.p = p;
     c.src_fds = (int *)src_fds;
-    worker wk = {.c = &c, .slab = slab, .band = band};
+    worker wk = {.c = &c, .slab = slab, .band = band, .vts = vts};
     slab_iter it;
     slab_iter_init(&it, t, false, EXEC_READ_SLAB_BYTES); /* flat slabs: each is one contiguous byte range */
     uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0}, ts[PLAN_MAX_DIM];
@@ -1288,7 +1300,7 @@ int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *
         if (!cache || cache->t != t || cache->a != a || cache->b != b) {
             if (cache) cache->t = NULL;
             if ((rc = fill_box(&wk, t, lo, ext, slab))) return rc;
-            if (cache) *cache = (exec_slab_cache){.t = t, .a = a, .b = b};
+            if (cache) cache->t = t, cache->a = a, cache->b = b; /* vts stays */
         }
         uint64_t from = off > a ? off : a, to = want_end < b ? want_end : b;
         memcpy((uint8_t *)buf + (from - off), slab + (from - a), (size_t)(to - from));

@@ -109,8 +109,9 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
 /* The sha256 of every output file (nfiles entries into out) exactly as
  * exec_run would write it, without writing: each file's header, then its
  * tensors in offset order assembled by exec_tensor_read and hashed, files
- * shared among `threads` threads (plan/exec_hash.c). The store needs the
- * hashes of a converted layout it keeps only as recipes. */
+ * shared among `threads` threads (plan/exec_hash.c), each with its own state
+ * of p->vsource when sources are made on demand (blobs in a bucket). The
+ * store needs the hashes of a converted layout it keeps only as recipes. */
 int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool quiet, char (*out)[65]);
 
 /* Lifts the soft limit on open files towards the hard one when `need` files
@@ -135,12 +136,16 @@ int exec_check_sources(const exec_plan *p, const int *src_fds);
 typedef struct {
     const plan_tensor *t;
     uint64_t a, b;
+    /* The reader's state of p->vsource (its thread_open), which a plan with
+     * sources made on demand needs; the caller opens and closes it. */
+    void *vts;
 } exec_slab_cache;
 
 /* Random access: bytes [off, off+len) of output tensor t, assembled from its
- * parts (src_fds: open descriptors of p->src_paths; slab and band: scratch
- * buffers of EXEC_READ_SLAB_BYTES and EXEC_BAND_BYTES; cache: see above, or
- * NULL). Used to serve stored files over HTTP without materialising them. */
+ * parts (src_fds: open descriptors of p->src_paths, -1 for a file p->vsource
+ * makes; slab and band: scratch buffers of EXEC_READ_SLAB_BYTES and
+ * EXEC_BAND_BYTES; cache: see above, or NULL when no source is made on
+ * demand). Used to serve stored files over HTTP without materialising them. */
 int exec_tensor_read(const exec_plan *p, const int *src_fds, const plan_tensor *t, uint64_t off, void *buf,
                      size_t len, uint8_t *slab, uint8_t *band, exec_slab_cache *cache);
 

@@ -9,6 +9,7 @@
 #include "common/util.h"
 #include "transform/convert.h"
 #include "plan/executor.h"
+#include "store/blob_ranges.h"
 #include "store/rebuild.h"
 
 #include <fcntl.h>
@@ -17,6 +18,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* Executor threads of a pull from a bucket (each holds one connection). */
+#define MATERIALIZE_REMOTE_THREADS 4
 
 typedef struct {
     char *path, *out_rel, *blob, sha256[65];
@@ -159,7 +163,7 @@ typedef struct {
 
 static char *blob_path_cb(void *ctx, const char *sha256)
 {
-    return store_blob_read_path(((lookup_ctx *)ctx)->ps->s, sha256);
+    return store_blob_source_path(((lookup_ctx *)ctx)->ps->s, sha256);
 }
 
 static int lookup_cb(void *ctx, const char *path, const char *name, const char **blob, const char **recipe)
@@ -197,6 +201,7 @@ static int plan_file(pull_state *ps, stored_file *f, exec_file *ef)
 
 static int check_blobs_exist(pull_state *ps)
 {
+    if (store_blobs_remote(ps->s)) return 0; /* a missing object fails its first GET, named */
     for (size_t i = 0; i < ps->exec.nsrc_paths; i++)
         if (access(ps->exec.src_paths[i], R_OK) < 0)
             return ckpt_error_set(CKPT_ECORRUPT, "blob %s is missing from the store (run ckpt verify)",
@@ -206,19 +211,22 @@ static int check_blobs_exist(pull_state *ps)
 
 static int copy_plain(pull_state *ps, stored_file *f, const char *tmp)
 {
-    char *src = store_blob_read_path(ps->s, f->blob), *dst = ckpt_path_join(tmp, f->out_rel);
-    int rc = src && dst ? 0 : CKPT_ENOMEM;
+    bool remote = store_blobs_remote(ps->s); /* ranged GETs straight into the file */
+    char *src = remote ? NULL : store_blob_read_path(ps->s, f->blob), *dst = ckpt_path_join(tmp, f->out_rel);
+    int rc = (src || remote) && dst ? 0 : CKPT_ENOMEM;
     char *slash = dst ? strrchr(dst, '/') : NULL;
     if (!rc && slash) {
         *slash = 0;
         rc = ckpt_mkdir_p(dst, 0755);
         *slash = '/';
     }
-    int in = rc ? -1 : open(src, O_RDONLY | O_CLOEXEC);
-    if (!rc && in < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob %s (file %s) is missing from the store", f->blob, f->path);
+    int in = rc || remote ? -1 : open(src, O_RDONLY | O_CLOEXEC);
+    if (!rc && !remote && in < 0)
+        rc = ckpt_error_set(CKPT_ECORRUPT, "blob %s (file %s) is missing from the store", f->blob, f->path);
     int out = rc ? -1 : open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (!rc && out < 0) rc = ckpt_error_sys("%s: create", dst);
-    if (!rc) rc = ckpt_copy_range(in, 0, out, 0, f->size, src);
+    if (!rc && remote) rc = store_blob_copy_to_fd(ps->s, f->blob, f->size, out);
+    else if (!rc) rc = ckpt_copy_range(in, 0, out, 0, f->size, src);
     if (!rc && fsync(out) < 0) rc = ckpt_error_sys("%s: fsync", dst);
     if (in >= 0) close(in);
     if (out >= 0) close(out);
@@ -420,7 +428,9 @@ int store_hash_pending(ckpt_store *s, const store_ckpt *c, int rank, const char 
     int rc = store_files_pending(s, c->id, path, &any);
     if (rc || !any) return rc;
     pull_state ps;
+    store_blob_ranges ranges; /* blobs in a bucket: ranged GETs, no local copies */
     rc = plan_pull_sel(&ps, s, c, rank, true, path);
+    if (!rc) rc = store_blob_ranges_attach(s, &ps.exec, &ranges);
     char(*sha)[65] = NULL;
     if (!rc && ps.exec.nfiles) {
         sha = ckpt_calloc(ps.exec.nfiles, sizeof *sha);
@@ -428,6 +438,7 @@ int store_hash_pending(ckpt_store *s, const store_ckpt *c, int rank, const char 
         if (!rc) rc = record_file_hashes(&ps, sha);
     }
     free(sha);
+    ps.exec.vsource = NULL;
     pull_free(&ps);
     return rc ? ckpt_error_prefix(rc, "%s@%.12s:%s: compute the sha256 of its files", c->repo, c->commit, c->layout) : 0;
 }
@@ -435,19 +446,24 @@ int store_hash_pending(ckpt_store *s, const store_ckpt *c, int rank, const char 
 int store_materialize(ckpt_store *s, const store_ckpt *c, const char *dst, const materialize_opts *o)
 {
     pull_state ps;
+    store_blob_ranges ranges;
     int rc = plan_pull(&ps, s, c, o->rank);
     char *tmp = NULL;
+    if (!rc) rc = store_blob_ranges_attach(s, &ps.exec, &ranges);
     if (!rc) rc = outdir_prepare(dst, o->force, &tmp);
     if (!rc) {
         /* An original's files are its blobs end to end, each read whole:
          * checking the blobs is checking the files. A layout's files are
          * checked themselves, which also vouches for the recipes and the
-         * executor. */
-        bool verify_blobs = ps.exec.nsrc_paths && (!c->layout || !*c->layout);
+         * executor. Blobs in a bucket are read in ranges, never as files:
+         * the files written are checked instead. */
+        bool verify_blobs = ps.exec.nsrc_paths && (!c->layout || !*c->layout) && !ps.exec.vsource;
         char(*blob_sha)[65] = verify_blobs ? ckpt_calloc(ps.exec.nsrc_paths, sizeof *blob_sha) : NULL;
         char(*out_sha)[65] = !verify_blobs && ps.exec.nfiles ? ckpt_calloc(ps.exec.nfiles, sizeof *out_sha) : NULL;
         if (verify_blobs ? !blob_sha : ps.exec.nfiles && !out_sha) rc = CKPT_ENOMEM;
-        exec_opts eo = {.threads = o->threads,
+        /* ranged GETs wait on the network more than on a core: more at once */
+        int threads = o->threads > 0 ? o->threads : ps.exec.vsource ? MATERIALIZE_REMOTE_THREADS : 0;
+        exec_opts eo = {.threads = threads,
                         .quiet = o->quiet,
                         .label = "pull",
                         .hash_sources = verify_blobs,
@@ -487,15 +503,17 @@ struct store_file_reader {
     pull_state ps;
     stored_file *file; /* in ps.files */
     exec_file *ef;     /* NULL for a whole-blob file */
-    int *fds;          /* open ps.exec.src_paths */
+    int *fds;          /* open ps.exec.src_paths (-1: blobs in a bucket) */
     int blob_fd;       /* whole-blob file */
     uint8_t *slab, *band;
-    exec_slab_cache cache; /* what the slab holds */
+    exec_slab_cache cache;   /* what the slab holds; .vts: the S3 reader */
+    store_blob_ranges ranges; /* blobs in a bucket */
 };
 
 void store_file_close(store_file_reader *r)
 {
     if (!r) return;
+    if (r->cache.vts) store_blob_ranges_close(&r->ranges, r->cache.vts);
     for (size_t i = 0; r->fds && i < r->ps.exec.nsrc_paths; i++)
         if (r->fds[i] >= 0) close(r->fds[i]);
     free(r->fds);
@@ -521,7 +539,12 @@ int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c,
     for (size_t i = 0; !rc && i < r->ps.nfiles; i++)
         if (!strcmp(r->ps.files[i].path, path)) r->file = &r->ps.files[i];
     if (!rc && !r->file) rc = ckpt_error_set(CKPT_ENOTFOUND, "no file '%s' in this checkpoint", path);
-    if (!rc && !r->file->header) {
+    bool remote = store_blobs_remote(s);
+    if (!rc) rc = store_blob_ranges_attach(s, &r->ps.exec, &r->ranges);
+    if (!rc && remote && !(r->cache.vts = store_blob_ranges_open(&r->ranges))) rc = CKPT_EIO; /* error set */
+    if (!rc && remote && !r->file->header) {
+        /* read in ranges (store_file_read) */
+    } else if (!rc && !r->file->header) {
         char *bp = store_blob_read_path(s, r->file->blob);
         r->blob_fd = bp ? open(bp, O_RDONLY | O_CLOEXEC) : -1;
         if (r->blob_fd < 0) rc = ckpt_error_set(CKPT_ECORRUPT, "blob of '%s' is missing from the store", path);
@@ -542,7 +565,8 @@ int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c,
         if (!rc) rc = check_blobs_exist(&r->ps);
         r->fds = rc ? NULL : ckpt_calloc(r->ps.exec.nsrc_paths + 1, sizeof *r->fds);
         if (!rc && !r->fds) rc = CKPT_ENOMEM;
-        for (size_t i = 0; !rc && i < r->ps.exec.nsrc_paths; i++) {
+        for (size_t i = 0; r->fds && i < r->ps.exec.nsrc_paths; i++) r->fds[i] = -1;
+        for (size_t i = 0; !rc && !remote && i < r->ps.exec.nsrc_paths; i++) {
             r->fds[i] = open(r->ps.exec.src_paths[i], O_RDONLY | O_CLOEXEC);
             if (r->fds[i] < 0) rc = ckpt_error_sys("%s: open", r->ps.exec.src_paths[i]);
         }
@@ -569,6 +593,7 @@ const char *store_file_sha256(const store_file_reader *r)
 int store_file_read(store_file_reader *r, uint64_t off, void *buf, size_t len)
 {
     if (off > r->file->size || len > r->file->size - off) return ckpt_error_set(CKPT_EINVAL, "read past the end of '%s'", r->file->path);
+    if (!r->ef && r->blob_fd < 0) return store_blob_ranges_read(r->cache.vts, r->file->blob, off, len, buf);
     if (!r->ef) return ckpt_pread_full(r->blob_fd, buf, len, off, r->file->path);
     uint8_t *out = buf;
     /* The header, then tensors in offset order. */

@@ -5,6 +5,7 @@
 #include "store/s3.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/util.h"
@@ -832,6 +833,7 @@ static int put_multipart(s3_client *c, const char *key, int fd, uint64_t off, ui
         }
         req_free(&r);
         free(q);
+        if (!rc) ckpt_fault("s3.part_uploaded");
     }
     if (!rc) rc = xml_append(&doc, &dlen, &dcap, "</CompleteMultipartUpload>", false);
     if (!rc) {

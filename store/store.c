@@ -214,11 +214,7 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
     if (!rc) rc = lease(s, ws, n);
     /* In a bucket: each temp is uploaded (a PUT acknowledged is durable
      * there) and dropped; the catalog commits after all of them. */
-    for (size_t i = 0; !rc && store_blobs_remote(s) && i < n; i++) {
-        rc = store_blob_upload(s, ws[i].sha256, ws[i].tmp_path, ws[i].size);
-        if (!rc) unlink(ws[i].tmp_path);
-        if (!rc) ckpt_fault("blob.published");
-    }
+    if (!rc && store_blobs_remote(s)) rc = store_blobs_upload(s, ws, n);
     for (size_t i = 0; !rc && !store_blobs_remote(s) && i < n; i++) {
         char *dst = store_blob_path(s, ws[i].sha256);
         char *dir = ckpt_sprintf("%s/%.2s", s->blob_dir, ws[i].sha256);

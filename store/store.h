@@ -42,6 +42,10 @@ typedef struct {
      * NULL for the local blobs/ folder */
     char *s3_bucket, *s3_prefix, *cache_dir;
     struct s3_client *s3; /* opened on first use */
+    uint64_t cache_limit; /* bytes blob-cache/ may hold (CKPT_BLOB_CACHE_MB) */
+    /* requests, retries and bytes received of the readers of ranges
+     * (blob_ranges.h), added atomically as their clients close */
+    uint64_t s3_requests, s3_retries, s3_bytes;
 } ckpt_store;
 
 typedef struct {
@@ -77,13 +81,20 @@ bool store_blobs_remote(const ckpt_store *s);
 char *store_blob_key(const ckpt_store *s, const char *sha);
 /* Whether blob sha is stored (a stat, or a HEAD), and its size. */
 int store_blob_stat(ckpt_store *s, const char *sha, bool *exists, uint64_t *size);
-/* Uploads a finished blob's temp file (a bucket only): once, If-None-Match. */
-int store_blob_upload(ckpt_store *s, const char *sha, const char *tmp_path, uint64_t size);
-/* A file holding blob sha's bytes, for readers that open files: the blob
- * itself in the local folder, else a copy in CKPT_HOME/blob-cache fetched
- * with ranged GETs and checked against sha first. NULL on failure, with the
- * error set (CKPT_ECORRUPT when the blob is missing or damaged). malloc'd. */
+/* A file holding blob sha's bytes, for the few readers that need a whole
+ * file (config.json, an index, ckpt-layout.json, a torch.save file, a LoRA
+ * merge's base weight): the blob itself in the local folder, else a copy in
+ * CKPT_HOME/blob-cache fetched with ranged GETs and checked against sha
+ * first. The cache holds at most CKPT_BLOB_CACHE_MB (default 1024) MB: each
+ * download first evicts the least recently used copies; only the one blob
+ * being read may exceed it. Tensor bytes of pulls, ranks and served files
+ * never come through here (blob_ranges.h). NULL on failure, with the error
+ * set (CKPT_ECORRUPT when the blob is missing or damaged). malloc'd. */
 char *store_blob_read_path(ckpt_store *s, const char *sha);
+/* The name of blob sha as a plan's source file: store_blob_path for the
+ * local folder, "s3://BUCKET/KEY" for a bucket (read in ranges through
+ * blob_ranges.h, never downloaded whole). malloc'd. */
+char *store_blob_source_path(const ckpt_store *s, const char *sha);
 /* Bytes [0, size) of blob sha from the bucket into fd (ranged GETs). */
 int store_blob_copy_to_fd(ckpt_store *s, const char *sha, uint64_t size, int fd);
 /* Re-hashes blob sha where it lives: *exists, and its bytes' sha256 in hex. */
@@ -116,9 +127,16 @@ void store_blob_abort(store_blob_writer *w);
  * store_blob_write/store_blob_end. The caller vouches for the hash. */
 int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha256);
 
+/* Uploads finished blobs' temp files to the bucket (a bucket only): each
+ * once (If-None-Match), CKPT_S3_UPLOADS (default 4) at a time, each thread
+ * with its own connection; a temp is removed once its upload is
+ * acknowledged (crash point blob.published). The first failure stops the
+ * rest and is returned. */
+int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n);
+
 /* Publishes finished blobs: leases their names, syncs the temp files, renames
- * them into blobs/ (dropping a temp whose blob already exists), syncs. The
- * writers are closed and freed. */
+ * them into blobs/ (dropping a temp whose blob already exists) or uploads
+ * them (a bucket), syncs. The writers are closed and freed. */
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n);
 /* Leases blob sha256 for this process (so no gc removes it before the
  * checkpoint using it commits) and says whether it is stored already with

@@ -9,6 +9,7 @@
 #include "format/outdir.h"
 #include "format/torch.h"
 #include "transform/layout_meta.h"
+#include "store/blob_ranges.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -70,7 +70,7 @@ static int produce(ckpt_store *s, const store_ckpt *c, const store_file_row *f, 
                    store_hfcache_stats *st)
 {
     if (unlink(dst) < 0 && errno != ENOENT) return ckpt_error_sys("%s: remove", dst);
-    if (f->blob && !f->header) {
+    if (f->blob && !f->header && !store_blobs_remote(s)) { /* a bucket's blobs are read in ranges below */
         char *src = store_blob_read_path(s, f->blob);
         if (!src) return CKPT_ENOMEM;
         int ok = link(src, dst) == 0;

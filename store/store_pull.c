@@ -28,7 +28,9 @@ static bool from_parts(ckpt_store *s, const store_ckpt *c)
 {
     store_file_row *rows;
     size_t n;
-    if (!c->layout[0] || store_files_load(s, c->id, &rows, &n)) return false;
+    /* Blobs in a bucket are read in ranges through the pull's own plan
+     * (blob_ranges.h), which a consolidation's composed plan does not carry. */
+    if (!c->layout[0] || store_blobs_remote(s) || store_files_load(s, c->id, &rows, &n)) return false;
     json_t *layout = NULL;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(rows[i].path, CONVERT_LAYOUT_FILE) || !rows[i].blob) continue;

@@ -51,6 +51,8 @@ int main(int argc, char **argv)
     }
     const char *quiet = getenv("CKPT_QUIET");
     if (quiet && *quiet && strcmp(quiet, "0")) ckpt_log_set_level(CKPT_LOG_QUIET);
+    const char *debug = getenv("CKPT_DEBUG"); /* debug lines too (retries, a bucket's request counts) */
+    if (debug && *debug && strcmp(debug, "0") && !(quiet && *quiet && strcmp(quiet, "0"))) ckpt_log_set_level(CKPT_LOG_DEBUG);
     const cli_command *cmd = cli_command_find(name);
     if (!cmd) {
         fprintf(stderr, "ckpt: '%s' is not a command\n", name);

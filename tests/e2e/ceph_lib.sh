@@ -20,6 +20,20 @@
 
 ceph_dir=
 ceph_port=
+# CEPH_OBJECTSTORE=bluestore (bench/s3.sh): the OSD keeps its data in a
+# sparse file of CEPH_BLUESTORE_GB (default 24) in the folder, not in memory
+# (memstore, the default: 2 GiB, ample for the tests).
+CEPH_OBJECTSTORE=${CEPH_OBJECTSTORE:-memstore}
+
+ceph_objectstore_conf() {
+    if [ "$CEPH_OBJECTSTORE" = bluestore ]; then
+        printf '%s\n' "osd objectstore = bluestore" "bluestore block create = true" \
+            "bluestore block size = $((${CEPH_BLUESTORE_GB:-24} << 30))" "bluestore fsck on mount = false" \
+            "osd memory target = 1073741824"
+    else
+        printf '%s\n' "osd objectstore = memstore" "memstore device bytes = 2147483648"
+    fi
+}
 
 # ceph_free_ports N: N distinct free TCP ports on 127.0.0.1, one per line.
 ceph_free_ports() {
@@ -98,8 +112,7 @@ paxos propose interval = 0.01
 paxos min wait = 0.01
 mon data = $ceph_dir/mon.\$id
 osd data = $ceph_dir/osd.\$id
-osd objectstore = memstore
-memstore device bytes = 2147483648
+$(ceph_objectstore_conf)
 osd crush update on start = true
 [client.rgw.a]
 rgw frontends = beast endpoint=127.0.0.1:$rgw_port
@@ -126,19 +139,8 @@ EOF
     ceph-osd -c "$ceph_dir/ceph.conf" -i 0 --mkfs --osd-uuid "$uuid" >"$ceph_dir/osd.0.out" 2>&1 ||
         ceph_daemon_fail osd.0 "ceph-osd --mkfs failed"
     ceph-osd -c "$ceph_dir/ceph.conf" -i 0 >>"$ceph_dir/osd.0.out" 2>&1 || ceph_daemon_fail osd.0 "ceph-osd did not start"
-    radosgw -c "$ceph_dir/ceph.conf" -n client.rgw.a >"$ceph_dir/client.rgw.a.out" 2>&1 ||
-        ceph_daemon_fail client.rgw.a "radosgw did not start"
     ceph_port=$rgw_port
-    # The gateway answers once its pools exist (it creates them as it starts).
-    local end=$(($(date +%s) + 120))
-    until curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$rgw_port/"; do
-        [ "$(date +%s)" -lt "$end" ] || ceph_daemon_fail client.rgw.a "radosgw does not answer on 127.0.0.1:$rgw_port after 120 s"
-        for p in mon.a osd.0 client.rgw.a; do
-            [ ! -f "$ceph_dir/run/$p.pid" ] || kill -0 "$(cat "$ceph_dir/run/$p.pid")" 2>/dev/null ||
-                ceph_daemon_fail "$p" "$p exited while the cluster was starting"
-        done
-        sleep 0.05 # a poll interval: the gateway's readiness is awaited, the limit above only catches a hang
-    done
+    ceph_rgw_start
     export AWS_ACCESS_KEY_ID=CKPTTEST$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n' | tr a-f A-F)
     export AWS_SECRET_ACCESS_KEY=$(od -An -N20 -tx1 /dev/urandom | tr -d ' \n')
     radosgw-admin -c "$ceph_dir/ceph.conf" -n client.admin user create --uid ckpt --display-name ckpt \
@@ -147,6 +149,38 @@ EOF
     export AWS_ENDPOINT_URL=http://127.0.0.1:$rgw_port AWS_REGION=us-east-1
     unset AWS_PROFILE AWS_SESSION_TOKEN AWS_DEFAULT_REGION
     note "ceph: started in $((($(date +%s%N) - t0) / 1000000)) ms, gateway on $AWS_ENDPOINT_URL"
+}
+
+# ceph_rgw_start: starts the gateway (again, after ceph_rgw_kill) on
+# $ceph_port and waits until it answers.
+ceph_rgw_start() {
+    local p end
+    radosgw -c "$ceph_dir/ceph.conf" -n client.rgw.a >>"$ceph_dir/client.rgw.a.out" 2>&1 ||
+        ceph_daemon_fail client.rgw.a "radosgw did not start"
+    # The gateway answers once its pools exist (it creates them as it starts).
+    end=$(($(date +%s) + 120))
+    until curl -s -o /dev/null --max-time 5 "http://127.0.0.1:$ceph_port/"; do
+        [ "$(date +%s)" -lt "$end" ] || ceph_daemon_fail client.rgw.a "radosgw does not answer on 127.0.0.1:$ceph_port after 120 s"
+        for p in mon.a osd.0 client.rgw.a; do
+            [ ! -f "$ceph_dir/run/$p.pid" ] || kill -0 "$(cat "$ceph_dir/run/$p.pid")" 2>/dev/null ||
+                ceph_daemon_fail "$p" "$p exited while the cluster was starting"
+        done
+        sleep 0.05 # a poll interval: the gateway's readiness is awaited, the limit above only catches a hang
+    done
+}
+
+# ceph_rgw_kill: SIGKILL to the gateway (a crash), and waits until it is gone.
+ceph_rgw_kill() {
+    local pid i
+    pid=$(cat "$ceph_dir/run/client.rgw.a.pid") || fail "ceph: no pid file of the gateway"
+    kill -KILL "$pid"
+    # gone: no process, or a zombie (the daemon is not our child; init reaps it)
+    for i in $(seq 1200); do
+        case "$(awk '/^State:/ {print $2}' "/proc/$pid/status" 2>/dev/null)" in "" | Z) break ;; esac
+        sleep 0.05 # waiting for the killed gateway to exit; the limit only catches a hang
+    done
+    case "$(awk '/^State:/ {print $2}' "/proc/$pid/status" 2>/dev/null)" in "" | Z) ;; *) fail "ceph: the gateway (pid $pid) survived SIGKILL for 60 s" ;; esac
+    rm -f "$ceph_dir/run/client.rgw.a.pid"
 }
 
 # ceph_rss_mb: the resident memory of the cluster's daemons, in MB.
