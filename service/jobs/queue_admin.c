@@ -145,20 +145,52 @@ int queue_attempts(catalog *c, int64_t id, json_t **out)
     return 0;
 }
 
+int queue_dependents(catalog *c, int64_t id, json_t **out)
+{
+    *out = json_array();
+    ckpt_stmt *st;
+    int rc = *out ? catalog_jobs_prepare(c, &st,
+                                         "SELECT id, kind, state, attempt FROM jobs WHERE depends_on = ? ORDER BY id "
+                                         "LIMIT ?",
+                                         "find the jobs waiting for a job")
+                  : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if (rc) {
+        json_decref(*out);
+        *out = NULL;
+        return rc;
+    }
+    db_bind_int64(st, 1, id);
+    db_bind_int64(st, 2, QUEUE_MAX_DEPENDENTS);
+    int e;
+    while ((e = db_step(st)) == DB_ROW)
+        json_array_append_new(*out, json_pack("{s:I,s:s?,s:s?,s:i}", "id", (json_int_t)db_col_int64(st, 0), "kind",
+                                              db_col_text(st, 1), "state", db_col_text(st, 2), "attempt",
+                                              (int)db_col_int64(st, 3)));
+    db_finalize(st);
+    if (e < 0) {
+        json_decref(*out);
+        *out = NULL;
+        return e;
+    }
+    return 0;
+}
+
 int queue_job_detail(catalog *c, int64_t id, json_t **out)
 {
     *out = NULL;
     queue_job j;
     int rc = queue_get(c, id, &j);
     if (rc) return rc;
-    json_t *o = queue_job_json(&j), *attempts = NULL;
+    json_t *o = queue_job_json(&j), *attempts = NULL, *dependents = NULL;
     queue_job_free(&j);
     if (!o) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    if ((rc = queue_attempts(c, id, &attempts))) {
+    if ((rc = queue_attempts(c, id, &attempts)) || (rc = queue_dependents(c, id, &dependents))) {
+        json_decref(attempts);
         json_decref(o);
         return rc;
     }
     json_object_set_new(o, "attempts", attempts);
+    json_object_set_new(o, "dependents", dependents);
     *out = o;
     return 0;
 }
