@@ -209,6 +209,9 @@ XDG_CONFIG_HOME=$W/cfg "$B" du --json >"$W/r.json" || fail "du through the confi
 "$B" du --json | "$py" -c 'import json, sys; a = json.load(sys.stdin); b = json.load(open(sys.argv[1])); sys.exit(any(a[k] != b[k] for k in ("checkpoints", "logical_bytes", "physical_bytes", "blobs")))' "$W/r.json" ||
     fail "du --server differs from du: $(cat "$W/r.json")"
 XDG_CONFIG_HOME=$W/cfg "$B" --home "$W/home" ls >/dev/null || fail "--home before the command does not override the config's server"
+printf 'home = %s\n' "$W/home" >"$W/cfg/ckpt/config"
+(unset CKPT_HOME; XDG_CONFIG_HOME=$W/cfg "$B" ls --json) >"$W/r.json" && same_json "$W/r.json" "$B" ls --json ||
+    fail "ls with the config's home differs: $(head -c 300 "$W/r.json")"
 printf 'server = %s\nserve = x\n' "$URL" >"$W/cfg/ckpt/config"
 rc=0; XDG_CONFIG_HOME=$W/cfg "$B" ls 2>"$W/err" || rc=$?
 [ "$rc" = 2 ] && grep -q 'config:2: unknown key .serve.' "$W/err" || fail "a bad config line ($rc): $(cat "$W/err")"

@@ -932,6 +932,23 @@ static void test_schedule_paused(void **state)
     schedule_free(&got);
     assert_int_equal(schedule_set_paused(&f->cat, id + 1, true), CKPT_ENOTFOUND);
     assert_contains(ckpt_error_last(), "no schedule");
+    /* run now, paused or not: the sync job queued (or the one queued already)
+     * becomes the schedule's last job; no schedule, no job */
+    int64_t first = sql_int(f, "SELECT id FROM jobs WHERE kind = 'sync'"), job = 0;
+    bool existed = false;
+    assert_int_equal(schedule_set_paused(&f->cat, id, true), 0);
+    assert_int_equal(schedule_run_now(&f->cat, id, &job, &existed), 0);
+    assert_int_equal(job, first);
+    assert_true(existed);
+    sql(f, "UPDATE jobs SET state = 'succeeded' WHERE kind = 'sync'");
+    assert_int_equal(schedule_run_now(&f->cat, id, &job, &existed), 0);
+    assert_false(existed);
+    assert_true(job > first);
+    assert_int_equal(schedule_get(&f->cat, id, &got), 0);
+    assert_int_equal(got.last_job_id, job);
+    schedule_free(&got);
+    assert_int_equal(schedule_run_now(&f->cat, id + 1, &job, &existed), CKPT_ENOTFOUND);
+    assert_int_equal(sql_int(f, "SELECT count(*) FROM jobs WHERE kind = 'sync'"), 2);
 }
 
 static void test_schedule_from_json(void **state)
