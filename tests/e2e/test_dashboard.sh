@@ -35,7 +35,8 @@
 #    submit are refused (403) with the server's message, and nothing
 #    changes; its 31 jobs take two pages.
 # 4. The logs: A's failed and cancelled jobs each have their line (the
-#    error with it); B's has its failed job and nothing below warn.
+#    error with it); B's has its failed job and nothing below warn. A's
+#    /metrics counts the bytes fetched and converted that /v1/stats recorded.
 # Screenshots go to $work/shots (emptied with $work at exit; with
 # CKPT_DASHBOARD_SHOTS=DIR they are copied there first, to look at).
 set -euo pipefail
@@ -141,4 +142,16 @@ grep -Eq " error job\.failed id=$failed kind=convert ref=org/tiny@main .*error=.
 grep -Eq " info job\.cancelled id=$noop kind=noop " "$work/a.serve.log" || fail "no job.cancelled line of noop $noop"
 grep -Eq " error job\.failed id=$failed_b kind=convert " "$work/b.serve.log" && ! grep -q " info " "$work/b.serve.log" ||
     fail "B's log at --log-level warn: $(head -5 "$work/b.serve.log")"
+# A's /metrics (a strict parse): the bytes its fetch and converts moved, as /v1/stats recorded them.
+curl -sf "$A/metrics" >"$work/metrics" && "$py" "$E2E_DIR/prom_check.py" "$work/metrics" >"$work/metrics.json" ||
+    fail "A's /metrics is not a valid exposition"
+curl -sf "$A/v1/stats?hours=6" >"$work/stats.json" || fail "GET /v1/stats of A"
+"$py" - "$work/metrics.json" "$work/stats.json" <<'PY' || fail "A's /metrics and /v1/stats disagree"
+import json, sys
+m, st = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+tot = lambda n: sum(r["value"] for r in st["rows"] if r["name"] == n)
+for key, name in (("ckpt_fetched_bytes_total{}", "bytes.fetch"), ("ckpt_converted_bytes_total{}", "bytes.convert")):
+    if not m.get(key) or m[key] != tot(name):
+        sys.exit("%s = %s, %s = %s" % (key, m.get(key), name, tot(name)))
+PY
 note "done"

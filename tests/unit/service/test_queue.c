@@ -37,6 +37,8 @@
 #include <cmocka.h>
 #include <sqlite3.h>
 
+#include "tests/support/sqlite_rows.h"
+
 typedef struct {
     char *dir;
     catalog cat;
@@ -671,21 +673,6 @@ static void test_ids_never_reused(void **state)
     assert_true(after > next);
 }
 
-static int64_t lite_int(sqlite3 *db, const char *text)
-{
-    sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(db, text, -1, &st, NULL) != SQLITE_OK) fail_msg("%s: %s", text, sqlite3_errmsg(db));
-    if (sqlite3_step(st) != SQLITE_ROW) fail_msg("%s: no row (%s)", text, sqlite3_errmsg(db));
-    int64_t v = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return v;
-}
-
-static void lite_exec(sqlite3 *db, const char *text)
-{
-    if (sqlite3_exec(db, text, NULL, NULL, NULL) != SQLITE_OK) fail_msg("%s: %s", text, sqlite3_errmsg(db));
-}
-
 /* A catalog of version 5 (before 006) holding jobs, a dependency, logs,
  * attempts and a schedule that queued a job since pruned: opening it keeps
  * every job with its id and its rows elsewhere, the foreign keys, indexes and
@@ -699,9 +686,9 @@ static void test_upgrade_keeps_jobs(void **state)
     char *path = ckpt_path_join(f->dir, "v5.db");
     sqlite3 *db = NULL;
     assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
-    lite_exec(db, "PRAGMA foreign_keys=ON");
-    for (int i = 0; i < 5; i++) lite_exec(db, ckpt_schema_sql[i]);
-    lite_exec(db,
+    sqlite_ok(db, "PRAGMA foreign_keys=ON");
+    for (int i = 0; i < 5; i++) sqlite_ok(db, ckpt_schema_sql[i]);
+    sqlite_ok(db,
               "PRAGMA user_version = 5;"
               "INSERT INTO jobs(id, kind, args, state, attempt, run_after, created_at, finished_at, unique_key) "
               "VALUES (3, 'fetch', '{\"repo\":\"o/m\"}', 'succeeded', 1, 0, 10, 20, 'k3');"
@@ -716,31 +703,31 @@ static void test_upgrade_keeps_jobs(void **state)
     catalog c;
     assert_int_equal(catalog_open(&c, path), 0);
     assert_int_equal(c.version, catalog_schema_version());
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM jobs"), 2);
-    assert_int_equal(lite_int(c.db, "SELECT depends_on FROM jobs WHERE id = 7"), 3);
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM jobs WHERE id = 3 AND kind = 'fetch' AND state = 'succeeded' "
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM jobs"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT depends_on FROM jobs WHERE id = 7"), 3);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM jobs WHERE id = 3 AND kind = 'fetch' AND state = 'succeeded' "
                                     "AND finished_at = 20 AND unique_key = 'k3' AND tensors_total = 0"),
                      1);
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM job_logs WHERE job_id = 3"), 2);
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM job_attempts WHERE job_id = 3"), 1);
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM sqlite_master WHERE tbl_name = 'jobs' AND name IN "
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_logs WHERE job_id = 3"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_attempts WHERE job_id = 3"), 1);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM sqlite_master WHERE tbl_name = 'jobs' AND name IN "
                                     "('jobs_unique_active', 'jobs_claim', 'jobs_depends_on', 'job_attempt_ended', "
                                     "'job_ended_stats')"),
                      5);
     /* the next id is past the schedule's last job (9), and stays so after the newest is deleted */
-    lite_exec(c.db, "INSERT INTO jobs(kind, args, run_after, created_at) VALUES ('gc', '{}', 0, 30)");
-    assert_int_equal(lite_int(c.db, "SELECT max(id) FROM jobs"), 10);
-    lite_exec(c.db, "DELETE FROM jobs WHERE id = 10");
-    lite_exec(c.db, "INSERT INTO jobs(kind, args, run_after, created_at) VALUES ('gc', '{}', 0, 31)");
-    assert_int_equal(lite_int(c.db, "SELECT max(id) FROM jobs"), 11);
+    sqlite_ok(c.db, "INSERT INTO jobs(kind, args, run_after, created_at) VALUES ('gc', '{}', 0, 30)");
+    assert_int_equal(sqlite_int(c.db, "SELECT max(id) FROM jobs"), 10);
+    sqlite_ok(c.db, "DELETE FROM jobs WHERE id = 10");
+    sqlite_ok(c.db, "INSERT INTO jobs(kind, args, run_after, created_at) VALUES ('gc', '{}', 0, 31)");
+    assert_int_equal(sqlite_int(c.db, "SELECT max(id) FROM jobs"), 11);
     /* the triggers of 005 still record an attempt; a dependency still clears; logs still cascade */
-    lite_exec(c.db, "UPDATE jobs SET state = 'running', attempt = 1, started_at = 40 WHERE id = 7");
-    lite_exec(c.db, "UPDATE jobs SET state = 'failed', finished_at = 41, error = 'x' WHERE id = 7");
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM job_attempts WHERE job_id = 7 AND outcome = 'failed'"), 1);
-    lite_exec(c.db, "DELETE FROM jobs WHERE id = 3");
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM job_logs"), 0);
-    assert_int_equal(lite_int(c.db, "SELECT count(*) FROM jobs WHERE id = 7 AND depends_on IS NULL"), 1);
+    sqlite_ok(c.db, "UPDATE jobs SET state = 'running', attempt = 1, started_at = 40 WHERE id = 7");
+    sqlite_ok(c.db, "UPDATE jobs SET state = 'failed', finished_at = 41, error = 'x' WHERE id = 7");
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_attempts WHERE job_id = 7 AND outcome = 'failed'"), 1);
+    sqlite_ok(c.db, "DELETE FROM jobs WHERE id = 3");
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_logs"), 0);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM jobs WHERE id = 7 AND depends_on IS NULL"), 1);
     catalog_close(&c);
     free(path);
 }
