@@ -172,6 +172,8 @@ try:
     d.find_element(By.CSS_SELECTOR, dep_link + " a").click()
     until("the convert's page, linking the fetch", lambda: find_all('#job-view[data-id="%s"]' % convert) and
           text("#job-dep a") == fetch_id and "fetch" in text("#job-dep"))
+    if json.loads(text("#job-args")) != job["args"]:
+        fail("the convert's page shows the arguments %r, the API %s" % (text("#job-args"), job["args"]))
     shot("job-dependents")
 
     # The queued tab and the search box.
@@ -317,6 +319,8 @@ try:
     total = lambda name: sum(r["value"] for r in stats["rows"] if r["name"] == name)
     if total("jobs.succeeded") != 3 or total("jobs.failed") != 1 or total("bytes.fetch") <= 0 or total("bytes.convert") <= 0:
         fail("/v1/stats after the jobs ran: %s" % stats["rows"])
+    until("the last hour's jobs", lambda: text("#ov-hour") == "%d jobs succeeded, %d failed" %
+          (total("jobs.succeeded"), total("jobs.failed")))
     until("the charts", lambda: [d.find_element(By.ID, c).get_attribute("data-total") for c in
                                  ("chart-succeeded", "chart-failed", "chart-fetched", "chart-converted")] ==
           ["3", "1", str(total("bytes.fetch")), str(total("bytes.convert"))] and
