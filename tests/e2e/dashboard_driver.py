@@ -218,6 +218,7 @@ try:
     if not 0 <= p["tensors_done"] <= m or m <= 0:
         fail("a running convert's tensors: %s" % p)
     go(A + "/#/jobs", "#jobs-table")
+    d.find_element(By.ID, "job-search").send_keys(Keys.CONTROL, "a", Keys.DELETE)  # the search above is kept
     row_tensors = '#jobs-table tr[data-id="%s"] .progress-tensors' % convert
     until("the jobs list to show the convert's tensors", lambda: text(row_tensors) == "%d / %d tensors" % (p["tensors_done"], m))
     shot("job-tensors")

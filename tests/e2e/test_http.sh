@@ -368,13 +368,12 @@ complete_words() { PATH=$(dirname "$B"):$PATH bash -c '. "$1"; shift; COMP_WORDS
 complete_words ckpt sh | grep -qx show || fail "bash completion of a command"
 complete_words ckpt serve --keep | grep -qx -- --keep-jobs || fail "bash completion of an option"
 complete_words ckpt --home "$W/home" show Qwen/t | grep -qx 'Qwen/tiny@main:neuron-tp2' || fail "bash completion of a ref"
-if command -v zsh >/dev/null; then zsh -n "$root/deploy/completion/_ckpt" || fail "zsh completion does not parse"; fi
+command -v zsh >/dev/null && command -v man >/dev/null || fail "zsh and man are not installed (make deps installs zsh and man-db)"
+zsh -n "$root/deploy/completion/_ckpt" || fail "zsh completion does not parse"
 dash "$root/deploy/mkman.sh" "$B" "$W/ckpt.1" 2>/dev/null || sh "$root/deploy/mkman.sh" "$B" "$W/ckpt.1"
 ! grep -q $'\f' "$W/ckpt.1" || fail "a form feed in the man page"
-if command -v man >/dev/null; then
-    MANWIDTH=80 man --warnings -l "$W/ckpt.1" 2>"$W/man.err" >/dev/null
-    [ ! -s "$W/man.err" ] || fail "the man page renders with warnings: $(head -3 "$W/man.err")"
-fi
+MANWIDTH=80 man --warnings -l "$W/ckpt.1" 2>"$W/man.err" >/dev/null
+[ ! -s "$W/man.err" ] || fail "the man page renders with warnings: $(head -3 "$W/man.err")"
 echo "bash completion (commands, options, refs); the man page renders"
 
 # --- Hub fidelity (issue 18): the calls huggingface_hub and @huggingface/hub make ---
