@@ -284,8 +284,8 @@ static double jnum(const json_t *j, const char *k)
 
 static void print_jobs_header(void)
 {
-    printf("%6s  %-9s %-12s %4s  %11s  %-19s  %-19s  %8s  %8s  %s\n", "ID", "STATE", "KIND", "DONE", "TENSORS",
-           "CREATED (UTC)", "FINISHED (UTC)", "WAITED", "RAN", "ARGS / ERROR");
+    printf("%6s  %-9s %-12s %4s  %11s  %-19s  %-19s  %-19s  %8s  %8s  %s\n", "ID", "STATE", "KIND", "DONE", "TENSORS",
+           "CREATED (UTC)", "STARTED (UTC)", "FINISHED (UTC)", "WAITED", "RAN", "ARGS / ERROR");
 }
 
 /* "12/340" from a job's progress: its tensors done of total; "" when its
@@ -305,7 +305,7 @@ static void print_job_line(const json_t *j, double now)
 {
     json_t *p = json_object_get(j, "progress");
     long long done = json_integer_value(json_object_get(p, "done")), total = json_integer_value(json_object_get(p, "total"));
-    char pct[16] = "", tensors[48], created[32], finished[32], waited[32], ran[32];
+    char pct[16] = "", tensors[48], created[32], started[32], finished[32], waited[32], ran[32];
     if (total > 0) snprintf(pct, sizeof pct, "%3lld%%", done * 100 / total);
     double c = jnum(j, "created_at"), st = jnum(j, "started_at"), f = jnum(j, "finished_at");
     const char *state = jstr(j, "state");
@@ -313,9 +313,10 @@ static void print_job_line(const json_t *j, double now)
     double r = st > 0 ? (f > 0 ? f - st : !strcmp(state, "running") ? now - st : -1) : -1;
     char *args = json_dumps(json_object_get(j, "args"), JSON_COMPACT | JSON_SORT_KEYS);
     const char *err = jstr(j, "error");
-    printf("%6lld  %-9s %-12s %4s  %11s  %-19s  %-19s  %8s  %8s  %.60s%s%s\n",
+    printf("%6lld  %-9s %-12s %4s  %11s  %-19s  %-19s  %-19s  %8s  %8s  %.60s%s%s\n",
            (long long)json_integer_value(json_object_get(j, "id")), state, jstr(j, "kind"), pct,
-           tensors_text(p, tensors, sizeof tensors), when_text(c, created, sizeof created), when_text(f, finished, sizeof finished),
+           tensors_text(p, tensors, sizeof tensors), when_text(c, created, sizeof created),
+           when_text(st, started, sizeof started), when_text(f, finished, sizeof finished),
            duration_text(w, waited, sizeof waited), duration_text(r, ran, sizeof ran), args ? args : "",
            *err ? "  error: " : "", err);
     free(args);
@@ -620,8 +621,8 @@ int cmd_jobs(int argc, char **argv)
                "                 [--server URL] [--home DIR]\n\n"
                "Lists jobs, newest first, under a header: id, state, kind, progress (percent of\n"
                "the bytes, and tensors done/total when the phase counts them), when it was\n"
-               "created and finished (UTC), how long it waited in the queue and ran, its\n"
-               "arguments and error. --limit N shows the newest N (default 50; with --json\n"
+               "created, started and finished (UTC), how long it waited in the queue and ran,\n"
+               "its arguments and error. --limit N shows the newest N (default 50; with --json\n"
                "1000). --json prints the jobs as GET /v1/jobs gives them (created_at,\n"
                "started_at, finished_at in Unix seconds). The daemon forgets finished jobs\n"
                "after its --keep-jobs period (ckpt serve --help).\n\n"
