@@ -73,6 +73,7 @@ void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total)
     p->label = label;
     p->total = total;
     p->done = p->base = 0;
+    p->tensors = p->tensors_total = 0;
     p->no_plain = 0;
     p->started = p->last_draw = ckpt_now();
     p->last_pct = -1;
@@ -100,9 +101,13 @@ static void draw(ckpt_progress *p, int final)
             if (left < 100 * 3600.0)
                 snprintf(eta, sizeof eta, "%d:%02d", (int)left / 60, (int)left % 60);
         }
+        char tensors[64] = "";
+        if (p->tensors_total)
+            snprintf(tensors, sizeof tensors, " %llu/%llu tensors", (unsigned long long)(final ? p->tensors_total : p->tensors),
+                     (unsigned long long)p->tensors_total);
         /* \033[K clears what a longer earlier line left on the right */
-        fprintf(stderr, "\r%s [%s] %5.1f%% %s/%s %.1f MiB/s ETA %s\033[K%s", p->label, bar, pct, d, t, rate, eta,
-                final ? "\n" : "");
+        fprintf(stderr, "\r%s [%s] %5.1f%% %s/%s%s %.1f MiB/s ETA %s\033[K%s", p->label, bar, pct, d, t, tensors, rate,
+                eta, final ? "\n" : "");
     } else if (!p->no_plain) {
         fprintf(stderr, "%s: %.0f%% %s/%s %.0f MiB/s\n", p->label, pct, d, t, rate);
     }
@@ -117,7 +122,7 @@ void ckpt_progress_update(ckpt_progress *p, uint64_t done)
         if (p->last_pct < 0 || t - p->last_draw >= 0.25 || done == p->total) {
             p->last_draw = t;
             p->last_pct = 0;
-            progress_sink(p->label, done, p->total);
+            progress_sink(p->label, done, p->total, p->tensors, p->tensors_total);
         }
         return;
     }
@@ -134,10 +139,16 @@ void ckpt_progress_update(ckpt_progress *p, uint64_t done)
     }
 }
 
+void ckpt_progress_tensors(ckpt_progress *p, uint64_t tensors, uint64_t tensors_total)
+{
+    p->tensors = tensors;
+    p->tensors_total = tensors_total;
+}
+
 void ckpt_progress_finish(ckpt_progress *p)
 {
     if (progress_sink) {
-        progress_sink(p->label, p->total, p->total);
+        progress_sink(p->label, p->total, p->total, p->tensors_total, p->tensors_total);
         return;
     }
     if (log_level < CKPT_LOG_INFO) return;

@@ -41,6 +41,7 @@ typedef struct {
     uint64_t total;
     uint64_t done;
     uint64_t base; /* done before this run (a resume): left out of the rate and ETA */
+    uint64_t tensors, tensors_total; /* tensors finished, of how many (ckpt_progress_tensors; 0 of 0: not counted) */
     double started, last_draw;
     int last_pct;
     int tty;
@@ -49,11 +50,15 @@ typedef struct {
 
 /* When a sink is set (worker processes), progress goes to it, at most a few
  * times a second (the first update at once), instead of being drawn. */
-typedef void (*ckpt_progress_sink_fn)(const char *label, uint64_t done, uint64_t total);
+typedef void (*ckpt_progress_sink_fn)(const char *label, uint64_t done, uint64_t total, uint64_t tensors,
+                                      uint64_t tensors_total);
 void ckpt_progress_set_sink(ckpt_progress_sink_fn fn);
 
 void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total);
 void ckpt_progress_update(ckpt_progress *p, uint64_t done);
+/* Work counted in tensors as well as bytes: the next update (and finish)
+ * carries "tensors of tensors_total" to the sink and the TTY line. */
+void ckpt_progress_tensors(ckpt_progress *p, uint64_t tensors, uint64_t tensors_total);
 void ckpt_progress_finish(ckpt_progress *p);
 
 #endif

@@ -24,9 +24,11 @@ typedef struct {
     char (*out)[65];
     pthread_mutex_t mu;
     size_t next;   /* next file to take */
-    uint64_t done; /* bytes hashed, for progress */
+    uint64_t done;    /* bytes hashed, for progress */
+    uint64_t tensors; /* tensors hashed, for progress */
     ckpt_progress prog;
     bool quiet;
+    uint64_t ntensors; /* of every file */
     int rc;
     char msg[1024]; /* the message of rc: errors are per thread */
 } hash_ctx;
@@ -42,10 +44,12 @@ static int hash_zeros(ckpt_sha256 *h, uint64_t n, const uint8_t *zeros)
     return rc;
 }
 
-static void add_done(hash_ctx *c, uint64_t n)
+/* n more bytes hashed, and the tensor they end when `ends`. */
+static void add_done(hash_ctx *c, uint64_t n, bool ends)
 {
     pthread_mutex_lock(&c->mu);
     c->done += n;
+    if (ends && !c->quiet) ckpt_progress_tensors(&c->prog, ++c->tensors, c->ntensors);
     if (!c->quiet) ckpt_progress_update(&c->prog, c->done);
     pthread_mutex_unlock(&c->mu);
 }
@@ -81,11 +85,12 @@ static int hash_file(hash_ctx *c, size_t f, uint8_t *buf, const uint8_t *zeros, 
             rc = exec_tensor_read(c->p, c->fds, ef->tensors[ot->user], off, buf, n, slab, band, &cache);
             if (!rc) rc = ckpt_sha256_update(&h, buf, n);
             off += n;
-            if (!rc) add_done(c, n);
+            if (!rc) add_done(c, n, off == ot->nbytes);
             pthread_mutex_lock(&c->mu);
             if (!rc && c->rc) rc = c->rc; /* another thread failed: stop early */
             pthread_mutex_unlock(&c->mu);
         }
+        if (!rc && ot->nbytes == 0) add_done(c, 0, true);
         pos = ot->offset + ot->nbytes;
     }
     if (!rc) rc = hash_zeros(&h, l->file_size - pos, zeros);
@@ -140,10 +145,14 @@ int exec_hash_outputs(const exec_plan *p, int threads, const char *label, bool q
     if (!rc) rc = exec_check_sources(p, fds);
     hash_ctx c = {.p = p, .fds = fds, .out = out, .quiet = quiet};
     uint64_t total = 0;
-    for (size_t f = 0; f < p->nfiles; f++) total += p->files[f].layout.file_size - p->files[f].layout.header_len;
+    for (size_t f = 0; f < p->nfiles; f++) {
+        total += p->files[f].layout.file_size - p->files[f].layout.header_len;
+        c.ntensors += p->files[f].layout.ntensors;
+    }
     if (!rc && pthread_mutex_init(&c.mu, NULL)) rc = ckpt_error_set(CKPT_EIO, "cannot create a mutex");
     if (!rc) {
         if (!quiet) ckpt_progress_start(&c.prog, label ? label : "hashing", total);
+        if (!quiet) ckpt_progress_tensors(&c.prog, 0, c.ntensors);
         if (threads < 1) threads = 1;
         if ((size_t)threads > p->nfiles) threads = p->nfiles ? (int)p->nfiles : 1;
         pthread_t tids[16];

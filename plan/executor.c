@@ -68,6 +68,7 @@ typedef struct {
     int err;
     char errmsg[2048];
     uint64_t done, total;
+    uint64_t tensors_done; /* tensors written, for progress */
     ckpt_progress prog;
     size_t *left; /* per output file: tensors not written yet */
     /* Hashing the outputs while they are written (o->out_sha256): */
@@ -837,6 +838,7 @@ static void *worker_main(void *arg)
             /* The last tensor of a file: make it durable now, while others copy on. */
             pthread_mutex_lock(&c->mu);
             bool last = --c->left[it.file] == 0;
+            if (!c->o->quiet) ckpt_progress_tensors(&c->prog, ++c->tensors_done, c->nitems);
             if (c->slot_done) {
                 c->slot_done[it.file][it.slot] = true;
                 pthread_cond_broadcast(&c->moved);
@@ -1143,6 +1145,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     }
     c.total = exec_plan_bytes(p);
     if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
+    if (!o->quiet) ckpt_progress_tensors(&c.prog, 0, c.nitems);
 
     size_t nhash = o->hash_count && o->hash_count < p->nsrc_paths ? o->hash_count : p->nsrc_paths;
     hash_job hj = {.p = p, .out = o->source_sha256, .n = nhash, .fresh = o->hash_fresh};

@@ -36,6 +36,7 @@ typedef struct {
     char *path; /* relative */
     dev_t dev;  /* what walk found there: the file opened later must be it */
     ino_t ino;
+    uint64_t size; /* when found: the progress counts bytes */
 } found_file;
 
 typedef struct {
@@ -81,7 +82,7 @@ static int walk(const char *root, const char *rel, file_list *fl, int depth)
                                 full);
         else if (fl->n >= STORE_MAX_FILES) rc = ckpt_error_set(CKPT_ELIMIT, "%s: more than %d files", root, STORE_MAX_FILES);
         else if (!(rc = ckpt_grow(&fl->v, &fl->cap, fl->n + 1, sizeof *fl->v))) {
-            fl->v[fl->n++] = (found_file){.path = r, .dev = st.st_dev, .ino = st.st_ino};
+            fl->v[fl->n++] = (found_file){.path = r, .dev = st.st_dev, .ino = st.st_ino, .size = (uint64_t)st.st_size};
             r = NULL;
         }
         free(r);
@@ -446,8 +447,11 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
     for (size_t i = 0; !rc && i <= IMPORT_RING; i++)
         if (!(bufs[i] = ckpt_malloc(IMPORT_CHUNK))) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);
+    /* Progress in bytes, as every job reports it (the dashboard, the bytes.import figure). */
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; i < fl.n; i++) total += fl.v[i].size;
     ckpt_progress prog;
-    ckpt_progress_start(&prog, "import", fl.n);
+    ckpt_progress_start(&prog, "import", total);
     bool probe = true; /* hash a tensor before writing it: is it stored already? */
     for (size_t i = 0; !rc && i < fl.n; i++) {
         store_file_rec *fr = &rec.files[rec.nfiles++];
@@ -459,7 +463,8 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
         else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, &fl.v[i], fr, &wl, bufs, &probe);
         else rc = import_plain(s, full, &fl.v[i], fr, &wl, bufs[0]);
         free(full);
-        if (!o->quiet) ckpt_progress_update(&prog, i + 1);
+        done += fl.v[i].size;
+        if (!o->quiet) ckpt_progress_update(&prog, done > total ? total : done);
     }
     char commit[41];
     if (!rc) rc = store_content_id(&rec, commit);

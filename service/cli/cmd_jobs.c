@@ -284,8 +284,19 @@ static double jnum(const json_t *j, const char *k)
 
 static void print_jobs_header(void)
 {
-    printf("%6s  %-9s %-12s %4s  %-19s  %-19s  %8s  %8s  %s\n", "ID", "STATE", "KIND", "DONE", "CREATED (UTC)",
-           "FINISHED (UTC)", "WAITED", "RAN", "ARGS / ERROR");
+    printf("%6s  %-9s %-12s %4s  %11s  %-19s  %-19s  %-19s  %8s  %8s  %s\n", "ID", "STATE", "KIND", "DONE", "TENSORS",
+           "CREATED (UTC)", "STARTED (UTC)", "FINISHED (UTC)", "WAITED", "RAN", "ARGS / ERROR");
+}
+
+/* "12/340" from a job's progress: its tensors done of total; "" when its
+ * phase does not count tensors. */
+static const char *tensors_text(const json_t *progress, char *buf, size_t len)
+{
+    long long n = json_integer_value(json_object_get(progress, "tensors_done")),
+              of = json_integer_value(json_object_get(progress, "tensors_total"));
+    if (of > 0) snprintf(buf, len, "%lld/%lld", n, of);
+    else if (len) *buf = 0;
+    return buf;
 }
 
 /* One row of `ckpt jobs`: times in UTC; WAITED from created to started (or
@@ -294,7 +305,7 @@ static void print_job_line(const json_t *j, double now)
 {
     json_t *p = json_object_get(j, "progress");
     long long done = json_integer_value(json_object_get(p, "done")), total = json_integer_value(json_object_get(p, "total"));
-    char pct[16] = "", created[32], finished[32], waited[32], ran[32];
+    char pct[16] = "", tensors[48], created[32], started[32], finished[32], waited[32], ran[32];
     if (total > 0) snprintf(pct, sizeof pct, "%3lld%%", done * 100 / total);
     double c = jnum(j, "created_at"), st = jnum(j, "started_at"), f = jnum(j, "finished_at");
     const char *state = jstr(j, "state");
@@ -302,8 +313,10 @@ static void print_job_line(const json_t *j, double now)
     double r = st > 0 ? (f > 0 ? f - st : !strcmp(state, "running") ? now - st : -1) : -1;
     char *args = json_dumps(json_object_get(j, "args"), JSON_COMPACT | JSON_SORT_KEYS);
     const char *err = jstr(j, "error");
-    printf("%6lld  %-9s %-12s %4s  %-19s  %-19s  %8s  %8s  %.60s%s%s\n", (long long)json_integer_value(json_object_get(j, "id")),
-           state, jstr(j, "kind"), pct, when_text(c, created, sizeof created), when_text(f, finished, sizeof finished),
+    printf("%6lld  %-9s %-12s %4s  %11s  %-19s  %-19s  %-19s  %8s  %8s  %.60s%s%s\n",
+           (long long)json_integer_value(json_object_get(j, "id")), state, jstr(j, "kind"), pct,
+           tensors_text(p, tensors, sizeof tensors), when_text(c, created, sizeof created),
+           when_text(st, started, sizeof started), when_text(f, finished, sizeof finished),
            duration_text(w, waited, sizeof waited), duration_text(r, ran, sizeof ran), args ? args : "",
            *err ? "  error: " : "", err);
     free(args);
@@ -363,9 +376,11 @@ int cmd_serve(int argc, char **argv)
     return rc < 0 ? cli_fail() : CLI_OK;
 }
 
-static void worker_progress(const char *label, uint64_t done, uint64_t total)
+/* "@ckpt progress BYTES TOTAL TENSORS TENSORS_TOTAL PHASE" (service/daemon/daemon.c reads it). */
+static void worker_progress(const char *label, uint64_t done, uint64_t total, uint64_t tensors, uint64_t tensors_total)
 {
-    printf("@ckpt progress %llu %llu %s\n", (unsigned long long)done, (unsigned long long)total, label ? label : "");
+    printf("@ckpt progress %llu %llu %llu %llu %s\n", (unsigned long long)done, (unsigned long long)total,
+           (unsigned long long)tensors, (unsigned long long)tensors_total, label ? label : "");
     fflush(stdout);
 }
 
@@ -464,11 +479,12 @@ static int wait_job(job_client *c, int64_t id, bool json)
         double now = ckpt_now();
         if (!json && (tty || now - last_line >= 5.0)) {
             last_line = now;
-            char d[32], t[32];
+            char d[32], t[32], n[48];
             if (total > 0)
-                fprintf(stderr, tty ? "\rjob %lld %-9s %-10s %5.1f%% %s/%s   " : "job %lld %s %s %.1f%% %s/%s\n",
+                fprintf(stderr, tty ? "\rjob %lld %-9s %-10s %5.1f%% %s/%s%s%s   " : "job %lld %s %s %.1f%% %s/%s%s%s\n",
                         (long long)id, jstr(j, "state"), phase ? phase : "", 100.0 * (double)done / (double)total,
-                        ckpt_format_size((uint64_t)done, d, sizeof d), ckpt_format_size((uint64_t)total, t, sizeof t));
+                        ckpt_format_size((uint64_t)done, d, sizeof d), ckpt_format_size((uint64_t)total, t, sizeof t),
+                        *tensors_text(p, n, sizeof n) ? " tensors " : "", n);
             else fprintf(stderr, tty ? "\rjob %lld %-9s   " : "job %lld %s\n", (long long)id, jstr(j, "state"));
         }
         if (job_done(j)) {
@@ -603,9 +619,10 @@ int cmd_jobs(int argc, char **argv)
     if (cli_wants_help(argc, argv)) {
         printf("usage: ckpt jobs [--state queued|running|succeeded|failed|cancelled] [--limit N] [--json]\n"
                "                 [--server URL] [--home DIR]\n\n"
-               "Lists jobs, newest first, under a header: id, state, kind, progress, when it was\n"
-               "created and finished (UTC), how long it waited in the queue and ran, its\n"
-               "arguments and error. --limit N shows the newest N (default 50; with --json\n"
+               "Lists jobs, newest first, under a header: id, state, kind, progress (percent of\n"
+               "the bytes, and tensors done/total when the phase counts them), when it was\n"
+               "created, started and finished (UTC), how long it waited in the queue and ran,\n"
+               "its arguments and error. --limit N shows the newest N (default 50; with --json\n"
                "1000). --json prints the jobs as GET /v1/jobs gives them (created_at,\n"
                "started_at, finished_at in Unix seconds). The daemon forgets finished jobs\n"
                "after its --keep-jobs period (ckpt serve --help).\n\n"

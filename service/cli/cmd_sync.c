@@ -292,36 +292,30 @@ int cmd_sync(int argc, char **argv)
             store_close(&s);
         }
     } else if (!strcmp(sub, "run")) {
+        /* The same on both sides: the sync job queued and recorded as the
+         * schedule's last job (schedule_run_now); a missing schedule is an
+         * error now rather than a job that finds nothing. */
         job_client jc;
         ckpt_store s;
         bool remote = cli_server(server, home) != NULL;
+        int64_t job_id = 0;
+        bool existed = false;
         if (!(ret = parse_id("sync run", n, rest, &id)) && !remote && !(ret = open_store(home, &s))) {
-            schedule got; /* locally, a missing schedule is an error now rather than a job that finds
-                             nothing */
-            if (schedule_get(&s.cat, id, &got) < 0)
-                ret = cli_fail();
-            else
-                schedule_free(&got);
+            if (schedule_run_now(&s.cat, id, &job_id, &existed) < 0) ret = cli_fail();
             store_close(&s);
-        }
-        if (!ret) {
-            if (job_client_open(&jc, home, server) < 0)
-                ret = cli_fail();
+        } else if (!ret) {
+            json_t *job = NULL;
+            char path[64];
+            snprintf(path, sizeof path, "/v1/schedules/%lld/run", (long long)id);
+            if (job_client_open(&jc, home, server) < 0) ret = cli_fail();
             else {
-                json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id), *job = NULL;
-                bool existed = false;
-                char path[64];
-                snprintf(path, sizeof path, "/v1/schedules/%lld/run", (long long)id);
-                if (!args || (remote ? job_client_call(&jc, "POST", path, NULL, &job, NULL)
-                                     : job_client_submit(&jc, "sync", args, &(queue_submit_opts){0}, &job, &existed)) < 0)
-                    ret = cli_fail();
-                else
-                    printf("%lld\n", (long long)json_integer_value(json_object_get(job, "id")));
-                json_decref(args);
+                if (job_client_call(&jc, "POST", path, NULL, &job, NULL) < 0) ret = cli_fail();
+                job_id = json_integer_value(json_object_get(job, "id"));
                 json_decref(job);
                 job_client_close(&jc);
             }
         }
+        if (!ret) printf("%lld\n", (long long)job_id);
     } else {
         ret = cli_usage_error("sync", "'%s' is not add, ls, rm or run", sub);
     }

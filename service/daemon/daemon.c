@@ -191,12 +191,15 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
 static void handle_line(daemon_state *d, worker_slot *w, char *line)
 {
     if (!strncmp(line, "@ckpt progress ", 15)) {
-        long long done = 0, total = 0;
+        /* BYTES TOTAL TENSORS TENSORS_TOTAL PHASE (cmd_jobs.c's worker_progress) */
+        long long v[4] = {0};
         int used = 0;
-        if (sscanf(line + 15, "%lld %lld %n", &done, &total, &used) >= 2 && done >= 0)
-            w->done = (uint64_t)done;
-        if (sscanf(line + 15, "%lld %lld %n", &done, &total, &used) >= 2)
-            queue_progress(&d->store.cat, w->id, done, total, used ? line + 15 + used : NULL);
+        if (sscanf(line + 15, "%lld %lld %lld %lld %n", &v[0], &v[1], &v[2], &v[3], &used) >= 4 && v[0] >= 0 &&
+            v[1] >= 0 && v[2] >= 0 && v[3] >= 0) {
+            w->done = (uint64_t)v[0];
+            queue_progress(&d->store.cat, w->id,
+                           &(queue_progress_info){v[0], v[1], v[2], v[3], used ? line + 15 + used : NULL});
+        }
     } else if (!strncmp(line, "@ckpt result ", 13)) {
         free(w->result);
         w->result = ckpt_strdup(line + 13);

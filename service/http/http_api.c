@@ -399,11 +399,9 @@ static enum MHD_Result schedules_route(http_api *h, ckpt_store *s, struct MHD_Co
         r = rc ? send_error(c, code_for(rc), ckpt_error_last()) : send_json(c, 200, schedule_json(&sc));
         if (rc) return r;
     } else if (!strcmp(end, "/run") && !strcmp(method, "POST")) {
-        json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id);
         int64_t job = 0;
         bool existed = false;
-        rc = queue_submit(&s->cat, "sync", args, &(queue_submit_opts){0}, &job, &existed);
-        json_decref(args);
+        rc = schedule_run_now(&s->cat, id, &job, &existed);
         r = rc ? send_error(c, code_for(rc), ckpt_error_last()) : job_reply(h, s, c, existed ? 200 : 201, job);
     } else {
         r = send_error(c, 405, "method not allowed here");

@@ -222,6 +222,8 @@ int queue_read_row(ckpt_stmt *st, queue_job *j)
     j->result = text_or_null(st, 18);
     j->lease_owner = text_or_null(st, 19);
     j->cancel_requested = db_col_int64(st, 20) != 0;
+    j->tensors_done = db_col_int64(st, 21);
+    j->tensors_total = db_col_int64(st, 22);
     if (!j->kind || !j->args) {
         queue_job_free(j);
         return ckpt_error_set(CKPT_ENOMEM, "out of memory reading a job");
@@ -277,8 +279,10 @@ json_t *queue_job_json(const queue_job *j)
     if (j->finished_at) json_object_set_new(o, "finished_at", json_real(j->finished_at));
     if (j->depends_on) json_object_set_new(o, "depends_on", json_integer(j->depends_on));
     if (j->worker_pid) json_object_set_new(o, "worker_pid", json_integer(j->worker_pid));
-    json_object_set_new(o, "progress", json_pack("{s:I,s:I,s:s?}", "done", (json_int_t)j->progress_done, "total",
-                                                 (json_int_t)j->progress_total, "phase", j->phase));
+    json_object_set_new(o, "progress", json_pack("{s:I,s:I,s:I,s:I,s:s?}", "done", (json_int_t)j->progress_done, "total",
+                                                 (json_int_t)j->progress_total, "tensors_done",
+                                                 (json_int_t)j->tensors_done, "tensors_total",
+                                                 (json_int_t)j->tensors_total, "phase", j->phase));
     if (j->error) json_object_set_new(o, "error", json_string(j->error));
     if (j->result) {
         json_error_t err;
@@ -503,24 +507,22 @@ int queue_reap(catalog *c, const char *self_owner, int *requeued)
     return rc;
 }
 
-typedef struct {
-    int64_t done, total;
-    const char *phase;
-} progress_ctx;
-
 static void bind_progress(ckpt_stmt *st, void *ctx)
 {
-    progress_ctx *p = ctx;
+    const queue_progress_info *p = ctx;
     db_bind_int64(st, 2, p->done);
     db_bind_int64(st, 3, p->total);
     db_bind_text(st, 4, p->phase);
+    db_bind_int64(st, 5, p->tensors_done);
+    db_bind_int64(st, 6, p->tensors_total);
 }
 
-int queue_progress(catalog *c, int64_t id, int64_t done, int64_t total, const char *phase)
+int queue_progress(catalog *c, int64_t id, const queue_progress_info *p)
 {
-    progress_ctx p = {done, total, phase};
-    return update_job(c, "UPDATE jobs SET progress_done = ?2, progress_total = ?3, phase = coalesce(?4, phase) WHERE id = ?1",
-                      id, "record progress", bind_progress, &p);
+    return update_job(c,
+                      "UPDATE jobs SET progress_done = ?2, progress_total = ?3, phase = coalesce(?4, phase), "
+                      "tensors_done = ?5, tensors_total = ?6 WHERE id = ?1",
+                      id, "record progress", bind_progress, (void *)p);
 }
 
 static void bind_log(ckpt_stmt *st, void *ctx)
@@ -642,7 +644,8 @@ static int retry_tx(ckpt_db *d, void *vctx)
     if (rc) return rc;
     ckpt_stmt *st;
     if ((rc = db_prepare(d, &st, "UPDATE jobs SET state = 'queued', attempt = 0, run_after = ?2, error = NULL, "
-                                 "finished_at = NULL, cancel_requested = 0, progress_done = 0 WHERE id = ?1",
+                                 "finished_at = NULL, cancel_requested = 0, progress_done = 0, tensors_done = 0 "
+                                 "WHERE id = ?1",
                          "retry job")))
         return rc;
     db_bind_int64(st, 1, id);

@@ -42,7 +42,8 @@ typedef struct {
     double run_after, created_at, started_at, finished_at, lease_expires;
     int64_t depends_on;
     int worker_pid;
-    int64_t progress_done, progress_total;
+    int64_t progress_done, progress_total; /* bytes of the running phase */
+    int64_t tensors_done, tensors_total;   /* its tensors (0 of 0: the phase does not count them) */
     char *phase, *error, *result, *lease_owner;
     bool cancel_requested;
 } queue_job;
@@ -80,7 +81,13 @@ int queue_renew(catalog *c, const char *owner, int64_t id);
 /* Requeues (with backoff) or fails the running jobs whose lease expired, or
  * whose owner is dead; fails queued jobs whose dependency failed. */
 int queue_reap(catalog *c, const char *self_owner, int *requeued);
-int queue_progress(catalog *c, int64_t id, int64_t done, int64_t total, const char *phase);
+/* A running job's progress: bytes done of total, tensors done of total (0 of
+ * 0 when the phase does not count tensors), and the phase (NULL: unchanged). */
+typedef struct {
+    int64_t done, total, tensors_done, tensors_total;
+    const char *phase;
+} queue_progress_info;
+int queue_progress(catalog *c, int64_t id, const queue_progress_info *p);
 int queue_log(catalog *c, int64_t id, const char *line);
 /* Ends a running job: ok, or failed (transient failures retry while attempts remain). */
 int queue_finish(catalog *c, int64_t id, bool ok, bool transient, const char *error, const char *result);

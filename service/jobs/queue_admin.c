@@ -114,28 +114,23 @@ int queue_state_counts(catalog *c, const queue_filter *f, json_t **out)
     return 0;
 }
 
-int queue_attempts(catalog *c, int64_t id, json_t **out)
+/* The rows of sql (?1 a job id, ?2 a limit) as a JSON array, one object a
+ * row made by row(). */
+static int job_rows(catalog *c, const char *sql, const char *what, int64_t id, int64_t limit,
+                    json_t *(*row)(ckpt_stmt *), json_t **out)
 {
     *out = json_array();
     ckpt_stmt *st;
-    int rc = *out ? catalog_jobs_prepare(c, &st,
-                                         "SELECT attempt, started_at, finished_at, outcome, error FROM job_attempts "
-                                         "WHERE job_id = ? ORDER BY seq",
-                                         "read job attempts")
-                  : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    int rc = *out ? catalog_jobs_prepare(c, &st, sql, what) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
     if (rc) {
         json_decref(*out);
         *out = NULL;
         return rc;
     }
     db_bind_int64(st, 1, id);
+    db_bind_int64(st, 2, limit);
     int e;
-    while ((e = db_step(st)) == DB_ROW) {
-        json_t *a = json_pack("{s:i,s:f,s:s?,s:s*}", "attempt", (int)db_col_int64(st, 0), "finished_at",
-                              db_col_double(st, 2), "outcome", db_col_text(st, 3), "error", db_col_text(st, 4));
-        if (a && !db_col_null(st, 1)) json_object_set_new(a, "started_at", json_real(db_col_double(st, 1)));
-        json_array_append_new(*out, a);
-    }
+    while ((e = db_step(st)) == DB_ROW) json_array_append_new(*out, row(st));
     db_finalize(st);
     if (e < 0) {
         json_decref(*out);
@@ -145,20 +140,51 @@ int queue_attempts(catalog *c, int64_t id, json_t **out)
     return 0;
 }
 
+static json_t *attempt_row(ckpt_stmt *st)
+{
+    json_t *a = json_pack("{s:i,s:f,s:s?,s:s*}", "attempt", (int)db_col_int64(st, 0), "finished_at",
+                          db_col_double(st, 2), "outcome", db_col_text(st, 3), "error", db_col_text(st, 4));
+    if (a && !db_col_null(st, 1)) json_object_set_new(a, "started_at", json_real(db_col_double(st, 1)));
+    return a;
+}
+
+int queue_attempts(catalog *c, int64_t id, json_t **out)
+{
+    /* The trigger keeps 20 a job; the limit is only a bound. */
+    return job_rows(c,
+                    "SELECT attempt, started_at, finished_at, outcome, error FROM job_attempts WHERE job_id = ?1 "
+                    "ORDER BY seq LIMIT ?2",
+                    "read job attempts", id, 1000, attempt_row, out);
+}
+
+static json_t *dependent_row(ckpt_stmt *st)
+{
+    return json_pack("{s:I,s:s?,s:s?,s:i}", "id", (json_int_t)db_col_int64(st, 0), "kind", db_col_text(st, 1),
+                     "state", db_col_text(st, 2), "attempt", (int)db_col_int64(st, 3));
+}
+
+int queue_dependents(catalog *c, int64_t id, json_t **out)
+{
+    return job_rows(c, "SELECT id, kind, state, attempt FROM jobs WHERE depends_on = ?1 ORDER BY id LIMIT ?2",
+                    "find the jobs waiting for a job", id, QUEUE_MAX_DEPENDENTS, dependent_row, out);
+}
+
 int queue_job_detail(catalog *c, int64_t id, json_t **out)
 {
     *out = NULL;
     queue_job j;
     int rc = queue_get(c, id, &j);
     if (rc) return rc;
-    json_t *o = queue_job_json(&j), *attempts = NULL;
+    json_t *o = queue_job_json(&j), *attempts = NULL, *dependents = NULL;
     queue_job_free(&j);
     if (!o) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
-    if ((rc = queue_attempts(c, id, &attempts))) {
+    if ((rc = queue_attempts(c, id, &attempts)) || (rc = queue_dependents(c, id, &dependents))) {
+        json_decref(attempts);
         json_decref(o);
         return rc;
     }
     json_object_set_new(o, "attempts", attempts);
+    json_object_set_new(o, "dependents", dependents);
     *out = o;
     return 0;
 }

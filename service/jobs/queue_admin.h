@@ -35,8 +35,13 @@ int queue_state_counts(catalog *c, const queue_filter *f, json_t **out);
 /* The ended attempts of a job, oldest first (the last 20):
  * [{"attempt", "started_at"?, "finished_at", "outcome", "error"?}]. */
 int queue_attempts(catalog *c, int64_t id, json_t **out);
-/* A job's JSON (queue_job_json) with its "attempts": what `ckpt show ID`
- * and GET /v1/jobs/{id} print. */
+/* The jobs that wait for job id (submitted with it as their dependency),
+ * oldest first, at most QUEUE_MAX_DEPENDENTS: [{"id", "kind", "state",
+ * "attempt"}] (a queued job with attempt > 0 is retrying). */
+#define QUEUE_MAX_DEPENDENTS 100
+int queue_dependents(catalog *c, int64_t id, json_t **out);
+/* A job's JSON (queue_job_json) with its "attempts" and "dependents": what
+ * `ckpt show ID` and GET /v1/jobs/{id} print. */
 int queue_job_detail(catalog *c, int64_t id, json_t **out);
 /* Forgets a finished job with its log and attempts. A queued or running job
  * is refused (cancel it first), as is one a queued or running job waits for. */

@@ -7,6 +7,7 @@
 #include "common/util.h"
 #include "service/jobs/cron.h"
 #include "service/jobs/queue.h"
+#include "service/jobs/queue_rows.h"
 #include "transform/presets.h"
 
 #include <ctype.h>
@@ -369,14 +370,49 @@ int schedule_record(catalog *c, int64_t id, const char *commit, const char *outc
 
 /* ---- the daemon's tick ---- */
 
+/* Queues schedule id's sync job inside the caller's transaction on d (the
+ * job queued or running already, when there is one). */
+static int queue_sync(ckpt_db *d, int64_t id, int64_t *job, bool *existed)
+{
+    json_t *args = json_pack("{s:I}", "schedule", (json_int_t)id);
+    queue_submit_opts qo = {.max_attempts = 2};
+    int rc = args ? queue_submit_in(d, "sync", args, &qo, job, existed) : CKPT_ENOMEM;
+    json_decref(args);
+    return rc;
+}
+
+typedef struct {
+    int64_t id, *job;
+    bool *existed;
+} run_now_ctx;
+
+static int run_now_tx(ckpt_db *d, void *v)
+{
+    run_now_ctx *r = v;
+    ckpt_stmt *st;
+    int rc = queue_sync(d, r->id, r->job, r->existed);
+    if (!rc) rc = db_prepare(d, &st, "UPDATE schedules SET last_job_id = ? WHERE id = ?", "record the schedule's job");
+    if (rc) return rc;
+    db_bind_int64(st, 1, *r->job);
+    db_bind_int64(st, 2, r->id);
+    rc = db_run(st);
+    if (!rc && !db_changes(st)) rc = ckpt_error_set(CKPT_ENOTFOUND, "no schedule %lld", (long long)r->id);
+    db_finalize(st);
+    return rc;
+}
+
+int schedule_run_now(catalog *c, int64_t id, int64_t *job, bool *existed)
+{
+    *job = 0;
+    *existed = false;
+    return queue_in_tx(c, run_now_tx, &(run_now_ctx){id, job, existed});
+}
+
 /* Queues one due schedule's sync job and moves its next_run_at, inside the
  * caller's transaction, which holds the schedule's row. */
 static int fire(ckpt_db *d, const schedule *sc, double now, int64_t *job, bool *existed, double *next)
 {
-    json_t *args = json_pack("{s:I}", "schedule", (json_int_t)sc->id);
-    queue_submit_opts qo = {.max_attempts = 2};
-    int rc = args ? queue_submit_in(d, "sync", args, &qo, job, existed) : CKPT_ENOMEM;
-    json_decref(args);
+    int rc = queue_sync(d, sc->id, job, existed);
     if (!rc) rc = schedule_next_after(sc, now, next);
     if (rc == CKPT_ENOTFOUND) { /* an impossible date ("0 0 31 2 *"): park it */
         *next = now + CRON_HORIZON_SECONDS;

@@ -77,6 +77,11 @@ json_t *schedule_json(const schedule *sc);
 /* What a sync job saw (commit may be NULL: keep the last) and did. */
 int schedule_record(catalog *c, int64_t id, const char *commit, const char *outcome);
 
+/* Run now (`ckpt sync run ID`, POST /v1/schedules/{id}/run): queues the
+ * schedule's sync job whether it is due or paused (the one queued or running
+ * already, *existed) and records it as the schedule's last job, in one
+ * transaction; CKPT_ENOTFOUND when there is no such schedule. */
+int schedule_run_now(catalog *c, int64_t id, int64_t *job, bool *existed);
 /* The daemon's tick: queues the due schedules' sync jobs; *queued counts new jobs. */
 int schedule_queue_due(catalog *c, double now, int *queued);
 /* The `sync` job: see above. */

@@ -5,14 +5,15 @@ Environment (set by the script): CKPT_BIN, CKPT_HOME (daemon A's home),
 URL_A (daemon A: no tokens, one worker, a Hub behind it), URL_B and HOME_B
 (daemon B: --token-file), READ_TOKEN, SHOTS (where screenshots go),
 PROFILE (a fresh Chromium profile folder), NOOP_ID (a running job of A that
-waits for a file), FAILED_ID (a convert of A that failed: its source was not
-stored yet), FAILED_B (a failed job of B), PULL_DIR (a scratch folder).
+waits for a file; A's workers stop once at exec.file_hashed), FAILED_ID (a
+convert of A that failed: its source was not stored yet), FAILED_B (a failed job of B), PULL_DIR (a scratch folder).
 
 Every wait is a poll for a state with a generous ceiling that only catches a
 hang (WAIT seconds); nothing here depends on how fast the machine is.
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -160,6 +161,21 @@ try:
     if "Submitted job %s (fetch) and job %s (convert)" % (fetch_id, convert) not in text("#flash"):
         fail("flash after submit: %r" % text("#flash"))
 
+    # The fetch's page lists the convert waiting for it (GET /v1/jobs/{id}'s
+    # dependents); its link leads to the convert, whose page links the fetch back.
+    if [(x["id"], x["kind"], x["state"]) for x in api(A, "/v1/jobs/" + fetch_id)["dependents"]] != [(int(convert), "convert", "queued")]:
+        fail("the fetch's dependents: %s" % api(A, "/v1/jobs/" + fetch_id)["dependents"])
+    go(A + "/#/jobs/" + fetch_id, '#job-view[data-id="%s"]' % fetch_id)
+    dep_link = '#job-dependents .dependent[data-id="%s"]' % convert
+    until("the convert among the jobs waiting for the fetch", lambda: find_all(dep_link) and
+          "convert" in text(dep_link) and text(dep_link + " .state") == "queued")
+    d.find_element(By.CSS_SELECTOR, dep_link + " a").click()
+    until("the convert's page, linking the fetch", lambda: find_all('#job-view[data-id="%s"]' % convert) and
+          text("#job-dep a") == fetch_id and "fetch" in text("#job-dep"))
+    if json.loads(text("#job-args")) != job["args"]:
+        fail("the convert's page shows the arguments %r, the API %s" % (text("#job-args"), job["args"]))
+    shot("job-dependents")
+
     # The queued tab and the search box.
     go(A + "/#/jobs", "#jobs-table")
     d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="queued"]').click()
@@ -184,11 +200,49 @@ try:
     note("cancel")
 
     # --- the submitted jobs run: live states until success, the log followed ---
+    # The convert's worker stops itself after hashing its first output file
+    # (CKPT_FAULT_WORKER=exec.file_hashed:1:STOP, once): the job is held
+    # running, its tensors counted, whatever the machine's speed.
+    go(A + "/#/jobs/" + convert, "#job-view")
+    tensors_el = "#job-fields .progress-tensors"
+    until("the running convert's tensors", lambda: job_state_is("running")() and find_all(tensors_el) and
+          text("#job-fields .progress-phase") == "hashing")
+    held = api(A, "/v1/jobs/" + convert)
+    wpid = held["worker_pid"]
+    until("the convert's worker to stop at exec.file_hashed", lambda: "\tT" in
+          next(l for l in open("/proc/%d/status" % wpid) if l.startswith("State:")))
+    p = api(A, "/v1/jobs/" + convert)["progress"]
+    m = p["tensors_total"]
+    until("the page to show the held convert's tensors", lambda: d.find_element(By.CSS_SELECTOR, tensors_el).get_attribute("data-total") == str(m) and
+          d.find_element(By.CSS_SELECTOR, tensors_el).get_attribute("data-done") == str(p["tensors_done"]))
+    if not 0 <= p["tensors_done"] <= m or m <= 0:
+        fail("a running convert's tensors: %s" % p)
+    go(A + "/#/jobs", "#jobs-table")
+    d.find_element(By.ID, "job-search").send_keys(Keys.CONTROL, "a", Keys.DELETE)  # the search above is kept
+    row_tensors = '#jobs-table tr[data-id="%s"] .progress-tensors' % convert
+    until("the jobs list to show the convert's tensors", lambda: text(row_tensors) == "%d / %d tensors" % (p["tensors_done"], m))
+    shot("job-tensors")
+    line = next(l for l in run("jobs").splitlines() if l.split()[0] == convert)
+    if " %d/%d " % (p["tensors_done"], m) not in line:
+        fail("ckpt jobs does not show the convert's tensors %d/%d: %r" % (p["tensors_done"], m, line))
+    # The overview's workers: the one busy worker runs the convert.
+    go(A + "/#/overview", "#running-table")
+    held_row = '#running-table tr[data-id="%s"]' % convert
+    until("the overview's worker running the convert", lambda: text("#ov-workers") == "1" and find_all(held_row) and
+          [td.text for td in d.find_elements(By.CSS_SELECTOR, held_row + " td")][1:3] == [str(wpid), "convert"] and
+          text(held_row + " .progress-tensors") == "%d / %d tensors" % (p["tensors_done"], m))
+    shot("overview-running")
+    os.kill(wpid, signal.SIGCONT)
     go(A + "/#/jobs/" + convert, "#job-view")
     until("the convert to succeed", job_state_is("succeeded"))
     prog = text("#job-fields .progress-text") or ""
     if "(100%)" not in prog:
         fail("a finished convert's progress reads %r" % prog)
+    # M was the tensor count of what the convert stored, and all were done.
+    stored = json.loads(run("show", "org/tiny@main:neuron-tp2", "--json"))
+    if m != sum(f["tensors"] for f in stored["files"] if f["safetensors"]):
+        fail("the running convert counted %d tensors, it stored %s" % (m, [f.get("tensors") for f in stored["files"]]))
+    until("the finished convert's tensors", lambda: text("#job-fields .progress-tensors") == "%d / %d tensors" % (m, m))
     until("the convert's log", lambda: d.find_element(By.ID, "job-log").text.strip().splitlines() and
           len(d.find_element(By.ID, "job-log").text.strip().splitlines()) ==
           len(run("logs", convert).strip().splitlines()))
@@ -266,6 +320,8 @@ try:
     total = lambda name: sum(r["value"] for r in stats["rows"] if r["name"] == name)
     if total("jobs.succeeded") != 3 or total("jobs.failed") != 1 or total("bytes.fetch") <= 0 or total("bytes.convert") <= 0:
         fail("/v1/stats after the jobs ran: %s" % stats["rows"])
+    until("the last hour's jobs", lambda: text("#ov-hour") == "%d jobs succeeded, %d failed" %
+          (total("jobs.succeeded"), total("jobs.failed")))
     until("the charts", lambda: [d.find_element(By.ID, c).get_attribute("data-total") for c in
                                  ("chart-succeeded", "chart-failed", "chart-fetched", "chart-converted")] ==
           ["3", "1", str(total("bytes.fetch")), str(total("bytes.convert"))] and
@@ -284,6 +340,24 @@ try:
     if sc["repo"] != "org/tiny" or sc["cron"] != "0 0 1 1 *" or sc["layouts"] != [{"layout": "neuron", "tp": 2}] or sc["paused"]:
         fail("the form added %s" % sc)
     row = '#schedules-table tr[data-id="%s"]' % sid
+    # Run now: its sync job, recorded as the schedule's last job, sees the
+    # Hub's commit (stored already) and queues the layout's convert (stored
+    # too); the row then shows the commit, the outcome and a link to the job.
+    d.find_element(By.CSS_SELECTOR, row + " button.run-now").click()
+    accept_confirm()
+    until("run now", lambda: "Schedule %s queued" % sid in (text("#flash") or "") and api(A, "/v1/schedules/" + sid).get("last_job_id"))
+    sync_job = api(A, "/v1/schedules/" + sid)["last_job_id"]
+    job = api(A, "/v1/jobs/%d" % sync_job)
+    if job["kind"] != "sync" or job["args"] != {"schedule": int(sid)}:
+        fail("run now queued %s" % job)
+    until("the sync job and what it queued to succeed", lambda: api(A, "/v1/jobs/%d" % sync_job)["state"] == "succeeded" and
+          not any(api(A, "/v1/jobs/counts")[st] for st in ("queued", "running")))
+    sc = api(A, "/v1/schedules/" + sid)
+    if not sc.get("last_commit") or "queued" not in sc.get("last_outcome", ""):
+        fail("the schedule after run now: %s" % sc)
+    until("the row's last commit, outcome and job", lambda: sc["last_commit"][:12] in text(row) and sc["last_outcome"] in text(row) and
+          d.find_element(By.CSS_SELECTOR, row + ' a[href="#/jobs/%d"]' % sync_job))
+    shot("schedule-run")
     d.find_element(By.CSS_SELECTOR, row + " button.pause").click()
     accept_confirm()
     until("the schedule paused", lambda: d.find_element(By.CSS_SELECTOR, row).get_attribute("data-paused") == "true" and

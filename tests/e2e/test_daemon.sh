@@ -5,7 +5,8 @@
 #    times at named crash points and restarted; in the end every job
 #    succeeded, each checkpoint exists once, verify is clean, no worker
 #    outlives its daemon.
-# 2. kill -9 of a worker mid-convert: the job is retried and succeeds.
+# 2. kill -9 of a worker mid-convert: the job is retried (a job.retry line in
+#    the daemon's log, with the signal) and succeeds.
 # 3. Cancel of a running convert: the worker exits, state cancelled,
 #    no partial output. (In 2 and 3 the worker stops itself mid-convert, once
 #    its computed blobs are written and its first output file is hashed,
@@ -249,6 +250,9 @@ wait_until 60 "the worker of job $id to stop at blob.written:1" worker_stopped "
 kill -9 "$wpid"
 wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" succeeded
 [ "$(jf "$id" 'j["attempt"]')" = 2 ] || fail "job $id: attempt $(jf "$id" 'j["attempt"]'), expected 2"
+# the daemon's log has the retry, with why
+grep -q " warn job\.retry id=$id kind=convert .*error=\"worker killed by signal 9\"" "$CKPT_HOME.serve.log" ||
+    fail "no job.retry line of job $id: $(grep -E 'job\.' "$CKPT_HOME.serve.log" | tail -5)"
 [ "$(jf "$id" 'j["result"]["ref"]')" = "t/big@main:hf-f32" ] || fail "job $id: result $(jf "$id" 'j.get("result")')"
 [ "$("$ckpt" ls --json | "$py" -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)["checkpoints"]))')" = 1 ] ||
     fail "t/big@main:hf-f32 is not stored exactly once"

@@ -8,24 +8,35 @@
 #    API behind it still wants one.
 # 2. Daemon A (no tokens, one worker, the test Hub behind it): a running noop
 #    shows its phase live; a fetch+convert submitted from the form waits
-#    behind it; cancelling the noop from its page lets them run to success,
-#    the log followed; a convert that failed (its source was not stored yet)
+#    behind it, the fetch's page linking the convert that waits for it and
+#    the convert's the fetch; cancelling the noop from its page lets them
+#    run: the convert's worker stops once after hashing its first output file
+#    (CKPT_FAULT_WORKER=exec.file_hashed:1:STOP), and while it is held the job
+#    page, the jobs list and `ckpt jobs` show its tensors N/M, M the tensor
+#    count of the layout it then stores; continued, it succeeds with M/M, the
+#    log followed; a convert that failed (its source was not stored yet)
 #    is retried from its page and succeeds, its two attempts (failed with
 #    the error, then succeeded) shown as the API keeps them; the checkpoint
 #    page's files and tensor table equal `ckpt show --json` and `ckpt
 #    inspect --json` of the pulled files; the overview's counts equal `ckpt
 #    jobs --json` and its charts total what /v1/stats recorded (3 succeeded,
-#    1 failed, the bytes fetched and converted); a schedule is added from the
-#    form, paused, resumed and removed, each confirmed and seen by the API;
+#    1 failed, the bytes fetched and converted) and, while the convert was
+#    held, its one worker ran it; a schedule is added from the form, run now
+#    (its sync job, recorded as the schedule's last job, succeeds, and the
+#    row shows the commit, outcome and job), paused, resumed and removed,
+#    each confirmed and seen by the API;
 #    after `ckpt verify --server` the store page shows the logical and
 #    physical bytes, dedup ratio and a clean last verify of every checkpoint;
 #    on a 400 px window the jobs table stays inside the window; a job is
 #    deleted from its page (a dismissed confirmation deletes nothing), then
 #    all succeeded ones at once, and the API has none left.
-# 3. Daemon B (--token-file): the page loads, asks for a token, and with a
-#    read token shows jobs but a retry, a bulk retry and a submit are refused
-#    (403) with the server's message, and nothing changes; its 31 jobs take
-#    two pages.
+# 3. Daemon B (--token-file, --log-level warn): the page loads, asks for a
+#    token, and with a read token shows jobs but a retry, a bulk retry and a
+#    submit are refused (403) with the server's message, and nothing
+#    changes; its 31 jobs take two pages.
+# 4. The logs: A's failed and cancelled jobs each have their line (the
+#    error with it); B's has its failed job and nothing below warn. A's
+#    /metrics counts the bytes fetched and converted that /v1/stats recorded.
 # Screenshots go to $work/shots (emptied with $work at exit; with
 # CKPT_DASHBOARD_SHOTS=DIR they are copied there first, to look at).
 set -euo pipefail
@@ -69,7 +80,8 @@ rm -rf "$work/m"
 start_testhub hub
 
 # --- 1. the page and its assets ---
-serve "$work/a" "$work/a.serve.log" --workers 1
+# A's first worker to hash an output file stops there (once), for the live progress.
+CKPT_FAULT_WORKER=exec.file_hashed:1:STOP CKPT_FAULT_ONCE=$work/stop.once serve "$work/a" "$work/a.serve.log" --workers 1
 A=$url
 hdr() { tr -d '\r' <"$work/hdr" | awk -v k="$1" 'tolower($1)==tolower(k)":" {sub(/^[^:]*: /,""); print}'; }
 get() { rm -f "$work/body"; curl -s -o "$work/body" -D "$work/hdr" -w '%{http_code}' "$@"; }
@@ -97,7 +109,7 @@ wait_until 120 "noop $noop to run" state_is "$CKPT_HOME" "$noop" running
 # --- 3. daemon B, with tokens, and a failed job of its own ---
 read_token=read-token-0123456789abcdef
 printf '%s read\nadmin-token-0123456789abcdef admin\n' "$read_token" >"$work/tokens"
-serve "$work/b" "$work/b.serve.log" --workers 1 --token-file "$work/tokens"
+serve "$work/b" "$work/b.serve.log" --workers 1 --token-file "$work/tokens" --log-level warn
 B=$url
 failed_b=$(CKPT_HOME=$work/b "$ckpt" submit convert org/none@main --layout fused)
 wait_until 120 "B's convert $failed_b to fail" state_is "$work/b" "$failed_b" failed
@@ -119,8 +131,27 @@ note "browser"
 CKPT_BIN=$ckpt URL_A=$A URL_B=$B HOME_B=$work/b READ_TOKEN=$read_token SHOTS=$work/shots PROFILE=$work/profile \
     NOOP_ID=$noop FAILED_ID=$failed FAILED_B=$failed_b PULL_DIR=$work/pulled \
     /usr/bin/python3 "$E2E_DIR/dashboard_driver.py" || fail "the browser test failed (screenshots in $work/shots)"
-for s in jobs-running job-cancelled job-succeeded job-retried checkpoint overview schedule-paused store-verified jobs-narrow \
+for s in jobs-running job-dependents job-tensors overview-running job-cancelled job-succeeded job-retried checkpoint overview schedule-run schedule-paused store-verified jobs-narrow \
     jobs-deleted read-token-refused; do
     [ -s "$work/shots/$s.png" ] || fail "no screenshot $s.png"
 done
+# The daemons' logs: on A, the convert that failed (with its error) and the
+# noop cancelled; B logs at --log-level warn: its failed job, nothing below.
+grep -Eq " error job\.failed id=$failed kind=convert ref=org/tiny@main .*error=." "$work/a.serve.log" ||
+    fail "no job.failed line of convert $failed: $(grep -E 'job\.' "$work/a.serve.log" | head -5)"
+grep -Eq " info job\.cancelled id=$noop kind=noop " "$work/a.serve.log" || fail "no job.cancelled line of noop $noop"
+grep -Eq " error job\.failed id=$failed_b kind=convert " "$work/b.serve.log" && ! grep -q " info " "$work/b.serve.log" ||
+    fail "B's log at --log-level warn: $(head -5 "$work/b.serve.log")"
+# A's /metrics (a strict parse): the bytes its fetch and converts moved, as /v1/stats recorded them.
+curl -sf "$A/metrics" >"$work/metrics" && "$py" "$E2E_DIR/prom_check.py" "$work/metrics" >"$work/metrics.json" ||
+    fail "A's /metrics is not a valid exposition"
+curl -sf "$A/v1/stats?hours=6" >"$work/stats.json" || fail "GET /v1/stats of A"
+"$py" - "$work/metrics.json" "$work/stats.json" <<'PY' || fail "A's /metrics and /v1/stats disagree"
+import json, sys
+m, st = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+tot = lambda n: sum(r["value"] for r in st["rows"] if r["name"] == n)
+for key, name in (("ckpt_fetched_bytes_total{}", "bytes.fetch"), ("ckpt_converted_bytes_total{}", "bytes.convert")):
+    if not m.get(key) or m[key] != tot(name):
+        sys.exit("%s = %s, %s = %s" % (key, m.get(key), name, tot(name)))
+PY
 note "done"

@@ -209,6 +209,9 @@ XDG_CONFIG_HOME=$W/cfg "$B" du --json >"$W/r.json" || fail "du through the confi
 "$B" du --json | "$py" -c 'import json, sys; a = json.load(sys.stdin); b = json.load(open(sys.argv[1])); sys.exit(any(a[k] != b[k] for k in ("checkpoints", "logical_bytes", "physical_bytes", "blobs")))' "$W/r.json" ||
     fail "du --server differs from du: $(cat "$W/r.json")"
 XDG_CONFIG_HOME=$W/cfg "$B" --home "$W/home" ls >/dev/null || fail "--home before the command does not override the config's server"
+printf 'home = %s\n' "$W/home" >"$W/cfg/ckpt/config"
+(unset CKPT_HOME; XDG_CONFIG_HOME=$W/cfg "$B" ls --json) >"$W/r.json" && same_json "$W/r.json" "$B" ls --json ||
+    fail "ls with the config's home differs: $(head -c 300 "$W/r.json")"
 printf 'server = %s\nserve = x\n' "$URL" >"$W/cfg/ckpt/config"
 rc=0; XDG_CONFIG_HOME=$W/cfg "$B" ls 2>"$W/err" || rc=$?
 [ "$rc" = 2 ] && grep -q 'config:2: unknown key .serve.' "$W/err" || fail "a bad config line ($rc): $(cat "$W/err")"
@@ -365,13 +368,12 @@ complete_words() { PATH=$(dirname "$B"):$PATH bash -c '. "$1"; shift; COMP_WORDS
 complete_words ckpt sh | grep -qx show || fail "bash completion of a command"
 complete_words ckpt serve --keep | grep -qx -- --keep-jobs || fail "bash completion of an option"
 complete_words ckpt --home "$W/home" show Qwen/t | grep -qx 'Qwen/tiny@main:neuron-tp2' || fail "bash completion of a ref"
-if command -v zsh >/dev/null; then zsh -n "$root/deploy/completion/_ckpt" || fail "zsh completion does not parse"; fi
+command -v zsh >/dev/null && command -v man >/dev/null || fail "zsh and man are not installed (make deps installs zsh and man-db)"
+zsh -n "$root/deploy/completion/_ckpt" || fail "zsh completion does not parse"
 dash "$root/deploy/mkman.sh" "$B" "$W/ckpt.1" 2>/dev/null || sh "$root/deploy/mkman.sh" "$B" "$W/ckpt.1"
 ! grep -q $'\f' "$W/ckpt.1" || fail "a form feed in the man page"
-if command -v man >/dev/null; then
-    MANWIDTH=80 man --warnings -l "$W/ckpt.1" 2>"$W/man.err" >/dev/null
-    [ ! -s "$W/man.err" ] || fail "the man page renders with warnings: $(head -3 "$W/man.err")"
-fi
+MANWIDTH=80 man --warnings -l "$W/ckpt.1" 2>"$W/man.err" >/dev/null
+[ ! -s "$W/man.err" ] || fail "the man page renders with warnings: $(head -3 "$W/man.err")"
 echo "bash completion (commands, options, refs); the man page renders"
 
 # --- Hub fidelity (issue 18): the calls huggingface_hub and @huggingface/hub make ---

@@ -163,7 +163,10 @@ function progressCell(j) {
   return el('div', {class: 'progress', 'data-job': j.id},
     p.total ? el('span', {class: 'bar'}, el('span', {'data-pct': pct.toFixed(0)})) : null,
     el('div', {class: 'progress-phase', text: p.phase || ''}),
-    el('div', {class: 'progress-text', text: parts.join(' · ')}));
+    el('div', {class: 'progress-text', text: parts.join(' · ')}),
+    // Tensors done of total, when the phase counts them (a download does not).
+    p.tensors_total ? el('div', {class: 'progress-tensors', 'data-done': p.tensors_done, 'data-total': p.tensors_total,
+                                 text: p.tensors_done + ' / ' + p.tensors_total + ' tensors'}) : null);
 }
 
 // Bars are sized after insertion: the page's CSP forbids inline style attributes.
@@ -302,6 +305,11 @@ async function jobPage(main, id) {
     j.run_after ? [el('dt', {text: 'next attempt'}), el('dd', {text: fmtTime(j.run_after)})] : null,
     j.depends_on ? [el('dt', {text: 'after job'}), el('dd', {id: 'job-dep'}, el('a', {href: '#/jobs/' + j.depends_on, text: j.depends_on}),
       dep ? [' ', dep.kind, ' ', jobLabel(dep), ' ', stateBadge(jobState(dep))] : ' (deleted)')] : null,
+    // The jobs that wait for this one (GET /v1/jobs/{id} lists them), each with its state.
+    (j.dependents || []).length ? [el('dt', {text: 'waited on by'}), el('dd', {id: 'job-dependents'},
+      j.dependents.map((x, i) => el('span', {class: 'dependent', 'data-id': x.id}, i ? ', ' : '',
+        el('a', {href: '#/jobs/' + x.id, text: x.id}), ' ', x.kind, ' ', stateBadge(jobState(x)))),
+      j.dependents.length >= 100 ? ' (the first 100)' : '')] : null,
     j.worker_pid ? [el('dt', {text: 'worker pid'}), el('dd', {text: j.worker_pid})] : null,
     el('dt', {text: 'progress'}), el('dd', {}, progressCell(j)),
     el('dt', {text: 'last error'}), el('dd', {id: 'job-error', class: 'mono', text: j.error || ''}),

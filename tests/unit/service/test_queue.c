@@ -8,7 +8,9 @@
  * host is trusted), transient and permanent failures, release on shutdown,
  * cancel, retry, logs and counts; the dashboard's side (queue_admin.h,
  * stats.h): attempts kept per job (bounded), filters, counts, delete, bulk
- * actions, per-minute figures.
+ * actions, per-minute figures; job ids never used twice (a deleted or
+ * pruned newest job, a catalog upgraded from version 5); progress in bytes
+ * and tensors; the jobs waiting for a job.
  *
  * Linked against libckpt-svc.a (the service objects), like every unit test.
  * Each test gets a fresh database under $TMPDIR (or /tmp).
@@ -33,6 +35,9 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
+
+#include "tests/support/sqlite_rows.h"
 
 typedef struct {
     char *dir;
@@ -294,6 +299,21 @@ static void test_dependency_waits(void **state)
     queue_job j = get(f, d);
     assert_int_equal(j.depends_on, a);
     queue_job_free(&j);
+    /* a's detail lists the jobs waiting for it, with their state; d's none */
+    int64_t e = submit_o(f, "gc", "{}", &o, NULL);
+    json_t *detail;
+    assert_int_equal(queue_job_detail(&f->cat, a, &detail), 0);
+    json_t *deps = json_object_get(detail, "dependents");
+    assert_int_equal(json_array_size(deps), 2);
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(deps, 0), "id")), d);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(deps, 0), "state")), "running");
+    assert_int_equal(json_integer_value(json_object_get(json_array_get(deps, 1), "id")), e);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(deps, 1), "kind")), "gc");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(deps, 1), "state")), "queued");
+    json_decref(detail);
+    assert_int_equal(queue_job_detail(&f->cat, d, &detail), 0);
+    assert_int_equal(json_array_size(json_object_get(detail, "dependents")), 0);
+    json_decref(detail);
 }
 
 static void test_dependency_fails(void **state)
@@ -503,12 +523,15 @@ static void test_retry(void **state)
     fixture *f = *state;
     int64_t a = submit(f, "{\"n\": 1}");
     assert_int_equal(claim_one(f), a);
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){7, 10, 2, 4, "copy"}), 0);
     assert_int_equal(queue_finish(&f->cat, a, false, false, "bad", NULL), 0);
     assert_int_equal(queue_retry(&f->cat, a), 0);
     queue_job j = get(f, a);
     assert_string_equal(j.state, "queued");
     assert_int_equal(j.attempt, 0);
     assert_null(j.error);
+    assert_int_equal(j.progress_done, 0); /* a retry starts its progress again */
+    assert_int_equal(j.tensors_done, 0);
     queue_job_free(&j);
     assert_int_equal(queue_retry(&f->cat, a), CKPT_EINVAL); /* queued */
     assert_int_equal(claim_one(f), a);
@@ -534,8 +557,12 @@ static void test_logs_progress_counts(void **state)
     assert_int_equal(claim_one(f), a);
     assert_int_equal(queue_log(&f->cat, a, "first"), 0);
     assert_int_equal(queue_log(&f->cat, a, "second"), 0);
-    assert_int_equal(queue_progress(&f->cat, a, 5, 10, "copy"), 0);
-    assert_int_equal(queue_progress(&f->cat, a, 10, 10, NULL), 0); /* keeps the phase */
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){5, 10, 1, 3, "copy"}), 0);
+    queue_job j = get(f, a);
+    assert_int_equal(j.tensors_done, 1);
+    assert_int_equal(j.tensors_total, 3);
+    queue_job_free(&j);
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){10, 10, 3, 3, NULL}), 0); /* keeps the phase */
     json_t *lines;
     int64_t last;
     assert_int_equal(queue_logs(&f->cat, a, 0, &lines, &last), 0);
@@ -547,12 +574,19 @@ static void test_logs_progress_counts(void **state)
     assert_int_equal(json_array_size(lines), 1);
     json_decref(lines);
     assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, "{\"ref\": \"x\"}"), 0);
-    queue_job j = get(f, a);
+    j = get(f, a);
     assert_string_equal(j.phase, "copy");
     assert_int_equal(j.progress_done, 10);
     json_t *o = queue_job_json(&j);
     queue_job_free(&j);
     assert_non_null(o);
+    /* the progress as GET /v1/jobs gives it: bytes and tensors */
+    json_t *p = json_object_get(o, "progress");
+    assert_int_equal(json_integer_value(json_object_get(p, "done")), 10);
+    assert_int_equal(json_integer_value(json_object_get(p, "total")), 10);
+    assert_int_equal(json_integer_value(json_object_get(p, "tensors_done")), 3);
+    assert_int_equal(json_integer_value(json_object_get(p, "tensors_total")), 3);
+    assert_string_equal(json_string_value(json_object_get(p, "phase")), "copy");
     assert_string_equal(json_string_value(json_object_get(json_object_get(o, "result"), "ref")), "x");
     assert_string_equal(json_string_value(json_object_get(o, "state")), "succeeded");
     assert_non_null(json_object_get(o, "finished_at"));
@@ -615,6 +649,87 @@ static void test_prune(void **state)
     assert_state(f, base, "failed");
     assert_state(f, after, "queued");
     assert_state(f, queued, "queued");
+}
+
+/* ---- job ids are never used twice (schema/006_job_ids.sql) ---- */
+
+/* A job deleted or pruned while it was the newest does not give its id to the
+ * next one: a client still waiting on that id must not read another job. */
+static void test_ids_never_reused(void **state)
+{
+    fixture *f = *state;
+    submit(f, "{\"n\": 1}");
+    int64_t newest = submit(f, "{\"n\": 2}");
+    sql(f, "UPDATE jobs SET state = 'succeeded', finished_at = 1");
+    assert_int_equal(queue_delete(&f->cat, newest), 0);
+    int64_t next = submit(f, "{\"n\": 3}");
+    assert_true(next > newest);
+    /* pruned alike */
+    sql(f, "UPDATE jobs SET state = 'cancelled', finished_at = 1");
+    int removed = 0;
+    assert_int_equal(queue_prune(&f->cat, queue_now(), &removed), 0);
+    assert_int_equal(removed, 2);
+    int64_t after = submit(f, "{\"n\": 4}");
+    assert_true(after > next);
+}
+
+/* A catalog of version 5 (before 006) holding jobs, a dependency, logs,
+ * attempts and a schedule that queued a job since pruned: opening it keeps
+ * every job with its id and its rows elsewhere, the foreign keys, indexes and
+ * triggers still work, and the next id is past both the largest kept and the
+ * schedule's. SQLite only (the catalog's own file, whatever CKPT_DB says). */
+extern const char *const ckpt_schema_sql[];
+
+static void test_upgrade_keeps_jobs(void **state)
+{
+    fixture *f = *state;
+    char *path = ckpt_path_join(f->dir, "v5.db");
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+    sqlite_ok(db, "PRAGMA foreign_keys=ON");
+    for (int i = 0; i < 5; i++) sqlite_ok(db, ckpt_schema_sql[i]);
+    sqlite_ok(db,
+              "PRAGMA user_version = 5;"
+              "INSERT INTO jobs(id, kind, args, state, attempt, run_after, created_at, finished_at, unique_key) "
+              "VALUES (3, 'fetch', '{\"repo\":\"o/m\"}', 'succeeded', 1, 0, 10, 20, 'k3');"
+              "INSERT INTO jobs(id, kind, args, state, run_after, created_at, depends_on, unique_key) "
+              "VALUES (7, 'convert', '{\"ref\":\"o/m@main\"}', 'queued', 0, 11, 3, 'k7');"
+              "INSERT INTO job_logs VALUES (3, 1, 15, 'fetched'), (3, 2, 16, 'done');"
+              "INSERT INTO job_attempts VALUES (3, 1, 1, 12, 20, 'succeeded', NULL);"
+              "INSERT INTO schedules(id, repo, every_seconds, next_run_at, created_at, last_job_id) "
+              "VALUES (1, 'o/m', 60, 0, 0, 9);");
+    sqlite3_close(db);
+
+    catalog c;
+    assert_int_equal(catalog_open(&c, path), 0);
+    assert_int_equal(c.version, catalog_schema_version());
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM jobs"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT depends_on FROM jobs WHERE id = 7"), 3);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM jobs WHERE id = 3 AND kind = 'fetch' AND state = 'succeeded' "
+                                    "AND finished_at = 20 AND unique_key = 'k3' AND tensors_total = 0"),
+                     1);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_logs WHERE job_id = 3"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_attempts WHERE job_id = 3"), 1);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM sqlite_master WHERE tbl_name = 'jobs' AND name IN "
+                                    "('jobs_unique_active', 'jobs_claim', 'jobs_depends_on', 'job_attempt_ended', "
+                                    "'job_ended_stats')"),
+                     5);
+    /* the next id is past the schedule's last job (9), and stays so after the newest is deleted */
+    sqlite_ok(c.db, "INSERT INTO jobs(kind, args, run_after, created_at) VALUES ('gc', '{}', 0, 30)");
+    assert_int_equal(sqlite_int(c.db, "SELECT max(id) FROM jobs"), 10);
+    sqlite_ok(c.db, "DELETE FROM jobs WHERE id = 10");
+    sqlite_ok(c.db, "INSERT INTO jobs(kind, args, run_after, created_at) VALUES ('gc', '{}', 0, 31)");
+    assert_int_equal(sqlite_int(c.db, "SELECT max(id) FROM jobs"), 11);
+    /* the triggers of 005 still record an attempt; a dependency still clears; logs still cascade */
+    sqlite_ok(c.db, "UPDATE jobs SET state = 'running', attempt = 1, started_at = 40 WHERE id = 7");
+    sqlite_ok(c.db, "UPDATE jobs SET state = 'failed', finished_at = 41, error = 'x' WHERE id = 7");
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_attempts WHERE job_id = 7 AND outcome = 'failed'"), 1);
+    sqlite_ok(c.db, "DELETE FROM jobs WHERE id = 3");
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM job_logs"), 0);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM jobs WHERE id = 7 AND depends_on IS NULL"), 1);
+    catalog_close(&c);
+    free(path);
 }
 
 /* ---- schedules from JSON (POST /v1/schedules) ---- */
@@ -752,9 +867,9 @@ static void test_stats(void **state)
     int64_t b = submit_o(f, "fetch", "{\"repo\": \"org/b\"}", NULL, NULL);
     submit(f, "{\"n\": 1}");
     assert_int_equal(claim(f, f->self, 2, NULL, 0, NULL), 2);
-    assert_int_equal(queue_progress(&f->cat, a, 1000, 1000, "done"), 0);
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){1000, 1000, 0, 0, "done"}), 0);
     assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
-    assert_int_equal(queue_progress(&f->cat, b, 500, 1000, "half"), 0);
+    assert_int_equal(queue_progress(&f->cat, b, &(queue_progress_info){500, 1000, 0, 0, "half"}), 0);
     assert_int_equal(queue_finish(&f->cat, b, false, false, "bad", NULL), 0);
     double now = queue_now();
     /* a sample now and one two days ago: the old minute is pruned by the next sample */
@@ -804,6 +919,23 @@ static void test_schedule_paused(void **state)
     schedule_free(&got);
     assert_int_equal(schedule_set_paused(&f->cat, id + 1, true), CKPT_ENOTFOUND);
     assert_contains(ckpt_error_last(), "no schedule");
+    /* run now, paused or not: the sync job queued (or the one queued already)
+     * becomes the schedule's last job; no schedule, no job */
+    int64_t first = sql_int(f, "SELECT id FROM jobs WHERE kind = 'sync'"), job = 0;
+    bool existed = false;
+    assert_int_equal(schedule_set_paused(&f->cat, id, true), 0);
+    assert_int_equal(schedule_run_now(&f->cat, id, &job, &existed), 0);
+    assert_int_equal(job, first);
+    assert_true(existed);
+    sql(f, "UPDATE jobs SET state = 'succeeded' WHERE kind = 'sync'");
+    assert_int_equal(schedule_run_now(&f->cat, id, &job, &existed), 0);
+    assert_false(existed);
+    assert_true(job > first);
+    assert_int_equal(schedule_get(&f->cat, id, &got), 0);
+    assert_int_equal(got.last_job_id, job);
+    schedule_free(&got);
+    assert_int_equal(schedule_run_now(&f->cat, id + 1, &job, &existed), CKPT_ENOTFOUND);
+    assert_int_equal(sql_int(f, "SELECT count(*) FROM jobs WHERE kind = 'sync'"), 2);
 }
 
 static void test_schedule_from_json(void **state)
@@ -863,6 +995,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_retry, setup, teardown),
         cmocka_unit_test_setup_teardown(test_logs_progress_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prune, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_ids_never_reused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_upgrade_keeps_jobs, setup, teardown),
         cmocka_unit_test_setup_teardown(test_attempts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_find_counts_delete_bulk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_stats, setup, teardown),

@@ -36,6 +36,8 @@
 
 #include <cmocka.h>
 
+#include "tests/support/sqlite_rows.h"
+
 typedef struct {
     char **v;
     size_t n, cap;
@@ -502,16 +504,6 @@ static void test_import_bounded_fds(void **state)
  * and a checkpoint's removal still cascading to its files and tensors. */
 extern const char *const ckpt_schema_sql[];
 
-static int64_t count_rows(sqlite3 *db, const char *sql)
-{
-    sqlite3_stmt *st = NULL;
-    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int64_t n = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
-    return n;
-}
-
 static void test_migrate_files_rowid(void **state)
 {
     char *path = ckpt_path_join(*state, "v3.db");
@@ -540,14 +532,14 @@ static void test_migrate_files_rowid(void **state)
     assert_int_equal(catalog_open(&c, path), 0);
     assert_int_equal(c.version, catalog_schema_version());
     assert_true(c.version >= 4);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM files"), 2);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM tensors"), 2);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM checkpoint_blobs"), 2);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM sqlite_master WHERE name = 'files' "
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM files"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM tensors"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM checkpoint_blobs"), 2);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM sqlite_master WHERE name = 'files' "
                                       "AND sql NOT LIKE '%WITHOUT ROWID%'"),
                      1);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
-    assert_int_equal(count_rows(c.db, "PRAGMA foreign_keys"), 1);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM pragma_foreign_key_check"), 0);
+    assert_int_equal(sqlite_int(c.db, "PRAGMA foreign_keys"), 1);
     assert_int_equal(sqlite3_prepare_v2(c.db, "SELECT hex(header) FROM files WHERE header IS NOT NULL", -1, &st, NULL),
                      SQLITE_OK);
     assert_int_equal(sqlite3_step(st), SQLITE_ROW);
@@ -557,8 +549,8 @@ static void test_migrate_files_rowid(void **state)
     assert_int_not_equal(sqlite3_exec(c.db, "INSERT INTO tensors VALUES (7, 'nope', 'x', 'dd', NULL)", NULL, NULL, NULL),
                          SQLITE_OK);
     assert_int_equal(sqlite3_exec(c.db, "DELETE FROM checkpoints WHERE id = 7", NULL, NULL, NULL), SQLITE_OK);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM files"), 0);
-    assert_int_equal(count_rows(c.db, "SELECT count(*) FROM tensors"), 0);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM files"), 0);
+    assert_int_equal(sqlite_int(c.db, "SELECT count(*) FROM tensors"), 0);
     catalog_close(&c);
     free(header_hex);
     free(path);
