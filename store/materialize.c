@@ -338,7 +338,8 @@ static int plan_pull(pull_state *ps, ckpt_store *s, const store_ckpt *c, int ran
      * writers are not blocked): a concurrent rm either happened before it (a
      * clear error) or not at all as far as this pull is concerned. The bytes
      * come from blobs, which only gc removes. */
-    int rc = catalog_exec(&s->cat, "SAVEPOINT materialize_read");
+    bool pg = catalog_on_pg(&s->cat); /* a snapshot there is a REPEATABLE READ transaction */
+    int rc = catalog_exec(&s->cat, pg ? "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" : "SAVEPOINT materialize_read");
     bool in_read = rc == 0;
     if (!rc) {
         ckpt_stmt *st;
@@ -373,7 +374,7 @@ static int plan_pull(pull_state *ps, ckpt_store *s, const store_ckpt *c, int ran
         if (!ps->files[i].header) continue;
         rc = plan_file(ps, &ps->files[i], &ps->exec.files[ps->exec.nfiles++]);
     }
-    if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
+    if (in_read) catalog_exec(&s->cat, pg ? "COMMIT" : "RELEASE materialize_read");
     if (!rc) rc = check_blobs_exist(ps);
     return rc;
 }

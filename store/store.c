@@ -485,12 +485,33 @@ int store_add_files(ckpt_store *s, int64_t id, const store_ckpt_rec *r)
     return catalog_commit(c);
 }
 
+/* PostgreSQL: two hosts committing the same (repo, commit, layout) at once
+ * take turns (SQLite's write lock does this), so the second finds the first's
+ * row instead of failing on the unique key. */
+static int lock_checkpoint_name(catalog *c, const store_ckpt_rec *r)
+{
+    if (!catalog_on_pg(c)) return 0;
+    ckpt_stmt *st;
+    int rc = catalog_prepare(c, &st, "SELECT pg_advisory_xact_lock(hashtext(?1 || chr(10) || ?2 || chr(10) || ?3))");
+    if (rc) return rc;
+    db_bind_text(st, 1, r->repo);
+    db_bind_text(st, 2, r->commit);
+    db_bind_text(st, 3, r->layout ? r->layout : "");
+    int e = db_run(st);
+    db_finalize(st);
+    return e;
+}
+
 int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed)
 {
     catalog *c = &s->cat;
     ckpt_stmt *ins_ck = NULL;
     int rc = catalog_begin(c);
-    if (rc) return rc;
+    if (!rc) rc = lock_checkpoint_name(c, r);
+    if (rc) {
+        catalog_rollback(c);
+        return rc;
+    }
     if (existed) *existed = false;
     if (r->source_id && !ckpt_row_exists(c, r->source_id)) {
         rc = ckpt_error_set(CKPT_ENOTFOUND,

@@ -269,7 +269,12 @@ int store_du(ckpt_store *s, store_du_result *res)
     }
     db_finalize(st);
     struct stat sb;
-    if (stat(s->cat.path, &sb) == 0) res->db_bytes = (uint64_t)sb.st_size;
+    if (catalog_on_pg(&s->cat) && !catalog_prepare(&s->cat, &st, "SELECT pg_database_size(current_database())")) {
+        if (db_step(st) == DB_ROW) res->db_bytes = (uint64_t)db_col_int64(st, 0);
+        db_finalize(st);
+    } else if (stat(s->cat.path, &sb) == 0) {
+        res->db_bytes = (uint64_t)sb.st_size;
+    }
     if (store_blobs_remote(s)) return store_blob_list(s, du_remote_blob, res);
     return for_each_blob(s->blob_dir, du_blob, res);
 }

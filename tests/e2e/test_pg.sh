@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# test_pg.sh — the job queue and schedules on a real PostgreSQL 15
+# test_pg.sh — the catalog, the job queue and schedules on a real PostgreSQL 15
 # (pg_lib.sh: initdb in the scratch folder, 127.0.0.1, a free port).
 #
 # 1. The queue's unit tests (tests/unit/service/test_queue.c) against the
@@ -23,9 +23,10 @@
 #    queue.depth), and a schedule paused through the API.
 # 6. PostgreSQL stopped as a crash would and started again under the two
 #    daemons: they reconnect, and a job submitted afterwards runs.
-# 7. A store the database does not serve is refused, and a bad CKPT_DB too.
-# Until the checkpoints' catalog moves to PostgreSQL (docs/ARCHITECTURE.md),
-# the daemons share one CKPT_HOME.
+# 7. A process whose blobs are elsewhere (another home's blobs/ folder) is
+#    refused, and a bad CKPT_DB too.
+# The daemons here share one CKPT_HOME (its blobs/ folder); test_multi.sh runs
+# daemons with homes of their own over a bucket.
 set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
@@ -81,15 +82,16 @@ grep -q "PASSED  \] 19 test" "$work/unit.log" || fail "test_queue on PostgreSQL:
 note "1. test_queue passes on PostgreSQL"
 
 # ---- 2. migrations from several processes at once ----
-pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta CASCADE;
+pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta,
+         verify_checkpoints, verify_runs, refs, blob_leases, checkpoint_blobs, tensors, files, checkpoints CASCADE;
          DROP FUNCTION IF EXISTS ckpt_job_attempt_ended, ckpt_job_ended_stats"
 for i in 1 2 3 4; do "$ckpt" jobs --json >"$work/mig.$i" 2>&1 & done
 wait
 for i in 1 2 3 4; do [ "$(cat "$work/mig.$i")" = "[]" ] || fail "ckpt jobs $i while migrating: $(head -c 300 "$work/mig.$i")"; done
-[ "$(pg_psql "SELECT count(*), count(DISTINCT name) FROM ckpt_migrations")" = "3|3" ] ||
+[ "$(pg_psql "SELECT count(*), count(DISTINCT name) FROM ckpt_migrations")" = "5|5" ] ||
     fail "migrations recorded: $(pg_psql "SELECT name FROM ckpt_migrations")"
-[ "$(pg_psql "SELECT value FROM ckpt_meta WHERE key = 'store'")" = "$(hostname):$(realpath "$CKPT_HOME")/ckpt.db" ] ||
-    fail "the database does not record its store: $(pg_psql "SELECT * FROM ckpt_meta")"
+[ "$(pg_psql "SELECT value FROM ckpt_meta WHERE key = 'blobs'")" = "$(hostname):$(realpath "$CKPT_HOME")/blobs" ] ||
+    fail "the database does not record where its blobs are: $(pg_psql "SELECT * FROM ckpt_meta")"
 pg_psql "INSERT INTO ckpt_migrations VALUES ('999_future.sql', 0)"
 expect_status 1 "$ckpt" jobs
 grep -q "has migration 999_future.sql, which this ckpt does not know; use a newer ckpt" "$work/err" ||
@@ -197,7 +199,8 @@ daemons=()
 
 # ---- 7. refusals ----
 expect_status 1 env CKPT_HOME="$work/other" "$ckpt" jobs
-grep -q "serves the store at $(hostname):$CKPT_HOME/ckpt.db" "$work/err" || fail "another store: $(cat "$work/err")"
+grep -q "have their blobs in $(hostname):$(realpath "$CKPT_HOME")/blobs; this process's blobs are $(hostname):$(realpath "$work/other")/blobs" "$work/err" ||
+    fail "another home's blobs: $(cat "$work/err")"
 expect_status 1 env CKPT_DB=mysql://u:secret@h/db "$ckpt" jobs
 grep -q "expected a postgresql:// URL" "$work/err" && ! grep -q secret "$work/err" || fail "bad CKPT_DB: $(cat "$work/err")"
 expect_status 1 env CKPT_DB="postgresql://ckpt:secret@127.0.0.1:$pg_port/nosuchdb" "$ckpt" jobs
