@@ -34,15 +34,6 @@ on_exit() {
     pg_stop
 }
 
-col() { pg_psql "SELECT $2 FROM jobs WHERE id = $1"; }
-state_is() { [ "$(col "$1" state)" = "$2" ]; }
-running_pid() { [ "$(col "$1" "state = 'running' AND worker_pid > 0")" = t ]; }
-parent_of() { awk '/^PPid:/ {print $2}' "/proc/$1/status"; }
-gone() {
-    local s
-    s=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 0
-    [[ -z "$s" || "$s" == Z* || "$s" == X* ]]
-}
 stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null)" = T ]; }
 # home NAME CMD...: CMD with CKPT_HOME=$work/hNAME (one host's home).
 home() {
@@ -62,12 +53,6 @@ start() {
     printf -v "${name}_pid" '%s' "$pid"
     wait_until 60 "daemon $name to start" grep -q "ckpt serve: http://" "$work/d$name.log"
     printf -v "${name}_url" '%s' "$(cat "$work/h$name/serve.url")"
-}
-stop() { # stop PID: SIGTERM; it must exit 0
-    local rc=0
-    kill -TERM "$1"
-    wait "$1" || rc=$?
-    [ "$rc" -eq 0 ] || fail "daemon $1 exited $rc after SIGTERM"
 }
 objects() { "$ckpt" s3 ls s3://ckpt-multi/blobs/ 2>/dev/null | wc -l; }
 in_bucket() { "$ckpt" s3 head "s3://ckpt-multi/blobs/${1:0:2}/${1:2}" >/dev/null 2>&1; }

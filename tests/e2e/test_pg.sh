@@ -43,17 +43,6 @@ on_exit() {
     pg_stop
 }
 
-# A job's column, read straight from the database (cheaper than a ckpt process per poll).
-col() { pg_psql "SELECT $2 FROM jobs WHERE id = $1"; }
-state_is() { [ "$(col "$1" state)" = "$2" ]; }
-running_pid() { [ "$(col "$1" "state = 'running' AND worker_pid > 0")" = t ]; }
-parent_of() { awk '/^PPid:/ {print $2}' "/proc/$1/status"; }
-gone() {
-    local s
-    s=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 0
-    [[ -z "$s" || "$s" == Z* || "$s" == X* ]]
-}
-
 # start NAME [env...]: a daemon with one worker on the shared home; its pid in $NAME_pid.
 start() {
     local name=$1
@@ -64,13 +53,6 @@ start() {
     printf -v "${name}_pid" '%s' "$pid"
     wait_until 60 "daemon $name to start" grep -q "ckpt serve: http://" "$work/$name.log"
 }
-stop() { # stop PID: SIGTERM; it must exit 0
-    local rc=0
-    kill -TERM "$1"
-    wait "$1" || rc=$?
-    [ "$rc" -eq 0 ] || fail "daemon $1 exited $rc after SIGTERM"
-}
-
 pg_start
 note "PostgreSQL up on port $pg_port"
 export CKPT_DB=$pg_url CKPT_HOME=$work/home
