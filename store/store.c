@@ -726,7 +726,7 @@ int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out)
     if (rc == 0 && *lay) {
         /* The original may be gone (ckpt rm) while its layout stays. */
         rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.layout = ?3 AND "
-                          "(?2 IS NULL OR c.revision = ?2 OR c.commit_sha = ?2 OR "
+                          "(CAST(?2 AS TEXT) IS NULL OR c.revision = ?2 OR c.commit_sha = ?2 OR "
                           "(length(?2) >= 7 AND substr(c.commit_sha, 1, length(?2)) = ?2)) ORDER BY c.id DESC",
                        repo, rev, lay, out);
         if (rc == 1) {

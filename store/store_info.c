@@ -57,7 +57,7 @@ static int load_ids(ckpt_store *s, const char *what, const char *sql, const char
 int store_list(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n)
 {
     return load_ids(s, "list checkpoints",
-                    "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY repo, commit_sha, layout", repo,
+                    "SELECT id FROM checkpoints WHERE CAST(?1 AS TEXT) IS NULL OR repo = ?1 ORDER BY repo, commit_sha, layout", repo,
                     out, n);
 }
 

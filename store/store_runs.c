@@ -78,7 +78,7 @@ int store_run_steps(ckpt_store *s, const char *run, store_run_step **out, size_t
             "c "
             "ON c.id = r.checkpoint_id WHERE substr(r.repo, 1, 5) = '" STORE_RUNS_REPO_PREFIX
             "' AND "
-            "(?1 IS NULL OR r.repo = ?1)");
+            "(CAST(?1 AS TEXT) IS NULL OR r.repo = ?1)");
     if (!rc && repo) db_bind_text(st, 1, repo);
     size_t cap = 0;
     int step_rc;

@@ -153,7 +153,7 @@ expect_status 0 home c "$ckpt" rm org/o
 pg_psql "INSERT INTO blob_leases(blob, host, pid, start_time, expires_at)
          SELECT blob, 'elsewhere', 1, 1, extract(epoch FROM now()) + 600 FROM t_orphans"
 gen qwen2 "$work/src2" --scale 32 --layers 2 --shard-mb 1 --seed 2
-home b env CKPT_FAULT=blob.published:3:STOP "$ckpt" import "$work/src2" --repo org/w >"$work/dimport.log" 2>&1 &
+CKPT_HOME=$work/hb CKPT_FAULT=blob.published:3:STOP "$ckpt" import "$work/src2" --repo org/w >"$work/dimport.log" 2>&1 &
 imp=$!
 wait_until 60 "the import through home B to stop at its third upload" stopped "$imp"
 pg_psql "SELECT blob FROM blob_leases WHERE pid = $imp AND host = '$(hostname)'" >"$work/leased"
