@@ -4,7 +4,8 @@
 #
 # 1. The queue's unit tests (tests/unit/service/test_queue.c) against the
 #    server: CKPT_DB=postgresql://... runs every case on it, each from an
-#    empty database (so the schema/pg/ migrations run each time).
+#    empty database (so the schema/pg/ migrations run each time); and the SQL
+#    layer's (test_db.c: bytes through bytea).
 # 2. Several processes migrate at once: one set of tables, each migration
 #    recorded once (pg_advisory_xact_lock); a database with a migration this
 #    binary does not know is refused.
@@ -61,7 +62,8 @@ unset CKPT_SERVER
 # ---- 1. the queue's unit tests on the server ----
 "$unit" >"$work/unit.log" 2>&1 || fail "test_queue on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
 grep -q "PASSED  \] 19 test" "$work/unit.log" || fail "test_queue on PostgreSQL: $(tail -n 3 "$work/unit.log")"
-note "1. test_queue passes on PostgreSQL"
+"$(dirname "$ckpt")/tests/test_db" >"$work/unit.log" 2>&1 || fail "test_db on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
+note "1. test_queue and test_db (bytea) pass on PostgreSQL"
 
 # ---- 2. migrations from several processes at once ----
 pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta,
