@@ -336,7 +336,6 @@ void store_ckpt_rec_free(store_ckpt_rec *r)
     r->nfiles = r->cap = 0;
 }
 
-
 static int add_blob_ref(catalog *c, ckpt_stmt *st, int64_t id, const char *blob)
 {
     db_bind_int64(st, 1, id);
