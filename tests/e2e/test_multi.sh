@@ -35,24 +35,39 @@ on_exit() {
 }
 
 stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null)" = T ]; }
-# home NAME CMD...: CMD with CKPT_HOME=$work/hNAME (one host's home).
+# hdir NAME: the home of host NAME. They nest (a/b/c/d) only because a noop
+# job's until_file must be inside its daemon's home: a file in the innermost
+# is inside every one. Nothing of a home is shared with another.
+hdir() {
+    case $1 in
+    a) echo "$work/ha" ;;
+    b) echo "$work/ha/hb" ;;
+    c) echo "$work/ha/hb/hc" ;;
+    d) echo "$work/ha/hb/hc/hd" ;;
+    *) echo "$work/h$1" ;;
+    esac
+}
+hold=$work/ha/hb/hc/hd # hold files: inside every daemon's home
+# home NAME CMD...: CMD with CKPT_HOME set to host NAME's home.
 home() {
     local n=$1
     shift
-    CKPT_HOME=$work/h$n "$@"
+    CKPT_HOME=$(hdir "$n") "$@"
 }
 # start NAME [env...]: a daemon with one worker on home NAME; its pid in $NAME_pid, its URL in $NAME_url.
 start() {
     local name=$1
     shift
-    mkdir -p "$work/h$name"
-    rm -f "$work/h$name/serve.url"
-    env CKPT_HOME="$work/h$name" "$@" "$ckpt" serve --listen 127.0.0.1:0 --workers 1 >>"$work/d$name.log" 2>&1 &
+    local h
+    h=$(hdir "$name")
+    mkdir -p "$h"
+    rm -f "$h/serve.url"
+    env CKPT_HOME="$h" "$@" "$ckpt" serve --listen 127.0.0.1:0 --workers 1 >>"$work/d$name.log" 2>&1 &
     local pid=$!
     daemons+=("$pid")
     printf -v "${name}_pid" '%s' "$pid"
     wait_until 60 "daemon $name to start" grep -q "ckpt serve: http://" "$work/d$name.log"
-    printf -v "${name}_url" '%s' "$(cat "$work/h$name/serve.url")"
+    printf -v "${name}_url" '%s' "$(cat "$h/serve.url")"
 }
 objects() { "$ckpt" s3 ls s3://ckpt-multi/blobs/ 2>/dev/null | wc -l; }
 in_bucket() { "$ckpt" s3 head "s3://ckpt-multi/blobs/${1:0:2}/${1:2}" >/dev/null 2>&1; }
@@ -67,7 +82,7 @@ note "PostgreSQL on $pg_port, RGW on $ceph_port"
 # ---- 1. imported through A, served by B, pulled through C ----
 gen qwen2 "$work/src" --scale 32 --layers 2 --shard-mb 1
 expect_status 0 home a "$ckpt" import "$work/src" --repo org/m
-[ -z "$(ls -A "$work/ha/blobs" 2>/dev/null)" ] || fail "home A kept blobs locally"
+[ -z "$(ls -A "$(hdir a)/blobs" 2>/dev/null)" ] || fail "home A kept blobs locally"
 start a
 start b
 start c
@@ -98,25 +113,25 @@ note "1. imported through home A; daemon B served every file, home C pulled it"
 # ---- 2. jobs spread across the daemons ----
 holds=()
 for i in 1 2 3; do
-    h=$(home a "$ckpt" submit noop --until-file "$work/go$i")
+    mkdir -p "$hold"
+    h=$(home a "$ckpt" submit noop --until-file "$hold/go$i")
     wait_until 60 "job $h to run" running_pid "$h"
     holds+=("$h")
 done
 parents=$(for h in "${holds[@]}"; do parent_of "$(col "$h" worker_pid)"; done | sort -u | tr '\n' ' ')
 [ "$(echo "$parents" | wc -w)" = 3 ] || fail "jobs ${holds[*]} ran under daemons $parents (a $a_pid, b $b_pid, c $c_pid)"
-touch "$work/go1" "$work/go2" "$work/go3"
+touch "$hold/go1" "$hold/go2" "$hold/go3"
 for h in "${holds[@]}"; do wait_until 60 "job $h to succeed" state_is "$h" succeeded; done
 note "2. three held jobs ran on three daemons ($parents)"
 
 # ---- 3. kill -9 of a daemon mid-convert ----
 stop "$a_pid"
-hb=$(home b "$ckpt" submit noop --until-file "$work/go4")
+hb=$(home b "$ckpt" submit noop --until-file "$hold/go4")
 wait_until 60 "job $hb to run" running_pid "$hb"
-hc=$(home b "$ckpt" submit noop --until-file "$work/go5")
+hc=$(home b "$ckpt" submit noop --until-file "$hold/go5")
 wait_until 60 "job $hc to run" running_pid "$hc"
 # B's and C's only workers are busy: the convert can only go to the daemon that dies.
-mkdir -p "$work/hd"
-env CKPT_HOME="$work/hd" CKPT_FAULT=daemon.spawned:1 "$ckpt" serve --listen 127.0.0.1:0 --workers 1 >>"$work/dd.log" 2>&1 &
+env CKPT_HOME="$(hdir d)" CKPT_FAULT=daemon.spawned:1 "$ckpt" serve --listen 127.0.0.1:0 --workers 1 >>"$work/dd.log" 2>&1 &
 dk_pid=$!
 daemons+=("$dk_pid")
 x=$(home b "$ckpt" submit convert org/m --layout neuron --tp 2)
@@ -125,7 +140,7 @@ wait "$dk_pid" || rc=$?
 [ "$rc" -eq 137 ] || fail "the daemon with CKPT_FAULT=daemon.spawned:1 exited $rc, not 137"
 wpid=$(pg_psql "SELECT worker_pid FROM jobs WHERE id = $x")
 [ -z "$wpid" ] || wait_until 60 "the dead daemon's worker $wpid to die with it" gone "$wpid"
-touch "$work/go4" "$work/go5"
+touch "$hold/go4" "$hold/go5"
 wait_until 60 "job $x to be finished by another daemon" state_is "$x" succeeded
 [ "$(col "$x" attempt)" = 2 ] || fail "job $x: attempt $(col "$x" attempt), expected 2 (one lost lease, one run)"
 [ "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'convert'")" = 1 ] || fail "the convert job was doubled"
@@ -153,7 +168,7 @@ expect_status 0 home c "$ckpt" rm org/o
 pg_psql "INSERT INTO blob_leases(blob, host, pid, start_time, expires_at)
          SELECT blob, 'elsewhere', 1, 1, extract(epoch FROM now()) + 600 FROM t_orphans"
 gen qwen2 "$work/src2" --scale 32 --layers 2 --shard-mb 1 --seed 2
-CKPT_HOME=$work/hb CKPT_FAULT=blob.published:3:STOP "$ckpt" import "$work/src2" --repo org/w >"$work/dimport.log" 2>&1 &
+CKPT_HOME=$(hdir b) CKPT_FAULT=blob.published:3:STOP "$ckpt" import "$work/src2" --repo org/w >"$work/dimport.log" 2>&1 &
 imp=$!
 wait_until 60 "the import through home B to stop at its third upload" stopped "$imp"
 pg_psql "SELECT blob FROM blob_leases WHERE pid = $imp AND host = '$(hostname)'" >"$work/leased"
