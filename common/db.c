@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 /* PostgreSQL type oids of the values we send (pg_type.h). */
+#define OID_BYTEA 17
 #define OID_INT8 20
 #define OID_TEXT 25
 #define OID_FLOAT8 701
@@ -40,6 +41,7 @@ struct ckpt_stmt {
     char *vals[DB_MAX_PARAMS];
     unsigned types[DB_MAX_PARAMS];
     PGresult *res;
+    unsigned char *bytes; /* the last bytea column decoded (db_col_blob) */
     int row, nrows;
     bool ran;
     int64_t changes;
@@ -296,6 +298,39 @@ void db_bind_text(ckpt_stmt *st, int i, const char *v)
     }
 }
 
+void db_bind_blob(ckpt_stmt *st, int i, const void *v, size_t n)
+{
+    if (st->lite) {
+        if (v) sqlite3_bind_blob64(st->lite, i, v, n, SQLITE_TRANSIENT);
+        else sqlite3_bind_null(st->lite, i);
+        return;
+    }
+    if (!v) {
+        pg_set(st, i, NULL, OID_BYTEA);
+        return;
+    }
+    /* bytea's hex input form: \x then two digits a byte */
+    char *hex = n <= (SIZE_MAX - 3) / 2 ? malloc(2 * n + 3) : NULL;
+    if (hex) {
+        static const char digits[] = "0123456789abcdef";
+        const unsigned char *b = v;
+        hex[0] = '\\';
+        hex[1] = 'x';
+        for (size_t k = 0; k < n; k++) {
+            hex[2 + 2 * k] = digits[b[k] >> 4];
+            hex[3 + 2 * k] = digits[b[k] & 15];
+        }
+        hex[2 * n + 2] = 0;
+    }
+    pg_set(st, i, hex, OID_BYTEA); /* out of memory binds NULL: the NOT NULL or the reader says */
+}
+
+static void stmt_drop_bytes(ckpt_stmt *st)
+{
+    if (st->bytes) PQfreemem(st->bytes);
+    st->bytes = NULL;
+}
+
 static int pg_run(ckpt_stmt *st)
 {
     ckpt_db *d = st->db;
@@ -333,6 +368,7 @@ int db_step(ckpt_stmt *st)
         int rc = pg_run(st);
         if (rc) return rc;
     }
+    stmt_drop_bytes(st);
     return ++st->row < st->nrows ? DB_ROW : DB_DONE;
 }
 
@@ -350,6 +386,7 @@ void db_reset(ckpt_stmt *st)
         sqlite3_clear_bindings(st->lite);
         return;
     }
+    stmt_drop_bytes(st);
     if (st->res) PQclear(st->res);
     st->res = NULL;
     st->ran = false;
@@ -390,6 +427,25 @@ const char *db_col_text(ckpt_stmt *st, int i)
 {
     if (st->lite) return (const char *)sqlite3_column_text(st->lite, i);
     return db_col_null(st, i) ? NULL : PQgetvalue(st->res, st->row, i);
+}
+
+const void *db_col_blob(ckpt_stmt *st, int i, size_t *n)
+{
+    *n = 0;
+    if (st->lite) {
+        int len = sqlite3_column_bytes(st->lite, i);
+        const void *p = sqlite3_column_blob(st->lite, i);
+        if (!p || len <= 0) return NULL;
+        *n = (size_t)len;
+        return p;
+    }
+    if (db_col_null(st, i)) return NULL;
+    stmt_drop_bytes(st);
+    size_t len = 0;
+    st->bytes = PQunescapeBytea((const unsigned char *)PQgetvalue(st->res, st->row, i), &len);
+    if (!st->bytes || !len) return NULL;
+    *n = len;
+    return st->bytes;
 }
 
 ckpt_db *db_stmt_db(ckpt_stmt *st)

@@ -27,6 +27,7 @@
 
 #include <sqlite3.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef enum { DB_SQLITE = 1, DB_PG = 2 } db_kind_t;
@@ -54,6 +55,8 @@ int db_prepare(ckpt_db *d, ckpt_stmt **st, const char *sql, const char *what);
 void db_bind_int64(ckpt_stmt *st, int i, int64_t v);
 void db_bind_double(ckpt_stmt *st, int i, double v);
 void db_bind_text(ckpt_stmt *st, int i, const char *v); /* copied; NULL binds NULL */
+/* Bytes (a BLOB on SQLite, bytea on PostgreSQL); copied; NULL binds NULL. */
+void db_bind_blob(ckpt_stmt *st, int i, const void *v, size_t n);
 /* DB_ROW, DB_DONE, or a negative ckpt code with the error set. */
 int db_step(ckpt_stmt *st);
 /* Steps to the end; 0 or a negative code. */
@@ -65,6 +68,8 @@ bool db_col_null(ckpt_stmt *st, int i);
 int64_t db_col_int64(ckpt_stmt *st, int i);
 double db_col_double(ckpt_stmt *st, int i);
 const char *db_col_text(ckpt_stmt *st, int i); /* NULL for NULL; valid until the next step */
+/* A bytes column: *n bytes (NULL for NULL or empty), valid until the next step. */
+const void *db_col_blob(ckpt_stmt *st, int i, size_t *n);
 /* The database st was prepared on. */
 ckpt_db *db_stmt_db(ckpt_stmt *st);
 /* Rows the last finished INSERT/UPDATE/DELETE of st changed. */

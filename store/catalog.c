@@ -24,71 +24,71 @@ int catalog_schema_version(void)
 
 int catalog_error(catalog *c, const char *what)
 {
-    int code = c->db ? sqlite3_errcode(c->db) : SQLITE_ERROR;
-    int rc = (code == SQLITE_BUSY || code == SQLITE_LOCKED) ? CKPT_EBUSY : CKPT_EIO;
-    if (code == SQLITE_FULL) /* sqlite says "database or disk is full": say which and why */
-        return ckpt_error_set(rc, "%s: %s: no space left on device (the catalog cannot grow)",
-                              c->path ? c->path : "catalog", what);
-    return ckpt_error_set(rc, "%s: %s: %s", c->path ? c->path : "catalog", what,
-                          c->db ? sqlite3_errmsg(c->db) : "no database");
+    if (c->sql) return db_error(c->sql, what);
+    return ckpt_error_set(CKPT_EIO, "%s: %s: no database", c->path ? c->path : "catalog", what);
 }
 
 int catalog_exec(catalog *c, const char *sql)
 {
-    char *msg = NULL;
-    if (sqlite3_exec(c->db, sql, NULL, NULL, &msg) != SQLITE_OK) {
-        int rc = ckpt_error_set(CKPT_EIO, "%s: %s", c->path, msg ? msg : "SQL error");
-        sqlite3_free(msg);
-        return rc;
-    }
-    return 0;
+    return db_exec(c->sql, sql, "catalog");
 }
 
-int catalog_prepare(catalog *c, sqlite3_stmt **st, const char *sql)
+int catalog_prepare(catalog *c, ckpt_stmt **st, const char *sql)
 {
-    if (sqlite3_prepare_v2(c->db, sql, -1, st, NULL) != SQLITE_OK) return catalog_error(c, "prepare");
-    return 0;
+    return db_prepare(c->sql, st, sql, "catalog");
+}
+
+int catalog_step_done(catalog *c, ckpt_stmt *st, const char *what)
+{
+    int e = db_step(st);
+    int rc = e == DB_DONE ? 0 : e < 0 ? e : catalog_error(c, what);
+    db_reset(st);
+    return rc;
+}
+
+bool catalog_on_pg(const catalog *c)
+{
+    return c->sql && db_kind(c->sql) == DB_PG;
 }
 
 int catalog_begin(catalog *c)
 {
-    return db_begin(c->lite);
+    return db_begin(c->sql);
 }
 
 int catalog_commit(catalog *c)
 {
-    return db_commit(c->lite);
+    return db_commit(c->sql);
 }
 
 void catalog_rollback(catalog *c)
 {
-    if (c->lite) db_rollback(c->lite);
+    if (c->sql) db_rollback(c->sql);
 }
 
 static int user_version(catalog *c, int *v)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(c, &st, "PRAGMA user_version");
     if (rc) return rc;
-    if (sqlite3_step(st) == SQLITE_ROW) *v = sqlite3_column_int(st, 0);
+    if (db_step(st) == DB_ROW) *v = (int)db_col_int64(st, 0);
     else rc = catalog_error(c, "read schema version");
-    sqlite3_finalize(st);
+    db_finalize(st);
     return rc;
 }
 
 /* PRAGMA foreign_key_check: no row may point at a missing parent. */
 static int foreign_keys_hold(catalog *c)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(c, &st, "PRAGMA foreign_key_check");
     if (rc) return rc;
-    int e = sqlite3_step(st);
-    if (e == SQLITE_ROW)
+    int e = db_step(st);
+    if (e == DB_ROW)
         rc = ckpt_error_set(CKPT_ECORRUPT, "%s: table %s has a row whose foreign key points at no row of %s",
-                            c->path, (const char *)sqlite3_column_text(st, 0),
-                            (const char *)sqlite3_column_text(st, 2));
-    else if (e != SQLITE_DONE) rc = catalog_error(c, "check foreign keys");
-    sqlite3_finalize(st);
+                            c->path, db_col_text(st, 0), db_col_text(st, 2));
+    else if (e != DB_DONE) rc = catalog_error(c, "check foreign keys");
+    db_finalize(st);
     return rc;
 }
 
@@ -130,17 +130,39 @@ static int migrate(catalog *c)
     return rc;
 }
 
+static int pg_migrate(ckpt_db *d);
+
+/* The catalog on PostgreSQL: one connection for the store's tables and the
+ * queue's, migrated on open. */
+static int open_pg(catalog *c, const char *url)
+{
+    int rc = db_open_pg(url, &c->pg);
+    if (!rc) rc = pg_migrate(c->pg);
+    if (!rc && !(c->path = ckpt_strdup(db_name(c->pg)))) rc = CKPT_ENOMEM;
+    if (rc) {
+        catalog_close(c);
+        return rc;
+    }
+    c->sql = c->pg;
+    c->version = catalog_schema_version();
+    return 0;
+}
+
 int catalog_open(catalog *c, const char *path)
 {
     memset(c, 0, sizeof *c);
+    const char *url;
+    int rc = catalog_db_url(&url);
+    if (rc) return rc;
+    if (url) return open_pg(c, url);
     c->path = ckpt_strdup(path);
     if (!c->path) return CKPT_ENOMEM;
-    int rc = 0;
     if (sqlite3_open_v2(path, &c->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, NULL) !=
         SQLITE_OK)
-        rc = catalog_error(c, "open");
+        rc = ckpt_error_set(CKPT_EIO, "%s: open: %s", path, c->db ? sqlite3_errmsg(c->db) : "out of memory");
     if (!rc) sqlite3_busy_timeout(c->db, CATALOG_BUSY_TIMEOUT_MS);
     if (!rc) rc = db_wrap_sqlite(c->db, path, &c->lite);
+    c->sql = c->lite;
     /* Switching a new database to WAL takes a lock the busy handler does not
      * cover: when two processes create CKPT_HOME at once, retry (bounded). */
     for (int attempt = 0; !rc; attempt++) {
@@ -164,7 +186,7 @@ void catalog_close(catalog *c)
     memset(c, 0, sizeof *c);
 }
 
-/* ---- the queue's database ---- */
+/* ---- PostgreSQL ---- */
 
 int catalog_db_url(const char **url)
 {
@@ -263,52 +285,33 @@ static int pg_migrate(ckpt_db *d)
     return db_commit(d);
 }
 
-/* The first store to use a queue database owns it; another is refused. */
-static int pg_claim_store(catalog *c, ckpt_db *d)
+int catalog_claim_blobs(catalog *c, const char *blobs)
 {
-    char host[256] = "localhost", real[4096];
-    gethostname(host, sizeof host - 1);
-    if (!realpath(c->path, real)) snprintf(real, sizeof real, "%s", c->path);
-    char *mine = ckpt_sprintf("%s:%s", host, real);
-    if (!mine) return CKPT_ENOMEM;
+    if (!catalog_on_pg(c)) return 0;
     ckpt_stmt *st;
-    int rc = db_prepare(d, &st,
-                        "INSERT INTO ckpt_meta(key, value) VALUES ('store', ?) ON CONFLICT (key) DO UPDATE SET "
+    int rc = db_prepare(c->pg, &st,
+                        "INSERT INTO ckpt_meta(key, value) VALUES ('blobs', ?) ON CONFLICT (key) DO UPDATE SET "
                         "value = ckpt_meta.value RETURNING value",
-                        "record the queue's store");
+                        "record where the blobs are");
     if (!rc) {
-        db_bind_text(st, 1, mine);
+        db_bind_text(st, 1, blobs);
         int e = db_step(st);
         if (e < 0) rc = e;
-        else if (e == DB_ROW && strcmp(db_col_text(st, 0), mine))
+        else if (e == DB_ROW && strcmp(db_col_text(st, 0), blobs))
             rc = ckpt_error_set(CKPT_EINVAL,
-                                "%s: this queue database serves the store at %s; this process's catalog is %s. The "
-                                "checkpoints' catalog is not on PostgreSQL yet, so every daemon and client sharing a "
-                                "queue database uses the same CKPT_HOME (or give each store its own database)",
-                                db_name(d), db_col_text(st, 0), mine);
+                                "%s: the checkpoints of this database have their blobs in %s; this process's blobs "
+                                "are %s. Every daemon and client sharing a database uses the same blobs: one bucket "
+                                "(--blobs s3://BUCKET/PREFIX, the same on every host), or one CKPT_HOME on one host",
+                                db_name(c->pg), db_col_text(st, 0), blobs);
         db_finalize(st);
     }
-    free(mine);
     return rc;
 }
 
 int catalog_jobs(catalog *c, ckpt_db **d)
 {
-    *d = c->pg ? c->pg : c->lite;
-    const char *url;
-    int rc = catalog_db_url(&url);
-    if (rc || !url || c->pg) return rc;
-    ckpt_db *pg;
-    if ((rc = db_open_pg(url, &pg))) return rc;
-    rc = pg_migrate(pg);
-    if (!rc) rc = pg_claim_store(c, pg);
-    if (rc) {
-        db_close(pg);
-        return rc;
-    }
-    c->pg = pg;
-    *d = pg;
-    return 0;
+    *d = c->sql;
+    return c->sql ? 0 : ckpt_error_set(CKPT_EINVAL, "the catalog is not open");
 }
 
 int catalog_jobs_prepare(catalog *c, ckpt_stmt **st, const char *sql, const char *what)

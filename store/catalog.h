@@ -1,26 +1,27 @@
 /*
- * catalog.h — the SQLite database of CKPT_HOME (ckpt.db).
+ * catalog.h — the store's database: checkpoints, files, tensors, blob
+ * references and leases, refs, verify records, and the job queue and
+ * schedules (service/jobs/). SQLite by default (CKPT_HOME/ckpt.db), or
+ * PostgreSQL when CKPT_DB (ckpt --db, the config key `db`) is a
+ * postgresql:// URL; every statement goes through common/db.h.
  *
- * catalog_open() opens (creating) the database in WAL mode with foreign keys
- * on and a busy timeout, then applies the numbered migrations of schema/
+ * SQLite: catalog_open() opens (creating) the file in WAL mode with foreign
+ * keys on and a busy timeout, then applies the numbered migrations of schema/
  * (compiled into the binary) that it has not applied yet, in one transaction
  * with foreign keys off (a migration may rebuild a table others reference)
  * and checked by PRAGMA foreign_key_check before the commit, recording the
- * version in PRAGMA user_version. A database whose
- * version is newer than this binary knows is refused with a clear message.
+ * version in PRAGMA user_version. A database whose version is newer than
+ * this binary knows is refused with a clear message.
  *
- * Writes go through catalog_begin() (BEGIN IMMEDIATE, retried while another
- * process holds the write lock) and catalog_commit()/catalog_rollback().
+ * PostgreSQL: catalog_open() connects and applies the schema/pg/ files it
+ * has not seen, by name (the same numbers as schema/), under an advisory
+ * lock, so daemons starting together migrate once. Daemons and clients on
+ * several hosts share the database; they must share the blobs too, which
+ * catalog_claim_blobs() checks (store_open calls it).
  *
- * The job queue and schedules (service/jobs/) reach their tables through
- * catalog_jobs(): the same SQLite database by default, or PostgreSQL when
- * CKPT_DB (ckpt --db, the config key `db`) is a postgresql:// URL. That
- * connection opens on first use and applies the PostgreSQL migrations
- * (schema/pg/) under an advisory lock, so daemons starting together migrate
- * once. The checkpoints' catalog itself stays in CKPT_HOME's SQLite file: a
- * queue database serves one store, recorded in it on first use (host and
- * catalog file), and a process with another store is refused (catalog_jobs
- * says why) instead of running jobs against the wrong catalog.
+ * Writes go through catalog_begin() (BEGIN IMMEDIATE on SQLite, retried while
+ * another process holds the write lock; READ COMMITTED on PostgreSQL) and
+ * catalog_commit()/catalog_rollback().
  */
 #ifndef CKPT_STORE_CATALOG_H
 #define CKPT_STORE_CATALOG_H
@@ -34,11 +35,12 @@
 #define CATALOG_BUSY_TIMEOUT_MS 30000
 
 typedef struct {
-    sqlite3 *db;
-    char *path;
+    sqlite3 *db;   /* SQLite's handle; NULL on PostgreSQL */
+    char *path;    /* the SQLite file, or the PostgreSQL URL without its password */
     int version;
-    ckpt_db *lite; /* db over the sqlite3 handle above */
-    ckpt_db *pg;   /* the queue's PostgreSQL connection, once opened */
+    ckpt_db *sql;  /* the catalog's database: lite or pg */
+    ckpt_db *lite; /* db.h over the sqlite3 handle above */
+    ckpt_db *pg;   /* the PostgreSQL connection */
 } catalog;
 
 int catalog_open(catalog *c, const char *path);
@@ -46,13 +48,24 @@ void catalog_close(catalog *c);
 int catalog_begin(catalog *c);
 int catalog_commit(catalog *c);
 void catalog_rollback(catalog *c);
-/* Prepares sql; errors name the statement. */
-int catalog_prepare(catalog *c, sqlite3_stmt **st, const char *sql);
-/* Reports the last SQLite error of c with context; returns CKPT_EIO (CKPT_EBUSY when busy). */
+/* True when the catalog is on PostgreSQL. */
+bool catalog_on_pg(const catalog *c);
+/* Prepares sql on the catalog's database. */
+int catalog_prepare(catalog *c, ckpt_stmt **st, const char *sql);
+/* Steps st to its end and resets it (bindings cleared); 0, or the error
+ * (named with what). */
+int catalog_step_done(catalog *c, ckpt_stmt *st, const char *what);
+/* Reports the last error of the catalog's database with context; returns
+ * CKPT_EIO (CKPT_EBUSY when busy). */
 int catalog_error(catalog *c, const char *what);
 /* Executes SQL without results. */
 int catalog_exec(catalog *c, const char *sql);
-/* The database of the job queue and schedules (see above); *d stays owned by c. */
+/* PostgreSQL: records blobs (where this process keeps blob bytes: a bucket
+ * URL, or host:folder) as the database's on first use, and refuses a process
+ * whose blobs are elsewhere (its checkpoints would name bytes other hosts
+ * cannot read). Nothing on SQLite. */
+int catalog_claim_blobs(catalog *c, const char *blobs);
+/* The database of the job queue and schedules: the catalog's; *d stays owned by c. */
 int catalog_jobs(catalog *c, ckpt_db **d);
 /* catalog_jobs, then db_prepare on that database. */
 int catalog_jobs_prepare(catalog *c, ckpt_stmt **st, const char *sql, const char *what);

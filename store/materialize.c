@@ -158,7 +158,7 @@ static int load_files(pull_state *ps, int rank)
 
 typedef struct {
     pull_state *ps;
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
 } lookup_ctx;
 
 static char *blob_path_cb(void *ctx, const char *sha256)
@@ -169,14 +169,14 @@ static char *blob_path_cb(void *ctx, const char *sha256)
 static int lookup_cb(void *ctx, const char *path, const char *name, const char **blob, const char **recipe)
 {
     lookup_ctx *lc = ctx;
-    sqlite3_reset(lc->st);
-    sqlite3_bind_int64(lc->st, 1, lc->ps->id);
-    sqlite3_bind_text(lc->st, 2, path, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(lc->st, 3, name, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(lc->st) != SQLITE_ROW)
+    db_reset(lc->st);
+    db_bind_int64(lc->st, 1, lc->ps->id);
+    db_bind_text(lc->st, 2, path);
+    db_bind_text(lc->st, 3, name);
+    if (db_step(lc->st) != DB_ROW)
         return ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no record", path, name);
-    *blob = (const char *)sqlite3_column_text(lc->st, 0);
-    *recipe = (const char *)sqlite3_column_text(lc->st, 1);
+    *blob = db_col_text(lc->st, 0);
+    *recipe = db_col_text(lc->st, 1);
     return 0;
 }
 
@@ -195,7 +195,7 @@ static int plan_file(pull_state *ps, stored_file *f, exec_file *ef)
                       .ctx = &lc,
                       .path_index = ps->path_index};
     rc = rebuild_plan_file(&rb, f->path, f->out_rel, f->header, f->header_len, f->size, ef);
-    sqlite3_finalize(lc.st);
+    db_finalize(lc.st);
     return rc;
 }
 
@@ -362,17 +362,18 @@ static int plan_pull_sel(pull_state *ps, ckpt_store *s, const store_ckpt *c, int
      * writers are not blocked): a concurrent rm either happened before it (a
      * clear error) or not at all as far as this pull is concerned. The bytes
      * come from blobs, which only gc removes. */
-    int rc = catalog_exec(&s->cat, "SAVEPOINT materialize_read");
+    bool pg = catalog_on_pg(&s->cat); /* a snapshot there is a REPEATABLE READ transaction */
+    int rc = catalog_exec(&s->cat, pg ? "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY" : "SAVEPOINT materialize_read");
     bool in_read = rc == 0;
     if (!rc) {
-        sqlite3_stmt *st;
+        ckpt_stmt *st;
         rc = catalog_prepare(&s->cat, &st, "SELECT 1 FROM checkpoints WHERE id = ?");
         if (!rc) {
-            sqlite3_bind_int64(st, 1, c->id);
-            if (sqlite3_step(st) != SQLITE_ROW)
+            db_bind_int64(st, 1, c->id);
+            if (db_step(st) != DB_ROW)
                 rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld (%s@%.12s%s%s) was removed before it could be read",
                                     (long long)c->id, c->repo, c->commit, *c->layout ? ":" : "", c->layout);
-            sqlite3_finalize(st);
+            db_finalize(st);
         }
     }
     if (!rc) rc = load_files(ps, rank);
@@ -397,7 +398,7 @@ static int plan_pull_sel(pull_state *ps, ckpt_store *s, const store_ckpt *c, int
         if (!ps->files[i].header) continue;
         rc = plan_file(ps, &ps->files[i], &ps->exec.files[ps->exec.nfiles++]);
     }
-    if (in_read) catalog_exec(&s->cat, "RELEASE materialize_read");
+    if (in_read) catalog_exec(&s->cat, pg ? "COMMIT" : "RELEASE materialize_read");
     if (!rc) rc = check_blobs_exist(ps);
     return rc;
 }

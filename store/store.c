@@ -25,6 +25,20 @@ int64_t store_proc_start_time(int pid)
     return ckpt_proc_start_time(pid);
 }
 
+/* A catalog on PostgreSQL names blobs every process sharing it must reach:
+ * the bucket, or this host's blobs/ folder. */
+static int claim_blobs(ckpt_store *s)
+{
+    if (!catalog_on_pg(&s->cat)) return 0;
+    char real[4096];
+    if (!store_blobs_remote(s) && !realpath(s->blob_dir, real)) snprintf(real, sizeof real, "%s", s->blob_dir);
+    char *where = store_blobs_remote(s) ? ckpt_sprintf("s3://%s/%s", s->s3_bucket, s->s3_prefix ? s->s3_prefix : "")
+                                        : ckpt_sprintf("%s:%s", store_host_name(), real);
+    int rc = where ? catalog_claim_blobs(&s->cat, where) : CKPT_ENOMEM;
+    free(where);
+    return rc;
+}
+
 int store_open(ckpt_store *s, const char *home)
 {
     memset(s, 0, sizeof *s);
@@ -47,6 +61,7 @@ int store_open(ckpt_store *s, const char *home)
     if (!rc) rc = store_blobs_config(s);
     if (!rc) rc = catalog_open(&s->cat, db);
     free(db);
+    if (!rc) rc = claim_blobs(s);
     if (rc) store_close(s);
     return rc;
 }
@@ -135,21 +150,54 @@ void store_blob_abort(store_blob_writer *w)
     w->fd = -1;
 }
 
-/* Leases n blob names (sha(i) gives the i-th) for this process, in one transaction. */
+const char *store_host_name(void)
+{
+    static char host[256];
+    if (!host[0] && (gethostname(host, sizeof host - 1) < 0 || !host[0])) snprintf(host, sizeof host, "localhost");
+    return host;
+}
+
+/* Binds this process as a lease holder: (host,) pid, start time from index i. */
+static int bind_writer(ckpt_store *s, ckpt_stmt *st, int i)
+{
+    if (catalog_on_pg(&s->cat)) db_bind_text(st, i++, store_host_name());
+    db_bind_int64(st, i++, getpid());
+    db_bind_int64(st, i++, store_self_start_time());
+    return i;
+}
+
+/* Leases n blob names (sha(i) gives the i-th) for this process, in one
+ * transaction. On PostgreSQL a lease also carries an expiry, and every lease
+ * of this process is renewed with it (a writer leases as it goes, so an
+ * import that works holds all of its leases fresh). */
 static int lease_names(ckpt_store *s, const char *(*sha)(const void *, size_t), const void *arg, size_t n)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st = NULL;
+    bool pg = catalog_on_pg(&s->cat);
+    double expires = (double)time(NULL) + STORE_LEASE_SECONDS;
     int rc = catalog_begin(&s->cat);
     if (rc) return rc;
-    rc = catalog_prepare(&s->cat, &st, "INSERT OR IGNORE INTO blob_leases(blob, pid, start_time) VALUES (?, ?, ?)");
+    /* PostgreSQL: while a gc runs (it locks blob_leases against writers) a new lease waits for its end */
+    rc = catalog_prepare(&s->cat, &st,
+                         pg ? "INSERT INTO blob_leases(blob, host, pid, start_time, expires_at) VALUES (?, ?, ?, ?, ?) "
+                              "ON CONFLICT (blob, host, pid, start_time) DO UPDATE SET expires_at = excluded.expires_at"
+                            : "INSERT INTO blob_leases(blob, pid, start_time) VALUES (?, ?, ?) ON CONFLICT DO NOTHING");
     for (size_t i = 0; !rc && i < n; i++) {
-        sqlite3_bind_text(st, 1, sha(arg, i), -1, SQLITE_STATIC);
-        sqlite3_bind_int64(st, 2, getpid());
-        sqlite3_bind_int64(st, 3, store_self_start_time());
-        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "lease blob");
-        sqlite3_reset(st);
+        db_bind_text(st, 1, sha(arg, i));
+        int k = bind_writer(s, st, 2);
+        if (pg) db_bind_double(st, k, expires);
+        rc = catalog_step_done(&s->cat, st, "lease blob");
     }
-    sqlite3_finalize(st);
+    db_finalize(st);
+    st = NULL;
+    if (!rc && pg)
+        rc = catalog_prepare(&s->cat, &st,
+                             "UPDATE blob_leases SET expires_at = ?4 WHERE host = ?1 AND pid = ?2 AND start_time = ?3");
+    if (!rc && pg) {
+        db_bind_double(st, bind_writer(s, st, 1), expires);
+        rc = catalog_step_done(&s->cat, st, "renew leases");
+    }
+    db_finalize(st);
     if (rc) {
         catalog_rollback(&s->cat);
         return rc;
@@ -244,13 +292,15 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
 
 int store_leases_release(ckpt_store *s)
 {
-    sqlite3_stmt *st;
-    int rc = catalog_prepare(&s->cat, &st, "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
+    ckpt_stmt *st;
+    int rc = catalog_prepare(&s->cat, &st,
+                             catalog_on_pg(&s->cat)
+                                 ? "DELETE FROM blob_leases WHERE host = ? AND pid = ? AND start_time = ?"
+                                 : "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, getpid());
-    sqlite3_bind_int64(st, 2, store_self_start_time());
-    if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "release leases");
-    sqlite3_finalize(st);
+    bind_writer(s, st, 1);
+    rc = catalog_step_done(&s->cat, st, "release leases");
+    db_finalize(st);
     return rc;
 }
 
@@ -282,24 +332,16 @@ void store_ckpt_rec_free(store_ckpt_rec *r)
     r->nfiles = r->cap = 0;
 }
 
-static int step_done(catalog *c, sqlite3_stmt *st, const char *what)
+static int add_blob_ref(catalog *c, ckpt_stmt *st, int64_t id, const char *blob)
 {
-    int rc = sqlite3_step(st) == SQLITE_DONE ? 0 : catalog_error(c, what);
-    sqlite3_reset(st);
-    sqlite3_clear_bindings(st);
-    return rc;
-}
-
-static int add_blob_ref(catalog *c, sqlite3_stmt *st, int64_t id, const char *blob)
-{
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_text(st, 2, blob, -1, SQLITE_STATIC);
-    return step_done(c, st, "record blob reference");
+    db_bind_int64(st, 1, id);
+    db_bind_text(st, 2, blob);
+    return catalog_step_done(c, st, "record blob reference");
 }
 
 /* Every blob a recipe names ("blob" of a part, "srcs" of a run), each once
  * per commit (seen: the names already recorded). */
-static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char *recipe, json_t *seen)
+static int add_recipe_refs(catalog *c, ckpt_stmt *st, int64_t id, const char *recipe, json_t *seen)
 {
     json_error_t err;
     json_t *j = json_loads(recipe, 0, &err);
@@ -328,28 +370,28 @@ static int add_recipe_refs(catalog *c, sqlite3_stmt *st, int64_t id, const char 
 /* True when checkpoint id is in the catalog (inside the caller's transaction). */
 static bool ckpt_row_exists(catalog *c, int64_t id)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     if (catalog_prepare(c, &st, "SELECT 1 FROM checkpoints WHERE id = ?") < 0) return true; /* the insert says */
-    sqlite3_bind_int64(st, 1, id);
-    bool found = sqlite3_step(st) == SQLITE_ROW;
-    sqlite3_finalize(st);
+    db_bind_int64(st, 1, id);
+    bool found = db_step(st) == DB_ROW;
+    db_finalize(st);
     return found;
 }
 
 int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st,
                              "INSERT INTO refs(repo, name, checkpoint_id, updated_at) VALUES (?, ?, ?, ?) "
                              "ON CONFLICT(repo, name) DO UPDATE SET checkpoint_id = excluded.checkpoint_id, "
                              "updated_at = excluded.updated_at");
     if (rc) return rc;
-    sqlite3_bind_text(st, 1, repo, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, name, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, id);
-    sqlite3_bind_int64(st, 4, (int64_t)time(NULL));
-    rc = step_done(&s->cat, st, "set ref");
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, repo);
+    db_bind_text(st, 2, name);
+    db_bind_int64(st, 3, id);
+    db_bind_int64(st, 4, (int64_t)time(NULL));
+    rc = catalog_step_done(&s->cat, st, "set ref");
+    db_finalize(st);
     if (rc && !ckpt_row_exists(&s->cat, id)) /* a concurrent rm, not a broken catalog */
         rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld was removed while %s@%s was being pointed at it",
                             (long long)id, repo, name);
@@ -359,14 +401,14 @@ int store_set_ref(ckpt_store *s, const char *repo, const char *name, int64_t id)
 /* The id of (repo, commit, layout) inside the caller's transaction, or 0. */
 static int64_t existing_id(catalog *c, const store_ckpt_rec *r)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int64_t id = 0;
     if (catalog_prepare(c, &st, "SELECT id FROM checkpoints WHERE repo = ? AND commit_sha = ? AND layout = ?") < 0) return 0;
-    sqlite3_bind_text(st, 1, r->repo, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, r->commit, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 3, r->layout ? r->layout : "", -1, SQLITE_STATIC);
-    if (sqlite3_step(st) == SQLITE_ROW) id = sqlite3_column_int64(st, 0);
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, r->repo);
+    db_bind_text(st, 2, r->commit);
+    db_bind_text(st, 3, r->layout ? r->layout : "");
+    if (db_step(st) == DB_ROW) id = db_col_int64(st, 0);
+    db_finalize(st);
     return id;
 }
 
@@ -379,43 +421,42 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
         int prc = store_path_check(r->files[f].path);
         if (prc) return prc;
     }
-    sqlite3_stmt *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
+    ckpt_stmt *ins_file = NULL, *ins_tensor = NULL, *ins_ref = NULL;
     int rc = catalog_prepare(c, &ins_file,
                              "INSERT INTO files(checkpoint_id, path, size, sha256, blob, header) VALUES (?, ?, ?, ?, ?, ?)");
     if (!rc) rc = catalog_prepare(c, &ins_tensor,
                                   "INSERT INTO tensors(checkpoint_id, path, name, blob, recipe) VALUES (?, ?, ?, ?, ?)");
-    if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT OR IGNORE INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?)");
+    if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?) ON CONFLICT DO NOTHING");
     json_t *seen = json_object();
     if (!rc && !seen) rc = CKPT_ENOMEM;
     for (size_t f = 0; !rc && f < r->nfiles; f++) {
         const store_file_rec *fr = &r->files[f];
-        sqlite3_bind_int64(ins_file, 1, id);
-        sqlite3_bind_text(ins_file, 2, fr->path, -1, SQLITE_STATIC);
-        sqlite3_bind_int64(ins_file, 3, (int64_t)fr->size);
-        sqlite3_bind_text(ins_file, 4, fr->sha256, -1, SQLITE_STATIC);
-        if (fr->blob) sqlite3_bind_text(ins_file, 5, fr->blob, -1, SQLITE_STATIC);
-        else sqlite3_bind_null(ins_file, 5);
-        if (fr->header) sqlite3_bind_blob(ins_file, 6, fr->header, (int)fr->header_len, SQLITE_STATIC);
-        else sqlite3_bind_null(ins_file, 6);
-        rc = step_done(c, ins_file, "insert file");
+        db_bind_int64(ins_file, 1, id);
+        db_bind_text(ins_file, 2, fr->path);
+        db_bind_int64(ins_file, 3, (int64_t)fr->size);
+        db_bind_text(ins_file, 4, fr->sha256);
+        if (fr->blob) db_bind_text(ins_file, 5, fr->blob);
+        else db_bind_text(ins_file, 5, NULL);
+        db_bind_blob(ins_file, 6, fr->header, fr->header_len);
+        rc = catalog_step_done(c, ins_file, "insert file");
         if (!rc && fr->blob) rc = add_blob_ref(c, ins_ref, id, fr->blob);
         for (size_t i = 0; !rc && i < fr->ntensors; i++) {
             const store_tensor_rec *t = &fr->tensors[i];
-            sqlite3_bind_int64(ins_tensor, 1, id);
-            sqlite3_bind_text(ins_tensor, 2, fr->path, -1, SQLITE_STATIC);
-            sqlite3_bind_text(ins_tensor, 3, t->name, -1, SQLITE_STATIC);
-            if (t->blob) sqlite3_bind_text(ins_tensor, 4, t->blob, -1, SQLITE_STATIC);
-            else sqlite3_bind_null(ins_tensor, 4);
-            if (t->recipe) sqlite3_bind_text(ins_tensor, 5, t->recipe, -1, SQLITE_STATIC);
-            else sqlite3_bind_null(ins_tensor, 5);
-            rc = step_done(c, ins_tensor, "insert tensor");
+            db_bind_int64(ins_tensor, 1, id);
+            db_bind_text(ins_tensor, 2, fr->path);
+            db_bind_text(ins_tensor, 3, t->name);
+            if (t->blob) db_bind_text(ins_tensor, 4, t->blob);
+            else db_bind_text(ins_tensor, 4, NULL);
+            if (t->recipe) db_bind_text(ins_tensor, 5, t->recipe);
+            else db_bind_text(ins_tensor, 5, NULL);
+            rc = catalog_step_done(c, ins_tensor, "insert tensor");
             if (!rc && t->blob) rc = add_blob_ref(c, ins_ref, id, t->blob);
             if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, id, t->recipe, seen);
         }
     }
-    sqlite3_finalize(ins_file);
-    sqlite3_finalize(ins_tensor);
-    sqlite3_finalize(ins_ref);
+    db_finalize(ins_file);
+    db_finalize(ins_tensor);
+    db_finalize(ins_ref);
     json_decref(seen);
     return rc;
 }
@@ -429,17 +470,17 @@ int store_add_files(ckpt_store *s, int64_t id, const store_ckpt_rec *r)
         rc = ckpt_error_set(CKPT_ENOTFOUND, "checkpoint %lld (%s@%.12s) was removed while its files were fetched; "
                             "nothing was stored",
                             (long long)id, r->repo, r->commit);
-    sqlite3_stmt *st = NULL;
+    ckpt_stmt *st = NULL;
     uint64_t total = 0;
     for (size_t f = 0; f < r->nfiles; f++) total += r->files[f].size;
     if (!rc) rc = insert_files(c, id, r);
     if (!rc) rc = catalog_prepare(c, &st, "UPDATE checkpoints SET total_size = total_size + ? WHERE id = ?");
     if (!rc) {
-        sqlite3_bind_int64(st, 1, (int64_t)total);
-        sqlite3_bind_int64(st, 2, id);
-        rc = step_done(c, st, "update checkpoint size");
+        db_bind_int64(st, 1, (int64_t)total);
+        db_bind_int64(st, 2, id);
+        rc = catalog_step_done(c, st, "update checkpoint size");
     }
-    sqlite3_finalize(st);
+    db_finalize(st);
     if (!rc) rc = store_set_ref(s, r->repo, r->revision, id);
     if (!rc) rc = store_leases_release(s);
     if (rc) {
@@ -449,12 +490,33 @@ int store_add_files(ckpt_store *s, int64_t id, const store_ckpt_rec *r)
     return catalog_commit(c);
 }
 
+/* PostgreSQL: two hosts committing the same (repo, commit, layout) at once
+ * take turns (SQLite's write lock does this), so the second finds the first's
+ * row instead of failing on the unique key. */
+static int lock_checkpoint_name(catalog *c, const store_ckpt_rec *r)
+{
+    if (!catalog_on_pg(c)) return 0;
+    ckpt_stmt *st;
+    int rc = catalog_prepare(c, &st, "SELECT pg_advisory_xact_lock(hashtext(?1 || chr(10) || ?2 || chr(10) || ?3))");
+    if (rc) return rc;
+    db_bind_text(st, 1, r->repo);
+    db_bind_text(st, 2, r->commit);
+    db_bind_text(st, 3, r->layout ? r->layout : "");
+    int e = db_run(st);
+    db_finalize(st);
+    return e;
+}
+
 int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id, bool *existed)
 {
     catalog *c = &s->cat;
-    sqlite3_stmt *ins_ck = NULL;
+    ckpt_stmt *ins_ck = NULL;
     int rc = catalog_begin(c);
-    if (rc) return rc;
+    if (!rc) rc = lock_checkpoint_name(c, r);
+    if (rc) {
+        catalog_rollback(c);
+        return rc;
+    }
     if (existed) *existed = false;
     if (r->source_id && !ckpt_row_exists(c, r->source_id)) {
         rc = ckpt_error_set(CKPT_ENOTFOUND,
@@ -481,21 +543,23 @@ int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id,
     for (size_t f = 0; f < r->nfiles; f++) total += r->files[f].size;
     if (!rc) rc = catalog_prepare(c, &ins_ck,
                                   "INSERT INTO checkpoints(repo, revision, commit_sha, layout, source_id, lossy, "
-                                  "total_size, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)");
+                                  "total_size, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING id");
     if (!rc) {
-        sqlite3_bind_text(ins_ck, 1, r->repo, -1, SQLITE_STATIC);
-        sqlite3_bind_text(ins_ck, 2, r->revision, -1, SQLITE_STATIC);
-        sqlite3_bind_text(ins_ck, 3, r->commit, -1, SQLITE_STATIC);
-        sqlite3_bind_text(ins_ck, 4, r->layout ? r->layout : "", -1, SQLITE_STATIC);
-        if (r->source_id) sqlite3_bind_int64(ins_ck, 5, r->source_id);
-        else sqlite3_bind_null(ins_ck, 5);
-        sqlite3_bind_int(ins_ck, 6, r->lossy);
-        sqlite3_bind_int64(ins_ck, 7, (int64_t)total);
-        sqlite3_bind_int64(ins_ck, 8, (int64_t)time(NULL));
-        rc = step_done(c, ins_ck, "insert checkpoint");
-        *id = sqlite3_last_insert_rowid(c->db);
+        db_bind_text(ins_ck, 1, r->repo);
+        db_bind_text(ins_ck, 2, r->revision);
+        db_bind_text(ins_ck, 3, r->commit);
+        db_bind_text(ins_ck, 4, r->layout ? r->layout : "");
+        if (r->source_id) db_bind_int64(ins_ck, 5, r->source_id);
+        else db_bind_text(ins_ck, 5, NULL);
+        db_bind_int64(ins_ck, 6, r->lossy);
+        db_bind_int64(ins_ck, 7, (int64_t)total);
+        db_bind_int64(ins_ck, 8, (int64_t)time(NULL));
+        int e = db_step(ins_ck);
+        if (e == DB_ROW) *id = db_col_int64(ins_ck, 0);
+        else rc = e < 0 ? e : catalog_error(c, "insert checkpoint");
+        db_reset(ins_ck);
     }
-    sqlite3_finalize(ins_ck);
+    db_finalize(ins_ck);
     if (!rc) rc = insert_files(c, *id, r);
     if (!rc && !(r->layout && *r->layout)) rc = store_set_ref(s, r->repo, r->revision, *id);
     if (!rc) rc = store_leases_release(s);
@@ -508,17 +572,17 @@ int store_commit_checkpoint(ckpt_store *s, const store_ckpt_rec *r, int64_t *id,
 
 int store_find(ckpt_store *s, const char *repo, const char *commit, const char *layout, int64_t *id)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     *id = 0;
     int rc = catalog_prepare(&s->cat, &st, "SELECT id FROM checkpoints WHERE repo = ? AND commit_sha = ? AND layout = ?");
     if (rc) return rc;
-    sqlite3_bind_text(st, 1, repo, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 2, commit, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 3, layout ? layout : "", -1, SQLITE_STATIC);
-    int step = sqlite3_step(st);
-    if (step == SQLITE_ROW) *id = sqlite3_column_int64(st, 0);
-    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "find checkpoint");
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, repo);
+    db_bind_text(st, 2, commit);
+    db_bind_text(st, 3, layout ? layout : "");
+    int step = db_step(st);
+    if (step == DB_ROW) *id = db_col_int64(st, 0);
+    else if (step != DB_DONE) rc = catalog_error(&s->cat, "find checkpoint");
+    db_finalize(st);
     return rc;
 }
 
@@ -597,26 +661,26 @@ int store_ref_parse(const char *ref, char **repo, char **rev, char **layout)
     return rc;
 }
 
-static char *col_dup(sqlite3_stmt *st, int i)
+static char *col_dup(ckpt_stmt *st, int i)
 {
-    const unsigned char *t = sqlite3_column_text(st, i);
-    return ckpt_strdup(t ? (const char *)t : "");
+    const char *t = db_col_text(st, i);
+    return ckpt_strdup(t ? t : "");
 }
 
 #define CKPT_COLUMNS "c.id, c.repo, c.revision, c.commit_sha, c.layout, c.source_id, c.lossy, c.total_size, c.created_at"
 
-static int read_ckpt(sqlite3_stmt *st, store_ckpt *out)
+static int read_ckpt(ckpt_stmt *st, store_ckpt *out)
 {
     memset(out, 0, sizeof *out);
-    out->id = sqlite3_column_int64(st, 0);
+    out->id = db_col_int64(st, 0);
     out->repo = col_dup(st, 1);
     out->revision = col_dup(st, 2);
     out->commit = col_dup(st, 3);
     out->layout = col_dup(st, 4);
-    out->source_id = sqlite3_column_int64(st, 5);
-    out->lossy = sqlite3_column_int(st, 6) != 0;
-    out->total_size = sqlite3_column_int64(st, 7);
-    out->created_at = sqlite3_column_int64(st, 8);
+    out->source_id = db_col_int64(st, 5);
+    out->lossy = (int)db_col_int64(st, 6) != 0;
+    out->total_size = db_col_int64(st, 7);
+    out->created_at = db_col_int64(st, 8);
     if (!out->repo || !out->revision || !out->commit || !out->layout) {
         store_ckpt_free(out);
         return CKPT_ENOMEM;
@@ -627,16 +691,16 @@ static int read_ckpt(sqlite3_stmt *st, store_ckpt *out)
 /* Runs a query returning checkpoint rows; takes the first. 1 found, 0 none. */
 static int query_one(ckpt_store *s, const char *sql, const char *a, const char *b, const char *c3, store_ckpt *out)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, sql);
     if (rc) return rc;
     const char *args[] = {a, b, c3};
     for (int i = 0; i < 3; i++)
-        if (args[i]) sqlite3_bind_text(st, i + 1, args[i], -1, SQLITE_STATIC);
-    int step = sqlite3_step(st);
-    if (step == SQLITE_ROW) rc = read_ckpt(st, out) ? CKPT_ENOMEM : 1;
-    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "resolve ref");
-    sqlite3_finalize(st);
+        if (args[i]) db_bind_text(st, i + 1, args[i]);
+    int step = db_step(st);
+    if (step == DB_ROW) rc = read_ckpt(st, out) ? CKPT_ENOMEM : 1;
+    else if (step != DB_DONE) rc = catalog_error(&s->cat, "resolve ref");
+    db_finalize(st);
     return rc;
 }
 
@@ -667,7 +731,7 @@ int store_resolve(ckpt_store *s, const char *ref, store_ckpt *out)
     if (rc == 0 && *lay) {
         /* The original may be gone (ckpt rm) while its layout stays. */
         rc = query_one(s, "SELECT " CKPT_COLUMNS " FROM checkpoints c WHERE c.repo = ?1 AND c.layout = ?3 AND "
-                          "(?2 IS NULL OR c.revision = ?2 OR c.commit_sha = ?2 OR "
+                          "(CAST(?2 AS TEXT) IS NULL OR c.revision = ?2 OR c.commit_sha = ?2 OR "
                           "(length(?2) >= 7 AND substr(c.commit_sha, 1, length(?2)) = ?2)) ORDER BY c.id DESC",
                        repo, rev, lay, out);
         if (rc == 1) {
@@ -738,17 +802,19 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
 {
     *rows = NULL;
     *n = 0;
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT path, size, sha256, blob, header FROM files WHERE checkpoint_id = ? ORDER BY path");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
+    db_bind_int64(st, 1, id);
     size_t cap = 0;
     int step;
-    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *path = (const char *)sqlite3_column_text(st, 0), *sha = (const char *)sqlite3_column_text(st, 2);
-        const char *blob = (const char *)sqlite3_column_text(st, 3);
+    while (!rc && (step = db_step(st)) == DB_ROW) {
+        const char *path = db_col_text(st, 0), *sha = db_col_text(st, 2);
+        const char *blob = db_col_text(st, 3);
         /* "" is a layout file whose sha256 is not computed yet (store_hash_pending). */
-        bool pending = sha && !*sha && sqlite3_column_bytes(st, 4) > 0;
+        size_t hl = 0;
+        const void *hdr = db_col_blob(st, 4, &hl);
+        bool pending = sha && !*sha && hdr && hl > 0;
         if (!path || !sha || (strlen(sha) != 64 && !pending) || !ckpt_shard_name_safe(path)) {
             rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: checkpoint %lld has a damaged file row", (long long)id);
             break;
@@ -757,18 +823,17 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
         store_file_row *f = &(*rows)[(*n)++];
         memset(f, 0, sizeof *f);
         f->path = ckpt_strdup(path);
-        f->size = (uint64_t)sqlite3_column_int64(st, 1);
+        f->size = (uint64_t)db_col_int64(st, 1);
         memcpy(f->sha256, sha, 65);
         f->blob = blob ? ckpt_strdup(blob) : NULL;
-        int hl = sqlite3_column_bytes(st, 4);
-        if (hl > 0 && (f->header = ckpt_malloc((size_t)hl))) {
-            memcpy(f->header, sqlite3_column_blob(st, 4), (size_t)hl);
-            f->header_len = (size_t)hl;
+        if (hl > 0 && (f->header = ckpt_malloc(hl))) {
+            memcpy(f->header, hdr, hl);
+            f->header_len = hl;
         }
         if (!f->path || (blob && !f->blob) || (hl > 0 && !f->header)) rc = CKPT_ENOMEM;
     }
-    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, "read files");
-    sqlite3_finalize(st);
+    if (!rc && step != DB_DONE) rc = catalog_error(&s->cat, "read files");
+    db_finalize(st);
     if (rc) {
         store_files_free(*rows, *n);
         *rows = NULL;
@@ -780,28 +845,30 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
 int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any)
 {
     *any = false;
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st,
-                             "SELECT 1 FROM files WHERE checkpoint_id = ? AND sha256 = '' AND (?2 IS NULL OR path = ?2) LIMIT 1");
+                             "SELECT 1 FROM files WHERE checkpoint_id = ? AND sha256 = '' AND "
+                             "(CAST(? AS TEXT) IS NULL OR path = ?) LIMIT 1");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    if (path) sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
-    int step = sqlite3_step(st);
-    if (step == SQLITE_ROW) *any = true;
-    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "read files");
-    sqlite3_finalize(st);
+    db_bind_int64(st, 1, id);
+    db_bind_text(st, 2, path);
+    db_bind_text(st, 3, path);
+    int step = db_step(st);
+    if (step == DB_ROW) *any = true;
+    else if (step != DB_DONE) rc = catalog_error(&s->cat, "read files");
+    db_finalize(st);
     return rc;
 }
 
 int store_file_set_sha256(ckpt_store *s, int64_t id, const char *path, const char *sha256)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "UPDATE files SET sha256 = ? WHERE checkpoint_id = ? AND path = ? AND sha256 = ''");
     if (rc) return rc;
-    sqlite3_bind_text(st, 1, sha256, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 2, id);
-    sqlite3_bind_text(st, 3, path, -1, SQLITE_STATIC);
-    rc = step_done(&s->cat, st, "record a file's sha256");
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, sha256);
+    db_bind_int64(st, 2, id);
+    db_bind_text(st, 3, path);
+    rc = catalog_step_done(&s->cat, st, "record a file's sha256");
+    db_finalize(st);
     return rc;
 }

@@ -146,6 +146,12 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
  * (a layout's recipes over its source's blobs), then checks they exist: a
  * concurrent rm + gc can no longer take them away before the commit. */
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
+/* How long a lease holds on PostgreSQL unless renewed (each lease a writer
+ * takes renews all of its own). gc on another host keeps a blob until its
+ * lease expires; on this host, until its writer is gone. */
+#define STORE_LEASE_SECONDS 3600
+/* This host's name (gethostname), as leases record it. */
+const char *store_host_name(void);
 /* Drops this process's leases (after the checkpoint committed or on failure). */
 int store_leases_release(ckpt_store *s);
 /* The same on a failure path: the failure's message stays the message (a

@@ -124,16 +124,16 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
 
 int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_text(st, 2, path, -1, SQLITE_STATIC);
-    sqlite3_bind_text(st, 3, name, -1, SQLITE_STATIC);
-    const unsigned char *b = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_text(st, 0) : NULL;
-    *out = b ? ckpt_strdup((const char *)b) : NULL;
+    db_bind_int64(st, 1, id);
+    db_bind_text(st, 2, path);
+    db_bind_text(st, 3, name);
+    const char *b = db_step(st) == DB_ROW ? db_col_text(st, 0) : NULL;
+    *out = b ? ckpt_strdup(b) : NULL;
     if (!b) rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
-    sqlite3_finalize(st);
+    db_finalize(st);
     return rc;
 }
 

@@ -22,19 +22,19 @@ static int load_ids(ckpt_store *s, const char *what, const char *sql, const char
     *n = 0;
     if (ckpt_fault_error("store.lookup"))
         return ckpt_error_set(CKPT_EIO, "%s: the catalog could not be read (fault point store.lookup)", what);
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, sql);
     if (rc) return ckpt_error_prefix(rc, "%s", what);
-    if (arg) sqlite3_bind_text(st, 1, arg, -1, SQLITE_TRANSIENT);
+    if (arg) db_bind_text(st, 1, arg);
     int64_t *ids = NULL;
     size_t nids = 0, cap = 0;
     int step;
-    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+    while ((step = db_step(st)) == DB_ROW) {
         if ((rc = ckpt_grow(&ids, &cap, nids + 1, sizeof *ids))) break;
-        ids[nids++] = sqlite3_column_int64(st, 0);
+        ids[nids++] = db_col_int64(st, 0);
     }
-    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, what);
-    sqlite3_finalize(st);
+    if (!rc && step != DB_DONE) rc = catalog_error(&s->cat, what);
+    db_finalize(st);
     store_ckpt *v = !rc && nids ? ckpt_calloc(nids, sizeof *v) : NULL;
     if (!rc && nids && !v) rc = CKPT_ENOMEM;
     size_t k = 0;
@@ -57,7 +57,7 @@ static int load_ids(ckpt_store *s, const char *what, const char *sql, const char
 int store_list(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n)
 {
     return load_ids(s, "list checkpoints",
-                    "SELECT id FROM checkpoints WHERE ?1 IS NULL OR repo = ?1 ORDER BY repo, commit_sha, layout", repo,
+                    "SELECT id FROM checkpoints WHERE CAST(?1 AS TEXT) IS NULL OR repo = ?1 ORDER BY repo, commit_sha, layout", repo,
                     out, n);
 }
 
@@ -74,15 +74,15 @@ int store_repo_refs(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n
     const char *what = "list the names of the repository";
     if (ckpt_fault_error("store.lookup"))
         return ckpt_error_set(CKPT_EIO, "%s: the catalog could not be read (fault point store.lookup)", what);
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT name, checkpoint_id FROM refs WHERE repo = ?1 ORDER BY name");
     if (rc) return ckpt_error_prefix(rc, "%s", what);
-    sqlite3_bind_text(st, 1, repo, -1, SQLITE_TRANSIENT);
+    db_bind_text(st, 1, repo);
     store_ckpt *v = NULL;
     size_t k = 0, cap = 0;
-    int step = SQLITE_DONE;
-    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *name = (const char *)sqlite3_column_text(st, 0);
+    int step = DB_DONE;
+    while (!rc && (step = db_step(st)) == DB_ROW) {
+        const char *name = db_col_text(st, 0);
         if (!name) continue;
         char *copy = ckpt_strdup(name);
         if (!copy || (rc = ckpt_grow(&v, &cap, k + 1, sizeof *v))) {
@@ -90,7 +90,7 @@ int store_repo_refs(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n
             rc = CKPT_ENOMEM;
             break;
         }
-        int g = store_get(s, sqlite3_column_int64(st, 1), &v[k]);
+        int g = store_get(s, db_col_int64(st, 1), &v[k]);
         if (g == 0) {
             free(v[k].revision);
             v[k++].revision = copy;
@@ -99,8 +99,8 @@ int store_repo_refs(ckpt_store *s, const char *repo, store_ckpt **out, size_t *n
             if (g != CKPT_ENOTFOUND) rc = ckpt_error_prefix(g, "%s", what);
         }
     }
-    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, what);
-    sqlite3_finalize(st);
+    if (!rc && step != DB_DONE) rc = catalog_error(&s->cat, what);
+    db_finalize(st);
     if (rc) {
         store_list_free(v, k);
         return rc;
@@ -117,14 +117,14 @@ int store_repo_exists(ckpt_store *s, const char *repo, bool *exists)
     if (ckpt_fault_error("store.lookup"))
         return ckpt_error_set(CKPT_EIO, "look up repo %s: the catalog could not be read (fault point store.lookup)",
                               repo);
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT 1 FROM checkpoints WHERE repo = ? LIMIT 1");
     if (rc) return ckpt_error_prefix(rc, "look up repo %s", repo);
-    sqlite3_bind_text(st, 1, repo, -1, SQLITE_TRANSIENT);
-    int step = sqlite3_step(st);
-    if (step == SQLITE_ROW) *exists = true;
-    else if (step != SQLITE_DONE) rc = catalog_error(&s->cat, "look up repo");
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, repo);
+    int step = db_step(st);
+    if (step == DB_ROW) *exists = true;
+    else if (step != DB_DONE) rc = catalog_error(&s->cat, "look up repo");
+    db_finalize(st);
     return rc;
 }
 
@@ -141,7 +141,7 @@ int store_file_infos(ckpt_store *s, int64_t id, store_file_info **out, size_t *n
     if (ckpt_fault_error("store.lookup"))
         return ckpt_error_set(CKPT_EIO, "read the files of checkpoint %lld: the catalog could not be read (fault "
                               "point store.lookup)", (long long)id);
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(
         &s->cat, &st,
         "SELECT f.path, f.size, f.sha256, f.blob IS NULL, (SELECT count(*) FROM tensors t WHERE "
@@ -149,13 +149,13 @@ int store_file_infos(ckpt_store *s, int64_t id, store_file_info **out, size_t *n
         "WHERE t.checkpoint_id = f.checkpoint_id AND t.path = f.path AND t.recipe IS NOT NULL) "
         "FROM files f WHERE f.checkpoint_id = ? ORDER BY f.path");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
+    db_bind_int64(st, 1, id);
     store_file_info *v = NULL;
     size_t k = 0, cap = 0;
     int step;
-    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *path = (const char *)sqlite3_column_text(st, 0), *sha = (const char *)sqlite3_column_text(st, 2);
-        bool pending = sha && !*sha && sqlite3_column_int(st, 3); /* store_hash_pending */
+    while ((step = db_step(st)) == DB_ROW) {
+        const char *path = db_col_text(st, 0), *sha = db_col_text(st, 2);
+        bool pending = sha && !*sha && db_col_int64(st, 3) != 0; /* store_hash_pending */
         if (!path || !sha || (strlen(sha) != 64 && !pending)) {
             rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: checkpoint %lld has a damaged file row", (long long)id);
             break;
@@ -167,14 +167,14 @@ int store_file_infos(ckpt_store *s, int64_t id, store_file_info **out, size_t *n
             rc = CKPT_ENOMEM;
             break;
         }
-        f->size = (uint64_t)sqlite3_column_int64(st, 1);
+        f->size = (uint64_t)db_col_int64(st, 1);
         memcpy(f->sha256, sha, 65);
-        f->safetensors = sqlite3_column_int(st, 3) != 0;
-        f->tensors = (uint64_t)sqlite3_column_int64(st, 4);
-        f->recipes = (uint64_t)sqlite3_column_int64(st, 5);
+        f->safetensors = (int)db_col_int64(st, 3) != 0;
+        f->tensors = (uint64_t)db_col_int64(st, 4);
+        f->recipes = (uint64_t)db_col_int64(st, 5);
     }
-    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, "read files");
-    sqlite3_finalize(st);
+    if (!rc && step != DB_DONE) rc = catalog_error(&s->cat, "read files");
+    db_finalize(st);
     if (rc) {
         store_file_infos_free(v, k);
         return rc;
@@ -187,14 +187,14 @@ int store_file_infos(ckpt_store *s, int64_t id, store_file_info **out, size_t *n
 static int last_verify(ckpt_store *s, int64_t id, json_t **out)
 {
     *out = NULL;
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT at, ok, error FROM verify_checkpoints WHERE checkpoint_id = ?");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
-    if (sqlite3_step(st) == SQLITE_ROW)
-        *out = json_pack("{s:f,s:b,s:s?}", "at", sqlite3_column_double(st, 0), "ok", sqlite3_column_int(st, 1), "error",
-                         (const char *)sqlite3_column_text(st, 2));
-    sqlite3_finalize(st);
+    db_bind_int64(st, 1, id);
+    if (db_step(st) == DB_ROW)
+        *out = json_pack("{s:f,s:b,s:s?}", "at", db_col_double(st, 0), "ok", (int)db_col_int64(st, 1), "error",
+                         db_col_text(st, 2));
+    db_finalize(st);
     return 0;
 }
 

@@ -1,8 +1,9 @@
 /*
  * store_maint.c — gc, du, rm and blob verification for the store.
  *
- * gc holds the catalog's write lock (BEGIN IMMEDIATE) while it decides and
- * deletes, so no import can lease a blob in between: a blob survives when a
+ * gc holds the catalog's write lock (BEGIN IMMEDIATE; on PostgreSQL a lock
+ * on blob_leases that writers' leases wait for) while it decides and deletes,
+ * so no import can lease a blob in between: a blob survives when a
  * checkpoint references it or a live process leases it. Temp files and
  * folders in tmp/ carry their writer's pid and start time; those of dead
  * writers are removed, and so are the stale kept pieces of interrupted
@@ -44,34 +45,52 @@ static bool parse_temp_name(const char *name, int *pid, long long *start)
     return false;
 }
 
+/* Drops the leases of writers that are gone: on SQLite, dead processes; on
+ * PostgreSQL, dead processes of this host and expired leases of any host
+ * (another host's processes cannot be asked). */
 static int drop_stale_leases(ckpt_store *s, uint64_t *dropped)
 {
-    sqlite3_stmt *st, *del;
-    int rc = catalog_prepare(&s->cat, &st, "SELECT DISTINCT pid, start_time FROM blob_leases");
-    if (!rc) rc = catalog_prepare(&s->cat, &del, "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
-    else return rc;
-    while (!rc && sqlite3_step(st) == SQLITE_ROW) {
-        int pid = sqlite3_column_int(st, 0);
-        int64_t start = sqlite3_column_int64(st, 1);
-        if (writer_alive(pid, start)) continue;
-        sqlite3_bind_int(del, 1, pid);
-        sqlite3_bind_int64(del, 2, start);
-        if (sqlite3_step(del) != SQLITE_DONE) rc = catalog_error(&s->cat, "drop stale lease");
-        *dropped += (uint64_t)sqlite3_changes(s->cat.db);
-        sqlite3_reset(del);
+    bool pg = catalog_on_pg(&s->cat);
+    ckpt_stmt *st, *del;
+    int rc = 0;
+    if (pg) {
+        if ((rc = catalog_prepare(&s->cat, &del, "DELETE FROM blob_leases WHERE expires_at < ?"))) return rc;
+        db_bind_double(del, 1, (double)time(NULL));
+        rc = catalog_step_done(&s->cat, del, "drop expired leases");
+        *dropped += (uint64_t)db_changes(del);
+        db_finalize(del);
+        if (rc) return rc;
     }
-    sqlite3_finalize(st);
-    sqlite3_finalize(del);
+    rc = catalog_prepare(&s->cat, &st,
+                         pg ? "SELECT DISTINCT pid, start_time FROM blob_leases WHERE host = ?"
+                            : "SELECT DISTINCT pid, start_time FROM blob_leases");
+    if (!rc) rc = catalog_prepare(&s->cat, &del,
+                                  pg ? "DELETE FROM blob_leases WHERE pid = ? AND start_time = ? AND host = ?"
+                                     : "DELETE FROM blob_leases WHERE pid = ? AND start_time = ?");
+    else return rc;
+    if (pg) db_bind_text(st, 1, store_host_name());
+    while (!rc && db_step(st) == DB_ROW) {
+        int pid = (int)db_col_int64(st, 0);
+        int64_t start = db_col_int64(st, 1);
+        if (writer_alive(pid, start)) continue;
+        db_bind_int64(del, 1, pid);
+        db_bind_int64(del, 2, start);
+        if (pg) db_bind_text(del, 3, store_host_name());
+        rc = catalog_step_done(&s->cat, del, "drop stale lease");
+        *dropped += (uint64_t)db_changes(del);
+    }
+    db_finalize(st);
+    db_finalize(del);
     return rc;
 }
 
-static int blob_wanted(ckpt_store *s, sqlite3_stmt *q, const char *sha, bool *wanted)
+static int blob_wanted(ckpt_store *s, ckpt_stmt *q, const char *sha, bool *wanted)
 {
-    sqlite3_bind_text(q, 1, sha, -1, SQLITE_STATIC);
-    int step = sqlite3_step(q);
-    *wanted = step == SQLITE_ROW;
-    sqlite3_reset(q);
-    return step == SQLITE_ROW || step == SQLITE_DONE ? 0 : catalog_error(&s->cat, "look up blob");
+    db_bind_text(q, 1, sha);
+    int step = db_step(q);
+    *wanted = step == DB_ROW;
+    db_reset(q);
+    return step == DB_ROW || step == DB_DONE ? 0 : catalog_error(&s->cat, "look up blob");
 }
 
 /* Calls fn for each blob file: its sha256 (from the path) and full path. */
@@ -105,7 +124,7 @@ static int for_each_blob(const char *blob_dir, blob_fn fn, void *ctx)
 
 typedef struct {
     ckpt_store *s;
-    sqlite3_stmt *q;
+    ckpt_stmt *q;
     bool dry_run;
     store_gc_result *res;
     int64_t started; /* Unix seconds */
@@ -186,6 +205,14 @@ int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res)
     memset(res, 0, sizeof *res);
     int rc = catalog_begin(&s->cat);
     if (rc) return rc;
+    /* PostgreSQL: SQLite's write lock in effect: writers' leases (taken before
+     * a blob is written or reused) wait until this gc commits, and two gcs
+     * run one after the other. */
+    if (catalog_on_pg(&s->cat)) rc = catalog_exec(&s->cat, "LOCK TABLE blob_leases IN SHARE ROW EXCLUSIVE MODE");
+    if (rc) {
+        catalog_rollback(&s->cat);
+        return rc;
+    }
     gc_ctx g = {.s = s, .dry_run = dry_run, .res = res, .started = (int64_t)time(NULL)};
     rc = drop_stale_leases(s, &res->leases_dropped);
     if (!rc)
@@ -194,7 +221,7 @@ int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res)
     if (!rc && !store_blobs_remote(s)) rc = for_each_blob(s->blob_dir, gc_blob, &g);
     if (!rc && store_blobs_remote(s)) rc = store_blob_list(s, gc_remote_blob, &g);
     if (!rc && store_blobs_remote(s)) rc = for_each_blob(s->cache_dir, gc_cached_blob, &g);
-    sqlite3_finalize(g.q);
+    db_finalize(g.q);
     if (!rc) rc = gc_temps(s, dry_run, res);
     /* Kept pieces of interrupted fetches: stale once no fetch holds them and
      * nothing changed in them for the keep period (store_partial.h). */
@@ -233,29 +260,34 @@ json_t *store_du_json(const store_du_result *r)
 int store_du(ckpt_store *s, store_du_result *res)
 {
     memset(res, 0, sizeof *res);
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT count(*), coalesce(sum(total_size), 0) FROM checkpoints");
     if (rc) return rc;
-    if (sqlite3_step(st) == SQLITE_ROW) {
-        res->checkpoints = (uint64_t)sqlite3_column_int64(st, 0);
-        res->logical = (uint64_t)sqlite3_column_int64(st, 1);
+    if (db_step(st) == DB_ROW) {
+        res->checkpoints = (uint64_t)db_col_int64(st, 0);
+        res->logical = (uint64_t)db_col_int64(st, 1);
     }
-    sqlite3_finalize(st);
+    db_finalize(st);
     struct stat sb;
-    if (stat(s->cat.path, &sb) == 0) res->db_bytes = (uint64_t)sb.st_size;
+    if (catalog_on_pg(&s->cat) && !catalog_prepare(&s->cat, &st, "SELECT pg_database_size(current_database())")) {
+        if (db_step(st) == DB_ROW) res->db_bytes = (uint64_t)db_col_int64(st, 0);
+        db_finalize(st);
+    } else if (stat(s->cat.path, &sb) == 0) {
+        res->db_bytes = (uint64_t)sb.st_size;
+    }
     if (store_blobs_remote(s)) return store_blob_list(s, du_remote_blob, res);
     return for_each_blob(s->blob_dir, du_blob, res);
 }
 
 int store_rm(ckpt_store *s, const store_ckpt *c)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_begin(&s->cat);
     if (!rc) rc = catalog_prepare(&s->cat, &st, "DELETE FROM checkpoints WHERE id = ?");
     if (!rc) {
-        sqlite3_bind_int64(st, 1, c->id);
-        if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(&s->cat, "remove checkpoint");
-        sqlite3_finalize(st);
+        db_bind_int64(st, 1, c->id);
+        if (db_step(st) != DB_DONE) rc = catalog_error(&s->cat, "remove checkpoint");
+        db_finalize(st);
     }
     if (rc) {
         catalog_rollback(&s->cat);
@@ -267,48 +299,48 @@ int store_rm(ckpt_store *s, const store_ckpt *c)
 /* Reports which checkpoints and files a damaged blob breaks. */
 static void report_users(ckpt_store *s, const char *sha, const char *problem, store_verify_report report, void *ctx)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     if (catalog_prepare(&s->cat, &st,
                         "SELECT c.id, f.path, NULL FROM files f JOIN checkpoints c ON c.id = f.checkpoint_id WHERE f.blob = ?1 "
                         "UNION ALL SELECT c.id, t.path, t.name FROM tensors t JOIN checkpoints c ON c.id = t.checkpoint_id "
-                        "WHERE t.blob = ?1 OR (t.recipe IS NOT NULL AND instr(t.recipe, ?1) > 0) ORDER BY 1, 2, 3") < 0)
+                        "WHERE t.blob = ?1 OR (t.recipe IS NOT NULL AND t.recipe LIKE '%' || ?1 || '%') ORDER BY 1, 2, 3") < 0)
         return;
-    sqlite3_bind_text(st, 1, sha, -1, SQLITE_STATIC);
+    db_bind_text(st, 1, sha);
     char line[2048];
     snprintf(line, sizeof line, "damaged blob %s: %s", sha, problem);
     report(ctx, line);
-    while (sqlite3_step(st) == SQLITE_ROW) {
+    while (db_step(st) == DB_ROW) {
         store_ckpt c;
-        if (store_get(s, sqlite3_column_int64(st, 0), &c) < 0) continue;
+        if (store_get(s, db_col_int64(st, 0), &c) < 0) continue;
         char *ref = store_ckpt_ref(&c);
-        const unsigned char *tensor = sqlite3_column_text(st, 2);
-        snprintf(line, sizeof line, "  breaks %s file %s%s%s%s", ref ? ref : "?", sqlite3_column_text(st, 1),
-                 tensor ? " (tensor '" : "", tensor ? (const char *)tensor : "", tensor ? "')" : "");
+        const char *tensor = db_col_text(st, 2);
+        snprintf(line, sizeof line, "  breaks %s file %s%s%s%s", ref ? ref : "?", db_col_text(st, 1),
+                 tensor ? " (tensor '" : "", tensor ? tensor : "", tensor ? "')" : "");
         report(ctx, line);
         free(ref);
         store_ckpt_free(&c);
     }
-    sqlite3_finalize(st);
+    db_finalize(st);
 }
 
 int store_verify_blobs(ckpt_store *s, int64_t id, store_verify_report report, void *ctx, uint64_t *damaged)
 {
     *damaged = 0;
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st,
                              "SELECT DISTINCT blob FROM checkpoint_blobs WHERE ?1 = 0 OR checkpoint_id = ?1 ORDER BY blob");
     if (rc) return rc;
-    sqlite3_bind_int64(st, 1, id);
+    db_bind_int64(st, 1, id);
     char **list = NULL;
     size_t n = 0, cap = 0;
     int step;
-    while (!rc && (step = sqlite3_step(st)) == SQLITE_ROW) {
+    while (!rc && (step = db_step(st)) == DB_ROW) {
         if ((rc = ckpt_grow(&list, &cap, n + 1, sizeof *list))) break;
-        if (!(list[n] = ckpt_strdup((const char *)sqlite3_column_text(st, 0)))) rc = CKPT_ENOMEM;
+        if (!(list[n] = ckpt_strdup(db_col_text(st, 0)))) rc = CKPT_ENOMEM;
         else n++;
     }
-    if (!rc && step != SQLITE_DONE) rc = catalog_error(&s->cat, "verify: list blobs");
-    sqlite3_finalize(st);
+    if (!rc && step != DB_DONE) rc = catalog_error(&s->cat, "verify: list blobs");
+    db_finalize(st);
     for (size_t i = 0; !rc && i < n; i++) {
         char hex[65];
         bool exists = false;

@@ -70,7 +70,7 @@ int store_run_steps(ckpt_store *s, const char *run, store_run_step **out, size_t
     *n = 0;
     char *repo = NULL;
     int rc = run ? store_run_repo(run, &repo) : 0;
-    sqlite3_stmt *st = NULL;
+    ckpt_stmt *st = NULL;
     if (!rc)
         rc = catalog_prepare(
             &s->cat, &st,
@@ -78,14 +78,14 @@ int store_run_steps(ckpt_store *s, const char *run, store_run_step **out, size_t
             "c "
             "ON c.id = r.checkpoint_id WHERE substr(r.repo, 1, 5) = '" STORE_RUNS_REPO_PREFIX
             "' AND "
-            "(?1 IS NULL OR r.repo = ?1)");
-    if (!rc && repo) sqlite3_bind_text(st, 1, repo, -1, SQLITE_STATIC);
+            "(CAST(?1 AS TEXT) IS NULL OR r.repo = ?1)");
+    if (!rc && repo) db_bind_text(st, 1, repo);
     size_t cap = 0;
     int step_rc;
-    while (!rc && (step_rc = sqlite3_step(st)) == SQLITE_ROW) {
+    while (!rc && (step_rc = db_step(st)) == DB_ROW) {
         uint64_t step;
-        const char *r = (const char *)sqlite3_column_text(st, 0);
-        if (!r || !parse_step((const char *)sqlite3_column_text(st, 1), &step)) continue;
+        const char *r = db_col_text(st, 0);
+        if (!r || !parse_step(db_col_text(st, 1), &step)) continue;
         if ((rc = ckpt_grow(out, &cap, *n + 1, sizeof **out))) break;
         store_run_step *e = &(*out)[*n];
         e->run = ckpt_strdup(r + strlen(STORE_RUNS_REPO_PREFIX));
@@ -94,13 +94,13 @@ int store_run_steps(ckpt_store *s, const char *run, store_run_step **out, size_t
             break;
         }
         e->step = step;
-        e->checkpoint_id = sqlite3_column_int64(st, 2);
-        e->total_size = sqlite3_column_int64(st, 3);
-        e->created_at = sqlite3_column_int64(st, 4);
+        e->checkpoint_id = db_col_int64(st, 2);
+        e->total_size = db_col_int64(st, 3);
+        e->created_at = db_col_int64(st, 4);
         (*n)++;
     }
-    if (!rc && step_rc != SQLITE_DONE) rc = catalog_error(&s->cat, "list run steps");
-    sqlite3_finalize(st);
+    if (!rc && step_rc != DB_DONE) rc = catalog_error(&s->cat, "list run steps");
+    db_finalize(st);
     free(repo);
     if (rc) {
         store_run_steps_free(*out, *n);
@@ -151,15 +151,18 @@ int store_run_resolve(ckpt_store *s, const char *ref, store_ckpt *out, uint64_t 
     return rc;
 }
 
-static int exec_bound(catalog *c, const char *sql, const char *a, const char *b, const char *what)
+/* Runs sql with ?1 = a (and ?2 = b); *changed (when not NULL) gets the rows it changed. */
+static int exec_bound(catalog *c, const char *sql, const char *a, const char *b, const char *what, uint64_t *changed)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(c, &st, sql);
     if (rc) return rc;
-    sqlite3_bind_text(st, 1, a, -1, SQLITE_STATIC);
-    if (b) sqlite3_bind_text(st, 2, b, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) != SQLITE_DONE) rc = catalog_error(c, what);
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, a);
+    if (b) db_bind_text(st, 2, b);
+    int e = db_step(st);
+    if (e != DB_DONE) rc = e < 0 ? e : catalog_error(c, what);
+    if (!rc && changed) *changed = (uint64_t)db_changes(st);
+    db_finalize(st);
     return rc;
 }
 
@@ -178,15 +181,14 @@ int store_run_forget(ckpt_store *s, const char *run, const uint64_t *steps, size
         char name[48];
         snprintf(name, sizeof name, STORE_RUNS_STEP_PREFIX "%llu", (unsigned long long)steps[i]);
         rc = exec_bound(&s->cat, "DELETE FROM refs WHERE repo = ?1 AND name = ?2", repo, name,
-                        "forget step");
+                        "forget step", NULL);
     }
     /* Checkpoints of the run (originals, not layouts made from them) that no ref names. */
     if (!rc)
         rc = exec_bound(&s->cat,
                         "DELETE FROM checkpoints WHERE repo = ?1 AND layout = '' AND id NOT IN "
                         "(SELECT checkpoint_id FROM refs WHERE repo = ?1)",
-                        repo, NULL, "drop forgotten steps");
-    if (!rc) *checkpoints_removed = (uint64_t)sqlite3_changes(s->cat.db);
+                        repo, NULL, "drop forgotten steps", checkpoints_removed);
     if (rc)
         catalog_rollback(&s->cat);
     else

@@ -96,32 +96,33 @@ static void record_failed(ckpt_store *s, const char *what)
 
 static void record_checkpoint(ckpt_store *s, int64_t id, bool ok, const char *error)
 {
-    sqlite3_stmt *st;
-    if (catalog_prepare(&s->cat, &st, "INSERT OR REPLACE INTO verify_checkpoints(checkpoint_id, at, ok, error) "
-                                      "VALUES (?, ?, ?, ?)"))
+    ckpt_stmt *st;
+    if (catalog_prepare(&s->cat, &st, "INSERT INTO verify_checkpoints(checkpoint_id, at, ok, error) VALUES (?, ?, ?, ?) "
+                                      "ON CONFLICT (checkpoint_id) DO UPDATE SET at = excluded.at, ok = excluded.ok, "
+                                      "error = excluded.error"))
         return;
-    sqlite3_bind_int64(st, 1, id);
-    sqlite3_bind_double(st, 2, wall_now());
-    sqlite3_bind_int(st, 3, ok);
-    if (error) sqlite3_bind_text(st, 4, error, -1, SQLITE_TRANSIENT);
-    if (sqlite3_step(st) != SQLITE_DONE) record_failed(s, "record the verify of a checkpoint");
-    sqlite3_finalize(st);
+    db_bind_int64(st, 1, id);
+    db_bind_double(st, 2, wall_now());
+    db_bind_int64(st, 3, ok);
+    if (error) db_bind_text(st, 4, error);
+    if (db_step(st) != DB_DONE) record_failed(s, "record the verify of a checkpoint");
+    db_finalize(st);
 }
 
 static void record_run(ckpt_store *s, const char *ref, const store_verify_result *r)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     if (catalog_prepare(&s->cat, &st, "INSERT INTO verify_runs(at, ref, clean, damaged_blobs, checkpoints_checked, "
                                       "broken_checkpoints) VALUES (?, ?, ?, ?, ?, ?)"))
         return;
-    sqlite3_bind_double(st, 1, wall_now());
-    if (ref) sqlite3_bind_text(st, 2, ref, -1, SQLITE_STATIC);
-    sqlite3_bind_int(st, 3, store_verify_clean(r));
-    sqlite3_bind_int64(st, 4, (sqlite3_int64)r->damaged_blobs);
-    sqlite3_bind_int64(st, 5, (sqlite3_int64)r->checkpoints_checked);
-    sqlite3_bind_int64(st, 6, (sqlite3_int64)r->broken_checkpoints);
-    if (sqlite3_step(st) != SQLITE_DONE) record_failed(s, "record a verify run");
-    sqlite3_finalize(st);
+    db_bind_double(st, 1, wall_now());
+    if (ref) db_bind_text(st, 2, ref);
+    db_bind_int64(st, 3, store_verify_clean(r));
+    db_bind_int64(st, 4, (int64_t)r->damaged_blobs);
+    db_bind_int64(st, 5, (int64_t)r->checkpoints_checked);
+    db_bind_int64(st, 6, (int64_t)r->broken_checkpoints);
+    if (db_step(st) != DB_DONE) record_failed(s, "record a verify run");
+    db_finalize(st);
     if (catalog_exec(&s->cat, "DELETE FROM verify_runs WHERE id <= (SELECT max(id) FROM verify_runs) - 100"))
         ckpt_warn("verify: %s", ckpt_error_last());
 }
@@ -129,17 +130,17 @@ static void record_run(ckpt_store *s, const char *ref, const store_verify_result
 int store_verify_last_run(ckpt_store *s, json_t **out)
 {
     *out = NULL;
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     int rc = catalog_prepare(&s->cat, &st, "SELECT at, ref, clean, damaged_blobs, checkpoints_checked, broken_checkpoints "
                                            "FROM verify_runs ORDER BY id DESC LIMIT 1");
     if (rc) return rc;
-    if (sqlite3_step(st) == SQLITE_ROW)
-        *out = json_pack("{s:f,s:s?,s:b,s:I,s:I,s:I}", "at", sqlite3_column_double(st, 0), "ref",
-                         (const char *)sqlite3_column_text(st, 1), "clean", sqlite3_column_int(st, 2),
-                         "damaged_blobs", (json_int_t)sqlite3_column_int64(st, 3), "checkpoints_checked",
-                         (json_int_t)sqlite3_column_int64(st, 4), "broken_checkpoints",
-                         (json_int_t)sqlite3_column_int64(st, 5));
-    sqlite3_finalize(st);
+    if (db_step(st) == DB_ROW)
+        *out = json_pack("{s:f,s:s?,s:b,s:I,s:I,s:I}", "at", db_col_double(st, 0), "ref",
+                         db_col_text(st, 1), "clean", (int)db_col_int64(st, 2),
+                         "damaged_blobs", (json_int_t)db_col_int64(st, 3), "checkpoints_checked",
+                         (json_int_t)db_col_int64(st, 4), "broken_checkpoints",
+                         (json_int_t)db_col_int64(st, 5));
+    db_finalize(st);
     return 0;
 }
 

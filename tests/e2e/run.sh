@@ -37,7 +37,7 @@ else
     # under 25 s. A name without its script is skipped.)
     first=()
     for slow in test_store_crash test_store test_daemon test_roundtrip test_fetch test_dashboard test_easydel test_fetch_resume test_dcp \
-        test_lora test_s3 test_nxd_out test_nxd test_http test_pg test_inspect; do
+        test_lora test_s3 test_multi test_nxd_out test_nxd test_http test_pg test_inspect; do
         [ -e "$here/$slow.sh" ] && first+=("$here/$slow.sh")
     done
     rest=()

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# test_pg.sh — the job queue and schedules on a real PostgreSQL 15
+# test_pg.sh — the catalog, the job queue and schedules on a real PostgreSQL 15
 # (pg_lib.sh: initdb in the scratch folder, 127.0.0.1, a free port).
 #
 # 1. The queue's unit tests (tests/unit/service/test_queue.c) against the
 #    server: CKPT_DB=postgresql://... runs every case on it, each from an
-#    empty database (so the schema/pg/ migrations run each time).
+#    empty database (so the schema/pg/ migrations run each time); and the SQL
+#    layer's (test_db.c: bytes through bytea).
 # 2. Several processes migrate at once: one set of tables, each migration
 #    recorded once (pg_advisory_xact_lock); a database with a migration this
 #    binary does not know is refused.
@@ -23,9 +24,10 @@
 #    queue.depth), and a schedule paused through the API.
 # 6. PostgreSQL stopped as a crash would and started again under the two
 #    daemons: they reconnect, and a job submitted afterwards runs.
-# 7. A store the database does not serve is refused, and a bad CKPT_DB too.
-# Until the checkpoints' catalog moves to PostgreSQL (docs/ARCHITECTURE.md),
-# the daemons share one CKPT_HOME.
+# 7. A process whose blobs are elsewhere (another home's blobs/ folder) is
+#    refused, and a bad CKPT_DB too.
+# The daemons here share one CKPT_HOME (its blobs/ folder); test_multi.sh runs
+# daemons with homes of their own over a bucket.
 set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
@@ -42,17 +44,6 @@ on_exit() {
     pg_stop
 }
 
-# A job's column, read straight from the database (cheaper than a ckpt process per poll).
-col() { pg_psql "SELECT $2 FROM jobs WHERE id = $1"; }
-state_is() { [ "$(col "$1" state)" = "$2" ]; }
-running_pid() { [ "$(col "$1" "state = 'running' AND worker_pid > 0")" = t ]; }
-parent_of() { awk '/^PPid:/ {print $2}' "/proc/$1/status"; }
-gone() {
-    local s
-    s=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 0
-    [[ -z "$s" || "$s" == Z* || "$s" == X* ]]
-}
-
 # start NAME [env...]: a daemon with one worker on the shared home; its pid in $NAME_pid.
 start() {
     local name=$1
@@ -63,13 +54,6 @@ start() {
     printf -v "${name}_pid" '%s' "$pid"
     wait_until 60 "daemon $name to start" grep -q "ckpt serve: http://" "$work/$name.log"
 }
-stop() { # stop PID: SIGTERM; it must exit 0
-    local rc=0
-    kill -TERM "$1"
-    wait "$1" || rc=$?
-    [ "$rc" -eq 0 ] || fail "daemon $1 exited $rc after SIGTERM"
-}
-
 pg_start
 note "PostgreSQL up on port $pg_port"
 export CKPT_DB=$pg_url CKPT_HOME=$work/home
@@ -79,10 +63,12 @@ unset CKPT_SERVER
 "$unit" >"$work/unit.log" 2>&1 || fail "test_queue on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
 ncases=$(sed -n 's/^\[==========\] Running \([0-9]*\) test.*/\1/p' "$work/unit.log")
 [ -n "$ncases" ] && grep -q "PASSED  \] $ncases test" "$work/unit.log" || fail "test_queue on PostgreSQL: $(tail -n 3 "$work/unit.log")"
-note "1. test_queue passes on PostgreSQL"
+"$(dirname "$ckpt")/tests/test_db" >"$work/unit.log" 2>&1 || fail "test_db on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
+note "1. test_queue and test_db (bytea) pass on PostgreSQL"
 
 # ---- 2. migrations from several processes at once ----
-pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta CASCADE;
+pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta,
+         verify_checkpoints, verify_runs, refs, blob_leases, checkpoint_blobs, tensors, files, checkpoints CASCADE;
          DROP FUNCTION IF EXISTS ckpt_job_attempt_ended, ckpt_job_ended_stats"
 for i in 1 2 3 4; do "$ckpt" jobs --json >"$work/mig.$i" 2>&1 & done
 wait
@@ -90,8 +76,8 @@ for i in 1 2 3 4; do [ "$(cat "$work/mig.$i")" = "[]" ] || fail "ckpt jobs $i wh
 npg=$(ls "$E2E_DIR"/../../schema/pg/[0-9]*.sql | wc -l) # every one of this tree's PostgreSQL migrations, once
 [ "$(pg_psql "SELECT count(*), count(DISTINCT name) FROM ckpt_migrations")" = "$npg|$npg" ] ||
     fail "migrations recorded: $(pg_psql "SELECT name FROM ckpt_migrations")"
-[ "$(pg_psql "SELECT value FROM ckpt_meta WHERE key = 'store'")" = "$(hostname):$(realpath "$CKPT_HOME")/ckpt.db" ] ||
-    fail "the database does not record its store: $(pg_psql "SELECT * FROM ckpt_meta")"
+[ "$(pg_psql "SELECT value FROM ckpt_meta WHERE key = 'blobs'")" = "$(hostname):$(realpath "$CKPT_HOME")/blobs" ] ||
+    fail "the database does not record where its blobs are: $(pg_psql "SELECT * FROM ckpt_meta")"
 pg_psql "INSERT INTO ckpt_migrations VALUES ('999_future.sql', 0)"
 expect_status 1 "$ckpt" jobs
 grep -q "has migration 999_future.sql, which this ckpt does not know; use a newer ckpt" "$work/err" ||
@@ -199,7 +185,8 @@ daemons=()
 
 # ---- 7. refusals ----
 expect_status 1 env CKPT_HOME="$work/other" "$ckpt" jobs
-grep -q "serves the store at $(hostname):$CKPT_HOME/ckpt.db" "$work/err" || fail "another store: $(cat "$work/err")"
+grep -q "have their blobs in $(hostname):$(realpath "$CKPT_HOME")/blobs; this process's blobs are $(hostname):$(realpath "$work/other")/blobs" "$work/err" ||
+    fail "another home's blobs: $(cat "$work/err")"
 expect_status 1 env CKPT_DB=mysql://u:secret@h/db "$ckpt" jobs
 grep -q "expected a postgresql:// URL" "$work/err" && ! grep -q secret "$work/err" || fail "bad CKPT_DB: $(cat "$work/err")"
 expect_status 1 env CKPT_DB="postgresql://ckpt:secret@127.0.0.1:$pg_port/nosuchdb" "$ckpt" jobs

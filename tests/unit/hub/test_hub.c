@@ -113,12 +113,12 @@ static void test_every(void **state)
 
 static int count_jobs(catalog *c, const char *kind)
 {
-    sqlite3_stmt *st;
+    ckpt_stmt *st;
     assert_int_equal(catalog_prepare(c, &st, "SELECT count(*) FROM jobs WHERE kind = ?"), 0);
-    sqlite3_bind_text(st, 1, kind, -1, SQLITE_STATIC);
-    assert_int_equal(sqlite3_step(st), SQLITE_ROW);
-    int n = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
+    db_bind_text(st, 1, kind);
+    assert_int_equal(db_step(st), DB_ROW);
+    int n = (int)db_col_int64(st, 0);
+    db_finalize(st);
     return n;
 }
 
