@@ -40,6 +40,7 @@
  * go through the page cache. */
 #define EXEC_DIRECT_ALIGN 4096u
 #define EXEC_DIRECT_MIN (256u << 10)
+#define EXEC_WRITERS 2 /* threads writing the workers' slabs with O_DIRECT */
 
 /* A strided walk: element i (multi-index over ext) is at src + sum i[k]*ss[k]
  * (source elements) and dst + sum i[k]*ds[k] (destination elements). */
@@ -54,6 +55,15 @@ typedef struct {
 typedef struct {
     size_t file, slot; /* exec_file index, layout slot */
 } work_item;
+
+/* A slab's whole blocks queued for a writer thread: bytes [off, off+len) of
+ * output file f from buf, which lies in slab (returned to the pool after). */
+typedef struct {
+    uint8_t *slab;
+    const uint8_t *buf;
+    size_t f, len;
+    uint64_t off;
+} exec_write;
 
 typedef struct {
     const exec_plan *p;
@@ -74,6 +84,16 @@ typedef struct {
     bool **slot_done;     /* per output file and layout slot: its bytes are in place */
     pthread_cond_t moved; /* a slot is done, or an error stops everything */
     size_t next_hash_file;
+    /* Writers (o->direct): the whole blocks of a slab are written by a writer
+     * thread while its worker fills another slab. Under mu: */
+    int nwriters;
+    pthread_cond_t wmoved; /* a write was queued or finished, or the writers may stop */
+    exec_write *queue;     /* ring of qcap (= every slab) */
+    size_t qhead, qlen, qcap;
+    uint8_t **free_slabs; /* slabs no worker holds and no write uses */
+    size_t nfree;
+    size_t *pending; /* per output file: writes queued or under way */
+    bool wstop;
 } exec_ctx;
 
 typedef struct {
@@ -85,6 +105,8 @@ typedef struct {
     uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
     uint8_t *cmp;  /* as slab, for checks */
 } worker;
+
+static void exec_fail(exec_ctx *c, int rc);
 
 /* Drops length-1 axes and merges axes that are contiguous in both source and destination. */
 static void walk_collapse(walk *w)
@@ -470,12 +492,67 @@ static int direct_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, u
     return 0;
 }
 
+/* The whole blocks of a slab go to a writer thread (o->direct): the slab is
+ * queued with the write and the worker takes a free one to fill next. */
+static void queue_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    exec_ctx *c = wk->c;
+    pthread_mutex_lock(&c->mu);
+    assert(c->qlen < c->qcap);
+    c->queue[(c->qhead + c->qlen++) % c->qcap] = (exec_write){.slab = wk->slab, .buf = buf, .f = f, .len = len, .off = off};
+    c->pending[f]++;
+    pthread_cond_broadcast(&c->wmoved);
+    while (!c->nfree) pthread_cond_wait(&c->wmoved, &c->mu); /* writers always give slabs back */
+    wk->slab = c->free_slabs[--c->nfree];
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A writer thread: the queued writes in order, until the workers are done.
+ * After an error the writes are dropped, their slabs still given back. */
+static void *writer_main(void *arg)
+{
+    exec_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->qlen && !c->wstop) pthread_cond_wait(&c->wmoved, &c->mu);
+        if (!c->qlen) break;
+        exec_write w = c->queue[c->qhead];
+        c->qhead = (c->qhead + 1) % c->qcap;
+        c->qlen--;
+        bool failed = c->err != 0;
+        pthread_mutex_unlock(&c->mu);
+        int rc = failed ? 0 : direct_write(c, w.f, w.buf, w.len, w.off);
+        if (rc == 1) /* refused: the page cache */
+            rc = ckpt_pwrite_full(c->out_fds[w.f], w.buf, w.len, w.off, c->out_paths[w.f]);
+        if (rc) exec_fail(c, rc);
+        pthread_mutex_lock(&c->mu);
+        c->free_slabs[c->nfree++] = w.slab;
+        c->pending[w.f]--;
+        pthread_cond_broadcast(&c->wmoved);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* Waits until the writes queued for output file f are done (before its fsync). */
+static void wait_writes(exec_ctx *c, size_t f)
+{
+    if (!c->nwriters) return;
+    pthread_mutex_lock(&c->mu);
+    while (c->pending[f]) pthread_cond_wait(&c->wmoved, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
 /* Writes buf to output file f at off. With o->direct, when buf lies at the
  * same place in a block as off and the run is long, the whole blocks go
  * through the O_DIRECT descriptor (straight to the device, no page cache
- * filled) and only the partial blocks at its ends through the page cache. */
-static int out_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+ * filled) and only the partial blocks at its ends through the page cache;
+ * when buf lies in the worker's slab and writer threads run, the whole
+ * blocks are queued for them (the slab goes with them: buf is not the
+ * worker's to use after). */
+static int out_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
 {
+    exec_ctx *c = wk->c;
     const uint64_t A = EXEC_DIRECT_ALIGN;
     uint64_t a = (off + A - 1) / A * A, b = (off + len) / A * A;
     int fd = c->out_fds[f];
@@ -483,9 +560,13 @@ static int out_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint
     if (!c->dio_fds || c->dio_fds[f] < 0 || len < EXEC_DIRECT_MIN || (uintptr_t)buf % A != off % A || b <= a)
         return ckpt_pwrite_full(fd, buf, len, off, path);
     int rc = a > off ? ckpt_pwrite_full(fd, buf, (size_t)(a - off), off, path) : 0;
+    if (!rc && off + len > b) rc = ckpt_pwrite_full(fd, buf + (b - off), (size_t)(off + len - b), b, path);
+    if (!rc && c->nwriters && buf >= wk->slab && buf + len <= wk->slab + wk->slab_bytes + A) {
+        queue_write(wk, f, buf + (a - off), (size_t)(b - a), a);
+        return 0;
+    }
     if (!rc && (rc = direct_write(c, f, buf + (a - off), (size_t)(b - a), a)) == 1)
         rc = ckpt_pwrite_full(fd, buf + (a - off), (size_t)(b - a), a, path); /* refused: the page cache */
-    if (!rc && off + len > b) rc = ckpt_pwrite_full(fd, buf + (b - off), (size_t)(off + len - b), b, path);
     return rc;
 }
 
@@ -509,13 +590,19 @@ static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, size
     for (uint64_t done = 0; done < len;) {
         size_t n = (size_t)(len - done < piece ? len - done : piece);
         const uint8_t *v;
-        int rc = vsource_view(wk, s, src_off + done, n, &v);
-        if (!rc && direct) {
+        const exec_vsource *vs = c->p->vsource;
+        int rc;
+        if (direct && vs->read) { /* straight into the slab */
+            uint8_t *b = slab_for(wk, f, dst_off + done, n);
+            if ((rc = vs->read(vs->ctx, wk->vts, s->file, src_off + done, n, b)))
+                rc = ckpt_error_prefix(rc, "tensor '%s'", s->name);
+            v = b;
+        } else if (!(rc = vsource_view(wk, s, src_off + done, n, &v)) && direct) {
             uint8_t *b = slab_for(wk, f, dst_off + done, n);
             memcpy(b, v, n);
             v = b;
         }
-        if (!rc) rc = out_write(c, f, v, n, dst_off + done);
+        if (!rc) rc = out_write(wk, f, v, n, dst_off + done);
         if (rc) return rc;
         done += n;
     }
@@ -621,9 +708,10 @@ static bool box_run(const plan_tensor *t, const uint64_t *blo, const uint64_t *b
 }
 
 /* Writes box [blo, blo+bext) from buf (row-major) into the tensor at t_off of output file f. */
-static int write_box(exec_ctx *c, size_t f, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext,
+static int write_box(worker *wk, size_t f, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext,
                      const uint8_t *buf, uint64_t t_off)
 {
+    exec_ctx *c = wk->c;
     int fd = c->out_fds[f];
     const char *path = c->out_paths[f];
     size_t es = ckpt_dtype_size(t->dtype);
@@ -632,7 +720,7 @@ static int write_box(exec_ctx *c, size_t f, const plan_tensor *t, const uint64_t
     for (int k = 0; k < t->ndim; k++) assert(blo[k] <= t->shape[k] && bext[k] <= t->shape[k] - blo[k]);
     uint64_t n = 1, start;
     for (int k = 0; k < t->ndim; k++) n *= bext[k];
-    if (box_run(t, blo, bext, &start)) return out_write(c, f, buf, n * es, t_off + start * es);
+    if (box_run(t, blo, bext, &start)) return out_write(wk, f, buf, n * es, t_off + start * es);
     uint64_t row = bext[t->ndim - 1], idx[PLAN_MAX_DIM] = {0};
     for (uint64_t r = 0; r < n / row; r++) {
         uint64_t off = blo[t->ndim - 1] * ts[t->ndim - 1];
@@ -725,7 +813,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
     size_t es = ckpt_dtype_size(t->dtype);
     if (t->ndim == 0) {
         int rc = fill_box(wk, t, lo, ext, wk->slab);
-        if (!rc) rc = write_box(wk->c, f, t, lo, ext, wk->slab, t_off);
+        if (!rc) rc = write_box(wk, f, t, lo, ext, wk->slab, t_off);
         if (!rc) add_progress(wk->c, es);
         return rc;
     }
@@ -736,7 +824,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
         uint64_t start;
         uint8_t *buf = box_run(t, lo, ext, &start) ? slab_for(wk, f, t_off + start * es, n * es) : wk->slab;
         int rc = fill_box(wk, t, lo, ext, buf);
-        if (!rc) rc = write_box(wk->c, f, t, lo, ext, buf, t_off);
+        if (!rc) rc = write_box(wk, f, t, lo, ext, buf, t_off);
         if (rc) return rc;
         if (wk->c->err) return CKPT_ECANCELLED;
         add_progress(wk->c, n * es);
@@ -842,6 +930,7 @@ static void *worker_main(void *arg)
                 pthread_cond_broadcast(&c->moved);
             }
             pthread_mutex_unlock(&c->mu);
+            if (last) wait_writes(c, it.file);
             if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
             else if (last)
@@ -1098,6 +1187,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     c.o = o;
     pthread_mutex_init(&c.mu, NULL);
     pthread_cond_init(&c.moved, NULL);
+    pthread_cond_init(&c.wmoved, NULL);
     int threads = o->threads > 0 ? o->threads : 2;
     if (threads > EXEC_MAX_THREADS) threads = EXEC_MAX_THREADS;
     c.src_fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *c.src_fds);
@@ -1168,13 +1258,36 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         if (p->sources[i].nbytes > src_max) src_max = p->sources[i].nbytes;
     size_t slab_bytes = out_max < EXEC_SLAB_BYTES ? (size_t)out_max : EXEC_SLAB_BYTES;
     size_t band_bytes = src_max < EXEC_BAND_BYTES ? (size_t)src_max : EXEC_BAND_BYTES;
+    /* With O_DIRECT output, writer threads write each worker's last slab
+     * while it fills the next: a slab for each worker and one per writer
+     * more, the ones not held by a worker in the pool (c.free_slabs). */
+    int writers = c.dio_fds && !rc ? EXEC_WRITERS : 0;
+    size_t nslabs = (size_t)threads + (size_t)writers;
+    uint8_t **slabs = ckpt_calloc(nslabs, sizeof *slabs);
+    if (!slabs && !rc) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < nslabs; i++)
+        if (!(slabs[i] = aligned_alloc(EXEC_DIRECT_ALIGN, (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN)))
+            rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
+    if (!rc && writers) {
+        c.qcap = nslabs; /* every slab queued: each worker's and the pool's */
+        c.queue = ckpt_calloc(c.qcap, sizeof *c.queue);
+        c.free_slabs = ckpt_calloc(c.qcap, sizeof *c.free_slabs);
+        c.pending = ckpt_calloc(p->nfiles + 1, sizeof *c.pending);
+        if (!c.queue || !c.free_slabs || !c.pending) rc = CKPT_ENOMEM;
+        for (size_t i = threads; !rc && i < nslabs; i++) c.free_slabs[c.nfree++] = slabs[i];
+    }
+    pthread_t writer_tids[EXEC_WRITERS];
+    for (int i = 0; !rc && i < writers; i++) {
+        if (pthread_create(&writer_tids[i], NULL, writer_main, &c)) break; /* fewer: slower, not wrong */
+        c.nwriters++;
+    }
     for (int i = 0; !rc && i < threads; i++) {
         wks[i].c = &c;
-        wks[i].slab = aligned_alloc(EXEC_DIRECT_ALIGN, (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN);
+        wks[i].slab = slabs[i];
         wks[i].slab_bytes = slab_bytes;
         wks[i].band = malloc(band_bytes);
         wks[i].cmp = malloc(slab_bytes);
-        if (!wks[i].slab || !wks[i].band || !wks[i].cmp) {
+        if (!wks[i].band || !wks[i].cmp) {
             rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
             break;
         }
@@ -1191,6 +1304,11 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (!rc && c.slot_done && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
     if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    pthread_mutex_lock(&c.mu);
+    c.wstop = true; /* the writers finish what is queued, then stop */
+    pthread_cond_broadcast(&c.wmoved);
+    pthread_mutex_unlock(&c.mu);
+    for (int i = 0; i < c.nwriters; i++) pthread_join(writer_tids[i], NULL);
     for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);
     for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
     pthread_mutex_destroy(&hj.mu);
@@ -1205,8 +1323,12 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++)
         if (c.src_fds[i] >= 0) close(c.src_fds[i]);
     for (size_t f = 0; c.out_paths && f < p->nfiles; f++) free(c.out_paths[f]);
+    for (size_t i = 0; slabs && i < nslabs; i++) free(slabs[i]);
+    free(slabs);
+    free(c.queue);
+    free(c.free_slabs);
+    free(c.pending);
     for (int i = 0; wks && i < threads; i++) {
-        free(wks[i].slab);
         free(wks[i].band);
         free(wks[i].cmp);
     }
@@ -1220,6 +1342,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (size_t f = 0; c.slot_done && f < p->nfiles; f++) free(c.slot_done[f]);
     free(c.slot_done);
     pthread_cond_destroy(&c.moved);
+    pthread_cond_destroy(&c.wmoved);
     pthread_mutex_destroy(&c.mu);
     return rc;
 }

@@ -74,6 +74,10 @@ typedef struct exec_vsource {
      * executor asks view for the span instead). */
     int (*view_rows)(void *ctx, void *ts, size_t file, uint64_t off, uint64_t rows, uint64_t stride, size_t len,
                      const uint8_t **out, uint64_t *out_stride);
+    /* Optional (NULL: view and a copy): bytes [off, off+len) of source file
+     * `file` into buf (len <= EXEC_SLAB_BYTES). The executor copies a
+     * tensor's bytes with it into the slab it writes with O_DIRECT. */
+    int (*read)(void *ctx, void *ts, size_t file, uint64_t off, size_t len, uint8_t *buf);
 } exec_vsource;
 
 typedef struct {

@@ -238,6 +238,37 @@ static int read_all(const char *dir, const char *rel, int32_t v[35])
     return rc;
 }
 
+/* Chunk 0.0 of array rel decoded in one piece (zarr_decoder_chunk: one
+ * libzstd call over the mapped file, or in pieces when that call refuses it). */
+static int read_chunk00(const char *dir, const char *rel, int32_t c[6])
+{
+    int root = open(dir, O_RDONLY | O_DIRECTORY);
+    assert_true(root >= 0);
+    zarr_array a;
+    int rc = zarr_open(&a, root, rel, "arr");
+    close(root);
+    if (rc) return rc;
+    zarr_decoder *d = zarr_decoder_new();
+    assert_non_null(d);
+    uint64_t idx[2] = {0, 0};
+    memset(c, 0xa5, 24);
+    rc = zarr_decoder_chunk(d, &a, idx, c, NULL);
+    zarr_decoder_free(d);
+    zarr_close(&a);
+    return rc;
+}
+
+/* Both readers refuse array rel's chunk 0.0 with a message holding needle. */
+static void expect_refused(const char *dir, const char *rel, const char *needle)
+{
+    int32_t v[35], c[6];
+    assert_true(read_all(dir, rel, v) < 0);
+    assert_contains(ckpt_error_last(), needle);
+    ckpt_error_clear();
+    assert_true(read_chunk00(dir, rel, c) < 0);
+    assert_contains(ckpt_error_last(), needle);
+}
+
 static void test_read(void **state)
 {
     const char *dir = *state;
@@ -247,6 +278,20 @@ static void test_read(void **state)
     assert_int_equal(read_all(dir, "dot", v), 0);
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 7; j++) assert_int_equal(v[i * 7 + j], 100 * i + j);
+    /* one chunk in one call, a frame with and without its content size, and a missing chunk */
+    int32_t c[6], want[6];
+    chunk_bytes(0, 0, want);
+    assert_int_equal(read_chunk00(dir, "dot", c), 0);
+    assert_memory_equal(c, want, sizeof c);
+    put_zstd_stream(dir, "dot/0.0", want, sizeof want);
+    assert_int_equal(read_chunk00(dir, "dot", c), 0);
+    assert_memory_equal(c, want, sizeof c);
+    char *gone = join(dir, "dot/0.0");
+    assert_int_equal(unlink(gone), 0);
+    free(gone);
+    assert_int_equal(read_chunk00(dir, "dot", c), 0);
+    for (int i = 0; i < 6; i++) assert_int_equal(c[i], 7);
+    write_array(dir, "dot", '.', false);
     assert_int_equal(read_all(dir, "a/slash", v), 0);
     for (int i = 0; i < 5; i++)
         for (int j = 0; j < 7; j++) {
@@ -284,31 +329,33 @@ static void test_hostile_chunks(void **state)
     /* more bytes than a chunk, recorded in the frame */
     write_array(dir, "bomb", '.', false);
     put_zstd(dir, "bomb/0.0", big, sizeof big);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0' decompresses to 256 bytes, a chunk is 24");
+    expect_refused(dir, "bomb", "arr: chunk '0.0' decompresses to 256 bytes, a chunk is 24");
     /* a zstd bomb without a content size: stops one byte past the chunk */
     size_t huge = 64u << 20;
     uint8_t *zeros = calloc(1, huge);
     put_zstd_stream(dir, "bomb/0.0", zeros, huge);
     free(zeros);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0' decompresses to more than 24 bytes");
+    expect_refused(dir, "bomb", "arr: chunk '0.0' decompresses to more than 24 bytes");
     /* fewer bytes */
     put_zstd_stream(dir, "bomb/0.0", c, 20);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "decompresses to 20 bytes, a chunk is 24");
+    expect_refused(dir, "bomb", "decompresses to 20 bytes, a chunk is 24");
     /* not zstd */
     put_str(dir, "bomb/0.0", "hello, not a frame");
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0'");
+    expect_refused(dir, "bomb", "arr: chunk '0.0' is not a zstd frame");
     /* a truncated frame */
     size_t cap = ZSTD_compressBound(sizeof c);
-    uint8_t *z = malloc(cap);
+    uint8_t *z = malloc(cap + 64);
     size_t n = ZSTD_compress(z, cap, c, sizeof c, 1);
     put(dir, "bomb/0.0", z, n - 3);
+    expect_refused(dir, "bomb", "arr: chunk '0.0'");
+    /* a whole frame, then bytes that are no frame; then a second frame */
+    memcpy(z + n, "junk", 4);
+    put(dir, "bomb/0.0", z, n + 4);
+    expect_refused(dir, "bomb", "arr: chunk '0.0'");
+    memcpy(z + n, z, n);
+    put(dir, "bomb/0.0", z, 2 * n);
+    expect_refused(dir, "bomb", "arr: chunk '0.0' decompresses to more than 24 bytes");
     free(z);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0'");
     /* a chunk that is a symbolic link */
     char *outside = join(dir, "outside");
     put_zstd(dir, "outside", c, sizeof c);
