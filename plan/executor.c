@@ -492,8 +492,33 @@ static int direct_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, u
     return 0;
 }
 
-/* The whole blocks of a slab go to a writer thread (o->direct): the slab is
- * queued with the write and the worker takes a free one to fill next. */
+/* Writes buf to output file f at off. With o->direct, when buf lies at the
+ * same place in a block as off and the run is long, the whole blocks go
+ * through the O_DIRECT descriptor (straight to the device, no page cache
+ * filled) and only the partial blocks at its ends through the page cache. */
+static bool direct_run(const exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    const uint64_t A = EXEC_DIRECT_ALIGN;
+    return c->dio_fds && c->dio_fds[f] >= 0 && len >= EXEC_DIRECT_MIN && (uintptr_t)buf % A == off % A &&
+           (off + len) / A * A > (off + A - 1) / A * A;
+}
+
+static int write_now(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    const uint64_t A = EXEC_DIRECT_ALIGN;
+    uint64_t a = (off + A - 1) / A * A, b = (off + len) / A * A;
+    int fd = c->out_fds[f];
+    const char *path = c->out_paths[f];
+    if (!direct_run(c, f, buf, len, off)) return ckpt_pwrite_full(fd, buf, len, off, path);
+    int rc = a > off ? ckpt_pwrite_full(fd, buf, (size_t)(a - off), off, path) : 0;
+    if (!rc && (rc = direct_write(c, f, buf + (a - off), (size_t)(b - a), a)) == 1)
+        rc = ckpt_pwrite_full(fd, buf + (a - off), (size_t)(b - a), a, path); /* refused: the page cache */
+    if (!rc && off + len > b) rc = ckpt_pwrite_full(fd, buf + (b - off), (size_t)(off + len - b), b, path);
+    return rc;
+}
+
+/* A run of a slab written with O_DIRECT goes to a writer thread: the slab
+ * is queued with the write and the worker takes a free one to fill next. */
 static void queue_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
 {
     exec_ctx *c = wk->c;
@@ -521,9 +546,7 @@ static void *writer_main(void *arg)
         c->qlen--;
         bool failed = c->err != 0;
         pthread_mutex_unlock(&c->mu);
-        int rc = failed ? 0 : direct_write(c, w.f, w.buf, w.len, w.off);
-        if (rc == 1) /* refused: the page cache */
-            rc = ckpt_pwrite_full(c->out_fds[w.f], w.buf, w.len, w.off, c->out_paths[w.f]);
+        int rc = failed ? 0 : write_now(c, w.f, w.buf, w.len, w.off);
         if (rc) exec_fail(c, rc);
         pthread_mutex_lock(&c->mu);
         c->free_slabs[c->nfree++] = w.slab;
@@ -543,31 +566,20 @@ static void wait_writes(exec_ctx *c, size_t f)
     pthread_mutex_unlock(&c->mu);
 }
 
-/* Writes buf to output file f at off. With o->direct, when buf lies at the
- * same place in a block as off and the run is long, the whole blocks go
- * through the O_DIRECT descriptor (straight to the device, no page cache
- * filled) and only the partial blocks at its ends through the page cache;
- * when buf lies in the worker's slab and writer threads run, the whole
- * blocks are queued for them (the slab goes with them: buf is not the
- * worker's to use after). */
+/* write_now, or, when buf is a run of the worker's slab for O_DIRECT and
+ * writer threads run, queued whole (its partial blocks too: a worker's
+ * write through the page cache would wait for the inode lock that a
+ * writer's O_DIRECT write holds until the device is done). buf is then
+ * no longer the worker's to use. */
 static int out_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
 {
     exec_ctx *c = wk->c;
-    const uint64_t A = EXEC_DIRECT_ALIGN;
-    uint64_t a = (off + A - 1) / A * A, b = (off + len) / A * A;
-    int fd = c->out_fds[f];
-    const char *path = c->out_paths[f];
-    if (!c->dio_fds || c->dio_fds[f] < 0 || len < EXEC_DIRECT_MIN || (uintptr_t)buf % A != off % A || b <= a)
-        return ckpt_pwrite_full(fd, buf, len, off, path);
-    int rc = a > off ? ckpt_pwrite_full(fd, buf, (size_t)(a - off), off, path) : 0;
-    if (!rc && off + len > b) rc = ckpt_pwrite_full(fd, buf + (b - off), (size_t)(off + len - b), b, path);
-    if (!rc && c->nwriters && buf >= wk->slab && buf + len <= wk->slab + wk->slab_bytes + A) {
-        queue_write(wk, f, buf + (a - off), (size_t)(b - a), a);
+    if (c->nwriters && direct_run(c, f, buf, len, off) && buf >= wk->slab &&
+        buf + len <= wk->slab + wk->slab_bytes + EXEC_DIRECT_ALIGN) {
+        queue_write(wk, f, buf, len, off);
         return 0;
     }
-    if (!rc && (rc = direct_write(c, f, buf + (a - off), (size_t)(b - a), a)) == 1)
-        rc = ckpt_pwrite_full(fd, buf + (a - off), (size_t)(b - a), a, path); /* refused: the page cache */
-    return rc;
+    return write_now(c, f, buf, len, off);
 }
 
 /* Where a box of n bytes to be written at file offset off goes in the slab:
@@ -1135,8 +1147,12 @@ static int open_outputs(exec_ctx *c, const char *out_dir)
         int rc = ckpt_pwrite_full(fd, ef->layout.header, ef->layout.header_len, 0, path);
         if (!rc && ftruncate(fd, (off_t)ef->layout.file_size) < 0) rc = ckpt_error_sys("%s: extend", path);
         if (rc) return rc;
-        /* A file system that takes no O_DIRECT (tmpfs) is written through the page cache. */
+        /* A file system that takes no O_DIRECT is written through the page cache. */
         if (c->dio_fds) c->dio_fds[f] = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        /* Its blocks allocated up front (best effort): an O_DIRECT write into
+         * a hole takes the inode's lock alone (ext4), one into allocated
+         * blocks shares it, so the writer threads write side by side. */
+        if (c->dio_fds && c->dio_fds[f] >= 0) (void)fallocate(fd, 0, 0, (off_t)ef->layout.file_size);
     }
     return 0;
 }
