@@ -23,6 +23,10 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define EXEC_HAVE_AVX2_PATH 1
+#endif
 
 #define EXEC_TILE_MIN_RUN 256 /* elements a transposing tile reads from each source line, at least */
 #define EXEC_TRANSPOSE_BLOCK 32 /* elements: a block's source lines stay in L1 */
@@ -40,7 +44,6 @@
  * go through the page cache. */
 #define EXEC_DIRECT_ALIGN 4096u
 #define EXEC_DIRECT_MIN (256u << 10)
-#define EXEC_WRITERS 2 /* threads writing the workers' slabs with O_DIRECT */
 
 /* A strided walk: element i (multi-index over ext) is at src + sum i[k]*ss[k]
  * (source elements) and dst + sum i[k]*ds[k] (destination elements). */
@@ -223,6 +226,54 @@ static inline void transpose8x8_2(const uint8_t *src, size_t sstr, uint8_t *dst,
 }
 #endif
 
+#ifdef EXEC_HAVE_AVX2_PATH
+/* transpose8x8_2's work on 16 x 16 elements with 256-bit registers, for
+ * CPUs with AVX2 (chosen at run time): each 128-bit lane of 8 source rows
+ * is transposed as transpose8x8_2 does (the unpacks work lane by lane),
+ * then the lanes of rows 0-7 and 8-15 are paired (vperm2i128): half the
+ * instructions per element. ni x nj elements (multiples of 16) of source
+ * rows sstr bytes apart into rows of the tile tstr bytes apart. */
+__attribute__((target("avx2"))) static void transpose_tiles_avx2(const uint8_t *src, size_t sstr, uint8_t *tile,
+                                                                 size_t tstr, uint64_t ni, uint64_t nj)
+{
+    for (uint64_t i = 0; i < ni; i += 16)
+        for (uint64_t j = 0; j < nj; j += 16) {
+            const uint8_t *s = src + i * sstr + j * 2;
+            uint8_t *d = tile + j * tstr + i * 2;
+            __m256i r[16], t[16], u[16], x[16];
+            for (int k = 0; k < 16; k++) r[k] = _mm256_loadu_si256((const __m256i *)(const void *)(s + k * sstr));
+            for (int g = 0; g < 16; g += 8) {
+                for (int k = 0; k < 4; k++) {
+                    t[g + 2 * k] = _mm256_unpacklo_epi16(r[g + 2 * k], r[g + 2 * k + 1]);
+                    t[g + 2 * k + 1] = _mm256_unpackhi_epi16(r[g + 2 * k], r[g + 2 * k + 1]);
+                }
+                for (int h = 0; h < 2; h++)
+                    for (int q = 0; q < 2; q++) {
+                        u[g + 4 * h + 2 * q] = _mm256_unpacklo_epi32(t[g + 4 * h + q], t[g + 4 * h + 2 + q]);
+                        u[g + 4 * h + 2 * q + 1] = _mm256_unpackhi_epi32(t[g + 4 * h + q], t[g + 4 * h + 2 + q]);
+                    }
+                for (int c = 0; c < 4; c++) {
+                    x[g + 2 * c] = _mm256_unpacklo_epi64(u[g + c], u[g + 4 + c]);
+                    x[g + 2 * c + 1] = _mm256_unpackhi_epi64(u[g + c], u[g + 4 + c]);
+                }
+            }
+            /* x[k], lane L: source column 8L + k of rows 0-7; x[8 + k]: of rows 8-15 */
+            for (int k = 0; k < 8; k++) {
+                _mm256_storeu_si256((__m256i *)(void *)(d + k * tstr), _mm256_permute2x128_si256(x[k], x[8 + k], 0x20));
+                _mm256_storeu_si256((__m256i *)(void *)(d + (8 + k) * tstr),
+                                    _mm256_permute2x128_si256(x[k], x[8 + k], 0x31));
+            }
+        }
+}
+
+static bool exec_avx2(void)
+{
+    static int have = -1; /* (a benign race: every thread computes the same) */
+    if (have < 0) have = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return have;
+}
+#endif
+
 /* walk_run of a transposing walk: axes `in` (innermost, contiguous in the
  * output) and `tj` (contiguous in the source) in EXEC_TRANSPOSE_BLOCK x
  * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. Two-byte
@@ -248,14 +299,23 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
 #ifdef __SSE2__
         if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
             tiled = true;
-            uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
+            uint64_t q = 8;
+#ifdef EXEC_HAVE_AVX2_PATH
+            if (exec_avx2()) q = 16;
+#endif
+            uint64_t i8 = w->ext[in] / q * q, j8 = w->ext[tj] / q * q; /* the part done in q x q tiles */
             for (uint64_t jb = 0; jb < j8; jb += T)
                 for (uint64_t ib = 0; ib < i8; ib += T) {
                     uint64_t nj = j8 - jb < T ? j8 - jb : T, ni = i8 - ib < T ? i8 - ib : T;
-                    for (uint64_t i = 0; i < ni; i += 8)
-                        for (uint64_t j = 0; j < nj; j += 8)
-                            transpose8x8_2(band + (so + (ib + i) * w->ss[in] + jb + j - band_first) * 2,
-                                           w->ss[in] * 2, tile + (j * T + i) * 2, T * 2);
+                    const uint8_t *src = band + (so + ib * w->ss[in] + jb - band_first) * 2;
+#ifdef EXEC_HAVE_AVX2_PATH
+                    if (q == 16) transpose_tiles_avx2(src, w->ss[in] * 2, tile, T * 2, ni, nj);
+                    else
+#endif
+                        for (uint64_t i = 0; i < ni; i += 8)
+                            for (uint64_t j = 0; j < nj; j += 8)
+                                transpose8x8_2(src + (i * w->ss[in] + j) * 2, w->ss[in] * 2, tile + (j * T + i) * 2,
+                                               T * 2);
                     for (uint64_t j = 0; j < nj; j++)
                         memcpy(dst + (d + (jb + j) * w->ds[tj] + ib) * 2, tile + j * T * 2, ni * 2);
                 }

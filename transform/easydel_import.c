@@ -358,11 +358,18 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     if (va->how == READ_STREAM || va->how == READ_BAND) return stream_bytes(t, a, in, len, NULL, out);
     if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
+        /* A worker holds an array decoded whole (and its chunk file mapped
+         * while it decodes it), or a band, or a window and a mapping. */
         t->held = NULL;
         free(t->band);
         t->band = NULL;
         t->band_cap = 0;
         t->banded = NULL;
+        free(t->win);
+        t->win = NULL;
+        t->streaming = NULL;
+        if (t->map) munmap(t->map, t->map_len);
+        t->map = NULL;
         if (a->z.nbytes > t->cap) {
             free(t->buf);
             t->cap = 0;
