@@ -1266,16 +1266,23 @@ static void test_transpose_tiles_2byte(void **state)
         {"wide.weight", CKPT_DT_I16, 2, {9000, 301}, 2, 301},
         {"tiny.weight", CKPT_DT_I16, 2, {5, 3}, 3, 3},
         {"eight.weight", CKPT_DT_I16, 2, {16, 8}, 4, 8},
+        {"sixteen.weight", CKPT_DT_I16, 2, {48, 272}, 5, 272},
     };
     make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
-    convert_with_rules(fx, fx->dst, "{'rules': [{'op': 'transpose', 'pattern': '[.]weight$'}]}");
-    for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) {
-        view v = load(fx->dst, -1, t[i].name);
-        expect_shape(&v, CKPT_DT_I16, 2, SHAPE(t[i].shape[1], t[i].shape[0]));
-        expect_block(&v, 0, 0, t[i].shape[1], t[i].shape[0], &t[i], 0, 0, true);
-        view_free(&v);
+    /* 16 x 16 tiles where the CPU has AVX2, then 8 x 8 (SSE2) tiles */
+    for (int sse2 = 0; sse2 < 2; sse2++) {
+        if (sse2) setenv("CKPT_EXEC_NO_AVX2", "1", 1);
+        ckpt_rm_rf(fx->dst);
+        convert_with_rules(fx, fx->dst, "{'rules': [{'op': 'transpose', 'pattern': '[.]weight$'}]}");
+        for (size_t i = 0; i < CKPT_ARRAY_LEN(t); i++) {
+            view v = load(fx->dst, -1, t[i].name);
+            expect_shape(&v, CKPT_DT_I16, 2, SHAPE(t[i].shape[1], t[i].shape[0]));
+            expect_block(&v, 0, 0, t[i].shape[1], t[i].shape[0], &t[i], 0, 0, true);
+            view_free(&v);
+        }
+        expect_round_trip(fx, fx->dst);
     }
-    expect_round_trip(fx, fx->dst);
+    unsetenv("CKPT_EXEC_NO_AVX2");
 }
 
 /* exec_opts.direct (convert_opts.direct): the whole blocks of long runs
