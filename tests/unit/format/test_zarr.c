@@ -220,13 +220,20 @@ static void write_array(const char *dir, const char *rel, char sep, bool skip_11
         }
 }
 
-static int read_all(const char *dir, const char *rel, int32_t v[35])
+/* Opens array rel under dir (labelled "arr" in messages). */
+static int open_arr(const char *dir, const char *rel, zarr_array *a)
 {
     int root = open(dir, O_RDONLY | O_DIRECTORY);
     assert_true(root >= 0);
-    zarr_array a;
-    int rc = zarr_open(&a, root, rel, "arr");
+    int rc = zarr_open(a, root, rel, "arr");
     close(root);
+    return rc;
+}
+
+static int read_all(const char *dir, const char *rel, int32_t v[35])
+{
+    zarr_array a;
+    int rc = open_arr(dir, rel, &a);
     if (rc) return rc;
     uint64_t seen[140] = {0};
     mem_sink m = {(uint8_t *)v, 140, seen};
@@ -242,11 +249,8 @@ static int read_all(const char *dir, const char *rel, int32_t v[35])
  * libzstd call over the mapped file, or in pieces when that call refuses it). */
 static int read_chunk00(const char *dir, const char *rel, int32_t c[6])
 {
-    int root = open(dir, O_RDONLY | O_DIRECTORY);
-    assert_true(root >= 0);
     zarr_array a;
-    int rc = zarr_open(&a, root, rel, "arr");
-    close(root);
+    int rc = open_arr(dir, rel, &a);
     if (rc) return rc;
     zarr_decoder *d = zarr_decoder_new();
     assert_non_null(d);
