@@ -17,7 +17,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 #ifdef __SSE2__
@@ -1212,8 +1214,11 @@ static int open_outputs(exec_ctx *c, const char *out_dir)
         if (c->dio_fds) c->dio_fds[f] = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC);
         /* Its blocks allocated up front (best effort): an O_DIRECT write into
          * a hole takes the inode's lock alone (ext4), one into allocated
-         * blocks shares it, so the writer threads write side by side. */
-        if (c->dio_fds && c->dio_fds[f] >= 0) (void)fallocate(fd, 0, 0, (off_t)ef->layout.file_size);
+         * blocks shares it, so the writer threads write side by side. Not
+         * on tmpfs, where allocating is filling memory with zeros. */
+        struct statfs sfs;
+        if (c->dio_fds && c->dio_fds[f] >= 0 && fstatfs(fd, &sfs) == 0 && sfs.f_type != TMPFS_MAGIC)
+            (void)fallocate(fd, 0, 0, (off_t)ef->layout.file_size);
     }
     return 0;
 }
