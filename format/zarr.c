@@ -12,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
@@ -739,29 +738,6 @@ int zarr_decoder_end(zarr_decoder *d)
     }
     decoder_close(d);
     return rc;
-}
-
-int zarr_decoder_chunk(zarr_decoder *d, const zarr_array *a, const uint64_t *idx, void *buf, zarr_stats *st)
-{
-    int rc = zarr_decoder_start(d, a, idx, st);
-    if (rc) return rc;
-    if (d->fd >= 0 && a->zstd && d->size && d->size <= ZARR_ONE_CALL_STORED_MAX) {
-        /* (the file's size was checked by the start: at most compressBound of a chunk) */
-        void *m = mmap(NULL, (size_t)d->size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, d->fd, 0);
-        if (m != MAP_FAILED) {
-            size_t n = ZSTD_decompressDCtx(d->dctx, buf, (size_t)a->chunk_nbytes, m, (size_t)d->size);
-            munmap(m, (size_t)d->size);
-            if (!ZSTD_isError(n) && n == a->chunk_nbytes) {
-                d->produced = a->chunk_nbytes;
-                decoder_close(d);
-                return 0;
-            }
-            /* Refused: decoded again in pieces below, whose checks say why. */
-            ZSTD_DCtx_reset(d->dctx, ZSTD_reset_session_only);
-        }
-    }
-    rc = zarr_decoder_read(d, buf, (size_t)a->chunk_nbytes);
-    return rc ? rc : zarr_decoder_end(d);
 }
 
 int zarr_read(const zarr_array *a, zarr_sink sink, void *ctx, zarr_stats *st)

@@ -110,17 +110,6 @@ int zarr_decoder_start(zarr_decoder *d, const zarr_array *a, const uint64_t *idx
 int zarr_decoder_read(zarr_decoder *d, void *buf, size_t len);
 int zarr_decoder_end(zarr_decoder *d);
 
-/* The whole of chunk idx decoded into buf (a->chunk_nbytes bytes, C order,
- * padded to the chunk shape), with zarr_decoder_read's checks. A zstd
- * chunk file of at most ZARR_ONE_CALL_STORED_MAX bytes is mapped and
- * decoded by libzstd in one call (ZSTD_decompressDCtx) straight into buf:
- * no copy out of a streaming window, and a frame that would produce more
- * than buf holds stops there. A frame that call refuses, a larger file, a
- * missing or uncompressed chunk go through zarr_decoder_read and
- * zarr_decoder_end, whose errors name what is wrong. */
-#define ZARR_ONE_CALL_STORED_MAX (32u << 20)
-int zarr_decoder_chunk(zarr_decoder *d, const zarr_array *a, const uint64_t *idx, void *buf, zarr_stats *st);
-
 /* True when rel is a relative path of plain components (no "", ".", "..",
  * leading '/', '\\', NUL or control characters). */
 bool zarr_rel_path_safe(const char *rel);

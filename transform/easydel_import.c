@@ -152,7 +152,9 @@ static int decode_whole(zarr_decoder *d, const easydel_array *a, uint8_t *buf)
 {
     if (one_chunk(&a->z)) {
         uint64_t idx[CKPT_MAX_RANK] = {0};
-        return zarr_decoder_chunk(d, &a->z, idx, buf, NULL); /* (a failed chunk is closed by the next start) */
+        int rc = zarr_decoder_start(d, &a->z, idx, NULL);
+        if (!rc) rc = zarr_decoder_read(d, buf, (size_t)a->z.nbytes);
+        return rc ? rc : zarr_decoder_end(d); /* (a failed chunk is closed by the next start) */
     }
     mem_sink m = {.buf = buf, .nbytes = a->z.nbytes, .label = a->z.label};
     return zarr_read(&a->z, to_mem, &m, NULL);
@@ -358,8 +360,7 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     if (va->how == READ_STREAM || va->how == READ_BAND) return stream_bytes(t, a, in, len, NULL, out);
     if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
-        /* A worker holds an array decoded whole (and its chunk file mapped
-         * while it decodes it), or a band, or a window and a mapping. */
+        /* A worker holds an array decoded whole, or a band, or a window and a mapping. */
         t->held = NULL;
         free(t->band);
         t->band = NULL;
