@@ -17,11 +17,17 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define EXEC_HAVE_AVX2_PATH 1
 #endif
 
 #define EXEC_TILE_MIN_RUN 256 /* elements a transposing tile reads from each source line, at least */
@@ -55,6 +61,15 @@ typedef struct {
     size_t file, slot; /* exec_file index, layout slot */
 } work_item;
 
+/* A slab's whole blocks queued for a writer thread: bytes [off, off+len) of
+ * output file f from buf, which lies in slab (returned to the pool after). */
+typedef struct {
+    uint8_t *slab;
+    const uint8_t *buf;
+    size_t f, len;
+    uint64_t off;
+} exec_write;
+
 typedef struct {
     const exec_plan *p;
     const exec_opts *o;
@@ -75,6 +90,16 @@ typedef struct {
     bool **slot_done;     /* per output file and layout slot: its bytes are in place */
     pthread_cond_t moved; /* a slot is done, or an error stops everything */
     size_t next_hash_file;
+    /* Writers (o->direct): the whole blocks of a slab are written by a writer
+     * thread while its worker fills another slab. Under mu: */
+    int nwriters;
+    pthread_cond_t wmoved; /* a write was queued or finished, or the writers may stop */
+    exec_write *queue;     /* ring of qcap (= every slab) */
+    size_t qhead, qlen, qcap;
+    uint8_t **free_slabs; /* slabs no worker holds and no write uses */
+    size_t nfree;
+    size_t *pending; /* per output file: writes queued or under way */
+    bool wstop;
 } exec_ctx;
 
 typedef struct {
@@ -86,6 +111,8 @@ typedef struct {
     uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
     uint8_t *cmp;  /* as slab, for checks */
 } worker;
+
+static void exec_fail(exec_ctx *c, int rc);
 
 /* Drops length-1 axes and merges axes that are contiguous in both source and destination. */
 static void walk_collapse(walk *w)
@@ -202,6 +229,55 @@ static inline void transpose8x8_2(const uint8_t *src, size_t sstr, uint8_t *dst,
 }
 #endif
 
+#ifdef EXEC_HAVE_AVX2_PATH
+/* transpose8x8_2's work on 16 x 16 elements with 256-bit registers, for
+ * CPUs with AVX2 (chosen at run time): each 128-bit lane of 8 source rows
+ * is transposed as transpose8x8_2 does (the unpacks work lane by lane),
+ * then the lanes of rows 0-7 and 8-15 are paired (vperm2i128): half the
+ * instructions per element. ni x nj elements (multiples of 16) of source
+ * rows sstr bytes apart into rows of the tile tstr bytes apart. */
+__attribute__((target("avx2"))) static void transpose_tiles_avx2(const uint8_t *src, size_t sstr, uint8_t *tile,
+                                                                 size_t tstr, uint64_t ni, uint64_t nj)
+{
+    for (uint64_t i = 0; i < ni; i += 16)
+        for (uint64_t j = 0; j < nj; j += 16) {
+            const uint8_t *s = src + i * sstr + j * 2;
+            uint8_t *d = tile + j * tstr + i * 2;
+            __m256i r[16], t[16], u[16], x[16];
+            for (int k = 0; k < 16; k++) r[k] = _mm256_loadu_si256((const __m256i *)(const void *)(s + k * sstr));
+            for (int g = 0; g < 16; g += 8) {
+                for (int k = 0; k < 4; k++) {
+                    t[g + 2 * k] = _mm256_unpacklo_epi16(r[g + 2 * k], r[g + 2 * k + 1]);
+                    t[g + 2 * k + 1] = _mm256_unpackhi_epi16(r[g + 2 * k], r[g + 2 * k + 1]);
+                }
+                for (int h = 0; h < 2; h++)
+                    for (int q = 0; q < 2; q++) {
+                        u[g + 4 * h + 2 * q] = _mm256_unpacklo_epi32(t[g + 4 * h + q], t[g + 4 * h + 2 + q]);
+                        u[g + 4 * h + 2 * q + 1] = _mm256_unpackhi_epi32(t[g + 4 * h + q], t[g + 4 * h + 2 + q]);
+                    }
+                for (int c = 0; c < 4; c++) {
+                    x[g + 2 * c] = _mm256_unpacklo_epi64(u[g + c], u[g + 4 + c]);
+                    x[g + 2 * c + 1] = _mm256_unpackhi_epi64(u[g + c], u[g + 4 + c]);
+                }
+            }
+            /* x[k], lane L: source column 8L + k of rows 0-7; x[8 + k]: of rows 8-15 */
+            for (int k = 0; k < 8; k++) {
+                _mm256_storeu_si256((__m256i *)(void *)(d + k * tstr), _mm256_permute2x128_si256(x[k], x[8 + k], 0x20));
+                _mm256_storeu_si256((__m256i *)(void *)(d + (8 + k) * tstr),
+                                    _mm256_permute2x128_si256(x[k], x[8 + k], 0x31));
+            }
+        }
+}
+
+/* CKPT_EXEC_NO_AVX2 (set): the SSE2 tiles anyway, so that tests cover both. */
+static bool exec_avx2(void)
+{
+    static int have = -1; /* (a benign race: every thread computes the same) */
+    if (have < 0) have = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return have && !getenv("CKPT_EXEC_NO_AVX2");
+}
+#endif
+
 /* walk_run of a transposing walk: axes `in` (innermost, contiguous in the
  * output) and `tj` (contiguous in the source) in EXEC_TRANSPOSE_BLOCK x
  * EXEC_TRANSPOSE_BLOCK blocks, every other axis as an outer loop. Two-byte
@@ -227,14 +303,23 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
 #ifdef __SSE2__
         if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
             tiled = true;
-            uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
+            uint64_t q = 8;
+#ifdef EXEC_HAVE_AVX2_PATH
+            if (exec_avx2()) q = 16;
+#endif
+            uint64_t i8 = w->ext[in] / q * q, j8 = w->ext[tj] / q * q; /* the part done in q x q tiles */
             for (uint64_t jb = 0; jb < j8; jb += T)
                 for (uint64_t ib = 0; ib < i8; ib += T) {
                     uint64_t nj = j8 - jb < T ? j8 - jb : T, ni = i8 - ib < T ? i8 - ib : T;
-                    for (uint64_t i = 0; i < ni; i += 8)
-                        for (uint64_t j = 0; j < nj; j += 8)
-                            transpose8x8_2(band + (so + (ib + i) * w->ss[in] + jb + j - band_first) * 2,
-                                           w->ss[in] * 2, tile + (j * T + i) * 2, T * 2);
+                    const uint8_t *src = band + (so + ib * w->ss[in] + jb - band_first) * 2;
+#ifdef EXEC_HAVE_AVX2_PATH
+                    if (q == 16) transpose_tiles_avx2(src, w->ss[in] * 2, tile, T * 2, ni, nj);
+                    else
+#endif
+                        for (uint64_t i = 0; i < ni; i += 8)
+                            for (uint64_t j = 0; j < nj; j += 8)
+                                transpose8x8_2(src + (i * w->ss[in] + j) * 2, w->ss[in] * 2, tile + (j * T + i) * 2,
+                                               T * 2);
                     for (uint64_t j = 0; j < nj; j++)
                         memcpy(dst + (d + (jb + j) * w->ds[tj] + ib) * 2, tile + j * T * 2, ni * 2);
                 }
@@ -475,19 +560,90 @@ static int direct_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, u
  * same place in a block as off and the run is long, the whole blocks go
  * through the O_DIRECT descriptor (straight to the device, no page cache
  * filled) and only the partial blocks at its ends through the page cache. */
-static int out_write(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+static bool direct_run(const exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    const uint64_t A = EXEC_DIRECT_ALIGN;
+    return c->dio_fds && c->dio_fds[f] >= 0 && len >= EXEC_DIRECT_MIN && (uintptr_t)buf % A == off % A &&
+           (off + len) / A * A > (off + A - 1) / A * A;
+}
+
+static int write_now(exec_ctx *c, size_t f, const uint8_t *buf, size_t len, uint64_t off)
 {
     const uint64_t A = EXEC_DIRECT_ALIGN;
     uint64_t a = (off + A - 1) / A * A, b = (off + len) / A * A;
     int fd = c->out_fds[f];
     const char *path = c->out_paths[f];
-    if (!c->dio_fds || c->dio_fds[f] < 0 || len < EXEC_DIRECT_MIN || (uintptr_t)buf % A != off % A || b <= a)
-        return ckpt_pwrite_full(fd, buf, len, off, path);
+    if (!direct_run(c, f, buf, len, off)) return ckpt_pwrite_full(fd, buf, len, off, path);
     int rc = a > off ? ckpt_pwrite_full(fd, buf, (size_t)(a - off), off, path) : 0;
     if (!rc && (rc = direct_write(c, f, buf + (a - off), (size_t)(b - a), a)) == 1)
         rc = ckpt_pwrite_full(fd, buf + (a - off), (size_t)(b - a), a, path); /* refused: the page cache */
     if (!rc && off + len > b) rc = ckpt_pwrite_full(fd, buf + (b - off), (size_t)(off + len - b), b, path);
     return rc;
+}
+
+/* A run of a slab written with O_DIRECT goes to a writer thread: the slab
+ * is queued with the write and the worker takes a free one to fill next. */
+static void queue_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    exec_ctx *c = wk->c;
+    pthread_mutex_lock(&c->mu);
+    assert(c->qlen < c->qcap);
+    c->queue[(c->qhead + c->qlen++) % c->qcap] = (exec_write){.slab = wk->slab, .buf = buf, .f = f, .len = len, .off = off};
+    c->pending[f]++;
+    pthread_cond_broadcast(&c->wmoved);
+    while (!c->nfree) pthread_cond_wait(&c->wmoved, &c->mu); /* writers always give slabs back */
+    wk->slab = c->free_slabs[--c->nfree];
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A writer thread: the queued writes in order, until the workers are done.
+ * After an error the writes are dropped, their slabs still given back. */
+static void *writer_main(void *arg)
+{
+    exec_ctx *c = arg;
+    pthread_mutex_lock(&c->mu);
+    for (;;) {
+        while (!c->qlen && !c->wstop) pthread_cond_wait(&c->wmoved, &c->mu);
+        if (!c->qlen) break;
+        exec_write w = c->queue[c->qhead];
+        c->qhead = (c->qhead + 1) % c->qcap;
+        c->qlen--;
+        bool failed = c->err != 0;
+        pthread_mutex_unlock(&c->mu);
+        int rc = failed ? 0 : write_now(c, w.f, w.buf, w.len, w.off);
+        if (rc) exec_fail(c, rc);
+        pthread_mutex_lock(&c->mu);
+        c->free_slabs[c->nfree++] = w.slab;
+        c->pending[w.f]--;
+        pthread_cond_broadcast(&c->wmoved);
+    }
+    pthread_mutex_unlock(&c->mu);
+    return NULL;
+}
+
+/* Waits until the writes queued for output file f are done (before its fsync). */
+static void wait_writes(exec_ctx *c, size_t f)
+{
+    if (!c->nwriters) return;
+    pthread_mutex_lock(&c->mu);
+    while (c->pending[f]) pthread_cond_wait(&c->wmoved, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* write_now, or, when buf is a run of the worker's slab for O_DIRECT and
+ * writer threads run, queued whole (its partial blocks too: a worker's
+ * write through the page cache would wait for the inode lock that a
+ * writer's O_DIRECT write holds until the device is done). buf is then
+ * no longer the worker's to use. */
+static int out_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
+{
+    exec_ctx *c = wk->c;
+    if (c->nwriters && direct_run(c, f, buf, len, off) && buf >= wk->slab &&
+        buf + len <= wk->slab + wk->slab_bytes + EXEC_DIRECT_ALIGN) {
+        queue_write(wk, f, buf, len, off);
+        return 0;
+    }
+    return write_now(c, f, buf, len, off);
 }
 
 /* Where a box of n bytes to be written at file offset off goes in the slab:
@@ -510,13 +666,19 @@ static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, size
     for (uint64_t done = 0; done < len;) {
         size_t n = (size_t)(len - done < piece ? len - done : piece);
         const uint8_t *v;
-        int rc = vsource_view(wk, s, src_off + done, n, &v);
-        if (!rc && direct) {
+        const exec_vsource *vs = c->p->vsource;
+        int rc;
+        if (direct && vs->read) { /* straight into the slab */
+            uint8_t *b = slab_for(wk, f, dst_off + done, n);
+            if ((rc = vs->read(vs->ctx, wk->vts, s->file, src_off + done, n, b)))
+                rc = ckpt_error_prefix(rc, "tensor '%s'", s->name);
+            v = b;
+        } else if (!(rc = vsource_view(wk, s, src_off + done, n, &v)) && direct) {
             uint8_t *b = slab_for(wk, f, dst_off + done, n);
             memcpy(b, v, n);
             v = b;
         }
-        if (!rc) rc = out_write(c, f, v, n, dst_off + done);
+        if (!rc) rc = out_write(wk, f, v, n, dst_off + done);
         if (rc) return rc;
         done += n;
     }
@@ -622,9 +784,10 @@ static bool box_run(const plan_tensor *t, const uint64_t *blo, const uint64_t *b
 }
 
 /* Writes box [blo, blo+bext) from buf (row-major) into the tensor at t_off of output file f. */
-static int write_box(exec_ctx *c, size_t f, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext,
+static int write_box(worker *wk, size_t f, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext,
                      const uint8_t *buf, uint64_t t_off)
 {
+    exec_ctx *c = wk->c;
     int fd = c->out_fds[f];
     const char *path = c->out_paths[f];
     size_t es = ckpt_dtype_size(t->dtype);
@@ -633,7 +796,7 @@ static int write_box(exec_ctx *c, size_t f, const plan_tensor *t, const uint64_t
     for (int k = 0; k < t->ndim; k++) assert(blo[k] <= t->shape[k] && bext[k] <= t->shape[k] - blo[k]);
     uint64_t n = 1, start;
     for (int k = 0; k < t->ndim; k++) n *= bext[k];
-    if (box_run(t, blo, bext, &start)) return out_write(c, f, buf, n * es, t_off + start * es);
+    if (box_run(t, blo, bext, &start)) return out_write(wk, f, buf, n * es, t_off + start * es);
     uint64_t row = bext[t->ndim - 1], idx[PLAN_MAX_DIM] = {0};
     for (uint64_t r = 0; r < n / row; r++) {
         uint64_t off = blo[t->ndim - 1] * ts[t->ndim - 1];
@@ -726,7 +889,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
     size_t es = ckpt_dtype_size(t->dtype);
     if (t->ndim == 0) {
         int rc = fill_box(wk, t, lo, ext, wk->slab);
-        if (!rc) rc = write_box(wk->c, f, t, lo, ext, wk->slab, t_off);
+        if (!rc) rc = write_box(wk, f, t, lo, ext, wk->slab, t_off);
         if (!rc) add_progress(wk->c, es);
         return rc;
     }
@@ -737,7 +900,7 @@ static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
         uint64_t start;
         uint8_t *buf = box_run(t, lo, ext, &start) ? slab_for(wk, f, t_off + start * es, n * es) : wk->slab;
         int rc = fill_box(wk, t, lo, ext, buf);
-        if (!rc) rc = write_box(wk->c, f, t, lo, ext, buf, t_off);
+        if (!rc) rc = write_box(wk, f, t, lo, ext, buf, t_off);
         if (rc) return rc;
         if (wk->c->err) return CKPT_ECANCELLED;
         add_progress(wk->c, n * es);
@@ -844,6 +1007,7 @@ static void *worker_main(void *arg)
                 pthread_cond_broadcast(&c->moved);
             }
             pthread_mutex_unlock(&c->mu);
+            if (last) wait_writes(c, it.file);
             if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
             else if (last)
@@ -1048,8 +1212,15 @@ static int open_outputs(exec_ctx *c, const char *out_dir)
         int rc = ckpt_pwrite_full(fd, ef->layout.header, ef->layout.header_len, 0, path);
         if (!rc && ftruncate(fd, (off_t)ef->layout.file_size) < 0) rc = ckpt_error_sys("%s: extend", path);
         if (rc) return rc;
-        /* A file system that takes no O_DIRECT (tmpfs) is written through the page cache. */
+        /* A file system that takes no O_DIRECT is written through the page cache. */
         if (c->dio_fds) c->dio_fds[f] = open(path, O_WRONLY | O_DIRECT | O_CLOEXEC);
+        /* Its blocks allocated up front (best effort): an O_DIRECT write into
+         * a hole takes the inode's lock alone (ext4), one into allocated
+         * blocks shares it, so the writer threads write side by side. Not
+         * on tmpfs, where allocating is filling memory with zeros. */
+        struct statfs sfs;
+        if (c->dio_fds && c->dio_fds[f] >= 0 && fstatfs(fd, &sfs) == 0 && sfs.f_type != TMPFS_MAGIC)
+            (void)fallocate(fd, 0, 0, (off_t)ef->layout.file_size);
     }
     return 0;
 }
@@ -1100,6 +1271,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     c.o = o;
     pthread_mutex_init(&c.mu, NULL);
     pthread_cond_init(&c.moved, NULL);
+    pthread_cond_init(&c.wmoved, NULL);
     int threads = o->threads > 0 ? o->threads : 2;
     if (threads > EXEC_MAX_THREADS) threads = EXEC_MAX_THREADS;
     c.src_fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *c.src_fds);
@@ -1171,13 +1343,36 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         if (p->sources[i].nbytes > src_max) src_max = p->sources[i].nbytes;
     size_t slab_bytes = out_max < EXEC_SLAB_BYTES ? (size_t)out_max : EXEC_SLAB_BYTES;
     size_t band_bytes = src_max < EXEC_BAND_BYTES ? (size_t)src_max : EXEC_BAND_BYTES;
+    /* With O_DIRECT output, writer threads write each worker's last slab
+     * while it fills the next: a slab for each worker and one per writer
+     * more, the ones not held by a worker in the pool (c.free_slabs). */
+    int writers = c.dio_fds && !rc ? EXEC_WRITERS : 0;
+    size_t nslabs = (size_t)threads + (size_t)writers;
+    uint8_t **slabs = ckpt_calloc(nslabs, sizeof *slabs);
+    if (!slabs && !rc) rc = CKPT_ENOMEM;
+    for (size_t i = 0; !rc && i < nslabs; i++)
+        if (!(slabs[i] = aligned_alloc(EXEC_DIRECT_ALIGN, (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN)))
+            rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
+    if (!rc && writers) {
+        c.qcap = nslabs; /* every slab queued: each worker's and the pool's */
+        c.queue = ckpt_calloc(c.qcap, sizeof *c.queue);
+        c.free_slabs = ckpt_calloc(c.qcap, sizeof *c.free_slabs);
+        c.pending = ckpt_calloc(p->nfiles + 1, sizeof *c.pending);
+        if (!c.queue || !c.free_slabs || !c.pending) rc = CKPT_ENOMEM;
+        for (size_t i = threads; !rc && i < nslabs; i++) c.free_slabs[c.nfree++] = slabs[i];
+    }
+    pthread_t writer_tids[EXEC_WRITERS];
+    for (int i = 0; !rc && i < writers; i++) {
+        if (pthread_create(&writer_tids[i], NULL, writer_main, &c)) break; /* fewer: slower, not wrong */
+        c.nwriters++;
+    }
     for (int i = 0; !rc && i < threads; i++) {
         wks[i].c = &c;
-        wks[i].slab = aligned_alloc(EXEC_DIRECT_ALIGN, (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN);
+        wks[i].slab = slabs[i];
         wks[i].slab_bytes = slab_bytes;
         wks[i].band = malloc(band_bytes);
         wks[i].cmp = malloc(slab_bytes);
-        if (!wks[i].slab || !wks[i].band || !wks[i].cmp) {
+        if (!wks[i].band || !wks[i].cmp) {
             rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
             break;
         }
@@ -1194,6 +1389,11 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (!rc && c.slot_done && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
     if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    pthread_mutex_lock(&c.mu);
+    c.wstop = true; /* the writers finish what is queued, then stop */
+    pthread_cond_broadcast(&c.wmoved);
+    pthread_mutex_unlock(&c.mu);
+    for (int i = 0; i < c.nwriters; i++) pthread_join(writer_tids[i], NULL);
     for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);
     for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
     pthread_mutex_destroy(&hj.mu);
@@ -1208,8 +1408,12 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++)
         if (c.src_fds[i] >= 0) close(c.src_fds[i]);
     for (size_t f = 0; c.out_paths && f < p->nfiles; f++) free(c.out_paths[f]);
+    for (size_t i = 0; slabs && i < nslabs; i++) free(slabs[i]);
+    free(slabs);
+    free(c.queue);
+    free(c.free_slabs);
+    free(c.pending);
     for (int i = 0; wks && i < threads; i++) {
-        free(wks[i].slab);
         free(wks[i].band);
         free(wks[i].cmp);
     }
@@ -1223,6 +1427,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (size_t f = 0; c.slot_done && f < p->nfiles; f++) free(c.slot_done[f]);
     free(c.slot_done);
     pthread_cond_destroy(&c.moved);
+    pthread_cond_destroy(&c.wmoved);
     pthread_mutex_destroy(&c.mu);
     return rc;
 }

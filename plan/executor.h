@@ -26,7 +26,12 @@
  * O_DIRECT, its whole 4 KiB blocks only: the slab places each box at its
  * file offset's place in a block, and the partial blocks at a run's ends
  * are written through the page cache (a file system that refuses O_DIRECT
- * is written through the page cache alone). Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * is written through the page cache alone). Such runs are written by
+ * EXEC_WRITERS writer threads: the worker queues its slab with the run and
+ * fills a free one from a pool meanwhile (an O_DIRECT write returns only
+ * once the device has the bytes); a file is fsynced after its queued
+ * writes, and its blocks are allocated up front (fallocate) so that
+ * O_DIRECT writes need not take the inode's lock in turn. Consolidation plans may carry checks (plan_tensor.checks): pairs of
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */
@@ -42,6 +47,7 @@
  * and with exec_slab_cache their size no longer costs re-assembly. */
 #define EXEC_READ_SLAB_BYTES (1u << 20)
 #define EXEC_MAX_THREADS 64
+#define EXEC_WRITERS 2 /* exec_opts.direct: threads writing the workers' slabs */
 #define EXEC_HASH_THREADS 2
 #define EXEC_HASH_CHUNK (4u << 20)
 
@@ -74,6 +80,10 @@ typedef struct exec_vsource {
      * executor asks view for the span instead). */
     int (*view_rows)(void *ctx, void *ts, size_t file, uint64_t off, uint64_t rows, uint64_t stride, size_t len,
                      const uint8_t **out, uint64_t *out_stride);
+    /* Optional (NULL: view and a copy): bytes [off, off+len) of source file
+     * `file` into buf (len <= EXEC_SLAB_BYTES). The executor copies a
+     * tensor's bytes with it into the slab it writes with O_DIRECT. */
+    int (*read)(void *ctx, void *ts, size_t file, uint64_t off, size_t len, uint8_t *buf);
 } exec_vsource;
 
 typedef struct {

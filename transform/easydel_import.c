@@ -161,12 +161,15 @@ static int decode_whole(zarr_decoder *d, const easydel_array *a, uint8_t *buf)
 }
 
 /* READ_STREAM: bytes [lo, lo+len) of the array into t->win, decoding on from
- * where the stream is (from the start again for an earlier byte). */
-static int stream_view(vthread *t, const easydel_array *a, uint64_t lo, size_t len, const uint8_t **out)
+ * where the stream is (from the start again for an earlier byte); or, with
+ * `into` and none of them in the window, decoded straight into `into`. */
+static int stream_bytes(vthread *t, const easydel_array *a, uint64_t lo, size_t len, uint8_t *into,
+                        const uint8_t **out)
 {
     if (!t->win && !(t->win = ckpt_malloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
     if (t->streaming == a && lo >= t->wa && lo + len <= t->wb) {
         *out = t->win + (lo - t->wa);
+        if (into) memcpy(into, *out, len);
         return 0;
     }
     int rc = 0;
@@ -178,23 +181,29 @@ static int stream_view(vthread *t, const easydel_array *a, uint64_t lo, size_t l
         t->pos = t->wa = t->wb = 0;
     }
     size_t keep = 0;
+    uint8_t *dst = into;
     if (lo < t->wb) { /* the window's tail is the read's head */
         keep = (size_t)(t->wb - lo);
         memmove(t->win, t->win + (lo - t->wa), keep);
+        dst = NULL;
     }
     while (!rc && t->pos < lo) { /* bytes before the read: decoded and dropped */
         size_t n = (size_t)(lo - t->pos < EXEC_BAND_BYTES ? lo - t->pos : EXEC_BAND_BYTES);
         rc = zarr_decoder_read(t->d, t->win, n);
         t->pos += n;
     }
-    if (!rc) rc = zarr_decoder_read(t->d, t->win + keep, len - keep);
+    if (!rc) rc = zarr_decoder_read(t->d, dst ? dst : t->win + keep, len - keep);
     t->pos = lo + len;
-    t->wa = lo;
+    t->wa = dst ? t->pos : lo; /* (decoded into `into`: the window holds nothing) */
     t->wb = lo + len;
     if (!rc && t->pos == a->z.nbytes) rc = zarr_decoder_end(t->d); /* and nothing follows */
-    if (rc) t->streaming = NULL;
-    else *out = t->win;
-    return rc;
+    if (rc) {
+        t->streaming = NULL;
+        return rc;
+    }
+    if (into && !dst) memcpy(into, t->win, len);
+    *out = into ? into : t->win;
+    return 0;
 }
 
 typedef struct {
@@ -348,14 +357,20 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     const easydel_array *a = va->a;
     uint64_t in = off - va->offset;
     /* (a banded array read otherwise than by rows: one chunk, decoded in order) */
-    if (va->how == READ_STREAM || va->how == READ_BAND) return stream_view(t, a, in, len, out);
+    if (va->how == READ_STREAM || va->how == READ_BAND) return stream_bytes(t, a, in, len, NULL, out);
     if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
+        /* A worker holds an array decoded whole, or a band, or a window and a mapping. */
         t->held = NULL;
         free(t->band);
         t->band = NULL;
         t->band_cap = 0;
         t->banded = NULL;
+        free(t->win);
+        t->win = NULL;
+        t->streaming = NULL;
+        if (t->map) munmap(t->map, t->map_len);
+        t->map = NULL;
         if (a->z.nbytes > t->cap) {
             free(t->buf);
             t->cap = 0;
@@ -368,6 +383,21 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     }
     *out = t->buf + in;
     return 0;
+}
+
+/* exec_vsource.read: a streamed array's bytes decoded straight into buf
+ * (copied in order into the executor's slab: no copy out of a window);
+ * any other array's through a view. */
+static int arrays_read(void *ctx, void *ts, size_t file, uint64_t off, size_t len, uint8_t *buf)
+{
+    varrays *v = ctx;
+    varray *va = find_varray(v, file, off, len);
+    if (!va) return CKPT_EINVAL;
+    const uint8_t *p;
+    if (va->how == READ_STREAM) return stream_bytes(ts, va->a, off - va->offset, len, buf, &p);
+    int rc = arrays_view(ctx, ts, file, off, len, &p);
+    if (!rc) memcpy(buf, p, len);
+    return rc;
 }
 
 static void varrays_free(varrays *v)
@@ -604,7 +634,7 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     varrays va = {.scratch_fd = -1};
     pthread_mutex_init(&va.mu, NULL);
     exec_vsource vs = {.ctx = &va, .serves = arrays_serve, .thread_open = arrays_thread_open,
-                       .thread_close = arrays_thread_close, .view = arrays_view, .view_rows = arrays_view_rows};
+                       .thread_close = arrays_thread_close, .view = arrays_view, .view_rows = arrays_view_rows, .read = arrays_read};
     if (!rc && ec) {
         rc = varrays_setup(&va, &cp, ec, layouts, paths, n, staging);
         cp.exec.vsource = &vs;

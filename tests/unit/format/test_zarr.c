@@ -220,13 +220,20 @@ static void write_array(const char *dir, const char *rel, char sep, bool skip_11
         }
 }
 
-static int read_all(const char *dir, const char *rel, int32_t v[35])
+/* Opens array rel under dir (labelled "arr" in messages). */
+static int open_arr(const char *dir, const char *rel, zarr_array *a)
 {
     int root = open(dir, O_RDONLY | O_DIRECTORY);
     assert_true(root >= 0);
-    zarr_array a;
-    int rc = zarr_open(&a, root, rel, "arr");
+    int rc = zarr_open(a, root, rel, "arr");
     close(root);
+    return rc;
+}
+
+static int read_all(const char *dir, const char *rel, int32_t v[35])
+{
+    zarr_array a;
+    int rc = open_arr(dir, rel, &a);
     if (rc) return rc;
     uint64_t seen[140] = {0};
     mem_sink m = {(uint8_t *)v, 140, seen};
@@ -236,6 +243,14 @@ static int read_all(const char *dir, const char *rel, int32_t v[35])
     if (!rc)
         for (int i = 0; i < 140; i++) assert_int_equal(seen[i], 1);
     return rc;
+}
+
+/* Reading array rel is refused with a message holding needle. */
+static void expect_refused(const char *dir, const char *rel, const char *needle)
+{
+    int32_t v[35];
+    assert_true(read_all(dir, rel, v) < 0);
+    assert_contains(ckpt_error_last(), needle);
 }
 
 static void test_read(void **state)
@@ -284,31 +299,33 @@ static void test_hostile_chunks(void **state)
     /* more bytes than a chunk, recorded in the frame */
     write_array(dir, "bomb", '.', false);
     put_zstd(dir, "bomb/0.0", big, sizeof big);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0' decompresses to 256 bytes, a chunk is 24");
+    expect_refused(dir, "bomb", "arr: chunk '0.0' decompresses to 256 bytes, a chunk is 24");
     /* a zstd bomb without a content size: stops one byte past the chunk */
     size_t huge = 64u << 20;
     uint8_t *zeros = calloc(1, huge);
     put_zstd_stream(dir, "bomb/0.0", zeros, huge);
     free(zeros);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0' decompresses to more than 24 bytes");
+    expect_refused(dir, "bomb", "arr: chunk '0.0' decompresses to more than 24 bytes");
     /* fewer bytes */
     put_zstd_stream(dir, "bomb/0.0", c, 20);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "decompresses to 20 bytes, a chunk is 24");
+    expect_refused(dir, "bomb", "decompresses to 20 bytes, a chunk is 24");
     /* not zstd */
     put_str(dir, "bomb/0.0", "hello, not a frame");
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0'");
+    expect_refused(dir, "bomb", "arr: chunk '0.0' is not a zstd frame");
     /* a truncated frame */
     size_t cap = ZSTD_compressBound(sizeof c);
-    uint8_t *z = malloc(cap);
+    uint8_t *z = malloc(cap + 64);
     size_t n = ZSTD_compress(z, cap, c, sizeof c, 1);
     put(dir, "bomb/0.0", z, n - 3);
+    expect_refused(dir, "bomb", "arr: chunk '0.0'");
+    /* a whole frame, then bytes that are no frame; then a second frame */
+    memcpy(z + n, "junk", 4);
+    put(dir, "bomb/0.0", z, n + 4);
+    expect_refused(dir, "bomb", "arr: chunk '0.0'");
+    memcpy(z + n, z, n);
+    put(dir, "bomb/0.0", z, 2 * n);
+    expect_refused(dir, "bomb", "arr: chunk '0.0' decompresses to more than 24 bytes");
     free(z);
-    assert_true(read_all(dir, "bomb", v) < 0);
-    assert_contains(ckpt_error_last(), "arr: chunk '0.0'");
     /* a chunk that is a symbolic link */
     char *outside = join(dir, "outside");
     put_zstd(dir, "outside", c, sizeof c);
