@@ -50,24 +50,37 @@ fi
 results=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-results.XXXXXX")
 trap 'rm -rf "$results"' EXIT
 
+# cpu_seconds FILE: sets $cpu to the user + system CPU seconds of the children
+# this shell has waited for (the test script and every process it waited for;
+# FILE is scratch). The honest figure on a shared machine, where wall time
+# depends on the neighbours. Not in $(...): `times` must run in this shell.
+cpu_seconds() {
+    local l
+    times >"$1" # its second line is the children's "user sys"
+    l=$(tail -n 1 "$1")
+    rm -f "$1"
+    cpu=$(awk -v t="$l" 'BEGIN { split(t, f, /[ms ]+/); printf "%.1f", f[1] * 60 + f[2] + f[3] * 60 + f[4] }')
+}
+
 # run_one INDEX TEST: runs TEST in its own work directory; writes
 # $results/INDEX.line (the PASS/FAIL line), INDEX.log (its output on failure)
 # and INDEX.rc.
 run_one() {
-    local i=$1 t=$2 name work log start rc leftover
+    local i=$1 t=$2 name work log start rc leftover cpu
     name=$(basename "$t" .sh)
     work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-$name.XXXXXX")
     log="$results/$i.log"
     start=$SECONDS
     E2E_WORK="$work" TMPDIR="$work" bash "$t" >"$log" 2>&1
     rc=$?
+    cpu_seconds "$results/$i.times"
     if [ -d "$work" ] && [ -n "$(ls -A "$work")" ]; then
         leftover=$(ls -A "$work" | head -n 5 | tr '\n' ' ')
         [ $rc -eq 0 ] && rc=1 && echo "left files in its work directory: $leftover" >>"$log"
     fi
     rm -rf "$work"
     if [ $rc -eq 0 ]; then
-        printf '%-32s PASS (%ds)\n' "$name" $((SECONDS - start)) >"$results/$i.line"
+        printf '%-32s PASS (%ds, %s s CPU)\n' "$name" $((SECONDS - start)) "$cpu" >"$results/$i.line"
         : >"$log"
     else
         printf '%-32s FAIL (exit %d)\n' "$name" "$rc" >"$results/$i.line"
