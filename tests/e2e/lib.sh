@@ -12,7 +12,8 @@
 #   fail MSG            prints the tails of the logs in E2E_LOGS (globs, set
 #                       by the script), what the script's on_fail function
 #                       prints if it has one, then "FAIL: MSG"; exits 1
-#   note MSG            a progress line with the seconds since the start
+#   note MSG            a progress line with the seconds since the start and
+#                       the CPU seconds used so far (by the processes waited for)
 #   expect_status WANT CMD...   runs CMD; its exit status must be WANT;
 #                       stdout in $work/out, stderr in $work/err
 #   wait_until LIMIT WHAT CMD...  polls CMD until it succeeds; fails after
@@ -51,7 +52,13 @@ fail() { # the logs first, the reason last: run.sh shows the last 60 lines of a 
     exit 1
 }
 
-note() { echo "-- $* (${SECONDS}s)"; }
+note() { # the wall seconds since the start, and the CPU seconds of the processes waited for so far
+    local u sys
+    times >"$work/.times" # a builtin: this shell's children; its second line is "user sys"
+    { read -r _ && read -r u sys; } <"$work/.times"
+    rm -f "$work/.times"
+    echo "-- $* (${SECONDS}s, $(awk -v t="$u $sys" 'BEGIN { split(t, f, /[ms ]+/); printf "%.1f", f[1] * 60 + f[2] + f[3] * 60 + f[4] }') s CPU)"
+}
 
 expect_status() {
     local want=$1 rc=0
@@ -61,12 +68,17 @@ expect_status() {
 }
 
 wait_until() {
-    local limit=$1 what=$2 end
+    local limit=$1 what=$2 end asan=${ASAN_OPTIONS:-}
     shift 2
     [ "${limit%.*}" -ge 60 ] || limit=60
-    end=$(($(date +%s%N) + ${limit%.*} * 1000000000))
-    until "$@" >/dev/null 2>&1; do
-        [ "$(date +%s%N)" -lt "$end" ] || fail "timed out after ${limit%.*} s waiting for: $what"
+    end=$((EPOCHSECONDS + ${limit%.*}))
+    "$@" >/dev/null 2>&1 && return 0
+    # The first poll runs with the script's sanitizer options; the next ones
+    # without LeakSanitizer's check at exit, which costs a ckpt process about
+    # as much CPU as a query's work: a poll of `ckpt show` every 50 ms would
+    # otherwise keep a core busy while the tests wait for a daemon's jobs.
+    until ASAN_OPTIONS="${asan:+$asan:}detect_leaks=0" "$@" >/dev/null 2>&1; do
+        [ "$EPOCHSECONDS" -lt "$end" ] || fail "timed out after ${limit%.*} s waiting for: $what"
         sleep 0.05 # a poll interval: what is awaited is a state, and LIMIT only catches a hang
     done
 }
