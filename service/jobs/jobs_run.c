@@ -351,9 +351,10 @@ static int run_convert(ckpt_store *s, const json_t *a, json_t **result)
     bool existed;
     int rc = store_convert(s, json_string_value(json_object_get(a, "ref")), &co, &out, &existed);
     /* The layout is committed; its files' sha256 now, so that the Hub API and
-     * downloads do not wait for them later. A failure leaves them to the first
+     * downloads do not wait for them later (with progress: the layout's bytes
+     * and tensors, as the job's figures). A failure leaves them to the first
      * reader, as a convert outside the daemon does. */
-    if (!rc && store_hash_pending(s, &out, -1, NULL, true))
+    if (!rc && store_hash_pending(s, &out, -1, NULL, false))
         ckpt_warn("%s: the files' sha256 are left to the first reader: %s", out.repo, ckpt_error_last());
     if (!rc) {
         char *ref = store_ckpt_ref(&out);
