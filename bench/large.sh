@@ -43,7 +43,8 @@
 # it), BENCH_REPEAT (3), BENCH_DIR (work folders; default /var/tmp),
 # BENCH_LARGE_MODEL (the kept model; default BENCH_DIR/ckpt-bench-large-model-sS),
 # BENCH_LARGE_SCALE (1), BENCH_MOE_SCALE (8; 0 skips the MoE case),
-# BENCH_KEEP=1 keeps the work folder.
+# BENCH_PART (all; "offline": only the copies, the offline converts and the
+# consolidates, no store, fetch or MoE), BENCH_KEEP=1 keeps the work folder.
 set -euo pipefail
 
 BENCH_NAME=large
@@ -53,6 +54,7 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 
 LSCALE=${BENCH_LARGE_SCALE:-1}
 MOE_SCALE=${BENCH_MOE_SCALE:-8}
+PART=${BENCH_PART:-all}
 MODEL=${BENCH_LARGE_MODEL:-$BASE/ckpt-bench-large-model-s$LSCALE}
 TP=8
 RANK=3
@@ -60,6 +62,7 @@ RANK=3
 bench_need_hub
 [[ $LSCALE =~ ^[1-9][0-9]*$ ]] || die "BENCH_LARGE_SCALE must be a positive number"
 [[ $MOE_SCALE =~ ^[0-9]+$ ]] || die "BENCH_MOE_SCALE must be a number"
+[[ $PART =~ ^(all|offline)$ ]] || die "BENCH_PART must be all or offline"
 bench_start
 bench_cleanup_on_exit
 
@@ -73,10 +76,11 @@ settle() {
     if [ "$CACHE" = cold ]; then echo 3 >/proc/sys/vm/drop_caches; fi
 }
 
-# run KEY BASE LABEL CMD...: one measured step (after settle); KEY's wall, CPU
-# and peak RSS of this round are appended to W[KEY], C[KEY], R[KEY]. BASE is
+# run KEY BASE LABEL CMD...: one measured step (after settle); KEY's wall, CPU,
+# peak RSS and MB read from the disk (not from the page cache) in this round
+# are appended to W[KEY], C[KEY], R[KEY], RD[KEY]. BASE is
 # the row it is compared with ("-": none); goals: GOAL[KEY].
-declare -A W C R B LABEL GOAL
+declare -A W C R RD B LABEL GOAL
 ORDER=()
 run() {
     local key=$1 base=$2 label=$3
@@ -84,13 +88,14 @@ run() {
     settle
     "$PY" "$HERE/measure.py" --out "$WORK/m.txt" --log "$WORK/log.txt" "$@" ||
         { cat "$WORK/log.txt" >&2; die "'$label' failed"; }
-    local wall rss cpu
-    read -r wall rss _ _ cpu <"$WORK/m.txt"
+    local wall rss cpu rd
+    read -r wall rss _ _ cpu rd _ <"$WORK/m.txt"
     [ -n "${LABEL[$key]:-}" ] || ORDER+=("$key")
     LABEL[$key]=$label
     B[$key]=$base
     W[$key]="${W[$key]:-} $wall"
     C[$key]="${C[$key]:-} $cpu"
+    RD[$key]="${RD[$key]:-} ${rd:-0}"
     R[$key]=$(maxof "${R[$key]:-0}" "$rss")
 }
 COPY=(sh -c 'cp -r "$1" "$2" && sync' sh)
@@ -131,38 +136,42 @@ for round in $(seq 1 "$REPEAT"); do
     RDIR=$(printf 'tp_rank_%02d' $RANK)
     run copy_rank - "cp -r one rank + sync" "${COPY[@]}" "$RW/n8/$RDIR" "$RW/rank"
     rm -rf "$RW/n8"
-    export CKPT_HOME=$RW/home
-    run import copy "import" "$CKPT_BIN" import "$MODEL" --repo bench/large
-    run sconv copy "store convert neuron tp8" "$CKPT_BIN" convert bench/large --layout neuron --tp $TP
-    run pull copy "pull" "$CKPT_BIN" pull bench/large -o "$RW/pull"
-    [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/pull" >/dev/null || die "pull differs from the model"; }
-    rm -rf "$RW/pull"
-    run pull_rank copy_rank "pull --rank $RANK" "$CKPT_BIN" pull bench/large:neuron-tp$TP --rank $RANK -o "$RW/pr"
-    if [ "$round" = 1 ]; then
-        for f in "$RW/rank"/*; do cmp -s "$f" "$RW/pr/${f##*/}" || die "the rank pull's ${f##*/} differs from the offline convert's"; done
-    fi
-    rm -rf "$RW/pr" "$RW/rank"
-    run pull_cons copy "pull --consolidated" "$CKPT_BIN" pull bench/large:neuron-tp$TP --consolidated -o "$RW/pc"
-    [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/pc" >/dev/null || die "pull --consolidated differs from the model"; }
-    rm -rf "$RW/pc"
-    run pull_zst copy "pull --format tar.zst" "$CKPT_BIN" pull bench/large -o "$RW/m.tar.zst" --format tar.zst
-    rm -f "$RW/m.tar.zst"
+    if [ "$PART" = all ]; then
+        export CKPT_HOME=$RW/home
+        run import copy "import" "$CKPT_BIN" import "$MODEL" --repo bench/large
+        run sconv copy "store convert neuron tp8" "$CKPT_BIN" convert bench/large --layout neuron --tp $TP
+        run pull copy "pull" "$CKPT_BIN" pull bench/large -o "$RW/pull"
+        [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/pull" >/dev/null || die "pull differs from the model"; }
+        rm -rf "$RW/pull"
+        run pull_rank copy_rank "pull --rank $RANK" "$CKPT_BIN" pull bench/large:neuron-tp$TP --rank $RANK -o "$RW/pr"
+        if [ "$round" = 1 ]; then
+            for f in "$RW/rank"/*; do cmp -s "$f" "$RW/pr/${f##*/}" || die "the rank pull's ${f##*/} differs from the offline convert's"; done
+        fi
+        rm -rf "$RW/pr" "$RW/rank"
+        run pull_cons copy "pull --consolidated" "$CKPT_BIN" pull bench/large:neuron-tp$TP --consolidated -o "$RW/pc"
+        [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/pc" >/dev/null || die "pull --consolidated differs from the model"; }
+        rm -rf "$RW/pc"
+        run pull_zst copy "pull --format tar.zst" "$CKPT_BIN" pull bench/large -o "$RW/m.tar.zst" --format tar.zst
+        rm -f "$RW/m.tar.zst"
 
-    # fetch: the test Hub serves the store just imported
-    rm -f "$WORK/hub.url"
-    "$CKPT_TESTHUB" --home "$RW/home" --url-file "$WORK/hub.url" 2>/dev/null &
-    HUB_PID=$!
-    for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
-    [ -s "$WORK/hub.url" ] || die "ckpt-testhub did not start"
-    HUB=$(cat "$WORK/hub.url")
-    COMMIT=$(curl -sf "$HUB/api/models/bench/large/revision/main" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["sha"])')
-    (cd "$MODEL" && find . -type f -printf '%P\n') | sed "s|^|$HUB/bench/large/resolve/$COMMIT/|" >"$WORK/urls"
-    mkdir -p "$RW/curl"
-    run curl_sha - "curl + sha256sum" sh -c 'cd "$1" && xargs -n 1 curl -sfO <"$2" && sha256sum ./* >/dev/null && sync' sh "$RW/curl" "$WORK/urls"
-    rm -rf "$RW/curl"
-    run fetch curl_sha "fetch from the test Hub" env HF_ENDPOINT="$HUB" CKPT_HOME="$RW/client" "$CKPT_BIN" fetch bench/large
-    bench_stop_hub
-    unset CKPT_HOME
+        # fetch: the test Hub serves the store just imported
+        rm -f "$WORK/hub.url"
+        "$CKPT_TESTHUB" --home "$RW/home" --url-file "$WORK/hub.url" 2>/dev/null &
+        HUB_PID=$!
+        for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
+        [ -s "$WORK/hub.url" ] || die "ckpt-testhub did not start"
+        HUB=$(cat "$WORK/hub.url")
+        COMMIT=$(curl -sf "$HUB/api/models/bench/large/revision/main" | "$PY" -c 'import json, sys; print(json.load(sys.stdin)["sha"])')
+        (cd "$MODEL" && find . -type f -printf '%P\n') | sed "s|^|$HUB/bench/large/resolve/$COMMIT/|" >"$WORK/urls"
+        mkdir -p "$RW/curl"
+        run curl_sha - "curl + sha256sum" sh -c 'cd "$1" && xargs -n 1 curl -sfO <"$2" && sha256sum ./* >/dev/null && sync' sh "$RW/curl" "$WORK/urls"
+        rm -rf "$RW/curl"
+        run fetch curl_sha "fetch from the test Hub" env HF_ENDPOINT="$HUB" CKPT_HOME="$RW/client" "$CKPT_BIN" fetch bench/large
+        bench_stop_hub
+        unset CKPT_HOME
+    fi
+    # the baseline again: how much the disk's speed drifted during the round
+    run copy_end - "cp -r model + sync (again)" "${COPY[@]}" "$MODEL" "$RW/copy"
     rm -rf "$RW"
 done
 
@@ -170,20 +179,22 @@ for k in conv_n8 conv_vllm conv_ez conv_nxd consol consol_nxd import pull pull_r
 GOAL[sconv]=0.3
 echo
 echo "== $(gb "$MBYTES") llama, $REPEAT round(s), page cache $CACHE; seconds as min / median / max"
-printf '%-27s %-20s %8s %8s %9s  %s\n' step "wall" "CPU" "RSS MiB" "vs base" "goal"
+printf '%-27s %-20s %8s %8s %8s %9s  %s\n' step "wall" "CPU" "RSS MiB" "read GB" "vs base" "goal"
 for k in "${ORDER[@]}"; do
     read -r wmin wmed wmax <<<"$(stat3 "${W[$k]}")"
     read -r _ cmed _ <<<"$(stat3 "${C[$k]}")"
+    read -r _ rdmed _ <<<"$(stat3 "${RD[$k]}")"
     ratio="" goal=""
     if [ "${B[$k]}" != - ]; then
         read -r _ bmed _ <<<"$(stat3 "${W[${B[$k]}]}")"
         ratio=$(awk -v a="$wmed" -v b="$bmed" 'BEGIN {printf "%.2fx", a / b}')
         goal="<= ${GOAL[$k]}x of '${LABEL[${B[$k]}]}'; RSS <= 256"
     fi
-    printf '%-27s %6.2f/%6.2f/%6.2f %8.2f %9.0f %7s  %s\n' "${LABEL[$k]}" "$wmin" "$wmed" "$wmax" "$cmed" "${R[$k]}" "$ratio" "$goal"
+    printf '%-27s %6.2f/%6.2f/%6.2f %8.2f %8.0f %8.2f %9s  %s\n' "${LABEL[$k]}" "$wmin" "$wmed" "$wmax" "$cmed" "${R[$k]}" \
+        "$(awk -v m="$rdmed" 'BEGIN {print m / 1000}')" "$ratio" "$goal"
 done
 
-[ "$MOE_SCALE" = 0 ] && exit 0
+[ "$MOE_SCALE" = 0 ] || [ "$PART" != all ] && exit 0
 # ---- the many-tensor case ----
 MOE=$BASE/ckpt-bench-large-moe-s$MOE_SCALE
 if [ ! -f "$MOE/config.json" ]; then
@@ -194,7 +205,7 @@ fi
 NT=$("$CKPT_BIN" inspect "$MOE" --json | "$PY" -c 'import json, sys; print(len(json.load(sys.stdin)["tensors"]))')
 echo
 echo "== many tensors: qwen3-moe --scale $MOE_SCALE, $(gb "$(bytes_of "$MOE")"), $NT tensors (one round)"
-W=() C=() R=() B=() LABEL=() ORDER=()
+W=() C=() R=() RD=() B=() LABEL=() ORDER=()
 RW=$WORK/moe
 mkdir -p "$RW"
 export CKPT_HOME=$RW/home

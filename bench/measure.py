@@ -4,9 +4,11 @@
     bench/measure.py [--out FILE] [--log FILE] CMD [ARG...]
 
 Runs CMD (no shell; wrap in `sh -c '...'` for a pipeline), waits for it and
-writes one line `WALL_SECONDS PEAK_RSS_MIB EXIT_STATUS HOW CPU_SECONDS` to FILE
-(default stderr); CPU_SECONDS is the user + system time of the command and
-every process it waited for. With --log, CMD's stdout and stderr go to that file instead of
+writes one line `WALL_SECONDS PEAK_RSS_MIB EXIT_STATUS HOW CPU_SECONDS READ_MB
+WRITTEN_MB` to FILE (default stderr); CPU_SECONDS is the user + system time of
+the command and every process it waited for, READ_MB and WRITTEN_MB what they
+read from and wrote to the block devices (getrusage's ru_inblock and
+ru_oublock, 512-byte units: reads the page cache served are not counted). With --log, CMD's stdout and stderr go to that file instead of
 passing through. The exit status is CMD's.
 
 Peak RSS is the largest resident set of any process of the command's tree
@@ -72,7 +74,8 @@ def main(argv):
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
         how = "rusage"
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    line = "%.3f %.1f %d %s %.3f\n" % (wall, peak_kib / 1024.0, rc, how, ru.ru_utime + ru.ru_stime)
+    line = "%.3f %.1f %d %s %.3f %.1f %.1f\n" % (wall, peak_kib / 1024.0, rc, how, ru.ru_utime + ru.ru_stime,
+                                            ru.ru_inblock * 512 / 1e6, ru.ru_oublock * 512 / 1e6)
     if out:
         with open(out, "w") as f:
             f.write(line)
