@@ -44,7 +44,8 @@
 # BENCH_LARGE_MODEL (the kept model; default BENCH_DIR/ckpt-bench-large-model-sS),
 # BENCH_LARGE_SCALE (1), BENCH_MOE_SCALE (8; 0 skips the MoE case),
 # BENCH_PART (all; "offline": only the copies, the offline converts and the
-# consolidates, no store, fetch or MoE), BENCH_KEEP=1 keeps the work folder.
+# consolidates, no store, fetch or MoE; "moe": only the MoE), BENCH_KEEP=1
+# keeps the work folder.
 set -euo pipefail
 
 BENCH_NAME=large
@@ -62,7 +63,7 @@ RANK=3
 bench_need_hub
 [[ $LSCALE =~ ^[1-9][0-9]*$ ]] || die "BENCH_LARGE_SCALE must be a positive number"
 [[ $MOE_SCALE =~ ^[0-9]+$ ]] || die "BENCH_MOE_SCALE must be a number"
-[[ $PART =~ ^(all|offline)$ ]] || die "BENCH_PART must be all or offline"
+[[ $PART =~ ^(all|offline|moe)$ ]] || die "BENCH_PART must be all, offline or moe"
 bench_start
 bench_cleanup_on_exit
 
@@ -103,15 +104,17 @@ total_bytes() { "$CKPT_BIN" inspect "$1" --json | "$PY" -c 'import json, sys; pr
 stat3() { printf '%s\n' $1 | sort -g | awk '{v[NR] = $1} END {printf "%.2f %.2f %.2f", v[1], v[int((NR + 1) / 2)], v[NR]}'; }
 
 echo "== machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r), $(df -PT "$WORK" | awk 'NR==2 {print $2}') at $WORK, page cache $CACHE before every step"
-if [ ! -f "$MODEL/config.json" ]; then
+ROUNDS=$REPEAT
+[ "$PART" = moe ] && ROUNDS=0
+if [ "$ROUNDS" -gt 0 ] && [ ! -f "$MODEL/config.json" ]; then
     echo "== generating llama --scale $LSCALE into $MODEL (kept for later runs)"
     rm -rf "$MODEL"
     quietly "$CKPT_BIN" gen-model llama "$MODEL" --scale "$LSCALE"
 fi
-MBYTES=$(bytes_of "$MODEL")
-echo "== model: $MODEL, $(gb "$MBYTES"), $(find "$MODEL" -name '*.safetensors' | wc -l) safetensors files"
+[ "$ROUNDS" -gt 0 ] && MBYTES=$(bytes_of "$MODEL") &&
+    echo "== model: $MODEL, $(gb "$MBYTES"), $(find "$MODEL" -name '*.safetensors' | wc -l) safetensors files"
 
-for round in $(seq 1 "$REPEAT"); do
+for round in $(seq 1 "$ROUNDS"); do
     echo "== round $round of $REPEAT (load $(cut -d' ' -f1-3 /proc/loadavg))"
     RW=$WORK/r
     rm -rf "$RW" && mkdir -p "$RW"
@@ -177,9 +180,8 @@ done
 
 for k in conv_n8 conv_vllm conv_ez conv_nxd consol consol_nxd import pull pull_rank pull_cons pull_zst fetch; do GOAL[$k]=1.2; done
 GOAL[sconv]=0.3
-echo
-echo "== $(gb "$MBYTES") llama, $REPEAT round(s), page cache $CACHE; seconds as min / median / max"
-printf '%-27s %-20s %8s %8s %8s %9s  %s\n' step "wall" "CPU" "RSS MiB" "read GB" "vs base" "goal"
+[ "$ROUNDS" -gt 0 ] && echo && echo "== $(gb "$MBYTES") llama, $REPEAT round(s), page cache $CACHE; seconds as min / median / max"
+[ "$ROUNDS" -gt 0 ] && printf '%-27s %-20s %8s %8s %8s %9s  %s\n' step "wall" "CPU" "RSS MiB" "read GB" "vs base" "goal"
 for k in "${ORDER[@]}"; do
     read -r wmin wmed wmax <<<"$(stat3 "${W[$k]}")"
     read -r _ cmed _ <<<"$(stat3 "${C[$k]}")"
@@ -194,7 +196,7 @@ for k in "${ORDER[@]}"; do
         "$(awk -v m="$rdmed" 'BEGIN {print m / 1000}')" "$ratio" "$goal"
 done
 
-[ "$MOE_SCALE" = 0 ] || [ "$PART" != all ] && exit 0
+[ "$MOE_SCALE" = 0 ] || [ "$PART" = offline ] && exit 0
 # ---- the many-tensor case ----
 MOE=$BASE/ckpt-bench-large-moe-s$MOE_SCALE
 if [ ! -f "$MOE/config.json" ]; then
