@@ -13,8 +13,11 @@
 #    run: the convert's worker stops once after hashing its first output file
 #    (CKPT_FAULT_WORKER=exec.file_hashed:1:STOP), and while it is held the job
 #    page, the jobs list and `ckpt jobs` show its tensors N/M, M the tensor
-#    count of the layout it then stores; continued, it succeeds with M/M, the
-#    log followed; a convert that failed (its source was not stored yet)
+#    count of the layout it then stores, and the page its rate and ETA as
+#    GET /v1/jobs gives them, in the page's formats; with live updates
+#    paused it is continued and succeeds on the server while the page still
+#    shows it running (no refresh for 2.5 poll periods of the page's clock);
+#    resumed, the page shows the success with M/M, the log followed; a convert that failed (its source was not stored yet)
 #    is retried from its page and succeeds, its two attempts (failed with
 #    the error, then succeeded) shown as the API keeps them; the checkpoint
 #    page's files and tensor table equal `ckpt show --json` and `ckpt
@@ -33,7 +36,12 @@
 # 3. Daemon B (--token-file, --log-level warn): the page loads, asks for a
 #    token, and with a read token shows jobs but a retry, a bulk retry and a
 #    submit are refused (403) with the server's message, and nothing
-#    changes; its 31 jobs take two pages.
+#    changes; its 32 jobs take two pages (one noop holds its one worker, so
+#    30 noops stay queued). Then the admin token, typed once (kept across a
+#    reload): a retry of the failed job, Cancel all of the queued jobs
+#    matching "noop" and Retry all of them once cancelled, each confirmed,
+#    the states read back from B; neither token in the address bar, the
+#    tab's history or the browser's history database.
 # 4. The logs: A's failed and cancelled jobs each have their line (the
 #    error with it); B's has its failed job and nothing below warn. A's
 #    /metrics counts the bytes fetched and converted that /v1/stats recorded.
