@@ -77,7 +77,7 @@ SVC_LIB_OBJS := $(filter-out $(BUILD)/obj/service/cli/main.o,$(SVC_OBJS))
 SUP_OBJS  := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 TEST_BINS := $(addprefix $(BUILD)/tests/,$(notdir $(TEST_SRCS:.c=)))
 
-.PHONY: FORCE all help deps deps-bench test unit header-check check-exports e2e demo bench bench-large fuzz fuzz-short install install-lib clean format lib check-deps check-layers
+.PHONY: FORCE all help deps deps-bench test unit header-check check-exports e2e demo bench bench-large fuzz fuzz-short install install-lib install-deploy clean format lib check-deps check-layers
 
 all: $(BUILD)/ckpt
 
@@ -93,6 +93,7 @@ help:
 	@echo "make lib      build $(BUILD)-pic/libckpt.a and $(BUILD)/libckpt.so"
 	@echo "make install-lib  install libckpt, its public header ckpt.h and ckpt.pc"
 	@echo "make install  install to \$$DESTDIR\$$PREFIX"
+	@echo "make install-deploy  only the systemd unit (ExecStart in \$$PREFIX/bin) and the shell completions"
 	@echo "make format   clang-format every source file"
 
 # Debian packages only the benches need, not make test: awscli for bench/s3.sh's
@@ -327,10 +328,16 @@ bench-large: all $(BUILD)/ckpt-testhub
 $(BUILD)/ckpt.1: $(BUILD)/ckpt deploy/mkman.sh
 	sh deploy/mkman.sh $(BUILD)/ckpt $@
 
-install: all $(BUILD)/ckpt.1 install-lib
+install: all $(BUILD)/ckpt.1 install-lib install-deploy
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
 	install -m 0755 $(BUILD)/ckpt $(DESTDIR)$(PREFIX)/bin/ckpt
 	install -m 0644 $(BUILD)/ckpt.1 $(DESTDIR)$(PREFIX)/share/man/man1/ckpt.1
+
+# What install takes from deploy/ without building anything (test_http.sh runs
+# it alone): the systemd unit, its ExecStart naming $(PREFIX)/bin/ckpt (the
+# unit in deploy/ says /usr/local/bin, the default PREFIX), and the bash and
+# zsh completions.
+install-deploy:
 	install -d $(DESTDIR)$(PREFIX)/lib/systemd/system $(DESTDIR)$(PREFIX)/share/bash-completion/completions \
 	  $(DESTDIR)$(PREFIX)/share/zsh/site-functions
 	sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' deploy/systemd/ckpt.service >$(DESTDIR)$(PREFIX)/lib/systemd/system/ckpt.service

@@ -80,15 +80,25 @@ void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total)
     p->tty = isatty(STDERR_FILENO);
 }
 
+void ckpt_progress_rate(const ckpt_progress *p, double now, double *rate, double *eta)
+{
+    double el = now - p->started;
+    uint64_t moved = p->done > p->base ? p->done - p->base : 0;
+    *rate = el > 0 ? (double)moved / el : 0;
+    if (p->total && p->done >= p->total) *eta = 0;
+    else if (p->total && *rate > 0) *eta = (double)(p->total - p->done) / *rate;
+    else *eta = -1;
+}
+
 static void draw(ckpt_progress *p, int final)
 {
-    double el = ckpt_now() - p->started;
     double pct = p->total ? 100.0 * (double)p->done / (double)p->total : 100.0;
     char d[32], t[32];
     ckpt_format_size(p->done, d, sizeof d);
     ckpt_format_size(p->total, t, sizeof t);
-    uint64_t moved = p->done > p->base ? p->done - p->base : 0;
-    double bps = el > 0 ? (double)moved / el : 0, rate = bps / 1048576.0;
+    double bps, left;
+    ckpt_progress_rate(p, ckpt_now(), &bps, &left);
+    double rate = bps / 1048576.0;
     if (p->tty) {
         int width = 30, fill = (int)(pct * width / 100.0);
         char bar[64], eta[32] = "--:--";
@@ -96,11 +106,8 @@ static void draw(ckpt_progress *p, int final)
         bar[width] = 0;
         if (final || p->done >= p->total)
             snprintf(eta, sizeof eta, "0:00");
-        else if (bps > 0) {
-            double left = (double)(p->total - p->done) / bps;
-            if (left < 100 * 3600.0)
-                snprintf(eta, sizeof eta, "%d:%02d", (int)left / 60, (int)left % 60);
-        }
+        else if (left >= 0 && left < 100 * 3600.0)
+            snprintf(eta, sizeof eta, "%d:%02d", (int)left / 60, (int)left % 60);
         char tensors[64] = "";
         if (p->tensors_total)
             snprintf(tensors, sizeof tensors, " %llu/%llu tensors", (unsigned long long)(final ? p->tensors_total : p->tensors),
@@ -113,6 +120,13 @@ static void draw(ckpt_progress *p, int final)
     }
 }
 
+static void sink_report(const ckpt_progress *p, double now)
+{
+    double rate, eta;
+    ckpt_progress_rate(p, now, &rate, &eta);
+    progress_sink(p, rate, eta);
+}
+
 void ckpt_progress_update(ckpt_progress *p, uint64_t done)
 {
     p->done = done;
@@ -122,7 +136,7 @@ void ckpt_progress_update(ckpt_progress *p, uint64_t done)
         if (p->last_pct < 0 || t - p->last_draw >= 0.25 || done == p->total) {
             p->last_draw = t;
             p->last_pct = 0;
-            progress_sink(p->label, done, p->total, p->tensors, p->tensors_total);
+            sink_report(p, t);
         }
         return;
     }
@@ -148,7 +162,9 @@ void ckpt_progress_tensors(ckpt_progress *p, uint64_t tensors, uint64_t tensors_
 void ckpt_progress_finish(ckpt_progress *p)
 {
     if (progress_sink) {
-        progress_sink(p->label, p->total, p->total, p->tensors_total, p->tensors_total);
+        p->done = p->total;
+        p->tensors = p->tensors_total;
+        sink_report(p, ckpt_now());
         return;
     }
     if (log_level < CKPT_LOG_INFO) return;

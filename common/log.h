@@ -49,10 +49,19 @@ typedef struct {
 } ckpt_progress;
 
 /* When a sink is set (worker processes), progress goes to it, at most a few
- * times a second (the first update at once), instead of being drawn. */
-typedef void (*ckpt_progress_sink_fn)(const char *label, uint64_t done, uint64_t total, uint64_t tensors,
-                                      uint64_t tensors_total);
+ * times a second (the first update at once), instead of being drawn: p as
+ * it stands (done, and tensors; at finish, done = total and tensors =
+ * tensors_total), with its rate and time left now (ckpt_progress_rate). */
+typedef void (*ckpt_progress_sink_fn)(const ckpt_progress *p, double rate, double eta);
 void ckpt_progress_set_sink(ckpt_progress_sink_fn fn);
+
+/* The rate of p at time `now`: the bytes this run moved (done - base: a
+ * resumed download's earlier bytes left out) over the seconds since
+ * ckpt_progress_start, in *rate (0 while nothing moved or no time passed),
+ * and the seconds the rest needs at that rate in *eta (0 once done >= total;
+ * -1 while unknown: no rate yet, or no total). The TTY line, the worker's
+ * progress reports and so the dashboard's live progress all use it. */
+void ckpt_progress_rate(const ckpt_progress *p, double now, double *rate, double *eta);
 
 void ckpt_progress_start(ckpt_progress *p, const char *label, uint64_t total);
 void ckpt_progress_update(ckpt_progress *p, uint64_t done);

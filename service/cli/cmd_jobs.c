@@ -376,11 +376,13 @@ int cmd_serve(int argc, char **argv)
     return rc < 0 ? cli_fail() : CLI_OK;
 }
 
-/* "@ckpt progress BYTES TOTAL TENSORS TENSORS_TOTAL PHASE" (service/daemon/daemon.c reads it). */
-static void worker_progress(const char *label, uint64_t done, uint64_t total, uint64_t tensors, uint64_t tensors_total)
+/* "@ckpt progress BYTES TOTAL TENSORS TENSORS_TOTAL RATE ETA PHASE": what the
+ * daemon's handle_line reads (RATE bytes a second, ETA seconds or -1). */
+static void worker_progress(const ckpt_progress *p, double rate, double eta)
 {
-    printf("@ckpt progress %llu %llu %llu %llu %s\n", (unsigned long long)done, (unsigned long long)total,
-           (unsigned long long)tensors, (unsigned long long)tensors_total, label ? label : "");
+    printf("@ckpt progress %llu %llu %llu %llu %.0f %.1f %s\n", (unsigned long long)p->done,
+           (unsigned long long)p->total, (unsigned long long)p->tensors, (unsigned long long)p->tensors_total, rate,
+           eta, p->label ? p->label : "");
     fflush(stdout);
 }
 

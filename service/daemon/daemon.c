@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -191,14 +192,16 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
 static void handle_line(daemon_state *d, worker_slot *w, char *line)
 {
     if (!strncmp(line, "@ckpt progress ", 15)) {
-        /* BYTES TOTAL TENSORS TENSORS_TOTAL PHASE (cmd_jobs.c's worker_progress) */
+        /* BYTES TOTAL TENSORS TENSORS_TOTAL RATE ETA PHASE (cmd_jobs.c's worker_progress) */
         long long v[4] = {0};
+        double rate = 0, eta = -1;
         int used = 0;
-        if (sscanf(line + 15, "%lld %lld %lld %lld %n", &v[0], &v[1], &v[2], &v[3], &used) >= 4 && v[0] >= 0 &&
-            v[1] >= 0 && v[2] >= 0 && v[3] >= 0) {
+        if (sscanf(line + 15, "%lld %lld %lld %lld %lf %lf %n", &v[0], &v[1], &v[2], &v[3], &rate, &eta, &used) >= 6 &&
+            v[0] >= 0 && v[1] >= 0 && v[2] >= 0 && v[3] >= 0 && isfinite(rate) && rate >= 0 && isfinite(eta) &&
+            eta >= -1) {
             w->done = (uint64_t)v[0];
             queue_progress(&d->store.cat, w->id,
-                           &(queue_progress_info){v[0], v[1], v[2], v[3], used ? line + 15 + used : NULL});
+                           &(queue_progress_info){v[0], v[1], v[2], v[3], used ? line + 15 + used : NULL, rate, eta});
         }
     } else if (!strncmp(line, "@ckpt result ", 13)) {
         free(w->result);

@@ -224,6 +224,8 @@ int queue_read_row(ckpt_stmt *st, queue_job *j)
     j->cancel_requested = db_col_int64(st, 20) != 0;
     j->tensors_done = db_col_int64(st, 21);
     j->tensors_total = db_col_int64(st, 22);
+    j->progress_rate = db_col_double(st, 23);
+    j->progress_eta = db_col_double(st, 24);
     if (!j->kind || !j->args) {
         queue_job_free(j);
         return ckpt_error_set(CKPT_ENOMEM, "out of memory reading a job");
@@ -283,6 +285,12 @@ json_t *queue_job_json(const queue_job *j)
                                                  (json_int_t)j->progress_total, "tensors_done",
                                                  (json_int_t)j->tensors_done, "tensors_total",
                                                  (json_int_t)j->tensors_total, "phase", j->phase));
+    /* A running job's rate and time left, as its worker last measured them. */
+    json_t *pr = json_object_get(o, "progress");
+    if (pr && !strcmp(j->state, "running") && j->progress_rate > 0) {
+        json_object_set_new(pr, "rate", json_real(j->progress_rate));
+        if (j->progress_eta >= 0) json_object_set_new(pr, "eta_seconds", json_real(j->progress_eta));
+    }
     if (j->error) json_object_set_new(o, "error", json_string(j->error));
     if (j->result) {
         json_error_t err;
@@ -326,7 +334,7 @@ static int claim_tx(ckpt_db *d, void *vctx)
         char sql[2048];
         snprintf(sql, sizeof sql,
                  "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_owner = ?1, lease_expires = ?2, "
-                 "started_at = ?3, error = NULL WHERE id IN (SELECT id FROM jobs j WHERE state = 'queued' AND "
+                 "started_at = ?3, error = NULL, progress_rate = 0, progress_eta = -1 WHERE id IN (SELECT id FROM jobs j WHERE state = 'queued' AND "
                  "run_after <= ?3 AND kind NOT IN (%s) AND (depends_on IS NULL OR EXISTS (SELECT 1 FROM jobs d WHERE "
                  "d.id = j.depends_on AND d.state = 'succeeded')) ORDER BY priority, run_after, id LIMIT 1%s) "
                  "RETURNING " JOB_COLUMNS,
@@ -515,13 +523,15 @@ static void bind_progress(ckpt_stmt *st, void *ctx)
     db_bind_text(st, 4, p->phase);
     db_bind_int64(st, 5, p->tensors_done);
     db_bind_int64(st, 6, p->tensors_total);
+    db_bind_double(st, 7, p->rate);
+    db_bind_double(st, 8, p->eta);
 }
 
 int queue_progress(catalog *c, int64_t id, const queue_progress_info *p)
 {
     return update_job(c,
                       "UPDATE jobs SET progress_done = ?2, progress_total = ?3, phase = coalesce(?4, phase), "
-                      "tensors_done = ?5, tensors_total = ?6 WHERE id = ?1",
+                      "tensors_done = ?5, tensors_total = ?6, progress_rate = ?7, progress_eta = ?8 WHERE id = ?1",
                       id, "record progress", bind_progress, (void *)p);
 }
 
@@ -644,7 +654,8 @@ static int retry_tx(ckpt_db *d, void *vctx)
     if (rc) return rc;
     ckpt_stmt *st;
     if ((rc = db_prepare(d, &st, "UPDATE jobs SET state = 'queued', attempt = 0, run_after = ?2, error = NULL, "
-                                 "finished_at = NULL, cancel_requested = 0, progress_done = 0, tensors_done = 0 "
+                                 "finished_at = NULL, cancel_requested = 0, progress_done = 0, tensors_done = 0, "
+                                 "progress_rate = 0, progress_eta = -1 "
                                  "WHERE id = ?1",
                          "retry job")))
         return rc;

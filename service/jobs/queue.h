@@ -44,6 +44,7 @@ typedef struct {
     int worker_pid;
     int64_t progress_done, progress_total; /* bytes of the running phase */
     int64_t tensors_done, tensors_total;   /* its tensors (0 of 0: the phase does not count them) */
+    double progress_rate, progress_eta;    /* bytes/s since the phase began; seconds left (-1: unknown) */
     char *phase, *error, *result, *lease_owner;
     bool cancel_requested;
 } queue_job;
@@ -82,10 +83,13 @@ int queue_renew(catalog *c, const char *owner, int64_t id);
  * whose owner is dead; fails queued jobs whose dependency failed. */
 int queue_reap(catalog *c, const char *self_owner, int *requeued);
 /* A running job's progress: bytes done of total, tensors done of total (0 of
- * 0 when the phase does not count tensors), and the phase (NULL: unchanged). */
+ * 0 when the phase does not count tensors), the phase (NULL: unchanged), and
+ * the rate and seconds left the worker measured (ckpt_progress_rate: bytes a
+ * second since the phase began, 0 unknown; seconds, -1 unknown). */
 typedef struct {
     int64_t done, total, tensors_done, tensors_total;
     const char *phase;
+    double rate, eta;
 } queue_progress_info;
 int queue_progress(catalog *c, int64_t id, const queue_progress_info *p);
 int queue_log(catalog *c, int64_t id, const char *line);

@@ -13,7 +13,7 @@
 #define QUEUE_JOB_COLUMNS                                                                                              \
     "id, kind, args, state, priority, attempt, max_attempts, run_after, created_at, started_at, finished_at, "         \
     "lease_expires, depends_on, worker_pid, progress_done, progress_total, phase, error, result, lease_owner, "         \
-    "cancel_requested, tensors_done, tensors_total"
+    "cancel_requested, tensors_done, tensors_total, progress_rate, progress_eta"
 
 /* A row of SELECT QUEUE_JOB_COLUMNS into *j (queue_job_free it). */
 int queue_read_row(ckpt_stmt *st, queue_job *j);

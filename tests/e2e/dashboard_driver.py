@@ -12,13 +12,18 @@ Every wait is a poll for a state with a generous ceiling that only catches a
 hang (WAIT seconds); nothing here depends on how fast the machine is.
 """
 import json
+import math
 import os
+import re
+import sqlite3
 import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+
+from decimal import ROUND_HALF_UP, Decimal
 
 from selenium import webdriver
 from selenium.common.exceptions import JavascriptException, StaleElementReferenceException
@@ -118,8 +123,53 @@ def accept_confirm():
     d.switch_to.alert.accept()
 
 
+def click_confirmed(button_id, question):
+    """Clicks the button, whose confirmation must ask exactly `question`, and accepts it."""
+    d.find_element(By.ID, button_id).click()
+    WebDriverWait(d, WAIT).until(EC.alert_is_present())
+    asked = d.switch_to.alert.text
+    d.switch_to.alert.accept()
+    if asked != question:
+        fail("%s asked %r, not %r" % (button_id, asked, question))
+
+
 def job_state_is(state):
     return lambda: text("#job-state .state") == state
+
+
+# The page's number formats (app.js fmtBytes, fmtDuration), written again from
+# their definitions: JavaScript's toFixed and Math.round round halves up.
+def js_fixed(x, digits):
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def fmt_bytes(n):
+    units, i = ["B", "KiB", "MiB", "GiB", "TiB"], 0
+    while n >= 1024 and i < len(units) - 1:
+        n /= 1024
+        i += 1
+    return (js_fixed(n, 1) if i else str(n)) + " " + units[i]
+
+
+def fmt_duration(s):
+    if s < 60:
+        return js_fixed(s, 1 if s < 10 else 0) + " s"
+    if s < 3600:
+        return "%d min %d s" % (s // 60, math.floor(s % 60 + 0.5))
+    return "%d h %d min" % (s // 3600, math.floor((s % 3600) / 60 + 0.5))
+
+
+def rate_shown(css, prog):
+    """The rate and ETA shown at css (a .progress-rate) are the API's
+    progress.rate and progress.eta_seconds in the page's formats."""
+    els = d.find_elements(By.CSS_SELECTOR, css)
+    if not els or float(els[0].get_attribute("data-rate")) != prog["rate"]:
+        return False
+    want = fmt_bytes(math.floor(prog["rate"] + 0.5)) + "/s"
+    eta = prog.get("eta_seconds", 0)
+    if eta > 0:
+        want += " · ETA " + fmt_duration(eta)
+    return els[0].text == want
 
 
 opts = webdriver.ChromeOptions()
@@ -217,10 +267,19 @@ try:
           d.find_element(By.CSS_SELECTOR, tensors_el).get_attribute("data-done") == str(p["tensors_done"]))
     if not 0 <= p["tensors_done"] <= m or m <= 0:
         fail("a running convert's tensors: %s" % p)
+    # Its rate and time left, as the worker measured them at its last report
+    # (held, they stay put): the API's figures in the page's formats.
+    if not p.get("rate", 0) > 0 or p["total"] > p["done"] and not p.get("eta_seconds", 0) > 0:
+        fail("a held convert's rate and ETA: %s" % p)
+    until("the held convert's rate and ETA", lambda: rate_shown("#job-fields .progress-rate", p))
+    if not re.fullmatch(r"\d+(\.\d)? (B|KiB|MiB|GiB|TiB)/s( · ETA (\d+(\.\d)? s|\d+ min \d+ s|\d+ h \d+ min))?",
+                        text("#job-fields .progress-rate")):
+        fail("the rate and ETA read %r" % text("#job-fields .progress-rate"))
     go(A + "/#/jobs", "#jobs-table")
     d.find_element(By.ID, "job-search").send_keys(Keys.CONTROL, "a", Keys.DELETE)  # the search above is kept
     row_tensors = '#jobs-table tr[data-id="%s"] .progress-tensors' % convert
-    until("the jobs list to show the convert's tensors", lambda: text(row_tensors) == "%d / %d tensors" % (p["tensors_done"], m))
+    until("the jobs list to show the convert's tensors and rate", lambda: text(row_tensors) == "%d / %d tensors" % (p["tensors_done"], m)
+          and rate_shown('#jobs-table tr[data-id="%s"] .progress-rate' % convert, p))
     shot("job-tensors")
     line = next(l for l in run("jobs").splitlines() if l.split()[0] == convert)
     if " %d/%d " % (p["tensors_done"], m) not in line:
@@ -232,9 +291,32 @@ try:
           [td.text for td in d.find_elements(By.CSS_SELECTOR, held_row + " td")][1:3] == [str(wpid), "convert"] and
           text(held_row + " .progress-tensors") == "%d / %d tensors" % (p["tensors_done"], m))
     shot("overview-running")
-    os.kill(wpid, signal.SIGCONT)
+    # Live updates paused: the convert, continued, succeeds on the server
+    # while its page still shows it running; resumed, the page follows.
     go(A + "/#/jobs/" + convert, "#job-view")
-    until("the convert to succeed", job_state_is("succeeded"))
+    until("the held convert's page", job_state_is("running"))
+    d.find_element(By.ID, "pause").click()
+    # data-paused: paused, and no refresh under way (one begun before the
+    # click could still read the new state).
+    until("updates paused", lambda: d.find_element(By.ID, "updated").get_attribute("data-paused") == "true" and
+          text("#pause") == "Resume updates" and text("#updated").startswith("paused · updated "))
+    refreshes = d.find_element(By.ID, "updated").get_attribute("data-refreshes")
+    paused_at = d.execute_script("return Date.now()")
+    os.kill(wpid, signal.SIGCONT)
+    until("the convert to succeed (the API)", lambda: api(A, "/v1/jobs/" + convert)["state"] == "succeeded")
+    # Not a sleep for something to happen: a wait until the page's own clock
+    # has passed 2.5 poll periods since the pause, by which a page that still
+    # polled would have refreshed at least twice. Paused, it did not.
+    poll_ms = d.execute_script("return POLL_MS")
+    until("2.5 poll periods on the page's clock", lambda: d.execute_script("return Date.now()") >= paused_at + 2.5 * poll_ms)
+    if not job_state_is("running")() or d.find_element(By.ID, "updated").get_attribute("data-refreshes") != refreshes:
+        fail("paused, the page refreshed (%s refreshes, %s before) or shows %r" % (
+            d.find_element(By.ID, "updated").get_attribute("data-refreshes"), refreshes, text("#job-state .state")))
+    shot("job-paused")
+    d.find_element(By.ID, "pause").click()
+    until("the convert to succeed once updates resume", lambda: job_state_is("succeeded")() and text("#pause") == "Pause updates" and
+          not text("#updated").startswith("paused"))
+    note("rate, ETA and pause")
     prog = text("#job-fields .progress-text") or ""
     if "(100%)" not in prog:
         fail("a finished convert's progress reads %r" % prog)
@@ -425,12 +507,7 @@ try:
     d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="succeeded"]').click()
     until("the succeeded tab", lambda: text('#job-tabs button[data-state="succeeded"] .count') == str(nsucc) and
           not d.find_element(By.ID, "bulk-delete").get_attribute("disabled"))
-    d.find_element(By.ID, "bulk-delete").click()
-    WebDriverWait(d, WAIT).until(EC.alert_is_present())
-    asked = d.switch_to.alert.text
-    d.switch_to.alert.accept()
-    if asked != "Delete all %d succeeded jobs?" % nsucc:
-        fail("the bulk delete asked %r" % asked)
+    click_confirmed("bulk-delete", "Delete all %d succeeded jobs?" % nsucc)
     until("the succeeded jobs deleted", lambda: text('#job-tabs button[data-state="succeeded"] .count') == "0" and
           "delete: %d of %d" % (nsucc, nsucc) in (text("#flash") or ""))
     counts = api(A, "/v1/jobs/counts")
@@ -444,17 +521,17 @@ try:
     until("the page to ask for a token", lambda: "401" in (text("#flash") or ""))
     d.find_element(By.ID, "token").send_keys(env["READ_TOKEN"])
     d.find_element(By.ID, "token-use").click()
-    until("the jobs of B with the read token", lambda: (text("#page-info") or "").endswith("(31 jobs)"))
+    until("the jobs of B with the read token", lambda: (text("#page-info") or "").endswith("(32 jobs)"))
     if d.execute_script("return sessionStorage.getItem('ckpt.token')") != env["READ_TOKEN"]:
         fail("the token is not kept in sessionStorage")
     if env["READ_TOKEN"] in d.current_url:
         fail("the token is in the URL")
-    until("31 jobs on two pages", lambda: text("#page-info") == "page 1 of 2 (31 jobs)" and
+    until("32 jobs on two pages", lambda: text("#page-info") == "page 1 of 2 (32 jobs)" and
           len(d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")) == 25)
     d.find_element(By.ID, "page-next").click()
-    until("the second page", lambda: text("#page-info") == "page 2 of 2 (31 jobs)" and
+    until("the second page", lambda: text("#page-info") == "page 2 of 2 (32 jobs)" and
           [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")] ==
-          [str(i) for i in range(6, 0, -1)] and env["FAILED_B"] == "1")
+          [str(i) for i in range(7, 0, -1)] and env["FAILED_B"] == "1")
     go(B + "/#/jobs/" + env["FAILED_B"], "#job-view")
     until("B's failed job", job_state_is("failed"))
     d.find_element(By.ID, "job-retry").click()
@@ -474,9 +551,66 @@ try:
     d.find_element(By.ID, "f-repo").send_keys("org/tiny")
     d.find_element(By.ID, "f-submit").click()
     until("the refusal of a submit", lambda: "403" in (text("#flash") or "") and "submitting needs an admin token" in text("#flash"))
-    if len(json.loads(run("jobs", "--json", home=env["HOME_B"]))) != 31:
+    if len(json.loads(run("jobs", "--json", home=env["HOME_B"]))) != 32:
         fail("a read token's submit queued a job")
-    print("dashboard: submit, progress, cancel, retry and its attempts, store page and figures after a verify, "
-          "overview charts, schedules added/paused/resumed/removed, delete one and all, narrow window and read token checked")
+
+    # --- B with the admin token: typed once, kept for the tab across a reload, never in a URL ---
+    admin, held_b, failed_b = env["ADMIN_TOKEN"], int(env["HELD_B"]), env["FAILED_B"]
+    d.find_element(By.ID, "token").send_keys(admin)
+    d.find_element(By.ID, "token-use").click()
+    until("the admin token kept in sessionStorage", lambda: d.execute_script("return sessionStorage.getItem('ckpt.token')") == admin)
+    d.refresh()
+    go(B + "/#/jobs/" + failed_b, "#job-view")
+    until("B's failed job, after a reload", job_state_is("failed"))
+    d.find_element(By.ID, "job-retry").click()
+    accept_confirm()
+    until("the admin token's retry", lambda: "Job %s queued again" % failed_b in (text("#flash") or ""))
+
+    def b_jobs():
+        return {j["id"]: j for j in json.loads(run("jobs", "--json", home=env["HOME_B"]))}
+    if b_jobs()[int(failed_b)]["state"] != "queued":
+        fail("the admin token's retry did not queue job %s: %s" % (failed_b, b_jobs()[int(failed_b)]))
+    # Cancel all queued noops (the tab and the search), confirmed; the retried
+    # convert (queued, not a noop) and the running noop are not matched.
+    noops = sorted(i for i, j in b_jobs().items() if j["kind"] == "noop" and i != held_b)
+    go(B + "/#/jobs", "#jobs-table")
+    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="queued"]').click()
+    d.find_element(By.ID, "job-search").send_keys("noop")
+    until("the 30 queued noops", lambda: text('#job-tabs button[data-state="queued"] .count') == "30" and
+          text("#page-info") == "page 1 of 2 (30 jobs)" and not d.find_element(By.ID, "bulk-cancel").get_attribute("disabled"))
+    click_confirmed("bulk-cancel", 'Cancel all 30 queued jobs matching "noop"?')
+    until("the bulk cancel", lambda: 'cancel: 30 of 30 queued jobs matching "noop"' in (text("#flash") or ""))
+    jb = b_jobs()
+    if [jb[i]["state"] for i in noops] != ["cancelled"] * 30 or jb[held_b]["state"] != "running" or jb[int(failed_b)]["state"] != "queued":
+        fail("after cancel all: %s" % {i: j["state"] for i, j in jb.items()})
+    # Retry all cancelled noops: queued again, as new (attempt 0).
+    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="cancelled"]').click()
+    until("the 30 cancelled noops", lambda: text('#job-tabs button[data-state="cancelled"] .count') == "30" and
+          not d.find_element(By.ID, "bulk-retry").get_attribute("disabled"))
+    click_confirmed("bulk-retry", 'Retry all 30 cancelled jobs matching "noop"?')
+    until("the bulk retry", lambda: 'retry: 30 of 30 cancelled jobs matching "noop"' in (text("#flash") or "") and
+          text('#job-tabs button[data-state="cancelled"] .count') == "0")
+    jb = b_jobs()
+    if [(jb[i]["state"], jb[i]["attempt"]) for i in noops] != [("queued", 0)] * 30 or jb[held_b]["state"] != "running":
+        fail("after retry all: %s" % {i: (j["state"], j["attempt"]) for i, j in jb.items()})
+    shot("admin-bulk-retried")
+    # Neither token was ever in a URL: the address bar, this tab's history
+    # (the Navigation API's entries) and, below, the profile's history database.
+    urls = d.execute_script("return [location.href, ...navigation.entries().map(e => e.url)]")
+    if len(urls) < 3 or any(t in u for u in urls for t in (admin, env["READ_TOKEN"])):
+        fail("a token in the address bar or the tab's history: %s" % urls)
+    note("admin token: retry, cancel all and retry all matching")
+    print("dashboard: submit, progress with rate and ETA, pause, cancel, retry and its attempts, store page and figures "
+          "after a verify, overview charts, schedules added/paused/resumed/removed, delete one and all, narrow window, "
+          "a read token refused, an admin token's retry, cancel all and retry all checked")
 finally:
     d.quit()
+
+# The profile's history (Chromium writes it as it quits): the pages visited, no token.
+hist = os.path.join(env["PROFILE"], "Default", "History")
+con = sqlite3.connect("file:%s?mode=ro" % hist, uri=True)
+visited = [r[0] for r in con.execute("SELECT url FROM urls")]
+con.close()
+if not any(u.startswith(env["URL_B"]) for u in visited) or any(t in u for u in visited for t in (env["ADMIN_TOKEN"], env["READ_TOKEN"])):
+    print("dashboard_driver: FAIL: the browser's history: %s" % visited, file=sys.stderr)
+    sys.exit(1)

@@ -247,6 +247,11 @@ for cmd in "import $W/src --repo a/b" "fetch a/b" "state import $W/src --run r" 
 done
 # jobs: a header, times, --limit
 "$B" jobs | head -1 | grep -q '^ *ID  STATE .*CREATED (UTC).*FINISHED (UTC).*WAITED.*RAN' || fail "ckpt jobs has no header: $("$B" jobs | head -2)"
+"$B" jobs --json | "$py" -c 'import json, subprocess, sys
+all_ = json.load(sys.stdin)
+one = json.loads(subprocess.run(sys.argv[1:], capture_output=True, text=True, check=True).stdout)
+sys.exit(not (len(all_) >= 2 and [j["id"] for j in one] == [all_[0]["id"]]))' "${RD[@]}" jobs --limit 1 --json ||
+    fail "jobs --limit 1 --json over --server is not the newest job"
 rc=0; "$B" jobs --limit 0 2>/dev/null || rc=$?; [ "$rc" = 2 ] || fail "jobs --limit 0 exited $rc"
 rc=0; "$B" jobs --state done 2>/dev/null || rc=$?; [ "$rc" = 2 ] || fail "jobs --state done exited $rc"
 # /metrics: a strict parse, then the figures against what this daemon did
@@ -338,7 +343,7 @@ ngc=$("$B" jobs --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "gc"
 stop_daemon
 # the log: JSON lines for jobs and requests, the route of each request; no token anywhere
 grep '^{' "$W/serve.log" >"$W/events" || fail "no JSON log lines: $(tail -5 "$W/serve.log")"
-"$py" - "$W/events" <<'PY' || fail "the JSON log: $(head -c 1500 "$W/events")"
+"$py" - "$W/events" "$(stat -c %s "$W/metrics")" <<'PY' || fail "the JSON log: $(head -c 1500 "$W/events")"
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 def has(**kv):
@@ -346,7 +351,8 @@ def has(**kv):
 assert has(event="job.started", kind="convert", ref="Qwen/tiny@main"), "no job.started of the convert"
 assert any(e["event"] == "job.finished" and e["kind"] == "convert" and e["bytes"] > 0 and e["seconds"] >= 0 for e in ev), "no job.finished with bytes"
 assert has(event="http.request", method="DELETE", route="/v1/checkpoints/{ref}", status=403), "no access line of the refused rm"
-assert has(event="http.request", method="GET", path="/metrics", status=200), "no access line of /metrics"
+assert has(event="http.request", method="GET", path="/metrics", status=200, bytes=int(sys.argv[2])), "no access line of /metrics with its body's bytes"
+assert all(e["seconds"] >= 0 for e in ev if e["event"] == "http.request"), "an access line without its duration"
 assert all("?" not in e.get("path", "") for e in ev), "a query in a logged path"
 PY
 ! grep -q 'token-0123456789abcdef' "$W/serve.log" || fail "a token in the daemon's log"
@@ -370,11 +376,22 @@ complete_words ckpt serve --keep | grep -qx -- --keep-jobs || fail "bash complet
 complete_words ckpt --home "$W/home" show Qwen/t | grep -qx 'Qwen/tiny@main:neuron-tp2' || fail "bash completion of a ref"
 command -v zsh >/dev/null && command -v man >/dev/null || fail "zsh and man are not installed (make deps installs zsh and man-db)"
 zsh -n "$root/deploy/completion/_ckpt" || fail "zsh completion does not parse"
-dash "$root/deploy/mkman.sh" "$B" "$W/ckpt.1" 2>/dev/null || sh "$root/deploy/mkman.sh" "$B" "$W/ckpt.1"
-! grep -q $'\f' "$W/ckpt.1" || fail "a form feed in the man page"
+# under dash, Debian's /bin/sh (the Makefile runs it with sh), whose echo would turn "\f" into a form feed
+command -v dash >/dev/null || fail "dash is not installed"
+dash "$root/deploy/mkman.sh" "$B" "$W/ckpt.1" || fail "deploy/mkman.sh under dash"
+! grep -q $'\f' "$W/ckpt.1" && grep -q '^\.SH "ckpt serve"$' "$W/ckpt.1" || fail "a form feed in the man page, or no section of ckpt serve"
 MANWIDTH=80 man --warnings -l "$W/ckpt.1" 2>"$W/man.err" >/dev/null
 [ ! -s "$W/man.err" ] || fail "the man page renders with warnings: $(head -3 "$W/man.err")"
-echo "bash completion (commands, options, refs); the man page renders"
+# make install's deploy/ part with another PREFIX: the systemd unit runs that
+# PREFIX's ckpt (DESTDIR only says where the files go); nothing is built.
+env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make -s -C "$root" install-deploy PREFIX=/opt/ckpt-x DESTDIR="$W/destdir" >"$W/make.out" 2>&1 ||
+    fail "make install-deploy: $(tail -5 "$W/make.out")"
+unit=$W/destdir/opt/ckpt-x/lib/systemd/system/ckpt.service
+[ "$(grep '^ExecStart=' "$unit")" = 'ExecStart=/opt/ckpt-x/bin/ckpt serve --listen ${CKPT_LISTEN} --workers ${CKPT_WORKERS} $CKPT_SERVE_ARGS' ] &&
+    ! grep -q -e /usr/local -e destdir "$unit" || fail "the installed unit under PREFIX=/opt/ckpt-x: $(grep -n -e ExecStart -e /usr/local "$unit")"
+cmp -s "$W/destdir/opt/ckpt-x/share/bash-completion/completions/ckpt" "$root/deploy/completion/ckpt.bash" &&
+    cmp -s "$W/destdir/opt/ckpt-x/share/zsh/site-functions/_ckpt" "$root/deploy/completion/_ckpt" || fail "the installed completions"
+echo "bash completion (commands, options, refs); the man page renders under dash; the unit follows PREFIX"
 
 # --- Hub fidelity (issue 18): the calls huggingface_hub and @huggingface/hub make ---
 # (docs/hub.md, Endpoints). hf_replay.py replays the Python client's exact

@@ -19,7 +19,8 @@ const ui = {
   jobsTab: 'all',
   jobsQuery: '',
   jobsPage: 0,
-  samples: new Map(), // job id -> {t, done}: the rate between two polls
+  refreshes: 0,       // refreshes run (shown in #updated's data-refreshes)
+  lastUpdate: 0,      // when the last refresh succeeded (ms)
 };
 
 // ---- small helpers ----
@@ -151,19 +152,17 @@ function progressCell(j) {
   const pct = p.total ? Math.min(100, 100 * p.done / p.total) : 0;
   const parts = [];
   if (p.total) parts.push(fmtBytes(p.done) + ' / ' + fmtBytes(p.total) + ' (' + pct.toFixed(0) + '%)');
-  if (jobState(j) === 'running') {
-    const now = Date.now() / 1000, prev = ui.samples.get(j.id);
-    let rate = null;
-    if (prev && now > prev.t && p.done >= prev.done) rate = (p.done - prev.done) / (now - prev.t);
-    if ((rate === null || rate === 0) && j.started_at && p.done > 0) rate = p.done / Math.max(0.001, now - j.started_at);
-    if (!prev || prev.done !== p.done) ui.samples.set(j.id, {t: now, done: p.done});
-    if (rate) parts.push(fmtBytes(Math.round(rate)) + '/s');
-    if (rate && p.total > p.done) parts.push('ETA ' + fmtDuration((p.total - p.done) / rate));
-  }
+  // A running job's rate and time left, as its worker measured them at its
+  // last report (GET /v1/jobs: progress.rate, progress.eta_seconds).
+  const rate = j.state === 'running' && p.rate > 0 ? p.rate : 0;
+  const eta = rate && p.eta_seconds > 0 ? p.eta_seconds : null;
   return el('div', {class: 'progress', 'data-job': j.id},
     p.total ? el('span', {class: 'bar'}, el('span', {'data-pct': pct.toFixed(0)})) : null,
     el('div', {class: 'progress-phase', text: p.phase || ''}),
     el('div', {class: 'progress-text', text: parts.join(' · ')}),
+    rate ? el('div', {class: 'progress-rate', 'data-rate': rate, 'data-eta': eta === null ? '' : eta},
+              el('span', {class: 'rate', text: fmtBytes(Math.round(rate)) + '/s'}),
+              eta === null ? null : [' · ', el('span', {class: 'eta', text: 'ETA ' + fmtDuration(eta)})]) : null,
     // Tensors done of total, when the phase counts them (a download does not).
     p.tensors_total ? el('div', {class: 'progress-tensors', 'data-done': p.tensors_done, 'data-total': p.tensors_total,
                                  text: p.tensors_done + ' / ' + p.tensors_total + ' tensors'}) : null);
@@ -254,7 +253,6 @@ async function jobsPage(main) {
     el('td', {}, progressCell(j)),
     el('td', {class: 'hide-narrow', text: fmtTime(j.created_at)}),
     el('td', {class: 'hide-narrow', text: j.error || ''})));
-  for (const id of ui.samples.keys()) if (!jobs.some(j => j.id === id && j.state === 'running')) ui.samples.delete(id);
   const tbody = main.querySelector('#jobs-table tbody');
   tbody.replaceChildren(...rows);
   sizeBars(tbody);
@@ -661,10 +659,12 @@ async function poll(again) {
     do {
       ui.again = false;
       const page = ui.refresh;
+      ui.refreshes++;
       try {
         await page();
         if (ui.pollError) { flash(''); ui.pollError = false; }
-        document.body.dataset.loaded = String(Date.now());
+        ui.lastUpdate = Date.now();
+        document.body.dataset.loaded = String(ui.lastUpdate);
       } catch (e) {
         // The error of a page left meanwhile (a job just deleted) is no news.
         if (page === ui.refresh) { flash(e.message); ui.pollError = true; }
@@ -674,6 +674,19 @@ async function poll(again) {
   await inFlight;
   inFlight = null;
   if (!ui.paused) ui.timer = setTimeout(poll, POLL_MS);
+  showUpdated();
+}
+
+// The header's "updated HH:MM:SS UTC" ("paused · updated ..." while paused).
+// Its data-paused is "true" once updates are paused and no refresh is under
+// way: from then on the page changes only when the user acts or moves to
+// another page, until updates resume. data-refreshes counts the refreshes.
+function showUpdated() {
+  const u = document.getElementById('updated');
+  const at = ui.lastUpdate ? 'updated ' + fmtTime(ui.lastUpdate / 1000).slice(11, 19) + ' UTC' : '';
+  u.textContent = ui.paused ? 'paused · ' + at : at;
+  u.dataset.paused = String(ui.paused && !inFlight);
+  u.dataset.refreshes = String(ui.refreshes);
 }
 
 function start() {
@@ -700,6 +713,7 @@ function start() {
     pause.textContent = ui.paused ? 'Resume updates' : 'Pause updates';
     pause.setAttribute('aria-pressed', String(ui.paused));
     if (ui.paused) clearTimeout(ui.timer); else poll();
+    showUpdated();
   });
   window.addEventListener('hashchange', () => {
     ui.refresh = route();

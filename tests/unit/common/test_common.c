@@ -8,12 +8,14 @@
  */
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/log.h"
 #include "common/sha256.h"
 #include "common/util.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -556,6 +558,72 @@ static void test_modes_follow_umask(void **state)
     free(path);
 }
 
+/* ckpt_progress_rate with fixed figures: the rate and time left a worker
+ * reports (and so GET /v1/jobs and the dashboard show) and the TTY line draws. */
+static void test_progress_rate(void **state)
+{
+    (void)state;
+    const uint64_t MiB = 1u << 20;
+    ckpt_progress p = {.total = 10 * MiB, .done = 3 * MiB, .base = 1 * MiB, .started = 100.0};
+    double rate, eta;
+    ckpt_progress_rate(&p, 102.0, &rate, &eta); /* 2 MiB moved in 2 s (the resumed 1 MiB left out) */
+    assert_true(rate == (double)MiB);
+    assert_true(eta == 7.0); /* 7 MiB left at 1 MiB/s */
+    ckpt_progress_rate(&p, 108.0, &rate, &eta); /* a stall lowers the rate, raises the time left */
+    assert_true(rate == (double)MiB / 4);
+    assert_true(eta == 28.0);
+    ckpt_progress_rate(&p, 100.0, &rate, &eta); /* no time passed: unknown */
+    assert_true(rate == 0 && eta == -1);
+    p.done = p.base; /* nothing moved in this run yet */
+    ckpt_progress_rate(&p, 105.0, &rate, &eta);
+    assert_true(rate == 0 && eta == -1);
+    p.done = p.total; /* all done: nothing left */
+    ckpt_progress_rate(&p, 109.0, &rate, &eta);
+    assert_true(rate == (double)MiB && eta == 0);
+    p.total = 0; /* a phase without a total: a rate, no time left */
+    p.done = 5 * MiB;
+    ckpt_progress_rate(&p, 104.0, &rate, &eta);
+    assert_true(rate == (double)MiB && eta == -1);
+}
+
+/* A worker's sink gets the progress with its rate (ckpt_progress_rate) at
+ * once on the first update, then at finish all bytes and tensors done. */
+static int sink_calls;
+static ckpt_progress sink_last;
+static double sink_rate, sink_eta;
+static void sink(const ckpt_progress *p, double rate, double eta)
+{
+    sink_calls++;
+    sink_last = *p;
+    sink_rate = rate;
+    sink_eta = eta;
+}
+
+static void test_progress_sink(void **state)
+{
+    (void)state;
+    ckpt_progress_set_sink(sink);
+    ckpt_progress p;
+    ckpt_progress_start(&p, "hashing", 1000);
+    p.started -= 2.0; /* as if started 2 s ago: a rate of about 100 B/s after 200 bytes */
+    ckpt_progress_tensors(&p, 1, 4);
+    ckpt_progress_update(&p, 200);
+    assert_int_equal(sink_calls, 1);
+    assert_string_equal(sink_last.label, "hashing");
+    assert_int_equal(sink_last.done, 200);
+    assert_int_equal(sink_last.tensors, 1);
+    assert_true(sink_rate > 0 && sink_rate <= 100.0);
+    assert_true(sink_eta >= 8.0 && fabs(sink_eta - 800 / sink_rate) < 1e-9);
+    ckpt_progress_update(&p, 300); /* within 0.25 s of the last report: not sent */
+    assert_int_equal(sink_calls, 1);
+    ckpt_progress_finish(&p);
+    assert_int_equal(sink_calls, 2);
+    assert_int_equal(sink_last.done, 1000);
+    assert_int_equal(sink_last.tensors, 4);
+    assert_true(sink_eta == 0);
+    ckpt_progress_set_sink(NULL);
+}
+
 #define SCRATCH_TEST(fn) cmocka_unit_test_setup_teardown(fn, scratch_setup, scratch_teardown)
 
 int main(void)
@@ -569,6 +637,7 @@ int main(void)
         cmocka_unit_test(test_sha256_vectors),      SCRATCH_TEST(test_sha256_files),
         cmocka_unit_test(test_error_convention),    cmocka_unit_test(test_checked_arithmetic),
         SCRATCH_TEST(test_modes_follow_umask),
+        cmocka_unit_test(test_progress_rate),       cmocka_unit_test(test_progress_sink),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -523,7 +523,7 @@ static void test_retry(void **state)
     fixture *f = *state;
     int64_t a = submit(f, "{\"n\": 1}");
     assert_int_equal(claim_one(f), a);
-    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){7, 10, 2, 4, "copy"}), 0);
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){7, 10, 2, 4, "copy", 3.5, 0.9}), 0);
     assert_int_equal(queue_finish(&f->cat, a, false, false, "bad", NULL), 0);
     assert_int_equal(queue_retry(&f->cat, a), 0);
     queue_job j = get(f, a);
@@ -532,6 +532,7 @@ static void test_retry(void **state)
     assert_null(j.error);
     assert_int_equal(j.progress_done, 0); /* a retry starts its progress again */
     assert_int_equal(j.tensors_done, 0);
+    assert_true(j.progress_rate == 0 && j.progress_eta == -1); /* and its rate */
     queue_job_free(&j);
     assert_int_equal(queue_retry(&f->cat, a), CKPT_EINVAL); /* queued */
     assert_int_equal(claim_one(f), a);
@@ -557,12 +558,18 @@ static void test_logs_progress_counts(void **state)
     assert_int_equal(claim_one(f), a);
     assert_int_equal(queue_log(&f->cat, a, "first"), 0);
     assert_int_equal(queue_log(&f->cat, a, "second"), 0);
-    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){5, 10, 1, 3, "copy"}), 0);
+    /* 5 of 10 bytes at 2.5 B/s (as the worker measured it): 2 s left */
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){5, 10, 1, 3, "copy", 2.5, 2.0}), 0);
     queue_job j = get(f, a);
     assert_int_equal(j.tensors_done, 1);
     assert_int_equal(j.tensors_total, 3);
+    json_t *running = queue_job_json(&j);
     queue_job_free(&j);
-    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){10, 10, 3, 3, NULL}), 0); /* keeps the phase */
+    json_t *rp = json_object_get(running, "progress");
+    assert_true(json_real_value(json_object_get(rp, "rate")) == 2.5);
+    assert_true(json_real_value(json_object_get(rp, "eta_seconds")) == 2.0);
+    json_decref(running);
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){10, 10, 3, 3, NULL, 0, -1}), 0); /* keeps the phase */
     json_t *lines;
     int64_t last;
     assert_int_equal(queue_logs(&f->cat, a, 0, &lines, &last), 0);
@@ -587,6 +594,8 @@ static void test_logs_progress_counts(void **state)
     assert_int_equal(json_integer_value(json_object_get(p, "tensors_done")), 3);
     assert_int_equal(json_integer_value(json_object_get(p, "tensors_total")), 3);
     assert_string_equal(json_string_value(json_object_get(p, "phase")), "copy");
+    assert_null(json_object_get(p, "rate")); /* a finished job has no rate or time left */
+    assert_null(json_object_get(p, "eta_seconds"));
     assert_string_equal(json_string_value(json_object_get(json_object_get(o, "result"), "ref")), "x");
     assert_string_equal(json_string_value(json_object_get(o, "state")), "succeeded");
     assert_non_null(json_object_get(o, "finished_at"));
@@ -873,9 +882,9 @@ static void test_stats(void **state)
     int64_t b = submit_o(f, "fetch", "{\"repo\": \"org/b\"}", NULL, NULL);
     submit(f, "{\"n\": 1}");
     assert_int_equal(claim(f, f->self, 2, NULL, 0, NULL), 2);
-    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){1000, 1000, 0, 0, "done"}), 0);
+    assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){1000, 1000, 0, 0, "done", 0, -1}), 0);
     assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
-    assert_int_equal(queue_progress(&f->cat, b, &(queue_progress_info){500, 1000, 0, 0, "half"}), 0);
+    assert_int_equal(queue_progress(&f->cat, b, &(queue_progress_info){500, 1000, 0, 0, "half", 0, -1}), 0);
     assert_int_equal(queue_finish(&f->cat, b, false, false, "bad", NULL), 0);
     double now = queue_now();
     /* a sample now and one two days ago: the old minute is pruned by the next sample */
