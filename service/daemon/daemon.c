@@ -386,9 +386,9 @@ static bool finish_slot(daemon_state *d, worker_slot *w)
         outcome = transient && !timed_out && !rc && job_requeued(d, w->id) ? "retried" : "failed";
     }
     if (db_note(d, rc, "record a job's end") < 0) {
-        if (!w->end_pending)
+        if (!w->end_pending) /* a failure's retry or not is the database's to decide, later */
             job_event(CKPT_EV_WARN, "job.end_pending", w,
-                      json_pack("{s:s,s:s}", "outcome", outcome, "error", ckpt_error_last()));
+                      json_pack("{s:s,s:s}", "outcome", err ? "attempt failed" : outcome, "error", ckpt_error_last()));
         w->end_pending = true;
         return false;
     }
