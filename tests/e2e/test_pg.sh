@@ -5,7 +5,8 @@
 # 1. The queue's unit tests (tests/unit/service/test_queue.c) against the
 #    server: CKPT_DB=postgresql://... runs every case on it, each from an
 #    empty database (so the schema/pg/ migrations run each time); and the SQL
-#    layer's (test_db.c: bytes through bytea).
+#    layer's (test_db.c: bytes through bytea, a batch of writes in pipeline
+#    mode over two syncs, a unique violation inside a batch).
 # 2. Several processes migrate at once: one set of tables, each migration
 #    recorded once (pg_advisory_xact_lock); a database with a migration this
 #    binary does not know is refused.
@@ -69,7 +70,7 @@ unset CKPT_SERVER
 ncases=$(sed -n 's/^\[==========\] Running \([0-9]*\) test.*/\1/p' "$work/unit.log")
 [ -n "$ncases" ] && grep -q "PASSED  \] $ncases test" "$work/unit.log" || fail "test_queue on PostgreSQL: $(tail -n 3 "$work/unit.log")"
 "$(dirname "$ckpt")/tests/test_db" >"$work/unit.log" 2>&1 || fail "test_db on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
-note "1. test_queue and test_db (bytea) pass on PostgreSQL"
+note "1. test_queue and test_db (bytea, batches) pass on PostgreSQL"
 
 # ---- 2. migrations from several processes at once ----
 pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta,

@@ -2,7 +2,8 @@
  * test_db.c — common/db.h on its SQLite driver (an in-memory database), and
  * what needs no server of the PostgreSQL one: URLs without their password,
  * and a connection refused with a message that names the database and leaves
- * the password out. tests/e2e/test_pg.sh runs the queue over a real server.
+ * the password out; bytes and batches of writes, on SQLite and (with CKPT_DB
+ * set, as tests/e2e/test_pg.sh runs it) on a real PostgreSQL server.
  */
 #include "common/db.h"
 #include "common/error.h"
