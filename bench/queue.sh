@@ -3,11 +3,11 @@
 #
 # With real worker processes (`ckpt serve` runs `ckpt worker` per job) and
 # no-op jobs, it measures:
-#   1. drain throughput: N noop jobs queued behind a gate job (depends_on), the
-#      daemon (--workers W, already running) releases them all at once when
-#      the gate ends: N / (last finished_at - gate finished_at). Each job is a
-#      claim transaction, a fork + exec of `ckpt worker`, its SQLite reads, the
-#      pipe, and the finish transaction.
+#   1. drain throughput: N noop jobs queued behind a gate job (depends_on; a
+#      noop waiting for a file), the daemon (--workers W, already running)
+#      releases them all at once when the gate ends: N / (last finished_at -
+#      gate finished_at). Each job is a claim transaction, a fork + exec of
+#      `ckpt worker`, its SQLite reads, the pipe, and the finish transaction.
 #   2. end-to-end throughput: N more noop jobs POSTed by one HTTP client
 #      (keep-alive) as fast as it can while the daemon runs them:
 #      N / (last finished_at - first created_at).
@@ -18,6 +18,14 @@
 #      fork), and from the moment `ckpt submit` was started -> started_at.
 #      Also shown: -> the worker's last line (its "done"), an upper bound of the
 #      worker's start.
+#   4. the claim throughput of several hosts: the drain of 1 again with the
+#      queue on a throw-away PostgreSQL 15 (tests/e2e/pg_lib.sh: initdb in the
+#      work folder, 127.0.0.1, a free port) and BENCH_DAEMONS daemons (3,
+#      --workers W each, one home as in tests/e2e/test_pg.sh) claiming with
+#      FOR UPDATE SKIP LOCKED, against the one daemon on SQLite of 1: jobs/s of
+#      each and the ratio. (All the daemons share this machine's cores: this
+#      measures what the database's claims and wake-ups cost, not what more
+#      hosts would add.) BENCH_DAEMONS=0 skips it.
 # It prints median and p99 and the goals: at least 200 jobs/s, median
 # submit-to-start under 50 ms.
 #
@@ -28,6 +36,7 @@
 #   CKPT_BIN       the ckpt binary (default: build/ckpt beside this folder; use a release build)
 #   BENCH_JOBS     N (default 1000)
 #   BENCH_WORKERS  W (default 2)
+#   BENCH_DAEMONS  daemons on PostgreSQL in 4 (default 3; 0: skip)
 #   BENCH_SAMPLES  latency samples (default 200)
 #   BENCH_DIR      where the temporary CKPT_HOME goes (default /tmp)
 #   BENCH_PYTHON   python3 (default /usr/bin/python3)
@@ -41,34 +50,56 @@ BENCH_NAME=queue
 JOBS=${BENCH_JOBS:-1000}
 WORKERS=${BENCH_WORKERS:-2}
 SAMPLES=${BENCH_SAMPLES:-200}
+DAEMONS=${BENCH_DAEMONS:-3}
 
 bench_positive JOBS WORKERS SAMPLES
+[[ $DAEMONS =~ ^[0-9]+$ ]] || die "BENCH_DAEMONS must be a number"
 bench_start
-DPID=
+DPIDS=()
+# pg_lib.sh is written for the e2e tests: give it what it uses of lib.sh.
+work=$WORK
+py=$PY
+fail() { die "$*"; }
+wait_until() { # LIMIT WHAT CMD...: polls CMD (a ceiling that only catches a hang)
+    local end=$((EPOCHSECONDS + $1)) what=$2
+    shift 2
+    until "$@" >/dev/null 2>&1; do
+        [ "$EPOCHSECONDS" -lt "$end" ] || die "timed out waiting for $what"
+        sleep 0.05
+    done
+}
+# shellcheck source=tests/e2e/pg_lib.sh
+. "$HERE/../tests/e2e/pg_lib.sh"
 cleanup() {
-    if [ -n "$DPID" ]; then
-        kill -TERM "$DPID" 2>/dev/null || true
-        wait "$DPID" 2>/dev/null || true
-    fi
+    local p
+    for p in "${DPIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+    for p in "${DPIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    pg_stop
     if [ "${BENCH_KEEP:-0}" = 1 ]; then echo "bench: kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
 
+# serve_daemon LOG: a daemon on CKPT_HOME (and CKPT_DB if set) with W
+# workers; waits for its URL (CKPT_HOME/serve.url, which it writes), in $URL.
+serve_daemon() {
+    rm -f "$CKPT_HOME/serve.url"
+    "$CKPT_BIN" serve --listen 127.0.0.1:0 --workers "$WORKERS" --grace 5 >"$1" 2>&1 &
+    DPIDS+=($!)
+    wait_until 60 "ckpt serve ($1)" test -s "$CKPT_HOME/serve.url"
+    URL=$(cat "$CKPT_HOME/serve.url")
+}
+
 export CKPT_HOME=$WORK/home CKPT_QUIET=1
 "$CKPT_BIN" jobs >/dev/null # creates the store and the database
-"$CKPT_BIN" serve --listen 127.0.0.1:0 --workers "$WORKERS" --grace 5 >"$WORK/serve.log" 2>&1 &
-DPID=$!
-for _ in $(seq 200); do
-    [ -s "$CKPT_HOME/serve.url" ] && break
-    kill -0 "$DPID" 2>/dev/null || die "ckpt serve exited: $(cat "$WORK/serve.log")"
-    sleep 0.05
-done
-[ -s "$CKPT_HOME/serve.url" ] || die "ckpt serve wrote no serve.url"
+serve_daemon "$WORK/serve.log"
 
-"$PY" - "$CKPT_BIN" "$(cat "$CKPT_HOME/serve.url")" "$JOBS" "$WORKERS" "$SAMPLES" "$DPID" <<'EOF'
+cat >"$WORK/queue_bench.py" <<'EOF'
 import http.client, json, os, random, statistics, subprocess, sys, time, urllib.parse
 
-ckpt, url, N, W, S, dpid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
+# argv: ckpt URL N W SAMPLES DAEMON_PID HOME [drain]; "drain": part 1 only,
+# its jobs/s on stdout (the daemons on PostgreSQL of part 4).
+ckpt, url, N, W, S, dpid, home = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], sys.argv[7]
+drain_only = sys.argv[8:] == ["drain"]
 tick = os.sysconf("SC_CLK_TCK")
 
 def cpu():
@@ -113,20 +144,21 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, max(0, int(round(p / 100 * len(xs) + 0.5)) - 1))]
 
 # ---- 1. drain: N jobs behind a gate ----
-gate_ms = 2000 + 3 * N
-gate = submit({"sleep_ms": gate_ms, "gate": 1})
+go = os.path.join(home, "bench-gate")
+gate = submit({"until_file": go, "gate": 1})
 t = time.time()
 ids = [submit({"seq": i}, depends_on=gate) for i in range(N)]
 sub_s = time.time() - t
-g = job(gate)
-if g["state"] != "running":
-    sys.exit(f"bench: the gate job is {g['state']} after submitting; raise its sleep")
 c0 = cpu()
+open(go, "w").close()
 jobs = wait_all(ids, 120 + N)
 c1 = cpu()
 g = job(gate)
 span = max(j["finished_at"] for j in jobs) - g["finished_at"]
 drain = N / span
+if drain_only:
+    print(f"{drain:.1f} {span:.2f}")
+    sys.exit(0)
 
 # ---- 2. end to end: submit while running ----
 t = time.time()
@@ -189,3 +221,20 @@ if done:
     print(f"    `ckpt submit` started -> worker done     median {statistics.median(done):6.1f} ms   p99 {pct(done, 99):6.1f} ms"
           "   (upper bound of the worker's start)")
 EOF
+"$PY" "$WORK/queue_bench.py" "$CKPT_BIN" "$URL" "$JOBS" "$WORKERS" "$SAMPLES" "${DPIDS[0]}" "$CKPT_HOME" | tee "$WORK/sqlite.txt"
+
+# ---- 4. the same drain with DAEMONS daemons on PostgreSQL ----
+[ "$DAEMONS" -gt 0 ] || exit 0
+kill -TERM "${DPIDS[0]}"
+wait "${DPIDS[0]}" || die "the SQLite daemon did not stop cleanly"
+DPIDS=()
+pg_start
+export CKPT_DB=$pg_url CKPT_HOME=$WORK/pg-home
+"$CKPT_BIN" jobs >/dev/null # the schema, before the daemons start together
+for i in $(seq "$DAEMONS"); do serve_daemon "$WORK/pg-serve.$i.log"; done
+read -r pg_rate pg_span < <("$PY" "$WORK/queue_bench.py" "$CKPT_BIN" "$URL" "$JOBS" "$WORKERS" "$SAMPLES" "${DPIDS[0]}" "$CKPT_HOME" drain)
+lite_rate=$(awk '/drain:/ {for (i = 1; i < NF; i++) if ($(i + 1) == "jobs/s") {print $i; exit}}' "$WORK/sqlite.txt")
+echo "  claim throughput, $JOBS queued noop jobs drained ($(nproc) CPUs, load average $(cut -d' ' -f1 /proc/loadavg)):"
+echo "    1 daemon on SQLite ($WORKERS workers)                  $(printf '%8.1f' "$lite_rate") jobs/s"
+echo "    $DAEMONS daemons on PostgreSQL 15 ($WORKERS workers each)   $(printf '%8.1f' "$pg_rate") jobs/s   ($pg_span s)"
+echo "    ratio PostgreSQL / SQLite                          $(awk -v a="$pg_rate" -v b="$lite_rate" 'BEGIN {printf "%8.2f", a / b}')"

@@ -29,6 +29,11 @@ struct ckpt_db {
     bool in_tx, last_unique;
     char listen[64]; /* the channel LISTENed on, again after a reconnect */
     double last_reset; /* when a reconnect was last tried (monotonic seconds) */
+    /* a batch (pipeline mode): the purposes of the statements whose answers are due */
+    bool batch;
+    int batch_rc; /* the first error a sync read, returned by the next step or the end */
+    const char *batch_what[DB_BATCH_MAX];
+    int nbatch;
 };
 
 struct ckpt_stmt {
@@ -186,6 +191,11 @@ void db_close(ckpt_db *d)
     free(d);
 }
 
+bool db_connected(const ckpt_db *d)
+{
+    return d->kind != DB_PG || PQstatus(d->pg) == CONNECTION_OK;
+}
+
 /* A connection the server dropped (a restart, a failover) is made again
  * between transactions; inside one the transaction is lost and fails. */
 static int pg_ready(ckpt_db *d, const char *what)
@@ -331,6 +341,91 @@ static void stmt_drop_bytes(ckpt_stmt *st)
     st->bytes = NULL;
 }
 
+/* The first error of a batch (naming the statement) is kept in batch_rc;
+ * quiet: a rollback's, where the caller's error is already set. */
+static void batch_fail(ckpt_db *d, bool quiet, PGresult *r, const char *what)
+{
+    if (d->batch_rc) return;
+    d->batch_rc = quiet ? CKPT_EIO : pg_result_error(d, r, what);
+}
+
+/* Reads the answers of the batch's statements sent so far, up to their sync point. */
+static int batch_sync(ckpt_db *d, bool quiet)
+{
+    if (!d->nbatch) return d->batch_rc;
+    int i = 0, nulls = 0;
+    if (!PQpipelineSync(d->pg)) {
+        d->nbatch = 0;
+        batch_fail(d, quiet, NULL, "send a batch");
+        return d->batch_rc;
+    }
+    for (;;) {
+        PGresult *r = PQgetResult(d->pg);
+        if (!r) { /* between two statements' answers; a lost connection gives only these */
+            if (++nulls > 2) {
+                batch_fail(d, quiet, NULL, i < d->nbatch ? d->batch_what[i] : "batch");
+                break;
+            }
+            continue;
+        }
+        nulls = 0;
+        ExecStatusType s = PQresultStatus(r);
+        if (s == PGRES_PIPELINE_SYNC) {
+            PQclear(r);
+            break;
+        }
+        if (s != PGRES_COMMAND_OK && s != PGRES_TUPLES_OK && s != PGRES_PIPELINE_ABORTED)
+            batch_fail(d, quiet, r, i < d->nbatch ? d->batch_what[i] : "batch");
+        PQclear(r);
+        i++;
+    }
+    d->nbatch = 0;
+    return d->batch_rc;
+}
+
+int db_batch_begin(ckpt_db *d)
+{
+    if (d->kind != DB_PG) return 0;
+    if (!d->in_tx || d->batch) return ckpt_error_set(CKPT_EINVAL, "%s: a batch outside a transaction", d->name);
+    if (!PQenterPipelineMode(d->pg)) return pg_result_error(d, NULL, "start a batch");
+    d->batch = true;
+    d->batch_rc = 0;
+    d->nbatch = 0;
+    return 0;
+}
+
+static int batch_end(ckpt_db *d, bool quiet)
+{
+    if (d->kind != DB_PG || !d->batch) return 0;
+    int rc = batch_sync(d, quiet);
+    if (!PQexitPipelineMode(d->pg) && !rc) rc = quiet ? CKPT_EIO : pg_result_error(d, NULL, "end a batch");
+    d->batch = false;
+    return rc;
+}
+
+int db_batch_end(ckpt_db *d)
+{
+    return batch_end(d, false);
+}
+
+/* A statement of a batch: sent, its answer read at the next sync. */
+static int pg_send(ckpt_stmt *st, const Oid *types)
+{
+    ckpt_db *d = st->db;
+    if (d->nbatch == DB_BATCH_MAX && batch_sync(d, false)) return d->batch_rc;
+    if (d->batch_rc) return d->batch_rc;
+    if (!PQsendQueryParams(d->pg, st->sql, st->nparams, types, (const char *const *)st->vals, NULL, NULL, 0)) {
+        batch_fail(d, false, NULL, st->what);
+        return d->batch_rc;
+    }
+    d->batch_what[d->nbatch++] = st->what;
+    st->ran = true;
+    st->row = -1;
+    st->nrows = 0;
+    st->changes = 0;
+    return 0;
+}
+
 static int pg_run(ckpt_stmt *st)
 {
     ckpt_db *d = st->db;
@@ -338,6 +433,7 @@ static int pg_run(ckpt_stmt *st)
     if (rc) return rc;
     Oid types[DB_MAX_PARAMS];
     for (int i = 0; i < st->nparams; i++) types[i] = st->types[i];
+    if (d->batch) return pg_send(st, types);
     st->res = PQexecParams(d->pg, st->sql, st->nparams, types, (const char *const *)st->vals, NULL, NULL, 0);
     ExecStatusType s = st->res ? PQresultStatus(st->res) : PGRES_FATAL_ERROR;
     if (s != PGRES_TUPLES_OK && s != PGRES_COMMAND_OK) return pg_result_error(d, st->res, st->what);
@@ -471,6 +567,7 @@ int db_exec(ckpt_db *d, const char *sql, const char *what)
         }
         return 0;
     }
+    if (d->batch) return ckpt_error_set(CKPT_EINVAL, "%s: %s: inside a batch", d->name, what);
     int rc = pg_ready(d, what);
     if (rc) return rc;
     PGresult *res = PQexec(d->pg, sql);
@@ -517,6 +614,7 @@ void db_rollback(ckpt_db *d)
         if (d->lite && !sqlite3_get_autocommit(d->lite)) sqlite3_exec(d->lite, "ROLLBACK", NULL, NULL, NULL);
         return;
     }
+    batch_end(d, true); /* the caller's error is already set */
     if (d->in_tx && PQstatus(d->pg) == CONNECTION_OK) PQclear(PQexec(d->pg, "ROLLBACK"));
     d->in_tx = false;
 }

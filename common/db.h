@@ -47,6 +47,10 @@ int db_open_pg(const char *url, ckpt_db **out);
  * what errors call it (the file's path). */
 int db_wrap_sqlite(sqlite3 *h, const char *name, ckpt_db **out);
 void db_close(ckpt_db *d);
+/* False while a PostgreSQL connection is lost (the server went away; the
+ * next statement outside a transaction connects again, at most once a
+ * second); always true on SQLite. */
+bool db_connected(const ckpt_db *d);
 db_kind_t db_kind(const ckpt_db *d);
 const char *db_name(const ckpt_db *d);
 
@@ -76,6 +80,19 @@ ckpt_db *db_stmt_db(ckpt_stmt *st);
 int64_t db_changes(ckpt_stmt *st);
 /* True when the last error of d was a unique constraint. */
 bool db_last_unique(const ckpt_db *d);
+
+/* A batch of writes inside a transaction: on PostgreSQL (libpq's pipeline
+ * mode) the statements run between db_batch_begin and db_batch_end are sent
+ * without waiting for their answers, which are read DB_BATCH_MAX at a time and
+ * at the end; there db_step gives DB_DONE at once (db_changes 0) and an error
+ * of a statement comes out of the next db_step past a sync or of
+ * db_batch_end, naming that statement. Only statements that return no rows
+ * (INSERT, UPDATE without RETURNING) belong in a batch. On SQLite nothing
+ * changes (every statement is a function call there, not a round trip). */
+#define DB_BATCH_MAX 256
+int db_batch_begin(ckpt_db *d);
+/* Waits for the answers still due and leaves the batch: 0 or the first error. */
+int db_batch_end(ckpt_db *d);
 
 int db_exec(ckpt_db *d, const char *sql, const char *what);
 int db_begin(ckpt_db *d);

@@ -234,3 +234,11 @@ LAZY(lib_pq, int, PQconsumeInput, (PGconn *c), (c))
 LAZY(lib_pq, PGnotify *, PQnotifies, (PGconn *c), (c))
 LAZY_VOID(lib_pq, PQfreemem, (void *p), (p))
 LAZY(lib_pq, unsigned char *, PQunescapeBytea, (const unsigned char *from, size_t *len), (from, len))
+LAZY(lib_pq, int, PQsendQueryParams,
+     (PGconn *c, const char *q, int n, const Oid *types, const char *const *vals, const int *lens, const int *fmts,
+      int rfmt),
+     (c, q, n, types, vals, lens, fmts, rfmt))
+LAZY(lib_pq, PGresult *, PQgetResult, (PGconn *c), (c))
+LAZY(lib_pq, int, PQenterPipelineMode, (PGconn *c), (c))
+LAZY(lib_pq, int, PQexitPipelineMode, (PGconn *c), (c))
+LAZY(lib_pq, int, PQpipelineSync, (PGconn *c), (c))

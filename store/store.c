@@ -182,12 +182,16 @@ static int lease_names(ckpt_store *s, const char *(*sha)(const void *, size_t), 
                          pg ? "INSERT INTO blob_leases(blob, host, pid, start_time, expires_at) VALUES (?, ?, ?, ?, ?) "
                               "ON CONFLICT (blob, host, pid, start_time) DO UPDATE SET expires_at = excluded.expires_at"
                             : "INSERT INTO blob_leases(blob, pid, start_time) VALUES (?, ?, ?) ON CONFLICT DO NOTHING");
+    ckpt_db *d = NULL;
+    if (!rc) rc = catalog_jobs(&s->cat, &d);
+    if (!rc) rc = db_batch_begin(d); /* PostgreSQL: DB_BATCH_MAX leases to a round trip */
     for (size_t i = 0; !rc && i < n; i++) {
         db_bind_text(st, 1, sha(arg, i));
         int k = bind_writer(s, st, 2);
         if (pg) db_bind_double(st, k, expires);
         rc = catalog_step_done(&s->cat, st, "lease blob");
     }
+    if (!rc) rc = db_batch_end(d);
     db_finalize(st);
     st = NULL;
     if (!rc && pg)
@@ -429,6 +433,11 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
     if (!rc) rc = catalog_prepare(c, &ins_ref, "INSERT INTO checkpoint_blobs(checkpoint_id, blob) VALUES (?, ?) ON CONFLICT DO NOTHING");
     json_t *seen = json_object();
     if (!rc && !seen) rc = CKPT_ENOMEM;
+    ckpt_db *d = NULL;
+    if (!rc) rc = catalog_jobs(c, &d);
+    /* PostgreSQL: rows go DB_BATCH_MAX to a round trip, not one each (a
+     * many-tensor checkpoint has thousands) */
+    if (!rc) rc = db_batch_begin(d);
     for (size_t f = 0; !rc && f < r->nfiles; f++) {
         const store_file_rec *fr = &r->files[f];
         db_bind_int64(ins_file, 1, id);
@@ -454,6 +463,7 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
             if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, id, t->recipe, seen);
         }
     }
+    if (!rc) rc = db_batch_end(d);
     db_finalize(ins_file);
     db_finalize(ins_tensor);
     db_finalize(ins_ref);

@@ -57,6 +57,10 @@ typedef struct {
     size_t blen;
     double started, deadline, term_sent, last_renew;
     bool cancelling, releasing, eof; /* eof: its pipe is closed; waiting for its exit */
+    bool exited;      /* reaped (status, ended): its end is being recorded */
+    bool cleaned;     /* what it left is removed (cleanup_after ran) */
+    bool end_pending; /* recording its end failed (the database is unreachable): retried every tick */
+    double ended;
     int status;
     char *error, *result;
     bool transient;
@@ -74,6 +78,8 @@ typedef struct {
     size_t nslots;
     atomic_int running;
     metrics *m; /* the HTTP API's figures (NULL without it) */
+    bool db_down;     /* the database's connection is lost (PostgreSQL) */
+    double db_lost_at, db_back; /* when it was lost, and when it answered again (0: never lost) */
 } daemon_state;
 
 /* What names a job's subject in the log: its ref, repo, or source folder. */
@@ -117,6 +123,35 @@ static void on_child(int sig)
     ssize_t n = write(child_pipe[1], "c", 1);
     (void)n; /* full: a wake-up is already pending */
     errno = saved;
+}
+
+/* What a queue call returned. A lost PostgreSQL connection is said once
+ * (db.lost, naming the database and what failed; db.h's names and messages
+ * never hold the password) and so is its return (db.back); the calls of every
+ * tick meanwhile fail quietly. Other failures are warned about as what.
+ * Returns rc. */
+static int db_note(daemon_state *d, int rc, const char *what)
+{
+    ckpt_db *db = NULL;
+    bool up = catalog_jobs(&d->store.cat, &db) < 0 || !db || db_connected(db);
+    if (rc < 0 && !up) {
+        if (!d->db_down) {
+            d->db_down = true;
+            d->db_lost_at = queue_now();
+            ckpt_event(CKPT_EV_ERROR, "db.lost",
+                       json_pack("{s:s,s:s,s:s}", "db", db_name(db), "during", what, "error", ckpt_error_last()));
+        }
+        return rc;
+    }
+    if (rc < 0) {
+        ckpt_warn("%s: %s", what, ckpt_error_last());
+    } else if (d->db_down) {
+        d->db_down = false;
+        d->db_back = queue_now();
+        ckpt_event(CKPT_EV_INFO, "db.back",
+                   json_pack("{s:s,s:f}", "db", db_name(db), "seconds_lost", d->db_back - d->db_lost_at));
+    }
+    return rc;
 }
 
 static double kind_timeout(const daemon_opts *o, const char *kind)
@@ -299,36 +334,66 @@ static bool job_requeued(daemon_state *d, int64_t id)
     return again;
 }
 
-static void finish_slot(daemon_state *d, worker_slot *w)
+/* Frees w's slot (the last one moves into it). */
+static void drop_slot(daemon_state *d, worker_slot *w)
+{
+    atomic_fetch_sub(&d->running, 1);
+    close(w->fd);
+    free(w->kind);
+    json_decref(w->args);
+    free(w->error);
+    free(w->result);
+    *w = d->slots[--d->nslots];
+}
+
+/* Removes what w left, once. */
+static void clean_once(daemon_state *d, worker_slot *w)
+{
+    if (!w->cleaned) cleanup_after(d, w);
+    w->cleaned = true;
+}
+
+/* Records how w's job ended and frees its slot. False when the database did
+ * not take it (it is unreachable): the slot stays, its lease renewed, and the
+ * next tick tries again, so a job's end is never lost with the connection. */
+static bool finish_slot(daemon_state *d, worker_slot *w)
 {
     catalog *c = &d->store.cat;
     int st = w->status;
-    double ran = queue_now() - w->started;
+    double ran = w->ended - w->started;
     const char *outcome;
     const char *err = NULL;
     char msg[512];
+    int rc;
     if (w->releasing) {
-        cleanup_after(d, w);
-        queue_release(c, w->id);
+        clean_once(d, w);
+        rc = queue_release(c, w->id, d->owner);
         outcome = "released";
     } else if (w->cancelling) {
-        if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0)) cleanup_after(d, w);
-        queue_mark_cancelled(c, w->id);
+        if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0)) clean_once(d, w);
+        rc = queue_mark_cancelled(c, w->id);
         outcome = "cancelled";
     } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-        queue_finish(c, w->id, true, false, NULL, w->result);
+        rc = queue_finish(c, w->id, d->owner, true, false, NULL, w->result);
         outcome = "succeeded";
     } else {
         if (WIFSIGNALED(st)) {
             snprintf(msg, sizeof msg, "worker killed by signal %d%s", WTERMSIG(st),
-                     queue_now() > w->deadline ? " (job timed out)" : "");
-            cleanup_after(d, w);
+                     w->ended > w->deadline ? " (job timed out)" : "");
+            clean_once(d, w);
         }
-        bool timed_out = queue_now() > w->deadline;
+        bool timed_out = w->ended > w->deadline;
         err = w->error ? w->error : WIFSIGNALED(st) ? msg : "worker failed without a message";
         bool transient = w->error ? w->transient : !timed_out;
-        queue_finish(c, w->id, false, transient && !timed_out, err, NULL);
-        outcome = transient && !timed_out && job_requeued(d, w->id) ? "retried" : "failed";
+        rc = queue_finish(c, w->id, d->owner, false, transient && !timed_out, err, NULL);
+        outcome = transient && !timed_out && !rc && job_requeued(d, w->id) ? "retried" : "failed";
+    }
+    if (db_note(d, rc, "record a job's end") < 0) {
+        if (!w->end_pending) /* a failure's retry or not is the database's to decide, later */
+            job_event(CKPT_EV_WARN, "job.end_pending", w,
+                      json_pack("{s:s,s:s}", "outcome", err ? "attempt failed" : outcome, "error", ckpt_error_last()));
+        w->end_pending = true;
+        return false;
     }
     if (strcmp(outcome, "released")) metrics_observe_job(d->m, w->kind, outcome, ran, w->done);
     static const struct {
@@ -342,13 +407,8 @@ static void finish_slot(daemon_state *d, worker_slot *w)
             job_event(events[i].level, events[i].event, w,
                       json_pack("{s:f,s:I,s:s?}", "seconds", ran, "bytes", (json_int_t)w->done, "error", err));
     ckpt_fault("daemon.finished");
-    atomic_fetch_sub(&d->running, 1);
-    close(w->fd);
-    free(w->kind);
-    json_decref(w->args);
-    free(w->error);
-    free(w->result);
-    *w = d->slots[--d->nslots];
+    drop_slot(d, w);
+    return true;
 }
 
 static void signal_group(worker_slot *w, int sig)
@@ -364,9 +424,9 @@ static void supervise(daemon_state *d, bool stopping, double grace_end)
         worker_slot *w = &d->slots[i];
         if (now - w->last_renew >= DAEMON_RENEW_SECONDS) {
             w->last_renew = now;
-            queue_renew(&d->store.cat, d->owner, w->id);
+            db_note(d, queue_renew(&d->store.cat, d->owner, w->id), "renew a lease");
             queue_job j;
-            if (!w->cancelling && queue_get(&d->store.cat, w->id, &j) == 0) {
+            if (!w->cancelling && !w->exited && queue_get(&d->store.cat, w->id, &j) == 0) {
                 if (j.cancel_requested) {
                     w->cancelling = true;
                     queue_log(&d->store.cat, w->id, "cancel requested: stopping the worker");
@@ -374,6 +434,7 @@ static void supervise(daemon_state *d, bool stopping, double grace_end)
                 queue_job_free(&j);
             }
         }
+        if (w->exited) continue; /* its pid is reaped: never signalled again */
         bool want_stop = w->cancelling || now > w->deadline || (stopping && now > grace_end);
         if (stopping && now > grace_end && !w->cancelling) w->releasing = true;
         if (want_stop && !w->term_sent) {
@@ -385,17 +446,31 @@ static void supervise(daemon_state *d, bool stopping, double grace_end)
     }
 }
 
-static void collect_exits(daemon_state *d)
+/* Reaps ended workers and records their ends (again, for those whose record
+ * failed). A daemon stopping past its grace gives up an end it cannot record:
+ * the lease expires and another daemon runs the job again. */
+static void collect_exits(daemon_state *d, bool give_up)
 {
     for (size_t i = 0; i < d->nslots;) {
         worker_slot *w = &d->slots[i];
-        int st;
-        pid_t r = waitpid(w->pid, &st, WNOHANG);
-        if (r == w->pid) {
+        if (!w->exited) {
+            int st;
+            if (waitpid(w->pid, &st, WNOHANG) != w->pid) {
+                i++;
+                continue;
+            }
             drain(d, w); /* what it wrote before exiting (drain reads until the pipe is empty) */
             w->status = st;
+            w->ended = queue_now();
+            w->exited = true;
             signal_group(w, SIGKILL); /* anything it left in its group */
-            finish_slot(d, w);
+        }
+        if (finish_slot(d, w)) continue;
+        if (give_up) {
+            job_event(CKPT_EV_ERROR, "job.end_lost", w,
+                      json_pack("{s:s}", "error", "stopping with the database unreachable: its lease will expire "
+                                                  "and the job will run again"));
+            drop_slot(d, w);
             continue;
         }
         i++;
@@ -415,10 +490,8 @@ static void claim_more(daemon_state *d)
     }
     queue_job *jobs;
     size_t n;
-    if (queue_claim(&d->store.cat, d->owner, free_slots, rooms, jobs_nkinds, &jobs, &n) < 0) {
-        ckpt_warn("claim: %s", ckpt_error_last());
+    if (db_note(d, queue_claim(&d->store.cat, d->owner, free_slots, rooms, jobs_nkinds, &jobs, &n), "claim") < 0)
         return;
-    }
     for (size_t i = 0; i < n; i++) {
         worker_slot *w = &d->slots[d->nslots];
         memset(w, 0, sizeof *w);
@@ -430,7 +503,7 @@ static void claim_more(daemon_state *d)
         jobs[i].kind = NULL;
         jobs[i].args = NULL;
         if (spawn_worker(d, w) < 0) {
-            queue_finish(&d->store.cat, w->id, false, true, ckpt_error_last(), NULL);
+            queue_finish(&d->store.cat, w->id, d->owner, false, true, ckpt_error_last(), NULL);
             free(w->kind);
             json_decref(w->args);
             continue;
@@ -479,7 +552,7 @@ int daemon_run(const daemon_opts *o)
     sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
     sigaction(SIGCHLD, &sa, NULL);
     int requeued = 0;
-    queue_reap(&d.store.cat, d.owner, &requeued);
+    queue_reap(&d.store.cat, d.owner, true, &requeued);
     /* A daemon killed while writing serve.url leaves its temp file: drop those. */
     DIR *hd = opendir(d.store.home);
     struct dirent *he;
@@ -513,26 +586,29 @@ int daemon_run(const daemon_opts *o)
         if (stopping && d.nslots == 0) break;
         if (!stopping && now - last_reap >= 1.0) {
             last_reap = now;
-            queue_reap(&d.store.cat, d.owner, NULL);
+            /* Back from losing the database, every owner gets a lease's time
+             * to renew before an expired lease counts as lost: the leases ran
+             * out because nobody could renew them, not because their daemons
+             * died (a dead daemon of this host is still found by its pid). */
+            bool expire = !d.db_down && (!d.db_back || now - d.db_back >= QUEUE_LEASE_SECONDS);
+            db_note(&d, queue_reap(&d.store.cat, d.owner, expire, NULL), "reap leases");
         }
         if (!stopping && now - last_schedules >= DAEMON_SCHEDULE_SECONDS) {
             last_schedules = now;
-            if (schedule_queue_due(&d.store.cat, now, NULL) < 0) ckpt_warn("schedules: %s", ckpt_error_last());
+            db_note(&d, schedule_queue_due(&d.store.cat, now, NULL), "schedules");
         }
         if (!stopping && now - last_prune >= DAEMON_PRUNE_SECONDS) {
             last_prune = now;
             int pruned = 0;
-            if (queue_prune(&d.store.cat, now - o->keep_jobs, &pruned) < 0) ckpt_warn("prune: %s", ckpt_error_last());
-            else if (pruned)
+            if (db_note(&d, queue_prune(&d.store.cat, now - o->keep_jobs, &pruned), "prune") == 0 && pruned)
                 ckpt_event(CKPT_EV_INFO, "jobs.pruned",
                            json_pack("{s:i,s:f}", "jobs", pruned, "keep_seconds", o->keep_jobs));
         }
         if (!stopping && now - last_sample >= STATS_SAMPLE_SECONDS) {
             last_sample = now;
             uint64_t served = metrics_served_bytes(d.m);
-            if (stats_sample(&d.store.cat, now, atomic_load(&d.running), served - served_seen) < 0)
-                ckpt_warn("stats: %s", ckpt_error_last());
-            else served_seen = served;
+            if (db_note(&d, stats_sample(&d.store.cat, now, atomic_load(&d.running), served - served_seen), "stats") == 0)
+                served_seen = served;
         }
         /* On PostgreSQL a claim is a round trip other daemons share: claim when
          * a submission NOTIFYs, when a slot frees, or once a second (a job
@@ -565,7 +641,7 @@ int daemon_run(const daemon_opts *o)
         }
         for (size_t i = first_slot; i < np; i++)
             if (pfd[i].revents && !drain(&d, &d.slots[slot_of[i]])) d.slots[slot_of[i]].eof = true;
-        collect_exits(&d);
+        collect_exits(&d, stopping && now > grace_end + DAEMON_KILL_GRACE);
         supervise(&d, stopping, grace_end);
     }
     http_api_stop(api);

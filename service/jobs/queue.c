@@ -439,6 +439,7 @@ int queue_renew(catalog *c, const char *owner, int64_t id)
 
 typedef struct {
     const char *self;
+    bool expire;
     int requeued;
 } reap_ctx;
 
@@ -470,7 +471,7 @@ static int reap_tx(ckpt_db *d, void *vctx)
         int attempt = (int)db_col_int64(st, 3), max = (int)db_col_int64(st, 4);
         bool cancel = db_col_int64(st, 5) != 0;
         bool mine = owner && r->self && !strcmp(owner, r->self);
-        bool lost = expires < now || (!mine && !queue_owner_alive(owner));
+        bool lost = (r->expire && expires < now) || (!mine && !queue_owner_alive(owner));
         if (!lost || !owner) continue;
         const char *state = cancel ? "cancelled" : attempt < max ? "queued" : "failed";
         char err[256];
@@ -507,9 +508,9 @@ static int reap_tx(ckpt_db *d, void *vctx)
     return rc;
 }
 
-int queue_reap(catalog *c, const char *self_owner, int *requeued)
+int queue_reap(catalog *c, const char *self_owner, bool expire, int *requeued)
 {
-    reap_ctx r = {self_owner, 0};
+    reap_ctx r = {self_owner, expire, 0};
     int rc = queue_in_tx(c, reap_tx, &r);
     if (requeued) *requeued = rc ? 0 : r.requeued;
     return rc;
@@ -553,7 +554,7 @@ int queue_log(catalog *c, int64_t id, const char *line)
 
 typedef struct {
     bool ok, transient;
-    const char *error, *result;
+    const char *error, *result, *owner;
 } finish_ctx;
 
 static void bind_finish(ckpt_stmt *st, void *ctx)
@@ -566,11 +567,18 @@ static void bind_finish(ckpt_stmt *st, void *ctx)
     db_bind_text(st, 5, f->result);
     db_bind_double(st, 6, now);
     db_bind_double(st, 7, backoff(1)); /* scaled by attempt below in SQL */
+    db_bind_text(st, 8, f->owner);
 }
 
-int queue_finish(catalog *c, int64_t id, bool ok, bool transient, const char *error, const char *result)
+/* "The job still runs under owner ?N" (any owner when ?N is NULL): an end
+ * recorded late (the database was unreachable meanwhile) never ends another
+ * daemon's run of a job that was reaped and claimed again. */
+#define QUEUE_OWNED(n) " AND (CAST(?" #n " AS text) IS NULL OR lease_owner = ?" #n ")"
+
+int queue_finish(catalog *c, int64_t id, const char *owner, bool ok, bool transient, const char *error,
+                 const char *result)
 {
-    finish_ctx f = {ok, transient, error, result};
+    finish_ctx f = {ok, transient, error, result, owner};
     /* A transient failure with attempts left goes back to the queue, later
      * (the backoff doubles per attempt up to QUEUE_BACKOFF_CAP). */
     return update_job(
@@ -579,16 +587,22 @@ int queue_finish(catalog *c, int64_t id, bool ok, bool transient, const char *er
         "ELSE 'failed' END, error = ?4, result = ?5, lease_owner = NULL, lease_expires = NULL, worker_pid = NULL, "
         "finished_at = CASE WHEN ?2 = 0 AND ?3 = 1 AND attempt < max_attempts THEN NULL ELSE ?6 END, "
         "run_after = CASE WHEN ?2 = 0 AND ?3 = 1 AND attempt < max_attempts THEN ?6 + CASE WHEN ?7 * (1 << (attempt - 1)) "
-        "< 300 THEN ?7 * (1 << (attempt - 1)) ELSE 300 END ELSE run_after END WHERE id = ?1 AND state = 'running'",
+        "< 300 THEN ?7 * (1 << (attempt - 1)) ELSE 300 END ELSE run_after END WHERE id = ?1 AND state = 'running'"
+        QUEUE_OWNED(8),
         id, "finish job", bind_finish, &f);
 }
 
-int queue_release(catalog *c, int64_t id)
+static void bind_owner(ckpt_stmt *st, void *ctx)
+{
+    db_bind_text(st, 2, ctx);
+}
+
+int queue_release(catalog *c, int64_t id, const char *owner)
 {
     return update_job(c, "UPDATE jobs SET state = 'queued', attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, "
                          "lease_owner = NULL, lease_expires = NULL, worker_pid = NULL, error = 'interrupted by daemon "
-                         "shutdown' WHERE id = ?1 AND state = 'running'",
-                      id, "release job", NULL, NULL);
+                         "shutdown' WHERE id = ?1 AND state = 'running'" QUEUE_OWNED(2),
+                      id, "release job", bind_owner, (void *)owner);
 }
 
 static void bind_now(ckpt_stmt *st, void *ctx)

@@ -79,9 +79,11 @@ int queue_claim(catalog *c, const char *owner, int n, const queue_kind_room *roo
                 size_t *njobs);
 int queue_set_pid(catalog *c, int64_t id, int pid);
 int queue_renew(catalog *c, const char *owner, int64_t id);
-/* Requeues (with backoff) or fails the running jobs whose lease expired, or
- * whose owner is dead; fails queued jobs whose dependency failed. */
-int queue_reap(catalog *c, const char *self_owner, int *requeued);
+/* Requeues (with backoff) or fails the running jobs whose lease expired (when
+ * expire: a daemon back from losing the database first gives every owner a
+ * lease's time to renew), or whose owner is a dead process of this host;
+ * fails queued jobs whose dependency failed. */
+int queue_reap(catalog *c, const char *self_owner, bool expire, int *requeued);
 /* A running job's progress: bytes done of total, tensors done of total (0 of
  * 0 when the phase does not count tensors), the phase (NULL: unchanged), and
  * the rate and seconds left the worker measured (ckpt_progress_rate: bytes a
@@ -93,10 +95,14 @@ typedef struct {
 } queue_progress_info;
 int queue_progress(catalog *c, int64_t id, const queue_progress_info *p);
 int queue_log(catalog *c, int64_t id, const char *line);
-/* Ends a running job: ok, or failed (transient failures retry while attempts remain). */
-int queue_finish(catalog *c, int64_t id, bool ok, bool transient, const char *error, const char *result);
-/* Puts a running job back in the queue without counting the attempt (daemon shutdown). */
-int queue_release(catalog *c, int64_t id);
+/* Ends a running job: ok, or failed (transient failures retry while attempts
+ * remain). owner (NULL: any) is whose lease it must still be: a job reaped
+ * and claimed again meanwhile is left alone (nothing changes, no error). */
+int queue_finish(catalog *c, int64_t id, const char *owner, bool ok, bool transient, const char *error,
+                 const char *result);
+/* Puts a running job of owner (NULL: any) back in the queue without counting
+ * the attempt (daemon shutdown). */
+int queue_release(catalog *c, int64_t id, const char *owner);
 /* Cancels a queued job at once; marks a running one for the daemon to stop.
  * *running tells which. */
 int queue_cancel(catalog *c, int64_t id, bool *running);

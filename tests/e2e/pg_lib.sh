@@ -8,9 +8,10 @@
 #                       $pg_url (postgresql://ckpt@127.0.0.1:PORT/ckpt),
 #                       $pg_port and $pg_dir. Waits for readiness by polling
 #                       pg_isready (a ceiling that only catches a hang).
-#   pg_crash            the server stopped as a crash would (-m immediate: no
-#                       shutdown checkpoint, recovery at the next start), then
-#                       started again on the same port and folder.
+#   pg_kill9            kill -9 of the server: the postmaster and every one of
+#                       its processes at once (a machine that loses power),
+#                       waiting until they are gone; pg_restart then starts
+#                       it again on the same port and folder (crash recovery).
 #   pg_stop             pg_ctl stop -m immediate (its processes are not the
 #                       script's children): the script's on_exit calls it.
 #   pg_psql SQL         runs SQL in the database as its owner; rows on stdout,
@@ -64,10 +65,19 @@ pg_server_start() {
         start -w -t 60 >>"$pg_dir/ctl.log" 2>&1
 }
 
-pg_crash() {
-    as_pg "$pg_bin/pg_ctl" -D "$pg_dir/data" -s -m immediate stop >>"$pg_dir/ctl.log" 2>&1 || fail "PostgreSQL did not stop"
+pg_restart() {
     pg_server_start || fail "PostgreSQL did not start again: $(tail -n 5 "$pg_dir/server.log")"
     wait_until 60 "PostgreSQL to accept connections again" "$pg_bin/pg_isready" -q -h 127.0.0.1 -p "$pg_port" -U ckpt -d postgres
+}
+
+pg_kill9() {
+    local pm procs p
+    pm=$(head -n 1 "$pg_dir/data/postmaster.pid")
+    [ -n "$pm" ] && kill -0 "$pm" 2>/dev/null || fail "no PostgreSQL postmaster to kill (pid '$pm')"
+    procs="$pm $(pgrep -P "$pm" | tr '\n' ' ')"
+    # shellcheck disable=SC2086 # a list of pids
+    kill -9 $procs
+    for p in $procs; do wait_until 60 "PostgreSQL's process $p to die" gone "$p"; done
 }
 
 pg_stop() {

@@ -5,7 +5,8 @@
 # 1. The queue's unit tests (tests/unit/service/test_queue.c) against the
 #    server: CKPT_DB=postgresql://... runs every case on it, each from an
 #    empty database (so the schema/pg/ migrations run each time); and the SQL
-#    layer's (test_db.c: bytes through bytea).
+#    layer's (test_db.c: bytes through bytea, a batch of writes in pipeline
+#    mode over two syncs, a unique violation inside a batch).
 # 2. Several processes migrate at once: one set of tables, each migration
 #    recorded once (pg_advisory_xact_lock); a database with a migration this
 #    binary does not know is refused.
@@ -22,8 +23,13 @@
 #    job of step 4 (the lost one, then the one that succeeded), counts per
 #    state, per-minute figures (the trigger's jobs.succeeded, the daemon's
 #    queue.depth), and a schedule paused through the API.
-# 6. PostgreSQL stopped as a crash would and started again under the two
-#    daemons: they reconnect, and a job submitted afterwards runs.
+# 6. PostgreSQL killed -9 (every process of the server) while a convert's
+#    worker is stopped right before committing its layout, and a job of the
+#    other daemon runs: the commit fails, the daemon lives, says once which
+#    database it lost (no password) and keeps the job's end until the server
+#    is back (same port and folder); then attempt 1 counts as failed, attempt
+#    2 (claimed after the restart) commits one layout that pulls, and the held
+#    job ends once.
 # 7. A process whose blobs are elsewhere (another home's blobs/ folder) is
 #    refused, and a bad CKPT_DB too.
 # The daemons here share one CKPT_HOME (its blobs/ folder); test_multi.sh runs
@@ -64,7 +70,7 @@ unset CKPT_SERVER
 ncases=$(sed -n 's/^\[==========\] Running \([0-9]*\) test.*/\1/p' "$work/unit.log")
 [ -n "$ncases" ] && grep -q "PASSED  \] $ncases test" "$work/unit.log" || fail "test_queue on PostgreSQL: $(tail -n 3 "$work/unit.log")"
 "$(dirname "$ckpt")/tests/test_db" >"$work/unit.log" 2>&1 || fail "test_db on PostgreSQL: $(grep -E 'FAILED|ERROR|LINE' "$work/unit.log" | head -10)"
-note "1. test_queue and test_db (bytea) pass on PostgreSQL"
+note "1. test_queue and test_db (bytea, batches) pass on PostgreSQL"
 
 # ---- 2. migrations from several processes at once ----
 pg_psql "DROP TABLE IF EXISTS job_logs, job_attempts, stats, jobs, schedules, ckpt_migrations, ckpt_meta,
@@ -174,12 +180,53 @@ sys.exit(not (tot("jobs.succeeded", "noop") >= 3 and any(r["name"] == "queue.dep
 "$ckpt" sync ls --json | grep -q '"paused": *true' || fail "sync ls does not show the pause"
 note "5b. attempts, counts, per-minute figures and a paused schedule on PostgreSQL"
 
-# ---- 6. the server crashes and comes back under the daemons ----
-pg_crash
-y=$("$ckpt" submit noop --sleep-ms 2)
-wait_until 60 "job $y to run after the server's restart" state_is "$y" succeeded
-note "6. PostgreSQL crashed and restarted; job $y ran"
+# ---- 6. kill -9 of PostgreSQL under a job about to commit ----
+# Daemon db's only worker is held by a job; daemon dc (its URL with a password,
+# which no line may show) takes a convert whose worker stops itself right
+# before the transaction that commits the layout. The server is killed -9,
+# the worker resumed: its commit fails and so does recording its end, until
+# the server is back; then the attempt counts as failed, the retry commits
+# the layout once, and the held job of the other daemon ends once too.
+expect_status 0 "$ckpt" gen-model qwen2 "$work/src" --scale 32 --layers 2 --shard-mb 1
+expect_status 0 "$ckpt" import "$work/src" --repo org/m
 stop "$da_pid"
+hold4=$("$ckpt" submit noop --until-file "$CKPT_HOME/go4")
+wait_until 60 "job $hold4 to run on db" running_pid "$hold4"
+secret_url="postgresql://ckpt:Sekr1tPw@127.0.0.1:$pg_port/ckpt"
+start dc CKPT_DB="$secret_url" CKPT_FAULT_WORKER=catalog.before_commit:3:STOP CKPT_FAULT_ONCE="$work/stop.once"
+x=$("$ckpt" submit convert org/m --layout neuron --tp 2)
+wait_until 60 "job $x to run" running_pid "$x"
+wpid=$(col "$x" worker_pid)
+stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null)" = T ]; }
+wait_until 60 "job $x's worker to stop before its commit" stopped "$wpid"
+# the worker's third commit is the layout's: its blob's lease (the second) is in, the layout is not
+[ "$(pg_psql "SELECT count(*) FROM blob_leases WHERE pid = $wpid")" -ge 1 ] || fail "job $x's worker stopped before leasing its blob"
+[ "$(pg_psql "SELECT count(*) FROM checkpoints WHERE layout = 'neuron-tp2'")" = 0 ] || fail "the layout is visible before its commit"
+pg_kill9
+kill -CONT "$wpid"
+wait_until 60 "job $x's worker to end" gone "$wpid"
+pending() { grep -q "job.end_pending id=$x " "$work/dc.log"; }
+wait_until 60 "daemon dc to say it cannot record job $x's end" pending
+kill -0 "$dc_pid" && kill -0 "$db_pid" || fail "a daemon died with the database"
+grep -q "error db.lost db=postgresql://ckpt@127.0.0.1:$pg_port/ckpt " "$work/dc.log" ||
+    fail "daemon dc did not say which database it lost: $(grep -v "^info" "$work/dc.log" | tail -n 5)"
+pg_restart
+wait_until 60 "job $x to succeed after the restart" state_is "$x" succeeded
+grep -q "info db.back db=postgresql://ckpt@127.0.0.1:$pg_port/ckpt " "$work/dc.log" || fail "daemon dc did not say the database is back"
+[ "$(col "$x" attempt)" = 2 ] || fail "job $x: attempt $(col "$x" attempt), expected 2 (the commit lost with the server, one run)"
+[ "$(pg_psql "SELECT count(*) FROM job_attempts WHERE job_id = $x AND attempt = 1 AND outcome <> 'succeeded'")" = 1 ] &&
+    [ "$(pg_psql "SELECT count(*) FROM job_attempts WHERE job_id = $x")" = 2 ] ||
+    fail "job $x's attempts: $(pg_psql "SELECT attempt, outcome, error FROM job_attempts WHERE job_id = $x")"
+[ "$(pg_psql "SELECT count(*) FROM checkpoints WHERE repo = 'org/m' AND layout = 'neuron-tp2'")" = 1 ] ||
+    fail "the layout is in the catalog $(pg_psql "SELECT count(*) FROM checkpoints WHERE layout = 'neuron-tp2'") times"
+[ "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'convert'")" = 1 ] || fail "the convert job was doubled"
+expect_status 0 "$ckpt" pull org/m:neuron-tp2 -o "$work/tp2"
+touch "$CKPT_HOME/go4"
+wait_until 60 "job $hold4 to succeed" state_is "$hold4" succeeded
+[ "$(col "$hold4" attempt)" = 1 ] || fail "the held job $hold4 ran $(col "$hold4" attempt) times across the server's loss"
+! grep -rq Sekr1tPw "$work"/d*.log || fail "the password is in a daemon's log"
+note "6. PostgreSQL killed -9 under a commit: job $x failed attempt 1, attempt 2 committed one layout; held job $hold4 ran once"
+stop "$dc_pid"
 stop "$db_pid"
 daemons=()
 

@@ -2,7 +2,8 @@
  * test_db.c — common/db.h on its SQLite driver (an in-memory database), and
  * what needs no server of the PostgreSQL one: URLs without their password,
  * and a connection refused with a message that names the database and leaves
- * the password out. tests/e2e/test_pg.sh runs the queue over a real server.
+ * the password out; bytes and batches of writes, on SQLite and (with CKPT_DB
+ * set, as tests/e2e/test_pg.sh runs it) on a real PostgreSQL server.
  */
 #include "common/db.h"
 #include "common/error.h"
@@ -11,6 +12,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,6 +147,52 @@ static void check_bytes(ckpt_db *d)
     db_finalize(st);
 }
 
+/* A batch of writes: more rows than DB_BATCH_MAX (answers read at each sync
+ * and at the end) all land; a unique violation in a batch is reported (naming
+ * the statement), and a rollback leaves none of the batch's rows. */
+static void check_batch(ckpt_db *d)
+{
+    assert_int_equal(db_exec(d, "CREATE TEMP TABLE bt (k text PRIMARY KEY, n bigint)", "create"), 0);
+    const int rows = 2 * DB_BATCH_MAX + 7;
+    char key[32];
+    ckpt_stmt *st;
+    assert_int_equal(db_begin(d), 0);
+    assert_int_equal(db_batch_begin(d), 0);
+    assert_int_equal(db_prepare(d, &st, "INSERT INTO bt(k, n) VALUES (?, ?)", "insert batch row"), 0);
+    for (int i = 0; i < rows; i++) {
+        snprintf(key, sizeof key, "k%d", i);
+        db_bind_text(st, 1, key);
+        db_bind_int64(st, 2, i);
+        assert_int_equal(db_run(st), 0);
+        db_reset(st);
+    }
+    assert_int_equal(db_batch_end(d), 0);
+    assert_int_equal(db_commit(d), 0);
+    /* a duplicate in the middle of a batch */
+    assert_int_equal(db_begin(d), 0);
+    assert_int_equal(db_batch_begin(d), 0);
+    int rc = 0;
+    const char *keys[] = {"new1", "k5", "new2"};
+    for (size_t i = 0; i < 3 && !rc; i++) {
+        db_bind_text(st, 1, keys[i]);
+        db_bind_int64(st, 2, -1);
+        rc = db_run(st);
+        db_reset(st);
+    }
+    if (!rc) rc = db_batch_end(d);
+    assert_true(rc < 0);
+    assert_non_null(strstr(ckpt_error_last(), "insert batch row"));
+    db_rollback(d);
+    db_finalize(st);
+    assert_int_equal(db_prepare(d, &st, "SELECT count(*), sum(n) FROM bt", "count"), 0);
+    assert_int_equal(db_step(st), DB_ROW);
+    assert_int_equal(db_col_int64(st, 0), rows);
+    assert_int_equal(db_col_int64(st, 1), (int64_t)rows * (rows - 1) / 2);
+    db_finalize(st);
+    /* the connection works after the failed batch */
+    assert_int_equal(db_exec(d, "DROP TABLE bt", "drop"), 0);
+}
+
 static void test_bytes(void **state)
 {
     (void)state;
@@ -153,6 +201,7 @@ static void test_bytes(void **state)
     ckpt_db *d;
     assert_int_equal(db_wrap_sqlite(h, "mem.db", &d), 0);
     check_bytes(d);
+    check_batch(d);
     db_close(d);
     sqlite3_close(h);
     /* with CKPT_DB=postgresql://... (tests/e2e/test_pg.sh runs this program so): bytea too */
@@ -160,6 +209,7 @@ static void test_bytes(void **state)
     if (!db_is_pg_url(url)) return;
     assert_int_equal(db_open_pg(url, &d), 0);
     check_bytes(d);
+    check_batch(d);
     db_close(d);
 }
 

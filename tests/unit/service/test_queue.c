@@ -201,7 +201,7 @@ static void test_unique(void **state)
     /* While running it is still the same job; once it ended, a new one. */
     assert_int_equal(claim_one(f), a);
     assert_int_equal(submit(f, "{\"x\": 1, \"y\": \"z\"}"), a);
-    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, "{}"), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, true, false, NULL, "{}"), 0);
     int64_t c = submit_o(f, "noop", "{\"x\": 1, \"y\": \"z\"}", NULL, &existed);
     assert_false(existed);
     assert_int_not_equal(c, a);
@@ -294,7 +294,7 @@ static void test_dependency_waits(void **state)
     int64_t d = submit_o(f, "noop", "{\"n\": 2}", &o, NULL);
     assert_int_equal(claim_one(f), a);
     assert_nothing_to_claim(f); /* d waits for a */
-    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, true, false, NULL, NULL), 0);
     assert_int_equal(claim_one(f), d);
     queue_job j = get(f, d);
     assert_int_equal(j.depends_on, a);
@@ -325,10 +325,10 @@ static void test_dependency_fails(void **state)
     o.depends_on = d;
     int64_t e = submit_o(f, "noop", "{\"n\": 3}", &o, NULL);
     assert_int_equal(claim_one(f), a);
-    assert_int_equal(queue_finish(&f->cat, a, false, false, "no such checkpoint", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, false, false, "no such checkpoint", NULL), 0);
     assert_state(f, a, "failed");
     assert_nothing_to_claim(f);
-    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, NULL), 0);
     queue_job j = get(f, d);
     assert_string_equal(j.state, "failed");
     char want[64];
@@ -339,7 +339,7 @@ static void test_dependency_fails(void **state)
     assert_true(j.started_at == 0);
     queue_job_free(&j);
     /* The chain fails on (at the latest on the next reap). */
-    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, NULL), 0);
     j = get(f, e);
     assert_string_equal(j.state, "failed");
     snprintf(want, sizeof want, "dependency job %lld failed", (long long)d);
@@ -352,7 +352,7 @@ static void test_dependency_fails(void **state)
     bool running;
     assert_int_equal(queue_cancel(&f->cat, c, &running), 0);
     assert_false(running);
-    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, NULL), 0);
     j = get(f, g);
     assert_string_equal(j.state, "failed");
     assert_contains(j.error, "cancelled");
@@ -369,7 +369,7 @@ static void test_transient_backoff(void **state)
         sql(f, "UPDATE jobs SET run_after = 0"); /* skip the wait */
         assert_int_equal(claim_one(f), a);
         double before = queue_now();
-        assert_int_equal(queue_finish(&f->cat, a, false, true, "network down", NULL), 0);
+        assert_int_equal(queue_finish(&f->cat, a, NULL, false, true, "network down", NULL), 0);
         queue_job j = get(f, a);
         assert_int_equal(j.attempt, attempt);
         assert_string_equal(j.error, "network down");
@@ -390,10 +390,10 @@ static void test_transient_backoff(void **state)
     /* Permanent failures do not retry. */
     int64_t b = submit(f, "{\"n\": 2}");
     assert_int_equal(claim_one(f), b);
-    assert_int_equal(queue_finish(&f->cat, b, false, false, "bad input", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, b, NULL, false, false, "bad input", NULL), 0);
     assert_state(f, b, "failed");
     /* finish only ends running jobs. */
-    assert_int_equal(queue_finish(&f->cat, b, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, b, NULL, true, false, NULL, NULL), 0);
     assert_state(f, b, "failed");
 }
 
@@ -409,7 +409,7 @@ static void test_reap_dead_owner(void **state)
     assert_true(queue_owner_alive(f->self));
     int requeued = 0;
     double before = queue_now();
-    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, &requeued), 0);
     assert_int_equal(requeued, 1);
     queue_job j = get(f, a);
     assert_string_equal(j.state, "queued");
@@ -421,7 +421,7 @@ static void test_reap_dead_owner(void **state)
     /* The last attempt lost too: failed, saying so. */
     sql(f, "UPDATE jobs SET run_after = 0");
     assert_int_equal(claim(f, f->dead, 1, NULL, 0, NULL), 1);
-    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, &requeued), 0);
     assert_int_equal(requeued, 0);
     j = get(f, a);
     assert_string_equal(j.state, "failed");
@@ -440,18 +440,31 @@ static void test_reap_leases(void **state)
     assert_int_equal(claim(f, "elsewhere.example:1:1", 1, NULL, 0, NULL), 1);
     /* A live lease stays, whoever holds it; another host is trusted while its lease lasts. */
     int requeued = -1;
-    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, &requeued), 0);
     assert_int_equal(requeued, 0);
     assert_state(f, mine, "running");
     assert_state(f, other, "running");
     assert_state(f, expired, "running");
-    /* An expired lease is lost, even on another host. */
+    /* An expired lease is lost, even on another host; but not by a daemon
+     * just back from losing the database (expire false: nobody could renew). */
     char q[128];
     snprintf(q, sizeof q, "UPDATE jobs SET lease_expires = 1 WHERE id = %lld", (long long)expired);
     sql(f, q);
-    assert_int_equal(queue_reap(&f->cat, f->self, &requeued), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, false, &requeued), 0);
+    assert_int_equal(requeued, 0);
+    assert_state(f, expired, "running");
+    assert_int_equal(queue_reap(&f->cat, f->self, true, &requeued), 0);
     assert_int_equal(requeued, 1);
     assert_state(f, expired, "queued");
+    /* An end recorded late by the lease's old owner leaves the job alone once
+     * another owner runs it (reaped and claimed again meanwhile). */
+    sql(f, "UPDATE jobs SET run_after = 0");
+    assert_int_equal(claim(f, "elsewhere.example:2:2", 1, NULL, 0, NULL), 1);
+    assert_int_equal(queue_finish(&f->cat, expired, "elsewhere.example:1:1", true, false, NULL, NULL), 0);
+    assert_int_equal(queue_release(&f->cat, expired, "elsewhere.example:1:1"), 0);
+    assert_state(f, expired, "running");
+    assert_int_equal(queue_finish(&f->cat, expired, "elsewhere.example:2:2", true, false, NULL, NULL), 0);
+    assert_state(f, expired, "succeeded");
     /* Renewing pushes the lease; only its owner may. */
     snprintf(q, sizeof q, "UPDATE jobs SET lease_expires = %f WHERE id = %lld", queue_now() + 1, (long long)mine);
     sql(f, q);
@@ -474,7 +487,7 @@ static void test_release(void **state)
     fixture *f = *state;
     int64_t a = submit(f, "{\"n\": 1}");
     assert_int_equal(claim_one(f), a);
-    assert_int_equal(queue_release(&f->cat, a), 0);
+    assert_int_equal(queue_release(&f->cat, a, NULL), 0);
     queue_job j = get(f, a);
     assert_string_equal(j.state, "queued");
     assert_int_equal(j.attempt, 0); /* a shutdown is not the job's fault */
@@ -514,7 +527,7 @@ static void test_cancel(void **state)
     int64_t lost = submit(f, "{\"n\": 3}");
     assert_int_equal(claim(f, f->dead, 1, NULL, 0, NULL), 1);
     assert_int_equal(queue_cancel(&f->cat, lost, &running), 0);
-    assert_int_equal(queue_reap(&f->cat, f->self, NULL), 0);
+    assert_int_equal(queue_reap(&f->cat, f->self, true, NULL), 0);
     assert_state(f, lost, "cancelled");
 }
 
@@ -524,7 +537,7 @@ static void test_retry(void **state)
     int64_t a = submit(f, "{\"n\": 1}");
     assert_int_equal(claim_one(f), a);
     assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){7, 10, 2, 4, "copy", 3.5, 0.9}), 0);
-    assert_int_equal(queue_finish(&f->cat, a, false, false, "bad", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, false, false, "bad", NULL), 0);
     assert_int_equal(queue_retry(&f->cat, a), 0);
     queue_job j = get(f, a);
     assert_string_equal(j.state, "queued");
@@ -536,7 +549,7 @@ static void test_retry(void **state)
     queue_job_free(&j);
     assert_int_equal(queue_retry(&f->cat, a), CKPT_EINVAL); /* queued */
     assert_int_equal(claim_one(f), a);
-    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, true, false, NULL, NULL), 0);
     assert_int_equal(queue_retry(&f->cat, a), CKPT_EINVAL); /* succeeded */
     assert_contains(ckpt_error_last(), "only failed or cancelled");
     /* Retrying beside an identical active job is refused. */
@@ -580,7 +593,7 @@ static void test_logs_progress_counts(void **state)
     assert_int_equal(queue_logs(&f->cat, a, 1, &lines, &last), 0);
     assert_int_equal(json_array_size(lines), 1);
     json_decref(lines);
-    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, "{\"ref\": \"x\"}"), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, true, false, NULL, "{\"ref\": \"x\"}"), 0);
     j = get(f, a);
     assert_string_equal(j.phase, "copy");
     assert_int_equal(j.progress_done, 10);
@@ -635,11 +648,11 @@ static void test_prune(void **state)
     int64_t done = submit(f, "{\"n\": 1}");
     assert_int_equal(claim_one(f), done);
     assert_int_equal(queue_log(&f->cat, done, "a line"), 0);
-    assert_int_equal(queue_finish(&f->cat, done, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, done, NULL, true, false, NULL, NULL), 0);
     /* a failed job that a queued one waits for stays: its outcome decides the other's */
     int64_t base = submit(f, "{\"n\": 2}");
     assert_int_equal(claim_one(f), base);
-    assert_int_equal(queue_finish(&f->cat, base, false, false, "bad", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, base, NULL, false, false, "bad", NULL), 0);
     int64_t after = submit_o(f, "noop", "{\"n\": 3}", &(queue_submit_opts){.depends_on = base}, NULL);
     int64_t queued = submit(f, "{\"n\": 4}");
     int removed = -1;
@@ -760,7 +773,7 @@ static void test_attempts(void **state)
     for (int i = 0; i < 3; i++) {
         sql(f, "UPDATE jobs SET run_after = 0");
         assert_int_equal(claim_one(f), a);
-        assert_int_equal(queue_finish(&f->cat, a, i == 2, true, i == 2 ? NULL : "network down", NULL), 0);
+        assert_int_equal(queue_finish(&f->cat, a, NULL, i == 2, true, i == 2 ? NULL : "network down", NULL), 0);
     }
     json_t *at;
     assert_int_equal(queue_attempts(&f->cat, a, &at), 0);
@@ -778,11 +791,11 @@ static void test_attempts(void **state)
     /* a released attempt (daemon shutdown) says so; at most 20 are kept, the newest */
     int64_t b = submit(f, "{\"n\": 2}");
     assert_int_equal(claim_one(f), b);
-    assert_int_equal(queue_release(&f->cat, b), 0);
+    assert_int_equal(queue_release(&f->cat, b, NULL), 0);
     for (int i = 0; i < 25; i++) {
         sql(f, "UPDATE jobs SET run_after = 0, attempt = 0");
         assert_int_equal(claim_one(f), b);
-        assert_int_equal(queue_finish(&f->cat, b, false, true, "again", NULL), 0);
+        assert_int_equal(queue_finish(&f->cat, b, NULL, false, true, "again", NULL), 0);
     }
     assert_int_equal(queue_attempts(&f->cat, b, &at), 0);
     assert_int_equal(json_array_size(at), 20);
@@ -809,7 +822,7 @@ static void test_find_counts_delete_bulk(void **state)
     int64_t c = submit(f, "{\"n\": 3}");
     /* a runs and fails for a retry; c is claimed: b waits for a */
     assert_int_equal(claim(f, f->self, 1, NULL, 0, NULL), 1);
-    assert_int_equal(queue_finish(&f->cat, a, false, true, "network down", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, false, true, "network down", NULL), 0);
     sql(f, "UPDATE jobs SET run_after = 1e12 WHERE id = 1");
     assert_int_equal(claim_one(f), c);
     json_t *counts;
@@ -836,7 +849,7 @@ static void test_find_counts_delete_bulk(void **state)
     /* delete: not a running or queued job, nor one a queued job waits for */
     assert_int_equal(queue_delete(&f->cat, c), CKPT_EINVAL);
     assert_contains(ckpt_error_last(), "cancel it before deleting it");
-    assert_int_equal(queue_finish(&f->cat, c, false, false, "bad", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, c, NULL, false, false, "bad", NULL), 0);
     sql(f, "UPDATE jobs SET state = 'failed' WHERE id = 1");
     assert_int_equal(queue_delete(&f->cat, a), CKPT_EINVAL);
     assert_contains(ckpt_error_last(), "waits for job 1");
@@ -883,9 +896,9 @@ static void test_stats(void **state)
     submit(f, "{\"n\": 1}");
     assert_int_equal(claim(f, f->self, 2, NULL, 0, NULL), 2);
     assert_int_equal(queue_progress(&f->cat, a, &(queue_progress_info){1000, 1000, 0, 0, "done", 0, -1}), 0);
-    assert_int_equal(queue_finish(&f->cat, a, true, false, NULL, NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, a, NULL, true, false, NULL, NULL), 0);
     assert_int_equal(queue_progress(&f->cat, b, &(queue_progress_info){500, 1000, 0, 0, "half", 0, -1}), 0);
-    assert_int_equal(queue_finish(&f->cat, b, false, false, "bad", NULL), 0);
+    assert_int_equal(queue_finish(&f->cat, b, NULL, false, false, "bad", NULL), 0);
     double now = queue_now();
     /* a sample now and one two days ago: the old minute is pruned by the next sample */
     sql(f, "INSERT INTO stats(bucket, name, kind, value) VALUES (60, 'queue.depth', '', 9)");
