@@ -77,7 +77,10 @@ pg_kill9() {
     procs="$pm $(pgrep -P "$pm" | tr '\n' ' ')"
     # shellcheck disable=SC2086 # a list of pids
     kill -9 $procs
-    for p in $procs; do wait_until 60 "PostgreSQL's process $p to die" gone "$p"; done
+    # Reaped, not only dead: the postmaster's parent is init, which reaps its
+    # zombie when it gets to it, and a new postmaster refuses to start while
+    # the pid in postmaster.pid still answers kill -0 (a zombie does).
+    for p in $procs; do wait_until 60 "PostgreSQL's process $p to be reaped" test ! -e "/proc/$p"; done
 }
 
 pg_stop() {
