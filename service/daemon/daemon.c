@@ -388,7 +388,8 @@ static bool finish_slot(daemon_state *d, worker_slot *w)
         rc = queue_finish(c, w->id, d->owner, false, transient && !timed_out, err, NULL);
         outcome = transient && !timed_out && !rc && job_requeued(d, w->id) ? "retried" : "failed";
     }
-    if (db_note(d, rc, "record a job's end") < 0) {
+    /* said once per job: the retries of every tick are quiet */
+    if (rc < 0 && (w->end_pending || db_note(d, rc, "record a job's end") < 0)) {
         if (!w->end_pending) /* a failure's retry or not is the database's to decide, later */
             job_event(CKPT_EV_WARN, "job.end_pending", w,
                       json_pack("{s:s,s:s}", "outcome", err ? "attempt failed" : outcome, "error", ckpt_error_last()));
