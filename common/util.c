@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 void *ckpt_malloc(size_t n)
@@ -18,6 +19,55 @@ void *ckpt_malloc(size_t n)
     if (!p) ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu bytes", n);
     return p;
 }
+
+#define BIG_ALIGN ((size_t)2 << 20)
+
+/* ckpt_big_alloc's small case (or any, under AddressSanitizer): 4 KiB-aligned. */
+static void *page_alloc(size_t n)
+{
+    void *p = n <= SIZE_MAX - 8192 ? aligned_alloc(4096, (n + 4095) / 4096 * 4096 + (n ? 0 : 4096)) : NULL;
+    if (!p) ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+void *ckpt_big_alloc(size_t n) { return page_alloc(n); }
+void ckpt_big_free(void *p, size_t n) { free(p); }
+#else
+
+/* n rounded up to whole 4 KiB pages (a tail shorter than a huge page gets
+ * small pages: only what is touched counts); 0 when that overflows. */
+static size_t big_len(size_t n)
+{
+    return n > SIZE_MAX - 2 * BIG_ALIGN ? 0 : (n + 4095) / 4096 * 4096;
+}
+
+void *ckpt_big_alloc(size_t n)
+{
+    if (n < BIG_ALIGN) return page_alloc(n); /* a huge page would be mostly untouched */
+    size_t len = big_len(n);
+    uint8_t *m = len ? mmap(NULL, len + BIG_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                     : MAP_FAILED;
+    if (m == MAP_FAILED) {
+        ckpt_error_set(CKPT_ENOMEM, "out of memory allocating %zu bytes", n);
+        return NULL;
+    }
+    /* the aligned part kept, the rest of the mapping given back */
+    uint8_t *a = m + (BIG_ALIGN - (uintptr_t)m % BIG_ALIGN) % BIG_ALIGN;
+    if (a > m) munmap(m, (size_t)(a - m));
+    if (m + len + BIG_ALIGN > a + len) munmap(a + len, (size_t)(m + len + BIG_ALIGN - (a + len)));
+#ifdef MADV_HUGEPAGE
+    madvise(a, len, MADV_HUGEPAGE); /* a hint: without it, 4 KiB pages */
+#endif
+    return a;
+}
+
+void ckpt_big_free(void *p, size_t n)
+{
+    if (n < BIG_ALIGN) free(p);
+    else if (p) munmap(p, big_len(n));
+}
+#endif
 
 void *ckpt_calloc(size_t count, size_t size)
 {

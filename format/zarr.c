@@ -14,7 +14,9 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#define ZSTD_STATIC_LINKING_ONLY /* ZSTD_d_stableOutBuffer (libzstd >= 1.4.4) */
 #include <zstd.h>
+#include <zstd_errors.h>
 
 /* ---- .zarray ---- */
 
@@ -564,6 +566,8 @@ struct zarr_decoder {
     ZSTD_inBuffer ib;  /* the piece being decoded */
     uint64_t produced; /* raw bytes handed out */
     size_t last;       /* ZSTD_decompressStream's hint: 0 once a frame ended */
+    bool stable;       /* the chunk is decoded in one read straight into its buffer (zarr_decoder_read) */
+    ZSTD_outBuffer sob; /* ... that buffer, as libzstd last saw it */
 };
 
 zarr_decoder *zarr_decoder_new(void)
@@ -595,6 +599,17 @@ void zarr_decoder_free(zarr_decoder *d)
     ZSTD_freeDCtx(d->dctx);
     free(d->in);
     free(d);
+}
+
+/* A new frame: libzstd's session reset, decoding into its own window
+ * (stable false) or straight into one output buffer that stays put until
+ * the frame ends (ZSTD_d_stableOutBuffer; a libzstd without it decodes
+ * through its window). */
+static void decoder_reset(zarr_decoder *d, bool stable)
+{
+    ZSTD_DCtx_reset(d->dctx, ZSTD_reset_session_only);
+    if (stable != d->stable && !ZSTD_isError(ZSTD_DCtx_setParameter(d->dctx, ZSTD_d_stableOutBuffer, stable)))
+        d->stable = stable;
 }
 
 int zarr_decoder_start(zarr_decoder *d, const zarr_array *a, const uint64_t *idx, zarr_stats *st)
@@ -632,7 +647,7 @@ int zarr_decoder_start(zarr_decoder *d, const zarr_array *a, const uint64_t *idx
     else if (a->zstd && d->size > ZSTD_compressBound((size_t)a->chunk_nbytes) + 4096)
         rc = zerr(a, CKPT_EINVAL, "chunk '%s' is %llu bytes, more than zstd needs for a %llu-byte chunk", d->key,
                   (unsigned long long)d->size, (unsigned long long)a->chunk_nbytes);
-    if (!rc && a->zstd) ZSTD_DCtx_reset(d->dctx, ZSTD_reset_session_only);
+    if (!rc && a->zstd) decoder_reset(d, false);
     if (rc) decoder_close(d);
     else d->active = true;
     return rc;
@@ -681,6 +696,7 @@ static int decode_into(zarr_decoder *d, ZSTD_outBuffer *ob)
         size_t before = ob->pos;
         ZSTD_inBuffer empty = {d->in, 0, 0};
         d->last = ZSTD_decompressStream(d->dctx, ob, more ? &d->ib : &empty);
+        if (d->stable && ZSTD_getErrorCode(d->last) == ZSTD_error_dstSize_tooSmall) return more_than_chunk(d);
         if (ZSTD_isError(d->last)) return zerr(a, CKPT_EINVAL, "chunk '%s': zstd: %s", d->key, ZSTD_getErrorName(d->last));
         if (!more && ob->pos == before) break; /* the decoder holds nothing more */
     }
@@ -705,7 +721,19 @@ int zarr_decoder_read(zarr_decoder *d, void *buf, size_t len)
         return rc;
     }
     ZSTD_outBuffer ob = {buf, len, 0};
-    int rc = decode_into(d, &ob);
+    int rc = 0;
+    if (d->produced == 0 && len == a->chunk_nbytes && d->in_off == 0) {
+        /* The whole chunk in one buffer: libzstd decodes into it directly
+         * (its window is the buffer) instead of into its own window and
+         * copying out. The buffer must stay put until the frame ends
+         * (zarr_decoder_end finishes it there). */
+        bool more;
+        rc = refill(d, &more); /* (the frame's header checked first) */
+        if (!rc) decoder_reset(d, true);
+        d->sob = ob;
+    }
+    if (!rc) rc = decode_into(d, &ob);
+    if (d->stable) d->sob = ob;
     d->produced += ob.pos;
     if (rc) return rc;
     if (ob.pos < len) {
@@ -725,17 +753,32 @@ int zarr_decoder_end(zarr_decoder *d)
     if (d->active && d->produced != a->chunk_nbytes)
         rc = zerr(a, CKPT_EINVAL, "chunk ended early: %llu of %llu bytes read", (unsigned long long)d->produced,
                   (unsigned long long)a->chunk_nbytes);
-    if (!rc && d->active && d->fd >= 0 && a->zstd) {
+    if (!rc && d->active && d->fd >= 0 && a->zstd && d->stable) {
+        /* Decoded straight into the reader's buffer: the frame ends in it
+         * (its last block, its checksum), a block with more bytes is
+         * refused by libzstd (no room). Then the rest of the file as below,
+         * decoding into libzstd's window again. */
+        bool more = true;
+        while (!rc && d->last != 0) {
+            if (d->ib.pos == d->ib.size && !(rc = refill(d, &more)) && !more) break;
+            if (!rc) d->last = ZSTD_decompressStream(d->dctx, &d->sob, &d->ib);
+            if (!rc && ZSTD_getErrorCode(d->last) == ZSTD_error_dstSize_tooSmall) rc = more_than_chunk(d);
+            else if (!rc && ZSTD_isError(d->last))
+                rc = zerr(a, CKPT_EINVAL, "chunk '%s': zstd: %s", d->key, ZSTD_getErrorName(d->last));
+        }
+        if (!rc && d->last == 0) decoder_reset(d, false);
+    }
+    if (!rc && d->active && d->fd >= 0 && a->zstd && !d->stable) {
         /* Every byte of the chunk is out: the rest of the file must make none
          * (one byte of room is enough to see a bomb) and end the frame. */
         uint8_t extra;
         ZSTD_outBuffer ob = {&extra, 1, 0};
         rc = decode_into(d, &ob);
         if (!rc && ob.pos) rc = more_than_chunk(d);
-        if (!rc && d->last != 0)
-            rc = zerr(a, CKPT_EINVAL, "chunk '%s' is a truncated zstd frame (%llu of %llu bytes)", d->key,
-                      (unsigned long long)d->produced, (unsigned long long)a->chunk_nbytes);
     }
+    if (!rc && d->active && d->fd >= 0 && a->zstd && d->last != 0)
+        rc = zerr(a, CKPT_EINVAL, "chunk '%s' is a truncated zstd frame (%llu of %llu bytes)", d->key,
+                  (unsigned long long)d->produced, (unsigned long long)a->chunk_nbytes);
     decoder_close(d);
     return rc;
 }

@@ -1349,10 +1349,10 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     int writers = c.dio_fds && !rc ? EXEC_WRITERS : 0;
     size_t nslabs = (size_t)threads + (size_t)writers;
     uint8_t **slabs = ckpt_calloc(nslabs, sizeof *slabs);
+    size_t slab_alloc = (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN; /* (huge pages: filled whole) */
     if (!slabs && !rc) rc = CKPT_ENOMEM;
     for (size_t i = 0; !rc && i < nslabs; i++)
-        if (!(slabs[i] = aligned_alloc(EXEC_DIRECT_ALIGN, (slab_bytes / EXEC_DIRECT_ALIGN + 2) * EXEC_DIRECT_ALIGN)))
-            rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
+        if (!(slabs[i] = ckpt_big_alloc(slab_alloc))) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
     if (!rc && writers) {
         c.qcap = nslabs; /* every slab queued: each worker's and the pool's */
         c.queue = ckpt_calloc(c.qcap, sizeof *c.queue);
@@ -1370,7 +1370,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         wks[i].c = &c;
         wks[i].slab = slabs[i];
         wks[i].slab_bytes = slab_bytes;
-        wks[i].band = malloc(band_bytes);
+        wks[i].band = ckpt_big_alloc(band_bytes);
         wks[i].cmp = malloc(slab_bytes);
         if (!wks[i].band || !wks[i].cmp) {
             rc = ckpt_error_set(CKPT_ENOMEM, "out of memory for I/O buffers");
@@ -1408,13 +1408,13 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (size_t i = 0; c.src_fds && i < p->nsrc_paths; i++)
         if (c.src_fds[i] >= 0) close(c.src_fds[i]);
     for (size_t f = 0; c.out_paths && f < p->nfiles; f++) free(c.out_paths[f]);
-    for (size_t i = 0; slabs && i < nslabs; i++) free(slabs[i]);
+    for (size_t i = 0; slabs && i < nslabs; i++) ckpt_big_free(slabs[i], slab_alloc);
     free(slabs);
     free(c.queue);
     free(c.free_slabs);
     free(c.pending);
     for (int i = 0; wks && i < threads; i++) {
-        free(wks[i].band);
+        ckpt_big_free(wks[i].band, band_bytes);
         free(wks[i].cmp);
     }
     free(tids);

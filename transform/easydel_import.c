@@ -75,7 +75,10 @@ typedef struct {
     int scratch_fd; /* READ_STAGED arrays, or -1 */
     char *scratch_path;
     pthread_mutex_t mu; /* staging one array at a time */
-    uint64_t band_max;  /* READ_BAND: bytes of a band */
+    uint64_t band_max;  /* READ_BAND: bytes of the workers' bands together */
+    pthread_mutex_t band_mu;
+    pthread_cond_t band_cv; /* a worker gave back band bytes */
+    uint64_t band_held;     /* bytes of the bands allocated (their band_cap), under band_mu */
 } varrays;
 
 typedef struct {
@@ -114,15 +117,61 @@ static void *arrays_thread_open(void *ctx)
     return t;
 }
 
+/* The worker's band freed and its bytes given back to the budget. */
+static void band_release(varrays *v, vthread *t)
+{
+    t->banded = NULL;
+    if (!t->band_cap) return;
+    pthread_mutex_lock(&v->band_mu);
+    v->band_held -= t->band_cap;
+    pthread_cond_broadcast(&v->band_cv);
+    pthread_mutex_unlock(&v->band_mu);
+    ckpt_big_free(t->band, t->band_cap);
+    t->band = NULL;
+    t->band_cap = 0;
+}
+
+/* A band of `want` columns of nrows rows, or fewer (at least `least`) when
+ * the other workers' bands leave less of the budget: waits until they
+ * do. A worker waiting holds no band (its own counts as free), and one
+ * holding a band gives it back when it reads another array or stops, never
+ * waiting for this one: no deadlock. *cols: the band's columns. */
+static int band_take(varrays *v, vthread *t, uint64_t nrows, size_t es, uint64_t want, uint64_t least, uint64_t *cols)
+{
+    int rc = 0;
+    pthread_mutex_lock(&v->band_mu);
+    for (;;) {
+        uint64_t others = v->band_held - t->band_cap, avail = v->band_max > others ? v->band_max - others : 0;
+        *cols = avail / es / nrows < want ? avail / es / nrows : want;
+        if (*cols >= least) break;
+        pthread_cond_wait(&v->band_cv, &v->band_mu);
+    }
+    uint64_t need = nrows * *cols * es;
+    if (need > t->band_cap) {
+        v->band_held -= t->band_cap;
+        ckpt_big_free(t->band, t->band_cap);
+        t->band_cap = 0;
+        if ((t->band = ckpt_big_alloc((size_t)need))) {
+            t->band_cap = (size_t)need;
+            v->band_held += need;
+        } else {
+            rc = CKPT_ENOMEM;
+        }
+        pthread_cond_broadcast(&v->band_cv);
+    }
+    pthread_mutex_unlock(&v->band_mu);
+    return rc;
+}
+
 static void arrays_thread_close(void *ctx, void *ts)
 {
     vthread *t = ts;
     if (!t) return;
+    band_release(ctx, t);
     zarr_decoder_free(t->d);
     if (t->map) munmap(t->map, t->map_len);
-    free(t->buf);
-    free(t->win);
-    free(t->band);
+    ckpt_big_free(t->buf, t->cap);
+    ckpt_big_free(t->win, EXEC_BAND_BYTES);
     free(t);
 }
 
@@ -166,7 +215,7 @@ static int decode_whole(zarr_decoder *d, const easydel_array *a, uint8_t *buf)
 static int stream_bytes(vthread *t, const easydel_array *a, uint64_t lo, size_t len, uint8_t *into,
                         const uint8_t **out)
 {
-    if (!t->win && !(t->win = ckpt_malloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
+    if (!t->win && !(t->win = ckpt_big_alloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
     if (t->streaming == a && lo >= t->wa && lo + len <= t->wb) {
         *out = t->win + (lo - t->wa);
         if (into) memcpy(into, *out, len);
@@ -292,7 +341,7 @@ static uint64_t band_cols(const varrays *v, const easydel_array *a, uint64_t *nr
 /* Decodes bytes of the stream into nowhere (a row's columns outside the band). */
 static int decode_skip(vthread *t, uint64_t n)
 {
-    if (!t->win && !(t->win = ckpt_malloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
+    if (!t->win && !(t->win = ckpt_big_alloc(EXEC_BAND_BYTES))) return CKPT_ENOMEM;
     int rc = 0;
     for (uint64_t k; !rc && n; n -= k) {
         k = n < (256u << 10) ? n : (256u << 10); /* stays in the cache */
@@ -319,19 +368,17 @@ static int arrays_view_rows(void *ctx, void *ts, size_t file, uint64_t off, uint
     if (t->banded != a || c0 < t->band_c0 || c0 + n > t->band_c0 + t->band_w) {
         t->banded = NULL;
         t->streaming = NULL; /* the decoder starts over */
-        uint64_t b0 = c0, bw = ncols - c0 < w ? ncols - c0 : w;
-        free(t->buf); /* a worker holds a band or an array decoded whole, never both */
+        ckpt_big_free(t->buf, t->cap); /* a worker holds a band or an array decoded whole, never both */
         t->buf = NULL;
         t->cap = 0;
         t->held = NULL;
-        if (nrows * bw * es > t->band_cap) {
-            free(t->band);
-            t->band_cap = 0;
-            if (!(t->band = ckpt_malloc((size_t)(nrows * bw * es)))) return CKPT_ENOMEM;
-            t->band_cap = (size_t)(nrows * bw * es);
-        }
+        /* The columns from c0 on, as many as the budget holds; when another
+         * worker holds part of it, at least half the budget's (or the tile's). */
+        uint64_t b0 = c0, want = ncols - c0 < w ? ncols - c0 : w, bw;
+        uint64_t least = n > w / 2 ? n : w / 2;
+        int rc = band_take(v, t, nrows, es, want, least < want ? least : want, &bw);
         uint64_t idx[CKPT_MAX_RANK] = {0};
-        int rc = zarr_decoder_start(t->d, &a->z, idx, NULL);
+        if (!rc) rc = zarr_decoder_start(t->d, &a->z, idx, NULL);
         for (uint64_t r = 0; !rc && r < nrows; r++) {
             rc = decode_skip(t, b0 * es);
             if (!rc) rc = zarr_decoder_read(t->d, t->band + r * bw * es, (size_t)(bw * es));
@@ -356,25 +403,23 @@ static int arrays_view(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     if (!va) return CKPT_EINVAL;
     const easydel_array *a = va->a;
     uint64_t in = off - va->offset;
+    if (t->band_cap && t->banded != a) band_release(v, t); /* another array: the band is done with */
     /* (a banded array read otherwise than by rows: one chunk, decoded in order) */
     if (va->how == READ_STREAM || va->how == READ_BAND) return stream_bytes(t, a, in, len, NULL, out);
     if (va->how == READ_STAGED) return staged_view(v, t, va, in, len, out);
     if (t->held != a) {
         /* A worker holds an array decoded whole, or a band, or a window and a mapping. */
         t->held = NULL;
-        free(t->band);
-        t->band = NULL;
-        t->band_cap = 0;
-        t->banded = NULL;
-        free(t->win);
+        band_release(v, t);
+        ckpt_big_free(t->win, EXEC_BAND_BYTES);
         t->win = NULL;
         t->streaming = NULL;
         if (t->map) munmap(t->map, t->map_len);
         t->map = NULL;
         if (a->z.nbytes > t->cap) {
-            free(t->buf);
+            ckpt_big_free(t->buf, t->cap);
             t->cap = 0;
-            if (!(t->buf = ckpt_malloc((size_t)a->z.nbytes))) return CKPT_ENOMEM;
+            if (!(t->buf = ckpt_big_alloc((size_t)a->z.nbytes))) return CKPT_ENOMEM;
             t->cap = (size_t)a->z.nbytes;
         }
         int rc = decode_whole(t->d, a, t->buf);
@@ -394,7 +439,9 @@ static int arrays_read(void *ctx, void *ts, size_t file, uint64_t off, size_t le
     varray *va = find_varray(v, file, off, len);
     if (!va) return CKPT_EINVAL;
     const uint8_t *p;
-    if (va->how == READ_STREAM) return stream_bytes(ts, va->a, off - va->offset, len, buf, &p);
+    vthread *t = ts;
+    if (t->band_cap && t->banded != va->a) band_release(v, t);
+    if (va->how == READ_STREAM) return stream_bytes(t, va->a, off - va->offset, len, buf, &p);
     int rc = arrays_view(ctx, ts, file, off, len, &p);
     if (!rc) memcpy(buf, p, len);
     return rc;
@@ -406,6 +453,8 @@ static void varrays_free(varrays *v)
     if (v->scratch_fd >= 0) close(v->scratch_fd);
     free(v->scratch_path);
     pthread_mutex_destroy(&v->mu);
+    pthread_mutex_destroy(&v->band_mu);
+    pthread_cond_destroy(&v->band_cv);
     memset(v, 0, sizeof *v);
     v->scratch_fd = -1;
 }
@@ -633,6 +682,8 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     if (rc) rc = ckpt_error_prefix(rc, "%s: mapping EasyDeL names back to Hugging Face", src);
     varrays va = {.scratch_fd = -1};
     pthread_mutex_init(&va.mu, NULL);
+    pthread_mutex_init(&va.band_mu, NULL);
+    pthread_cond_init(&va.band_cv, NULL);
     exec_vsource vs = {.ctx = &va, .serves = arrays_serve, .thread_open = arrays_thread_open,
                        .thread_close = arrays_thread_close, .view = arrays_view, .view_rows = arrays_view_rows, .read = arrays_read};
     if (!rc && ec) {

@@ -34,9 +34,11 @@
 #define EASYDEL_DECODE_MAX_BYTES (48ull << 20)
 /* A larger one-chunk array of two or more dimensions that the plan
  * transposes (a lm_head) is decoded in passes, each keeping a band of its
- * columns of at most this many bytes, when that takes at most
- * EASYDEL_BAND_PASSES passes; any other is staged. */
-#define EASYDEL_BAND_BYTES (64ull << 20)
+ * columns, when bands of this many bytes take at most EASYDEL_BAND_PASSES
+ * passes; any other is staged. The bytes are a budget the workers' bands
+ * share: one worker's band may take all of it (a 250 MiB lm_head in two
+ * passes), a second waits for at least half. */
+#define EASYDEL_BAND_BYTES (128ull << 20)
 #define EASYDEL_BAND_PASSES 4
 
 /* The rules document inverting the easydel preset (tp 1). New reference. */

@@ -10,8 +10,10 @@
 #
 # The bench-sized arrays that take the last three paths are too big for a
 # test; CKPT_EASYDEL_DECODE_MAX lowers the size up to which an array is
-# decoded whole and CKPT_EASYDEL_BAND_MAX the bytes of a band, so small
-# saves take every path:
+# decoded whole and CKPT_EASYDEL_BAND_MAX the band budget (the bytes of
+# all workers' bands together; two workers banding kernels at once share
+# it, one waiting when the other holds more than half), so small saves
+# take every path:
 # 1. Llama with one chunk per array and with 7-row chunks whose edges fall
 #    inside the executor's tiles ("/" keys), Mixtral's stacked experts in
 #    5-row chunks: consolidated at limits 0 (nothing whole) and 3000 bytes
