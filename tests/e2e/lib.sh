@@ -85,13 +85,19 @@ wait_until() {
 
 wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }
 
-# torch_python: prints a python3 that imports torch (Debian's python3-torch,
+# torch_python: prints a python3 that has torch (Debian's python3-torch,
 # make deps) — $py, else /usr/bin/python3 — or returns 1:
 #   torch_py=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
+# It looks the module up without importing it: an import of torch costs ~3
+# CPU-s, and the script's own python pays it anyway (and fails clearly if
+# the package is broken).
 torch_python() {
     local cand
     for cand in "$py" /usr/bin/python3; do
-        if "$cand" -c 'import torch' 2>/dev/null; then echo "$cand"; return 0; fi
+        if "$cand" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' 2>/dev/null; then
+            echo "$cand"
+            return 0
+        fi
     done
     return 1
 }
