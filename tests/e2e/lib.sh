@@ -68,18 +68,21 @@ expect_status() {
 }
 
 wait_until() {
-    local limit=$1 what=$2 end asan=${ASAN_OPTIONS:-}
+    local limit=$1 what=$2 end asan=${ASAN_OPTIONS:-} pause=0.02
     shift 2
     [ "${limit%.*}" -ge 60 ] || limit=60
     end=$((EPOCHSECONDS + ${limit%.*}))
     "$@" >/dev/null 2>&1 && return 0
     # The first poll runs with the script's sanitizer options; the next ones
     # without LeakSanitizer's check at exit, which costs a ckpt process about
-    # as much CPU as a query's work: a poll of `ckpt show` every 50 ms would
-    # otherwise keep a core busy while the tests wait for a daemon's jobs.
+    # as much CPU as a query's work. A poll (a sanitizer-built ckpt, often a
+    # python after it) costs ~0.1 CPU-s: the pause between polls doubles from
+    # 20 ms up to 320 ms, so a wait of a few seconds for a daemon's jobs does
+    # not keep a core busy (and away from the daemon it waits for).
     until ASAN_OPTIONS="${asan:+$asan:}detect_leaks=0" "$@" >/dev/null 2>&1; do
         [ "$EPOCHSECONDS" -lt "$end" ] || fail "timed out after ${limit%.*} s waiting for: $what"
-        sleep 0.05 # a poll interval: what is awaited is a state, and LIMIT only catches a hang
+        sleep "$pause" # a poll interval: what is awaited is a state, and LIMIT only catches a hang
+        case $pause in 0.02) pause=0.04 ;; 0.04) pause=0.08 ;; 0.08) pause=0.16 ;; *) pause=0.32 ;; esac
     done
 }
 
