@@ -8,7 +8,8 @@
 #                       scratch folder (E2E_WORK), which is emptied at exit
 #                       (run.sh wants it left empty)
 #   $testhub            the local Hub (CKPT_TESTHUB, or beside CKPT_BIN)
-#   $py                 python3, resolved once (a pyenv shim costs 0.3 s a call)
+#   $py                 /usr/bin/python3 (else python3 resolved once: a pyenv shim
+#                       costs 0.3 s a call)
 #   fail MSG            prints the tails of the logs in E2E_LOGS (globs, set
 #                       by the script), what the script's on_fail function
 #                       prints if it has one, then "FAIL: MSG"; exits 1
@@ -35,7 +36,10 @@
 ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
 work=${E2E_WORK:?run me through tests/e2e/run.sh}
 testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
-py=$(python3 -c 'import sys; print(sys.executable)')
+# Debian's python3 (the one `make deps` gives its packages), else the one on PATH
+# resolved once (a pyenv shim costs ~0.9 CPU-s a call; pyenv's own python
+# starts in twice the CPU of Debian's).
+if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=$(python3 -c 'import sys; print(sys.executable)'); fi
 E2E_LOGS=()
 e2e_servers=()
 e2e_cleanups=() # commands run at exit after on_exit (a library's servers: ceph_lib.sh)

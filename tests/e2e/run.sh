@@ -54,15 +54,14 @@ else
 fi
 
 results=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-results.XXXXXX")
-work_prefix=${TMPDIR:-/tmp}/ckpt-e2e-
 
-# leftovers PATTERN: kills (-9: a stopped process too) every process whose
-# environment has E2E_WORK matching the grep -E PATTERN, and prints each
-# one's pid and command line. One grep over /proc, whatever the number of
-# processes on the machine.
+# leftovers WORK: kills (-9: a stopped process too) every process whose
+# environment has E2E_WORK=WORK (that test's own: another run's tests have
+# folders of their own), and prints each one's pid and command line. One
+# grep over /proc, whatever the number of processes on the machine.
 leftovers() {
     local f pid
-    for f in $(grep -lzE "^E2E_WORK=$1\$" /proc/[0-9]*/environ 2>/dev/null); do
+    for f in $(grep -lzxF "E2E_WORK=$1" /proc/[0-9]*/environ 2>/dev/null); do
         pid=${f#/proc/}
         pid=${pid%/environ}
         [ "$pid" != "$BASHPID" ] || continue
@@ -72,13 +71,17 @@ leftovers() {
 }
 # Stopped from outside (a `timeout` of the whole run): the tests got the
 # signal too and stop their servers; whatever of theirs is still running
-# then is killed, and the scratch folders are removed.
+# then is killed, and their scratch folders (listed in $results/works) are
+# removed.
 on_signal() {
+    local w
     trap - TERM INT
     kill -TERM $(jobs -p) 2>/dev/null
     wait
-    leftovers "${work_prefix}test_[A-Za-z0-9_]+\.[A-Za-z0-9]+" >/dev/null
-    rm -rf "$work_prefix"test_*
+    while read -r w; do
+        leftovers "$w" >/dev/null
+        rm -rf "$w"
+    done < <(cat "$results/works" 2>/dev/null)
     exit 143
 }
 trap 'rm -rf "$results"' EXIT
@@ -103,12 +106,13 @@ run_one() {
     local i=$1 t=$2 name work log start rc leftover left cpu
     name=$(basename "$t" .sh)
     work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-$name.XXXXXX")
+    echo "$work" >>"$results/works"
     log="$results/$i.log"
     start=$SECONDS
     E2E_WORK="$work" TMPDIR="$work" bash "$t" >"$log" 2>&1
     rc=$?
     cpu_seconds "$results/$i.times"
-    left=$(leftovers "$(printf '%s' "$work" | sed 's/[.[\*^$()+?{|]/\\&/g')")
+    left=$(leftovers "$work")
     if [ -n "$left" ]; then
         [ $rc -eq 0 ] && rc=1
         echo "left processes running (killed): $left" >>"$log"
