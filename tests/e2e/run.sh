@@ -33,7 +33,7 @@ if [ $# -gt 0 ]; then
 else
     tests=("$here"/test_*.sh)
     [ -e "${tests[0]}" ] || tests=()
-    # The longest ones start first, longest first, so the two slots end about
+    # The longest ones start first, longest first, so the slots end about
     # together (results are still printed in this order); the rest follow in
     # name order. (As last measured in CI, seconds of wall time two at a time:
     # daemon 99, store 93, roundtrip 90, store_crash 77, s3 69, fetch 67,
