@@ -55,10 +55,12 @@ fi
 
 results=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-results.XXXXXX")
 
-# leftovers WORK: kills (-9: a stopped process too) every process whose
-# environment has E2E_WORK=WORK (that test's own: another run's tests have
-# folders of their own), and prints each one's pid and command line. One
+# alive WORK: whether a process whose environment has E2E_WORK=WORK (that
+# test's own: another run's tests have folders of their own) still runs. One
 # grep over /proc, whatever the number of processes on the machine.
+alive() { grep -qlzxF "E2E_WORK=$1" /proc/[0-9]*/environ 2>/dev/null; }
+# leftovers WORK: kills (-9: a stopped process too) every such process, and
+# prints each one's pid and command line.
 leftovers() {
     local f pid
     for f in $(grep -lzxF "E2E_WORK=$1" /proc/[0-9]*/environ 2>/dev/null); do
@@ -112,6 +114,9 @@ run_one() {
     E2E_WORK="$work" TMPDIR="$work" bash "$t" >"$log" 2>&1
     rc=$?
     cpu_seconds "$results/$i.times"
+    # A server the script stopped may still be on its way out (a daemon
+    # killed -9 by its own stop function): 5 s for that, polled.
+    for _ in $(seq 50); do alive "$work" || break; sleep 0.1; done
     left=$(leftovers "$work")
     if [ -n "$left" ]; then
         [ $rc -eq 0 ] && rc=1
