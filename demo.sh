@@ -106,7 +106,10 @@ if [ -x "$CKPT_TESTHUB" ]; then
     echo
     echo "== a local Hub: publish the model as demo/qwen2-tiny, then fetch and convert it through the daemon"
     CKPT_HOME=$WORK/hub-home "$CKPT_BIN" import "$MODEL" --repo demo/qwen2-tiny@main --quiet >/dev/null
-    "$CKPT_TESTHUB" --home "$WORK/hub-home" --url-file "$WORK/hub.url" --log "$WORK/hub.log" >/dev/null 2>&1 &
+    # It ends with this script, unless KEEP=1 leaves it running.
+    keep_hub=()
+    [ "${KEEP:-0}" = 1 ] && keep_hub=(--outlive-parent)
+    "$CKPT_TESTHUB" --home "$WORK/hub-home" --url-file "$WORK/hub.url" --log "$WORK/hub.log" "${keep_hub[@]}" >/dev/null 2>&1 &
     BACKGROUND+=($!)
     for _ in $(seq 100); do [ -s "$WORK/hub.url" ] && break; sleep 0.1; done
     export HF_ENDPOINT CKPT_HOME=$WORK/client-home

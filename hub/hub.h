@@ -44,7 +44,7 @@
  * request ends after CKPT_HUB_REQUEST_TIMEOUT seconds (default
  * HUB_REQUEST_TIMEOUT_S; it is then retried like a dropped connection) and
  * the whole fetch after CKPT_HUB_FETCH_TIMEOUT seconds (default: none), each
- * a whole number of seconds, 0 meaning none.
+ * a number of seconds (fractions allowed), 0 meaning none.
  *
  * Robustness of each request: 408, 429 and 5xx answers and transport errors
  * are retried with exponential backoff (HUB_BACKOFF_* , with jitter) that

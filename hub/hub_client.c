@@ -122,14 +122,15 @@ int hub_client_init(hub_client *h)
     static const char *const tvars[] = {"CKPT_HUB_REQUEST_TIMEOUT", "CKPT_HUB_FETCH_TIMEOUT"};
     for (int i = 0; i < 2; i++) {
         const char *v = getenv(tvars[i]);
-        uint64_t sec;
+        double sec;
         if (!v || !*v) continue;
-        if (ckpt_parse_u64(v, &sec) < 0 || sec > 100u * 365 * 86400) {
+        /* Seconds, fractions allowed (the tests' stalls wait 0.5 s, not 5). */
+        if (ckpt_parse_double(tvars[i], v, 0, 100.0 * 365 * 86400, &sec) < 0) {
             rc = ckpt_error_set(CKPT_EINVAL, "%s='%.40s' is not a number of seconds", tvars[i], v);
             hub_client_free(h);
             return rc;
         }
-        *(i ? &h->fetch_timeout_s : &h->request_timeout_s) = (double)sec;
+        *(i ? &h->fetch_timeout_s : &h->request_timeout_s) = sec;
     }
     hub_client_start(h);
     rc = token_from_env(h);
@@ -150,7 +151,7 @@ bool hub_past_deadline(const hub_client *h)
 int hub_deadline_error(const hub_client *h, const char *what)
 {
     return ckpt_error_set(CKPT_EIO,
-                          "%s: the fetch took longer than its limit of %.0f s "
+                          "%s: the fetch took longer than its limit of %g s "
                           "(CKPT_HUB_FETCH_TIMEOUT); stopped",
                           what, h->fetch_timeout_s);
 }

@@ -14,9 +14,12 @@
 #           one's summary lines are printed and its passed/failed counts added
 #           up (a program that dies before its summary counts as one failure)
 #   e2e     tests/e2e/run.sh: one count per script
-#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 6), two at a
-#           time: one count each (they build in the background from the unit
-#           stage on, one compiler at a time)
+#   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 6): one count
+#           each. They build in the background from the unit stage on, one
+#           compiler at a time, then run one after another at nice 19 while
+#           the unit and end-to-end tests run (on the CPU those leave idle:
+#           they wait on fsync, daemons and servers much of the time); the
+#           stage waits for the last one and prints the results
 # The last line is "N passed, N failed" over all of them, and the exit status
 # is non-zero when anything failed (a build that fails counts as a failure).
 set -uo pipefail
@@ -59,10 +62,27 @@ if [ $build_ok = 1 ] && python3 tests/check_layers.py "$SAN_BUILD"; then add che
 
 # The fuzz harnesses build (clang, build/fuzz) from now on, one compiler at a
 # time, while the unit programs (half of their time waiting on fsync) and the
-# end-to-end tests run; the fuzz stage waits for it.
+# end-to-end tests run; then each runs for FUZZ_SECONDS, one at a time at nice
+# 19: it takes the CPU the tests leave idle, and a test that wants a core
+# gets it (a harness runs its corpus first, whatever the time; then it
+# searches for what is left of FUZZ_SECONDS). Each one's output goes to
+# $log.fuzz.NAME and its exit status to $log.fuzz.NAME.rc; the fuzz stage
+# waits for this job.
 fuzz_names=()
 for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
-$MAKE -j1 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log.fuzzbuild" 2>&1 &
+fuzz_all() {
+    local n rc
+    $MAKE -j1 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log.fuzzbuild" 2>&1
+    for n in "${fuzz_names[@]}"; do
+        [ -x "build/fuzz/$n" ] || continue
+        mkdir -p "build/fuzz/corpus-$n"
+        rc=0
+        nice -n 19 "build/fuzz/$n" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$n" \
+            "tests/fuzz/corpus/$n" >"$log.fuzz.$n" 2>&1 || rc=$?
+        echo "$rc" >"$log.fuzz.$n.rc"
+    done
+}
+fuzz_all &
 fuzz_build_pid=$!
 
 # ---- unit ----
@@ -151,42 +171,22 @@ else
 fi
 
 # ---- fuzz ----
-stage "fuzz (${FUZZ_SECONDS}s per harness, two at a time)"
-# The harnesses run in pairs: each is one process on one core for
-# FUZZ_SECONDS, so two cores take half the time.
-# The build started before the unit stage; what it has left, at -j2 now.
+stage "fuzz (${FUZZ_SECONDS}s per harness, beside the tests at nice 19)"
 wait "$fuzz_build_pid"
-$MAKE -j2 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log" 2>&1 || tail -n 20 "$log"
-fuzz_one() { # fuzz_one NAME LOG: runs one harness; its exit status
-    mkdir -p "build/fuzz/corpus-$1"
-    "build/fuzz/$1" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$1" "tests/fuzz/corpus/$1" >"$2" 2>&1
-}
-for ((i = 0; i < ${#fuzz_names[@]}; i += 2)); do
-    pair=("${fuzz_names[@]:i:2}")
-    pids=()
-    for n in "${pair[@]}"; do
-        if [ -x "build/fuzz/$n" ]; then
-            fuzz_one "$n" "$log.$n" &
-            pids+=($!)
-        else
-            pids+=("")
-        fi
-    done
-    for k in "${!pair[@]}"; do
-        n=${pair[$k]}
-        echo "== $n for ${FUZZ_SECONDS}s"
-        if [ -z "${pids[$k]}" ]; then
-            echo "$n: not built"
-            add "$n" 0 1
-        elif wait "${pids[$k]}"; then
-            grep -E '^#[0-9]+.*DONE|^Done [0-9]+ runs' "$log.$n" | tail -n 1
-            add "$n" 1 0
-        else
-            tail -n 40 "$log.$n"
-            add "$n" 0 1
-        fi
-        rm -f "$log.$n"
-    done
+for n in "${fuzz_names[@]}"; do
+    echo "== $n for ${FUZZ_SECONDS}s"
+    if [ ! -e "$log.fuzz.$n.rc" ]; then
+        echo "$n: not built"
+        grep -E "error|$n" "$log.fuzzbuild" | tail -n 20
+        add "$n" 0 1
+    elif [ "$(cat "$log.fuzz.$n.rc")" = 0 ]; then
+        grep -E '^#[0-9]+.*DONE|^Done [0-9]+ runs' "$log.fuzz.$n" | tail -n 1
+        add "$n" 1 0
+    else
+        tail -n 40 "$log.fuzz.$n"
+        add "$n" 0 1
+    fi
+    rm -f "$log.fuzz.$n" "$log.fuzz.$n.rc"
 done
 
 echo

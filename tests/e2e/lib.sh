@@ -8,7 +8,8 @@
 #                       scratch folder (E2E_WORK), which is emptied at exit
 #                       (run.sh wants it left empty)
 #   $testhub            the local Hub (CKPT_TESTHUB, or beside CKPT_BIN)
-#   $py                 python3, resolved once (a pyenv shim costs 0.3 s a call)
+#   $py                 /usr/bin/python3 (else python3 resolved once: a pyenv shim
+#                       costs 0.3 s a call)
 #   fail MSG            prints the tails of the logs in E2E_LOGS (globs, set
 #                       by the script), what the script's on_fail function
 #                       prints if it has one, then "FAIL: MSG"; exits 1
@@ -35,7 +36,10 @@
 ckpt=${CKPT_BIN:?run me through tests/e2e/run.sh}
 work=${E2E_WORK:?run me through tests/e2e/run.sh}
 testhub=${CKPT_TESTHUB:-$(dirname "$ckpt")/ckpt-testhub}
-py=$(python3 -c 'import sys; print(sys.executable)')
+# Debian's python3 (the one `make deps` gives its packages), else the one on PATH
+# resolved once (a pyenv shim costs ~0.9 CPU-s a call; pyenv's own python
+# starts in twice the CPU of Debian's).
+if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=$(python3 -c 'import sys; print(sys.executable)'); fi
 E2E_LOGS=()
 e2e_servers=()
 e2e_cleanups=() # commands run at exit after on_exit (a library's servers: ceph_lib.sh)
@@ -68,30 +72,39 @@ expect_status() {
 }
 
 wait_until() {
-    local limit=$1 what=$2 end asan=${ASAN_OPTIONS:-}
+    local limit=$1 what=$2 end asan=${ASAN_OPTIONS:-} pause=0.02
     shift 2
     [ "${limit%.*}" -ge 60 ] || limit=60
     end=$((EPOCHSECONDS + ${limit%.*}))
     "$@" >/dev/null 2>&1 && return 0
     # The first poll runs with the script's sanitizer options; the next ones
     # without LeakSanitizer's check at exit, which costs a ckpt process about
-    # as much CPU as a query's work: a poll of `ckpt show` every 50 ms would
-    # otherwise keep a core busy while the tests wait for a daemon's jobs.
+    # as much CPU as a query's work. A poll (a sanitizer-built ckpt, often a
+    # python after it) costs ~0.1 CPU-s: the pause between polls doubles from
+    # 20 ms up to 320 ms, so a wait of a few seconds for a daemon's jobs does
+    # not keep a core busy (and away from the daemon it waits for).
     until ASAN_OPTIONS="${asan:+$asan:}detect_leaks=0" "$@" >/dev/null 2>&1; do
         [ "$EPOCHSECONDS" -lt "$end" ] || fail "timed out after ${limit%.*} s waiting for: $what"
-        sleep 0.05 # a poll interval: what is awaited is a state, and LIMIT only catches a hang
+        sleep "$pause" # a poll interval: what is awaited is a state, and LIMIT only catches a hang
+        case $pause in 0.02) pause=0.04 ;; 0.04) pause=0.08 ;; 0.08) pause=0.16 ;; *) pause=0.32 ;; esac
     done
 }
 
 wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }
 
-# torch_python: prints a python3 that imports torch (Debian's python3-torch,
+# torch_python: prints a python3 that has torch (Debian's python3-torch,
 # make deps) — $py, else /usr/bin/python3 — or returns 1:
 #   torch_py=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
+# It looks the module up without importing it: an import of torch costs ~3
+# CPU-s, and the script's own python pays it anyway (and fails clearly if
+# the package is broken).
 torch_python() {
     local cand
     for cand in "$py" /usr/bin/python3; do
-        if "$cand" -c 'import torch' 2>/dev/null; then echo "$cand"; return 0; fi
+        if "$cand" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' 2>/dev/null; then
+            echo "$cand"
+            return 0
+        fi
     done
     return 1
 }

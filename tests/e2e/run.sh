@@ -5,7 +5,9 @@
 #
 # Each test gets CKPT_BIN (absolute), E2E_DIR (this folder, for helpers like
 # st_dump.py) and a fresh work directory in E2E_WORK (also TMPDIR), which it
-# must leave empty: a test that leaves files behind fails. A test passes when
+# must leave empty: a test that leaves files behind fails, and so does one that
+# leaves a process running (one with its E2E_WORK in its environment: a
+# server, a stopped client), which is killed. A test passes when
 # it exits 0; its output is shown only when it fails. E2E_JOBS tests run at
 # once (default 3 on CI's 2 cores: the scripts wait on fsync and on their
 # daemons for a good part of their time, so a third slot cut the stage from
@@ -31,7 +33,7 @@ if [ $# -gt 0 ]; then
 else
     tests=("$here"/test_*.sh)
     [ -e "${tests[0]}" ] || tests=()
-    # The longest ones start first, longest first, so the two slots end about
+    # The longest ones start first, longest first, so the slots end about
     # together (results are still printed in this order); the rest follow in
     # name order. (As last measured in CI, seconds of wall time two at a time:
     # daemon 99, store 93, roundtrip 90, store_crash 77, s3 69, fetch 67,
@@ -52,7 +54,40 @@ else
 fi
 
 results=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-results.XXXXXX")
+
+# alive WORK: whether a process whose environment has E2E_WORK=WORK (that
+# test's own: another run's tests have folders of their own) still runs. One
+# grep over /proc, whatever the number of processes on the machine.
+alive() { grep -qlzxF "E2E_WORK=$1" /proc/[0-9]*/environ 2>/dev/null; }
+# leftovers WORK: kills (-9: a stopped process too) every such process, and
+# prints each one's pid and command line.
+leftovers() {
+    local f pid
+    for f in $(grep -lzxF "E2E_WORK=$1" /proc/[0-9]*/environ 2>/dev/null); do
+        pid=${f#/proc/}
+        pid=${pid%/environ}
+        [ "$pid" != "$BASHPID" ] || continue
+        echo "pid $pid: $(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | head -c 200)"
+        kill -KILL "$pid" 2>/dev/null || true
+    done
+}
+# Stopped from outside (a `timeout` of the whole run): the tests got the
+# signal too and stop their servers; whatever of theirs is still running
+# then is killed, and their scratch folders (listed in $results/works) are
+# removed.
+on_signal() {
+    local w
+    trap - TERM INT
+    kill -TERM $(jobs -p) 2>/dev/null
+    wait
+    while read -r w; do
+        leftovers "$w" >/dev/null
+        rm -rf "$w"
+    done < <(cat "$results/works" 2>/dev/null)
+    exit 143
+}
 trap 'rm -rf "$results"' EXIT
+trap on_signal TERM INT
 
 # cpu_seconds FILE: sets $cpu to the user + system CPU seconds of the children
 # this shell has waited for (the test script and every process it waited for;
@@ -70,14 +105,23 @@ cpu_seconds() {
 # $results/INDEX.line (the PASS/FAIL line), INDEX.log (its output on failure)
 # and INDEX.rc.
 run_one() {
-    local i=$1 t=$2 name work log start rc leftover cpu
+    local i=$1 t=$2 name work log start rc leftover left cpu
     name=$(basename "$t" .sh)
     work=$(mktemp -d "${TMPDIR:-/tmp}/ckpt-e2e-$name.XXXXXX")
+    echo "$work" >>"$results/works"
     log="$results/$i.log"
     start=$SECONDS
     E2E_WORK="$work" TMPDIR="$work" bash "$t" >"$log" 2>&1
     rc=$?
     cpu_seconds "$results/$i.times"
+    # A server the script stopped may still be on its way out (a daemon
+    # killed -9 by its own stop function): 5 s for that, polled.
+    for _ in $(seq 50); do alive "$work" || break; sleep 0.1; done
+    left=$(leftovers "$work")
+    if [ -n "$left" ]; then
+        [ $rc -eq 0 ] && rc=1
+        echo "left processes running (killed): $left" >>"$log"
+    fi
     if [ -d "$work" ] && [ -n "$(ls -A "$work")" ]; then
         leftover=$(ls -A "$work" | head -n 5 | tr '\n' ' ')
         [ $rc -eq 0 ] && rc=1 && echo "left files in its work directory: $leftover" >>"$log"

@@ -57,19 +57,27 @@ for i in "${!adapters[@]}"; do args+=("a$((i + 1)) ${adapters[$i]} --adapter"); 
 args+=("b-lora --tp 4 --adapter --damage lora_a")
 # expert parallelism: a Mixtral with neuronx-distributed's MoE (modules/moe), its 4 experts over 2 ep ranks
 args+=("e1 --tp 2 --ep 2 --moe" "e2 --tp 2 --ep 2 --pp 2 --xser --fuse-qkv --moe")
-"$tpy" "$gen" saves ref "${args[@]}" || fail "nxd_gen.py saves"
 
-# check_inspect SAVE...: every metadata parameter listed with its partition
-# keys and the dtype/shape torch finds in rank 0's file (xser: through the
-# tensor id); the ranks and the serialisation as the files say.
-check_inspect() {
-    for s in "$@"; do "$ckpt" inspect "$s" --json >"$s.inspect.json" || fail "inspect --json $s"; done
-    "$tpy" - "$gen" "$@" <<'PYEOF' || fail "inspect disagrees with torch"
-import importlib.util, json, os, re, sys, torch
+# One python for the saves and their check (torch is slow to import): it
+# writes every save above (nxd_gen.py saves), then, for s1 .. s9, runs `ckpt
+# inspect --json` and checks that every metadata parameter is listed with its
+# partition keys and the dtype/shape torch finds in rank 0's file (xser:
+# through the tensor id); the ranks and the serialisation as the files say.
+INSPECT="s1 s2 s3 s4 s5 s6 s7 s8 s9" "$tpy" - "$gen" "$ckpt" "${args[@]}" <<'PYEOF' || fail "nxd_gen.py saves, or inspect disagrees with torch"
+import importlib.util, json, os, re, subprocess, sys, torch
 spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+ckpt, specs = sys.argv[2], sys.argv[3:]
+sys.argv = [sys.argv[1], "saves", "ref"] + specs
+g.main()
+saves = os.environ["INSPECT"].split()
+for save in saves:
+    with open(save + ".inspect.json", "w") as out:
+        rc = subprocess.run([ckpt, "inspect", save, "--json"], stdout=out).returncode
+    if rc != 0:
+        sys.exit(f"inspect --json {save}: exit {rc}")
 g.xser_modules()  # the TensorReference class, to unpickle xser reference files
 DT = {torch.bfloat16: "BF16", torch.float32: "F32", torch.float16: "F16"}
-for save in sys.argv[2:]:
+for save in saves:
     got = json.load(open(save + ".inspect.json"))
     model = f"{save}/shards/model"
     names = [f for f in os.listdir(model) if re.fullmatch(r"dp_rank_00_tp_rank_\d\d_pp_rank_\d\d\.pt", f)]
@@ -101,7 +109,7 @@ def block(r, n): return [float(r * n + i) for i in range(n)]
 placement = {"s8": ([[0, 1], [4, 5], [2, 3], [6, 7]], [[0], [1], [0], [1]], True),
              "s9": ([[0, 4], [1, 5], [2, 6], [3, 7]], [[0, 1]] * 4, False)}
 for save, (qh, kvh, fused) in placement.items():
-    if save not in sys.argv[2:]: continue
+    if save not in saves: continue
     model = f"{save}/shards/model"
     for r in range(4):
         f = f"{model}/dp_rank_00_tp_rank_{r:02d}_pp_rank_00.pt"
@@ -120,10 +128,8 @@ for save, (qh, kvh, fused) in placement.items():
         for what, h, w in checks:
             if h != w: sys.exit(f"{save} rank {r}: {what} holds rows {h}, expected {w}")
 PYEOF
-}
 
 # ---- 1. round trips ----
-check_inspect s1 s2 s3 s4 s5 s6 s7 s8 s9
 for i in "${!specs[@]}"; do
     n=$((i + 1)) spec=${specs[$i]}
     note "save $n: $spec"

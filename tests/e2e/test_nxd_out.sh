@@ -109,6 +109,14 @@ for c in "${cases[@]}"; do
     [ "$got" = "$(LC_ALL=C sort <<<"$want")" ] || fail "$c: files differ:"$'\n'"$got"
 done
 
+note "pipeline stages (--pp)"
+# --pp 2: the rank files and mp_metadata_pp_rank_N.json of each stage as
+# nxd_gen.py's save writes them (create_partitions: one layer per stage here)
+"$ckpt" convert ref p2 --layout neuron --tp 2 --format nxd --pp 2 --xser --fuse-qkv --quiet 2>/dev/null || fail "convert --pp 2"
+for f in trn_config.json shards/mp_metadata_pp_rank_0.json shards/mp_metadata_pp_rank_1.json; do
+    cmp -s "s2p/$f" "p2/$f" || fail "--pp 2: $f differs from nxd_gen.py's"
+done
+# (checked with the rank files below: one python, one import of torch)
 note "rank files against nxd_gen.py (torch.load)"
 "$tpy" - "$gen" "${cases[@]}" <<'PYEOF' || fail "rank files differ from nxd_gen.py's"
 import collections, importlib.util, json, os, sys, torch
@@ -216,29 +224,17 @@ for r in range(2):
     want = g.create_local_fused_weight(r, 2, [ref[f"{a}.{x}_proj.weight"] for x in "qkv"], 0, 0)
     if not same(sd[a + ".qkv_proj.weight"], want):
         sys.exit(f"mha2 rank {r}: qkv_proj.weight is not create_local_fused_weight of q, k, v")
-PYEOF
-
-note "pipeline stages (--pp)"
-# --pp 2: the rank files and mp_metadata_pp_rank_N.json of each stage as
-# nxd_gen.py's save writes them (create_partitions: one layer per stage here)
-"$ckpt" convert ref p2 --layout neuron --tp 2 --format nxd --pp 2 --xser --fuse-qkv --quiet 2>/dev/null || fail "convert --pp 2"
-for f in trn_config.json shards/mp_metadata_pp_rank_0.json shards/mp_metadata_pp_rank_1.json; do
-    cmp -s "s2p/$f" "p2/$f" || fail "--pp 2: $f differs from nxd_gen.py's"
-done
-"$tpy" - "$gen" <<'PYEOF' || fail "--pp 2: rank files differ from nxd_gen.py's"
-import importlib.util, os, sys, torch
-spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
-g.xser_modules()
+# --pp 2: each stage's rank files against nxd_gen.py's save
 for s in range(2):
     for r in range(2):
         p = f"shards/model/dp_rank_00_tp_rank_{r:02d}_pp_rank_{s:02d}.pt"
         a, b = torch.load(f"p2/{p}"), torch.load(f"s2p/{p}")
         if list(a) != list(b):
-            sys.exit(f"{p}: names {list(a)}, nxd_gen.py has {list(b)}")
+            sys.exit(f"--pp 2: {p}: names {list(a)}, nxd_gen.py has {list(b)}")
         for k in a:
             ta, tb = (torch.load(f"{d}/{p}.tensors/tensor_{x[k].tid}.pt") for d, x in (("p2", a), ("s2p", b)))
             if ta.dtype != tb.dtype or not torch.equal(ta, tb):
-                sys.exit(f"{p}: '{k}' differs")
+                sys.exit(f"--pp 2: {p}: '{k}' differs")
 PYEOF
 "$ckpt" consolidate p2 p2.back --quiet 2>/dev/null || fail "consolidate of --pp 2"
 cmp p2.back/model.safetensors ref/model.safetensors || fail "--pp 2: consolidate is not the source"

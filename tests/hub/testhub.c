@@ -4,7 +4,7 @@
  * for `make test` and `make demo` only.
  *
  *   ckpt-testhub --home HUB_HOME [--listen 127.0.0.1:0] [--url-file F]
- *                [--log F] [--faults SPEC]
+ *                [--log F] [--faults SPEC] [--outlive-parent]
  *
  * It serves the checkpoints stored in HUB_HOME (`ckpt import`ed gen-model
  * folders) through the daemon's own Hub read API (service/http/hub_api.c:
@@ -53,6 +53,13 @@
  * and the pseudo-commit a client downloads a layout by).
  *
  * POST /_testhub/faults with a SPEC body replaces the faults at run time.
+ *
+ * It stops on SIGTERM or SIGINT in every fault mode (a held or endless body
+ * ends at the stop; the open connections get 10 s to end, then it exits 1
+ * saying so), and when the process that started it dies (PR_SET_PDEATHSIG,
+ * and its parent pid checked every second): a test killed by `timeout` or
+ * -9 leaves no Hub behind. --outlive-parent (the demo's KEEP=1) keeps it
+ * running after its parent's end.
  * Every request is logged, one line: METHOD URL auth=none|bearer|ok|bad
  * [range=...] [fault=...] — the token itself never.
  */
@@ -73,6 +80,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,12 +123,18 @@ static struct {
     FILE *log;
 } hub;
 
+/* Set by main once SIGTERM or SIGINT arrived (or the parent died): the
+ * held and endless bodies end at it. */
 static volatile sig_atomic_t stop;
 
-static void on_signal(int sig)
+/* The stop's safety net: connections that have not ended 10 s after it. */
+static void on_alarm(int sig)
 {
     (void)sig;
-    stop = 1;
+    static const char msg[] = "ckpt-testhub: connections still open 10 s after the stop; exiting\n";
+    ssize_t w = write(2, msg, sizeof msg - 1);
+    (void)w;
+    _exit(1);
 }
 
 static void logf_(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -352,6 +366,7 @@ static ssize_t fault_cb(void *cls, uint64_t pos, char *buf, size_t max)
         return MHD_CONTENT_READER_END_WITH_ERROR;
     /* The "slow" fault: a slow server on purpose (clients must cope); no test
      * asserts how long anything took. */
+    if (stop) return MHD_CONTENT_READER_END_WITH_ERROR;
     if (fs->slow_ms > 0) usleep((useconds_t)fs->slow_ms * 1000);
     size_t n = fs->len - pos < max ? (size_t)(fs->len - pos) : max;
     if (n > TH_CHUNK) n = TH_CHUNK;
@@ -716,7 +731,17 @@ int main(int argc, char **argv)
 {
     const char *home = NULL, *listen = "127.0.0.1:0", *url_file = NULL, *log_file = NULL,
                *spec = "";
-    for (int i = 1; i + 1 < argc; i += 2) {
+    bool outlive_parent = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--outlive-parent")) {
+            outlive_parent = true;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "ckpt-testhub: option '%s' needs a value\n", argv[i]);
+            return 2;
+        }
         if (!strcmp(argv[i], "--home"))
             home = argv[i + 1];
         else if (!strcmp(argv[i], "--listen"))
@@ -734,8 +759,24 @@ int main(int argc, char **argv)
     }
     if (!home) {
         fprintf(stderr, "usage: ckpt-testhub --home HUB_HOME [--listen 127.0.0.1:0] [--url-file F] "
-                        "[--log F] [--faults SPEC]\n");
+                        "[--log F] [--faults SPEC] [--outlive-parent]\n");
         return 2;
+    }
+    /* SIGTERM and SIGINT are taken by sigtimedwait in the loop below: blocked
+     * here, before any thread starts (the server's threads inherit the mask),
+     * so none is lost between a check and a wait, and one that comes during
+     * the start is handled once the loop runs. The parent's death sends
+     * SIGTERM. */
+    sigset_t stopsigs;
+    sigemptyset(&stopsigs);
+    sigaddset(&stopsigs, SIGTERM);
+    sigaddset(&stopsigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &stopsigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    pid_t parent = getppid();
+    if (!outlive_parent) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) return 1; /* the parent died before the prctl */
     }
     pthread_mutex_init(&hub.mu, NULL);
     if (parse_faults(spec, &hub.f) < 0 || store_open(&hub.store, home) < 0) {
@@ -770,14 +811,16 @@ int main(int argc, char **argv)
         return 1;
     }
     fprintf(stderr, "ckpt-testhub: %s serving %s\n", url, hub.store.home);
+    while (!stop) {
+        struct timespec tick = {1, 0};
+        if (sigtimedwait(&stopsigs, NULL, &tick) > 0 || (!outlive_parent && getppid() != parent))
+            stop = 1;
+    }
     struct sigaction act;
     memset(&act, 0, sizeof act);
-    act.sa_handler = on_signal;
-    sigaction(SIGTERM, &act, NULL);
-    sigaction(SIGINT, &act, NULL);
-    signal(SIGPIPE, SIG_IGN);
-    while (!stop)
-        pause();
+    act.sa_handler = on_alarm;
+    sigaction(SIGALRM, &act, NULL);
+    alarm(10);
     MHD_stop_daemon(d);
     store_close(&hub.store);
     if (hub.log && hub.log != stderr) fclose(hub.log);
