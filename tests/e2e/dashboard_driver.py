@@ -123,9 +123,22 @@ def accept_confirm():
     d.switch_to.alert.accept()
 
 
+def click(by, sel):
+    """Finds the element and clicks it. The page redraws its views on every
+    live update: an element found just before a redraw is stale when clicked
+    (nothing was clicked then), so it is found again."""
+    for _ in range(50):
+        try:
+            d.find_element(by, sel).click()
+            return
+        except StaleElementReferenceException:
+            time.sleep(0.05)  # a redraw is under way
+    fail("%s stayed stale through 50 redraws" % sel)
+
+
 def click_confirmed(button_id, question):
     """Clicks the button, whose confirmation must ask exactly `question`, and accepts it."""
-    d.find_element(By.ID, button_id).click()
+    click(By.ID, button_id)
     WebDriverWait(d, WAIT).until(EC.alert_is_present())
     asked = d.switch_to.alert.text
     d.switch_to.alert.accept()
@@ -198,7 +211,7 @@ try:
     d.find_element(By.ID, "f-repo").send_keys("org/tiny")
     d.find_element(By.ID, "f-layout").send_keys("neuron")
     d.find_element(By.ID, "f-tp").send_keys("2")
-    d.find_element(By.ID, "f-submit").click()
+    click(By.ID, "f-submit")
     until("the page of the submitted convert", lambda: d.find_elements(By.CSS_SELECTOR, "#job-view"))
     convert = d.find_element(By.ID, "job-view").get_attribute("data-id")
     until("the submitted convert to be queued", job_state_is("queued"))
@@ -219,7 +232,7 @@ try:
     dep_link = '#job-dependents .dependent[data-id="%s"]' % convert
     until("the convert among the jobs waiting for the fetch", lambda: find_all(dep_link) and
           "convert" in text(dep_link) and text(dep_link + " .state") == "queued")
-    d.find_element(By.CSS_SELECTOR, dep_link + " a").click()
+    click(By.CSS_SELECTOR, dep_link + " a")
     until("the convert's page, linking the fetch", lambda: find_all('#job-view[data-id="%s"]' % convert) and
           text("#job-dep a") == fetch_id and "fetch" in text("#job-dep"))
     if json.loads(text("#job-args")) != job["args"]:
@@ -228,10 +241,10 @@ try:
 
     # The queued tab and the search box.
     go(A + "/#/jobs", "#jobs-table")
-    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="queued"]').click()
+    click(By.CSS_SELECTOR, '#job-tabs button[data-state="queued"]')
     until("two queued jobs", lambda: text('#job-tabs button[data-state="queued"] .count') == "2" and
           {r.get_attribute("data-state") for r in d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")} == {"queued"})
-    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="all"]').click()
+    click(By.CSS_SELECTOR, '#job-tabs button[data-state="all"]')
     d.find_element(By.ID, "job-search").send_keys("fetch")
     until("the search to keep only the fetch", lambda: [r.get_attribute("data-id") for r in
                                                        d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")] == [fetch_id])
@@ -241,7 +254,7 @@ try:
     # --- cancel the running noop, with confirmation ---
     go(A + "/#/jobs/" + noop, "#job-view")
     until("the noop to show as running", job_state_is("running"))
-    d.find_element(By.ID, "job-cancel").click()
+    click(By.ID, "job-cancel")
     accept_confirm()
     until("the noop to be cancelled", job_state_is("cancelled"))
     if json.loads(run("show", noop))["state"] != "cancelled":
@@ -295,7 +308,7 @@ try:
     # while its page still shows it running; resumed, the page follows.
     go(A + "/#/jobs/" + convert, "#job-view")
     until("the held convert's page", job_state_is("running"))
-    d.find_element(By.ID, "pause").click()
+    click(By.ID, "pause")
     # data-paused: paused, and no refresh under way (one begun before the
     # click could still read the new state).
     until("updates paused", lambda: d.find_element(By.ID, "updated").get_attribute("data-paused") == "true" and
@@ -313,7 +326,7 @@ try:
         fail("paused, the page refreshed (%s refreshes, %s before) or shows %r" % (
             d.find_element(By.ID, "updated").get_attribute("data-refreshes"), refreshes, text("#job-state .state")))
     shot("job-paused")
-    d.find_element(By.ID, "pause").click()
+    click(By.ID, "pause")
     until("the convert to succeed once updates resume", lambda: job_state_is("succeeded")() and text("#pause") == "Pause updates" and
           not text("#updated").startswith("paused"))
     note("rate, ETA and pause")
@@ -336,7 +349,7 @@ try:
     until("the failed convert's page", job_state_is("failed"))
     if not text("#job-error"):
         fail("a failed job shows no error")
-    d.find_element(By.ID, "job-retry").click()
+    click(By.ID, "job-retry")
     accept_confirm()
     until("the retried convert to succeed", job_state_is("succeeded"))
     # Its attempts: the first failed (with its error), the retry succeeded; the page shows what the API keeps.
@@ -354,7 +367,7 @@ try:
     ref = next(c["ref"] for c in cks if c["layout"] == "neuron-tp2")
     go(A + "/#/store", "#store-table")
     until("the layout in the store list", lambda: d.find_elements(By.CSS_SELECTOR, '#store-table tr[data-ref="%s"] a' % ref))
-    d.find_element(By.CSS_SELECTOR, '#store-table tr[data-ref="%s"] a' % ref).click()
+    click(By.CSS_SELECTOR, '#store-table tr[data-ref="%s"] a' % ref)
     until("the tensor table", lambda: d.find_element(By.ID, "tensors-status").get_attribute("data-done") == "1")
     show = json.loads(run("show", ref, "--json"))
     rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
@@ -378,7 +391,7 @@ try:
     if text("#pull-cmd") != "ckpt pull %s -o DIR --server %s" % (ref, A):
         fail("pull command %r" % text("#pull-cmd"))
     # One rank's view, and the Hub API URL shown answers this checkpoint's commit.
-    d.find_element(By.CSS_SELECTOR, '#rank-picker option[value="tp_rank_01/"]').click()
+    click(By.CSS_SELECTOR, '#rank-picker option[value="tp_rank_01/"]')
     until("rank 1's tensors only", lambda: {tr.find_elements(By.TAG_NAME, "td")[4].text for tr in
                                           d.find_elements(By.CSS_SELECTOR, "#tensors-table tbody tr") if tr.is_displayed()} ==
           {"tp_rank_01/model.safetensors"})
@@ -415,7 +428,7 @@ try:
     d.find_element(By.ID, "s-repo").send_keys("org/tiny")
     d.find_element(By.ID, "s-cron").send_keys("0 0 1 1 *")
     d.find_element(By.ID, "s-layouts").send_keys("neuron-tp2")
-    d.find_element(By.ID, "s-add").click()
+    click(By.ID, "s-add")
     until("the new schedule's row", lambda: find_all('#schedules-table tr[data-id]'))
     sid = find_all('#schedules-table tr[data-id]')[0].get_attribute("data-id")
     sc = api(A, "/v1/schedules/" + sid)
@@ -425,7 +438,7 @@ try:
     # Run now: its sync job, recorded as the schedule's last job, sees the
     # Hub's commit (stored already) and queues the layout's convert (stored
     # too); the row then shows the commit, the outcome and a link to the job.
-    d.find_element(By.CSS_SELECTOR, row + " button.run-now").click()
+    click(By.CSS_SELECTOR, row + " button.run-now")
     accept_confirm()
     until("run now", lambda: "Schedule %s queued" % sid in (text("#flash") or "") and api(A, "/v1/schedules/" + sid).get("last_job_id"))
     sync_job = api(A, "/v1/schedules/" + sid)["last_job_id"]
@@ -440,19 +453,19 @@ try:
     until("the row's last commit, outcome and job", lambda: sc["last_commit"][:12] in text(row) and sc["last_outcome"] in text(row) and
           d.find_element(By.CSS_SELECTOR, row + ' a[href="#/jobs/%d"]' % sync_job))
     shot("schedule-run")
-    d.find_element(By.CSS_SELECTOR, row + " button.pause").click()
+    click(By.CSS_SELECTOR, row + " button.pause")
     accept_confirm()
     until("the schedule paused", lambda: d.find_element(By.CSS_SELECTOR, row).get_attribute("data-paused") == "true" and
           text(row + " .next-run") == "paused")
     if not api(A, "/v1/schedules/" + sid)["paused"]:
         fail("the page says paused, the API does not")
     shot("schedule-paused")
-    d.find_element(By.CSS_SELECTOR, row + " button.resume").click()
+    click(By.CSS_SELECTOR, row + " button.resume")
     accept_confirm()
     until("the schedule resumed", lambda: d.find_element(By.CSS_SELECTOR, row).get_attribute("data-paused") == "false")
     if api(A, "/v1/schedules/" + sid)["paused"]:
         fail("the page says resumed, the API does not")
-    d.find_element(By.CSS_SELECTOR, row + " button.remove").click()
+    click(By.CSS_SELECTOR, row + " button.remove")
     accept_confirm()
     until("the schedule removed", lambda: not find_all(row))
     if api(A, "/v1/schedules")["schedules"]:
@@ -493,18 +506,18 @@ try:
 
     # --- delete: one job from its page (a dismissed confirmation changes nothing), then all succeeded ---
     go(A + "/#/jobs/" + noop, "#job-delete")
-    d.find_element(By.ID, "job-delete").click()
+    click(By.ID, "job-delete")
     WebDriverWait(d, WAIT).until(EC.alert_is_present())
     d.switch_to.alert.dismiss()
     if api_status(A, "/v1/jobs/" + noop) != 200:
         fail("a dismissed delete deleted job " + noop)
-    d.find_element(By.ID, "job-delete").click()
+    click(By.ID, "job-delete")
     accept_confirm()
     until("the jobs list after the delete", lambda: "Job %s deleted" % noop in (text("#flash") or "") and find_all("#jobs-table"))
     if api_status(A, "/v1/jobs/" + noop) != 404:
         fail("job %s still answers after its delete" % noop)
     nsucc = api(A, "/v1/jobs/counts")["succeeded"]
-    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="succeeded"]').click()
+    click(By.CSS_SELECTOR, '#job-tabs button[data-state="succeeded"]')
     until("the succeeded tab", lambda: text('#job-tabs button[data-state="succeeded"] .count') == str(nsucc) and
           not d.find_element(By.ID, "bulk-delete").get_attribute("disabled"))
     click_confirmed("bulk-delete", "Delete all %d succeeded jobs?" % nsucc)
@@ -520,7 +533,7 @@ try:
     go(B + "/#/jobs", "#main")
     until("the page to ask for a token", lambda: "401" in (text("#flash") or ""))
     d.find_element(By.ID, "token").send_keys(env["READ_TOKEN"])
-    d.find_element(By.ID, "token-use").click()
+    click(By.ID, "token-use")
     until("the jobs of B with the read token", lambda: (text("#page-info") or "").endswith("(32 jobs)"))
     if d.execute_script("return sessionStorage.getItem('ckpt.token')") != env["READ_TOKEN"]:
         fail("the token is not kept in sessionStorage")
@@ -528,19 +541,19 @@ try:
         fail("the token is in the URL")
     until("32 jobs on two pages", lambda: text("#page-info") == "page 1 of 2 (32 jobs)" and
           len(d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")) == 25)
-    d.find_element(By.ID, "page-next").click()
+    click(By.ID, "page-next")
     until("the second page", lambda: text("#page-info") == "page 2 of 2 (32 jobs)" and
           [r.get_attribute("data-id") for r in d.find_elements(By.CSS_SELECTOR, "#jobs-table tbody tr")] ==
           [str(i) for i in range(7, 0, -1)] and env["FAILED_B"] == "1")
     go(B + "/#/jobs/" + env["FAILED_B"], "#job-view")
     until("B's failed job", job_state_is("failed"))
-    d.find_element(By.ID, "job-retry").click()
+    click(By.ID, "job-retry")
     accept_confirm()
     until("the refusal of a retry", lambda: "403" in (text("#flash") or "") and "admin token" in text("#flash"))
     go(B + "/#/jobs", "#jobs-table")
-    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="failed"]').click()
+    click(By.CSS_SELECTOR, '#job-tabs button[data-state="failed"]')
     until("the failed tab of B", lambda: not d.find_element(By.ID, "bulk-retry").get_attribute("disabled"))
-    d.find_element(By.ID, "bulk-retry").click()
+    click(By.ID, "bulk-retry")
     accept_confirm()
     until("the refusal of a bulk retry", lambda: "403" in (text("#flash") or "") and "bulk action needs an admin token" in text("#flash"))
     shot("read-token-refused")
@@ -549,7 +562,7 @@ try:
         fail("a read token's retry changed the job")
     go(B + "/#/jobs", "#submit-form")
     d.find_element(By.ID, "f-repo").send_keys("org/tiny")
-    d.find_element(By.ID, "f-submit").click()
+    click(By.ID, "f-submit")
     until("the refusal of a submit", lambda: "403" in (text("#flash") or "") and "submitting needs an admin token" in text("#flash"))
     if len(json.loads(run("jobs", "--json", home=env["HOME_B"]))) != 32:
         fail("a read token's submit queued a job")
@@ -557,12 +570,12 @@ try:
     # --- B with the admin token: typed once, kept for the tab across a reload, never in a URL ---
     admin, held_b, failed_b = env["ADMIN_TOKEN"], int(env["HELD_B"]), env["FAILED_B"]
     d.find_element(By.ID, "token").send_keys(admin)
-    d.find_element(By.ID, "token-use").click()
+    click(By.ID, "token-use")
     until("the admin token kept in sessionStorage", lambda: d.execute_script("return sessionStorage.getItem('ckpt.token')") == admin)
     d.refresh()
     go(B + "/#/jobs/" + failed_b, "#job-view")
     until("B's failed job, after a reload", job_state_is("failed"))
-    d.find_element(By.ID, "job-retry").click()
+    click(By.ID, "job-retry")
     accept_confirm()
     until("the admin token's retry", lambda: "Job %s queued again" % failed_b in (text("#flash") or ""))
 
@@ -574,7 +587,7 @@ try:
     # convert (queued, not a noop) and the running noop are not matched.
     noops = sorted(i for i, j in b_jobs().items() if j["kind"] == "noop" and i != held_b)
     go(B + "/#/jobs", "#jobs-table")
-    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="queued"]').click()
+    click(By.CSS_SELECTOR, '#job-tabs button[data-state="queued"]')
     d.find_element(By.ID, "job-search").send_keys("noop")
     until("the 30 queued noops", lambda: text('#job-tabs button[data-state="queued"] .count') == "30" and
           text("#page-info") == "page 1 of 2 (30 jobs)" and not d.find_element(By.ID, "bulk-cancel").get_attribute("disabled"))
@@ -584,7 +597,7 @@ try:
     if [jb[i]["state"] for i in noops] != ["cancelled"] * 30 or jb[held_b]["state"] != "running" or jb[int(failed_b)]["state"] != "queued":
         fail("after cancel all: %s" % {i: j["state"] for i, j in jb.items()})
     # Retry all cancelled noops: queued again, as new (attempt 0).
-    d.find_element(By.CSS_SELECTOR, '#job-tabs button[data-state="cancelled"]').click()
+    click(By.CSS_SELECTOR, '#job-tabs button[data-state="cancelled"]')
     until("the 30 cancelled noops", lambda: text('#job-tabs button[data-state="cancelled"] .count') == "30" and
           not d.find_element(By.ID, "bulk-retry").get_attribute("disabled"))
     click_confirmed("bulk-retry", 'Retry all 30 cancelled jobs matching "noop"?')
