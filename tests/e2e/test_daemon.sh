@@ -111,7 +111,7 @@ stop_daemon() {
     kill -TERM "$dpid"
     wait_until 60 "ckpt serve ($dpid) to stop after SIGTERM" gone "$dpid"
     wait "$dpid" || rc=$?
-    [ "$rc" -eq 0 ] || fail "ckpt serve exited $rc after SIGTERM: $(tail -n 20 "$CKPT_HOME.serve.log")"
+    serve_exit_ok "$rc" "$CKPT_HOME.serve.log" || fail "ckpt serve exited $rc after SIGTERM: $(tail -n 20 "$CKPT_HOME.serve.log")"
     [ ! -e "$CKPT_HOME/serve.url" ] || fail "a stopped daemon left serve.url"
 }
 tmp_empty() {

@@ -268,4 +268,4 @@ note "fetch job $id through the daemon: done, token nowhere in CKPT_HOME"
 kill -TERM "$dpid"
 rc=0
 wait "$dpid" || rc=$?
-[ "$rc" -eq 0 ] || fail "ckpt serve exited $rc: $(tail -n 20 "$work/serve.log")"
+serve_exit_ok "$rc" "$work/serve.log" || fail "ckpt serve exited $rc: $(tail -n 20 "$work/serve.log")"

@@ -56,7 +56,7 @@ stop_daemon() {
     local rc=0
     wait "$dpid" || rc=$?
     dpid=""
-    [ "$rc" -eq 0 ] || fail "ckpt serve exited $rc"
+    serve_exit_ok "$rc" "$work/serve.log" || fail "ckpt serve exited $rc"
 }
 now() { "$py" -c 'import time; print(time.time())'; }
 
