@@ -178,6 +178,8 @@ for round in $(seq 1 "$ROUNDS"); do
     rm -rf "$RW"
 done
 
+[ "$ROUNDS" -gt 0 ] && awk -v b="$MBYTES" '/MemTotal/ {m = $2 * 1024} END {
+    if (2 * b > m) printf "== the Python way (every rank torch.load-ed, concatenated, saved) is not run: it holds the model twice, %.1f GB, more than this machine'"'"'s %.1f GB of RAM (bench/nxd.sh and bench/run.sh measure it at 2 GB)\n", 2 * b / 1e9, m / 1e9 }' /proc/meminfo
 for k in conv_n8 conv_vllm conv_ez conv_nxd consol consol_nxd import pull pull_rank pull_cons pull_zst fetch; do GOAL[$k]=1.2; done
 GOAL[sconv]=0.3
 [ "$ROUNDS" -gt 0 ] && echo && echo "== $(gb "$MBYTES") llama, $REPEAT round(s), page cache $CACHE; seconds as min / median / max"
