@@ -34,8 +34,9 @@ CSTD    := -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64
 INCS    := -I. -I/usr/include/openblas
 ifeq ($(SAN),1)
   # -O2, not -O1: the e2e scripts spend most of their CPU in ckpt's own work
-  # under the sanitizers, and -O2 cut it by 17-19% (test_roundtrip 57 -> 47,
-  # test_lora 50 -> 40 CPU-s) with the same checks.
+  # under the sanitizers (test_roundtrip 57 -> 47, test_lora 50 -> 40 CPU-s in
+  # one A/B whose first half ran beside another suite, so an upper bound of
+  # the gain), with the same checks.
   OPT   := -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
   # The sanitizer build's programs (ckpt, the test Hub, the unit tests) start
   # and exit thousands of times in `make test`, and LeakSanitizer scans the
