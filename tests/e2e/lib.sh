@@ -90,6 +90,14 @@ wait_until() {
     done
 }
 
+# gone PID: the process has ended (no such process, or a zombie its parent
+# has not reaped yet).
+gone() {
+    local s
+    s=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 0
+    [[ -z "$s" || "$s" == Z* || "$s" == X* ]]
+}
+
 # serve_exit_ok RC LOG: a daemon's exit status RC is a clean exit: 0, or 86
 # (ASAN_OPTIONS' exitcode) when the only sanitizer output in LOG, its stderr,
 # is LeakSanitizer's own tracer crashing while it stops the process's threads

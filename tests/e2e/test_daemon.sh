@@ -61,12 +61,6 @@ state_is() { [ "$(jf "$1" 'j["state"]')" = "$2" ]; }
 no_active() {
     "$ckpt" jobs --json | "$py" -c 'import json, sys; sys.exit(any(j["state"] in ("queued", "running") for j in json.load(sys.stdin)))'
 }
-# gone PID: the process has exited (a zombie counts as gone).
-gone() {
-    local s
-    s=$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null) || return 0
-    [[ -z "$s" || "$s" == Z* || "$s" == X* ]]
-}
 no_workers() { [ -z "$(workers)" ]; }
 # no_orphans: every worker is a child of the current daemon $dpid.
 no_orphans() {

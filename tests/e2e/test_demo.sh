@@ -36,12 +36,12 @@ jobs = json.load(sys.stdin)["jobs"]
 sys.exit(sorted((j["kind"], j["state"]) for j in jobs) != [("convert", "succeeded"), ("fetch", "succeeded")] and "jobs: %s" % jobs)' ||
     fail "the demo's daemon does not list its fetch and convert, succeeded"
 kill -TERM "${left[@]}"
-# gone: both have exited (not our children: an exited one may stay a zombie of init's)
-gone() {
+# all_gone: both have exited (not our children: an exited one may stay a zombie of init's)
+all_gone() {
     local p
     for p in "${left[@]}"; do grep -qs '^State:.*[XZ]' "/proc/$p/status" || [ ! -e "/proc/$p" ] || return 1; done
 }
-wait_until 60 "the demo's daemon and Hub to stop" gone
+wait_until 60 "the demo's daemon and Hub to stop" all_gone
 left=()
 rm -rf "$dir"
 note "KEEP=1: the dashboard at $url, its daemon left running"
