@@ -19,10 +19,12 @@
 #include "service/jobs/queue.h"
 #include "service/jobs/schedule.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #define EXIT_TRANSIENT 75 /* EX_TEMPFAIL: the worker's "try again" */
@@ -389,20 +391,25 @@ static void worker_progress(const ckpt_progress *p, double rate, double eta)
 int cmd_worker(int argc, char **argv)
 {
     if (cli_wants_help(argc, argv)) {
-        printf("usage: ckpt worker --job ID [--home DIR]\n\n"
+        printf("usage: ckpt worker --job ID [--home DIR] [--allow-path DIR]... [--daemon-pid PID]\n\n"
                "Internal: runs one claimed job; started by `ckpt serve`. Progress and the\n"
-               "outcome go to standard output as '@ckpt' lines; anything else is the job's log.\n\n"
+               "outcome go to standard output as '@ckpt' lines; anything else is the job's log.\n"
+               "With --daemon-pid the worker dies with that process, its parent (and exits\n"
+               "at once with status 70 if its parent is already another).\n\n"
                "example (what the daemon runs for a claimed job 42):\n"
-               "  ckpt worker --job 42 --home /var/lib/ckpt\n");
+               "  ckpt worker --job 42 --home /var/lib/ckpt --daemon-pid 1234\n");
         return CLI_OK;
     }
-    enum { O_JOB_ID = CLI_OPT_OWN, O_ALLOW };
+    enum { O_JOB_ID = CLI_OPT_OWN, O_ALLOW, O_DAEMON_PID };
     static const int shared[] = {CLI_OPT_HOME, CLI_OPT_END};
     static const struct option own[] = {{"job", required_argument, NULL, O_JOB_ID},
-                                        {"allow-path", required_argument, NULL, O_ALLOW}, {0}};
+                                        {"allow-path", required_argument, NULL, O_ALLOW},
+                                        {"daemon-pid", required_argument, NULL, O_DAEMON_PID},
+                                        {0}};
     cli_common common = {0};
     cli_parser p = {.cmd = "worker", .shared = shared, .own = own, .say_needs_value = true, .common = &common};
     int64_t id = 0;
+    uint64_t daemon_pid = 0;
     char **allow = calloc((size_t)argc + 1, sizeof *allow);
     size_t nallow = 0;
     if (!allow) return cli_fail();
@@ -410,7 +417,9 @@ int cmd_worker(int argc, char **argv)
     uint64_t v;
     while ((c = cli_getopt(&p, argc, argv)) > 0) {
         if (c == O_ALLOW) allow[nallow++] = optarg;
-        else if (cli_parse_number("worker", "--job", optarg, 1, INT64_MAX, &v)) c = -1;
+        else if (c == O_DAEMON_PID) {
+            if (cli_parse_number("worker", "--daemon-pid", optarg, 1, INT32_MAX, &daemon_pid)) c = -1;
+        } else if (cli_parse_number("worker", "--job", optarg, 1, INT64_MAX, &v)) c = -1;
         else id = (int64_t)v;
         if (c < 0) break;
     }
@@ -423,6 +432,17 @@ int cmd_worker(int argc, char **argv)
     if (id <= 0) {
         free(allow);
         return cli_usage_error("worker", "--job ID is required");
+    }
+    /* Started by a daemon: die with it. It spawns us without running any
+     * code of its own in the child, so this is ours to set; a daemon gone
+     * before the prctl took effect has left us to init, whose pid is not
+     * --daemon-pid. */
+    if (daemon_pid) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != (pid_t)daemon_pid) {
+            free(allow);
+            return 70;
+        }
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     ckpt_fault_arm(getenv("CKPT_FAULT_WORKER")); /* the daemon's CKPT_FAULT is not ours */
