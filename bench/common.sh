@@ -67,6 +67,8 @@ bench_cleanup_on_exit() {
 # median V...: the median of the numbers given (the upper one of an even count).
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 # maxof A B: the larger number.
+# spread V...: "min-max" of the values (what a median hides on a busy machine).
+spread() { printf '%s\n' "$@" | sort -g | awk 'NR == 1 {lo = $1} {hi = $1} END {printf "%s-%s", lo, hi}'; }
 maxof() { awk -v a="$1" -v b="$2" 'BEGIN {print (b > a) ? b : a}'; }
 
 # measure TITLE SRC COPY_CMD CKPT_LABEL PY_LABEL -- CKPT_ARGS... -- PY_ARGS...

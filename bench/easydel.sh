@@ -58,7 +58,8 @@ for r in $(seq "$REPEAT"); do
     cmp -s hf/model.safetensors back/model.safetensors || die "consolidated model.safetensors differs"
 done
 c=$(median "${COPY[@]}") k=$(median "${CONS[@]}")
-awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_max" 'BEGIN {
-    printf "model %.2f GB; durable copy %.2f s; consolidate %.2f s (%.2fx, goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n",
-        b / 1e9, c, k, k / c, r }'
+awk -v b="$bytes" -v c="$c" -v k="$k" -v r="$rss_max" -v n="$REPEAT" -v cs="$(spread "${COPY[@]}")" -v ks="$(spread "${CONS[@]}")" 'BEGIN {
+    printf "model %.2f GB; medians of %d round(s): durable copy %.2f s; consolidate %.2f s (%.2fx, goal <= 1.2x); peak RSS %.0f MiB (goal <= 256)\n",
+        b / 1e9, n, c, k, k / c, r
+    printf "each round (min-max): durable copy %s s, consolidate %s s\n", cs, ks }'
 echo "load average (1, 5, 15 min): $load_before before, $(cut -d' ' -f1-3 /proc/loadavg) after; $(nproc) cores"
