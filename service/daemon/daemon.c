@@ -415,6 +415,15 @@ static bool finish_slot(daemon_state *d, worker_slot *w)
         w->end_pending = true;
         return false;
     }
+    if (rc == QUEUE_NOT_OURS) {
+        /* Its lease expired meanwhile (this daemon could not renew it) and
+         * another daemon runs or ran the job: that run's end is the one that
+         * counts, so this one is neither recorded nor logged as the job's end. */
+        job_event(CKPT_EV_WARN, "job.not_ours", w,
+                  json_pack("{s:s,s:f}", "outcome", outcome, "seconds", ran));
+        drop_slot(d, w);
+        return true;
+    }
     if (strcmp(outcome, "released")) metrics_observe_job(d->m, w->kind, outcome, ran, w->done);
     static const struct {
         const char *outcome, *event;

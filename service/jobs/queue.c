@@ -570,6 +570,15 @@ static void bind_finish(ckpt_stmt *st, void *ctx)
     db_bind_text(st, 8, f->owner);
 }
 
+/* update_job for the statements QUEUE_OWNED guards: QUEUE_NOT_OURS when no row changed. */
+static int update_owned_job(catalog *c, const char *sql, int64_t id, const char *what,
+                            void (*bind)(ckpt_stmt *, void *), void *ctx)
+{
+    int64_t changes = 0;
+    int rc = update_job_n(c, sql, id, what, bind, ctx, &changes);
+    return rc ? rc : changes ? 0 : QUEUE_NOT_OURS;
+}
+
 /* "The job still runs under owner ?N" (any owner when ?N is NULL): an end
  * recorded late (the database was unreachable meanwhile) never ends another
  * daemon's run of a job that was reaped and claimed again. */
@@ -581,7 +590,7 @@ int queue_finish(catalog *c, int64_t id, const char *owner, bool ok, bool transi
     finish_ctx f = {ok, transient, error, result, owner};
     /* A transient failure with attempts left goes back to the queue, later
      * (the backoff doubles per attempt up to QUEUE_BACKOFF_CAP). */
-    return update_job(
+    return update_owned_job(
         c,
         "UPDATE jobs SET state = CASE WHEN ?2 = 1 THEN 'succeeded' WHEN ?3 = 1 AND attempt < max_attempts THEN 'queued' "
         "ELSE 'failed' END, error = ?4, result = ?5, lease_owner = NULL, lease_expires = NULL, worker_pid = NULL, "
@@ -599,7 +608,7 @@ static void bind_owner(ckpt_stmt *st, void *ctx)
 
 int queue_release(catalog *c, int64_t id, const char *owner)
 {
-    return update_job(c, "UPDATE jobs SET state = 'queued', attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, "
+    return update_owned_job(c, "UPDATE jobs SET state = 'queued', attempt = CASE WHEN attempt > 0 THEN attempt - 1 ELSE 0 END, "
                          "lease_owner = NULL, lease_expires = NULL, worker_pid = NULL, error = 'interrupted by daemon "
                          "shutdown' WHERE id = ?1 AND state = 'running'" QUEUE_OWNED(2),
                       id, "release job", bind_owner, (void *)owner);

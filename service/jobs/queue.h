@@ -95,13 +95,16 @@ typedef struct {
 } queue_progress_info;
 int queue_progress(catalog *c, int64_t id, const queue_progress_info *p);
 int queue_log(catalog *c, int64_t id, const char *line);
+/* What queue_finish and queue_release return when the job is no longer
+ * owner's (reaped and claimed again, or ended, meanwhile): nothing changed. */
+#define QUEUE_NOT_OURS 1
 /* Ends a running job: ok, or failed (transient failures retry while attempts
  * remain). owner (NULL: any) is whose lease it must still be: a job reaped
- * and claimed again meanwhile is left alone (nothing changes, no error). */
+ * and claimed again meanwhile is left alone (QUEUE_NOT_OURS). */
 int queue_finish(catalog *c, int64_t id, const char *owner, bool ok, bool transient, const char *error,
                  const char *result);
 /* Puts a running job of owner (NULL: any) back in the queue without counting
- * the attempt (daemon shutdown). */
+ * the attempt (daemon shutdown); QUEUE_NOT_OURS as queue_finish. */
 int queue_release(catalog *c, int64_t id, const char *owner);
 /* Cancels a queued job at once; marks a running one for the daemon to stop.
  * *running tells which. */
