@@ -44,7 +44,9 @@
 # BENCH_LARGE_MODEL (the kept model; default BENCH_DIR/ckpt-bench-large-model-sS),
 # BENCH_LARGE_SCALE (1), BENCH_MOE_SCALE (8; 0 skips the MoE case),
 # BENCH_PART (all; "offline": only the copies, the offline converts and the
-# consolidates, no store, fetch or MoE; "moe": only the MoE), BENCH_KEEP=1
+# consolidates, no store, fetch or MoE; "store": the copies, the neuron
+# convert the rank pull is compared with, and the store and fetch steps; "moe":
+# only the MoE), BENCH_KEEP=1
 # keeps the work folder.
 set -euo pipefail
 
@@ -63,7 +65,7 @@ RANK=3
 bench_need_hub
 [[ $LSCALE =~ ^[1-9][0-9]*$ ]] || die "BENCH_LARGE_SCALE must be a positive number"
 [[ $MOE_SCALE =~ ^[0-9]+$ ]] || die "BENCH_MOE_SCALE must be a number"
-[[ $PART =~ ^(all|offline|moe)$ ]] || die "BENCH_PART must be all, offline or moe"
+[[ $PART =~ ^(all|offline|store|moe)$ ]] || die "BENCH_PART must be all, offline, store or moe"
 bench_start
 bench_cleanup_on_exit
 
@@ -121,25 +123,27 @@ for round in $(seq 1 "$ROUNDS"); do
     run copy - "cp -r model + sync" "${COPY[@]}" "$MODEL" "$RW/copy"
     rm -rf "$RW/copy"
     run conv_n8 copy "convert neuron tp8" "$CKPT_BIN" convert "$MODEL" "$RW/n8" --layout neuron --tp $TP
-    run conv_vllm copy "convert vllm tp8" "$CKPT_BIN" convert "$MODEL" "$RW/vllm" --layout vllm --tp $TP
-    rm -rf "$RW/vllm"
-    run conv_ez copy "convert easydel" "$CKPT_BIN" convert "$MODEL" "$RW/ez" --layout easydel
-    rm -rf "$RW/ez"
-    run conv_nxd copy "convert nxd tp8 --xser" "$CKPT_BIN" convert "$MODEL" "$RW/nxd" --layout neuron --tp $TP --format nxd --xser
-    run copy_nxd - "cp -r nxd save + sync" "${COPY[@]}" "$RW/nxd" "$RW/nxdcopy"
-    rm -rf "$RW/nxdcopy"
-    run consol_nxd copy_nxd "consolidate nxd xser tp8" "$CKPT_BIN" consolidate "$RW/nxd" "$RW/back"
-    if [ "$round" = 1 ]; then
-        [ "$(total_bytes "$RW/back")" = "$(total_bytes "$MODEL")" ] || die "the NxD save consolidates to other tensor bytes than the model's"
+    if [ "$PART" != store ]; then
+        run conv_vllm copy "convert vllm tp8" "$CKPT_BIN" convert "$MODEL" "$RW/vllm" --layout vllm --tp $TP
+        rm -rf "$RW/vllm"
+        run conv_ez copy "convert easydel" "$CKPT_BIN" convert "$MODEL" "$RW/ez" --layout easydel
+        rm -rf "$RW/ez"
+        run conv_nxd copy "convert nxd tp8 --xser" "$CKPT_BIN" convert "$MODEL" "$RW/nxd" --layout neuron --tp $TP --format nxd --xser
+        run copy_nxd - "cp -r nxd save + sync" "${COPY[@]}" "$RW/nxd" "$RW/nxdcopy"
+        rm -rf "$RW/nxdcopy"
+        run consol_nxd copy_nxd "consolidate nxd xser tp8" "$CKPT_BIN" consolidate "$RW/nxd" "$RW/back"
+        if [ "$round" = 1 ]; then
+            [ "$(total_bytes "$RW/back")" = "$(total_bytes "$MODEL")" ] || die "the NxD save consolidates to other tensor bytes than the model's"
+        fi
+        rm -rf "$RW/nxd" "$RW/back"
+        run consol copy "consolidate neuron tp8" "$CKPT_BIN" consolidate "$RW/n8" "$RW/back"
+        [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/back" >/dev/null || die "consolidate differs from the model"; }
+        rm -rf "$RW/back"
     fi
-    rm -rf "$RW/nxd" "$RW/back"
-    run consol copy "consolidate neuron tp8" "$CKPT_BIN" consolidate "$RW/n8" "$RW/back"
-    [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/back" >/dev/null || die "consolidate differs from the model"; }
-    rm -rf "$RW/back"
     RDIR=$(printf 'tp_rank_%02d' $RANK)
     run copy_rank - "cp -r one rank + sync" "${COPY[@]}" "$RW/n8/$RDIR" "$RW/rank"
     rm -rf "$RW/n8"
-    if [ "$PART" = all ]; then
+    if [ "$PART" != offline ]; then
         export CKPT_HOME=$RW/home
         run import copy "import" "$CKPT_BIN" import "$MODEL" --repo bench/large
         run sconv copy "store convert neuron tp8" "$CKPT_BIN" convert bench/large --layout neuron --tp $TP
@@ -198,7 +202,7 @@ for k in "${ORDER[@]}"; do
         "$(awk -v m="$rdmed" 'BEGIN {print m / 1000}')" "$ratio" "$goal"
 done
 
-[ "$MOE_SCALE" = 0 ] || [ "$PART" = offline ] && exit 0
+[ "$MOE_SCALE" = 0 ] || [ "$PART" = offline ] || [ "$PART" = store ] && exit 0
 # ---- the many-tensor case ----
 MOE=$BASE/ckpt-bench-large-moe-s$MOE_SCALE
 if [ ! -f "$MOE/config.json" ]; then
