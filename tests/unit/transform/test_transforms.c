@@ -1408,15 +1408,16 @@ static void expect_crcs(const exec_plan *p, const char *dir, uint32_t **crc)
  * written equals the CRC of its bytes in the file, for every way the executor
  * writes: a copy with zero padding left as a hole (a vocabulary split with
  * padding), slabs with zeros (a column split), transposed tiles written row
- * by row (two bands of tiles), a tensor copied whole, a scalar; through the
- * page cache and with O_DIRECT, by two workers. */
+ * by row (the second tile's rows close the gaps the first left), a tensor
+ * copied whole, a scalar; through the page cache and with O_DIRECT, by two
+ * workers. */
 static void test_executor_crc(void **state)
 {
     fixture *fx = *state;
     const src_tensor t[] = {
         {"embed.weight", CKPT_DT_I32, 2, {9, 3}, 1, 0}, /* 9 rows on 2 ranks: one zero row on rank 1 */
         {"row.weight", CKPT_DT_I32, 2, {3, 9}, 2, 0},
-        {"wide.weight", CKPT_DT_I32, 2, {9000, 300}, 3, 300}, /* output rows of 9000: tiles 256 x 8192 */
+        {"wide.weight", CKPT_DT_I32, 2, {9000, 40}, 3, 40}, /* output rows of 9000: tiles of 40 x 8192 rows, then 40 x 808 */
         {"plain.bias", CKPT_DT_I16, 1, {150001}, 4, 0},
         {"scalar", CKPT_DT_I32, 0, {0}, 5, 0},
     };
