@@ -39,14 +39,23 @@ static char *dirname_of(const char *path)
     return ckpt_strndup(path, (size_t)(s - path));
 }
 
-int ckpt_atomic_open(ckpt_atomic_file *af, const char *path)
+static void drop_dead_siblings(const char *target, size_t n);
+static int64_t self_start_time(void);
+
+/* The temp file of ckpt_atomic_open (tracked: ckpt_atomic_open_tracked). */
+static int atomic_open(ckpt_atomic_file *af, const char *path, bool tracked)
 {
     memset(af, 0, sizeof *af);
     af->fd = -1;
     char *dir = dirname_of(path);
     if (!dir) return CKPT_ENOMEM;
     af->path = ckpt_strdup(path);
-    af->tmp_path = ckpt_sprintf("%s/.%s.tmp-XXXXXX", dir, ckpt_basename(path));
+    if (tracked) {
+        drop_dead_siblings(path, strlen(path));
+        af->tmp_path = ckpt_sprintf("%s.tmp-%d-%lld-XXXXXX", path, (int)getpid(), (long long)self_start_time());
+    } else {
+        af->tmp_path = ckpt_sprintf("%s/.%s.tmp-XXXXXX", dir, ckpt_basename(path));
+    }
     free(dir);
     if (!af->path || !af->tmp_path) {
         ckpt_atomic_abort(af);
@@ -60,8 +69,22 @@ int ckpt_atomic_open(ckpt_atomic_file *af, const char *path)
         ckpt_atomic_abort(af);
         return rc;
     }
+    if (tracked) {
+        ckpt_interrupt_track(af->tmp_path);
+        af->tracked = true;
+    }
     fchmod(af->fd, 0666 & ~ckpt_umask()); /* mkostemp makes 0600: the mode open(2) would give */
     return 0;
+}
+
+int ckpt_atomic_open(ckpt_atomic_file *af, const char *path)
+{
+    return atomic_open(af, path, false);
+}
+
+int ckpt_atomic_open_tracked(ckpt_atomic_file *af, const char *path)
+{
+    return atomic_open(af, path, true);
 }
 
 unsigned ckpt_umask(void)
@@ -89,7 +112,14 @@ int ckpt_atomic_commit(ckpt_atomic_file *af)
     if (close(af->fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", af->path);
     af->fd = -1;
     if (!rc) ckpt_fault("file.synced");
+    bool held = !rc && af->tracked;
+    if (held) ckpt_interrupt_hold(); /* renamed and untracked as one step */
     if (!rc && rename(af->tmp_path, af->path) < 0) rc = ckpt_error_sys("%s: rename", af->path);
+    if (!rc && af->tracked) {
+        ckpt_interrupt_untrack(af->tmp_path);
+        af->tracked = false;
+    }
+    if (held) ckpt_interrupt_release();
     if (!rc) ckpt_fault("file.renamed");
     if (!rc) rc = ckpt_fsync_parent(af->path);
     if (rc) {
@@ -106,6 +136,8 @@ void ckpt_atomic_abort(ckpt_atomic_file *af)
 {
     if (af->fd >= 0) close(af->fd);
     if (af->tmp_path) unlink(af->tmp_path);
+    if (af->tracked) ckpt_interrupt_untrack(af->tmp_path);
+    af->tracked = false;
     free(af->path);
     free(af->tmp_path);
     af->fd = -1;

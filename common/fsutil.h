@@ -28,9 +28,16 @@ typedef struct {
     int fd;
     char *path;     /* final name */
     char *tmp_path; /* temp name in the same directory */
+    bool tracked;   /* removed on an interrupt (ckpt_atomic_open_tracked) */
 } ckpt_atomic_file;
 
 int ckpt_atomic_open(ckpt_atomic_file *af, const char *path);
+/* The same for a long write into a user's path (an archive pull): the temp
+ * file is "<path>.tmp-<pid>-<start>-XXXXXX", named after its writer as
+ * ckpt_tmpdir_create's folders are (those of writers that are gone are
+ * removed first), and it is removed if the process is interrupted
+ * (common/interrupt.h) until commit or abort. */
+int ckpt_atomic_open_tracked(ckpt_atomic_file *af, const char *path);
 /* The process's umask (from /proc/self/status; 022 when unknown).
  * Files made by mkstemp/mkdtemp get 0666/0777 less this, as open/mkdir would. */
 unsigned ckpt_umask(void);

@@ -383,12 +383,18 @@ static int crc_of(int fd, uint64_t off, uint64_t len, const char *path, uint8_t 
 
 int torch_out_finish(const torch_out *o, int fd, const char *path)
 {
+    return torch_out_finish_crc(o, fd, path, NULL);
+}
+
+int torch_out_finish_crc(const torch_out *o, int fd, const char *path, const uint32_t *tensor_crc)
+{
     uint32_t *crc = ckpt_calloc(o->ne + 1, sizeof *crc);
-    uint8_t *chunk = ckpt_malloc(CRC_CHUNK);
-    int rc = crc && chunk ? 0 : CKPT_ENOMEM;
+    uint8_t *chunk = tensor_crc ? NULL : ckpt_malloc(CRC_CHUNK);
+    int rc = crc && (chunk || tensor_crc) ? 0 : CKPT_ENOMEM;
     for (size_t i = 0; !rc && i < o->ne; i++) {
         const struct torch_out_entry *e = &o->e[i];
         if (e->bytes) crc[i] = (uint32_t)crc32(crc32(0L, Z_NULL, 0), e->bytes, (uInt)e->size);
+        else if (tensor_crc) crc[i] = tensor_crc[e->tensor];
         else rc = crc_of(fd, e->data, e->size, path, chunk, &crc[i]);
         if (rc) rc = ckpt_error_prefix(rc, "%s: entry '%s'", path, e->name);
     }

@@ -24,9 +24,11 @@
  *   torch_out_plan()   decides every offset: torch_out.t[i].offset is where
  *                      tensor i's bytes go, file_size the whole file;
  *   (the caller writes each tensor's bytes at its offset)
- *   torch_out_finish() reads the storages back for their CRC-32 and writes
- *                      everything else: headers, data.pkl, the small
- *                      records, the central directory.
+ *   torch_out_finish() writes everything else: headers, data.pkl, the
+ *                      small records, the central directory; the storages'
+ *                      CRC-32 come from the caller (torch_out_finish_crc: the
+ *                      executor takes them as it writes, exec_opts.out_crc32)
+ *                      or are read back from the file.
  * Between the two the file may hold anything outside the storages (the
  * executor extends it to file_size with zeros): finish writes all of it.
  */
@@ -74,8 +76,12 @@ int torch_out_plan(torch_out *o, const char *archive, const torch_out_tensor *te
  * name it. For torch.save of other objects (neuronx-distributed's xser files). */
 int torch_out_plan_pickle(torch_out *o, const char *archive, const torch_out_tensor *tensors, size_t n,
                           const uint8_t *pickle, size_t pickle_len);
-/* With every tensor's bytes at its offset in fd: writes the rest. */
+/* With every tensor's bytes at its offset in fd: writes the rest, reading
+ * each storage back for its CRC-32. */
 int torch_out_finish(const torch_out *o, int fd, const char *path);
+/* The same with tensor_crc[i] the CRC-32 of tensor t[i]'s bytes (NULL:
+ * read back): nothing of the storages is read. */
+int torch_out_finish_crc(const torch_out *o, int fd, const char *path, const uint32_t *tensor_crc);
 void torch_out_free(torch_out *o);
 
 /* The pickle alone (data.pkl of the plan), for tests and the fuzz corpus. */

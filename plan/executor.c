@@ -22,6 +22,7 @@
 #include <sys/vfs.h>
 #include <sys/xattr.h>
 #include <unistd.h>
+#include <zlib.h>
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
@@ -102,8 +103,28 @@ typedef struct {
     bool wstop;
 } exec_ctx;
 
+/* The zip CRC-32 of the tensor a worker writes (exec_opts.out_crc32),
+ * computed from the bytes as they are written: each written piece's CRC,
+ * kept as sorted runs of the file [a, b) merged with crc32_combine as
+ * pieces meet (in row order that is one run; a transposing tile's rows
+ * meet their neighbours once the tiles of a band are written). The bytes
+ * no piece wrote (zero padding left to the file's extension) count as
+ * zeros. */
+typedef struct {
+    uint64_t a, b;
+    uLong crc;
+} crc_run;
+
+typedef struct {
+    crc_run *v;
+    size_t n, cap;
+    bool on;
+    int rc; /* CKPT_ENOMEM */
+} crc_acc;
+
 typedef struct {
     exec_ctx *c;
+    crc_acc crc;   /* o->out_crc32: the tensor run_item writes */
     void *vts;     /* the worker's state of p->vsource, or NULL */
     uint8_t *slab; /* EXEC_SLAB_BYTES, or the largest output tensor when smaller, and
                       EXEC_DIRECT_ALIGN more (a box is placed where its file offset lies in a block) */
@@ -530,6 +551,75 @@ bool exec_tensor_is_copy(const exec_plan *p, const plan_tensor *t)
     return true;
 }
 
+/* The bytes buf[0..len) written at file offset off, into the worker's CRC. */
+static void crc_piece(crc_acc *acc, uint64_t off, const uint8_t *buf, size_t len)
+{
+    if (!acc->on || !len || acc->rc) return;
+    uLong crc = crc32(0L, Z_NULL, 0);
+    for (size_t done = 0; done < len;) { /* crc32 takes a uInt length */
+        uInt n = len - done > (1u << 30) ? 1u << 30 : (uInt)(len - done);
+        crc = crc32(crc, buf + done, n);
+        done += n;
+    }
+    size_t lo = 0, hi = acc->n; /* the first run starting after off */
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (acc->v[mid].a <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    crc_run *prev = lo ? &acc->v[lo - 1] : NULL, *next = lo < acc->n ? &acc->v[lo] : NULL;
+    assert(!prev || prev->b <= off);
+    assert(!next || off + len <= next->a);
+    if (prev && prev->b == off) {
+        prev->crc = crc32_combine(prev->crc, crc, (z_off_t)len);
+        prev->b += len;
+        if (next && next->a == prev->b) { /* the gap closed: one run */
+            prev->crc = crc32_combine(prev->crc, next->crc, (z_off_t)(next->b - next->a));
+            prev->b = next->b;
+            memmove(next, next + 1, (acc->n - lo - 1) * sizeof *next);
+            acc->n--;
+        }
+    } else if (next && next->a == off + len) {
+        next->crc = crc32_combine(crc, next->crc, (z_off_t)(next->b - next->a));
+        next->a = off;
+    } else if (ckpt_grow(&acc->v, &acc->cap, acc->n + 1, sizeof *acc->v)) {
+        acc->rc = CKPT_ENOMEM;
+    } else {
+        memmove(&acc->v[lo + 1], &acc->v[lo], (acc->n - lo) * sizeof *acc->v);
+        acc->v[lo] = (crc_run){.a = off, .b = off + len, .crc = crc};
+        acc->n++;
+    }
+}
+
+/* The CRC-32 of n zero bytes (doubling: a run of 2^k zeros is two of 2^(k-1)). */
+static uLong crc_zeros(uint64_t n)
+{
+    static const Bytef zero = 0;
+    uLong r = crc32(0L, Z_NULL, 0), p = crc32(r, &zero, 1);
+    for (uint64_t plen = 1; n; n >>= 1, plen <<= 1) {
+        if (n & 1) r = crc32_combine(r, p, (z_off_t)plen);
+        if (n > 1) p = crc32_combine(p, p, (z_off_t)plen);
+    }
+    return r;
+}
+
+/* The CRC-32 of file bytes [from, to) as written (holes: zeros); empties acc. */
+static uint32_t crc_take(crc_acc *acc, uint64_t from, uint64_t to)
+{
+    uLong r = crc32(0L, Z_NULL, 0);
+    uint64_t at = from;
+    for (size_t i = 0; i < acc->n; i++) {
+        const crc_run *u = &acc->v[i];
+        assert(u->a >= at && u->b <= to);
+        if (u->a > at) r = crc32_combine(r, crc_zeros(u->a - at), (z_off_t)(u->a - at));
+        r = crc32_combine(r, u->crc, (z_off_t)(u->b - u->a));
+        at = u->b;
+    }
+    if (to > at) r = crc32_combine(r, crc_zeros(to - at), (z_off_t)(to - at));
+    acc->n = 0;
+    return (uint32_t)r;
+}
+
 static void add_progress(exec_ctx *c, uint64_t n)
 {
     pthread_mutex_lock(&c->mu);
@@ -638,6 +728,7 @@ static void wait_writes(exec_ctx *c, size_t f)
 static int out_write(worker *wk, size_t f, const uint8_t *buf, size_t len, uint64_t off)
 {
     exec_ctx *c = wk->c;
+    crc_piece(&wk->crc, off, buf, len);
     if (c->nwriters && direct_run(c, f, buf, len, off) && buf >= wk->slab &&
         buf + len <= wk->slab + wk->slab_bytes + EXEC_DIRECT_ALIGN) {
         queue_write(wk, f, buf, len, off);
@@ -685,6 +776,23 @@ static int copy_vsource(worker *wk, const plan_source *s, uint64_t src_off, size
     return 0;
 }
 
+/* copy_file_range's work when the bytes' CRC is wanted (exec_opts.out_crc32):
+ * read into the slab and written from it, so that the CRC is taken on the
+ * way instead of by reading the output back. */
+static int copy_read(worker *wk, const plan_source *s, uint64_t src_off, size_t f, uint64_t dst_off, uint64_t len)
+{
+    exec_ctx *c = wk->c;
+    for (uint64_t done = 0; done < len;) {
+        size_t n = (size_t)(len - done < wk->slab_bytes ? len - done : wk->slab_bytes);
+        uint8_t *b = slab_for(wk, f, dst_off + done, n);
+        int rc = ckpt_pread_full(c->src_fds[s->file], b, n, src_off + done, c->p->src_paths[s->file]);
+        if (!rc) rc = out_write(wk, f, b, n, dst_off + done);
+        if (rc) return rc;
+        done += n;
+    }
+    return 0;
+}
+
 static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
 {
     exec_ctx *c = wk->c;
@@ -723,7 +831,8 @@ static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
             assert(w.dst + n <= plan_tensor_numel(t));
         }
         int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, f, dst_off, len)
-                                         : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
+                 : wk->crc.on ? copy_read(wk, s, src_off, f, dst_off, len)
+                              : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
         add_progress(c, len);
     }
@@ -801,6 +910,7 @@ static int write_box(worker *wk, size_t f, const plan_tensor *t, const uint64_t 
     for (uint64_t r = 0; r < n / row; r++) {
         uint64_t off = blo[t->ndim - 1] * ts[t->ndim - 1];
         for (int k = 0; k < t->ndim - 1; k++) off += (blo[k] + idx[k]) * ts[k];
+        crc_piece(&wk->crc, t_off + off * es, buf + r * row * es, row * es);
         int rc = ckpt_pwrite_full(fd, buf + r * row * es, row * es, t_off + off * es, path);
         if (rc) return rc;
         for (int k = t->ndim - 2; k >= 0 && ++idx[k] == bext[k]; k--) idx[k] = 0;
@@ -974,8 +1084,12 @@ static int run_item(worker *wk, const work_item *it)
     assert(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tbytes) == 0 && tbytes == ot->nbytes);
     assert(ot->offset >= f->layout.header_len && ot->nbytes <= UINT64_MAX - ot->offset);
     (void)tbytes;
+    wk->crc.on = c->o->out_crc32 != NULL;
+    wk->crc.n = 0;
     int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset) : run_slabs(wk, t, it->file, ot->offset);
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
+    if (!rc && wk->crc.rc) rc = ckpt_error_set(wk->crc.rc, "out of memory for the CRC of tensor '%s'", t->name);
+    if (!rc && wk->crc.on) c->o->out_crc32[it->file][it->slot] = crc_take(&wk->crc, ot->offset, ot->offset + ot->nbytes);
     return rc;
 }
 
@@ -1416,6 +1530,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (int i = 0; wks && i < threads; i++) {
         ckpt_big_free(wks[i].band, band_bytes);
         free(wks[i].cmp);
+        free(wks[i].crc.v);
     }
     free(tids);
     free(wks);

@@ -112,6 +112,10 @@ typedef struct {
                           page cache filled (nothing reads the output back soon); not with out_sha256 */
     char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by
                                EXEC_HASH_THREADS threads that trail the writers, reading back what they wrote */
+    uint32_t **out_crc32;   /* out, when set: out_crc32[f][slot] is the zip CRC-32 of the bytes of tensor
+                               files[f].layout.tensors[slot], taken from each piece as it is written
+                               (nothing read back; tensors that would be copied in the kernel are read
+                               and written through the slab instead); torch.save zips need them */
 } exec_opts;
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);

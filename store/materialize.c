@@ -530,7 +530,12 @@ int store_file_open(store_file_reader **out, ckpt_store *s, const store_ckpt *c,
     *out = NULL;
     /* A layout file's sha256 (its ETag, the Hub's lfs oid) once, before the first read. */
     int prc = store_hash_pending(s, c, -1, path, true);
-    if (prc) return prc;
+    return prc ? prc : store_file_open_unhashed(out, s, c, path);
+}
+
+int store_file_open_unhashed(store_file_reader **out, ckpt_store *s, const store_ckpt *c, const char *path)
+{
+    *out = NULL;
     store_file_reader *r = ckpt_calloc(1, sizeof *r);
     if (!r) return CKPT_ENOMEM;
     r->blob_fd = -1;

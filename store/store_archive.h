@@ -25,10 +25,26 @@
 
 typedef struct store_archive store_archive;
 
+typedef struct {
+    int rank;          /* -1: every file */
+    bool hash_pending; /* true: the sha256 a convert in the store left pending are computed
+                          first (store_hash_pending: every such file read once more), so every
+                          file is checked as it is written. false (ckpt pull): such a file's
+                          sha256 is the one computed as it is written, recorded afterwards by
+                          store_archive_record_pending, as a folder pull records what it wrote */
+    bool progress;     /* a progress line ("pull") while writing */
+} store_archive_opts;
+
 /* CKPT_EINVAL for a bad rank (*ar NULL), CKPT_ECORRUPT for a missing blob. */
+int store_archive_plan_opts(ckpt_store *s, const store_ckpt *c, const store_archive_opts *o, store_archive **ar);
+/* The same with {rank, hash_pending = true}: the HTTP API, whose files have their sha256 before a byte goes out. */
 int store_archive_plan(ckpt_store *s, const store_ckpt *c, int rank, store_archive **ar);
-/* Writes the tar to fd with s (any connection to the same CKPT_HOME). */
+/* Writes the tar to fd with s (any connection to the same CKPT_HOME). A
+ * file whose bytes do not hash to the catalog's sha256 fails it with
+ * CKPT_ECORRUPT naming the file. */
 int store_archive_write(store_archive *ar, ckpt_store *s, int fd, bool zstd);
+/* After a write that succeeded: the pending sha256 it computed into the catalog. */
+int store_archive_record_pending(store_archive *ar, ckpt_store *s);
 void store_archive_free(store_archive *ar);
 
 #endif

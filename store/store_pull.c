@@ -4,9 +4,11 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/json.h"
+#include "common/log.h"
 #include "common/util.h"
 #include "format/archive.h"
 #include "store/materialize.h"
+#include "store/store_archive.h"
 #include "transform/convert.h"
 
 #include <stdlib.h>
@@ -45,13 +47,40 @@ static bool from_parts(ckpt_store *s, const store_ckpt *c)
     return ok;
 }
 
+/* An archive file streamed from the store (store_archive.h): each file
+ * built from its blobs or recipes straight into the tar writer and hashed on
+ * the way, into a temp file beside out that is fsynced and renamed into
+ * place only when every file matched its sha256. */
+static int pull_archive_file(ckpt_store *s, const store_ckpt *c, const char *out, const store_pull_opts *o)
+{
+    store_archive_opts ao = {.rank = o->rank, .hash_pending = false, .progress = !o->quiet};
+    store_archive *ar;
+    int rc = store_archive_plan_opts(s, c, &ao, &ar);
+    if (rc) return rc;
+    ckpt_atomic_file af;
+    rc = ckpt_atomic_open_tracked(&af, out);
+    if (!rc) {
+        rc = store_archive_write(ar, s, af.fd, o->format == STORE_PULL_TAR_ZST);
+        if (rc) ckpt_atomic_abort(&af);
+        else rc = ckpt_atomic_commit(&af);
+    }
+    /* as a folder pull: a failure here costs a later reader the hashing, not this pull */
+    if (!rc && store_archive_record_pending(ar, s))
+        ckpt_warn("%s: the files' sha256 were not recorded: %s", out, ckpt_error_last());
+    store_archive_free(ar);
+    return rc;
+}
+
 int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_pull_opts *o)
 {
     bool dir = o->format == STORE_PULL_DIR;
     if (dir && !strcmp(out, "-")) return ckpt_error_set(CKPT_EINVAL, "pull: '-' (standard output) needs a tar format");
     if (o->consolidated && o->rank >= 0)
         return ckpt_error_set(CKPT_EINVAL, "pull: --consolidated and --rank exclude each other");
-    /* Directories are assembled in place; archives and consolidation go through a staging folder. */
+    if (!dir && !o->consolidated && strcmp(out, "-")) return pull_archive_file(s, c, out, o);
+    /* Directories are assembled in place; consolidation, and archives to
+     * standard output (where nothing may go out before every file is known
+     * good), go through a staging folder. */
     bool staged = !dir || o->consolidated;
     char *stage = NULL;
     int rc = 0;

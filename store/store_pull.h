@@ -8,9 +8,14 @@
  *
  *   dir      every file rebuilt (materialize.h) into DST, sha256-checked
  *            before DST appears
- *   tar, tar.zst   the same into a staging folder under CKPT_HOME/tmp, then
- *            archived to a file or, with out "-", to standard output: a
- *            damaged store fails before the first byte is written
+ *   tar, tar.zst   to a file: streamed through store_archive.h, each file
+ *            built from its blobs or recipes into the tar writer and hashed on
+ *            the way (nothing staged; a pending sha256 recorded as a folder
+ *            pull records it), into "<out>.tmp-<pid>-<start>-XXXXXX" beside
+ *            out, fsynced and renamed into place once every file matched;
+ *            to standard output (out "-"): rebuilt into a staging folder under
+ *            CKPT_HOME/tmp first, so that a damaged store fails before the
+ *            first byte is written
  *   consolidated   (a converted layout) the original layout rebuilt from it
  *            (transform/convert.h consolidate_run), as a folder or archived
  *   rank     of a tensor-parallel layout, only rank R's folder (at the root)

@@ -8,6 +8,7 @@
 #include "format/torch_write.h"
 
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -314,6 +315,7 @@ static int write_text(const char *dir, const char *name, const char *text)
 typedef struct {
     char *rel;
     torch_out to;
+    size_t exec; /* its exec file (the storages'), or SIZE_MAX */
 } nxd_file;
 
 typedef struct {
@@ -345,6 +347,7 @@ static int add_file(exec_plan *p, nxd_files *fs, char *rel, const torch_out_tens
     nxd_file *nf = &fs->f[fs->n++];
     memset(nf, 0, sizeof *nf);
     nf->rel = rel;
+    nf->exec = SIZE_MAX;
     const char *base = ckpt_basename(rel), *dot = strrchr(base, '.');
     char *archive = dot ? ckpt_sprintf("%.*s", (int)(dot - base), base) : ckpt_strdup(base);
     int rc = archive ? torch_out_plan_pickle(&nf->to, archive, tt, k, pickle, pickle_len) : CKPT_ENOMEM;
@@ -355,7 +358,7 @@ static int add_file(exec_plan *p, nxd_files *fs, char *rel, const torch_out_tens
     p->files = f;
     f = &p->files[p->nfiles];
     memset(f, 0, sizeof *f);
-    p->nfiles++;
+    nf->exec = p->nfiles++; /* its slots are tt's order: out_crc32[exec][i] is t[i]'s */
     st_layout_init(&f->layout);
     f->rel = ckpt_strdup(rel);
     f->tensors = ckpt_calloc(k + 1, sizeof *f->tensors);
@@ -452,9 +455,10 @@ static int layout_rank(exec_plan *p, nxd_files *fs, const convert_plan *cp, cons
     return rc;
 }
 
-/* After the executor: every torch.save file gets the rest of its zip (torch_out_finish; the files
- * without storages are created here). Durability comes after, for all of them at once (write_save). */
-static int finish_files(const nxd_files *fs, const char *tmp)
+/* After the executor: every torch.save file gets the rest of its zip (torch_out_finish_crc, with the
+ * storages' CRC-32 the executor took as it wrote them; the files without storages are created here).
+ * Durability comes after, for all of them at once (write_save). */
+static int finish_files(const nxd_files *fs, const char *tmp, uint32_t *const *crc)
 {
     int rc = 0;
     for (size_t f = 0; !rc && f < fs->n; f++) {
@@ -468,7 +472,7 @@ static int finish_files(const nxd_files *fs, const char *tmp)
         }
         int fd = rc ? -1 : open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
         if (!rc && fd < 0) rc = ckpt_error_sys("%s: open", path);
-        if (!rc) rc = torch_out_finish(&fs->f[f].to, fd, path);
+        if (!rc) rc = torch_out_finish_crc(&fs->f[f].to, fd, path, fs->f[f].exec == SIZE_MAX ? NULL : crc[fs->f[f].exec]);
         if (fd >= 0 && close(fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", path);
         free(path);
     }
@@ -525,12 +529,21 @@ static int write_save(convert_plan *cp, nxd_out *n, const nxd_files *fs, const c
     /* no fsync per file: an xser save is thousands of files (one per tensor per rank), each finished after
      * the executor; one syncfs makes them all durable, as the store does with its blobs */
     exec_opts eo = {.threads = o->threads, .quiet = o->quiet, .label = "convert", .no_fsync = true};
-    char *shards = ckpt_path_join(tmp, "shards");
-    if (!shards) rc = CKPT_ENOMEM;
+    /* each storage's CRC-32 taken as it is written, for its zip entry: no file is read back */
+    size_t nexec = cp->exec.nfiles;
+    uint32_t **crc = ckpt_calloc(nexec + 1, sizeof *crc);
+    if (!crc) rc = CKPT_ENOMEM;
+    for (size_t f = 0; !rc && f < nexec; f++)
+        if (!(crc[f] = ckpt_calloc(cp->exec.files[f].layout.ntensors + 1, sizeof *crc[f]))) rc = CKPT_ENOMEM;
+    eo.out_crc32 = crc;
+    char *shards = rc ? NULL : ckpt_path_join(tmp, "shards");
+    if (!rc && !shards) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_mkdir_p(shards, 0755);
     if (!rc) rc = write_text(shards, "checkpoint", "1"); /* CheckpointIOState.begin */
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
-    if (!rc) rc = finish_files(fs, tmp);
+    if (!rc) rc = finish_files(fs, tmp, crc);
+    for (size_t f = 0; crc && f < nexec; f++) free(crc[f]);
+    free(crc);
     int sync_fd = rc ? -1 : open(tmp, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (!rc && sync_fd < 0) rc = ckpt_error_sys("%s: open", tmp);
     if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", tmp); /* the files and their folders */

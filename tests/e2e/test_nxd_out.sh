@@ -8,7 +8,8 @@
 #    ranks than KV heads: GQAQKVColumnParallelLinear with kv_size_multiplier
 #    2 and 4), with and without --fuse-qkv, with --kv-size-multiplier 4, plain
 #    torch.save and --xser: DST holds exactly the files of the real save;
-#    every rank, read by torch.load (Debian's python3-torch; xser: the
+#    every rank, its zip entries' CRC-32 checked (python's zipfile), read
+#    by torch.load (Debian's python3-torch; xser: the
 #    TensorReference records, each tensor_<tid>.pt, checked against .info.pt
 #    as _xser_load_data reads them), holds the names in the model's order,
 #    dtypes, shapes and values that nxd_gen.py's build (following
@@ -119,7 +120,7 @@ done
 # (checked with the rank files below: one python, one import of torch)
 note "rank files against nxd_gen.py (torch.load)"
 "$tpy" - "$gen" "${cases[@]}" <<'PYEOF' || fail "rank files differ from nxd_gen.py's"
-import collections, importlib.util, json, os, sys, torch
+import collections, importlib.util, json, os, sys, torch, zipfile
 spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
 BASE = dict(g.CONFIG)
 TensorReference = g.xser_modules()
@@ -157,6 +158,12 @@ for c in sys.argv[2:]:
     trn = json.load(open(f"{name}/trn_config.json"))
     if (trn["tensor_parallel_size"], trn["fuse_qkv"], trn["kv_size_multiplier"], trn["use_xser"]) != (tp, fuse, kv, xser):
         sys.exit(f"{name}: trn_config.json {trn}")
+    for d, _, fs in os.walk(name):  # every zip entry's CRC-32 against its bytes (torch.load may not check them)
+        for f in (f for f in fs if f.endswith(".pt")):
+            with zipfile.ZipFile(os.path.join(d, f)) as z:
+                bad = z.testzip()
+            if bad:
+                sys.exit(f"{d}/{f}: the CRC-32 of entry {bad} does not match its bytes")
     if name == "mha2":
         continue  # section 2 below: nxd_gen.py's build has no stride-3 qkv_proj
     cfg = json.load(open(f"{ref}/config.json"))

@@ -7,6 +7,10 @@
 #    clean, gc removes the leftovers, a fresh run works.
 # 6. concurrent imports sharing tensors while gc loops: every checkpoint
 #    pulls with matching sha256, verify is clean.
+# 7. a tar pull to a file writes the archive alone: killed before its rename
+#    it leaves only its temp file beside the target (SIGTERM: nothing), no
+#    staging folder; it records the sha256 a store convert left pending; a
+#    damaged blob fails it naming the file, leaving nothing.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK).
 set -euo pipefail
 
@@ -201,3 +205,49 @@ for n in "${names[@]}"; do expect_status 0 "$ckpt" rm "t/$n"; done
 race c4 c2 x2 c1 c3 x1
 check_all "round 2"
 rm -rf "$CKPT_HOME"
+
+# =========================================================================
+# 7. a tar pull streams: nothing but the archive is written
+# =========================================================================
+note "7. tar pulls write the archive alone"
+export CKPT_HOME=$work/h7
+expect_status 0 "$ckpt" import "$M/qwen2-one" --repo t/a
+lay=$(run "$ckpt" convert t/a --layout neuron --tp 2)
+o=$work/o7
+mkdir "$o"
+# listing: what the output folder holds
+listing() { ls -A "$o" | tr '\n' ' '; }
+# Killed (SIGKILL) after the archive's fsync, before its rename: the folder
+# holds the temp file alone, and no staging folder was made anywhere (the
+# tmpdir.created point is never passed).
+rm -f "$work/trace"
+CKPT_FAULT=file.synced CKPT_FAULT_TRACE=$work/trace expect_status 137 "$ckpt" pull "$lay" -o "$o/p.tar" --format tar
+[[ "$(listing)" == p.tar.tmp-*" " ]] || fail "a tar pull killed before its rename left: $(listing)"
+grep -q tmpdir.created "$work/trace" && fail "a tar pull made a staging folder: $(tr '\n' ' ' <"$work/trace")"
+tmp_empty "tar pull killed before its rename"
+# The same stop by SIGTERM (as Ctrl-C): the temp file is removed.
+rm -f "$o"/*
+CKPT_FAULT=file.synced:1:TERM expect_status 143 "$ckpt" pull "$lay" -o "$o/p.tar.zst" --format tar.zst
+[ -z "$(listing)" ] || fail "a tar pull stopped by SIGTERM left: $(listing)"
+# The layout's files had their sha256 pending: the pull that completes
+# records what it streamed, and removes the leftover of a killed run.
+CKPT_FAULT=file.synced expect_status 137 "$ckpt" pull "$lay" -o "$o/p.tar.zst" --format tar.zst
+[ "$(pending_sha "$lay")" -gt 0 ] || fail "$lay has no pending sha256 to record"
+expect_status 0 "$ckpt" pull "$lay" -o "$o/p.tar.zst" --format tar.zst
+[ "$(listing)" = "p.tar.zst " ] || fail "after a completed tar pull the folder holds: $(listing)"
+[ "$(pending_sha "$lay")" = 0 ] || fail "the tar pull of $lay left $(pending_sha "$lay") sha256 pending"
+untar "$o/p.tar.zst" "$work/u7"
+diff <(sums "$work/u7") <(show_sums "$lay") >"$work/diff" || fail "$lay: the sha256 the tar pull recorded: $(head -c 1500 "$work/diff")"
+rm -rf "$work/u7" "$o"/*
+# A damaged blob (the largest: a tensor's) fails the pull naming the file,
+# with no archive and no temp file left.
+bp=$(find "$CKPT_HOME/blobs" -type f -printf '%s %p\n' | sort -n | tail -1 | cut -d' ' -f2)
+"$py" -c '
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(0, 2); n = f.tell(); f.seek(n // 2); b = f.read(1); f.seek(n // 2); f.write(bytes([b[0] ^ 0x40]))' "$bp"
+expect_status 1 "$ckpt" pull t/a -o "$o/p.tar" --format tar
+grep -q "model.safetensors.*damaged" "$work/err" || fail "a damaged tar pull does not name the file: $(cat "$work/err")"
+[ -z "$(listing)" ] || fail "a damaged tar pull left: $(listing)"
+tmp_empty "damaged tar pull"
+rm -rf "$CKPT_HOME" "$o"

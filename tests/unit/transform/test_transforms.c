@@ -51,6 +51,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <zlib.h>
 
 #define ID_SCALE 1000000
 #define ROW_SCALE 1000
@@ -1382,6 +1383,66 @@ static void test_direct_writes(void **state)
     view_free(&v);
 }
 
+/* The CRC-32 of every tensor given by the file's bytes (read back here). */
+static void expect_crcs(const exec_plan *p, const char *dir, uint32_t **crc)
+{
+    for (size_t f = 0; f < p->nfiles; f++) {
+        char path[1300];
+        snprintf(path, sizeof path, "%s/%s", dir, p->files[f].rel);
+        int fd = open(path, O_RDONLY);
+        assert_true(fd >= 0);
+        for (size_t i = 0; i < p->files[f].layout.ntensors; i++) {
+            const st_out_tensor *ot = &p->files[f].layout.tensors[i];
+            uint8_t *b = malloc(ot->nbytes + 1);
+            assert_non_null(b);
+            assert_int_equal(ckpt_pread_full(fd, b, ot->nbytes, ot->offset, path), 0);
+            uint32_t want = (uint32_t)crc32(crc32(0L, Z_NULL, 0), b, (uInt)ot->nbytes);
+            if (crc[f][i] != want) fail_msg("%s: tensor %zu: CRC %08x, its bytes give %08x", path, i, crc[f][i], want);
+            free(b);
+        }
+        close(fd);
+    }
+}
+
+/* exec_opts.out_crc32: each tensor's CRC-32 taken from the pieces as they are
+ * written equals the CRC of its bytes in the file, for every way the executor
+ * writes: a copy with zero padding left as a hole (a vocabulary split with
+ * padding), slabs with zeros (a column split), transposed tiles written row
+ * by row (the second tile's rows close the gaps the first left), a tensor
+ * copied whole, a scalar; through the page cache and with O_DIRECT, by two
+ * workers. */
+static void test_executor_crc(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"embed.weight", CKPT_DT_I32, 2, {9, 3}, 1, 0}, /* 9 rows on 2 ranks: one zero row on rank 1 */
+        {"row.weight", CKPT_DT_I32, 2, {3, 9}, 2, 0},
+        {"wide.weight", CKPT_DT_I32, 2, {9000, 40}, 3, 40}, /* output rows of 9000: tiles of 40 x 8192 rows, then 40 x 808 */
+        {"plain.bias", CKPT_DT_I16, 1, {150001}, 4, 0},
+        {"scalar", CKPT_DT_I32, 0, {0}, 5, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    write_json_text(fx->rules, "{'tp': 2, 'rules': [{'op': 'tp_split', 'pattern': '^embed[.]weight$', 'axis': 0},"
+                               "{'op': 'tp_split', 'pattern': '^row[.]weight$', 'axis': 1},"
+                               "{'op': 'transpose', 'pattern': '^wide[.]weight$'}]}");
+    convert_opts co = {.rules_file = fx->rules, .quiet = true};
+    convert_plan cp;
+    assert_int_equal(convert_plan_build(&cp, fx->src, &co), 0);
+    uint32_t **crc = calloc(cp.exec.nfiles, sizeof *crc);
+    assert_non_null(crc);
+    for (size_t f = 0; f < cp.exec.nfiles; f++) assert_non_null(crc[f] = calloc(cp.exec.files[f].layout.ntensors + 1, sizeof **crc));
+    for (int direct = 0; direct < 2; direct++) {
+        ckpt_rm_rf(fx->dst);
+        assert_int_equal(ckpt_mkdir_p(fx->dst, 0755), 0);
+        exec_opts eo = {.threads = 2, .quiet = true, .no_fsync = true, .direct = direct, .out_crc32 = crc};
+        assert_int_equal(exec_run(&cp.exec, fx->dst, &eo), 0);
+        expect_crcs(&cp.exec, fx->dst, crc);
+    }
+    for (size_t f = 0; f < cp.exec.nfiles; f++) free(crc[f]);
+    free(crc);
+    convert_plan_free(&cp);
+}
+
 /* cast f32 -> bf16 rounds to nearest even (ckpt_f32_to_bf16), leaves integer
  * tensors alone, and marks the layout lossy. */
 static void test_cast_bf16(void **state)
@@ -2431,6 +2492,7 @@ int main(void)
         T(test_transpose_tiles),
         T(test_transpose_tiles_2byte),
         T(test_direct_writes),
+        T(test_executor_crc),
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),
