@@ -266,13 +266,14 @@ removed=$(jget blobs_removed <"$work/out")
 
 note "the gateway killed while a multipart upload is between parts: nothing visible, the re-run completes"
 # The import stops itself (SIGSTOP at the crash point s3.part_uploaded)
-# after the first 8 MiB part of its 16 MB embeddings blob is acknowledged;
+# after the first 8 MiB part of its 16 MB embeddings blob is acknowledged
+# (one part at a time, CKPT_S3_PART_UPLOADS=1, so the second is not sent yet);
 # the gateway is killed -9 while it is stopped; the import goes on, finds no
 # server, gives up after its retries and fails. With the gateway back, no
 # checkpoint appeared, and the same import completes with every blob whole.
 gen llama "$work/llama3" --scale 8 --layers 1 --shard-mb 0 --seed 9
 [ "$(objects)" = 0 ] || fail "objects left before the gateway-kill case"
-CKPT_FAULT=s3.part_uploaded:1:STOP CKPT_S3_RETRIES=2 CKPT_S3_UPLOADS=1 "$ckpt" import "$work/llama3" --repo org/cut \
+CKPT_FAULT=s3.part_uploaded:1:STOP CKPT_S3_RETRIES=2 CKPT_S3_UPLOADS=1 CKPT_S3_PART_UPLOADS=1 "$ckpt" import "$work/llama3" --repo org/cut \
     >"$work/cut.out" 2>"$work/cut.err" &
 cut_pid=$!
 stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$cut_pid/status" 2>/dev/null)" = T ]; }
