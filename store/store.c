@@ -220,7 +220,14 @@ static const char *one_sha(const void *sha, size_t i)
     return sha;
 }
 
-int store_blob_lease(ckpt_store *s, const char *sha256) { return lease_names(s, one_sha, sha256, 1); }
+static int lease_one(ckpt_store *s, const char *sha256) { return lease_names(s, one_sha, sha256, 1); }
+
+int store_blob_submit(ckpt_store *s, store_blob_writer *w)
+{
+    if (!store_blobs_remote(s)) return 0;
+    int rc = lease_one(s, w->sha256);
+    return rc ? rc : store_blobs_enqueue(s, w);
+}
 
 static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
@@ -247,7 +254,7 @@ int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n)
 int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have)
 {
     *have = false;
-    int rc = store_blob_lease(s, sha256);
+    int rc = lease_one(s, sha256);
     bool exists = false;
     uint64_t got = 0;
     if (!rc) rc = store_blob_stat(s, sha256, &exists, &got);

@@ -150,8 +150,9 @@ bool store_blobs_upload_found_stored(ckpt_store *s);
 /* Waits for the submitted uploads and stops their threads (cancel: takes no
  * more from the queue, and returns no error); the first failure otherwise. */
 int store_blobs_uploads_end(ckpt_store *s, bool cancel);
-/* Leases one blob name for this process (see store_blobs_lease). */
-int store_blob_lease(ckpt_store *s, const char *sha256);
+/* Queues w's finished temp for upload (store_blob_submit without the lease,
+ * which the caller holds). */
+int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w);
 
 /* Publishes finished blobs: leases their names, syncs the temp files, renames
  * them into blobs/ (dropping a temp whose blob already exists) or uploads

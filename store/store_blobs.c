@@ -261,7 +261,7 @@ static int uploads_start(ckpt_store *s)
 
 /* Queues w's temp (leased by the caller); the first failure of an upload is
  * returned here as soon as it is known. */
-static int uploads_add(ckpt_store *s, store_blob_writer *w)
+int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w)
 {
     int rc = uploads_start(s);
     if (rc) return rc;
@@ -285,12 +285,6 @@ static int uploads_add(ckpt_store *s, store_blob_writer *w)
     return rc;
 }
 
-int store_blob_submit(ckpt_store *s, store_blob_writer *w)
-{
-    if (!store_blobs_remote(s)) return 0;
-    int rc = store_blob_lease(s, w->sha256);
-    return rc ? rc : uploads_add(s, w);
-}
 
 bool store_blobs_upload_found_stored(ckpt_store *s)
 {
@@ -326,7 +320,7 @@ int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
     int rc = 0;
     for (size_t i = 0; !rc && i < n; i++)
-        if (!ws[i].submitted) rc = uploads_add(s, &ws[i]);
+        if (!ws[i].submitted) rc = store_blobs_enqueue(s, &ws[i]);
     int end = store_blobs_uploads_end(s, rc != 0);
     return rc ? rc : end;
 }
