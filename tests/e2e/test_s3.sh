@@ -160,10 +160,14 @@ gen llama "$work/llama" --scale 8 --layers 1 --shard-mb 0
 
 note "import into the bucket"
 export CKPT_HOME=$work/h
-expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
+CKPT_DEBUG=1 expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
 [ -z "$(find "$CKPT_HOME/blobs" -type f)" ] || fail "blobs landed in CKPT_HOME/blobs: $(find "$CKPT_HOME/blobs" -type f | head -3)"
 n_obj=$(objects)
 [ "$n_obj" -gt 10 ] || fail "only $n_obj objects in the bucket"
+# One request per blob (each below the multipart size): its PUT, and one
+# HEAD for the first tensor (is it stored already?); no HEAD of each new one.
+n_req=$(sed -n 's/^debug: blobs s3:.*: \([0-9]*\) requests, .*/\1/p' "$work/err")
+[ "$n_req" = $((n_obj + 1)) ] || fail "import of $n_obj blobs took ${n_req:-no} requests, expected $((n_obj + 1))"
 [ "$(du_field blobs)" = "$n_obj" ] || fail "du counts $(du_field blobs) blobs, the bucket holds $n_obj"
 CKPT_HOME=$work/local CKPT_BLOBS= expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
 [ "$(find "$work/local/blobs" -type f | wc -l)" = "$n_obj" ] || fail "a local store of the same import has other blobs"
