@@ -285,7 +285,6 @@ int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w)
     return rc;
 }
 
-
 bool store_blobs_upload_found_stored(ckpt_store *s)
 {
     store_uploads *u = s->uploads;
