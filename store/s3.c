@@ -767,6 +767,98 @@ static int xml_append(char **doc, size_t *len, size_t *cap, const char *s, bool 
     return 0;
 }
 
+/* The parts of one multipart upload, sent CKPT_S3_PART_UPLOADS at a time
+ * (default 4), each sender with a connection of its own; the ETags in
+ * part order. */
+typedef struct {
+    const char *key, *upload_id;
+    int fd;
+    uint64_t off, len, part;
+    unsigned nparts;
+    char (*etags)[130];
+    s3_client *parent;
+    pthread_mutex_t mu;
+    unsigned next;
+    int rc;
+    char msg[1024];
+} parts_job;
+
+/* Part i (0-based) of j through c: its sha256 signed, its ETag kept. */
+static int part_put(s3_client *c, parts_job *j, unsigned i)
+{
+    uint64_t poff = (uint64_t)i * j->part, plen = j->len - poff < j->part ? j->len - poff : j->part;
+    char num[16], sha[65];
+    snprintf(num, sizeof num, "%u", i + 1);
+    int rc = ckpt_sha256_fd_range_hex(j->fd, j->off + poff, plen, sha, j->key);
+    if (rc < 0) return rc;
+    s3_param pp[] = {{"uploadId", j->upload_id}, {"partNumber", num}};
+    char *q = query_build(pp, 2);
+    if (!q) return ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    s3_req r;
+    req_init(&r, "upload part", "PUT", j->key);
+    r.query = q;
+    req_body_fd(&r, j->fd, j->off + poff, plen, sha);
+    rc = perform(c, &r);
+    if (!rc && r.status != 200) rc = http_error(c, &r, r.status == 403 ? CKPT_EINVAL : CKPT_EIO);
+    if (!rc && !r.etag[0])
+        rc = ckpt_error_set(CKPT_EINVAL, "%s/%s: upload part %u: no ETag in the response", c->name, j->key, i + 1);
+    if (!rc) memcpy(j->etags[i], r.etag, sizeof j->etags[i]);
+    req_free(&r);
+    free(q);
+    if (!rc) ckpt_fault("s3.part_uploaded");
+    return rc;
+}
+
+/* One sender, with a client of its own (its requests are added to the
+ * parent's): parts in turn until none is left or one failed. */
+static void *parts_main(void *arg)
+{
+    parts_job *j = arg;
+    s3_client *own = NULL;
+    int rc = s3_open(j->parent->bucket, &own);
+    pthread_mutex_lock(&j->mu);
+    for (;;) {
+        if (rc && !j->rc) {
+            j->rc = rc;
+            snprintf(j->msg, sizeof j->msg, "%s", ckpt_error_last());
+        }
+        if (j->rc || j->next >= j->nparts) break;
+        unsigned i = j->next++;
+        pthread_mutex_unlock(&j->mu);
+        rc = part_put(own, j, i);
+        pthread_mutex_lock(&j->mu);
+    }
+    if (own) {
+        j->parent->n_requests += own->n_requests;
+        j->parent->n_retries += own->n_retries;
+        j->parent->bytes_in += own->bytes_in;
+    }
+    pthread_mutex_unlock(&j->mu);
+    s3_close(own);
+    return NULL;
+}
+
+static int parts_upload(s3_client *c, parts_job *j)
+{
+    unsigned want = env_uint("CKPT_S3_PART_UPLOADS", 4, 1, 64);
+    if (want > j->nparts) want = j->nparts;
+    if (want <= 1) { /* this client, this thread */
+        int rc = 0;
+        for (unsigned i = 0; !rc && i < j->nparts; i++) rc = part_put(c, j, i);
+        return rc;
+    }
+    j->parent = c;
+    if (pthread_mutex_init(&j->mu, NULL)) return ckpt_error_set(CKPT_EIO, "cannot create a mutex");
+    pthread_t th[64];
+    unsigned started = 0;
+    for (unsigned i = 0; i < want; i++)
+        if (pthread_create(&th[started], NULL, parts_main, j) == 0) started++;
+    if (!started) parts_main(j);
+    for (unsigned i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&j->mu);
+    return j->rc ? ckpt_error_set(j->rc, "%s", j->msg) : 0;
+}
+
 static int put_multipart(s3_client *c, const char *key, int fd, uint64_t off, uint64_t len, bool *existed)
 {
     bool have = false;
@@ -802,39 +894,20 @@ static int put_multipart(s3_client *c, const char *key, int fd, uint64_t off, ui
     free(q);
     if (rc < 0) return rc;
 
-    char *doc = ckpt_strdup("<CompleteMultipartUpload>");
+    parts_job pj = {.key = key, .upload_id = init.upload_id, .fd = fd, .off = off, .len = len, .part = part,
+                    .nparts = nparts, .etags = ckpt_calloc(nparts, sizeof *pj.etags)};
+    rc = pj.etags ? parts_upload(c, &pj) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    char *doc = rc ? NULL : ckpt_strdup("<CompleteMultipartUpload>");
     size_t dlen = doc ? strlen(doc) : 0, dcap = dlen + 1;
-    if (!doc) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    if (!rc && !doc) rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
     for (unsigned i = 0; !rc && i < nparts; i++) {
-        uint64_t poff = (uint64_t)i * part, plen = len - poff < part ? len - poff : part;
-        char num[16], sha[65];
-        snprintf(num, sizeof num, "%u", i + 1);
-        rc = ckpt_sha256_fd_range_hex(fd, off + poff, plen, sha, key);
-        if (rc < 0) break;
-        s3_param pp[] = {{"uploadId", init.upload_id}, {"partNumber", num}};
-        q = query_build(pp, 2);
-        if (!q) {
-            rc = ckpt_error_set(CKPT_ENOMEM, "out of memory");
-            break;
-        }
-        req_init(&r, "upload part", "PUT", key);
-        r.query = q;
-        req_body_fd(&r, fd, off + poff, plen, sha);
-        rc = perform(c, &r);
-        if (!rc && r.status != 200) rc = http_error(c, &r, r.status == 403 ? CKPT_EINVAL : CKPT_EIO);
-        if (!rc && !r.etag[0])
-            rc = ckpt_error_set(CKPT_EINVAL, "%s/%s: upload part %u: no ETag in the response", c->name, key, i + 1);
-        if (!rc) {
-            char head[64];
-            snprintf(head, sizeof head, "<Part><PartNumber>%u</PartNumber><ETag>", i + 1);
-            rc = xml_append(&doc, &dlen, &dcap, head, false);
-            if (!rc) rc = xml_append(&doc, &dlen, &dcap, r.etag, true);
-            if (!rc) rc = xml_append(&doc, &dlen, &dcap, "</ETag></Part>", false);
-        }
-        req_free(&r);
-        free(q);
-        if (!rc) ckpt_fault("s3.part_uploaded");
+        char head[64];
+        snprintf(head, sizeof head, "<Part><PartNumber>%u</PartNumber><ETag>", i + 1);
+        rc = xml_append(&doc, &dlen, &dcap, head, false);
+        if (!rc) rc = xml_append(&doc, &dlen, &dcap, pj.etags[i], true);
+        if (!rc) rc = xml_append(&doc, &dlen, &dcap, "</ETag></Part>", false);
     }
+    free(pj.etags);
     if (!rc) rc = xml_append(&doc, &dlen, &dcap, "</CompleteMultipartUpload>", false);
     if (!rc) {
         s3_param pc[] = {{"uploadId", init.upload_id}};

@@ -18,6 +18,8 @@
  *   CKPT_S3_RETRIES         attempts per request (default 6)
  *   CKPT_S3_BACKOFF_MS      first backoff (default 200, doubled per attempt, at most 5 s)
  *   CKPT_S3_MULTIPART_MB    objects larger than this go up in parts (default 64; at least 8)
+ *   CKPT_S3_PART_UPLOADS    parts of one object sent at once, each on a connection
+ *                           of its own (default 4, 1 to 64)
  * The secret never appears in an error message or a log line; errors name the
  * bucket, the key, the operation, the HTTP status and the store's error code.
  *
@@ -29,7 +31,8 @@
  * buffer or file descriptor.
  *
  * A client is one connection (one CURL handle) and is not shared between
- * threads.
+ * threads; a multipart upload opens CKPT_S3_PART_UPLOADS - 1 more clients for
+ * its parts while it runs.
  */
 #ifndef CKPT_STORE_S3_H
 #define CKPT_STORE_S3_H

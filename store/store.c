@@ -220,6 +220,15 @@ static const char *one_sha(const void *sha, size_t i)
     return sha;
 }
 
+static int lease_one(ckpt_store *s, const char *sha256) { return lease_names(s, one_sha, sha256, 1); }
+
+int store_blob_submit(ckpt_store *s, store_blob_writer *w)
+{
+    if (!store_blobs_remote(s)) return 0;
+    int rc = lease_one(s, w->sha256);
+    return rc ? rc : store_blobs_enqueue(s, w);
+}
+
 static int lease(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
     return lease_names(s, writer_sha, ws, n);
@@ -245,7 +254,7 @@ int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n)
 int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have)
 {
     *have = false;
-    int rc = lease_names(s, one_sha, sha256, 1);
+    int rc = lease_one(s, sha256);
     bool exists = false;
     uint64_t got = 0;
     if (!rc) rc = store_blob_stat(s, sha256, &exists, &got);
@@ -257,16 +266,21 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
     if (n == 0) return 0;
     /* One filesystem sync makes every temp durable before any is renamed
-     * (writers closed their temps at store_blob_end: tmp/ stands for them). */
+     * (writers closed their temps at store_blob_end: tmp/ stands for them).
+     * Not for a bucket: there a blob is durable once its upload is
+     * acknowledged, and a temp is only the copy it is sent from (a crash
+     * leaves the temps as garbage either way). */
     int rc = 0;
-    int sync_fd = open(s->tmp_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (sync_fd < 0) rc = ckpt_error_sys("%s: open", s->tmp_dir);
-    if (!rc && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
+    bool remote = store_blobs_remote(s);
+    int sync_fd = remote ? -1 : open(s->tmp_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (!remote && sync_fd < 0) rc = ckpt_error_sys("%s: open", s->tmp_dir);
+    if (!rc && !remote && syncfs(sync_fd) < 0) rc = ckpt_error_sys("%s: sync", s->tmp_dir);
     if (!rc) ckpt_fault("blobs.synced");
     if (!rc) rc = lease(s, ws, n);
     /* In a bucket: each temp is uploaded (a PUT acknowledged is durable
      * there) and dropped; the catalog commits after all of them. */
-    if (!rc && store_blobs_remote(s)) rc = store_blobs_upload(s, ws, n);
+    if (!rc && remote) rc = store_blobs_upload(s, ws, n);
+    if (rc) store_blobs_uploads_end(s, true); /* what was submitted before a failure here */
     for (size_t i = 0; !rc && !store_blobs_remote(s) && i < n; i++) {
         char *dst = store_blob_path(s, ws[i].sha256);
         char *dir = ckpt_sprintf("%s/%.2s", s->blob_dir, ws[i].sha256);

@@ -32,6 +32,7 @@
 #define STORE_MAX_PATH 1024
 
 struct s3_client;
+typedef struct store_uploads store_uploads;
 
 typedef struct {
     char *home;
@@ -42,6 +43,7 @@ typedef struct {
      * NULL for the local blobs/ folder */
     char *s3_bucket, *s3_prefix, *cache_dir;
     struct s3_client *s3; /* opened on first use */
+    store_uploads *uploads; /* blobs being uploaded (store_blob_submit) */
     uint64_t cache_limit; /* bytes blob-cache/ may hold (CKPT_BLOB_CACHE_MB) */
     /* requests, retries and bytes received of the readers of ranges
      * (blob_ranges.h), added atomically as their clients close */
@@ -114,6 +116,7 @@ typedef struct {
     void *hash; /* ckpt_sha256 */
     uint64_t size;
     char sha256[65];
+    bool submitted; /* handed to the uploads (store_blob_submit) */
 } store_blob_writer;
 
 int store_blob_begin(ckpt_store *s, store_blob_writer *w);
@@ -130,9 +133,26 @@ int store_blob_end_external(store_blob_writer *w, uint64_t size, const char *sha
 /* Uploads finished blobs' temp files to the bucket (a bucket only): each
  * once (If-None-Match), CKPT_S3_UPLOADS (default 4) at a time, each thread
  * with its own connection; a temp is removed once its upload is
- * acknowledged (crash point blob.published). The first failure stops the
- * rest and is returned. */
+ * acknowledged (crash point blob.published). The blobs submitted already
+ * (store_blob_submit) are waited for, the others queued. The first failure
+ * stops the rest and is returned. */
 int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n);
+/* A bucket only (else nothing): leases w's name and queues its finished
+ * temp for upload at once, so the uploads run while the caller stages the
+ * next blobs (import). Waits while 512 MiB submitted are not yet
+ * acknowledged; returns an earlier upload's failure. The upload is waited
+ * for by store_blobs_publish (store_blobs_upload). */
+int store_blob_submit(ckpt_store *s, store_blob_writer *w);
+/* Whether the last upload acknowledged found its blob in the bucket already
+ * (a 412, or a HEAD of the same size before a multipart upload): import's
+ * hint that the tensors which follow may be stored too. */
+bool store_blobs_upload_found_stored(ckpt_store *s);
+/* Waits for the submitted uploads and stops their threads (cancel: takes no
+ * more from the queue, and returns no error); the first failure otherwise. */
+int store_blobs_uploads_end(ckpt_store *s, bool cancel);
+/* Queues w's finished temp for upload (store_blob_submit without the lease,
+ * which the caller holds). */
+int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w);
 
 /* Publishes finished blobs: leases their names, syncs the temp files, renames
  * them into blobs/ (dropping a temp whose blob already exists) or uploads

@@ -43,6 +43,8 @@
 #define RANGE_GAP_DEFAULT (256u << 10)
 /* The default of CKPT_S3_UPLOADS: blobs uploaded at once. */
 #define UPLOADS_DEFAULT 4
+/* Bytes submitted for upload and not yet acknowledged before a submitter waits. */
+#define UPLOAD_AHEAD (512ull << 20)
 
 int64_t store_self_start_time(void)
 {
@@ -105,6 +107,7 @@ static int client(ckpt_store *s, s3_client **c)
 
 void store_blobs_close(ckpt_store *s)
 {
+    store_blobs_uploads_end(s, true);
     uint64_t req = 0, retries = 0, in = 0;
     if (s->s3) s3_stats(s->s3, &req, &retries, &in);
     req += s->s3_requests, retries += s->s3_retries, in += s->s3_bytes;
@@ -154,12 +157,38 @@ static void stats_add(ckpt_store *s, const s3_client *c)
     __atomic_fetch_add(&s->s3_bytes, in, __ATOMIC_RELAXED);
 }
 
-static int upload_one(ckpt_store *s, s3_client *c, const store_blob_writer *w)
+/* The upload queue of one store handle: temps submitted as they are
+ * finished, uploaded by CKPT_S3_UPLOADS threads while the caller stages the
+ * next ones. The submitter waits while more than UPLOAD_AHEAD bytes are
+ * queued and not yet acknowledged, so the staged temps stay in the page
+ * cache and are gone before the kernel writes them back. */
+typedef struct {
+    char *tmp_path;
+    char sha256[65];
+    uint64_t size;
+} upload_item;
+
+struct store_uploads {
+    ckpt_store *s;
+    upload_item *v;
+    size_t n, cap, next;
+    uint64_t ahead; /* bytes submitted and not yet acknowledged */
+    bool closing, cancelled;
+    bool last_existed; /* the last upload acknowledged found its blob stored */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t th[64];
+    size_t nth;
+    int rc;
+    char msg[1024];
+};
+
+static int upload_one(ckpt_store *s, s3_client *c, const upload_item *w, bool *existed)
 {
     char *key = store_blob_key(s, w->sha256);
     int fd = key ? open(w->tmp_path, O_RDONLY | O_CLOEXEC) : -1;
     int rc = !key ? CKPT_ENOMEM : fd < 0 ? ckpt_error_sys("%s: open", w->tmp_path) : 0;
-    if (!rc) rc = s3_put_fd(c, key, fd, 0, w->size, w->sha256, NULL);
+    if (!rc) rc = s3_put_fd(c, key, fd, 0, w->size, w->sha256, existed);
     if (fd >= 0) close(fd);
     free(key);
     if (!rc) unlink(w->tmp_path); /* acknowledged: durable in the bucket */
@@ -167,52 +196,132 @@ static int upload_one(ckpt_store *s, s3_client *c, const store_blob_writer *w)
     return rc;
 }
 
-typedef struct {
-    ckpt_store *s;
-    store_blob_writer *ws;
-    size_t n, next;
-    pthread_mutex_t mu;
-    int rc;
-    char msg[1024];
-} upload_job;
+/* Records the first failure (under u->mu). */
+static void uploads_fail(store_uploads *u, int rc)
+{
+    if (rc && !u->rc) {
+        u->rc = rc;
+        snprintf(u->msg, sizeof u->msg, "%s", ckpt_error_last());
+    }
+}
 
 static void *upload_main(void *arg)
 {
-    upload_job *u = arg;
+    store_uploads *u = arg;
     s3_client *c = NULL;
     int rc = s3_open(u->s->s3_bucket, &c);
+    pthread_mutex_lock(&u->mu);
+    uploads_fail(u, rc);
     for (;;) {
-        pthread_mutex_lock(&u->mu);
-        if (rc && !u->rc) {
-            u->rc = rc;
-            snprintf(u->msg, sizeof u->msg, "%s", ckpt_error_last());
-        }
-        size_t i = u->rc ? u->n : u->next++;
+        while (!u->rc && !u->cancelled && u->next == u->n && !u->closing) pthread_cond_wait(&u->cv, &u->mu);
+        if (u->rc || u->cancelled || u->next == u->n) break;
+        upload_item it = u->v[u->next++];
         pthread_mutex_unlock(&u->mu);
-        if (i >= u->n) break;
-        rc = upload_one(u->s, c, &u->ws[i]);
+        bool existed = false;
+        rc = upload_one(u->s, c, &it, &existed);
+        pthread_mutex_lock(&u->mu);
+        uploads_fail(u, rc);
+        if (!rc) u->last_existed = existed;
+        u->ahead -= it.size;
+        pthread_cond_broadcast(&u->cv);
     }
+    pthread_cond_broadcast(&u->cv);
+    pthread_mutex_unlock(&u->mu);
     if (c) stats_add(u->s, c);
     s3_close(c);
     return NULL;
 }
 
-int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n)
+static int uploads_start(ckpt_store *s)
 {
+    if (s->uploads) return 0;
     const char *e = getenv("CKPT_S3_UPLOADS");
     uint64_t want = UPLOADS_DEFAULT;
     if (e && *e && (ckpt_parse_u64(e, &want) < 0 || want < 1 || want > 64))
         return ckpt_error_set(CKPT_EINVAL, "CKPT_S3_UPLOADS '%s': expected 1 to 64", e);
-    upload_job u = {.s = s, .ws = ws, .n = n};
-    if (pthread_mutex_init(&u.mu, NULL)) return ckpt_error_set(CKPT_EIO, "cannot create a mutex");
-    pthread_t th[64];
-    size_t started = 0;
-    for (size_t i = 0; i < want && i < n; i++)
-        if (pthread_create(&th[i], NULL, upload_main, &u) == 0) started++;
-    if (!started) upload_main(&u); /* no thread could start: upload here */
-    for (size_t i = 0; i < started; i++) pthread_join(th[i], NULL);
-    pthread_mutex_destroy(&u.mu);
-    return u.rc ? ckpt_error_set(u.rc, "%s", u.msg) : 0;
+    store_uploads *u = ckpt_calloc(1, sizeof *u);
+    if (!u) return CKPT_ENOMEM;
+    u->s = s;
+    if (pthread_mutex_init(&u->mu, NULL)) {
+        free(u);
+        return ckpt_error_set(CKPT_EIO, "cannot create a mutex");
+    }
+    pthread_cond_init(&u->cv, NULL);
+    for (size_t i = 0; i < want; i++)
+        if (pthread_create(&u->th[u->nth], NULL, upload_main, u) == 0) u->nth++;
+    if (!u->nth) {
+        pthread_cond_destroy(&u->cv);
+        pthread_mutex_destroy(&u->mu);
+        free(u);
+        return ckpt_error_set(CKPT_EIO, "cannot start an upload thread");
+    }
+    s->uploads = u;
+    return 0;
+}
+
+/* Queues w's temp (leased by the caller); the first failure of an upload is
+ * returned here as soon as it is known. */
+int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w)
+{
+    int rc = uploads_start(s);
+    if (rc) return rc;
+    store_uploads *u = s->uploads;
+    upload_item it = {.tmp_path = ckpt_strdup(w->tmp_path), .size = w->size};
+    memcpy(it.sha256, w->sha256, sizeof it.sha256);
+    if (!it.tmp_path) return CKPT_ENOMEM;
+    pthread_mutex_lock(&u->mu);
+    while (!u->rc && u->ahead && u->ahead + w->size > UPLOAD_AHEAD) pthread_cond_wait(&u->cv, &u->mu);
+    if (!u->rc) rc = ckpt_grow(&u->v, &u->cap, u->n + 1, sizeof *u->v);
+    if (!u->rc && !rc) {
+        u->v[u->n++] = it;
+        it.tmp_path = NULL;
+        u->ahead += w->size;
+        w->submitted = true;
+        pthread_cond_broadcast(&u->cv);
+    }
+    if (u->rc) rc = ckpt_error_set(u->rc, "%s", u->msg);
+    pthread_mutex_unlock(&u->mu);
+    free(it.tmp_path);
+    return rc;
+}
+
+bool store_blobs_upload_found_stored(ckpt_store *s)
+{
+    store_uploads *u = s->uploads;
+    if (!u) return false;
+    pthread_mutex_lock(&u->mu);
+    bool found = u->last_existed;
+    pthread_mutex_unlock(&u->mu);
+    return found;
+}
+
+int store_blobs_uploads_end(ckpt_store *s, bool cancel)
+{
+    store_uploads *u = s->uploads;
+    if (!u) return 0;
+    pthread_mutex_lock(&u->mu);
+    u->closing = true;
+    u->cancelled = cancel;
+    pthread_cond_broadcast(&u->cv);
+    pthread_mutex_unlock(&u->mu);
+    for (size_t i = 0; i < u->nth; i++) pthread_join(u->th[i], NULL);
+    int rc = u->rc && !cancel ? ckpt_error_set(u->rc, "%s", u->msg) : 0;
+    for (size_t i = 0; i < u->n; i++) free(u->v[i].tmp_path);
+    free(u->v);
+    pthread_cond_destroy(&u->cv);
+    pthread_mutex_destroy(&u->mu);
+    free(u);
+    s->uploads = NULL;
+    return rc;
+}
+
+int store_blobs_upload(ckpt_store *s, store_blob_writer *ws, size_t n)
+{
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!ws[i].submitted) rc = store_blobs_enqueue(s, &ws[i]);
+    int end = store_blobs_uploads_end(s, rc != 0);
+    return rc ? rc : end;
 }
 
 int store_blob_copy_to_fd(ckpt_store *s, const char *sha, uint64_t size, int fd)

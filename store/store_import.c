@@ -149,6 +149,7 @@ static int import_plain(ckpt_store *s, const char *path, const found_file *ff, s
     }
     close(fd);
     if (!rc) rc = store_blob_end(w);
+    if (!rc) rc = store_blob_submit(s, w);
     if (rc) return rc;
     fr->size = w->size;
     memcpy(fr->sha256, w->sha256, sizeof fr->sha256);
@@ -316,9 +317,13 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
             if (!rc) rc = store_blob_end(w);
             if (!rc && fed && strcmp(sha, w->sha256))
                 rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", path, t->name);
+            if (!rc) rc = store_blob_submit(s, w); /* a bucket: uploaded while the next tensors are staged */
             if (!rc) memcpy(sha, w->sha256, sizeof sha);
-            /* Stored already: the next tensor may be too. */
-            if (!rc) {
+            /* Stored already: the next tensor may be too. In a bucket the
+             * uploads tell, without a HEAD of each new blob here. */
+            if (!rc && store_blobs_remote(s)) {
+                *probe = store_blobs_upload_found_stored(s);
+            } else if (!rc) {
                 bool stored = false;
                 rc = store_blob_stat(s, sha, &stored, NULL);
                 *probe = stored;
@@ -475,6 +480,7 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
     if (!rc && id) {
         /* Same content already stored: keep its blobs, point the revision at it. */
         *existed = true;
+        store_blobs_uploads_end(s, true);
         for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);
         wl.n = 0;
         rc = store_set_ref(s, rec.repo, rev, id);
@@ -484,6 +490,7 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
         wl.n = 0;
         if (!rc) rc = store_commit_checkpoint(s, &rec, &id, existed);
     }
+    if (rc) store_blobs_uploads_end(s, true); /* before the temps go */
     if (rc) store_leases_release_after_error(s);
     if (!rc) rc = store_get(s, id, out);
     for (size_t i = 0; i < wl.n; i++) store_blob_abort(&wl.w[i]);

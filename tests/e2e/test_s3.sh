@@ -160,10 +160,14 @@ gen llama "$work/llama" --scale 8 --layers 1 --shard-mb 0
 
 note "import into the bucket"
 export CKPT_HOME=$work/h
-expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
+CKPT_DEBUG=1 expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
 [ -z "$(find "$CKPT_HOME/blobs" -type f)" ] || fail "blobs landed in CKPT_HOME/blobs: $(find "$CKPT_HOME/blobs" -type f | head -3)"
 n_obj=$(objects)
 [ "$n_obj" -gt 10 ] || fail "only $n_obj objects in the bucket"
+# One request per blob (each below the multipart size): its PUT, and one
+# HEAD for the first tensor (is it stored already?); no HEAD of each new one.
+n_req=$(sed -n 's/^debug: blobs s3:.*: \([0-9]*\) requests, .*/\1/p' "$work/err")
+[ "$n_req" = $((n_obj + 1)) ] || fail "import of $n_obj blobs took ${n_req:-no} requests, expected $((n_obj + 1))"
 [ "$(du_field blobs)" = "$n_obj" ] || fail "du counts $(du_field blobs) blobs, the bucket holds $n_obj"
 CKPT_HOME=$work/local CKPT_BLOBS= expect_status 0 "$ckpt" import "$work/src" --repo org/qwen
 [ "$(find "$work/local/blobs" -type f | wc -l)" = "$n_obj" ] || fail "a local store of the same import has other blobs"
@@ -266,13 +270,14 @@ removed=$(jget blobs_removed <"$work/out")
 
 note "the gateway killed while a multipart upload is between parts: nothing visible, the re-run completes"
 # The import stops itself (SIGSTOP at the crash point s3.part_uploaded)
-# after the first 8 MiB part of its 16 MB embeddings blob is acknowledged;
+# after the first 8 MiB part of its 16 MB embeddings blob is acknowledged
+# (one part at a time, CKPT_S3_PART_UPLOADS=1, so the second is not sent yet);
 # the gateway is killed -9 while it is stopped; the import goes on, finds no
 # server, gives up after its retries and fails. With the gateway back, no
 # checkpoint appeared, and the same import completes with every blob whole.
 gen llama "$work/llama3" --scale 8 --layers 1 --shard-mb 0 --seed 9
 [ "$(objects)" = 0 ] || fail "objects left before the gateway-kill case"
-CKPT_FAULT=s3.part_uploaded:1:STOP CKPT_S3_RETRIES=2 CKPT_S3_UPLOADS=1 "$ckpt" import "$work/llama3" --repo org/cut \
+CKPT_FAULT=s3.part_uploaded:1:STOP CKPT_S3_RETRIES=2 CKPT_S3_UPLOADS=1 CKPT_S3_PART_UPLOADS=1 "$ckpt" import "$work/llama3" --repo org/cut \
     >"$work/cut.out" 2>"$work/cut.err" &
 cut_pid=$!
 stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$cut_pid/status" 2>/dev/null)" = T ]; }
