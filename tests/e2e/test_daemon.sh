@@ -99,13 +99,10 @@ kill9_daemon() {
     kill -9 "$dpid" 2>/dev/null || true
     { wait "$dpid"; } 2>/dev/null || true
 }
-# stop_daemon: SIGTERM, then the daemon must exit 0 (a sanitizer report is not 0).
-stop_daemon() {
-    local rc=0
-    kill -TERM "$dpid"
-    wait_until 60 "ckpt serve ($dpid) to stop after SIGTERM" gone "$dpid"
-    wait "$dpid" || rc=$?
-    serve_exit_ok "$rc" "$CKPT_HOME.serve.log" || fail "ckpt serve exited $rc after SIGTERM: $(tail -n 20 "$CKPT_HOME.serve.log")"
+# stop_dpid: stops the daemon $dpid (stop_daemon, lib.sh), which must also
+# have removed its serve.url.
+stop_dpid() {
+    stop_daemon "$dpid" "$CKPT_HOME.serve.log"
     [ ! -e "$CKPT_HOME/serve.url" ] || fail "a stopped daemon left serve.url"
 }
 tmp_empty() {
@@ -186,7 +183,7 @@ done
 start_daemon --workers 2
 note "$kills daemons stopped at crash points in $((SECONDS - t0)) s; $(grep -o 'put [0-9]* jobs' "$CKPT_HOME.serve.log" | awk '{n += $2} END {print n + 0}') running jobs lost and requeued; attempts: $("$ckpt" jobs --json | "$py" -c 'import json, sys; print(sorted(j["attempt"] for j in json.load(sys.stdin)))')"
 wait_until 300 "every job of the kill test to end" no_active
-stop_daemon
+stop_dpid
 "$ckpt" jobs --json >"$work/jobs.json"
 "$ckpt" ls --json >"$work/ls.json"
 "$py" - "$work/jobs.json" "$work/ls.json" <<'EOF' || fail "kill test: bad end state"
@@ -265,7 +262,7 @@ expect_no_workers "worker kill"
 # =========================================================================
 note "3. cancel a running convert"
 # A daemon whose workers stop once more, at their first blob.
-stop_daemon
+stop_dpid
 CKPT_FAULT_WORKER=blob.written:1:STOP CKPT_FAULT_ONCE=$work/stop3.once ready_daemon --workers 2
 blobs_before=$(nblobs)
 id=$(run "$ckpt" submit convert t/big --layout neuron --tp 2 --dtype f32)
@@ -342,7 +339,7 @@ wait_until 300 "the 80 noop jobs to end" no_active
 [ "$("$ckpt" jobs --state succeeded --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "noop" for j in json.load(sys.stdin)))')" = 80 ] ||
     fail "not every noop job succeeded: $("$ckpt" jobs | grep noop | grep -v succeeded | head -3)"
 ! grep -Eqi "busy|locked" "$CKPT_HOME.serve.log" || fail "the daemon logged: $(grep -Ei "busy|locked" "$CKPT_HOME.serve.log" | head -3)"
-stop_daemon
+stop_dpid
 expect_no_workers "concurrent submits"
 
 # =========================================================================
@@ -441,7 +438,7 @@ expect_status 1 timeout 20 "$ckpt" serve --listen 127.0.0.1:0 --token-file "$wor
 grep -q "root" "$work/err" || fail "a bad role: $(cat "$work/err")"
 rm -f "$work/badtokens"
 api 200 GET /healthz
-stop_daemon
+stop_dpid
 
 # =========================================================================
 # 6. unique jobs and dependencies
@@ -493,7 +490,7 @@ expect_status 0 timeout 60 "$ckpt" wait "$again"
 expect_status 0 "$ckpt" retry "$bad"
 expect_status 1 timeout 60 "$ckpt" wait "$bad"
 expect_status 1 "$ckpt" retry "$again"
-stop_daemon
+stop_dpid
 # retry of a failed job while an identical one is queued: refused, says so.
 dup=$(run "$ckpt" submit convert t/nosuch --layout neuron)
 [ "$dup" != "$bad" ] || fail "a failed job was returned for a new submit"
@@ -519,7 +516,7 @@ stopping() { grep -q "stopping: no new jobs" "$CKPT_HOME.serve.log"; }
 wait_until 30 "the daemon to say it is stopping" stopping
 kill -0 "$dpid" 2>/dev/null || fail "--grace 60: the daemon left while its job was running"
 touch "$CKPT_HOME/release-long"
-stop_daemon
+stop_dpid
 [ "$(jf "$long" 'j["state"]')" = succeeded ] || fail "SIGTERM with --grace 60: job $long is $(jf "$long" 'j["state"]')"
 [ "$(jf "$next" 'j["state"]')" = queued ] || fail "a stopping daemon claimed job $next: $(jf "$next" 'j["state"]')"
 expect_no_workers "graceful stop"
@@ -529,7 +526,7 @@ long2=$(run "$ckpt" submit noop --until-file "$CKPT_HOME/release-long2")
 ready_daemon --workers 1 --grace 0.3
 wait_until 20 "job $long2 to run" state_is "$long2" running
 wpid=$(jf "$long2" 'j["worker_pid"]')
-stop_daemon
+stop_dpid
 gone "$wpid" || fail "--grace 0.3: the worker $wpid outlived its daemon"
 expect_no_workers "short grace"
 [ "$(jf "$long2" 'j["state"]')" = queued ] || fail "--grace 0.3: job $long2 is $(jf "$long2" 'j["state"]'), expected queued"
@@ -539,7 +536,7 @@ ready_daemon --workers 1
 touch "$CKPT_HOME/release-long2"
 expect_status 0 timeout 60 "$ckpt" wait "$long2"
 [ "$(jf "$long2" 'j["attempt"]')" = 1 ] || fail "job $long2 attempt $(jf "$long2" 'j["attempt"]') after completing"
-stop_daemon
+stop_dpid
 expect_no_workers "end"
 no_tmp_dirs "end"
 # A report, not LeakSanitizer's own tracer crash at an exit (serve_exit_ok, lib.sh).
