@@ -21,6 +21,8 @@
 #                       LIMIT seconds (at least 60: a ceiling for a hang, not a
 #                       measure of speed)
 #   wait_file FILE      wait_until the file exists and is not empty
+#   stop_daemon PID LOG SIGTERM to a `ckpt serve` the script started; it must
+#                       exit cleanly (serve_exit_ok; LOG its stderr)
 #   serve_bg PID        a server of the script: at exit it gets SIGTERM and
 #                       must exit 0 (a sanitizer report is a failure)
 #   start_testhub NAME [FAULTS] [ARGS...]  a test Hub on the store $work/hub
@@ -111,6 +113,16 @@ serve_exit_ok() {
         grep -q "LeakSanitizer has encountered a fatal error" "$log" &&
         ! grep -q "ERROR: \(Leak\|Address\)Sanitizer\|runtime error:" "$log" || return 1
     echo "note: LeakSanitizer's tracer crashed at the daemon's exit (no scan made; not a leak)" >&2
+}
+
+# stop_daemon PID LOG: SIGTERM to a daemon this script started (a child of
+# its shell), waits for it, and fails unless its exit is clean by
+# serve_exit_ok (LOG: its stderr, whose tail the failure shows).
+stop_daemon() {
+    local rc=0
+    kill -TERM "$1"
+    wait "$1" || rc=$?
+    serve_exit_ok "$rc" "$2" || fail "ckpt serve ($1) exited $rc after SIGTERM: $(tail -n 20 "$2" 2>/dev/null)"
 }
 
 wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }

@@ -97,15 +97,7 @@ pg_psql() {
 #                       (cheaper than a ckpt process per poll)
 #   state_is ID STATE   job ID is in STATE;  running_pid ID: it runs in a worker
 #   parent_of PID       PID's parent (gone PID: lib.sh)
-#   stop PID [LOG]      SIGTERM to a daemon of the script; it must exit 0
-#                       (serve_exit_ok, lib.sh, with LOG its stderr)
 col() { pg_psql "SELECT $2 FROM jobs WHERE id = $1"; }
 state_is() { [ "$(col "$1" state)" = "$2" ]; }
 running_pid() { [ "$(col "$1" "state = 'running' AND worker_pid > 0")" = t ]; }
 parent_of() { awk '/^PPid:/ {print $2}' "/proc/$1/status"; }
-stop() {
-    local rc=0
-    kill -TERM "$1"
-    wait "$1" || rc=$?
-    serve_exit_ok "$rc" "${2:-/dev/null}" || fail "daemon $1 exited $rc after SIGTERM${2:+: $(tail -n 20 "$2")}"
-}

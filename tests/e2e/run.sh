@@ -35,15 +35,16 @@ else
     [ -e "${tests[0]}" ] || tests=()
     # The longest ones start first, longest first, so the slots end about
     # together (results are still printed in this order); the rest follow in
-    # name order. (As last measured in CI, seconds of wall time two at a time:
-    # daemon 99, store 93, roundtrip 90, store_crash 77, s3 69, fetch 67,
-    # http 62, easydel 52, lora 49, dashboard 40, nxd 38, torch and nxd_out
-    # 29, vllm 28, sync, pg and fetch_resume 27, inspect 26, state 25; the
-    # rest are under 25 s. A name without its script is skipped.)
+    # name order. (As last measured in CI, seconds of wall time three at a
+    # time: store 160, daemon 133, roundtrip 125, s3 118, dashboard 112,
+    # store_crash 107, multi 102, easydel 92, fetch 80, http 73, lora 72,
+    # fetch_resume 48, pg 46, lib 45, nxd and vllm 43, state 34, inspect 33,
+    # easydel_read 30, torch 30, sync 29, nxd_out 28; the rest are under 25 s.
+    # A name without its script is skipped.)
     first=()
-    for slow in test_daemon test_store test_roundtrip test_store_crash test_s3 test_multi test_fetch test_http \
-        test_easydel test_lora test_dashboard test_nxd test_torch test_nxd_out test_vllm test_sync test_pg \
-        test_fetch_resume test_inspect test_state; do
+    for slow in test_store test_daemon test_roundtrip test_s3 test_dashboard test_store_crash test_multi \
+        test_easydel test_fetch test_http test_lora test_fetch_resume test_pg test_lib test_nxd test_vllm \
+        test_state test_inspect test_easydel_read test_torch test_sync test_nxd_out; do
         [ -e "$here/$slow.sh" ] && first+=("$here/$slow.sh")
     done
     rest=()
@@ -160,5 +161,10 @@ passed=0 failed=0
 for i in "${!tests[@]}"; do
     if [ "$(cat "$results/$i.rc" 2>/dev/null)" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done
+# The stage's wall time and the CPU of every script (the sum of the lines
+# above): with E2E_JOBS at a time on 2 cores, the stage cannot take less than
+# half the CPU sum, whatever the order.
+cpu_seconds "$results/all.times"
+echo "e2e: ${SECONDS} s wall, $cpu s CPU in all, $jobs_max at a time"
 echo "e2e: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -265,7 +265,4 @@ timeout 60 "$ckpt" wait "$id" >/dev/null 2>"$work/err" || fail "fetch job: $(cat
 if grep -rqa "$secret" "$CKPT_HOME" "$work/serve.log"; then fail "the token was written into CKPT_HOME or the daemon log"; fi
 "$ckpt" logs "$id" | grep -q "$secret" && fail "the token is in the job log"
 note "fetch job $id through the daemon: done, token nowhere in CKPT_HOME"
-kill -TERM "$dpid"
-rc=0
-wait "$dpid" || rc=$?
-serve_exit_ok "$rc" "$work/serve.log" || fail "ckpt serve exited $rc: $(tail -n 20 "$work/serve.log")"
+stop_daemon "$dpid" "$work/serve.log"

@@ -373,10 +373,7 @@ expect_status 1 $ckpt wait "$id"
 grep -q "no-adapter: not a directory" "$work/err" || fail "a missing adapter: $(cat "$work/err")"
 expect_status 2 $ckpt submit merge-lora org/qs@main ads --scale 0
 expect_status 2 $ckpt submit merge-lora org/qs@main
-kill -TERM "$dpid"
-rc=0
-wait "$dpid" || rc=$?
-serve_exit_ok "$rc" "$work/serve.log" || fail "ckpt serve exited $rc after SIGTERM: $(tail -n 20 "$work/serve.log")"
+stop_daemon "$dpid" "$work/serve.log"
 dpid=
 [ -z "$(ls -A "$CKPT_HOME/tmp")" ] || fail "the jobs left files in $CKPT_HOME/tmp: $(ls -A "$CKPT_HOME/tmp")"
 echo "test_lora: ok"

@@ -125,7 +125,7 @@ for h in "${holds[@]}"; do wait_until 60 "job $h to succeed" state_is "$h" succe
 note "2. three held jobs ran on three daemons ($parents)"
 
 # ---- 3. kill -9 of a daemon mid-convert ----
-stop "$a_pid" "$work/da.log"
+stop_daemon "$a_pid" "$work/da.log"
 hb=$(home b "$ckpt" submit noop --until-file "$hold/go4")
 wait_until 60 "job $hb to run" running_pid "$hb"
 hc=$(home b "$ckpt" submit noop --until-file "$hold/go5")
@@ -207,6 +207,6 @@ CKPT_BLOBS= expect_status 1 home e "$ckpt" ls
 grep -q "have their blobs in s3://ckpt-multi/blobs; this process's blobs are $(hostname):" "$work/err" ||
     fail "local blobs on a shared database: $(cat "$work/err")"
 note "5. a process with local blobs is refused"
-stop "$b_pid" "$work/db.log"
-stop "$c_pid" "$work/dc.log"
+stop_daemon "$b_pid" "$work/db.log"
+stop_daemon "$c_pid" "$work/dc.log"
 daemons=()

@@ -109,7 +109,7 @@ for j in "$hold1" "$hold2"; do [ "$(col "$j" attempt)" = 1 ] || fail "job $j ran
 note "3. jobs $hold1 and $hold2 ran on daemons $p1 and $p2"
 
 # ---- 4. kill -9 of a daemon mid-job ----
-stop "$da_pid" "$work/da.log"
+stop_daemon "$da_pid" "$work/da.log"
 hold3=$("$ckpt" submit noop --until-file "$CKPT_HOME/go3")
 wait_until 60 "job $hold3 to run on db" running_pid "$hold3"
 # db's only worker is busy: the next job can only go to the daemon that dies.
@@ -189,7 +189,7 @@ note "5b. attempts, counts, per-minute figures and a paused schedule on PostgreS
 # the layout once, and the held job of the other daemon ends once too.
 expect_status 0 "$ckpt" gen-model qwen2 "$work/src" --scale 32 --layers 2 --shard-mb 1
 expect_status 0 "$ckpt" import "$work/src" --repo org/m
-stop "$da_pid" "$work/da.log"
+stop_daemon "$da_pid" "$work/da.log"
 hold4=$("$ckpt" submit noop --until-file "$CKPT_HOME/go4")
 wait_until 60 "job $hold4 to run on db" running_pid "$hold4"
 secret_url="postgresql://ckpt:Sekr1tPw@127.0.0.1:$pg_port/ckpt"
@@ -226,8 +226,8 @@ wait_until 60 "job $hold4 to succeed" state_is "$hold4" succeeded
 [ "$(col "$hold4" attempt)" = 1 ] || fail "the held job $hold4 ran $(col "$hold4" attempt) times across the server's loss"
 ! grep -rq Sekr1tPw "$work"/d*.log || fail "the password is in a daemon's log"
 note "6. PostgreSQL killed -9 under a commit: job $x failed attempt 1, attempt 2 committed one layout; held job $hold4 ran once"
-stop "$dc_pid" "$work/dc.log"
-stop "$db_pid" "$work/db.log"
+stop_daemon "$dc_pid" "$work/dc.log"
+stop_daemon "$db_pid" "$work/db.log"
 daemons=()
 
 # ---- 7. refusals ----

@@ -45,12 +45,7 @@ ready_daemon() {
     [ -s "$CKPT_HOME/serve.url" ] || fail "ckpt serve wrote no serve.url in 20 s"
     url=$(cat "$CKPT_HOME/serve.url")
 }
-stop_daemon() {
-    kill -TERM "$dpid"
-    local rc=0
-    wait "$dpid" || rc=$?
-    [ "$rc" -eq 0 ] || fail "ckpt serve exited $rc after SIGTERM"
-}
+stop_dpid() { stop_daemon "$dpid" "$work/serve.log"; }
 # api WANT METHOD PATH [curl options]: the HTTP status must be WANT; body in $work/out.
 api() {
     local want=$1 method=$2 path=$3 code
@@ -86,7 +81,7 @@ api 400 POST /v1/jobs "${J[@]}" -d '{"kind":"verify","args":{"ref":"x"}}'
 api 400 POST /v1/jobs "${J[@]}" -d '{"kind":"fetch","args":{"repo":"no-slash"}}'
 api 400 POST /v1/jobs "${J[@]}" -d '{"kind":"merge-lora","args":{"ref":"org/x","adapter":"rel/../x y"}}'
 [ "$(njobs)" = 1 ] || fail "refused HTTP submits queued jobs: $("$ckpt" jobs)"
-stop_daemon
+stop_dpid
 
 # =========================================================================
 # 2. host paths over HTTP: --allow-path
@@ -118,7 +113,7 @@ api 403 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"merge-lora\",\"args\":{\"ref\":\
 # The operator's own submit on the local database: any path.
 id=$("$ckpt" submit import "$work/outside/m" --repo org/local)
 wait_state "$id" succeeded
-stop_daemon
+stop_dpid
 expect_status 2 "$ckpt" serve --listen 127.0.0.1:0 --allow-path "$work/nonexistent"
 expect_status 2 "$ckpt" serve --listen 127.0.0.1:0 --allow-path "$work/allowed/m/config.json"
 grep -q "not a folder" "$work/err" || fail "--allow-path FILE: $(cat "$work/err")"
@@ -146,7 +141,7 @@ ln -s "$work/outside/m" "$work/allowed/m"
 wait_state "$id" failed
 [[ "$(jf "$id" 'j["error"]')" == *"not under an --allow-path"* ]] || fail "swapped folder: $(jf "$id" 'j["error"]')"
 "$ckpt" ls --json | grep -q '"org/b"' && fail "the swapped folder was imported"
-stop_daemon
+stop_dpid
 
 # =========================================================================
 # 3. connection limits
@@ -179,7 +174,7 @@ api 200 GET /v1/checkpoints --max-time 30
 grep -q org/tiny "$work/out" || fail "/v1/checkpoints with 300 idle sockets open: $(cat "$work/out")"
 kill "$holder"
 wait "$holder" 2>/dev/null || true
-stop_daemon
+stop_dpid
 # The per-address limit itself: with 4 connections of 127.0.0.2 open (and no
 # idle timeout to close them while we look), a fifth from there is closed
 # unanswered while 127.0.0.1 is served.
@@ -203,7 +198,7 @@ except (ConnectionResetError, BrokenPipeError):
 sys.exit(0 if data == b"" else 1)
 PY
 api 200 GET /healthz --max-time 30
-stop_daemon
+stop_dpid
 ready_daemon --idle-timeout 2
 port=${url##*:}
 # Half a request line, then silence: closed by the server after 2 s (the
@@ -215,7 +210,7 @@ s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
 s.settimeout(60)
 sys.exit(0 if s.recv(4096) == b"" else 1)
 PY
-stop_daemon
+stop_dpid
 
 # =========================================================================
 # 4. no request holds up another; oids hashed once
@@ -258,7 +253,7 @@ wait "$stuck" || fail "the tree request on the FIFO failed"
 grep -q extra.json "$work/stuck" || fail "tree on the FIFO: $(cat "$work/stuck")"
 rm -f "$xb"
 mv "$work/xb.orig" "$xb"
-stop_daemon
+stop_dpid
 
 # =========================================================================
 # 5. archive.tar
@@ -311,6 +306,6 @@ api 500 GET "/v1/checkpoints/org%2Fbig@main/archive.tar"
 grep -q "missing" "$work/out" || fail "missing blob: $(cat "$work/out")"
 cp "$work/cfg5.orig" "$cfg"
 rm -f "$work/bad.tar" "$work/cfg5.orig"
-stop_daemon
+stop_dpid
 
 echo "serve guard: ok"
