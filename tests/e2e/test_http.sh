@@ -6,19 +6,11 @@
 # 500 (CKPT_FAULT store.lookup); a tar stream that fails mid-way is cut;
 # 16 concurrent downloads with bounded daemon memory; tokens.
 set -euo pipefail
-B=${CKPT_BIN:?}
-W=${E2E_WORK:-$(mktemp -d)}
+. "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
+B=$ckpt W=$work
 export CKPT_HOME=$W/home CKPT_QUIET=1
-DIR=$(cd "$(dirname "$0")" && pwd)
-if [ -x /usr/bin/python3 ]; then py=/usr/bin/python3; else py=$(python3 -c 'import sys; print(sys.executable)'); fi # Debian's, else resolved once (a pyenv shim costs 0.3 s a call)
-pids=()
-cleanup() {
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "${W:?}"/* "${W:?}"/.[!.]* 2>/dev/null || true # run.sh wants the work folder left empty
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+DIR=$E2E_DIR
+E2E_LOGS=("$W/serve.log")
 
 start_daemon() { # start_daemon [ARGS...]: sets URL and DPID
     rm -f "$CKPT_HOME/serve.url"
@@ -29,12 +21,12 @@ start_daemon() { # start_daemon [ARGS...]: sets URL and DPID
     ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=16" \
         "$B" serve --listen 127.0.0.1:0 --workers 1 "$@" >"$W/serve.log" 2>&1 &
     DPID=$!
-    pids+=("$DPID")
     # (a poll for a file the server writes when ready: the 60 s ceiling catches a hang, not slowness)
     for _ in $(seq 1200); do [ -s "$CKPT_HOME/serve.url" ] && break; sleep 0.05; done
     URL=$(cat "$CKPT_HOME/serve.url")
 }
-stop_daemon() { kill "$DPID"; wait "$DPID" 2>/dev/null || true; }
+# stops the daemon of start_daemon; its exit checked (lib.sh stop_daemon)
+stop_dpid() { stop_daemon "$DPID" "$W/serve.log"; }
 
 # A sharded original with an empty file, and a converted layout.
 "$B" gen-model qwen2 "$W/src" --scale 16 --layers 2 --shard-mb 1 2>/dev/null
@@ -125,7 +117,7 @@ CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -c 'import json, sys; c = json.loa
     fail "a remote --rank 1 pull fetched more than rank 1: $(CKPT_HOME=$W/rank-home "$B" ls)"
 CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 --consolidated -o "$W/r-cons" --server "$URL" 2>/dev/null || fail "remote consolidated pull"
 diff -r "$W/orig" "$W/r-cons" >/dev/null || fail "remote consolidated pull differs from the original"
-stop_daemon
+stop_dpid
 
 echo "remote pulls identical (resume after cut connections: the same download code, test_fetch.sh)"
 
@@ -151,7 +143,7 @@ same_json "$W/body" "$B" show Qwen/tiny@main:neuron-tp2 --json || fail "/v1/chec
 [ "$(status "$URL/v1/jobs?limit=abc")" = 400 ] && grep -q 'limit' "$W/body" || fail "?limit=abc: $(cat "$W/body")"
 [ "$(status "$URL/api/models/Qwen/tiny/tree/main?cursor=-1")" = 400 ] && grep -q 'cursor' "$W/body" || fail "?cursor=-1: $(cat "$W/body")"
 [ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@main:neuron-tp2/archive.tar?rank=1x")" = 400 ] || fail "?rank=1x"
-stop_daemon
+stop_dpid
 
 # --- a catalog that cannot be read: 500 naming the lookup, never a 404 or an empty list ---
 # (the error point store.lookup fails every catalog lookup of the daemon: common/fault.h)
@@ -164,7 +156,7 @@ CKPT_FAULT=store.lookup:1:ERR start_daemon
     fail "a failed Hub repo lookup: $(cat "$W/body")"
 [ "$(status -I "$URL/Qwen/tiny/resolve/main/config.json")" = 500 ] || fail "a failed Hub resolve is not a 500"
 [ "$(status "$URL/healthz")" = 200 ] || fail "healthz with a failing catalog"
-stop_daemon
+stop_dpid
 
 # --- a tar stream that fails mid-way is cut: no tar end, no final chunk, logged ---
 # (archive.entry:3 fails reading the third file with bytes, the second shard, into the tar)
@@ -176,7 +168,7 @@ code=$(curl -s -o "$W/cut.tar" -w '%{http_code}' "$URL/v1/checkpoints/Qwen%2Ftin
 "$py" -c 'import sys; d = open(sys.argv[1], "rb").read(); sys.exit(len(d) >= 1024 and d[-1024:] == bytes(1024))' "$W/cut.tar" ||
     fail "the cut archive ends with a tar end (two zero blocks)"
 grep -q 'aborted mid-stream' "$W/serve.log" || fail "the cut archive was not logged: $(tail -5 "$W/serve.log")"
-stop_daemon
+stop_dpid
 echo "/v1/checkpoints JSON = ckpt ls/show --json; failed lookups 500; a failed tar stream is cut and logged"
 
 # --- tokens: reads need a token when any is configured ---
@@ -187,7 +179,7 @@ start_daemon --token-file "$W/tokens"
 [ "$(status -X POST -H 'Authorization: Bearer readtoken-0123456789abcdef' -d '{"kind":"gc"}' "$URL/v1/jobs")" = 403 ] || fail "read token may not submit"
 [ "$(status -H 'Authorization: Bearer wrong-token-0123456789' "$URL/v1/checkpoints")" = 401 ] || fail "wrong token"
 [ "$(status "$URL/healthz")" = 200 ] || fail healthz
-stop_daemon
+stop_dpid
 
 # --- every store command against the daemon, or a refusal (issue 19) ---
 # A daemon with tokens that logs JSON; the commands go to it through --server,
@@ -340,7 +332,7 @@ sid=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$W
 ngc=$("$B" jobs --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "gc" for j in json.load(sys.stdin)))')
 [ "$(api $AT POST /v1/jobs/bulk '{"action":"delete","q":"gc"}')" = 200 ] && grep -q "\"matched\": *$ngc, *\"done\": *$ngc" "$W/api.json" &&
     [ "$ngc" -ge 1 ] && ! "$B" jobs --json | grep -q '"kind": *"gc"' || fail "bulk delete of the gc jobs ($ngc): $(cat "$W/api.json")"
-stop_daemon
+stop_dpid
 # the log: JSON lines for jobs and requests, the route of each request; no token anywhere
 grep '^{' "$W/serve.log" >"$W/events" || fail "no JSON log lines: $(tail -5 "$W/serve.log")"
 "$py" - "$W/events" "$(stat -c %s "$W/metrics")" <<'PY' || fail "the JSON log: $(head -c 1500 "$W/events")"
@@ -367,7 +359,7 @@ for _ in $(seq 300); do
     sleep 0.2
 done
 [ "$("${RD[@]}" jobs --json | tr -d ' \n')" = "[]" ] || fail "finished jobs were not pruned: $("$B" jobs)"
-stop_daemon
+stop_dpid
 grep '^{' "$W/serve.log" | "$py" -c 'import json, sys; sys.exit(not any(json.loads(l).get("event") == "jobs.pruned" for l in sys.stdin))' ||
     fail "no prune logged: $(tail -5 "$W/serve.log")"
 ! grep -q 'token-0123456789abcdef' "$W/serve.log" || fail "a token in the daemon's log"
@@ -435,8 +427,8 @@ for u in "$URL/Qwen/tiny/resolve/main/model-00001-of-00002.safetensors" "$URL/ap
     [ "$(status -H 'Accept: application/vnd.xet-fileinfo+json, */*' -H 'Range: bytes=0-0' "$u")" -lt 300 ] || fail "$u: $(cat "$W/body")"
     ! grep -qi 'xet' "$W/hdr" "$W/body" || fail "Xet in the answer to $u: $(cat "$W/hdr")"
 done
-stop_daemon
+stop_dpid
 start_daemon --token-file "$W/tokens"
 /usr/bin/python3 "$DIR/hf_replay.py" token "$URL" readtoken-0123456789abcdef || fail "401 answers"
-stop_daemon
+stop_dpid
 echo "http: ok"
