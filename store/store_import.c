@@ -1,9 +1,10 @@
 /*
  * store_import.c — ingest a local Hugging Face directory into the store.
  *
- * Each safetensors file is validated (st_open), then read once, in order: the
- * bytes feed the file's sha256 (in a thread of its own), and each tensor's
- * range is written to its own blob (hashed as it goes). Other files become whole-file blobs. When every
+ * Each safetensors file is validated (st_open), then read once, in order, in
+ * chunks: a thread hashes the whole file (its sha256), another cuts the
+ * chunks into the tensors and writes each to its own blob (hashed as it
+ * goes), while the importing thread reads on. Other files become whole-file blobs. When every
  * blob is published, one transaction adds the checkpoint. A directory without
  * a commit id gets a content id: the sha256 of its files' paths and hashes,
  * so importing the same directory twice finds the same checkpoint.
