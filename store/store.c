@@ -262,6 +262,12 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
     return rc;
 }
 
+/* A lowercase hex digit's value (anything else: some value below 16). */
+static unsigned hex_nibble(char c)
+{
+    return (c >= '0' && c <= '9' ? (unsigned)(c - '0') : (unsigned)(c - 'a' + 10)) & 15;
+}
+
 int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
 {
     if (n == 0) return 0;
@@ -281,11 +287,14 @@ int store_blobs_publish(ckpt_store *s, store_blob_writer *ws, size_t n)
      * there) and dropped; the catalog commits after all of them. */
     if (!rc && remote) rc = store_blobs_upload(s, ws, n);
     if (rc) store_blobs_uploads_end(s, true); /* what was submitted before a failure here */
+    bool made[256] = {false}; /* blobs/ab/ folders made (or found) by this publish */
     for (size_t i = 0; !rc && !store_blobs_remote(s) && i < n; i++) {
         char *dst = store_blob_path(s, ws[i].sha256);
         char *dir = ckpt_sprintf("%s/%.2s", s->blob_dir, ws[i].sha256);
+        unsigned ab = (hex_nibble(ws[i].sha256[0]) << 4 | hex_nibble(ws[i].sha256[1])) & 255;
         if (!dst || !dir) rc = CKPT_ENOMEM;
-        if (!rc) rc = ckpt_mkdir_p(dir, 0755);
+        if (!rc && !made[ab]) rc = ckpt_mkdir_p(dir, 0755);
+        if (!rc) made[ab] = true;
         struct stat st;
         if (!rc && stat(dst, &st) == 0 && (uint64_t)st.st_size == ws[i].size) {
             unlink(ws[i].tmp_path); /* the same bytes are stored already */

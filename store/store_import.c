@@ -1,9 +1,10 @@
 /*
  * store_import.c — ingest a local Hugging Face directory into the store.
  *
- * Each safetensors file is validated (st_open), then read once, in order: the
- * bytes feed the file's sha256 (in a thread of its own), and each tensor's
- * range is written to its own blob (hashed as it goes). Other files become whole-file blobs. When every
+ * Each safetensors file is validated (st_open), then read once, in order, in
+ * chunks: a thread hashes the whole file (its sha256), another cuts the
+ * chunks into the tensors and writes each to its own blob (hashed as it
+ * goes), while the importing thread reads on. Other files become whole-file blobs. When every
  * blob is published, one transaction adds the checkpoint. A directory without
  * a commit id gets a content id: the sha256 of its files' paths and hashes,
  * so importing the same directory twice finds the same checkpoint.
@@ -157,21 +158,39 @@ static int import_plain(ckpt_store *s, const char *path, const found_file *ff, s
     return fr->blob ? 0 : CKPT_ENOMEM;
 }
 
-/* The file's sha256 is computed by a thread of its own while the reader
- * hashes and writes each tensor: every byte feeds two hashes, and one core
- * each makes an import about twice as fast. The reader fills the chunks of a
- * ring in turn and posts them; a chunk is refilled only once hashed. */
+/* A safetensors file is read once, front to back, in chunks of a ring, by
+ * the importing thread, and two threads take every chunk: the file hasher
+ * (the file's sha256) and the tensor thread, which cuts the data section into
+ * its tensors (they tile it in offset order: st_open checks) and hashes and
+ * writes each to its blob. Reading, hashing the file and writing the blobs
+ * are then on both cores at once, and the per-tensor work (a temp file, a
+ * hash, a close) waits for no read. A chunk is refilled once both are done
+ * with it. */
 typedef struct {
     uint8_t *ring[IMPORT_RING];
     size_t len[IMPORT_RING];
-    uint64_t posted, hashed;
+    uint64_t posted, hashed, taken; /* chunks read; hashed; cut into tensors */
     ckpt_sha256 h;
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool closing;
-    int err;
+    bool cut;                 /* the tensor thread took every tensor */
+    int err;                  /* the first failure of any of the three */
+    char msg[1024];           /* its message (errors are per thread) */
 } file_hasher;
+
+/* Records the first failure (rc, with this thread's message) and wakes everyone. */
+static void file_hasher_fail(file_hasher *fh, int rc)
+{
+    pthread_mutex_lock(&fh->mu);
+    if (!fh->err) {
+        fh->err = rc;
+        snprintf(fh->msg, sizeof fh->msg, "%s", ckpt_error_last());
+    }
+    pthread_cond_broadcast(&fh->cv);
+    pthread_mutex_unlock(&fh->mu);
+}
 
 static void *file_hasher_main(void *arg)
 {
@@ -181,10 +200,11 @@ static void *file_hasher_main(void *arg)
         while (fh->hashed == fh->posted && !fh->closing) pthread_cond_wait(&fh->cv, &fh->mu);
         if (fh->hashed == fh->posted) break;
         size_t slot = (size_t)(fh->hashed % IMPORT_RING);
+        bool failed = fh->err != 0;
         pthread_mutex_unlock(&fh->mu);
-        int rc = fh->err ? 0 : ckpt_sha256_update(&fh->h, fh->ring[slot], fh->len[slot]);
+        int rc = failed ? 0 : ckpt_sha256_update(&fh->h, fh->ring[slot], fh->len[slot]);
+        if (rc) file_hasher_fail(fh, rc);
         pthread_mutex_lock(&fh->mu);
-        if (rc && !fh->err) fh->err = rc;
         fh->hashed++;
         pthread_cond_broadcast(&fh->cv);
     }
@@ -192,12 +212,14 @@ static void *file_hasher_main(void *arg)
     return NULL;
 }
 
-/* The next chunk to read into, once the hasher is done with it. */
+/* The next chunk to read into, once both takers are done with it; NULL
+ * after a failure. */
 static uint8_t *file_hasher_slot(file_hasher *fh)
 {
     pthread_mutex_lock(&fh->mu);
-    while (fh->posted - fh->hashed >= IMPORT_RING) pthread_cond_wait(&fh->cv, &fh->mu);
-    uint8_t *b = fh->ring[fh->posted % IMPORT_RING];
+    while (!fh->err && (fh->posted - fh->hashed >= IMPORT_RING || (!fh->cut && fh->posted - fh->taken >= IMPORT_RING)))
+        pthread_cond_wait(&fh->cv, &fh->mu);
+    uint8_t *b = fh->err ? NULL : fh->ring[fh->posted % IMPORT_RING];
     pthread_mutex_unlock(&fh->mu);
     return b;
 }
@@ -211,12 +233,17 @@ static void file_hasher_post(file_hasher *fh, size_t len)
     pthread_mutex_unlock(&fh->mu);
 }
 
-static int file_hasher_start(file_hasher *fh, uint8_t *const bufs[IMPORT_RING])
+/* Starts hashing a file whose first bytes (the header) are head. */
+static int file_hasher_start(file_hasher *fh, uint8_t *const bufs[IMPORT_RING], const void *head, size_t head_len)
 {
     memset(fh, 0, sizeof *fh);
     memcpy(fh->ring, bufs, sizeof fh->ring);
     int rc = ckpt_sha256_init(&fh->h);
-    if (rc) return rc;
+    if (!rc) rc = ckpt_sha256_update(&fh->h, head, head_len);
+    if (rc) {
+        ckpt_sha256_free(&fh->h);
+        return rc;
+    }
     pthread_mutex_init(&fh->mu, NULL);
     pthread_cond_init(&fh->cv, NULL);
     if (pthread_create(&fh->thread, NULL, file_hasher_main, fh)) {
@@ -238,36 +265,151 @@ static int file_hasher_finish(file_hasher *fh, char hex[65])
     pthread_join(fh->thread, NULL);
     pthread_mutex_destroy(&fh->mu);
     pthread_cond_destroy(&fh->cv);
-    int rc = fh->err;
+    int rc = fh->err ? ckpt_error_set(fh->err, "%s", fh->msg) : 0;
     if (!rc && hex) return ckpt_sha256_final_hex(&fh->h, hex);
     ckpt_sha256_free(&fh->h);
     return rc;
 }
 
-/* One tensor's bytes [off, off + n) of fd: into the file's hasher fh (unless
- * NULL), a tensor hash th (unless NULL) and a blob writer w (unless NULL).
- * Chunks come from fh's ring; spare (a chunk of its own) when fh is NULL. */
-static int feed_tensor(int fd, const char *path, uint64_t off, uint64_t n, file_hasher *fh, uint8_t *spare,
-                       ckpt_sha256 *th, store_blob_writer *w)
+/* The tensor thread's view of the ring: up to `want` bytes of the chunk it
+ * is in (waiting for one to be read), or NULL when the reader stopped
+ * (*err: a failure's code, or 0 when the data ended). */
+static const uint8_t *ring_take(file_hasher *fh, size_t at, uint64_t want, size_t *len, int *err)
+{
+    pthread_mutex_lock(&fh->mu);
+    while (!fh->err && !fh->closing && fh->taken == fh->posted) pthread_cond_wait(&fh->cv, &fh->mu);
+    size_t slot = (size_t)(fh->taken % IMPORT_RING);
+    const uint8_t *b = fh->err || fh->taken == fh->posted ? NULL : fh->ring[slot] + at;
+    if (b) *len = fh->len[slot] - at < want ? fh->len[slot] - at : (size_t)want;
+    *err = fh->err;
+    pthread_mutex_unlock(&fh->mu);
+    return b;
+}
+
+/* The tensor thread is done with the chunk it was in. */
+static void ring_release(file_hasher *fh)
+{
+    pthread_mutex_lock(&fh->mu);
+    fh->taken++;
+    pthread_cond_broadcast(&fh->cv);
+    pthread_mutex_unlock(&fh->mu);
+}
+
+typedef struct {
+    ckpt_store *s;
+    const char *path;
+    st_file *f;
+    store_file_rec *fr;
+    writer_list *wl;
+    uint8_t *spare; /* a chunk of its own, for a tensor read again */
+    bool *probe;
+    file_hasher *fh;
+    size_t at; /* bytes of the current chunk already cut */
+} tensor_cutter;
+
+/* The next n bytes of the ring into a tensor hash th (unless NULL) and a
+ * blob writer w (unless NULL). */
+static int cut_tensor(tensor_cutter *tc, uint64_t n, ckpt_sha256 *th, store_blob_writer *w)
+{
+    for (uint64_t done = 0; done < n;) {
+        size_t k = 0;
+        int err = 0;
+        const uint8_t *b = ring_take(tc->fh, tc->at, n - done, &k, &err);
+        if (!b) return err ? err : ckpt_error_set(CKPT_EIO, "%s: the data ended early", tc->path);
+        int rc = th ? ckpt_sha256_update(th, b, k) : 0;
+        if (!rc && w) rc = store_blob_write(w, b, k);
+        if (rc) return rc;
+        done += k;
+        tc->at += k;
+        if (tc->at == tc->fh->len[tc->fh->taken % IMPORT_RING]) {
+            tc->at = 0;
+            ring_release(tc->fh);
+        }
+    }
+    return 0;
+}
+
+/* One tensor's bytes [off, off + n) of fd read again, into a blob writer. */
+static int reread_tensor(int fd, const char *path, uint64_t off, uint64_t n, uint8_t *buf, store_blob_writer *w)
 {
     for (uint64_t done = 0; done < n;) {
         size_t k = n - done < IMPORT_CHUNK ? (size_t)(n - done) : IMPORT_CHUNK;
-        uint8_t *buf = fh ? file_hasher_slot(fh) : spare;
         int rc = ckpt_pread_full(fd, buf, k, off + done, path);
-        if (!rc && fh) file_hasher_post(fh, k);
-        if (!rc && th) rc = ckpt_sha256_update(th, buf, k);
-        if (!rc && w) rc = store_blob_write(w, buf, k);
+        if (!rc) rc = store_blob_write(w, buf, k);
         if (rc) return rc;
         done += k;
     }
     return 0;
 }
 
+/* Every tensor of the file, in offset order, to its blob. Tensors the store
+ * holds already are not written again: after a tensor found stored (an
+ * import of the same or an overlapping checkpoint), the next is hashed first
+ * and written only when it turns out new (reading it twice); after a new
+ * one, the next is hashed while written. */
+static int cut_tensors(tensor_cutter *tc)
+{
+    ckpt_store *s = tc->s;
+    const st_file *f = tc->f;
+    int rc = 0;
+    for (size_t i = 0; !rc && i < f->ntensors; i++) {
+        const st_tensor *t = &f->tensors[i];
+        char sha[65] = "";
+        bool have = false, fed = false;
+        if (*tc->probe) {
+            ckpt_sha256 th;
+            if (!(rc = ckpt_sha256_init(&th))) {
+                rc = cut_tensor(tc, t->nbytes, &th, NULL);
+                if (!rc) rc = ckpt_sha256_final_hex(&th, sha);
+                else ckpt_sha256_free(&th);
+            }
+            fed = !rc;
+            if (!rc) rc = store_blob_claim(s, sha, t->nbytes, &have);
+        }
+        if (!rc && !have) {
+            store_blob_writer *w = new_writer(s, tc->wl, &rc);
+            if (!rc) rc = fed ? reread_tensor(f->fd, tc->path, t->offset, t->nbytes, tc->spare, w)
+                              : cut_tensor(tc, t->nbytes, NULL, w);
+            if (!rc) rc = store_blob_end(w);
+            if (!rc && fed && strcmp(sha, w->sha256))
+                rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", tc->path, t->name);
+            if (!rc) rc = store_blob_submit(s, w); /* a bucket: uploaded while the next tensors are staged */
+            if (!rc) memcpy(sha, w->sha256, sizeof sha);
+            /* Stored already: the next tensor may be too. In a bucket the
+             * uploads tell, without a HEAD of each new blob here. */
+            if (!rc && store_blobs_remote(s)) {
+                *tc->probe = store_blobs_upload_found_stored(s);
+            } else if (!rc) {
+                bool stored = false;
+                rc = store_blob_stat(s, sha, &stored, NULL);
+                *tc->probe = stored;
+            }
+        } else if (!rc) {
+            *tc->probe = true;
+        }
+        if (!rc) {
+            tc->fr->tensors[i].name = ckpt_strdup(t->name);
+            tc->fr->tensors[i].blob = ckpt_strdup(sha);
+            if (!tc->fr->tensors[i].name || !tc->fr->tensors[i].blob) rc = CKPT_ENOMEM;
+        }
+    }
+    return rc;
+}
+
+static void *tensor_cutter_main(void *arg)
+{
+    tensor_cutter *tc = arg;
+    int rc = cut_tensors(tc);
+    if (rc) file_hasher_fail(tc->fh, rc);
+    pthread_mutex_lock(&tc->fh->mu);
+    tc->fh->cut = true; /* the reader waits no more for this thread */
+    pthread_cond_broadcast(&tc->fh->cv);
+    pthread_mutex_unlock(&tc->fh->mu);
+    return NULL;
+}
+
 /* Safetensors file -> header bytes + one blob per tensor, file hashed
- * alongside. Tensors the store holds already are not written again: after a
- * tensor found stored (an import of the same or an overlapping checkpoint),
- * the next is hashed first and written only when it turns out new (reading it
- * twice); after a new one, the next is hashed while written. */
+ * alongside (see file_hasher). */
 static int import_safetensors(ckpt_store *s, const char *path, const found_file *ff, store_file_rec *fr,
                               writer_list *wl, uint8_t *const bufs[IMPORT_RING + 1], bool *probe)
 {
@@ -284,58 +426,30 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
     fr->tensors = ckpt_calloc(f.ntensors + 1, sizeof *fr->tensors);
     fr->ntensors = fr->cap = f.ntensors;
     file_hasher fh;
-    bool hashing = false;
+    tensor_cutter tc = {.s = s, .path = path, .f = &f, .fr = fr, .wl = wl, .spare = bufs[IMPORT_RING], .probe = probe, .fh = &fh};
+    pthread_t cutter;
+    bool hashing = false, cutting = false;
     if (!fr->header || !fr->tensors) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_pread_full(f.fd, fr->header, fr->header_len, 0, path);
-    if (!rc && !(rc = file_hasher_start(&fh, bufs))) hashing = true;
-    if (!rc) { /* the header goes first, through the ring like the rest */
-        for (size_t done = 0; done < fr->header_len;) {
-            size_t k = fr->header_len - done < IMPORT_CHUNK ? fr->header_len - done : IMPORT_CHUNK;
-            memcpy(file_hasher_slot(&fh), fr->header + done, k);
-            file_hasher_post(&fh, k);
-            done += k;
-        }
-    }
+    if (!rc && !(rc = file_hasher_start(&fh, bufs, fr->header, fr->header_len))) hashing = true;
+    if (!rc && pthread_create(&cutter, NULL, tensor_cutter_main, &tc)) rc = ckpt_error_set(CKPT_EIO, "cannot start a thread");
+    if (!rc) cutting = true;
     posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
-    for (size_t i = 0; !rc && i < f.ntensors; i++) {
-        const st_tensor *t = &f.tensors[i]; /* in offset order: the data section is read front to back */
-        char sha[65] = "";
-        bool have = false, fed = false;
-        if (*probe) {
-            ckpt_sha256 th;
-            if (!(rc = ckpt_sha256_init(&th))) {
-                rc = feed_tensor(f.fd, path, t->offset, t->nbytes, &fh, NULL, &th, NULL);
-                if (!rc) rc = ckpt_sha256_final_hex(&th, sha);
-                else ckpt_sha256_free(&th);
-            }
-            fed = !rc;
-            if (!rc) rc = store_blob_claim(s, sha, t->nbytes, &have);
-        }
-        if (!rc && !have) {
-            store_blob_writer *w = new_writer(s, wl, &rc);
-            if (!rc) rc = feed_tensor(f.fd, path, t->offset, t->nbytes, fed ? NULL : &fh, bufs[IMPORT_RING], NULL, w);
-            if (!rc) rc = store_blob_end(w);
-            if (!rc && fed && strcmp(sha, w->sha256))
-                rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", path, t->name);
-            if (!rc) rc = store_blob_submit(s, w); /* a bucket: uploaded while the next tensors are staged */
-            if (!rc) memcpy(sha, w->sha256, sizeof sha);
-            /* Stored already: the next tensor may be too. In a bucket the
-             * uploads tell, without a HEAD of each new blob here. */
-            if (!rc && store_blobs_remote(s)) {
-                *probe = store_blobs_upload_found_stored(s);
-            } else if (!rc) {
-                bool stored = false;
-                rc = store_blob_stat(s, sha, &stored, NULL);
-                *probe = stored;
-            }
-        } else if (!rc) {
-            *probe = true;
-        }
-        if (!rc) {
-            fr->tensors[i].name = ckpt_strdup(t->name);
-            fr->tensors[i].blob = ckpt_strdup(sha);
-            if (!fr->tensors[i].name || !fr->tensors[i].blob) rc = CKPT_ENOMEM;
-        }
+    for (uint64_t off = f.data_start; !rc && off < f.file_size;) {
+        size_t k = f.file_size - off < IMPORT_CHUNK ? (size_t)(f.file_size - off) : IMPORT_CHUNK;
+        uint8_t *buf = file_hasher_slot(&fh);
+        if (!buf) break; /* a taker failed: finish says why */
+        rc = ckpt_pread_full(f.fd, buf, k, off, path);
+        if (!rc) file_hasher_post(&fh, k);
+        off += k;
+    }
+    if (rc && hashing) file_hasher_fail(&fh, rc);
+    if (cutting) {
+        pthread_mutex_lock(&fh.mu);
+        fh.closing = true; /* no more chunks: a cutter still waiting for one stops */
+        pthread_cond_broadcast(&fh.cv);
+        pthread_mutex_unlock(&fh.mu);
+        pthread_join(cutter, NULL);
     }
     if (hashing) {
         int hrc = file_hasher_finish(&fh, rc ? NULL : fr->sha256);

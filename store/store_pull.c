@@ -23,16 +23,17 @@ int store_pull_format_parse(const char *text, store_pull_format *out)
     return 0;
 }
 
-/* Whether a stored layout consolidates from its stored parts, without
- * writing the layout first (store_materialize_headers, consolidate_opts.stored);
- * anything else is consolidated from a staged copy. */
-static bool from_parts(ckpt_store *s, const store_ckpt *c)
+/* The layout (ckpt-layout.json) of a stored layout that consolidates from
+ * its stored parts, without writing the layout first
+ * (store_materialize_headers, consolidate_opts.stored), or NULL: anything
+ * else is consolidated from a staged copy. */
+static json_t *from_parts(ckpt_store *s, const store_ckpt *c)
 {
     store_file_row *rows;
     size_t n;
     /* Blobs in a bucket are read in ranges through the pull's own plan
      * (blob_ranges.h), which a consolidation's composed plan does not carry. */
-    if (!c->layout[0] || store_blobs_remote(s) || store_files_load(s, c->id, &rows, &n)) return false;
+    if (!c->layout[0] || store_blobs_remote(s) || store_files_load(s, c->id, &rows, &n)) return NULL;
     json_t *layout = NULL;
     for (size_t i = 0; i < n; i++) {
         if (strcmp(rows[i].path, CONVERT_LAYOUT_FILE) || !rows[i].blob) continue;
@@ -41,10 +42,12 @@ static bool from_parts(ckpt_store *s, const store_ckpt *c)
         free(path);
     }
     store_files_free(rows, n);
-    bool ok = consolidate_layout_composable(layout);
-    json_decref(layout);
+    if (!consolidate_layout_composable(layout)) {
+        json_decref(layout);
+        layout = NULL;
+    }
     ckpt_error_clear();
-    return ok;
+    return layout;
 }
 
 /* An archive file streamed from the store (store_archive.h): each file
@@ -90,14 +93,16 @@ int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_
         free(base);
     }
     store_stored_plan *parts = NULL;
-    if (!rc && o->consolidated && from_parts(s, c)) {
+    json_t *layout = !rc && o->consolidated ? from_parts(s, c) : NULL;
+    if (layout) {
         rc = store_materialize_headers(s, c, stage, &parts);
     } else if (!rc) {
         materialize_opts mo = {.rank = o->rank, .force = o->force || staged, .quiet = o->quiet};
         rc = store_materialize(s, c, staged ? stage : out, &mo);
     }
     if (!rc && o->consolidated) {
-        consolidate_opts co = {.quiet = o->quiet, .force = o->force, .stored = parts ? store_stored_plan_exec(parts) : NULL};
+        consolidate_opts co = {.quiet = o->quiet, .force = o->force, .stored = parts ? store_stored_plan_exec(parts) : NULL,
+                              .layout = parts ? layout : NULL};
         if (dir) {
             rc = consolidate_run(stage, out, &co);
         } else {
@@ -109,6 +114,7 @@ int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_
         }
     }
     store_stored_plan_free(parts);
+    json_decref(layout);
     if (!rc && !dir) rc = ckpt_archive_write_tree(stage, out, o->format == STORE_PULL_TAR_ZST);
     if (stage) {
         ckpt_rm_rf(stage);

@@ -499,7 +499,8 @@ int consolidate_run(const char *src, const char *dst, consolidate_opts *o)
     char *lpath = ckpt_path_join(src, CONVERT_LAYOUT_FILE);
     if (!lpath) return CKPT_ENOMEM;
     c.what = lpath;
-    int rc = cj_load_file(&c.layout, lpath, CONVERT_LAYOUT_MAX_BYTES);
+    int rc = o->layout ? 0 : cj_load_file(&c.layout, lpath, CONVERT_LAYOUT_MAX_BYTES);
+    if (o->layout) c.layout = json_incref(o->layout);
     if (rc == CKPT_ENOTFOUND)
         rc = ckpt_error_set(CKPT_ENOTFOUND, "%s: no %s here; is this the output of ckpt convert?", src, CONVERT_LAYOUT_FILE);
     int64_t tp = 1, version = 0;

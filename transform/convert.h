@@ -102,6 +102,10 @@ typedef struct {
      * composed over it and every file written is checked against the sha256
      * ckpt-layout.json records for its source file. NULL: the folder's bytes. */
     const exec_plan *stored;
+    /* ckpt-layout.json of the folder, parsed already by the caller (the
+     * store's pull checked it to choose `stored`; a many-tensor layout is
+     * tens of MB of JSON, so it is parsed once), or NULL: read from it. */
+    json_t *layout;
 } consolidate_opts;
 
 /* Whether a layout (ckpt-layout.json) can be consolidated from stored parts

@@ -5,6 +5,8 @@
 #    pulled as a folder, as tar / tar.zst files and streamed with `-o -`: the
 #    files' sha256 equal the source's. Importing a .tar / .tar.gz / .tar.zst of
 #    the folder gives the same checkpoint; importing again stores nothing new.
+#    A file of two read chunks (a tensor across their edge), and a copy
+#    of it with one tensor changed, come back byte for byte.
 # 2. convert inside the store then pull equals the offline `ckpt convert`
 #    byte for byte (diff -r) for every preset at tp 1 and tp > 1; converting
 #    again prints the same ref; --rank R equals DST/tp_rank_RR; --consolidated
@@ -115,6 +117,23 @@ expect_status 2 "$ckpt" pull t/llama-one
 expect_status 2 "$ckpt" import "$M/llama-one"
 expect_status 1 "$ckpt" pull t/no-such -o "$work/pull"
 [ ! -e "$work/pull" ] || fail "a failed pull left $work/pull"
+# a file of two 8 MiB read chunks, a tensor (layer 0's down_proj) across
+# their edge; a copy with its last byte changed (the first tensors found
+# stored, the changed one hashed first, then read again into its blob)
+note "1c. a file read in two chunks; a copy with one tensor changed"
+src=$M/llama-big
+gen llama "$src" --scale 16 --layers 2 --shard-mb 0
+[ "$(stat -c %s "$src/model.safetensors")" -gt $((8 << 20)) ] || fail "llama-big is not over one 8 MiB chunk"
+cp -r "$src" "$M/llama-big2"
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-1, 2); b = f.read(1); f.seek(-1, 2); f.write(bytes([b[0] ^ 1]))' \
+    "$M/llama-big2/model.safetensors"
+for v in llama-big llama-big2; do
+    ref=$(run "$ckpt" import "$M/$v" --repo "t/$v")
+    pull_check "$ref" "$M/$v" dir
+    diff <(sums "$M/$v") <(show_sums "$ref") >/dev/null || fail "$ref: the catalog's sha256 differ from the source's"
+    expect_status 0 "$ckpt" rm "t/$v"
+done
+rm -rf "$src" "$M/llama-big2"
 
 # =========================================================================
 # 2. convert in the store == offline convert
