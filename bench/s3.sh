@@ -14,7 +14,8 @@
 #   aws s3 cp --recursive s3://bench-aws/rN/ DIR       the baseline download
 #   ckpt pull REF -o DIR                               ranged GETs, every file
 #                                                      checked against its sha256
-# (each round's objects are removed afterwards, untimed), then prints the
+# (each pair in an order that alternates between rounds; each round's objects
+# are removed afterwards, untimed), then prints the
 # median wall times and the ratios ckpt / aws (goal: at most 1.0). Last, the
 # model is converted inside the store to neuron --tp BENCH_TP (default 8) and
 # rank 0 is pulled with CKPT_DEBUG=1: the bytes it requested from the bucket
@@ -78,6 +79,51 @@ timed() {
 warm() { find "$@" -type f -exec cat {} + >/dev/null; }
 same() { diff -r "$1" "$2" >/dev/null || die "$2 differs from $1"; }
 
+# Each direction's pair runs back to back in an order that alternates from
+# round to round (odd: aws first; even: ckpt first): what the gateway still
+# does after one transfer (bluestore's deferred writes, RocksDB compaction)
+# then falls on each side equally. With a fixed order (aws up, import, aws
+# down, pull) one idle run measured the pull at 1.07x, where downloads
+# alternating over the same objects gave 0.78-0.85x.
+up_aws() { warm "$WORK/src"; timed aws_up awscp "$WORK/src" "s3://bench-aws/r$r/"; }
+up_ckpt() { warm "$WORK/src"; timed ckpt_import "$CKPT_BIN" import "$WORK/src" --repo bench/llama --quiet; }
+down_aws() {
+    timed aws_down awscp "s3://bench-aws/r$r/" "$WORK/aws-out"
+    same "$WORK/src" "$WORK/aws-out"
+    rm -rf "$WORK/aws-out"
+}
+down_ckpt() {
+    timed ckpt_pull "$CKPT_BIN" pull bench/llama -o "$WORK/ckpt-out" --quiet
+    same "$WORK/src" "$WORK/ckpt-out"
+    rm -rf "$WORK/ckpt-out"
+}
+for r in $(seq "$REPEAT"); do
+    echo "== round $r of $REPEAT"
+    export CKPT_HOME=$WORK/home$r CKPT_BLOBS=s3://bench-ckpt/r$r
+    if [ $((r % 2)) = 1 ]; then
+        up_aws; up_ckpt; down_aws; down_ckpt
+    else
+        up_ckpt; up_aws; down_ckpt; down_aws
+    fi
+    if [ "$r" != "$REPEAT" ]; then # the last round's blobs serve the rank pull below
+        awsrm "s3://bench-aws/r$r/"
+        awsrm "s3://bench-ckpt/r$r/"
+        rm -rf "$CKPT_HOME"
+    fi
+done
+
+med() {
+    local key=$1 t0 t1
+    shift
+    sync
+    t0=$(date +%s.%N)
+    "$@" >"$WORK/log.txt" 2>&1 || { cat "$WORK/log.txt" >&2; die "failed: $*"; }
+    t1=$(date +%s.%N)
+    T[$key]="${T[$key]:-} $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')"
+}
+warm() { find "$@" -type f -exec cat {} + >/dev/null; }
+same() { diff -r "$1" "$2" >/dev/null || die "$2 differs from $1"; }
+
 for r in $(seq "$REPEAT"); do
     echo "== round $r of $REPEAT"
     export CKPT_HOME=$WORK/home$r CKPT_BLOBS=s3://bench-ckpt/r$r
@@ -102,7 +148,9 @@ med() { echo "${T[$1]}" | tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END
 row() { # LABEL KEY BASE_KEY
     local m b
     m=$(med "$2") b=$(med "$3")
-    awk -v l="$1" -v m="$m" -v b="$b" -v n="$BYTES" 'BEGIN {printf "  %-44s %8.2f s %7.2f GB/s %6.2fx\n", l, m, n / m / 1e9, m / b}'
+    # shellcheck disable=SC2086 # T[KEY] is a list of times
+    awk -v l="$1" -v m="$m" -v b="$b" -v n="$BYTES" -v s="$(spread ${T[$2]})" \
+        'BEGIN {printf "  %-44s %8.2f s %7.2f GB/s %6.2fx   (rounds %s s)\n", l, m, n / m / 1e9, m / b, s}'
 }
 echo
 echo "== medians of $REPEAT round(s); ratio = time / the aws s3 cp of the same direction (goal <= 1.00)"
