@@ -102,10 +102,29 @@ ckpt, url, N, W, S, dpid, home = sys.argv[1], sys.argv[2], int(sys.argv[3]), int
 drain_only = sys.argv[8:] == ["drain"]
 tick = os.sysconf("SC_CLK_TCK")
 
-def cpu():
-    """(daemon, its reaped workers) CPU seconds so far."""
-    f = open(f"/proc/{dpid}/stat").read().rsplit(")", 1)[1].split()
+def stat(pid):
+    """(own, reaped children's) CPU seconds of a process so far."""
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
     return (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick
+
+def cpu():
+    """(the daemons, their reaped workers, the database server) CPU seconds so
+    far: DAEMON_PID may list several, comma-separated; the server's share is
+    the postmaster named by BENCH_PG_PM, its live processes and the ones it
+    reaped (a worker's connection is a backend process that ends with it)."""
+    d = [stat(p) for p in dpid.split(",")]
+    db = 0.0
+    pm = os.environ.get("BENCH_PG_PM")
+    if pm:
+        own, reaped = stat(pm)
+        db = own + reaped
+        for p in os.listdir("/proc"):
+            try:
+                if p.isdigit() and p != pm and open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == pm:
+                    db += stat(p)[0]
+            except OSError:
+                pass # ended while we looked: counted in the postmaster's reaped share
+    return sum(x[0] for x in d), sum(x[1] for x in d), db
 u = urllib.parse.urlparse(url)
 conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
 
@@ -157,7 +176,7 @@ g = job(gate)
 span = max(j["finished_at"] for j in jobs) - g["finished_at"]
 drain = N / span
 if drain_only:
-    print(f"{drain:.1f} {span:.2f}")
+    print(f"{drain:.1f} {span:.2f} {(c1[0] - c0[0]) / N * 1000:.2f} {(c1[1] - c0[1]) / N * 1000:.2f} {(c1[2] - c0[2]) / N * 1000:.2f}")
     sys.exit(0)
 
 # ---- 2. end to end: submit while running ----
@@ -232,9 +251,11 @@ pg_start
 export CKPT_DB=$pg_url CKPT_HOME=$WORK/pg-home
 "$CKPT_BIN" jobs >/dev/null # the schema, before the daemons start together
 for i in $(seq "$DAEMONS"); do serve_daemon "$WORK/pg-serve.$i.log"; done
-read -r pg_rate pg_span < <("$PY" "$WORK/queue_bench.py" "$CKPT_BIN" "$URL" "$JOBS" "$WORKERS" "$SAMPLES" "${DPIDS[0]}" "$CKPT_HOME" drain)
+pm=$(head -n 1 "$pg_dir/data/postmaster.pid")
+read -r pg_rate pg_span pg_dcpu pg_wcpu pg_scpu < <(BENCH_PG_PM=$pm "$PY" "$WORK/queue_bench.py" "$CKPT_BIN" "$URL" "$JOBS" "$WORKERS" "$SAMPLES" "$(IFS=,; echo "${DPIDS[*]}")" "$CKPT_HOME" drain)
 lite_rate=$(awk '/drain:/ {for (i = 1; i < NF; i++) if ($(i + 1) == "jobs/s") {print $i; exit}}' "$WORK/sqlite.txt")
 echo "  claim throughput, $JOBS queued noop jobs drained ($(nproc) CPUs, load average $(cut -d' ' -f1 /proc/loadavg)):"
 echo "    1 daemon on SQLite ($WORKERS workers)                  $(printf '%8.1f' "$lite_rate") jobs/s"
 echo "    $DAEMONS daemons on PostgreSQL 15 ($WORKERS workers each)   $(printf '%8.1f' "$pg_rate") jobs/s   ($pg_span s)"
+echo "      CPU per job: the daemons $pg_dcpu ms, their workers $pg_wcpu ms, PostgreSQL $pg_scpu ms"
 echo "    ratio PostgreSQL / SQLite                          $(awk -v a="$pg_rate" -v b="$lite_rate" 'BEGIN {printf "%8.2f", a / b}')"
