@@ -16,7 +16,10 @@
 #   convert --format nxd --xser (neuronx-distributed's own training save), a
 #                                 durable copy of that save, its consolidate
 #   consolidate of the neuron tp8 output (compared with the model, round 1)
-#   cp -r + sync of one rank      the baseline of the rank pull
+#   cp -r + sync of one rank, and the same after reading the source bytes
+#                                 that rank is made of (bench/rank_spans.py:
+#                                 a row-parallel slice spans whole rows), the
+#                                 baseline of the rank pull
 #   import                        into a fresh store
 #   convert REF --layout neuron --tp 8   inside the store: writes no tensor
 #                                 bytes (goal 0.3x the copy of the layout)
@@ -142,6 +145,10 @@ for round in $(seq 1 "$ROUNDS"); do
     fi
     RDIR=$(printf 'tp_rank_%02d' $RANK)
     run copy_rank - "cp -r one rank + sync" "${COPY[@]}" "$RW/n8/$RDIR" "$RW/rank"
+    rm -rf "$RW/rank"
+    [ -f "$WORK/plan.json" ] || quietly sh -c '"$1" plan "$2" --layout neuron --tp "$3" --json --parts >"$4"' sh "$CKPT_BIN" "$MODEL" $TP "$WORK/plan.json"
+    run copy_rank_src - "read rank sources + cp" sh -c '"$1" "$2" "$3" "$4" "$5" >/dev/null && cp -r "$6" "$7" && sync' sh \
+        "$PY" "$HERE/rank_spans.py" "$MODEL" "$WORK/plan.json" $RANK "$RW/n8/$RDIR" "$RW/rank"
     rm -rf "$RW/n8"
     if [ "$PART" != offline ]; then
         export CKPT_HOME=$RW/home
@@ -150,7 +157,7 @@ for round in $(seq 1 "$ROUNDS"); do
         run pull copy "pull" "$CKPT_BIN" pull bench/large -o "$RW/pull"
         [ "$round" = 1 ] && { diff -r "$MODEL" "$RW/pull" >/dev/null || die "pull differs from the model"; }
         rm -rf "$RW/pull"
-        run pull_rank copy_rank "pull --rank $RANK" "$CKPT_BIN" pull bench/large:neuron-tp$TP --rank $RANK -o "$RW/pr"
+        run pull_rank copy_rank_src "pull --rank $RANK" "$CKPT_BIN" pull bench/large:neuron-tp$TP --rank $RANK -o "$RW/pr"
         if [ "$round" = 1 ]; then
             for f in "$RW/rank"/*; do cmp -s "$f" "$RW/pr/${f##*/}" || die "the rank pull's ${f##*/} differs from the offline convert's"; done
         fi
