@@ -23,6 +23,9 @@
 #    job of step 4 (the lost one, then the one that succeeded), counts per
 #    state, per-minute figures (the trigger's jobs.succeeded, the daemon's
 #    queue.depth), and a schedule paused through the API.
+#    5c. A lease that expires under a live worker (its daemon SIGSTOPped, the
+#    lease set in the past): the other daemon runs the job again; resumed, the
+#    first daemon logs job.not_ours for its worker's end and records nothing.
 # 6. PostgreSQL killed -9 (every process of the server) while a convert's
 #    worker is stopped right before committing its layout, and a job of the
 #    other daemon runs: the commit fails, the daemon lives, says once which
@@ -179,6 +182,34 @@ sys.exit(not (tot("jobs.succeeded", "noop") >= 3 and any(r["name"] == "queue.dep
 [ "$(pg_psql "SELECT paused FROM schedules WHERE id = $sid")" = 1 ] || fail "the pause is not in PostgreSQL"
 "$ckpt" sync ls --json | grep -q '"paused": *true' || fail "sync ls does not show the pause"
 note "5b. attempts, counts, per-minute figures and a paused schedule on PostgreSQL"
+
+# ---- 5c. a lease that ran out under a live worker ----
+# The daemon running a job is stopped (SIGSTOP: it cannot renew) and its lease
+# made to have expired; the other daemon reaps it and runs the job again.
+# Resumed, the first daemon's worker ends too: that end is not the job's.
+y=$("$ckpt" submit noop --until-file "$CKPT_HOME/go5")
+wait_until 60 "job $y to run" running_pid "$y"
+w1=$(col "$y" worker_pid)
+p=$(parent_of "$w1")
+q=$([ "$p" = "$da_pid" ] && echo "$db_pid" || echo "$da_pid")
+[[ " $da_pid $db_pid " == *" $p "* ]] || fail "job $y's worker $w1 is not a daemon's child (parent $p)"
+plog=$work/$([ "$p" = "$da_pid" ] && echo da || echo db).log
+qlog=$work/$([ "$p" = "$da_pid" ] && echo db || echo da).log
+kill -STOP "$p"
+pg_psql "UPDATE jobs SET lease_expires = extract(epoch FROM now()) - 1 WHERE id = $y"
+rerun() { [ "$(col "$y" "attempt = 2 AND state = 'running' AND worker_pid > 0 AND worker_pid <> $w1")" = t ]; }
+wait_until 60 "job $y to run again on daemon $q" rerun
+[ "$(parent_of "$(col "$y" worker_pid)")" = "$q" ] || fail "job $y's second run is not daemon $q's"
+kill -CONT "$p"
+touch "$CKPT_HOME/go5"
+wait_until 60 "job $y to succeed" state_is "$y" succeeded
+wait_until 60 "the first worker $w1 to end" gone "$w1"
+wait_until 60 "daemon $p to say job $y is no longer its own" grep -q "warn job.not_ours id=$y " "$plog"
+grep -q "job.finished id=$y " "$plog" && fail "daemon $p recorded the end of job $y, which daemon $q ran again"
+grep -q "info job.finished id=$y kind=noop" "$qlog" || fail "daemon $q did not finish job $y"
+[ "$(pg_psql "SELECT count(*) FROM job_attempts WHERE job_id = $y AND outcome = 'succeeded'")" = 1 ] ||
+    fail "job $y: $(pg_psql "SELECT attempt, outcome FROM job_attempts WHERE job_id = $y")"
+note "5c. daemon $p's lease of job $y expired under its worker: daemon $q ran it again; $p logged job.not_ours"
 
 # ---- 6. kill -9 of PostgreSQL under a job about to commit ----
 # Daemon db's only worker is held by a job; daemon dc (its URL with a password,
