@@ -32,7 +32,8 @@
 # is; otherwise the table says "warm"). Then, once, the many-tensor case:
 # gen-model qwen3-moe (the real 48 layers x 128 experts, ~18,900 tensors) at
 # BENCH_MOE_SCALE: plan, convert neuron tp8, import, store convert, rank
-# pull, each with its cost per tensor.
+# pull (against reading that rank's sources + a durable copy of it, as
+# above), consolidated pull, each with its cost per tensor.
 #
 # The Python ways (load every rank, concatenate, save) are not run: they hold
 # the model twice, more than this size leaves in 24 GB (the 2 GB benches,
@@ -228,10 +229,16 @@ run mcopy - "cp -r model + sync" "${COPY[@]}" "$MOE" "$RW/copy"
 rm -rf "$RW/copy"
 run mplan - "plan neuron tp8" "$CKPT_BIN" plan "$MOE" --layout neuron --tp $TP
 run mconv mcopy "convert neuron tp8" "$CKPT_BIN" convert "$MOE" "$RW/n8" --layout neuron --tp $TP
+RDIR=$(printf 'tp_rank_%02d' $RANK)
+quietly sh -c '"$1" plan "$2" --layout neuron --tp "$3" --json --parts >"$4"' sh "$CKPT_BIN" "$MOE" $TP "$RW/plan.json"
+run mcopy_rank - "read rank sources + cp" sh -c '"$1" "$2" "$3" "$4" "$5" >/dev/null && cp -r "$6" "$7" && sync' sh \
+    "$PY" "$HERE/rank_spans.py" "$MOE" "$RW/plan.json" $RANK "$RW/n8/$RDIR" "$RW/rank"
 rm -rf "$RW/n8"
 run mimport mcopy "import" "$CKPT_BIN" import "$MOE" --repo bench/moe
 run msconv mcopy "store convert neuron tp8" "$CKPT_BIN" convert bench/moe --layout neuron --tp $TP
-run mpull_rank - "pull --rank $RANK" "$CKPT_BIN" pull bench/moe:neuron-tp$TP --rank $RANK -o "$RW/pr"
+run mpull_rank mcopy_rank "pull --rank $RANK" "$CKPT_BIN" pull bench/moe:neuron-tp$TP --rank $RANK -o "$RW/pr"
+for f in "$RW/rank"/*; do cmp -s "$f" "$RW/pr/${f##*/}" || die "the MoE's rank pull's ${f##*/} differs from the offline convert's"; done
+rm -rf "$RW/rank" "$RW/pr"
 run mpull_cons mcopy "pull --consolidated" "$CKPT_BIN" pull bench/moe:neuron-tp$TP --consolidated -o "$RW/pc"
 diff -r "$MOE" "$RW/pc" >/dev/null || die "the MoE's pull --consolidated differs from the model"
 unset CKPT_HOME
