@@ -112,38 +112,6 @@ for r in $(seq "$REPEAT"); do
     fi
 done
 
-med() {
-    local key=$1 t0 t1
-    shift
-    sync
-    t0=$(date +%s.%N)
-    "$@" >"$WORK/log.txt" 2>&1 || { cat "$WORK/log.txt" >&2; die "failed: $*"; }
-    t1=$(date +%s.%N)
-    T[$key]="${T[$key]:-} $(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", b - a}')"
-}
-warm() { find "$@" -type f -exec cat {} + >/dev/null; }
-same() { diff -r "$1" "$2" >/dev/null || die "$2 differs from $1"; }
-
-for r in $(seq "$REPEAT"); do
-    echo "== round $r of $REPEAT"
-    export CKPT_HOME=$WORK/home$r CKPT_BLOBS=s3://bench-ckpt/r$r
-    warm "$WORK/src"
-    timed aws_up awscp "$WORK/src" "s3://bench-aws/r$r/"
-    warm "$WORK/src"
-    timed ckpt_import "$CKPT_BIN" import "$WORK/src" --repo bench/llama --quiet
-    timed aws_down awscp "s3://bench-aws/r$r/" "$WORK/aws-out"
-    same "$WORK/src" "$WORK/aws-out"
-    rm -rf "$WORK/aws-out"
-    timed ckpt_pull "$CKPT_BIN" pull bench/llama -o "$WORK/ckpt-out" --quiet
-    same "$WORK/src" "$WORK/ckpt-out"
-    rm -rf "$WORK/ckpt-out"
-    if [ "$r" != "$REPEAT" ]; then # the last round's blobs serve the rank pull below
-        awsrm "s3://bench-aws/r$r/"
-        awsrm "s3://bench-ckpt/r$r/"
-        rm -rf "$CKPT_HOME"
-    fi
-done
-
 med() { echo "${T[$1]}" | tr ' ' '\n' | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 row() { # LABEL KEY BASE_KEY
     local m b
