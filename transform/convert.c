@@ -265,6 +265,7 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
                     .source_sha256 = hashes, .quiet = o->quiet, .label = "convert", .direct = o->direct};
     if (!rc) rc = lora_plan_compute(cp, tmp, o);
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
+    exec_trace("convert: written");
     if (!rc) rc = lora_plan_finish(cp);
     if (!rc) rc = write_indexes(cp, tmp);
     if (!rc) rc = state_plan_write(cp, tmp);
@@ -280,6 +281,7 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     free(hashes);
     if (!rc) rc = ckpt_fsync_dir(tmp);
     if (!rc) rc = outdir_commit(tmp, dst, o->force);
+    exec_trace("convert: committed");
     if (rc) ckpt_rm_rf(tmp);
     free(tmp);
     return rc;
