@@ -1178,10 +1178,11 @@ static int by_bytes_desc(const void *x, const void *y, void *vp)
     return a->order < b->order ? -1 : a->order > b->order; /* ties: in the order given */
 }
 
-/* Sources made on demand (arrays decoded as they are read): the tensors
- * largest first, which for them is about longest first (each costs about
- * its bytes in decoding), so that the workers finish together on small
- * tensors instead of one finishing a large one alone. */
+/* exec_opts.largest_first: the tensors largest first, ties in the order
+ * given. When a tensor costs about its bytes (arrays decoded as they are
+ * read), that is longest first: the workers start on the long ones and
+ * finish together on small ones, instead of one finishing a large one
+ * alone (a list in file order ends on whatever the names sort last). */
 static void largest_first(const exec_plan *p, work_item *items, size_t n)
 {
     for (size_t i = 0; i < n; i++) items[i].order = i;
@@ -1521,7 +1522,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     for (size_t i = 0; !rc && i < most; i++)
         for (size_t f = 0; f < p->nfiles; f++)
             if (i < p->files[f].layout.ntensors) c.items[c.nitems++] = (work_item){f, i, 0};
-    if (!rc && p->vsource) largest_first(p, c.items, c.nitems);
+    if (!rc && o->largest_first) largest_first(p, c.items, c.nitems);
     for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
         if (c.left[f] == 0 && fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
     if (!rc && o->out_sha256) {

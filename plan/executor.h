@@ -108,6 +108,8 @@ typedef struct {
     bool quiet;        /* no progress lines */
     const char *label; /* progress label */
     bool no_fsync;     /* tests of the executor alone */
+    bool largest_first; /* the tensors largest first (rather than in file order): when each costs about its
+                           bytes in CPU time (arrays decoded as they are read), the workers finish together */
     bool direct;       /* write the tensors' whole blocks with O_DIRECT where the file system takes it: no
                           page cache filled (nothing reads the output back soon); not with out_sha256 */
     char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by

@@ -262,7 +262,8 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (!hashes) rc = CKPT_ENOMEM;
     /* The checkpoint's own files come first; a LoRA staging file or optimizer files after them are not hashed. */
     exec_opts eo = {.threads = o->threads, .hash_sources = !o->no_hash, .hash_count = cp->src.nfiles,
-                    .source_sha256 = hashes, .quiet = o->quiet, .label = "convert", .direct = o->direct};
+                    .source_sha256 = hashes, .quiet = o->quiet, .label = "convert", .direct = o->direct,
+                    .largest_first = o->largest_first};
     if (!rc) rc = lora_plan_compute(cp, tmp, o);
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
     exec_trace("convert: written");

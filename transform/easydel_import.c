@@ -670,7 +670,8 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     char *rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json");
     int rc = rules && rules_path ? cj_write_file(rules_path, rules) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
     convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
-                       .no_hash = true, .no_layout_file = true, .direct = ec != NULL};
+                       .no_hash = true, .no_layout_file = true, .direct = ec != NULL,
+                       .largest_first = ec != NULL};
     convert_plan cp;
     if (!rc && c) {
         char *cfg = ckpt_path_join(staging, "config.json");
