@@ -1160,8 +1160,8 @@ static int run_item(worker *wk, const work_item *it)
     if (exec_tracing()) {
         double t1 = exec_trace_now();
         wk->busy += t1 - t0;
-        exec_trace("tensor %s MB=%.1f start=%.3f wall=%.3f cpu=%.3f slab_wait=%.3f", t->name, (double)ot->nbytes / 1e6,
-                   t0, t1 - t0, exec_trace_cpu() - cpu0, wk->slab_wait - w0);
+        exec_trace("tensor %s bytes=%llu start=%.3f wall=%.3f cpu=%.3f slab_wait=%.3f", t->name,
+                   (unsigned long long)ot->nbytes, t0, t1 - t0, exec_trace_cpu() - cpu0, wk->slab_wait - w0);
     }
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     if (!rc && wk->crc.rc) rc = ckpt_error_set(wk->crc.rc, "out of memory for the CRC of tensor '%s'", t->name);

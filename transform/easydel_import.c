@@ -668,7 +668,10 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     }
     json_t *rules = easydel_inverse_rules(), *config = NULL;
     char *rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json");
-    int rc = rules && rules_path ? cj_write_file(rules_path, rules) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    char *rules_text = rules ? cj_render(rules) : NULL;
+    int rc = rules_text && rules_path ? ckpt_write_file_scratch(rules_path, rules_text, strlen(rules_text))
+                                      : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    free(rules_text);
     convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
                        .no_hash = true, .no_layout_file = true, .direct = ec != NULL,
                        .largest_first = ec != NULL};
@@ -736,7 +739,7 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
         paths[1] = ckpt_path_join(staging, "optimizer.safetensors");
         if (!paths[0] || !paths[1]) rc = CKPT_ENOMEM;
     }
-    if (!rc) rc = outdir_copy_model_files(src, staging);
+    if (!rc) rc = outdir_copy_model_files(src, staging, true); /* (staging is removed after the run) */
     if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, legacy ? NULL : &c, layouts, paths, n, dst, o);
     else if (legacy) ckpt_checkpoint_close(&lc);
     st_layout_free(&model);
