@@ -1219,15 +1219,17 @@ static void *worker_main(void *arg)
                 pthread_cond_broadcast(&c->moved);
             }
             pthread_mutex_unlock(&c->mu);
-            double t = last && exec_tracing() ? exec_trace_now() : 0;
-            if (last) wait_writes(c, it.file);
-            if (last) exec_trace("file %s: its writes done after %.3f s", c->p->files[it.file].rel, exec_trace_now() - t);
-            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
+            if (last) {
+                double t = exec_tracing() ? exec_trace_now() : 0;
+                wait_writes(c, it.file);
+                exec_trace("file %s: its writes done after %.3f s", c->p->files[it.file].rel, exec_trace_now() - t);
+            }
+            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0) {
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
-            else if (last)
+            } else if (last) {
+                exec_trace("file %s: fsync done", c->p->files[it.file].rel);
                 ckpt_fault("exec.file_done");
-            if (last) exec_trace("file %s: fsync done", c->p->files[it.file].rel);
-            else if (!last && !c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
+            } else if (!c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
                 /* Start writing this tensor back now (asynchronously), so the
                  * file's fsync finds little left to do instead of all of it. */
                 const st_out_tensor *ot = &c->p->files[it.file].layout.tensors[it.slot];
