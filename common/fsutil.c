@@ -157,6 +157,15 @@ int ckpt_write_file_atomic(const char *path, const void *buf, size_t len)
     return ckpt_atomic_commit(&af);
 }
 
+int ckpt_write_file_scratch(const char *path, const void *buf, size_t len)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return ckpt_error_sys("%s: create", path);
+    int rc = ckpt_write_full(fd, buf, len, path);
+    if (close(fd) < 0 && !rc) rc = ckpt_error_sys("%s: close", path);
+    return rc;
+}
+
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *what)
 {
     char *p = buf;

@@ -45,6 +45,10 @@ int ckpt_atomic_commit(ckpt_atomic_file *af);
 void ckpt_atomic_abort(ckpt_atomic_file *af);
 /* Writes buf to path atomically (open, write, commit). */
 int ckpt_write_file_atomic(const char *path, const void *buf, size_t len);
+/* Writes buf to a new file at path (0600), with no fsync: for scratch files
+ * in a temporary folder that is removed after the run, where waiting for
+ * the disk buys nothing. */
+int ckpt_write_file_scratch(const char *path, const void *buf, size_t len);
 
 /* Read or write exactly len bytes (retrying short transfers and EINTR).
  * Errors name `what` (usually the path). A read past EOF is CKPT_EINVAL. */

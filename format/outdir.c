@@ -108,7 +108,7 @@ int outdir_copy_side_files(const char *src_dir, const char *out_dir)
     return rc;
 }
 
-int outdir_copy_model_files(const char *src_dir, const char *out_dir)
+int outdir_copy_model_files(const char *src_dir, const char *out_dir, bool scratch)
 {
     static const char *const names[] = {"config.json", "generation_config.json", "tokenizer.json",
                                         "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"};
@@ -119,7 +119,7 @@ int outdir_copy_model_files(const char *src_dir, const char *out_dir)
             char *buf = NULL;
             size_t len = 0;
             rc = ckpt_read_file(from, OUTDIR_SIDE_FILE_MAX_BYTES, &buf, &len);
-            if (!rc) rc = ckpt_write_file_atomic(to, buf, len);
+            if (!rc) rc = scratch ? ckpt_write_file_scratch(to, buf, len) : ckpt_write_file_atomic(to, buf, len);
             free(buf);
         }
         free(from);

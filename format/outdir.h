@@ -37,7 +37,8 @@ int outdir_copy_side_files(const char *src_dir, const char *out_dir);
 bool outdir_is_weight_name(const char *name);
 /* Copies only a Hugging Face model's own small files that src_dir has:
  * config.json, generation_config.json and the tokenizer files (a training
- * save's folder holds others that do not belong to the model). */
-int outdir_copy_model_files(const char *src_dir, const char *out_dir);
+ * save's folder holds others that do not belong to the model). scratch:
+ * out_dir is a staging folder removed after the run (no fsync). */
+int outdir_copy_model_files(const char *src_dir, const char *out_dir, bool scratch);
 
 #endif

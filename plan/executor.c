@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include <sys/stat.h>
 #include <sys/vfs.h>
 #include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 #include <zlib.h>
 #ifdef __SSE2__
@@ -48,6 +50,48 @@
 #define EXEC_DIRECT_ALIGN 4096u
 #define EXEC_DIRECT_MIN (256u << 10)
 
+/* ---- CKPT_EXEC_TRACE (executor.h) ---- */
+
+static double clock_s(clockid_t id)
+{
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static double trace_t0;
+static __thread const char *trace_who = "main";
+__attribute__((constructor)) static void trace_init(void) { trace_t0 = clock_s(CLOCK_MONOTONIC); }
+
+double exec_trace_now(void) { return clock_s(CLOCK_MONOTONIC) - trace_t0; }
+double exec_trace_cpu(void) { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
+
+bool exec_tracing(void)
+{
+    static int on = -1; /* (a benign race: every thread computes the same) */
+    if (on < 0) {
+        const char *e = getenv("CKPT_EXEC_TRACE");
+        on = e && *e && strcmp(e, "0") ? 1 : 0;
+    }
+    return on;
+}
+
+void exec_trace(const char *fmt, ...)
+{
+    if (!exec_tracing()) return;
+    char line[512];
+    int n = snprintf(line, sizeof line, "ckpt-trace %.3f %s ", exec_trace_now(), trace_who);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof line) n += vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof line - 1) n = (int)sizeof line - 2;
+    line[n++] = '\n';
+    ssize_t w = write(2, line, (size_t)n); /* one write: lines of threads never mix */
+    (void)w;
+}
+
 /* A strided walk: element i (multi-index over ext) is at src + sum i[k]*ss[k]
  * (source elements) and dst + sum i[k]*ds[k] (destination elements). */
 typedef struct {
@@ -60,6 +104,7 @@ typedef struct {
 
 typedef struct {
     size_t file, slot; /* exec_file index, layout slot */
+    size_t order;      /* largest_first: its place before sorting */
 } work_item;
 
 /* A slab's whole blocks queued for a writer thread: bytes [off, off+len) of
@@ -93,7 +138,9 @@ typedef struct {
     size_t next_hash_file;
     /* Writers (o->direct): the whole blocks of a slab are written by a writer
      * thread while its worker fills another slab. Under mu: */
-    int nwriters;
+    int nwriters, writers_named;
+    int writing;                /* CKPT_EXEC_TRACE: writes under way, */
+    double writing_since, wrote; /* ... since when, and seconds with any under way */
     pthread_cond_t wmoved; /* a write was queued or finished, or the writers may stop */
     exec_write *queue;     /* ring of qcap (= every slab) */
     size_t qhead, qlen, qcap;
@@ -131,6 +178,8 @@ typedef struct {
     size_t slab_bytes;
     uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
     uint8_t *cmp;  /* as slab, for checks */
+    char name[16]; /* CKPT_EXEC_TRACE: the thread's name, and its times */
+    double slab_wait, busy;
 } worker;
 
 static void exec_fail(exec_ctx *c, int rc);
@@ -681,6 +730,11 @@ static void queue_write(worker *wk, size_t f, const uint8_t *buf, size_t len, ui
     c->queue[(c->qhead + c->qlen++) % c->qcap] = (exec_write){.slab = wk->slab, .buf = buf, .f = f, .len = len, .off = off};
     c->pending[f]++;
     pthread_cond_broadcast(&c->wmoved);
+    if (!c->nfree && exec_tracing()) {
+        double t = exec_trace_now();
+        while (!c->nfree) pthread_cond_wait(&c->wmoved, &c->mu);
+        wk->slab_wait += exec_trace_now() - t;
+    }
     while (!c->nfree) pthread_cond_wait(&c->wmoved, &c->mu); /* writers always give slabs back */
     wk->slab = c->free_slabs[--c->nfree];
     pthread_mutex_unlock(&c->mu);
@@ -691,7 +745,12 @@ static void queue_write(worker *wk, size_t f, const uint8_t *buf, size_t len, ui
 static void *writer_main(void *arg)
 {
     exec_ctx *c = arg;
+    char name[16];
+    double busy = 0, first = -1, last = 0;
+    uint64_t bytes = 0;
     pthread_mutex_lock(&c->mu);
+    snprintf(name, sizeof name, "writer%d", c->writers_named++);
+    trace_who = name;
     for (;;) {
         while (!c->qlen && !c->wstop) pthread_cond_wait(&c->wmoved, &c->mu);
         if (!c->qlen) break;
@@ -699,15 +758,25 @@ static void *writer_main(void *arg)
         c->qhead = (c->qhead + 1) % c->qcap;
         c->qlen--;
         bool failed = c->err != 0;
+        double t = exec_tracing() ? exec_trace_now() : 0;
+        if (exec_tracing() && c->writing++ == 0) c->writing_since = t;
         pthread_mutex_unlock(&c->mu);
         int rc = failed ? 0 : write_now(c, w.f, w.buf, w.len, w.off);
         if (rc) exec_fail(c, rc);
+        if (exec_tracing()) {
+            last = exec_trace_now();
+            busy += last - t;
+            bytes += w.len;
+            if (first < 0) first = t;
+        }
         pthread_mutex_lock(&c->mu);
+        if (exec_tracing() && --c->writing == 0) c->wrote += exec_trace_now() - c->writing_since;
         c->free_slabs[c->nfree++] = w.slab;
         c->pending[w.f]--;
         pthread_cond_broadcast(&c->wmoved);
     }
     pthread_mutex_unlock(&c->mu);
+    exec_trace("stop busy=%.3f MB=%.0f first=%.3f last=%.3f", busy, (double)bytes / 1e6, first, last);
     return NULL;
 }
 
@@ -1086,11 +1155,38 @@ static int run_item(worker *wk, const work_item *it)
     (void)tbytes;
     wk->crc.on = c->o->out_crc32 != NULL;
     wk->crc.n = 0;
+    double t0 = exec_tracing() ? exec_trace_now() : 0, cpu0 = exec_tracing() ? exec_trace_cpu() : 0, w0 = wk->slab_wait;
     int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset) : run_slabs(wk, t, it->file, ot->offset);
+    if (exec_tracing()) {
+        double t1 = exec_trace_now();
+        wk->busy += t1 - t0;
+        exec_trace("tensor %s bytes=%llu start=%.3f wall=%.3f cpu=%.3f slab_wait=%.3f", t->name,
+                   (unsigned long long)ot->nbytes, t0, t1 - t0, exec_trace_cpu() - cpu0, wk->slab_wait - w0);
+    }
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     if (!rc && wk->crc.rc) rc = ckpt_error_set(wk->crc.rc, "out of memory for the CRC of tensor '%s'", t->name);
     if (!rc && wk->crc.on) c->o->out_crc32[it->file][it->slot] = crc_take(&wk->crc, ot->offset, ot->offset + ot->nbytes);
     return rc;
+}
+
+static int by_bytes_desc(const void *x, const void *y, void *vp)
+{
+    const exec_plan *p = vp;
+    const work_item *a = x, *b = y;
+    uint64_t na = p->files[a->file].layout.tensors[a->slot].nbytes, nb = p->files[b->file].layout.tensors[b->slot].nbytes;
+    if (na != nb) return na > nb ? -1 : 1;
+    return a->order < b->order ? -1 : a->order > b->order; /* ties: in the order given */
+}
+
+/* exec_opts.largest_first: the tensors largest first, ties in the order
+ * given. When a tensor costs about its bytes (arrays decoded as they are
+ * read), that is longest first: the workers start on the long ones and
+ * finish together on small ones, instead of one finishing a large one
+ * alone (a list in file order ends on whatever the names sort last). */
+static void largest_first(const exec_plan *p, work_item *items, size_t n)
+{
+    for (size_t i = 0; i < n; i++) items[i].order = i;
+    qsort_r(items, n, sizeof *items, by_bytes_desc, (void *)p);
 }
 
 static void *worker_main(void *arg)
@@ -1098,6 +1194,8 @@ static void *worker_main(void *arg)
     worker *wk = arg;
     exec_ctx *c = wk->c;
     const exec_vsource *v = c->p->vsource;
+    trace_who = wk->name;
+    exec_trace("start");
     if (v && !(wk->vts = v->thread_open(v->ctx))) {
         exec_fail(c, CKPT_ENOMEM);
         return NULL;
@@ -1121,12 +1219,17 @@ static void *worker_main(void *arg)
                 pthread_cond_broadcast(&c->moved);
             }
             pthread_mutex_unlock(&c->mu);
-            if (last) wait_writes(c, it.file);
-            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0)
+            if (last) {
+                double t = exec_tracing() ? exec_trace_now() : 0;
+                wait_writes(c, it.file);
+                exec_trace("file %s: its writes done after %.3f s", c->p->files[it.file].rel, exec_trace_now() - t);
+            }
+            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0) {
                 rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
-            else if (last)
+            } else if (last) {
+                exec_trace("file %s: fsync done", c->p->files[it.file].rel);
                 ckpt_fault("exec.file_done");
-            else if (!last && !c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
+            } else if (!c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
                 /* Start writing this tensor back now (asynchronously), so the
                  * file's fsync finds little left to do instead of all of it. */
                 const st_out_tensor *ot = &c->p->files[it.file].layout.tensors[it.slot];
@@ -1140,6 +1243,7 @@ static void *worker_main(void *arg)
     }
     if (v) v->thread_close(v->ctx, wk->vts);
     wk->vts = NULL;
+    exec_trace("stop busy=%.3f cpu=%.3f slab_wait=%.3f", wk->busy, exec_trace_cpu(), wk->slab_wait);
     return NULL;
 }
 
@@ -1419,7 +1523,8 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     }
     for (size_t i = 0; !rc && i < most; i++)
         for (size_t f = 0; f < p->nfiles; f++)
-            if (i < p->files[f].layout.ntensors) c.items[c.nitems++] = (work_item){f, i};
+            if (i < p->files[f].layout.ntensors) c.items[c.nitems++] = (work_item){f, i, 0};
+    if (!rc && o->largest_first) largest_first(p, c.items, c.nitems);
     for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
         if (c.left[f] == 0 && fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
     if (!rc && o->out_sha256) {
@@ -1430,6 +1535,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
             if (!c.slot_done || !c.slot_done[f]) rc = CKPT_ENOMEM;
     }
     c.total = exec_plan_bytes(p);
+    exec_trace("exec: %zu tensors, %.0f MB, %d threads", c.nitems, (double)c.total / 1e6, threads);
     if (!o->quiet) ckpt_progress_start(&c.prog, o->label ? o->label : "writing", c.total);
     if (!o->quiet) ckpt_progress_tensors(&c.prog, 0, c.nitems);
 
@@ -1482,6 +1588,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     }
     for (int i = 0; !rc && i < threads; i++) {
         wks[i].c = &c;
+        snprintf(wks[i].name, sizeof wks[i].name, "worker%d", i);
         wks[i].slab = slabs[i];
         wks[i].slab_bytes = slab_bytes;
         wks[i].band = ckpt_big_alloc(band_bytes);
@@ -1503,11 +1610,13 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (!rc && c.slot_done && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
     if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
+    exec_trace("exec: workers done");
     pthread_mutex_lock(&c.mu);
     c.wstop = true; /* the writers finish what is queued, then stop */
     pthread_cond_broadcast(&c.wmoved);
     pthread_mutex_unlock(&c.mu);
     for (int i = 0; i < c.nwriters; i++) pthread_join(writer_tids[i], NULL);
+    exec_trace("exec: writers done; some write under way %.3f s of the run", c.wrote);
     for (int i = 0; i < out_hashing; i++) pthread_join(out_hash_threads[i], NULL);
     for (int i = 0; i < hashing; i++) pthread_join(hash_threads[i], NULL);
     pthread_mutex_destroy(&hj.mu);

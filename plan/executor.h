@@ -108,6 +108,8 @@ typedef struct {
     bool quiet;        /* no progress lines */
     const char *label; /* progress label */
     bool no_fsync;     /* tests of the executor alone */
+    bool largest_first; /* the tensors largest first (rather than in file order): when each costs about its
+                           bytes in CPU time (arrays decoded as they are read), the workers finish together */
     bool direct;       /* write the tensors' whole blocks with O_DIRECT where the file system takes it: no
                           page cache filled (nothing reads the output back soon); not with out_sha256 */
     char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by
@@ -119,6 +121,19 @@ typedef struct {
 } exec_opts;
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
+
+/* CKPT_EXEC_TRACE=1: a timeline of a run on stderr, one line per event
+ * ("ckpt-trace <seconds since the process started> <thread> <event>"):
+ * each tensor a worker takes and finishes (wall and CPU time), its waits
+ * for a free slab, each writer's busy time, the file's fsync; sources made
+ * on demand add their own events (exec_trace). For measuring, not for
+ * machines: the lines may change. */
+bool exec_tracing(void);
+void exec_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Seconds since the process started (CLOCK_MONOTONIC), and the calling
+ * thread's CPU seconds. */
+double exec_trace_now(void);
+double exec_trace_cpu(void);
 
 /* The sha256 of every output file (nfiles entries into out) exactly as
  * exec_run would write it, without writing: each file's header, then its

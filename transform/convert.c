@@ -262,9 +262,11 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     if (!hashes) rc = CKPT_ENOMEM;
     /* The checkpoint's own files come first; a LoRA staging file or optimizer files after them are not hashed. */
     exec_opts eo = {.threads = o->threads, .hash_sources = !o->no_hash, .hash_count = cp->src.nfiles,
-                    .source_sha256 = hashes, .quiet = o->quiet, .label = "convert", .direct = o->direct};
+                    .source_sha256 = hashes, .quiet = o->quiet, .label = "convert", .direct = o->direct,
+                    .largest_first = o->largest_first};
     if (!rc) rc = lora_plan_compute(cp, tmp, o);
     if (!rc) rc = exec_run(&cp->exec, tmp, &eo);
+    exec_trace("convert: written");
     if (!rc) rc = lora_plan_finish(cp);
     if (!rc) rc = write_indexes(cp, tmp);
     if (!rc) rc = state_plan_write(cp, tmp);
@@ -280,6 +282,7 @@ int convert_write(convert_plan *cp, const char *dst, const convert_opts *o)
     free(hashes);
     if (!rc) rc = ckpt_fsync_dir(tmp);
     if (!rc) rc = outdir_commit(tmp, dst, o->force);
+    exec_trace("convert: committed");
     if (rc) ckpt_rm_rf(tmp);
     free(tmp);
     return rc;

@@ -55,6 +55,7 @@ typedef struct {
     const json_t *rules_doc; /* a rules document in memory instead of a preset (nxd_export.c) */
     bool no_files;           /* plan the output tensors only, no files: the caller lays them out (nxd_export.c) */
     bool direct;             /* write the tensors with O_DIRECT (exec_opts.direct): nothing reads them back */
+    bool largest_first;      /* exec_opts.largest_first */
 } convert_opts;
 
 typedef struct {

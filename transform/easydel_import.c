@@ -376,7 +376,9 @@ static int arrays_view_rows(void *ctx, void *ts, size_t file, uint64_t off, uint
          * worker holds part of it, at least half the budget's (or the tile's). */
         uint64_t b0 = c0, want = ncols - c0 < w ? ncols - c0 : w, bw;
         uint64_t least = n > w / 2 ? n : w / 2;
+        double t0 = exec_tracing() ? exec_trace_now() : 0, cpu0 = exec_tracing() ? exec_trace_cpu() : 0;
         int rc = band_take(v, t, nrows, es, want, least < want ? least : want, &bw);
+        double t1 = exec_tracing() ? exec_trace_now() : 0;
         uint64_t idx[CKPT_MAX_RANK] = {0};
         if (!rc) rc = zarr_decoder_start(t->d, &a->z, idx, NULL);
         for (uint64_t r = 0; !rc && r < nrows; r++) {
@@ -386,6 +388,9 @@ static int arrays_view_rows(void *ctx, void *ts, size_t file, uint64_t off, uint
         }
         if (!rc) rc = zarr_decoder_end(t->d);
         if (rc) return rc;
+        exec_trace("band %s columns [%llu, +%llu) of %llu: waited %.3f s for the budget, decoded from %.3f in %.3f s "
+                   "(cpu %.3f)", a->z.label, (unsigned long long)b0, (unsigned long long)bw, (unsigned long long)ncols,
+                   t1 - t0, t1, exec_trace_now() - t1, exec_trace_cpu() - cpu0);
         t->banded = a;
         t->band_c0 = b0;
         t->band_w = bw;
@@ -663,9 +668,13 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
     }
     json_t *rules = easydel_inverse_rules(), *config = NULL;
     char *rules_path = ckpt_path_join(staging, ".easydel-inverse-rules.json");
-    int rc = rules && rules_path ? cj_write_file(rules_path, rules) : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    char *rules_text = rules ? cj_render(rules) : NULL;
+    int rc = rules_text && rules_path ? ckpt_write_file_scratch(rules_path, rules_text, strlen(rules_text))
+                                      : ckpt_error_set(CKPT_ENOMEM, "out of memory");
+    free(rules_text);
     convert_opts co = {.rules_file = rules_path, .threads = o->threads, .force = o->force, .quiet = o->quiet,
-                       .no_hash = true, .no_layout_file = true, .direct = ec != NULL};
+                       .no_hash = true, .no_layout_file = true, .direct = ec != NULL,
+                       .largest_first = ec != NULL};
     convert_plan cp;
     if (!rc && c) {
         char *cfg = ckpt_path_join(staging, "config.json");
@@ -692,6 +701,7 @@ static int inverse_convert(const char *src, const char *staging, ckpt_checkpoint
         if (rc) convert_plan_free(&cp);
     }
     if (!rc) {
+        exec_trace("consolidate: planned");
         rc = convert_write(&cp, dst, &co);
         convert_plan_free(&cp);
     }
@@ -712,6 +722,7 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
     int rc = legacy ? ckpt_checkpoint_open(&lc, weights) : easydel_open(&c, src);
     free(weights);
     if (rc) return rc;
+    exec_trace("consolidate: %s opened", src);
     char *staging = NULL;
     rc = ckpt_tmpdir_create(dst, &staging);
     if (!rc && legacy && o->state) rc = easydel_legacy_state(src, &lc, staging, o->quiet);
@@ -728,7 +739,7 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
         paths[1] = ckpt_path_join(staging, "optimizer.safetensors");
         if (!paths[0] || !paths[1]) rc = CKPT_ENOMEM;
     }
-    if (!rc) rc = outdir_copy_model_files(src, staging);
+    if (!rc) rc = outdir_copy_model_files(src, staging, true); /* (staging is removed after the run) */
     if (!rc) rc = inverse_convert(src, staging, legacy ? &lc : NULL, legacy ? NULL : &c, layouts, paths, n, dst, o);
     else if (legacy) ckpt_checkpoint_close(&lc);
     st_layout_free(&model);
@@ -738,5 +749,6 @@ int easydel_consolidate(const char *src, const char *dst, consolidate_opts *o)
     if (staging) ckpt_rm_rf(staging);
     free(staging);
     if (!legacy) easydel_close(&c);
+    exec_trace("consolidate: done");
     return rc;
 }

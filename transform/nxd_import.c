@@ -1329,7 +1329,7 @@ int nxd_consolidate(const char *src, const char *dst, consolidate_opts *o)
             free(buf);
             free(to);
         } else if (!rc && j.c.root)
-            rc = outdir_copy_model_files(j.c.root, tmp);
+            rc = outdir_copy_model_files(j.c.root, tmp, false);
         if (!rc) rc = ckpt_fsync_dir(tmp);
         if (!rc) rc = outdir_commit(tmp, dst, o->force);
         if (rc) ckpt_rm_rf(tmp);

@@ -217,8 +217,19 @@ done
 # a non-empty DST is refused without --force, replaced with it
 expect_status 1 "$ckpt" consolidate save-llama back-llama
 grep -q "not empty" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
-expect_status 0 "$ckpt" consolidate save-llama back-llama --force
+# (one worker, traced: it takes the tensors largest first, not in file order)
+expect_status 0 env CKPT_EXEC_TRACE=1 "$ckpt" consolidate save-llama back-llama --force --threads 1
 cmp -s hf-llama/model.safetensors back-llama/model.safetensors || fail "--force output differs"
+sed -n 's/^ckpt-trace [0-9.]* worker0 tensor \([^ ]*\) bytes=\([0-9]*\) .*/\2 \1/p' "$work/err" >"$work/order"
+sort -s -k1,1nr "$work/order" | cmp -s - "$work/order" || fail "tensors not taken largest first: $(cat "$work/order")"
+"$zpy" - hf-llama/model.safetensors "$work/order" <<'PY' || fail "the trace's tensors are not the model's: $(cat "$work/order")"
+import json, struct, sys
+with open(sys.argv[1], "rb") as f:
+    header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+want = {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__"}
+got = {name: int(n) for n, name in (line.split() for line in open(sys.argv[2]))}
+sys.exit(0 if got == want and len(set(want.values())) > 1 else 1)
+PY
 # the hostile cases start from a smaller save: no optimizer, one chunk per array
 $zpy "$gen" ed-llama save-h --no-tx || fail "easydel_gen (hostile base)"
 rm -rf hf-* ed-* back-* save-qwen2 save-mixtral save-qwen3-moe save-llama

@@ -1410,7 +1410,7 @@ static void expect_crcs(const exec_plan *p, const char *dir, uint32_t **crc)
  * padding), slabs with zeros (a column split), transposed tiles written row
  * by row (the second tile's rows close the gaps the first left), a tensor
  * copied whole, a scalar; through the page cache and with O_DIRECT, by two
- * workers. */
+ * workers, in file order and largest first. */
 static void test_executor_crc(void **state)
 {
     fixture *fx = *state;
@@ -1434,7 +1434,8 @@ static void test_executor_crc(void **state)
     for (int direct = 0; direct < 2; direct++) {
         ckpt_rm_rf(fx->dst);
         assert_int_equal(ckpt_mkdir_p(fx->dst, 0755), 0);
-        exec_opts eo = {.threads = 2, .quiet = true, .no_fsync = true, .direct = direct, .out_crc32 = crc};
+        exec_opts eo = {.threads = 2, .quiet = true, .no_fsync = true, .direct = direct, .out_crc32 = crc,
+                        .largest_first = direct}; /* (the two ranks' files' tensors then interleaved) */
         assert_int_equal(exec_run(&cp.exec, fx->dst, &eo), 0);
         expect_crcs(&cp.exec, fx->dst, crc);
     }
