@@ -50,6 +50,9 @@
 #define EXEC_WRITERS 2 /* exec_opts.direct: threads writing the workers' slabs */
 #define EXEC_HASH_THREADS 2
 #define EXEC_HASH_CHUNK (4u << 20)
+/* Writeback of an output file is started in runs of whole pages, at least this long. */
+#define EXEC_WRITEBACK_BYTES (8u << 20)
+#define EXEC_WRITEBACK_ALIGN 4096u
 
 typedef struct {
     char *rel;             /* path relative to the output directory */
