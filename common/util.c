@@ -5,12 +5,14 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <malloc.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <time.h>
 
 void *ckpt_malloc(size_t n)
@@ -67,6 +69,30 @@ void ckpt_big_free(void *p, size_t n)
     if (n < BIG_ALIGN) free(p);
     else if (p) munmap(p, big_len(n));
 }
+#endif
+
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__) && defined(MADV_HUGEPAGE)
+void ckpt_heap_reserve_huge(size_t bytes)
+{
+    /* malloc's heap made to grow once by `bytes` (its top pad) and never to
+     * shrink (the trim threshold), with allocations of up to 32 MiB taken
+     * from it; the grown part is marked for huge pages. */
+    if (bytes < 2 * BIG_ALIGN || bytes > (size_t)1 << 30) return;
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, (int)(2 * bytes)) ||
+        !mallopt(M_TOP_PAD, (int)bytes))
+        return;
+    void *grow = malloc(BIG_ALIGN); /* the top pad taken now, if the heap's top was short of it */
+    uint8_t *end = sbrk(0);
+    if (grow && end != (void *)-1 && (uintptr_t)end > bytes) {
+        uintptr_t lo = ((uintptr_t)end - bytes + BIG_ALIGN - 1) / BIG_ALIGN * BIG_ALIGN;
+        uintptr_t hi = (uintptr_t)end / BIG_ALIGN * BIG_ALIGN;
+        if (hi > lo) madvise((void *)lo, hi - lo, MADV_HUGEPAGE); /* a hint: an error leaves 4 KiB pages */
+    }
+    free(grow);
+    mallopt(M_TOP_PAD, 128 << 10); /* later growth as before (glibc's default pad) */
+}
+#else
+void ckpt_heap_reserve_huge(size_t bytes) { (void)bytes; }
 #endif
 
 void *ckpt_calloc(size_t count, size_t size)

@@ -135,6 +135,11 @@ typedef struct {
     /* Hashing the outputs while they are written (o->out_sha256): */
     bool **slot_done;     /* per output file and layout slot: its bytes are in place */
     pthread_cond_t moved; /* a slot is done, or an error stops everything */
+    /* Writeback started early (!o->no_fsync), per output file, under mu: */
+    size_t **wb_order; /* the file's slots in offset order */
+    size_t *wb_next;   /* the first of wb_order not known to be in place */
+    uint64_t *wb_done; /* bytes [0, wb_done) are in place */
+    uint64_t *wb_from; /* writeback was started for bytes [0, wb_from) */
     size_t next_hash_file;
     /* Writers (o->direct): the whole blocks of a slab are written by a writer
      * thread while its worker fills another slab. Under mu: */
@@ -1189,6 +1194,27 @@ static void largest_first(const exec_plan *p, work_item *items, size_t n)
     qsort_r(items, n, sizeof *items, by_bytes_desc, (void *)p);
 }
 
+/* Under c->mu, once slot(s) of output file f are in place: the range
+ * [*lo, returned end) whose writeback is to start now, or an empty one. Only
+ * the file's front in offset order that is in place, in whole pages, and at
+ * least EXEC_WRITEBACK_BYTES at a time: one call for many small tensors
+ * (18,867 experts' calls cost more kernel time than the copies), and no
+ * page written back half filled and then again. */
+static uint64_t writeback_range(exec_ctx *c, size_t f, uint64_t *lo)
+{
+    if (!c->wb_order || !c->wb_order[f]) return 0;
+    const st_layout *l = &c->p->files[f].layout;
+    while (c->wb_next[f] < l->ntensors && c->slot_done[f][c->wb_order[f][c->wb_next[f]]]) {
+        const st_out_tensor *ot = &l->tensors[c->wb_order[f][c->wb_next[f]++]];
+        if (ot->offset + ot->nbytes > c->wb_done[f]) c->wb_done[f] = ot->offset + ot->nbytes;
+    }
+    uint64_t hi = c->wb_done[f] & ~(uint64_t)(EXEC_WRITEBACK_ALIGN - 1);
+    if (hi < c->wb_from[f] + EXEC_WRITEBACK_BYTES) return 0;
+    *lo = c->wb_from[f];
+    c->wb_from[f] = hi;
+    return hi;
+}
+
 static void *worker_main(void *arg)
 {
     worker *wk = arg;
@@ -1216,8 +1242,9 @@ static void *worker_main(void *arg)
             if (!c->o->quiet) ckpt_progress_tensors(&c->prog, ++c->tensors_done, c->nitems);
             if (c->slot_done) {
                 c->slot_done[it.file][it.slot] = true;
-                pthread_cond_broadcast(&c->moved);
+                if (c->o->out_sha256) pthread_cond_broadcast(&c->moved);
             }
+            uint64_t wb_lo = 0, wb_hi = last ? 0 : writeback_range(c, it.file, &wb_lo);
             pthread_mutex_unlock(&c->mu);
             if (last) {
                 double t = exec_tracing() ? exec_trace_now() : 0;
@@ -1229,11 +1256,11 @@ static void *worker_main(void *arg)
             } else if (last) {
                 exec_trace("file %s: fsync done", c->p->files[it.file].rel);
                 ckpt_fault("exec.file_done");
-            } else if (!c->o->no_fsync && c->p->files[it.file].layout.tensors[it.slot].nbytes) {
-                /* Start writing this tensor back now (asynchronously), so the
-                 * file's fsync finds little left to do instead of all of it. */
-                const st_out_tensor *ot = &c->p->files[it.file].layout.tensors[it.slot];
-                sync_file_range(c->out_fds[it.file], (off_t)ot->offset, (off_t)ot->nbytes, SYNC_FILE_RANGE_WRITE);
+            } else if (wb_hi > wb_lo) {
+                /* Start writing the file's finished front back now
+                 * (asynchronously), so that its fsync finds little left to do
+                 * instead of all of it. */
+                sync_file_range(c->out_fds[it.file], (off_t)wb_lo, (off_t)(wb_hi - wb_lo), SYNC_FILE_RANGE_WRITE);
             }
         }
         if (rc) {
@@ -1527,12 +1554,21 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (!rc && o->largest_first) largest_first(p, c.items, c.nitems);
     for (size_t f = 0; !rc && !o->no_fsync && f < p->nfiles; f++)
         if (c.left[f] == 0 && fsync(c.out_fds[f]) < 0) rc = ckpt_error_sys("%s: fsync", c.out_paths[f]);
-    if (!rc && o->out_sha256) {
+    if (!rc && (o->out_sha256 || !o->no_fsync)) {
         c.slot_done = ckpt_calloc(p->nfiles + 1, sizeof *c.slot_done);
         for (size_t f = 0; c.slot_done && f < p->nfiles; f++)
             if (!(c.slot_done[f] = ckpt_calloc(p->files[f].layout.ntensors + 1, sizeof **c.slot_done))) break;
         for (size_t f = 0; f < p->nfiles; f++)
             if (!c.slot_done || !c.slot_done[f]) rc = CKPT_ENOMEM;
+    }
+    if (!rc && !o->no_fsync) {
+        c.wb_order = ckpt_calloc(p->nfiles + 1, sizeof *c.wb_order);
+        c.wb_next = ckpt_calloc(p->nfiles + 1, sizeof *c.wb_next);
+        c.wb_done = ckpt_calloc(p->nfiles + 1, sizeof *c.wb_done);
+        c.wb_from = ckpt_calloc(p->nfiles + 1, sizeof *c.wb_from);
+        if (!c.wb_order || !c.wb_next || !c.wb_done || !c.wb_from) rc = CKPT_ENOMEM;
+        for (size_t f = 0; !rc && f < p->nfiles; f++)
+            if (p->files[f].layout.ntensors > 1 && !(c.wb_order[f] = exec_offset_order(&p->files[f].layout))) rc = CKPT_ENOMEM;
     }
     c.total = exec_plan_bytes(p);
     exec_trace("exec: %zu tensors, %.0f MB, %d threads", c.nitems, (double)c.total / 1e6, threads);
@@ -1605,9 +1641,9 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     }
     pthread_t out_hash_threads[EXEC_HASH_THREADS];
     int out_hashing = 0;
-    for (int i = 0; !rc && c.slot_done && i < EXEC_HASH_THREADS && (size_t)i < p->nfiles; i++)
+    for (int i = 0; !rc && o->out_sha256 && i < EXEC_HASH_THREADS && (size_t)i < p->nfiles; i++)
         if (pthread_create(&out_hash_threads[i], NULL, out_hash_main, &c) == 0) out_hashing++;
-    if (!rc && c.slot_done && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
+    if (!rc && o->out_sha256 && p->nfiles && !out_hashing) exec_fail(&c, ckpt_error_set(CKPT_EIO, "cannot start a hashing thread"));
     if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
     exec_trace("exec: workers done");
@@ -1650,6 +1686,11 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(c.out_paths);
     for (size_t f = 0; c.slot_done && f < p->nfiles; f++) free(c.slot_done[f]);
     free(c.slot_done);
+    for (size_t f = 0; c.wb_order && f < p->nfiles; f++) free(c.wb_order[f]);
+    free(c.wb_order);
+    free(c.wb_next);
+    free(c.wb_done);
+    free(c.wb_from);
     pthread_cond_destroy(&c.moved);
     pthread_cond_destroy(&c.wmoved);
     pthread_mutex_destroy(&c.mu);

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define PULL_HEAP_RESERVE ((size_t)256 << 20)
+
 int store_pull_format_parse(const char *text, store_pull_format *out)
 {
     if (!strcmp(text, "dir")) *out = STORE_PULL_DIR;
@@ -93,6 +95,10 @@ int store_pull(ckpt_store *s, const store_ckpt *c, const char *out, const store_
         free(base);
     }
     store_stored_plan *parts = NULL;
+    /* The layout's JSON and the plan of every part: ~220 MiB of small
+     * objects for 18,867 experts' tensors, their page faults a fifth of the
+     * pull's CPU on 4 KiB pages. */
+    if (o->consolidated) ckpt_heap_reserve_huge(PULL_HEAP_RESERVE);
     json_t *layout = !rc && o->consolidated ? from_parts(s, c) : NULL;
     if (layout) {
         rc = store_materialize_headers(s, c, stage, &parts);
