@@ -169,6 +169,17 @@ code=$(curl -s -o "$W/cut.tar" -w '%{http_code}' "$URL/v1/checkpoints/Qwen%2Ftin
     fail "the cut archive ends with a tar end (two zero blocks)"
 grep -q 'aborted mid-stream' "$W/serve.log" || fail "the cut archive was not logged: $(tail -5 "$W/serve.log")"
 stop_dpid
+# The same failure in a tar pull to a file, mid-file in the reader thread
+# (archive.block:1 fails the first block past a file's first MiB: the
+# 1.06 MB first shard's second): the pull fails naming the file and the
+# offset, and leaves neither the archive nor its temp file.
+[ "$(stat -c %s "$W/src/model-00001-of-00002.safetensors")" -gt 1048576 ] || fail "the first shard is too small to fail mid-file"
+mkdir "$W/blk"
+rc=0
+CKPT_FAULT=archive.block:1:ERR "$B" pull Qwen/tiny@main -o "$W/blk/t.tar.zst" --format tar.zst 2>"$W/blk.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "model-00001-of-00002.safetensors': read failed at byte 1048576" "$W/blk.err" ||
+    fail "a tar pull failing mid-file: exit $rc, $(cat "$W/blk.err")"
+[ -z "$(ls -A "$W/blk")" ] || fail "a tar pull failing mid-file left: $(ls -A "$W/blk")"
 echo "/v1/checkpoints JSON = ckpt ls/show --json; failed lookups 500; a failed tar stream is cut and logged"
 
 # --- tokens: reads need a token when any is configured ---
