@@ -3,7 +3,8 @@
 # the daemon (list, download whole and sliced, safetensors metadata) for an
 # original and a converted layout; Range edge cases and Hub error codes;
 # /v1/checkpoints = ckpt ls/show --json; a catalog that cannot be read is a
-# 500 (CKPT_FAULT store.lookup); a tar stream that fails mid-way is cut;
+# 500 (CKPT_FAULT store.lookup); a tar stream that fails mid-way is cut, a
+# tar pull whose reader thread fails mid-file leaves nothing;
 # 16 concurrent downloads with bounded daemon memory; tokens.
 set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
