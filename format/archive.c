@@ -517,7 +517,7 @@ typedef struct {
     ckpt_archive_read_fn rd;
     void *ctx;
     int rc;
-    char msg[1024];
+    char msg[2048]; /* the reader's error message (ERROR_MSG_MAX) */
 } entry_reader;
 
 static void *reader_thread(void *arg)
