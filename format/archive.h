@@ -29,8 +29,16 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd);
  * bytes read through rd(ctx, i, off, buf, len) (0 or an error code): nothing
  * is staged on disk. Names must be relative and free of "..". On an error
  * the stream stops at that entry and the error is returned: the caller must
- * make the failure visible (libarchive may still have written its end
- * blocks). */
+ * make the failure visible (no tar end is written after a failure, but what
+ * came before it was).
+ *
+ * Three threads overlap: rd is called by a reader thread of its own, block
+ * after block in order (1 MiB, each entry's blocks from offset 0), up to 8
+ * blocks ahead of the calling thread, which feeds them to libarchive (and
+ * zstd, whose workers compress); a writer thread writes the result to fd.
+ * rd's error and its message (the reader's) come back as this call's. Both
+ * threads are joined before the call returns, on every path: rd is never
+ * called after it. The bytes are those a single thread would write. */
 typedef struct {
     const char *name;
     uint64_t size;

@@ -114,6 +114,9 @@ static int archive_read(void *ctx, size_t i, uint64_t off, void *buf, size_t len
         ckpt_sha256_free(&ar->h);
         if ((rc = ckpt_sha256_init(&ar->h))) return rc;
     }
+    if (off && ckpt_fault_error("archive.block"))
+        return ckpt_error_set(CKPT_EIO, "'%s': read failed at byte %llu (fault point archive.block)", ar->paths[i],
+                              (unsigned long long)off);
     if ((rc = store_file_read(ar->r, off, buf, len))) return rc;
     if ((rc = ckpt_sha256_update(&ar->h, buf, len))) return rc;
     if (ar->progress) ckpt_progress_update(&ar->prog, ar->done + off + len);

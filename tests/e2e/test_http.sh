@@ -3,8 +3,10 @@
 # the daemon (list, download whole and sliced, safetensors metadata) for an
 # original and a converted layout; Range edge cases and Hub error codes;
 # /v1/checkpoints = ckpt ls/show --json; a catalog that cannot be read is a
-# 500 (CKPT_FAULT store.lookup); a tar stream that fails mid-way is cut;
-# 16 concurrent downloads with bounded daemon memory; tokens.
+# 500 (CKPT_FAULT store.lookup); a tar stream that fails mid-way is cut, a
+# tar pull whose reader thread fails mid-file leaves nothing;
+# 16 concurrent downloads with bounded daemon memory, an archive download the
+# client leaves; tokens.
 set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 B=$ckpt W=$work
@@ -104,6 +106,16 @@ rm -f "$W"/q*
 rss=$(awk '/VmHWM/ {print $2}' "/proc/$DPID/status")
 [ "$rss" -lt $((256 * 1024)) ] || fail "daemon peak RSS ${rss} KiB with 16 clients on 80 MB files"
 echo "16 concurrent downloads of an 80 MB rank file identical; daemon peak RSS $((rss / 1024)) MiB"
+# A client that leaves after the first MB of that rank's archive.tar (80 MB):
+# the archive's writer thread gets EPIPE, its reader thread stops, both are
+# joined and the stream is logged as aborted (the daemon's exit, checked
+# under ASan by stop_daemon, shows nothing leaked).
+(curl -s "$URL/v1/checkpoints/Meta%2Fquarter@main:neuron-tp2/archive.tar?rank=1" || true) | head -c 1000000 >/dev/null
+# (a poll for the line the server logs when the stream ends: the 60 s ceiling catches a hang)
+for _ in $(seq 1200); do grep -q 'quarter.*aborted mid-stream' "$W/serve.log" && break; sleep 0.05; done
+grep -q 'quarter.*aborted mid-stream: writing the archive: Broken pipe' "$W/serve.log" ||
+    fail "an archive download the client left was not cut: $(grep quarter "$W/serve.log" | tail -3)"
+[ "$(status "$URL/healthz")" = 200 ] || fail "the daemon is unwell after a client left an archive download"
 
 # --- remote pull: from this daemon into another store, equal to local pulls ---
 REMOTE=$W/remote-home
@@ -169,6 +181,17 @@ code=$(curl -s -o "$W/cut.tar" -w '%{http_code}' "$URL/v1/checkpoints/Qwen%2Ftin
     fail "the cut archive ends with a tar end (two zero blocks)"
 grep -q 'aborted mid-stream' "$W/serve.log" || fail "the cut archive was not logged: $(tail -5 "$W/serve.log")"
 stop_dpid
+# The same failure in a tar pull to a file, mid-file in the reader thread
+# (archive.block:1 fails the first block past a file's first MiB: the
+# 1.06 MB first shard's second): the pull fails naming the file and the
+# offset, and leaves neither the archive nor its temp file.
+[ "$(stat -c %s "$W/src/model-00001-of-00002.safetensors")" -gt 1048576 ] || fail "the first shard is too small to fail mid-file"
+mkdir "$W/blk"
+rc=0
+CKPT_FAULT=archive.block:1:ERR "$B" pull Qwen/tiny@main -o "$W/blk/t.tar.zst" --format tar.zst 2>"$W/blk.err" || rc=$?
+[ "$rc" = 1 ] && grep -q "model-00001-of-00002.safetensors': read failed at byte 1048576" "$W/blk.err" ||
+    fail "a tar pull failing mid-file: exit $rc, $(cat "$W/blk.err")"
+[ -z "$(ls -A "$W/blk")" ] || fail "a tar pull failing mid-file left: $(ls -A "$W/blk")"
 echo "/v1/checkpoints JSON = ckpt ls/show --json; failed lookups 500; a failed tar stream is cut and logged"
 
 # --- tokens: reads need a token when any is configured ---

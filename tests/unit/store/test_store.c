@@ -19,6 +19,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -568,6 +569,120 @@ static void test_home_is_private(void **state)
     free(home);
 }
 
+/* What the pipeline of ckpt_archive_write_entries calls rd with, and how it
+ * answers: entry i's byte at off is pat(i, off); fail_at (entry, offset)
+ * fails there naming the entry. */
+typedef struct {
+    const ckpt_archive_entry *e;
+    pthread_t caller;
+    size_t calls, next_i;
+    uint64_t next_off;
+    bool other_thread, in_order;
+    long fail_i;
+    uint64_t fail_off;
+} pipe_rd;
+
+static unsigned char pat(size_t i, uint64_t off)
+{
+    return (unsigned char)(off * 7 + off / 4099 + i * 31);
+}
+
+static int pipe_read(void *ctx, size_t i, uint64_t off, void *buf, size_t len)
+{
+    pipe_rd *p = ctx;
+    p->calls++;
+    if (!pthread_equal(pthread_self(), p->caller)) p->other_thread = true;
+    /* each entry's blocks in order, from offset 0, entries with bytes in order */
+    while (p->next_i < i && p->next_off == p->e[p->next_i].size) p->next_i++, p->next_off = 0;
+    if (i != p->next_i || off != p->next_off) p->in_order = false;
+    p->next_off = off + len;
+    if ((long)i == p->fail_i && off == p->fail_off)
+        return ckpt_error_set(CKPT_EIO, "'%s': read failed at byte %llu", p->e[i].name, (unsigned long long)off);
+    for (size_t k = 0; k < len; k++) ((unsigned char *)buf)[k] = pat(i, off + k);
+    return 0;
+}
+
+/* Writes the entries to root/name (zstd or not) through pipe_read. */
+static int pipe_write(const char *root, const char *name, const ckpt_archive_entry *e, size_t n, bool zstd, pipe_rd *p)
+{
+    *p = (pipe_rd){.e = e, .caller = pthread_self(), .in_order = true, .fail_i = p->fail_i, .fail_off = p->fail_off};
+    char *path = ckpt_path_join(root, name);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    assert_true(fd >= 0);
+    int rc = ckpt_archive_write_entries(fd, zstd, e, n, 1700000000, pipe_read, p);
+    close(fd);
+    free(path);
+    return rc;
+}
+
+/* The streamed archive's pipeline (issue 20): rd runs in a reader thread,
+ * block after block in order, and the tar (and tar.zst) unpacks to the bytes
+ * it gave; an rd error mid-file fails the write with rd's message, no rd
+ * call follows, no tar end is written; an output that stops taking bytes
+ * (a pipe whose reader left: EPIPE in the writer thread) fails the write
+ * and stops the reader long before the end. Under ASan the threads' buffers
+ * are all freed. */
+static void test_archive_pipeline(void **state)
+{
+    const char *root = *state;
+    const ckpt_archive_entry e[] = {{"a.bin", (3u << 20) + 5}, {"empty", 0}, {"b/c.bin", 1u << 20}, {"d", 100}};
+    const size_t n = sizeof e / sizeof *e;
+    pipe_rd p = {.fail_i = -1};
+    for (int z = 0; z < 2; z++) {
+        const char *name = z ? "p.tar.zst" : "p.tar";
+        p.fail_i = -1;
+        assert_int_equal(pipe_write(root, name, e, n, z, &p), 0);
+        assert_true(p.other_thread);
+        assert_true(p.in_order);
+        assert_int_equal(p.calls, 4 + 1 + 1); /* 1 MiB blocks */
+        char *tarp = ckpt_path_join(root, name), *base = ckpt_path_join(root, "x"), *out = NULL;
+        assert_int_equal(ckpt_archive_extract(tarp, base, &out), 0);
+        for (size_t i = 0; i < n; i++) {
+            char *f = ckpt_path_join(out, e[i].name), *t;
+            size_t l;
+            assert_int_equal(ckpt_read_file(f, 1u << 30, &t, &l), 0);
+            assert_int_equal(l, e[i].size);
+            for (size_t k = 0; k < l; k++)
+                if ((unsigned char)t[k] != pat(i, k)) fail_msg("%s: byte %zu differs", e[i].name, k);
+            free(t);
+            free(f);
+        }
+        assert_int_equal(ckpt_rm_rf(out), 0);
+        free(out);
+        free(base);
+        free(tarp);
+    }
+    /* Mid-file: a.bin's third block fails. */
+    p.fail_i = 0;
+    p.fail_off = 2u << 20;
+    assert_int_equal(pipe_write(root, "f.tar", e, n, false, &p), CKPT_EIO);
+    assert_contains(ckpt_error_last(), "'a.bin': read failed at byte 2097152");
+    assert_int_equal(p.calls, 3);
+    {
+        char *fp = ckpt_path_join(root, "f.tar"), *ft;
+        size_t fl;
+        static const char zeros[1024];
+        assert_int_equal(ckpt_read_file(fp, 1u << 30, &ft, &fl), 0);
+        assert_true(fl < (2u << 20) + 1024);
+        assert_true(fl < sizeof zeros || memcmp(ft + fl - sizeof zeros, zeros, sizeof zeros) != 0);
+        free(ft);
+        free(fp);
+    }
+    /* The output goes away: 64 MiB to a pipe nobody reads any more. */
+    const ckpt_archive_entry big[] = {{"big.bin", 64ull << 20}};
+    int pp[2];
+    assert_int_equal(pipe(pp), 0);
+    close(pp[0]);
+    void (*old)(int) = signal(SIGPIPE, SIG_IGN);
+    p = (pipe_rd){.e = big, .caller = pthread_self(), .in_order = true, .fail_i = -1};
+    assert_int_equal(ckpt_archive_write_entries(pp[1], false, big, 1, 0, pipe_read, &p), CKPT_EIO);
+    assert_contains(ckpt_error_last(), "writing the archive");
+    assert_contains(ckpt_error_last(), strerror(EPIPE));
+    assert_true(p.calls < 40); /* the reader stopped with the writer, well before block 64 */
+    signal(SIGPIPE, old);
+    close(pp[1]);
+}
+
 /* Issue 14 #10 and "also": an archive path that does not exist is named as
  * such; a small compressed archive that unpacks to far more than its size
  * (1000 times, 64 MiB for small ones) or than the free space is refused
@@ -747,6 +862,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_migrate_files_rowid, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_archive_pipeline, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_info_and_verify, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
