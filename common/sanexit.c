@@ -1,7 +1,15 @@
 /* sanexit.c — see sanexit.h. */
 #include "common/sanexit.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if defined(__SANITIZE_ADDRESS__) /* GCC */
+#define CKPT_SANEXIT_ASAN 1
+#elif defined(__has_feature) /* clang */
+#if __has_feature(address_sanitizer)
+#define CKPT_SANEXIT_ASAN 1
+#endif
+#endif
+
+#ifdef CKPT_SANEXIT_ASAN
 #include <link.h>
 #include <stdint.h>
 #include <stdlib.h>
