@@ -37,7 +37,12 @@ ifeq ($(SAN),1)
   # under the sanitizers (test_roundtrip 57 -> 47, test_lora 50 -> 40 CPU-s in
   # one A/B whose first half ran beside another suite, so an upper bound of
   # the gain), with the same checks.
-  OPT   := -O2 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+  # -g1 (line tables and functions, no variables): a sanitizer's report is
+  # the same as with -g, file:line of every frame, inlined ones too (what
+  # the symbolizer reads), and the build stage of `make test` compiles in
+  # ~15-20% less CPU (ckpt from scratch: 85.7 -> 71.2 CPU-s). Debug by
+  # hand with -g: make SAN=1 CFLAGS=-g.
+  OPT   := -O2 -g1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
   # The sanitizer build's programs (ckpt, the test Hub, the unit tests) start
   # and exit thousands of times in `make test`, and LeakSanitizer scans the
   # runtime's data at every exit. One runtime linked in (the static libasan

@@ -4,6 +4,7 @@
 #include "common/fsutil.h"
 #include "common/interrupt.h"
 #include "common/log.h"
+#include "common/sanexit.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,6 +33,7 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    ckpt_san_exit_prefault(); /* the sanitizer build's exit check without its page faults */
     int first = 1;
     if (cli_config_load() || cli_global_options(argc, argv, &first)) return CLI_USAGE;
     argc -= first - 1;

@@ -177,7 +177,10 @@ stop_daemon_at() {
 kills=0
 t0=$SECONDS
 for spec in "${specs[@]}"; do
-    no_active && fail "the kill test ran out of jobs before the daemon was stopped at $spec"
+    # Jobs only leave the active states here (nothing is submitted): some
+    # still active before the last stop means every stop had jobs to stop.
+    [ $kills -lt $((${#specs[@]} - 1)) ] || ! no_active ||
+        fail "the kill test ran out of jobs before the daemon was stopped at $spec"
     stop_daemon_at "$spec"
     kills=$((kills + 1))
 done
@@ -399,14 +402,18 @@ api 400 POST /v1/jobs "${A[@]}" "${J[@]}" -d '{"kind":"noop","args":{"sleep_ms":
 api 400 POST /v1/jobs "${A[@]}" "${J[@]}" -d '{"kind":"noop","args":[1]}'
 api 404 GET /v1/jobs/999999 "${A[@]}"
 api 404 GET /v1/nothing "${A[@]}"
-# 100 MB bodies: with Content-Length, and chunked (no length); with and without a token.
+# 100 MB bodies, with Content-Length, with and without a token; and chunked
+# (no length), whose every byte the daemon reads and drops in the small
+# pieces the decoding hands it (~1 CPU-s for 100 MB under the sanitizers):
+# 16 MB, sixteen times the limit, reaches the same refusal.
 head -c $((100 << 20)) /dev/zero >"$work/big.body"
 t=$(ms)
 api 413 POST /v1/jobs "${A[@]}" "${J[@]}" -T "$work/big.body"
-api 413 POST /v1/jobs "${A[@]}" "${J[@]}" -H 'Transfer-Encoding: chunked' -T - <"$work/big.body"
+head -c $((16 << 20)) "$work/big.body" >"$work/chunked.body"
+api 413 POST /v1/jobs "${A[@]}" "${J[@]}" -H 'Transfer-Encoding: chunked' -T - <"$work/chunked.body"
 api 401 POST /v1/jobs "${J[@]}" -T "$work/big.body"
-note "three 100 MB bodies refused in $(($(ms) - t)) ms"
-rm -f "$work/big.body"
+note "two 100 MB bodies and a chunked 16 MB one refused in $(($(ms) - t)) ms"
+rm -f "$work/big.body" "$work/chunked.body"
 # A body just over the limit, as JSON.
 "$py" -c 'import json; print(json.dumps({"kind": "noop", "args": {"pad": "x" * (1 << 20)}}))' >"$work/over.json"
 api 413 POST /v1/jobs "${A[@]}" "${J[@]}" --data-binary "@$work/over.json"

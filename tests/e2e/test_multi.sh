@@ -66,7 +66,9 @@ start() {
     local pid=$!
     daemons+=("$pid")
     printf -v "${name}_pid" '%s' "$pid"
-    wait_until 60 "daemon $name to start" grep -q "ckpt serve: http://" "$work/d$name.log"
+    # serve.url, not the log line: the daemon logs its URL, then writes the
+    # file (fsync, rename), which a loaded machine may not have done yet.
+    wait_until 60 "daemon $name to start" test -s "$h/serve.url"
     printf -v "${name}_url" '%s' "$(cat "$h/serve.url")"
 }
 objects() { "$ckpt" s3 ls s3://ckpt-multi/blobs/ 2>/dev/null | wc -l; }

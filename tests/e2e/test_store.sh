@@ -9,8 +9,8 @@
 #    of it with one tensor changed, come back byte for byte.
 # 2. convert inside the store then pull equals the offline `ckpt convert`
 #    byte for byte (diff -r) for every preset at tp 1 and tp > 1; converting
-#    again prints the same ref; --rank R equals DST/tp_rank_RR; --consolidated
-#    equals the source.
+#    again prints the same ref (each layout at tp > 1, neuron at tp 1, a
+#    cast); --rank R equals DST/tp_rank_RR; --consolidated equals the source.
 # 3. du: a recipe layout (neuron tp8, fused, hf) adds under 1% physical bytes.
 # 4. verify: a flipped byte in a tensor blob, in a whole-file blob and a
 #    missing blob are named (blob, checkpoint ref, file); pull of a damaged
@@ -160,10 +160,13 @@ check_convert() {
     diff -r "$off" "$p" >"$work/diff" || fail "pull $out differs from the offline convert: $(head -c 1500 "$work/diff")"
     diff <(sums "$off") <(show_sums "$out") >"$work/diff" || fail "$out: the sha256 the pull recorded: $(head -c 1500 "$work/diff")"
     rm -rf "$p"
-    # converting again: the same ref, nothing new
-    again=$(run "$ckpt" convert "$ref" --layout "$layout" --tp "$tp" "$@")
-    [ "$again" = "$out" ] || fail "converting again printed '$again', expected '$out'"
-    grep -q "already stored" "$work/err" || fail "converting $out again does not say 'already stored'"
+    # converting again: the same ref, nothing new (AGAIN=0 skips it where
+    # the same lookup is checked by the cases named below)
+    if [ "${AGAIN:-1}" = 1 ]; then
+        again=$(run "$ckpt" convert "$ref" --layout "$layout" --tp "$tp" "$@")
+        [ "$again" = "$out" ] || fail "converting again printed '$again', expected '$out'"
+        grep -q "already stored" "$work/err" || fail "converting $out again does not say 'already stored'"
+    fi
     if [ "$tp" -gt 1 ]; then
         for r in $([ "$layout" = neuron ] && echo 0) $((tp - 1)); do
             rr=$(printf '%02d' "$r")
@@ -187,9 +190,15 @@ check_convert() {
     same_tree "$src" "$p" "pull $out --consolidated"
     rm -rf "$p" "$off"
 }
-# qwen2: 14 heads, 2 KV heads (padding at tp 4), q/k/v biases, tied embeddings
+# qwen2: 14 heads, 2 KV heads (padding at tp 4), q/k/v biases, tied
+# embeddings. Converting again (a store lookup of the same layout: "already
+# stored", the same ref) is checked for every layout at tp 4 and for neuron
+# at tp 1, whose name has no tp; the other cases make the same lookup.
 for layout in neuron fused easydel hf; do
-    for tp in 1 4; do check_convert qwen2-sharded "$layout" "$tp"; done
+    again=0
+    [ "$layout" = neuron ] && again=1
+    AGAIN=$again check_convert qwen2-sharded "$layout" 1
+    check_convert qwen2-sharded "$layout" 4
 done
 # experts: stacked, fused, sliced
 check_convert mixtral-sharded neuron 8
@@ -199,9 +208,9 @@ nfd=$(($(du_field blobs) + 48))
 (ulimit -n "$nfd" && exec "$ckpt" pull t/mixtral-sharded@main:neuron-tp8 -o "$work/pull" >/dev/null 2>"$work/err") ||
     fail "pull of neuron-tp8 with $nfd descriptors: $(cat "$work/err")"
 rm -rf "$work/pull"
-check_convert mixtral-sharded fused 1
-check_convert qwen3-moe-one easydel 2
-check_convert qwen3-moe-one hf 2
+AGAIN=0 check_convert mixtral-sharded fused 1
+AGAIN=0 check_convert qwen3-moe-one easydel 2
+AGAIN=0 check_convert qwen3-moe-one hf 2
 check_convert llama-one hf 1 --dtype f16 # a cast: computed tensors get blobs of their own
 expect_status 0 "$ckpt" pull t/qwen2-sharded:fused-tp4 --consolidated -o "$work/c.tar" --format tar
 untar "$work/c.tar" "$work/c"

@@ -65,6 +65,7 @@
  */
 #include "common/error.h"
 #include "common/fsutil.h"
+#include "common/sanexit.h"
 #include "common/util.h"
 #include "service/http/http_util.h"
 #include "service/http/hub_api.h"
@@ -729,6 +730,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls,
 
 int main(int argc, char **argv)
 {
+    ckpt_san_exit_prefault();
     const char *home = NULL, *listen = "127.0.0.1:0", *url_file = NULL, *log_file = NULL,
                *spec = "";
     bool outlive_parent = false;
