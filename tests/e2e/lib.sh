@@ -70,6 +70,13 @@ expect_status() {
     local want=$1 rc=0
     shift
     "$@" >"$work/out" 2>"$work/err" || rc=$?
+    # GCC 12's LeakSanitizer sometimes crashes in its own tracer at a
+    # process's exit (no scan made): that exit (86) stands for the command's
+    # success only when success was expected and nothing else was reported.
+    if [ "$rc" -eq 86 ] && [ "$want" -eq 0 ] && lsan_tracer_crash "$work/err"; then
+        echo "note: LeakSanitizer's tracer crashed at the exit of '$1' (no scan made; not a leak)" >&2
+        rc=0
+    fi
     [ "$rc" -eq "$want" ] || fail "'$*' exited $rc, expected $want; stdout: $(head -c 1500 "$work/out"); stderr: $(head -c 1500 "$work/err")"
 }
 
@@ -106,12 +113,18 @@ gone() {
 # for the exit scan ("Tracer caught signal 11 ... LeakSanitizer has encountered
 # a fatal error": GCC 12's LSan racing a thread of the runtime; no scan was
 # made, nothing was found). A leak, an ASan or UBSan report still fails.
+# lsan_tracer_crash LOG: LOG (a process's stderr) ends in LeakSanitizer's
+# own tracer crash and holds no sanitizer report.
+lsan_tracer_crash() {
+    grep -q "^Tracer caught signal" "$1" 2>/dev/null &&
+        grep -q "LeakSanitizer has encountered a fatal error" "$1" &&
+        ! grep -q "ERROR: \(Leak\|Address\)Sanitizer\|runtime error:" "$1"
+}
+
 serve_exit_ok() {
     local rc=$1 log=$2
     [ "$rc" -eq 0 ] && return 0
-    [ "$rc" -eq 86 ] && grep -q "^Tracer caught signal" "$log" 2>/dev/null &&
-        grep -q "LeakSanitizer has encountered a fatal error" "$log" &&
-        ! grep -q "ERROR: \(Leak\|Address\)Sanitizer\|runtime error:" "$log" || return 1
+    [ "$rc" -eq 86 ] && lsan_tracer_crash "$log" || return 1
     echo "note: LeakSanitizer's tracer crashed at the daemon's exit (no scan made; not a leak)" >&2
 }
 
