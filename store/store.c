@@ -225,6 +225,7 @@ static int lease_one(ckpt_store *s, const char *sha256) { return lease_names(s, 
 int store_blob_submit(ckpt_store *s, store_blob_writer *w)
 {
     if (!store_blobs_remote(s)) return 0;
+    store_blobs_published_points(s);
     int rc = lease_one(s, w->sha256);
     return rc ? rc : store_blobs_enqueue(s, w);
 }

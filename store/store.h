@@ -150,6 +150,9 @@ bool store_blobs_upload_found_stored(ckpt_store *s);
 /* Waits for the submitted uploads and stops their threads (cancel: takes no
  * more from the queue, and returns no error); the first failure otherwise. */
 int store_blobs_uploads_end(ckpt_store *s, bool cancel);
+/* Passes the crash point blob.published once for each upload acknowledged
+ * since the last call (from the thread that leases, between transactions). */
+void store_blobs_published_points(ckpt_store *s);
 /* Queues w's finished temp for upload (store_blob_submit without the lease,
  * which the caller holds). */
 int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w);

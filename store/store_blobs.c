@@ -175,6 +175,7 @@ struct store_uploads {
     uint64_t ahead; /* bytes submitted and not yet acknowledged */
     bool closing, cancelled;
     bool last_existed; /* the last upload acknowledged found its blob stored */
+    uint64_t acked, announced; /* uploads acknowledged; of those, passed to the fault point */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t th[64];
@@ -192,7 +193,6 @@ static int upload_one(ckpt_store *s, s3_client *c, const upload_item *w, bool *e
     if (fd >= 0) close(fd);
     free(key);
     if (!rc) unlink(w->tmp_path); /* acknowledged: durable in the bucket */
-    if (!rc) ckpt_fault("blob.published");
     return rc;
 }
 
@@ -222,6 +222,7 @@ static void *upload_main(void *arg)
         pthread_mutex_lock(&u->mu);
         uploads_fail(u, rc);
         if (!rc) u->last_existed = existed;
+        if (!rc) u->acked++;
         u->ahead -= it.size;
         pthread_cond_broadcast(&u->cv);
     }
@@ -285,6 +286,25 @@ int store_blobs_enqueue(ckpt_store *s, store_blob_writer *w)
     return rc;
 }
 
+/* The crash point blob.published once per upload acknowledged since the
+ * last call. It is passed here, in the thread that leases and commits,
+ * between its transactions, not in the upload thread: a process stopped there
+ * (STOP) must not hold a transaction open (on PostgreSQL, a lease being
+ * inserted keeps gc's lock of blob_leases waiting). */
+static void announce_published(store_uploads *u)
+{
+    pthread_mutex_lock(&u->mu);
+    uint64_t n = u->acked - u->announced;
+    u->announced = u->acked;
+    pthread_mutex_unlock(&u->mu);
+    while (n--) ckpt_fault("blob.published");
+}
+
+void store_blobs_published_points(ckpt_store *s)
+{
+    if (s->uploads) announce_published(s->uploads);
+}
+
 bool store_blobs_upload_found_stored(ckpt_store *s)
 {
     store_uploads *u = s->uploads;
@@ -306,6 +326,7 @@ int store_blobs_uploads_end(ckpt_store *s, bool cancel)
     pthread_mutex_unlock(&u->mu);
     for (size_t i = 0; i < u->nth; i++) pthread_join(u->th[i], NULL);
     int rc = u->rc && !cancel ? ckpt_error_set(u->rc, "%s", u->msg) : 0;
+    if (!cancel) announce_published(u);
     for (size_t i = 0; i < u->n; i++) free(u->v[i].tmp_path);
     free(u->v);
     pthread_cond_destroy(&u->cv);
