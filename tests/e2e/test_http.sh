@@ -111,8 +111,9 @@ echo "16 concurrent downloads of an 80 MB rank file identical; daemon peak RSS $
 # joined and the stream is logged as aborted (the daemon's exit, checked
 # under ASan by stop_daemon, shows nothing leaked).
 (curl -s "$URL/v1/checkpoints/Meta%2Fquarter@main:neuron-tp2/archive.tar?rank=1" || true) | head -c 1000000 >/dev/null
-# (a poll for the line the server logs when the stream ends: the 60 s ceiling catches a hang)
-for _ in $(seq 1200); do grep -q 'quarter.*aborted mid-stream' "$W/serve.log" && break; sleep 0.05; done
+# The server logs that line when the stream's handler ends: a state, polled
+# (lib.sh's wait_until; its limit only catches a hang).
+wait_until 60 "the cut archive download to be logged" grep -q 'quarter.*aborted mid-stream' "$W/serve.log"
 grep -q 'quarter.*aborted mid-stream: writing the archive: Broken pipe' "$W/serve.log" ||
     fail "an archive download the client left was not cut: $(grep quarter "$W/serve.log" | tail -3)"
 [ "$(status "$URL/healthz")" = 200 ] || fail "the daemon is unwell after a client left an archive download"
