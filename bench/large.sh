@@ -33,7 +33,8 @@
 # gen-model qwen3-moe (the real 48 layers x 128 experts, ~18,900 tensors) at
 # BENCH_MOE_SCALE: plan, convert neuron tp8, import, store convert, rank
 # pull (against reading that rank's sources + a durable copy of it, as
-# above), consolidated pull, each with its cost per tensor.
+# above), consolidated pull, each with its cost per tensor, and the copy
+# again; BENCH_MOE_REPEAT rounds (1).
 #
 # The Python ways (load every rank, concatenate, save) are not run: they hold
 # the model twice, more than this size leaves in 24 GB (the 2 GB benches,
@@ -47,6 +48,7 @@
 # it), BENCH_REPEAT (3), BENCH_DIR (work folders; default /var/tmp),
 # BENCH_LARGE_MODEL (the kept model; default BENCH_DIR/ckpt-bench-large-model-sS),
 # BENCH_LARGE_SCALE (1), BENCH_MOE_SCALE (8; 0 skips the MoE case),
+# BENCH_MOE_REPEAT (1),
 # BENCH_PART (all; "offline": only the copies, the offline converts and the
 # consolidates, no store, fetch or MoE; "store": the copies, the neuron
 # convert the rank pull is compared with, and the store and fetch steps; "moe":
@@ -220,10 +222,14 @@ if [ ! -f "$MOE/config.json" ]; then
 fi
 NT=$("$CKPT_BIN" inspect "$MOE" --json | "$PY" -c 'import json, sys; print(len(json.load(sys.stdin)["tensors"]))')
 echo
-echo "== many tensors: qwen3-moe --scale $MOE_SCALE, $(gb "$(bytes_of "$MOE")"), $NT tensors (one round)"
+MOE_ROUNDS=${BENCH_MOE_REPEAT:-1}
+[[ $MOE_ROUNDS =~ ^[1-9][0-9]*$ ]] || die "BENCH_MOE_REPEAT must be a positive number"
+echo "== many tensors: qwen3-moe --scale $MOE_SCALE, $(gb "$(bytes_of "$MOE")"), $NT tensors, $MOE_ROUNDS round(s)"
 W=() C=() R=() RD=() B=() LABEL=() ORDER=()
 RW=$WORK/moe
-mkdir -p "$RW"
+for round in $(seq 1 "$MOE_ROUNDS"); do
+[ "$MOE_ROUNDS" = 1 ] || echo "== MoE round $round of $MOE_ROUNDS (load $(cut -d' ' -f1-3 /proc/loadavg))"
+rm -rf "$RW" && mkdir -p "$RW"
 export CKPT_HOME=$RW/home
 run mcopy - "cp -r model + sync" "${COPY[@]}" "$MOE" "$RW/copy"
 rm -rf "$RW/copy"
@@ -241,12 +247,17 @@ for f in "$RW/rank"/*; do cmp -s "$f" "$RW/pr/${f##*/}" || die "the MoE's rank p
 rm -rf "$RW/rank" "$RW/pr"
 run mpull_cons mcopy "pull --consolidated" "$CKPT_BIN" pull bench/moe:neuron-tp$TP --consolidated -o "$RW/pc"
 diff -r "$MOE" "$RW/pc" >/dev/null || die "the MoE's pull --consolidated differs from the model"
+rm -rf "$RW/pc"
+# the copy again: a ratio is only as good as the copies at both ends agree
+run mcopy_end - "cp -r model + sync (again)" "${COPY[@]}" "$MOE" "$RW/copy"
 unset CKPT_HOME
-printf '%-27s %8s %8s %9s %9s %14s\n' step "wall s" "CPU s" "RSS MiB" "vs copy" "per tensor ms"
+done
+echo "== seconds as min / median / max; ratios are medians against the median copy at the start of each round"
+printf '%-27s %-20s %8s %9s %9s %14s\n' step "wall s" "CPU s" "RSS MiB" "vs copy" "per tensor ms"
 for k in "${ORDER[@]}"; do
-    w=$(stat3 "${W[$k]}" | cut -d' ' -f2)
+    read -r wmin w wmax <<<"$(stat3 "${W[$k]}")"
     ratio=""
     [ "${B[$k]}" != - ] && ratio=$(awk -v a="$w" -v b="$(stat3 "${W[${B[$k]}]}" | cut -d' ' -f2)" 'BEGIN {printf "%.2fx", a / b}')
-    printf '%-27s %8.2f %8.2f %9.0f %9s %14.3f\n' "${LABEL[$k]}" "$w" "$(stat3 "${C[$k]}" | cut -d' ' -f2)" "${R[$k]}" "$ratio" \
+    printf '%-27s %6.2f/%6.2f/%6.2f %8.2f %9.0f %9s %14.3f\n' "${LABEL[$k]}" "$wmin" "$w" "$wmax" "$(stat3 "${C[$k]}" | cut -d' ' -f2)" "${R[$k]}" "$ratio" \
         "$(awk -v w="$w" -v n="$NT" 'BEGIN {print w * 1000 / n}')"
 done
