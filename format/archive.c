@@ -1,6 +1,7 @@
 /* archive.c — tar in and out with libarchive (see archive.h). */
 #include "format/archive.h"
 
+#include "common/bqueue.h"
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/util.h"
@@ -20,94 +21,13 @@
 #define ARCHIVE_BLOCK (1u << 20)
 #define QUEUE_SLOTS 8 /* blocks of ARCHIVE_BLOCK in flight between two threads: 8 MiB */
 
-/* A bounded queue of blocks between one producer thread and one consumer
- * thread: QUEUE_SLOTS buffers of ARCHIVE_BLOCK bytes, filled and used in
- * order. The producer fills the slot bq_slot gives and publishes it with
- * bq_put; the consumer takes the oldest with bq_next and gives it back with
- * bq_done. Either side can end it: bq_close (the producer: nothing more)
- * and bq_cancel (either: stop now; what is queued is dropped). */
-typedef struct {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    char *buf[QUEUE_SLOTS];
-    size_t len[QUEUE_SLOTS];
-    uint64_t put, got; /* blocks published, blocks given back */
-    bool closed, cancelled;
-} block_queue;
-
-static void bq_free(block_queue *q)
-{
-    for (size_t i = 0; i < QUEUE_SLOTS; i++) free(q->buf[i]);
-    pthread_mutex_destroy(&q->mu);
-    pthread_cond_destroy(&q->cv);
-}
-
-static int bq_init(block_queue *q)
-{
-    memset(q, 0, sizeof *q);
-    pthread_mutex_init(&q->mu, NULL);
-    pthread_cond_init(&q->cv, NULL);
-    for (size_t i = 0; i < QUEUE_SLOTS; i++)
-        if (!(q->buf[i] = ckpt_malloc(ARCHIVE_BLOCK))) {
-            bq_free(q);
-            return CKPT_ENOMEM;
-        }
-    return 0;
-}
-
-/* The producer's next free slot (waits for one), or NULL once cancelled. */
-static char *bq_slot(block_queue *q)
-{
-    pthread_mutex_lock(&q->mu);
-    while (!q->cancelled && q->put - q->got >= QUEUE_SLOTS) pthread_cond_wait(&q->cv, &q->mu);
-    char *b = q->cancelled ? NULL : q->buf[q->put % QUEUE_SLOTS];
-    pthread_mutex_unlock(&q->mu);
-    return b;
-}
-
-static void bq_put(block_queue *q, size_t len)
-{
-    pthread_mutex_lock(&q->mu);
-    q->len[q->put % QUEUE_SLOTS] = len;
-    q->put++;
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-}
-
-/* The consumer's oldest published block (waits for one), or NULL at the end
- * (closed and empty) or once cancelled. */
-static char *bq_next(block_queue *q, size_t *len)
-{
-    pthread_mutex_lock(&q->mu);
-    while (!q->cancelled && !q->closed && q->put == q->got) pthread_cond_wait(&q->cv, &q->mu);
-    char *b = NULL;
-    if (!q->cancelled && q->put > q->got) {
-        b = q->buf[q->got % QUEUE_SLOTS];
-        *len = q->len[q->got % QUEUE_SLOTS];
-    }
-    pthread_mutex_unlock(&q->mu);
-    return b;
-}
-
-static void bq_set(block_queue *q, uint64_t *counter, bool *flag)
-{
-    pthread_mutex_lock(&q->mu);
-    if (counter) (*counter)++;
-    if (flag) *flag = true;
-    pthread_cond_broadcast(&q->cv);
-    pthread_mutex_unlock(&q->mu);
-}
-static void bq_done(block_queue *q) { bq_set(q, &q->got, NULL); }
-static void bq_close(block_queue *q) { bq_set(q, NULL, &q->closed); }
-static void bq_cancel(block_queue *q) { bq_set(q, NULL, &q->cancelled); }
-
 /* Where a tar being written goes: an fd, until a failure. Then the sink
  * discards, so closing the archive (which frees libarchive's buffers) writes
  * no tar end: a reader of the stream sees a truncated archive, never a valid
  * short one.
  *
  * With a writer thread (sink_start), the bytes libarchive hands over are
- * gathered into blocks of a block_queue that the thread writes to the fd in
+ * gathered into blocks of a bqueue (common/bqueue.h) that the thread writes to the fd in
  * order: the caller goes on compressing while a write() waits on the disk
  * (dirty-page throttling) or on a slow reader of a pipe. A failed write
  * cancels the queue, so the next sink_write fails with the errno kept in
@@ -118,7 +38,7 @@ typedef struct {
     int err; /* errno of a failed write */
     bool threaded;
     pthread_t th;
-    block_queue q;
+    bqueue q;
     char *cur; /* the slot being filled, fill bytes in it */
     size_t fill;
 } tar_sink;
@@ -142,12 +62,12 @@ static void *sink_thread(void *arg)
     tar_sink *k = arg;
     const char *b;
     size_t len;
-    while ((b = bq_next(&k->q, &len))) {
+    while ((b = bqueue_get(&k->q, 0, &len))) {
         if (write_all(k, b, len)) {
-            bq_cancel(&k->q); /* after k->err is set: the caller reads it once it sees the cancel */
+            bqueue_cancel(&k->q); /* after k->err is set: the caller reads it once it sees the cancel */
             break;
         }
-        bq_done(&k->q);
+        bqueue_done(&k->q, 0);
     }
     return NULL;
 }
@@ -156,9 +76,9 @@ static void *sink_thread(void *arg)
  * writes in the caller's thread, as it then does for everything. */
 static void sink_start(tar_sink *k)
 {
-    if (bq_init(&k->q)) return;
+    if (bqueue_init(&k->q, QUEUE_SLOTS, ARCHIVE_BLOCK, 1)) return;
     if (pthread_create(&k->th, NULL, sink_thread, k)) {
-        bq_free(&k->q);
+        bqueue_free(&k->q);
         return;
     }
     k->threaded = true;
@@ -172,13 +92,13 @@ static la_ssize_t sink_write(struct archive *a, void *cd, const void *buf, size_
     if (!k->threaded) return write_all(k, buf, n) ? -1 : (la_ssize_t)n;
     const char *p = buf;
     for (size_t done = 0; done < n;) {
-        if (!k->cur && !(k->cur = bq_slot(&k->q))) return -1; /* the writer failed: k->err */
+        if (!k->cur && !(k->cur = bqueue_slot(&k->q))) return -1; /* the writer failed: k->err */
         size_t c = n - done < ARCHIVE_BLOCK - k->fill ? n - done : ARCHIVE_BLOCK - k->fill;
         memcpy(k->cur + k->fill, p + done, c);
         k->fill += c;
         done += c;
         if (k->fill == ARCHIVE_BLOCK) {
-            bq_put(&k->q, k->fill);
+            bqueue_put(&k->q, k->fill);
             k->cur = NULL;
             k->fill = 0;
         }
@@ -191,11 +111,11 @@ static la_ssize_t sink_write(struct archive *a, void *cd, const void *buf, size_
 static void sink_stop(tar_sink *k, bool ok)
 {
     if (!k->threaded) return;
-    if (ok && k->cur && k->fill) bq_put(&k->q, k->fill);
-    if (ok) bq_close(&k->q);
-    else bq_cancel(&k->q);
+    if (ok && k->cur && k->fill) bqueue_put(&k->q, k->fill);
+    if (ok) bqueue_close(&k->q, 0);
+    else bqueue_cancel(&k->q);
     pthread_join(k->th, NULL);
-    bq_free(&k->q);
+    bqueue_free(&k->q);
     k->threaded = false;
     k->cur = NULL;
     k->fill = 0;
@@ -506,37 +426,35 @@ int ckpt_archive_write_tree(const char *dir, const char *out, bool zstd)
 }
 
 /* The reader thread of ckpt_archive_write_entries: every block of every
- * entry read through rd, in order, into a block_queue that the caller's
- * thread feeds to libarchive. It stops at rd's first error (kept with its
- * message, which is per thread, for the caller to report) or when the
- * caller cancels the queue. */
+ * entry read through rd, in order, into a bqueue that the caller's thread
+ * feeds to libarchive. It stops at rd's first error (the queue closed with
+ * it and its message, which is per thread, for the caller to report once it
+ * wrote what came before) or when the caller cancels the queue. */
 typedef struct {
-    block_queue q;
+    bqueue q;
     const ckpt_archive_entry *e;
     size_t n;
     ckpt_archive_read_fn rd;
     void *ctx;
-    int rc;
-    char msg[2048]; /* the reader's error message (ERROR_MSG_MAX) */
 } entry_reader;
 
 static void *reader_thread(void *arg)
 {
     entry_reader *r = arg;
-    for (size_t i = 0; !r->rc && i < r->n; i++)
+    for (size_t i = 0; i < r->n; i++)
         for (uint64_t off = 0; off < r->e[i].size;) {
             size_t len = r->e[i].size - off < ARCHIVE_BLOCK ? (size_t)(r->e[i].size - off) : ARCHIVE_BLOCK;
-            char *b = bq_slot(&r->q);
-            if (!b) goto out;
-            if ((r->rc = r->rd(r->ctx, i, off, b, len))) {
-                snprintf(r->msg, sizeof r->msg, "%s", ckpt_error_last());
-                break;
+            char *b = bqueue_slot(&r->q);
+            if (!b) return NULL;
+            int rc = r->rd(r->ctx, i, off, b, len);
+            if (rc) { /* what was read before still goes out: a cut stream holds every whole block */
+                bqueue_close(&r->q, rc);
+                return NULL;
             }
-            bq_put(&r->q, len);
+            bqueue_put(&r->q, len);
             off += len;
         }
-out:
-    bq_close(&r->q); /* after r->rc and r->msg: the caller reads them once it sees the end */
+    bqueue_close(&r->q, 0);
     return NULL;
 }
 
@@ -558,9 +476,9 @@ int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, s
     entry_reader r = {.e = e, .n = n, .rd = rd, .ctx = ctx};
     pthread_t th;
     bool started = false;
-    if (!rc && !(rc = bq_init(&r.q))) {
+    if (!rc && !(rc = bqueue_init(&r.q, QUEUE_SLOTS, ARCHIVE_BLOCK, 1))) {
         if (pthread_create(&th, NULL, reader_thread, &r)) {
-            bq_free(&r.q);
+            bqueue_free(&r.q);
             rc = ckpt_error_set(CKPT_EIO, "cannot start the archive's reader thread");
         } else {
             started = true;
@@ -581,23 +499,23 @@ int ckpt_archive_write_entries(int fd, bool zstd, const ckpt_archive_entry *e, s
             rc = ckpt_error_set(CKPT_EIO, "%s: %s", e[i].name, archive_error_string(a));
         for (uint64_t off = 0; !rc && off < e[i].size;) {
             size_t len;
-            const char *b = bq_next(&r.q, &len);
-            if (!b) { /* the reader stopped: r.rc, read after the queue's lock */
-                rc = r.rc ? ckpt_error_set(r.rc, "%s", r.msg)
-                          : ckpt_error_set(CKPT_EIO, "'%s': the archive's reader ended early", e[i].name);
+            const char *b = bqueue_get(&r.q, 0, &len);
+            if (!b) { /* the reader stopped: its failure, kept in the queue */
+                if (!(rc = bqueue_error(&r.q)))
+                    rc = ckpt_error_set(CKPT_EIO, "'%s': the archive's reader ended early", e[i].name);
                 break;
             }
             if (archive_write_data(a, b, len) != (la_ssize_t)len)
                 rc = sink_error(a, &sink);
-            bq_done(&r.q);
+            bqueue_done(&r.q, 0);
             off += len;
         }
         archive_entry_free(ae);
     }
     if (started) { /* on every path: the reader may be waiting for a free slot */
-        bq_cancel(&r.q);
+        bqueue_cancel(&r.q);
         pthread_join(th, NULL);
-        bq_free(&r.q);
+        bqueue_free(&r.q);
     }
     return sink_finish(a, &sink, rc); /* no tar end after a failure */
 }

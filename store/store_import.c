@@ -11,6 +11,7 @@
  */
 #include "store/store.h"
 
+#include "common/bqueue.h"
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
@@ -31,7 +32,7 @@
 #include <unistd.h>
 
 #define IMPORT_CHUNK (8u << 20)
-#define IMPORT_RING 3 /* chunks in flight between the reader and the file hasher */
+#define IMPORT_RING 3 /* chunks in flight between the reader and the two threads that take them */
 
 typedef struct {
     char *path; /* relative */
@@ -158,141 +159,61 @@ static int import_plain(ckpt_store *s, const char *path, const found_file *ff, s
     return fr->blob ? 0 : CKPT_ENOMEM;
 }
 
-/* A safetensors file is read once, front to back, in chunks of a ring, by
- * the importing thread, and two threads take every chunk: the file hasher
- * (the file's sha256) and the tensor thread, which cuts the data section into
- * its tensors (they tile it in offset order: st_open checks) and hashes and
- * writes each to its blob. Reading, hashing the file and writing the blobs
- * are then on both cores at once, and the per-tensor work (a temp file, a
- * hash, a close) waits for no read. A chunk is refilled once both are done
- * with it. */
+/* A safetensors file is read once, front to back, in chunks of a ring (a
+ * bqueue of IMPORT_RING chunks, common/bqueue.h), by the importing thread,
+ * and two threads take every chunk: the file hasher (reader HASHER: the
+ * file's sha256) and the tensor thread (reader CUTTER), which cuts the data
+ * section into its tensors (they tile it in offset order: st_open checks)
+ * and hashes and writes each to its blob. Reading, hashing the file and
+ * writing the blobs are then on both cores at once, and the per-tensor work
+ * (a temp file, a hash, a close) waits for no read. A chunk is refilled once
+ * both are done with it. The first failure of any of the three is kept in
+ * the queue (bqueue_fail) and stops the other two. */
+enum { HASHER, CUTTER };
+
 typedef struct {
-    uint8_t *ring[IMPORT_RING];
-    size_t len[IMPORT_RING];
-    uint64_t posted, hashed, taken; /* chunks read; hashed; cut into tensors */
+    bqueue *ring;
     ckpt_sha256 h;
     pthread_t thread;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    bool closing;
-    bool cut;                 /* the tensor thread took every tensor */
-    int err;                  /* the first failure of any of the three */
-    char msg[1024];           /* its message (errors are per thread) */
 } file_hasher;
-
-/* Records the first failure (rc, with this thread's message) and wakes everyone. */
-static void file_hasher_fail(file_hasher *fh, int rc)
-{
-    pthread_mutex_lock(&fh->mu);
-    if (!fh->err) {
-        fh->err = rc;
-        snprintf(fh->msg, sizeof fh->msg, "%s", ckpt_error_last());
-    }
-    pthread_cond_broadcast(&fh->cv);
-    pthread_mutex_unlock(&fh->mu);
-}
 
 static void *file_hasher_main(void *arg)
 {
     file_hasher *fh = arg;
-    pthread_mutex_lock(&fh->mu);
-    for (;;) {
-        while (fh->hashed == fh->posted && !fh->closing) pthread_cond_wait(&fh->cv, &fh->mu);
-        if (fh->hashed == fh->posted) break;
-        size_t slot = (size_t)(fh->hashed % IMPORT_RING);
-        bool failed = fh->err != 0;
-        pthread_mutex_unlock(&fh->mu);
-        int rc = failed ? 0 : ckpt_sha256_update(&fh->h, fh->ring[slot], fh->len[slot]);
-        if (rc) file_hasher_fail(fh, rc);
-        pthread_mutex_lock(&fh->mu);
-        fh->hashed++;
-        pthread_cond_broadcast(&fh->cv);
+    const uint8_t *b;
+    size_t len;
+    while ((b = bqueue_get(fh->ring, HASHER, &len))) {
+        int rc = ckpt_sha256_update(&fh->h, b, len);
+        if (rc) {
+            bqueue_fail(fh->ring, rc);
+            break;
+        }
+        bqueue_done(fh->ring, HASHER);
     }
-    pthread_mutex_unlock(&fh->mu);
     return NULL;
 }
 
-/* The next chunk to read into, once both takers are done with it; NULL
- * after a failure. */
-static uint8_t *file_hasher_slot(file_hasher *fh)
-{
-    pthread_mutex_lock(&fh->mu);
-    while (!fh->err && (fh->posted - fh->hashed >= IMPORT_RING || (!fh->cut && fh->posted - fh->taken >= IMPORT_RING)))
-        pthread_cond_wait(&fh->cv, &fh->mu);
-    uint8_t *b = fh->err ? NULL : fh->ring[fh->posted % IMPORT_RING];
-    pthread_mutex_unlock(&fh->mu);
-    return b;
-}
-
-static void file_hasher_post(file_hasher *fh, size_t len)
-{
-    pthread_mutex_lock(&fh->mu);
-    fh->len[fh->posted % IMPORT_RING] = len;
-    fh->posted++;
-    pthread_cond_broadcast(&fh->cv);
-    pthread_mutex_unlock(&fh->mu);
-}
-
 /* Starts hashing a file whose first bytes (the header) are head. */
-static int file_hasher_start(file_hasher *fh, uint8_t *const bufs[IMPORT_RING], const void *head, size_t head_len)
+static int file_hasher_start(file_hasher *fh, bqueue *ring, const void *head, size_t head_len)
 {
-    memset(fh, 0, sizeof *fh);
-    memcpy(fh->ring, bufs, sizeof fh->ring);
+    fh->ring = ring;
     int rc = ckpt_sha256_init(&fh->h);
     if (!rc) rc = ckpt_sha256_update(&fh->h, head, head_len);
-    if (rc) {
-        ckpt_sha256_free(&fh->h);
-        return rc;
-    }
-    pthread_mutex_init(&fh->mu, NULL);
-    pthread_cond_init(&fh->cv, NULL);
-    if (pthread_create(&fh->thread, NULL, file_hasher_main, fh)) {
-        pthread_mutex_destroy(&fh->mu);
-        pthread_cond_destroy(&fh->cv);
-        ckpt_sha256_free(&fh->h);
-        return ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
-    }
-    return 0;
-}
-
-/* Waits for what was posted; the file's sha256 into hex (when hex). */
-static int file_hasher_finish(file_hasher *fh, char hex[65])
-{
-    pthread_mutex_lock(&fh->mu);
-    fh->closing = true;
-    pthread_cond_broadcast(&fh->cv);
-    pthread_mutex_unlock(&fh->mu);
-    pthread_join(fh->thread, NULL);
-    pthread_mutex_destroy(&fh->mu);
-    pthread_cond_destroy(&fh->cv);
-    int rc = fh->err ? ckpt_error_set(fh->err, "%s", fh->msg) : 0;
-    if (!rc && hex) return ckpt_sha256_final_hex(&fh->h, hex);
-    ckpt_sha256_free(&fh->h);
+    if (!rc && pthread_create(&fh->thread, NULL, file_hasher_main, fh))
+        rc = ckpt_error_set(CKPT_EIO, "cannot start a hashing thread");
+    if (rc) ckpt_sha256_free(&fh->h);
     return rc;
 }
 
-/* The tensor thread's view of the ring: up to `want` bytes of the chunk it
- * is in (waiting for one to be read), or NULL when the reader stopped
- * (*err: a failure's code, or 0 when the data ended). */
-static const uint8_t *ring_take(file_hasher *fh, size_t at, uint64_t want, size_t *len, int *err)
+/* Waits for the hasher (the ring closed or cancelled); the file's sha256
+ * into hex (when hex). */
+static int file_hasher_finish(file_hasher *fh, char hex[65])
 {
-    pthread_mutex_lock(&fh->mu);
-    while (!fh->err && !fh->closing && fh->taken == fh->posted) pthread_cond_wait(&fh->cv, &fh->mu);
-    size_t slot = (size_t)(fh->taken % IMPORT_RING);
-    const uint8_t *b = fh->err || fh->taken == fh->posted ? NULL : fh->ring[slot] + at;
-    if (b) *len = fh->len[slot] - at < want ? fh->len[slot] - at : (size_t)want;
-    *err = fh->err;
-    pthread_mutex_unlock(&fh->mu);
-    return b;
-}
-
-/* The tensor thread is done with the chunk it was in. */
-static void ring_release(file_hasher *fh)
-{
-    pthread_mutex_lock(&fh->mu);
-    fh->taken++;
-    pthread_cond_broadcast(&fh->cv);
-    pthread_mutex_unlock(&fh->mu);
+    pthread_join(fh->thread, NULL);
+    int rc = bqueue_error(fh->ring);
+    if (!rc && hex) return ckpt_sha256_final_hex(&fh->h, hex);
+    ckpt_sha256_free(&fh->h);
+    return rc;
 }
 
 typedef struct {
@@ -303,8 +224,10 @@ typedef struct {
     writer_list *wl;
     uint8_t *spare; /* a chunk of its own, for a tensor read again */
     bool *probe;
-    file_hasher *fh;
-    size_t at; /* bytes of the current chunk already cut */
+    bqueue *ring;
+    const uint8_t *chunk; /* the chunk being cut (NULL: none taken), len bytes */
+    size_t len;
+    size_t at; /* bytes of it already cut */
 } tensor_cutter;
 
 /* The next n bytes of the ring into a tensor hash th (unless NULL) and a
@@ -312,18 +235,23 @@ typedef struct {
 static int cut_tensor(tensor_cutter *tc, uint64_t n, ckpt_sha256 *th, store_blob_writer *w)
 {
     for (uint64_t done = 0; done < n;) {
-        size_t k = 0;
-        int err = 0;
-        const uint8_t *b = ring_take(tc->fh, tc->at, n - done, &k, &err);
-        if (!b) return err ? err : ckpt_error_set(CKPT_EIO, "%s: the data ended early", tc->path);
+        if (!tc->chunk) {
+            if (!(tc->chunk = bqueue_get(tc->ring, CUTTER, &tc->len))) {
+                int err = bqueue_error(tc->ring);
+                return err ? err : ckpt_error_set(CKPT_EIO, "%s: the data ended early", tc->path);
+            }
+            tc->at = 0;
+        }
+        size_t k = tc->len - tc->at < n - done ? tc->len - tc->at : (size_t)(n - done);
+        const uint8_t *b = tc->chunk + tc->at;
         int rc = th ? ckpt_sha256_update(th, b, k) : 0;
         if (!rc && w) rc = store_blob_write(w, b, k);
         if (rc) return rc;
         done += k;
         tc->at += k;
-        if (tc->at == tc->fh->len[tc->fh->taken % IMPORT_RING]) {
-            tc->at = 0;
-            ring_release(tc->fh);
+        if (tc->at == tc->len) {
+            tc->chunk = NULL;
+            bqueue_done(tc->ring, CUTTER);
         }
     }
     return 0;
@@ -400,18 +328,15 @@ static void *tensor_cutter_main(void *arg)
 {
     tensor_cutter *tc = arg;
     int rc = cut_tensors(tc);
-    if (rc) file_hasher_fail(tc->fh, rc);
-    pthread_mutex_lock(&tc->fh->mu);
-    tc->fh->cut = true; /* the reader waits no more for this thread */
-    pthread_cond_broadcast(&tc->fh->cv);
-    pthread_mutex_unlock(&tc->fh->mu);
+    if (rc) bqueue_fail(tc->ring, rc);
+    bqueue_leave(tc->ring, CUTTER); /* the reader waits no more for this thread */
     return NULL;
 }
 
 /* Safetensors file -> header bytes + one blob per tensor, file hashed
  * alongside (see file_hasher). */
 static int import_safetensors(ckpt_store *s, const char *path, const found_file *ff, store_file_rec *fr,
-                              writer_list *wl, uint8_t *const bufs[IMPORT_RING + 1], bool *probe)
+                              writer_list *wl, bqueue *ring, uint8_t *spare, bool *probe)
 {
     st_file f;
     int rc = st_open(&f, path);
@@ -425,32 +350,28 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
     fr->header = ckpt_malloc(fr->header_len);
     fr->tensors = ckpt_calloc(f.ntensors + 1, sizeof *fr->tensors);
     fr->ntensors = fr->cap = f.ntensors;
+    bqueue_reset(ring);
     file_hasher fh;
-    tensor_cutter tc = {.s = s, .path = path, .f = &f, .fr = fr, .wl = wl, .spare = bufs[IMPORT_RING], .probe = probe, .fh = &fh};
+    tensor_cutter tc = {.s = s, .path = path, .f = &f, .fr = fr, .wl = wl, .spare = spare, .probe = probe, .ring = ring};
     pthread_t cutter;
     bool hashing = false, cutting = false;
     if (!fr->header || !fr->tensors) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_pread_full(f.fd, fr->header, fr->header_len, 0, path);
-    if (!rc && !(rc = file_hasher_start(&fh, bufs, fr->header, fr->header_len))) hashing = true;
+    if (!rc && !(rc = file_hasher_start(&fh, ring, fr->header, fr->header_len))) hashing = true;
     if (!rc && pthread_create(&cutter, NULL, tensor_cutter_main, &tc)) rc = ckpt_error_set(CKPT_EIO, "cannot start a thread");
     if (!rc) cutting = true;
     posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (uint64_t off = f.data_start; !rc && off < f.file_size;) {
         size_t k = f.file_size - off < IMPORT_CHUNK ? (size_t)(f.file_size - off) : IMPORT_CHUNK;
-        uint8_t *buf = file_hasher_slot(&fh);
+        uint8_t *buf = bqueue_slot(ring);
         if (!buf) break; /* a taker failed: finish says why */
         rc = ckpt_pread_full(f.fd, buf, k, off, path);
-        if (!rc) file_hasher_post(&fh, k);
+        if (!rc) bqueue_put(ring, k);
         off += k;
     }
-    if (rc && hashing) file_hasher_fail(&fh, rc);
-    if (cutting) {
-        pthread_mutex_lock(&fh.mu);
-        fh.closing = true; /* no more chunks: a cutter still waiting for one stops */
-        pthread_cond_broadcast(&fh.cv);
-        pthread_mutex_unlock(&fh.mu);
-        pthread_join(cutter, NULL);
-    }
+    if (rc) bqueue_fail(ring, rc); /* the takers stop at once */
+    else bqueue_close(ring, 0);    /* no more chunks: they end once they took every one */
+    if (cutting) pthread_join(cutter, NULL);
     if (hashing) {
         int hrc = file_hasher_finish(&fh, rc ? NULL : fr->sha256);
         if (!rc) rc = hrc;
@@ -562,9 +483,10 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
     if (!rc) qsort(fl.v, fl.n, sizeof *fl.v, cmp_found);
     store_ckpt_rec rec = {.repo = o->repo, .revision = o->revision ? o->revision : "main", .layout = ""};
     writer_list wl = {0};
-    uint8_t *bufs[IMPORT_RING + 1] = {0}; /* the file hasher's ring, and one spare */
-    for (size_t i = 0; !rc && i <= IMPORT_RING; i++)
-        if (!(bufs[i] = ckpt_malloc(IMPORT_CHUNK))) rc = CKPT_ENOMEM;
+    bqueue ring; /* the chunks between the reader, the file hasher and the tensor thread */
+    bool have_ring = !rc && !(rc = bqueue_init(&ring, IMPORT_RING, IMPORT_CHUNK, 2));
+    uint8_t *spare = rc ? NULL : ckpt_malloc(IMPORT_CHUNK); /* a chunk of its own */
+    if (!rc && !spare) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);
     /* Progress in bytes, as every job reports it (the dashboard, the bytes.import figure). */
     uint64_t total = 0, done = 0;
@@ -579,8 +501,8 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
         fl.v[i].path = NULL;
         char *full = ckpt_path_join(dir, fr->path);
         if (!full) rc = CKPT_ENOMEM;
-        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, &fl.v[i], fr, &wl, bufs, &probe);
-        else rc = import_plain(s, full, &fl.v[i], fr, &wl, bufs[0]);
+        else if (ends_with(fr->path, ".safetensors")) rc = import_safetensors(s, full, &fl.v[i], fr, &wl, &ring, spare, &probe);
+        else rc = import_plain(s, full, &fl.v[i], fr, &wl, spare);
         free(full);
         done += fl.v[i].size;
         if (!o->quiet) ckpt_progress_update(&prog, done > total ? total : done);
@@ -611,7 +533,8 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
     free(wl.w);
     for (size_t i = 0; i < fl.n; i++) free(fl.v[i].path);
     free(fl.v);
-    for (size_t i = 0; i <= IMPORT_RING; i++) free(bufs[i]);
+    if (have_ring) bqueue_free(&ring);
+    free(spare);
     store_ckpt_rec_free(&rec);
     return rc;
 }
