@@ -586,7 +586,7 @@ int db_begin(ckpt_db *d)
     }
     /* The busy timeout covers BEGIN IMMEDIATE; retry a few times beyond it so
      * no SQLITE_BUSY reaches a user under ordinary contention. */
-    for (int attempt = 0; attempt < 10; attempt++) {
+    for (int attempt = 0; attempt < DB_BEGIN_ATTEMPTS; attempt++) {
         int rc = sqlite3_exec(d->lite, "BEGIN IMMEDIATE", NULL, NULL, NULL);
         if (rc == SQLITE_OK) return 0;
         if (rc != SQLITE_BUSY) return db_error(d, "begin");

@@ -95,6 +95,9 @@ int db_batch_begin(ckpt_db *d);
 int db_batch_end(ckpt_db *d);
 
 int db_exec(ckpt_db *d, const char *sql, const char *what);
+/* SQLite: BEGIN IMMEDIATE is tried this many times, each waiting up to the
+ * connection's busy timeout for the write lock, with a short pause between. */
+#define DB_BEGIN_ATTEMPTS 10
 int db_begin(ckpt_db *d);
 int db_commit(ckpt_db *d);
 void db_rollback(ckpt_db *d);

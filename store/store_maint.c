@@ -3,7 +3,8 @@
  *
  * gc holds the catalog's write lock (BEGIN IMMEDIATE; on PostgreSQL a lock
  * on blob_leases that writers' leases wait for) while it decides and deletes,
- * so no import can lease a blob in between: a blob survives when a
+ * waiting for it at most CKPT_GC_LOCK_TIMEOUT_S (gc_begin), so no import can
+ * lease a blob in between: a blob survives when a
  * checkpoint references it or a live process leases it. Temp files and
  * folders in tmp/ carry their writer's pid and start time; those of dead
  * writers are removed, and so are the stale kept pieces of interrupted
@@ -200,19 +201,52 @@ static int gc_temps(ckpt_store *s, bool dry_run, store_gc_result *res)
     return rc;
 }
 
+/* How long gc waits for its lock (CKPT_GC_LOCK_TIMEOUT_S, default 30 s), in ms. */
+static int gc_lock_timeout_ms(int *ms)
+{
+    const char *v = getenv("CKPT_GC_LOCK_TIMEOUT_S");
+    double sec = 30;
+    int rc = v && *v ? ckpt_parse_double("CKPT_GC_LOCK_TIMEOUT_S", v, 0.001, 86400, &sec) : 0;
+    *ms = (int)(sec * 1000 + 0.5);
+    return rc;
+}
+
+/* Begins gc's transaction holding what keeps writers out, waiting at most
+ * the lock timeout for it. SQLite: the write lock (BEGIN IMMEDIATE), its
+ * attempts' busy timeouts adding up to the timeout. PostgreSQL: SQLite's write
+ * lock in effect, blob_leases locked against writers' leases (taken before a
+ * blob is written or reused), which wait until this gc commits, and against
+ * another gc; the wait is bounded by lock_timeout, so a writer stopped
+ * inside a lease's transaction (SIGSTOP, a debugger) fails the gc instead of
+ * blocking it for ever. */
+static int gc_begin(ckpt_store *s)
+{
+    int ms;
+    int rc = gc_lock_timeout_ms(&ms);
+    if (rc) return rc;
+    bool pg = catalog_on_pg(&s->cat);
+    if (!pg) sqlite3_busy_timeout(s->cat.db, ms / DB_BEGIN_ATTEMPTS + 1);
+    rc = catalog_begin(&s->cat);
+    if (!pg) sqlite3_busy_timeout(s->cat.db, CATALOG_BUSY_TIMEOUT_MS);
+    if (!rc && pg) {
+        char sql[64];
+        snprintf(sql, sizeof sql, "SET LOCAL lock_timeout = %d", ms);
+        rc = catalog_exec(&s->cat, sql);
+        if (!rc) rc = catalog_exec(&s->cat, "LOCK TABLE blob_leases IN SHARE ROW EXCLUSIVE MODE");
+        if (rc) catalog_rollback(&s->cat);
+    }
+    if (rc == CKPT_EBUSY)
+        return ckpt_error_set(rc, "%s %s; try again (the wait for it: CKPT_GC_LOCK_TIMEOUT_S, %g s)",
+                              pg ? "another process holds blob leases on" : "another process holds the write lock of",
+                              s->cat.path, ms / 1000.0);
+    return rc;
+}
+
 int store_gc(ckpt_store *s, bool dry_run, store_gc_result *res)
 {
     memset(res, 0, sizeof *res);
-    int rc = catalog_begin(&s->cat);
+    int rc = gc_begin(s);
     if (rc) return rc;
-    /* PostgreSQL: SQLite's write lock in effect: writers' leases (taken before
-     * a blob is written or reused) wait until this gc commits, and two gcs
-     * run one after the other. */
-    if (catalog_on_pg(&s->cat)) rc = catalog_exec(&s->cat, "LOCK TABLE blob_leases IN SHARE ROW EXCLUSIVE MODE");
-    if (rc) {
-        catalog_rollback(&s->cat);
-        return rc;
-    }
     gc_ctx g = {.s = s, .dry_run = dry_run, .res = res, .started = (int64_t)time(NULL)};
     rc = drop_stale_leases(s, &res->leases_dropped);
     if (!rc)

@@ -549,6 +549,12 @@ int cmd_gc(int argc, char **argv)
         "writes (temp files of processes that are gone). Blobs that a running import\n"
         "has leased are kept. --dry-run only counts (locally). With --server, runs as a\n"
         "gc job on the daemon and waits for it.\n\n"
+        "gc holds the lock that keeps writers out while it decides and deletes (SQLite's\n"
+        "write lock; on PostgreSQL, blob_leases locked against new leases) and waits\n"
+        "for it at most CKPT_GC_LOCK_TIMEOUT_S seconds (default 30): a writer stopped in\n"
+        "the middle of a transaction makes gc exit 1 with \"another process holds blob\n"
+        "leases on DATABASE; try again\" (SQLite: \"... the write lock of ...\"),\n"
+        "having deleted nothing.\n\n"
         "examples:\n"
         "  ckpt gc --dry-run\n"
         "  ckpt gc --json\n";

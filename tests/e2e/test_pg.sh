@@ -35,6 +35,11 @@
 #    job ends once.
 # 7. A process whose blobs are elsewhere (another home's blobs/ folder) is
 #    refused, and a bad CKPT_DB too.
+# 8. gc beside a transaction that holds blob_leases as a writer's lease does
+#    (a psql session of the test, left open: a writer stopped mid-lease):
+#    gc waits CKPT_GC_LOCK_TIMEOUT_S, not for ever, and fails saying another
+#    process holds blob leases, with nothing deleted; once the session ends,
+#    gc deletes the unreferenced blob.
 # The daemons here share one CKPT_HOME (its blobs/ folder); test_multi.sh runs
 # daemons with homes of their own over a bucket.
 set -euo pipefail
@@ -47,9 +52,10 @@ unit=$(dirname "$ckpt")/tests/test_queue
 [ -x "$unit" ] || fail "$unit is not built (make BUILD=... \$BUILD/tests/test_queue)"
 
 daemons=()
+psql_pid=
 on_exit() {
     local p
-    for p in "${daemons[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+    for p in "${daemons[@]}" $psql_pid; do kill -9 "$p" 2>/dev/null || true; done
     pg_stop
 }
 
@@ -270,3 +276,27 @@ grep -q "expected a postgresql:// URL" "$work/err" && ! grep -q secret "$work/er
 expect_status 1 env CKPT_DB="postgresql://ckpt:secret@127.0.0.1:$pg_port/nosuchdb" "$ckpt" jobs
 grep -q "nosuchdb" "$work/err" && ! grep -q secret "$work/err" || fail "unknown database: $(cat "$work/err")"
 note "7. refusals"
+
+# ---- 8. gc waits a bounded time for a writer's lease transaction ----
+# The session takes what a lease's INSERT takes (ROW EXCLUSIVE on
+# blob_leases) and stays in its transaction; gc's LOCK TABLE conflicts.
+junk=$CKPT_HOME/blobs/ff/$(printf 'f%.0s' $(seq 62)) # a blob no checkpoint references
+mkdir -p "${junk%/*}"
+echo junk >"$junk"
+mkfifo "$work/psql.in"
+"$pg_bin/psql" -X -q -A -t -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$pg_port" -U ckpt -d ckpt <"$work/psql.in" >"$work/psql.out" 2>&1 &
+psql_pid=$!
+exec 7>"$work/psql.in"
+echo "BEGIN; LOCK TABLE blob_leases IN ROW EXCLUSIVE MODE; SELECT 'held';" >&7
+wait_until 60 "the psql session to hold blob_leases" grep -q held "$work/psql.out"
+CKPT_GC_LOCK_TIMEOUT_S=0.3 expect_status 1 "$ckpt" gc
+grep -q "another process holds blob leases on postgresql://ckpt@127.0.0.1:$pg_port/ckpt; try again" "$work/err" ||
+    fail "gc beside an open lease transaction: $(cat "$work/err")"
+[ -e "$junk" ] || fail "a gc that did not get its lock removed a blob"
+echo "COMMIT;" >&7
+exec 7>&-
+wait "$psql_pid" || fail "the psql session failed: $(cat "$work/psql.out")"
+psql_pid=
+expect_status 0 "$ckpt" gc
+[ ! -e "$junk" ] || fail "gc after the lease transaction ended kept an unreferenced blob: $(cat "$work/out")"
+note "8. gc beside an open lease transaction failed after CKPT_GC_LOCK_TIMEOUT_S, deleting nothing; then it ran"

@@ -17,6 +17,8 @@
 #    checkpoint exits 1 and leaves no destination.
 # (5 and 6, the crash points and concurrent imports, are test_store_crash.sh.)
 # 7. rm then gc frees the blobs; a converted layout survives its original.
+#    gc beside another process's write transaction fails after
+#    CKPT_GC_LOCK_TIMEOUT_S, saying so.
 # Run through run.sh (needs CKPT_BIN, E2E_DIR, E2E_WORK). Uses python3, tar,
 # zstd, sha256sum (no sqlite3: blobs are found by hashing the source bytes).
 set -euo pipefail
@@ -376,6 +378,24 @@ expect_status 0 "$ckpt" pull t/keep -o "$work/pull"
 same_tree "$M/mixtral-one" "$work/pull" "t/keep after rm + gc"
 rm -rf "$work/pull"
 expect_status 0 "$ckpt" rm t/keep
+# Another process in a write transaction (a writer stopped mid-way): gc waits
+# CKPT_GC_LOCK_TIMEOUT_S for the write lock, not for ever, and fails saying so.
+mkfifo "$work/lock.in"
+"$py" -c '
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.read()
+c.execute("COMMIT")' "$CKPT_HOME/ckpt.db" <"$work/lock.in" >"$work/lock.out" 2>&1 &
+lock_pid=$!
+exec 7>"$work/lock.in"
+wait_until 60 "python to hold the catalog's write lock" grep -q held "$work/lock.out"
+CKPT_GC_LOCK_TIMEOUT_S=0.3 expect_status 1 "$ckpt" gc
+grep -q "another process holds the write lock of $CKPT_HOME/ckpt.db; try again" "$work/err" ||
+    fail "gc beside a write transaction: $(cat "$work/err")"
+exec 7>&-
+wait "$lock_pid" || fail "the python holding the write lock failed: $(cat "$work/lock.out")"
 expect_status 0 "$ckpt" gc
 [ "$(du_field physical_bytes)" = 0 ] && [ "$(du_field blobs)" = 0 ] || fail "an empty store still holds blobs"
 
