@@ -49,6 +49,10 @@
  * go through the page cache. */
 #define EXEC_DIRECT_ALIGN 4096u
 #define EXEC_DIRECT_MIN (256u << 10)
+/* A whole-tensor copy from a source file read once goes through O_DIRECT
+ * (copy_direct) from this many bytes. */
+#define EXEC_DIRECT_READ_MIN (64u << 10)
+#define EXEC_DIRECT_READ_PIECE (2u << 20)
 /* Source bytes asked of the kernel ahead of the workers (exec_prefetch). */
 #define EXEC_PREFETCH_BYTES (64u << 20)
 
@@ -122,6 +126,7 @@ typedef struct {
     const exec_plan *p;
     const exec_opts *o;
     int *src_fds;
+    bool *src_once; /* per source file: no byte of it is read twice (exec_opts.buffered_reads unset) */
     int *out_fds;
     int *dio_fds; /* o->direct: per output file, an O_DIRECT descriptor, or -1 */
     char **out_paths;
@@ -874,6 +879,34 @@ static int copy_read(worker *wk, const plan_source *s, uint64_t src_off, size_t 
     return 0;
 }
 
+/* copy_file_range's work for a source file read once (exec_ctx.src_once):
+ * read with O_DIRECT into the slab and written from it. Through the page
+ * cache the kernel would fill fresh pages with bytes nothing reads again
+ * (and, on a VM whose fresh memory is costly to touch, spend several times
+ * the copy's own time doing it). */
+static int copy_direct(worker *wk, const plan_source *s, uint64_t src_off, size_t f, uint64_t dst_off, uint64_t len)
+{
+    exec_ctx *c = wk->c;
+    const uint64_t A = CKPT_DIRECT_ALIGN;
+    const char *path = c->p->src_paths[s->file];
+    int fd = c->src_fds[s->file];
+    /* The slab holds (slab_bytes / A + 2) * A bytes: a piece, the block before it and the one after. */
+    int dfd = wk->slab_bytes >= 2 * A ? ckpt_open_direct(path, fd) : -1;
+    if (dfd < 0) return ckpt_copy_range(fd, src_off, c->out_fds[f], dst_off, len, c->out_paths[f]);
+    size_t piece = (size_t)(wk->slab_bytes / A * A - A);
+    if (piece > EXEC_DIRECT_READ_PIECE) piece = EXEC_DIRECT_READ_PIECE; /* (the slab's first pages only: less RSS) */
+    int rc = 0;
+    for (uint64_t done = 0; !rc && done < len;) {
+        size_t n = (size_t)(len - done < piece ? len - done : piece);
+        uint8_t *b = wk->slab + (src_off + done) % A; /* (out_write may hand the slab on: taken anew) */
+        rc = ckpt_pread_direct(dfd, fd, b, n, src_off + done, path);
+        if (!rc) rc = out_write(wk, f, b, n, dst_off + done);
+        done += n;
+    }
+    close(dfd);
+    return rc;
+}
+
 static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
 {
     exec_ctx *c = wk->c;
@@ -913,7 +946,9 @@ static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
         }
         int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, f, dst_off, len)
                  : wk->crc.on ? copy_read(wk, s, src_off, f, dst_off, len)
-                              : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
+                 : c->src_once && c->src_once[s->file] && len >= EXEC_DIRECT_READ_MIN
+                     ? copy_direct(wk, s, src_off, f, dst_off, len)
+                     : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
         add_progress(c, len);
     }
@@ -1272,17 +1307,35 @@ uint64_t exec_prefetch_runs(const exec_plan *p, const plan_tensor *t, exec_run_f
     return total;
 }
 
-static void advise_run(void *ctx, size_t file, uint64_t lo, uint64_t hi)
-{
-    const exec_ctx *c = ctx;
-    (void)posix_fadvise(c->src_fds[file], (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
-}
-
 /* The tensor of work item it. */
 static const plan_tensor *item_tensor(const exec_plan *p, const work_item *it)
 {
     const exec_file *f = &p->files[it->file];
     return f->tensors[f->layout.tensors[it->slot].user];
+}
+
+typedef struct {
+    const exec_ctx *c;
+    bool advise, direct; /* direct: a whole-tensor copy, its runs from files read once go through copy_direct */
+    uint64_t bytes;
+} prefetch_walk;
+
+static void prefetch_run(void *ctx, size_t file, uint64_t lo, uint64_t hi)
+{
+    prefetch_walk *w = ctx;
+    if (w->direct && w->c->src_once[file] && hi - lo >= EXEC_DIRECT_READ_MIN) return; /* not through the page cache */
+    w->bytes += hi - lo;
+    if (w->advise) (void)posix_fadvise(w->c->src_fds[file], (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
+}
+
+/* Reads ahead the sources of work item it (advise), or only counts their bytes. */
+static uint64_t prefetch_item(const exec_ctx *c, const work_item *it, bool advise)
+{
+    const plan_tensor *t = item_tensor(c->p, it);
+    prefetch_walk w = {.c = c, .advise = advise,
+                       .direct = c->src_once && !c->o->out_crc32 && exec_tensor_is_copy(c->p, t)};
+    exec_prefetch_runs(c->p, t, prefetch_run, &w);
+    return w.bytes;
 }
 
 /* Under c->mu, once item idx is taken: the items [*a, returned end) whose
@@ -1326,7 +1379,7 @@ static void *worker_main(void *arg)
         pthread_mutex_unlock(&c->mu);
         double pf0 = exec_tracing() && pf_b > pf_a ? exec_trace_now() : 0;
         for (size_t i = pf_a; i < pf_b; i++)
-            if (c->pf_size[i]) exec_prefetch_runs(c->p, item_tensor(c->p, &c->items[i]), advise_run, c);
+            if (c->pf_size[i]) prefetch_item(c, &c->items[i], true);
         if (pf0 > 0) wk->prefetching += exec_trace_now() - pf0;
         int rc = run_item(wk, &it);
         if (!rc) {
@@ -1604,6 +1657,35 @@ void exec_raise_open_files(size_t need)
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 
+/* Per source file: true when no source in it is read by two parts (of the
+ * same tensor or two) or by a check: its bytes are read once. */
+static bool *source_files_read_once(const exec_plan *p)
+{
+    uint32_t *refs = ckpt_calloc(p->nsources + 1, sizeof *refs);
+    bool *once = ckpt_calloc(p->nsrc_paths + 1, sizeof *once);
+    if (!refs || !once) {
+        free(refs);
+        free(once);
+        return NULL;
+    }
+    for (size_t f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].ntensors; i++) {
+            const plan_tensor *t = p->files[f].tensors[i];
+            for (size_t k = 0; k < t->nparts; k++)
+                if (t->parts[k].src >= 0 && refs[t->parts[k].src] < 2) refs[t->parts[k].src]++;
+            for (size_t k = 0; k < t->nchecks; k++)
+                for (int d = 0; d < 2; d++) {
+                    int32_t src = d ? t->checks[k].dup.src : t->checks[k].primary.src;
+                    if (src >= 0 && refs[src] < 2) refs[src]++;
+                }
+        }
+    for (size_t i = 0; i < p->nsrc_paths; i++) once[i] = true;
+    for (size_t i = 0; i < p->nsources; i++)
+        if (refs[i] > 1) once[p->sources[i].file] = false;
+    free(refs);
+    return once;
+}
+
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
 {
     exec_raise_open_files(p->nsrc_paths + p->nfiles);
@@ -1667,10 +1749,10 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         for (size_t f = 0; !rc && f < p->nfiles; f++)
             if (p->files[f].layout.ntensors > 1 && !(c.wb_order[f] = exec_offset_order(&p->files[f].layout))) rc = CKPT_ENOMEM;
     }
+    if (!rc && !o->buffered_reads && !(c.src_once = source_files_read_once(p))) rc = CKPT_ENOMEM;
     if (!rc && !o->no_prefetch) {
         c.pf_size = ckpt_calloc(c.nitems + 1, sizeof *c.pf_size);
-        for (size_t i = 0; c.pf_size && i < c.nitems; i++)
-            c.pf_size[i] = exec_prefetch_runs(p, item_tensor(p, &c.items[i]), NULL, NULL);
+        for (size_t i = 0; c.pf_size && i < c.nitems; i++) c.pf_size[i] = prefetch_item(&c, &c.items[i], false);
     }
     c.total = exec_plan_bytes(p);
     exec_trace("exec: %zu tensors, %.0f MB, %d threads", c.nitems, (double)c.total / 1e6, threads);
@@ -1783,6 +1865,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(wks);
     free(c.items);
     free(c.pf_size);
+    free(c.src_once);
     free(c.left);
     free(c.src_fds);
     free(c.out_fds);

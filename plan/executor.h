@@ -44,7 +44,13 @@
  * slice of rows two pages long or more, as one rank's share) is left to the
  * gather, which reads only its pages. Without it a cold source is read in
  * the pieces the gathers ask for, one request at a time (18,867 experts'
- * row slices, or as many blob files). Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * row slices, or as many blob files). A source file no byte of which is
+ * read twice (no source in it read by two parts or a check: a pull's
+ * blobs, a consolidated pull's) is read with O_DIRECT where a whole tensor
+ * is copied (from EXEC_DIRECT_READ_MIN bytes; exec_opts.buffered_reads
+ * turns it off) instead of copy_file_range: nothing reads those pages
+ * again, and the page cache would only have been filled to be emptied.
+ * Consolidation plans may carry checks (plan_tensor.checks): pairs of
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */
@@ -126,6 +132,8 @@ typedef struct {
     bool no_fsync;     /* tests of the executor alone */
     bool largest_first; /* the tensors largest first (rather than in file order): when each costs about its
                            bytes in CPU time (arrays decoded as they are read), the workers finish together */
+    bool buffered_reads; /* whole-tensor copies from source files read once through the page cache too
+                            (by default they are read with O_DIRECT: ckpt_pread_direct) */
     bool no_prefetch;  /* do not read the sources ahead (posix_fadvise WILLNEED, EXEC_PREFETCH_BYTES ahead of
                           the workers, every part but page-sparse column slices; on by default) */
     bool direct;       /* write the tensors' whole blocks with O_DIRECT where the file system takes it: no

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1543,6 +1544,82 @@ static void test_executor_prefetch_runs(void **state)
     convert_plan_free(&cp);
 }
 
+/* Whole tensors copied from a source file no byte of which is read twice
+ * go through O_DIRECT (the source's pages are not in the page cache
+ * afterwards, where the file system takes O_DIRECT); with buffered_reads, or
+ * from a file read by two ranks, through the page cache. The output is the
+ * same every way. */
+static bool source_cached(const char *path, uint64_t off, uint64_t len)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t lo = off / (uint64_t)page * (uint64_t)page, n = off + len - lo;
+    void *m = mmap(NULL, (size_t)n, PROT_READ, MAP_SHARED, fd, (off_t)lo);
+    assert_true(m != MAP_FAILED);
+    size_t np = (size_t)((n + (uint64_t)page - 1) / (uint64_t)page);
+    unsigned char *vec = malloc(np);
+    assert_non_null(vec);
+    assert_int_equal(mincore(m, (size_t)n, vec), 0);
+    size_t resident = 0;
+    for (size_t i = 0; i < np; i++) resident += vec[i] & 1;
+    free(vec);
+    munmap(m, (size_t)n);
+    close(fd);
+    return resident > np / 2;
+}
+
+static void evict(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+static void test_executor_direct_reads(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"big.weight", CKPT_DT_I32, 2, {64, 1024}, 1, 0}, /* 256 KiB */
+        {"small.bias", CKPT_DT_I32, 1, {100}, 2, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    char *src_file = ckpt_path_join(fx->src, "model.safetensors");
+    assert_non_null(src_file);
+    int sfd = open(src_file, O_RDONLY), dfd = sfd >= 0 ? ckpt_open_direct(src_file, sfd) : -1;
+    bool direct_here = dfd >= 0;
+    if (dfd >= 0) close(dfd);
+    if (sfd >= 0) close(sfd);
+    for (int tp = 1; tp <= 2; tp++) {
+        write_json_text(fx->rules, tp == 1 ? "{'rules': []}" : "{'tp': 2, 'rules': []}"); /* tp 2: replicated, read twice */
+        convert_opts co = {.rules_file = fx->rules, .quiet = true};
+        convert_plan cp;
+        assert_int_equal(convert_plan_build(&cp, fx->src, &co), 0);
+        const plan_source *big = source_named(&cp.exec, "big.weight");
+        for (int buffered = 0; buffered < 2; buffered++) {
+            evict(src_file);
+            ckpt_rm_rf(fx->dst);
+            assert_int_equal(ckpt_mkdir_p(fx->dst, 0755), 0);
+            exec_opts eo = {.threads = 2, .quiet = true, .no_fsync = true, .buffered_reads = buffered};
+            assert_int_equal(exec_run(&cp.exec, fx->dst, &eo), 0);
+            bool cached = source_cached(src_file, big->offset, big->nbytes);
+            if (direct_here && tp == 1 && !buffered) assert_false(cached);
+            else assert_true(cached);
+            for (int r = tp == 1 ? -1 : 0; r < (tp == 1 ? 0 : tp); r++) {
+                view b = load(fx->dst, r, "big.weight"), sb = load(fx->dst, r, "small.bias");
+                expect_whole(&b, &t[0]);
+                expect_whole(&sb, &t[1]);
+                view_free(&b);
+                view_free(&sb);
+            }
+        }
+        convert_plan_free(&cp);
+    }
+    if (!direct_here) print_message("(no O_DIRECT in %s: the page cache path only)\n", fx->src);
+    free(src_file);
+}
+
 /* cast f32 -> bf16 rounds to nearest even (ckpt_f32_to_bf16), leaves integer
  * tensors alone, and marks the layout lossy. */
 static void test_cast_bf16(void **state)
@@ -2594,6 +2671,7 @@ int main(void)
         T(test_direct_writes),
         T(test_executor_crc),
         T(test_executor_prefetch_runs),
+        T(test_executor_direct_reads),
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),
