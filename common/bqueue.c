@@ -17,9 +17,9 @@ int bqueue_init(bqueue *q, size_t nslots, size_t slot_bytes, size_t nreaders)
     q->nreaders = nreaders;
     q->slot_bytes = slot_bytes;
     for (size_t i = 0; i < nslots; i++)
-        if (!(q->buf[i] = ckpt_malloc(slot_bytes))) {
-            for (size_t j = 0; j < i; j++) free(q->buf[j]);
-            return CKPT_ENOMEM;
+        if (!(q->buf[i] = ckpt_big_alloc(slot_bytes))) {
+            for (size_t j = 0; j < i; j++) ckpt_big_free(q->buf[j], slot_bytes);
+            return ckpt_error_set(CKPT_ENOMEM, "out of memory for %zu buffers of %zu bytes", nslots, slot_bytes);
         }
     pthread_mutex_init(&q->mu, NULL);
     pthread_cond_init(&q->cv, NULL);
@@ -28,10 +28,15 @@ int bqueue_init(bqueue *q, size_t nslots, size_t slot_bytes, size_t nreaders)
 
 void bqueue_free(bqueue *q)
 {
-    for (size_t i = 0; i < q->nslots; i++) free(q->buf[i]);
+    for (size_t i = 0; i < q->nslots; i++) ckpt_big_free(q->buf[i], q->slot_bytes);
     pthread_mutex_destroy(&q->mu);
     pthread_cond_destroy(&q->cv);
     memset(q, 0, sizeof *q);
+}
+
+void bqueue_skip(bqueue *q, size_t skip)
+{
+    q->skip = skip < q->slot_bytes ? skip : q->slot_bytes;
 }
 
 void bqueue_reset(bqueue *q)
@@ -63,7 +68,7 @@ void *bqueue_slot(bqueue *q)
 {
     pthread_mutex_lock(&q->mu);
     while (!q->cancelled && !slot_free(q)) wait_locked(q);
-    void *b = q->cancelled ? NULL : q->buf[q->put % q->nslots];
+    void *b = q->cancelled ? NULL : (uint8_t *)q->buf[q->put % q->nslots] + q->skip;
     pthread_mutex_unlock(&q->mu);
     return b;
 }
@@ -83,7 +88,7 @@ void *bqueue_get(bqueue *q, size_t r, size_t *len)
     while (!q->cancelled && !q->closed && q->got[r] == q->put) wait_locked(q);
     void *b = NULL;
     if (!q->cancelled && q->got[r] < q->put) {
-        b = q->buf[q->got[r] % q->nslots];
+        b = (uint8_t *)q->buf[q->got[r] % q->nslots] + q->skip;
         *len = q->len[q->got[r] % q->nslots];
     }
     pthread_mutex_unlock(&q->mu);

@@ -52,6 +52,7 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     size_t nslots, nreaders, slot_bytes;
+    size_t skip; /* bqueue_skip */
     void *buf[BQUEUE_MAX_SLOTS];
     size_t len[BQUEUE_MAX_SLOTS];
     uint64_t put;                     /* buffers published */
@@ -63,13 +64,17 @@ typedef struct {
     char msg[1024];   /* its message */
 } bqueue;
 
-/* nslots buffers (1..BQUEUE_MAX_SLOTS) of slot_bytes each, for nreaders
+/* nslots buffers (1..BQUEUE_MAX_SLOTS) of slot_bytes each (aligned to 4 KiB), for nreaders
  * readers (1..BQUEUE_MAX_READERS, numbered from 0). CKPT_ENOMEM (message set)
  * when the buffers cannot be had. */
 int bqueue_init(bqueue *q, size_t nslots, size_t slot_bytes, size_t nreaders);
 void bqueue_free(bqueue *q);
 /* Empty and open again, the buffers kept: for a next use when no thread uses it. */
 void bqueue_reset(bqueue *q);
+/* From now on (no thread using q) the buffers bqueue_slot and bqueue_get give
+ * start skip bytes into each (slot_bytes - skip of them left): a reader
+ * with O_DIRECT places the block around its offset before them. */
+void bqueue_skip(bqueue *q, size_t skip);
 
 /* The producer's next slot (slot_bytes bytes), waiting while every slot is
  * in use; NULL once cancelled. */

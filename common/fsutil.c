@@ -185,6 +185,41 @@ int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *wha
     return 0;
 }
 
+int ckpt_open_direct(const char *path, int fd)
+{
+    int dfd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC | O_NOFOLLOW);
+    struct stat a, b;
+    if (dfd >= 0 && (fstat(dfd, &a) < 0 || fstat(fd, &b) < 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
+        close(dfd);
+        dfd = -1;
+    }
+    return dfd;
+}
+
+int ckpt_pread_direct(int dfd, int fd, void *buf, size_t len, uint64_t off, const char *what)
+{
+    const uint64_t A = CKPT_DIRECT_ALIGN;
+    size_t lead = (size_t)(off % A);
+    uint8_t *base = (uint8_t *)buf - lead;
+    if (dfd < 0 || (uintptr_t)base % A || len == 0) return ckpt_pread_full(fd, buf, len, off, what);
+    uint64_t start = off - lead;
+    size_t need = lead + len, want = (need + A - 1) / A * A, got = 0;
+    while (got < need) {
+        ssize_t n = pread(dfd, base + got, want - got, (off_t)(start + got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EINVAL) break; /* refused: the rest through the page cache */
+        if (n < 0) return ckpt_error_sys("%s: read at offset %llu", what, (unsigned long long)(start + got));
+        if (n == 0)
+            return ckpt_error_set(CKPT_EINVAL, "%s: unexpected end of file at offset %llu", what,
+                                  (unsigned long long)(start + got));
+        got += (size_t)n;
+        if ((size_t)n % A && got < need) break; /* a short read not at the end: the rest through the page cache */
+    }
+    if (got >= need) return 0;
+    size_t from = got > lead ? got - lead : 0;
+    return ckpt_pread_full(fd, (uint8_t *)buf + from, len - from, off + from, what);
+}
+
 int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *what)
 {
     const char *p = buf;

@@ -53,6 +53,22 @@ int ckpt_write_file_scratch(const char *path, const void *buf, size_t len);
 /* Read or write exactly len bytes (retrying short transfers and EINTR).
  * Errors name `what` (usually the path). A read past EOF is CKPT_EINVAL. */
 int ckpt_pread_full(int fd, void *buf, size_t len, uint64_t off, const char *what);
+
+/* Reading with O_DIRECT (straight from the device into the caller's buffer,
+ * no page cache filled: on a VM whose fresh memory is costly to touch, a
+ * sequential read at a fraction of the system time). ckpt_open_direct opens
+ * path again with O_DIRECT when the file system takes it and it is the
+ * same file as fd (device and inode); -1 otherwise. ckpt_pread_direct reads
+ * [off, off+len) into buf like ckpt_pread_full(fd, ...), through dfd when
+ * dfd >= 0: the whole CKPT_DIRECT_ALIGN blocks around the range are read
+ * into the memory around buf, so buf - off % CKPT_DIRECT_ALIGN must be
+ * aligned to CKPT_DIRECT_ALIGN and lie in the caller's buffer, and the
+ * buffer must hold CKPT_DIRECT_ALIGN bytes more after buf + len (the
+ * bytes before and after the range are overwritten). A misaligned buf, or a
+ * file system that refuses the read, is read through fd instead. */
+#define CKPT_DIRECT_ALIGN 4096u
+int ckpt_open_direct(const char *path, int fd);
+int ckpt_pread_direct(int dfd, int fd, void *buf, size_t len, uint64_t off, const char *what);
 int ckpt_pwrite_full(int fd, const void *buf, size_t len, uint64_t off, const char *what);
 int ckpt_write_full(int fd, const void *buf, size_t len, const char *what);
 

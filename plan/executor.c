@@ -49,6 +49,12 @@
  * go through the page cache. */
 #define EXEC_DIRECT_ALIGN 4096u
 #define EXEC_DIRECT_MIN (256u << 10)
+/* A whole-tensor copy from a source file read once goes through O_DIRECT
+ * (copy_direct) from this many bytes. */
+#define EXEC_DIRECT_READ_MIN (64u << 10)
+#define EXEC_DIRECT_READ_PIECE (2u << 20)
+/* Source bytes asked of the kernel ahead of the workers (exec_prefetch). */
+#define EXEC_PREFETCH_BYTES (64u << 20)
 
 /* ---- CKPT_EXEC_TRACE (executor.h) ---- */
 
@@ -120,6 +126,7 @@ typedef struct {
     const exec_plan *p;
     const exec_opts *o;
     int *src_fds;
+    bool *src_once; /* per source file: no byte of it is read twice (exec_opts.buffered_reads unset) */
     int *out_fds;
     int *dio_fds; /* o->direct: per output file, an O_DIRECT descriptor, or -1 */
     char **out_paths;
@@ -153,6 +160,11 @@ typedef struct {
     size_t nfree;
     size_t *pending; /* per output file: writes queued or under way */
     bool wstop;
+    /* Read-ahead of the sources (exec_prefetch), under mu: items [0, pf_next)
+     * were advised; pf_ahead bytes of them are not taken yet. */
+    uint64_t *pf_size; /* per item: the source bytes advised for it (0: nothing) */
+    size_t pf_next;
+    uint64_t pf_ahead;
 } exec_ctx;
 
 /* The zip CRC-32 of the tensor a worker writes (exec_opts.out_crc32),
@@ -184,7 +196,7 @@ typedef struct {
     uint8_t *band; /* EXEC_BAND_BYTES, or the largest source tensor when smaller */
     uint8_t *cmp;  /* as slab, for checks */
     char name[16]; /* CKPT_EXEC_TRACE: the thread's name, and its times */
-    double slab_wait, busy;
+    double slab_wait, busy, prefetching, wb_time;
 } worker;
 
 static void exec_fail(exec_ctx *c, int rc);
@@ -867,6 +879,34 @@ static int copy_read(worker *wk, const plan_source *s, uint64_t src_off, size_t 
     return 0;
 }
 
+/* copy_file_range's work for a source file read once (exec_ctx.src_once):
+ * read with O_DIRECT into the slab and written from it. Through the page
+ * cache the kernel would fill fresh pages with bytes nothing reads again
+ * (and, on a VM whose fresh memory is costly to touch, spend several times
+ * the copy's own time doing it). */
+static int copy_direct(worker *wk, const plan_source *s, uint64_t src_off, size_t f, uint64_t dst_off, uint64_t len)
+{
+    exec_ctx *c = wk->c;
+    const uint64_t A = CKPT_DIRECT_ALIGN;
+    const char *path = c->p->src_paths[s->file];
+    int fd = c->src_fds[s->file];
+    /* The slab holds (slab_bytes / A + 2) * A bytes: a piece, the block before it and the one after. */
+    int dfd = wk->slab_bytes >= 2 * A ? ckpt_open_direct(path, fd) : -1;
+    if (dfd < 0) return ckpt_copy_range(fd, src_off, c->out_fds[f], dst_off, len, c->out_paths[f]);
+    size_t piece = (size_t)(wk->slab_bytes / A * A - A);
+    if (piece > EXEC_DIRECT_READ_PIECE) piece = EXEC_DIRECT_READ_PIECE; /* (the slab's first pages only: less RSS) */
+    int rc = 0;
+    for (uint64_t done = 0; !rc && done < len;) {
+        size_t n = (size_t)(len - done < piece ? len - done : piece);
+        uint8_t *b = wk->slab + (src_off + done) % A; /* (out_write may hand the slab on: taken anew) */
+        rc = ckpt_pread_direct(dfd, fd, b, n, src_off + done, path);
+        if (!rc) rc = out_write(wk, f, b, n, dst_off + done);
+        done += n;
+    }
+    close(dfd);
+    return rc;
+}
+
 static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
 {
     exec_ctx *c = wk->c;
@@ -906,7 +946,9 @@ static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
         }
         int rc = c->src_fds[s->file] < 0 ? copy_vsource(wk, s, src_off, f, dst_off, len)
                  : wk->crc.on ? copy_read(wk, s, src_off, f, dst_off, len)
-                              : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
+                 : c->src_once && c->src_once[s->file] && len >= EXEC_DIRECT_READ_MIN
+                     ? copy_direct(wk, s, src_off, f, dst_off, len)
+                     : ckpt_copy_range(c->src_fds[s->file], src_off, out_fd, dst_off, len, out_path);
         if (rc) return ckpt_error_prefix(rc, "tensor '%s' from '%s'", t->name, s->name);
         add_progress(c, len);
     }
@@ -1215,6 +1257,106 @@ static uint64_t writeback_range(exec_ctx *c, size_t f, uint64_t *lo)
     return hi;
 }
 
+/* The bytes of its source file that part p of tensor t reads: [*lo, *hi),
+ * its first to its last element. False when there are none to read ahead:
+ * a zero part, a source made on demand, or a part that needs few of the
+ * pages in that range (a column slice of rows two pages long or more: left
+ * to walk_gather's mmap, which touches only the pages it needs). */
+static bool part_span(const exec_plan *ep, const plan_tensor *t, const plan_part *p, uint64_t *lo, uint64_t *hi)
+{
+    if (p->src < 0) return false;
+    const plan_source *s = &ep->sources[p->src];
+    if (ep->vsource && ep->vsource->serves(ep->vsource->ctx, s->file)) return false;
+    uint64_t dstr[PLAN_MAX_DIM];
+    row_major_strides(t->ndim, p->ext, dstr);
+    walk w;
+    part_walk(&w, p, s, t->ndim, p->lo, p->ext, p->lo, dstr);
+    size_t ses = ckpt_dtype_size(s->dtype);
+    uint64_t span = 1, needed = 1, step = 0;
+    for (int k = 0; k < w.nd; k++) {
+        span += (w.ext[k] - 1) * w.ss[k];
+        needed *= w.ext[k];
+        if (w.ss[k] > step) step = w.ss[k];
+    }
+    if (needed == 0 || (span >= EXEC_SPARSE_FACTOR * needed && step * ses >= 2 * EXEC_DIRECT_ALIGN)) return false;
+    *lo = s->offset + w.src * ses;
+    *hi = *lo + span * ses;
+    return true;
+}
+
+uint64_t exec_prefetch_runs(const exec_plan *p, const plan_tensor *t, exec_run_fn fn, void *ctx)
+{
+    uint64_t total = 0, run_lo = 0, run_hi = 0;
+    size_t run_file = SIZE_MAX;
+    for (size_t i = 0; i <= t->nparts; i++) {
+        uint64_t lo = 0, hi = 0;
+        bool more = i < t->nparts && part_span(p, t, &t->parts[i], &lo, &hi);
+        if (i < t->nparts && !more) continue;
+        size_t file = more ? p->sources[t->parts[i].src].file : SIZE_MAX;
+        if (more && file == run_file && lo <= run_hi + EXEC_DIRECT_ALIGN && hi + EXEC_DIRECT_ALIGN >= run_lo) {
+            if (lo < run_lo) run_lo = lo;
+            if (hi > run_hi) run_hi = hi;
+            continue;
+        }
+        if (run_file != SIZE_MAX) {
+            total += run_hi - run_lo;
+            if (fn) fn(ctx, run_file, run_lo, run_hi);
+        }
+        run_file = file, run_lo = lo, run_hi = hi;
+    }
+    return total;
+}
+
+/* The tensor of work item it. */
+static const plan_tensor *item_tensor(const exec_plan *p, const work_item *it)
+{
+    const exec_file *f = &p->files[it->file];
+    return f->tensors[f->layout.tensors[it->slot].user];
+}
+
+typedef struct {
+    const exec_ctx *c;
+    bool advise, direct; /* direct: a whole-tensor copy, its runs from files read once go through copy_direct */
+    uint64_t bytes;
+} prefetch_walk;
+
+static void prefetch_run(void *ctx, size_t file, uint64_t lo, uint64_t hi)
+{
+    prefetch_walk *w = ctx;
+    if (w->direct && w->c->src_once[file] && hi - lo >= EXEC_DIRECT_READ_MIN) return; /* not through the page cache */
+    w->bytes += hi - lo;
+    if (w->advise) (void)posix_fadvise(w->c->src_fds[file], (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
+}
+
+/* Reads ahead the sources of work item it (advise), or only counts their bytes. */
+static uint64_t prefetch_item(const exec_ctx *c, const work_item *it, bool advise)
+{
+    const plan_tensor *t = item_tensor(c->p, it);
+    prefetch_walk w = {.c = c, .advise = advise,
+                       .direct = c->src_once && !c->o->out_crc32 && exec_tensor_is_copy(c->p, t)};
+    exec_prefetch_runs(c->p, t, prefetch_run, &w);
+    return w.bytes;
+}
+
+/* Under c->mu, once item idx is taken: the items [*a, returned end) whose
+ * sources are to be read ahead now (by the caller, after unlocking), so
+ * that the kernel has the next EXEC_PREFETCH_BYTES of them on the way
+ * while the workers gather: without it a cold source is read in the small
+ * pieces the gathers ask for (an expert's row slices: one disk request
+ * each, in turn), at a fraction of the disk's speed. */
+static size_t prefetch_range(exec_ctx *c, size_t idx, size_t *a)
+{
+    if (!c->pf_size) return *a = 0;
+    if (idx < c->pf_next) c->pf_ahead -= c->pf_size[idx];
+    else c->pf_next = idx, c->pf_ahead = 0; /* the workers got ahead: start at the item taken */
+    *a = c->pf_next;
+    while (c->pf_next < c->nitems && c->pf_ahead < EXEC_PREFETCH_BYTES) {
+        if (c->pf_next != idx) c->pf_ahead += c->pf_size[c->pf_next];
+        c->pf_next++;
+    }
+    return c->pf_next;
+}
+
 static void *worker_main(void *arg)
 {
     worker *wk = arg;
@@ -1232,8 +1374,13 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&c->mu);
             break;
         }
-        work_item it = c->items[c->next++];
+        size_t idx = c->next++, pf_a, pf_b = prefetch_range(c, idx, &pf_a);
+        work_item it = c->items[idx];
         pthread_mutex_unlock(&c->mu);
+        double pf0 = exec_tracing() && pf_b > pf_a ? exec_trace_now() : 0;
+        for (size_t i = pf_a; i < pf_b; i++)
+            if (c->pf_size[i]) prefetch_item(c, &c->items[i], true);
+        if (pf0 > 0) wk->prefetching += exec_trace_now() - pf0;
         int rc = run_item(wk, &it);
         if (!rc) {
             /* The last tensor of a file: make it durable now, while others copy on. */
@@ -1260,7 +1407,9 @@ static void *worker_main(void *arg)
                 /* Start writing the file's finished front back now
                  * (asynchronously), so that its fsync finds little left to do
                  * instead of all of it. */
+                double s0 = exec_tracing() ? exec_trace_now() : 0;
                 sync_file_range(c->out_fds[it.file], (off_t)wb_lo, (off_t)(wb_hi - wb_lo), SYNC_FILE_RANGE_WRITE);
+                if (s0 > 0) wk->wb_time += exec_trace_now() - s0;
             }
         }
         if (rc) {
@@ -1270,7 +1419,8 @@ static void *worker_main(void *arg)
     }
     if (v) v->thread_close(v->ctx, wk->vts);
     wk->vts = NULL;
-    exec_trace("stop busy=%.3f cpu=%.3f slab_wait=%.3f", wk->busy, exec_trace_cpu(), wk->slab_wait);
+    exec_trace("stop busy=%.3f cpu=%.3f slab_wait=%.3f prefetching=%.3f writeback=%.3f", wk->busy, exec_trace_cpu(),
+               wk->slab_wait, wk->prefetching, wk->wb_time);
     return NULL;
 }
 
@@ -1507,6 +1657,35 @@ void exec_raise_open_files(size_t need)
     setrlimit(RLIMIT_NOFILE, &rl);
 }
 
+/* Per source file: true when no source in it is read by two parts (of the
+ * same tensor or two) or by a check: its bytes are read once. */
+static bool *source_files_read_once(const exec_plan *p)
+{
+    uint32_t *refs = ckpt_calloc(p->nsources + 1, sizeof *refs);
+    bool *once = ckpt_calloc(p->nsrc_paths + 1, sizeof *once);
+    if (!refs || !once) {
+        free(refs);
+        free(once);
+        return NULL;
+    }
+    for (size_t f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].ntensors; i++) {
+            const plan_tensor *t = p->files[f].tensors[i];
+            for (size_t k = 0; k < t->nparts; k++)
+                if (t->parts[k].src >= 0 && refs[t->parts[k].src] < 2) refs[t->parts[k].src]++;
+            for (size_t k = 0; k < t->nchecks; k++)
+                for (int d = 0; d < 2; d++) {
+                    int32_t src = d ? t->checks[k].dup.src : t->checks[k].primary.src;
+                    if (src >= 0 && refs[src] < 2) refs[src]++;
+                }
+        }
+    for (size_t i = 0; i < p->nsrc_paths; i++) once[i] = true;
+    for (size_t i = 0; i < p->nsources; i++)
+        if (refs[i] > 1) once[p->sources[i].file] = false;
+    free(refs);
+    return once;
+}
+
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
 {
     exec_raise_open_files(p->nsrc_paths + p->nfiles);
@@ -1569,6 +1748,11 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         if (!c.wb_order || !c.wb_next || !c.wb_done || !c.wb_from) rc = CKPT_ENOMEM;
         for (size_t f = 0; !rc && f < p->nfiles; f++)
             if (p->files[f].layout.ntensors > 1 && !(c.wb_order[f] = exec_offset_order(&p->files[f].layout))) rc = CKPT_ENOMEM;
+    }
+    if (!rc && !o->buffered_reads && !(c.src_once = source_files_read_once(p))) rc = CKPT_ENOMEM;
+    if (!rc && !o->no_prefetch) {
+        c.pf_size = ckpt_calloc(c.nitems + 1, sizeof *c.pf_size);
+        for (size_t i = 0; c.pf_size && i < c.nitems; i++) c.pf_size[i] = prefetch_item(&c, &c.items[i], false);
     }
     c.total = exec_plan_bytes(p);
     exec_trace("exec: %zu tensors, %.0f MB, %d threads", c.nitems, (double)c.total / 1e6, threads);
@@ -1680,6 +1864,8 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(tids);
     free(wks);
     free(c.items);
+    free(c.pf_size);
+    free(c.src_once);
     free(c.left);
     free(c.src_fds);
     free(c.out_fds);

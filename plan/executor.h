@@ -35,7 +35,22 @@
  * fills a free one from a pool meanwhile (an O_DIRECT write returns only
  * once the device has the bytes); a file is fsynced after its queued
  * writes, and its blocks are allocated up front (fallocate) so that
- * O_DIRECT writes need not take the inode's lock in turn. Consolidation plans may carry checks (plan_tensor.checks): pairs of
+ * O_DIRECT writes need not take the inode's lock in turn. The sources are
+ * read ahead (unless exec_opts.no_prefetch): as a worker takes a tensor it
+ * asks the kernel (posix_fadvise WILLNEED, which starts the reads and does
+ * not wait) for the source bytes of the tensors after it, up to
+ * EXEC_PREFETCH_BYTES ahead of the workers, each tensor's parts merged
+ * into runs per file; a part that needs few of the pages it spans (a column
+ * slice of rows two pages long or more, as one rank's share) is left to the
+ * gather, which reads only its pages. Without it a cold source is read in
+ * the pieces the gathers ask for, one request at a time (18,867 experts'
+ * row slices, or as many blob files). A source file no byte of which is
+ * read twice (no source in it read by two parts or a check: a pull's
+ * blobs, a consolidated pull's) is read with O_DIRECT where a whole tensor
+ * is copied (from EXEC_DIRECT_READ_MIN bytes; exec_opts.buffered_reads
+ * turns it off) instead of copy_file_range: nothing reads those pages
+ * again, and the page cache would only have been filled to be emptied.
+ * Consolidation plans may carry checks (plan_tensor.checks): pairs of
  * parts that must hold equal bytes; a difference is an error naming the
  * tensor and the check's `what`.
  */
@@ -117,6 +132,10 @@ typedef struct {
     bool no_fsync;     /* tests of the executor alone */
     bool largest_first; /* the tensors largest first (rather than in file order): when each costs about its
                            bytes in CPU time (arrays decoded as they are read), the workers finish together */
+    bool buffered_reads; /* whole-tensor copies from source files read once through the page cache too
+                            (by default they are read with O_DIRECT: ckpt_pread_direct) */
+    bool no_prefetch;  /* do not read the sources ahead (posix_fadvise WILLNEED, EXEC_PREFETCH_BYTES ahead of
+                          the workers, every part but page-sparse column slices; on by default) */
     bool direct;       /* write the tensors' whole blocks with O_DIRECT where the file system takes it: no
                           page cache filled (nothing reads the output back soon); not with out_sha256 */
     char (*out_sha256)[65]; /* out, when set: sha256 of every output file (nfiles entries), hashed by
@@ -128,6 +147,12 @@ typedef struct {
 } exec_opts;
 
 int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o);
+
+/* The source byte runs exec_run reads ahead for tensor t (see above): fn(ctx,
+ * source file index, lo, hi) for each run [lo, hi) (fn may be NULL); returns
+ * their bytes in all. */
+typedef void (*exec_run_fn)(void *ctx, size_t file, uint64_t lo, uint64_t hi);
+uint64_t exec_prefetch_runs(const exec_plan *p, const plan_tensor *t, exec_run_fn fn, void *ctx);
 
 /* CKPT_EXEC_TRACE=1: a timeline of a run on stderr, one line per event
  * ("ckpt-trace <seconds since the process started> <thread> <event>"):

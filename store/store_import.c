@@ -33,6 +33,8 @@
 
 #define IMPORT_CHUNK (8u << 20)
 #define IMPORT_RING 3 /* chunks in flight between the reader and the two threads that take them */
+/* A chunk's buffer: the chunk, and the blocks around it ckpt_pread_direct reads. */
+#define IMPORT_BUF (IMPORT_CHUNK + 2 * CKPT_DIRECT_ALIGN)
 
 typedef struct {
     char *path; /* relative */
@@ -351,6 +353,13 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
     fr->tensors = ckpt_calloc(f.ntensors + 1, sizeof *fr->tensors);
     fr->ntensors = fr->cap = f.ntensors;
     bqueue_reset(ring);
+    /* The data section is read with O_DIRECT where the file system takes it
+     * (a model is read once: no page cache filled, and on a VM whose fresh
+     * memory is costly to touch a fraction of the system time); a chunk
+     * starts where its offset lies in a block, so that the blocks around
+     * it are read into its buffer (ckpt_pread_direct). */
+    int dfd = ckpt_open_direct(path, f.fd);
+    bqueue_skip(ring, (size_t)(f.data_start % CKPT_DIRECT_ALIGN));
     file_hasher fh;
     tensor_cutter tc = {.s = s, .path = path, .f = &f, .fr = fr, .wl = wl, .spare = spare, .probe = probe, .ring = ring};
     pthread_t cutter;
@@ -365,7 +374,7 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
         size_t k = f.file_size - off < IMPORT_CHUNK ? (size_t)(f.file_size - off) : IMPORT_CHUNK;
         uint8_t *buf = bqueue_slot(ring);
         if (!buf) break; /* a taker failed: finish says why */
-        rc = ckpt_pread_full(f.fd, buf, k, off, path);
+        rc = ckpt_pread_direct(dfd, f.fd, buf, k, off, path);
         if (!rc) bqueue_put(ring, k);
         off += k;
     }
@@ -376,6 +385,7 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
         int hrc = file_hasher_finish(&fh, rc ? NULL : fr->sha256);
         if (!rc) rc = hrc;
     }
+    if (dfd >= 0) close(dfd);
     st_close(&f);
     return rc;
 }
@@ -484,7 +494,7 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
     store_ckpt_rec rec = {.repo = o->repo, .revision = o->revision ? o->revision : "main", .layout = ""};
     writer_list wl = {0};
     bqueue ring; /* the chunks between the reader, the file hasher and the tensor thread */
-    bool have_ring = !rc && !(rc = bqueue_init(&ring, IMPORT_RING, IMPORT_CHUNK, 2));
+    bool have_ring = !rc && !(rc = bqueue_init(&ring, IMPORT_RING, IMPORT_BUF, 2));
     uint8_t *spare = rc ? NULL : ckpt_malloc(IMPORT_CHUNK); /* a chunk of its own */
     if (!rc && !spare) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);

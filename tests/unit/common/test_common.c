@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -694,6 +695,66 @@ static void test_progress_sink(void **state)
     ckpt_progress_set_sink(NULL);
 }
 
+/* ckpt_pread_direct reads exactly [off, off+len) wherever off and len lie in
+ * a block, through O_DIRECT when the folder's file system takes it (then the
+ * page cache holds none of the file's pages afterwards), through the page
+ * cache for a misaligned buffer or no O_DIRECT descriptor; it writes nothing
+ * outside the block-rounded range around buf; past the end is an error. */
+static void test_pread_direct(void **state)
+{
+    const char *dir = *state;
+    char *path = join(dir, "data");
+    const size_t A = CKPT_DIRECT_ALIGN, size = 3 * A + 123;
+    uint8_t *want = malloc(size);
+    assert_non_null(want);
+    for (size_t i = 0; i < size; i++) want[i] = (uint8_t)(i * 7 + i / 251);
+    assert_int_equal(ckpt_write_file_atomic(path, want, size), 0);
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    int dfd = ckpt_open_direct(path, fd);
+    const size_t room = 8 * A;
+    uint8_t *mem = ckpt_big_alloc(room);
+    assert_non_null(mem);
+    const struct { uint64_t off; size_t len; } cases[] = {
+        {0, size}, {0, A}, {1, 10}, {A - 1, 2}, {A + 100, 2 * A}, {5, size - 5}, {size - 1, 1}, {2 * A, 123 + A},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        for (int misaligned = 0; misaligned < 2; misaligned++) {
+            memset(mem, 0xEE, room);
+            uint8_t *buf = mem + A + cases[c].off % A + (size_t)misaligned;
+            assert_int_equal(ckpt_pread_direct(dfd, fd, buf, cases[c].len, cases[c].off, path), 0);
+            assert_memory_equal(buf, want + cases[c].off, cases[c].len);
+            /* the blocks around the range only: the guard block before and everything after stay */
+            uint8_t *end = mem + A + (cases[c].off % A + cases[c].len + A - 1) / A * A + (size_t)misaligned;
+            for (uint8_t *p = mem; p < mem + A; p++) assert_int_equal(*p, 0xEE);
+            for (uint8_t *p = end + A; p < mem + room; p++) assert_int_equal(*p, 0xEE);
+        }
+    }
+    if (dfd >= 0) { /* (the misaligned reads went through the page cache: emptied again) */
+        assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+        uint8_t *buf = mem + A + 100;
+        assert_int_equal(ckpt_pread_direct(dfd, fd, buf, 2 * A, 100, path), 0);
+        assert_memory_equal(buf, want + 100, 2 * A);
+        unsigned char vec[4];
+        void *m = mmap(NULL, size, PROT_READ, MAP_SHARED, fd, 0);
+        assert_true(m != MAP_FAILED);
+        assert_int_equal(mincore(m, size, vec), 0);
+        for (int i = 0; i < 4; i++) assert_int_equal(vec[i] & 1, 0);
+        munmap(m, size);
+    } else {
+        print_message("(no O_DIRECT in %s: the page cache path only)\n", dir);
+    }
+    /* past the end: an error naming the file, by either path */
+    assert_int_equal(ckpt_pread_direct(dfd, fd, mem + A + (size - 10) % A, 200, size - 10, path), CKPT_EINVAL);
+    assert_contains(ckpt_error_last(), "unexpected end of file");
+    assert_int_equal(ckpt_pread_direct(-1, fd, mem + A, 2, size - 1, path), CKPT_EINVAL);
+    ckpt_big_free(mem, room);
+    if (dfd >= 0) close(dfd);
+    close(fd);
+    free(want);
+    free(path);
+}
+
 #define SCRATCH_TEST(fn) cmocka_unit_test_setup_teardown(fn, scratch_setup, scratch_teardown)
 
 int main(void)
@@ -703,7 +764,7 @@ int main(void)
         SCRATCH_TEST(test_atomic_commit),           SCRATCH_TEST(test_atomic_abort),
         SCRATCH_TEST(test_atomic_open_missing_dir), SCRATCH_TEST(test_read_file_limits),
         SCRATCH_TEST(test_tmpdir_commit),           SCRATCH_TEST(test_tmpdir_stale),
-        SCRATCH_TEST(test_rm_rf),
+        SCRATCH_TEST(test_rm_rf),                   SCRATCH_TEST(test_pread_direct),
         cmocka_unit_test(test_sha256_vectors),      SCRATCH_TEST(test_sha256_files),
         cmocka_unit_test(test_error_convention),    cmocka_unit_test(test_checked_arithmetic),
         cmocka_unit_test(test_big_alloc),

@@ -47,6 +47,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -1444,6 +1445,181 @@ static void test_executor_crc(void **state)
     convert_plan_free(&cp);
 }
 
+/* The source runs read ahead for each output tensor (exec_prefetch_runs):
+ * a row slice is its rows' bytes exactly; a column slice of narrow rows
+ * spans the whole source (every page holds elements it needs); a quarter
+ * of each of rows four pages long is left to the gather (no run); the
+ * tensors of a fused q/k/v, adjacent in their file, make one run. */
+typedef struct {
+    size_t n;
+    size_t file[4];
+    uint64_t lo[4], hi[4];
+} runs_seen;
+
+static void note_run(void *ctx, size_t file, uint64_t lo, uint64_t hi)
+{
+    runs_seen *r = ctx;
+    assert_true(r->n < 4);
+    r->file[r->n] = file, r->lo[r->n] = lo, r->hi[r->n] = hi;
+    r->n++;
+}
+
+static const plan_source *source_named(const exec_plan *p, const char *name)
+{
+    for (size_t i = 0; i < p->nsources; i++)
+        if (!strcmp(p->sources[i].name, name)) return &p->sources[i];
+    fail_msg("no source '%s'", name);
+    return NULL;
+}
+
+static runs_seen prefetch_of(const exec_plan *p, int rank, const char *name)
+{
+    runs_seen r = {0};
+    for (size_t f = 0; f < p->nfiles; f++)
+        for (size_t i = 0; i < p->files[f].layout.ntensors; i++) {
+            const plan_tensor *t = p->files[f].tensors[p->files[f].layout.tensors[i].user];
+            if (t->rank != rank || strcmp(t->name, name)) continue;
+            uint64_t total = exec_prefetch_runs(p, t, note_run, &r);
+            uint64_t sum = 0;
+            for (size_t k = 0; k < r.n; k++) sum += r.hi[k] - r.lo[k];
+            assert_true(total == sum);
+            return r;
+        }
+    fail_msg("no tensor '%s' of rank %d", name, rank);
+    return r;
+}
+
+static void test_executor_prefetch_runs(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"a.k", CKPT_DT_I32, 2, {16, 64}, 1, 0},
+        {"a.q", CKPT_DT_I32, 2, {32, 64}, 2, 0},
+        {"a.v", CKPT_DT_I32, 2, {16, 64}, 3, 0},
+        {"narrow.weight", CKPT_DT_I32, 2, {64, 64}, 4, 0}, /* rows of 256 bytes */
+        {"rows.weight", CKPT_DT_I32, 2, {64, 64}, 5, 0},
+        {"wide.weight", CKPT_DT_I32, 2, {16, 4096}, 6, 0}, /* rows of 16 KiB */
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    write_json_text(fx->rules, "{'tp': 4, 'rules': [{'op': 'fuse', 'pattern': '^(a)[.](q|k|v)$', "
+                               "'members': ['q', 'k', 'v'], 'output': '$1.qkv'},"
+                               "{'op': 'tp_split', 'pattern': '^(narrow|wide)[.]weight$', 'axis': 1},"
+                               "{'op': 'tp_split', 'pattern': '^rows[.]weight$', 'axis': 0}]}");
+    convert_opts co = {.rules_file = fx->rules, .quiet = true};
+    convert_plan cp;
+    assert_int_equal(convert_plan_build(&cp, fx->src, &co), 0);
+    const exec_plan *p = &cp.exec;
+    const plan_source *rows = source_named(p, "rows.weight"), *narrow = source_named(p, "narrow.weight");
+    runs_seen r = prefetch_of(p, 1, "rows.weight");
+    assert_int_equal(r.n, 1);
+    assert_true(r.file[0] == rows->file && r.lo[0] == rows->offset + 16 * 256 && r.hi[0] == rows->offset + 32 * 256);
+    r = prefetch_of(p, 0, "narrow.weight"); /* its first 16 columns: up to a quarter of the last row */
+    assert_int_equal(r.n, 1);
+    assert_true(r.lo[0] == narrow->offset && r.hi[0] == narrow->offset + 63 * 256 + 64);
+    r = prefetch_of(p, 1, "wide.weight");
+    assert_int_equal(r.n, 0);
+    r = prefetch_of(p, -1, "a.qkv"); /* replicated: one tensor, whatever the rank */
+    const plan_source *k = source_named(p, "a.k"), *v = source_named(p, "a.v");
+    assert_int_equal(r.n, 1);
+    assert_true(r.lo[0] == k->offset && r.hi[0] == v->offset + v->nbytes);
+    /* and the output is the same with and without reading ahead */
+    for (int no = 0; no < 2; no++) {
+        ckpt_rm_rf(fx->dst);
+        assert_int_equal(ckpt_mkdir_p(fx->dst, 0755), 0);
+        exec_opts eo = {.threads = 2, .quiet = true, .no_fsync = true, .no_prefetch = no};
+        assert_int_equal(exec_run(p, fx->dst, &eo), 0);
+        view w = load(fx->dst, 1, "wide.weight");
+        expect_shape(&w, CKPT_DT_I32, 2, SHAPE(16, 1024));
+        view n = load(fx->dst, 0, "narrow.weight");
+        expect_shape(&n, CKPT_DT_I32, 2, SHAPE(64, 16));
+        for (uint64_t row = 0; row < 64; row++)
+            for (uint64_t col = 0; col < 16; col++) {
+                int32_t got;
+                memcpy(&got, n.raw + (row * 16 + col) * 4, 4);
+                assert_true(got == (int32_t)src_value(&t[3], row, col));
+            }
+        view_free(&w);
+        view_free(&n);
+    }
+    convert_plan_free(&cp);
+}
+
+/* Whole tensors copied from a source file no byte of which is read twice
+ * go through O_DIRECT (the source's pages are not in the page cache
+ * afterwards, where the file system takes O_DIRECT); with buffered_reads, or
+ * from a file read by two ranks, through the page cache. The output is the
+ * same every way. */
+static bool source_cached(const char *path, uint64_t off, uint64_t len)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    long page = sysconf(_SC_PAGESIZE);
+    uint64_t lo = off / (uint64_t)page * (uint64_t)page, n = off + len - lo;
+    void *m = mmap(NULL, (size_t)n, PROT_READ, MAP_SHARED, fd, (off_t)lo);
+    assert_true(m != MAP_FAILED);
+    size_t np = (size_t)((n + (uint64_t)page - 1) / (uint64_t)page);
+    unsigned char *vec = malloc(np);
+    assert_non_null(vec);
+    assert_int_equal(mincore(m, (size_t)n, vec), 0);
+    size_t resident = 0;
+    for (size_t i = 0; i < np; i++) resident += vec[i] & 1;
+    free(vec);
+    munmap(m, (size_t)n);
+    close(fd);
+    return resident > np / 2;
+}
+
+static void evict(const char *path)
+{
+    int fd = open(path, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED), 0);
+    close(fd);
+}
+
+static void test_executor_direct_reads(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"big.weight", CKPT_DT_I32, 2, {64, 1024}, 1, 0}, /* 256 KiB */
+        {"small.bias", CKPT_DT_I32, 1, {100}, 2, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    char *src_file = ckpt_path_join(fx->src, "model.safetensors");
+    assert_non_null(src_file);
+    int sfd = open(src_file, O_RDONLY), dfd = sfd >= 0 ? ckpt_open_direct(src_file, sfd) : -1;
+    bool direct_here = dfd >= 0;
+    if (dfd >= 0) close(dfd);
+    if (sfd >= 0) close(sfd);
+    for (int tp = 1; tp <= 2; tp++) {
+        write_json_text(fx->rules, tp == 1 ? "{'rules': []}" : "{'tp': 2, 'rules': []}"); /* tp 2: replicated, read twice */
+        convert_opts co = {.rules_file = fx->rules, .quiet = true};
+        convert_plan cp;
+        assert_int_equal(convert_plan_build(&cp, fx->src, &co), 0);
+        const plan_source *big = source_named(&cp.exec, "big.weight");
+        for (int buffered = 0; buffered < 2; buffered++) {
+            evict(src_file);
+            ckpt_rm_rf(fx->dst);
+            assert_int_equal(ckpt_mkdir_p(fx->dst, 0755), 0);
+            exec_opts eo = {.threads = 2, .quiet = true, .no_fsync = true, .buffered_reads = buffered};
+            assert_int_equal(exec_run(&cp.exec, fx->dst, &eo), 0);
+            bool cached = source_cached(src_file, big->offset, big->nbytes);
+            if (direct_here && tp == 1 && !buffered) assert_false(cached);
+            else assert_true(cached);
+            for (int r = tp == 1 ? -1 : 0; r < (tp == 1 ? 0 : tp); r++) {
+                view b = load(fx->dst, r, "big.weight"), sb = load(fx->dst, r, "small.bias");
+                expect_whole(&b, &t[0]);
+                expect_whole(&sb, &t[1]);
+                view_free(&b);
+                view_free(&sb);
+            }
+        }
+        convert_plan_free(&cp);
+    }
+    if (!direct_here) print_message("(no O_DIRECT in %s: the page cache path only)\n", fx->src);
+    free(src_file);
+}
+
 /* cast f32 -> bf16 rounds to nearest even (ckpt_f32_to_bf16), leaves integer
  * tensors alone, and marks the layout lossy. */
 static void test_cast_bf16(void **state)
@@ -2494,6 +2670,8 @@ int main(void)
         T(test_transpose_tiles_2byte),
         T(test_direct_writes),
         T(test_executor_crc),
+        T(test_executor_prefetch_runs),
+        T(test_executor_direct_reads),
         T(test_cast_bf16),
         T(test_neuron_dense),
         T(test_neuron_experts),
