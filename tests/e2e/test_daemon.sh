@@ -55,12 +55,12 @@ run() {
 
 # jf ID EXPR: a Python expression over the job j (from `ckpt show ID`), printed.
 jf() {
-    "$ckpt" show "$1" | "$py" -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$2"
+    "$ckpt" show "$1" | "$py" -S -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$2"
 }
 state_is() { [ "$(jf "$1" 'j["state"]')" = "$2" ]; }
 # no_active: nothing queued or running.
 no_active() {
-    "$ckpt" jobs --json | "$py" -c 'import json, sys; sys.exit(any(j["state"] in ("queued", "running") for j in json.load(sys.stdin)))'
+    "$ckpt" jobs --json | "$py" -S -c 'import json, sys; sys.exit(any(j["state"] in ("queued", "running") for j in json.load(sys.stdin)))'
 }
 no_workers() { [ -z "$(workers)" ]; }
 # no_orphans: every worker is a child of the current daemon $dpid.
@@ -185,12 +185,12 @@ for spec in "${specs[@]}"; do
     kills=$((kills + 1))
 done
 start_daemon --workers 2
-note "$kills daemons stopped at crash points in $((SECONDS - t0)) s; $(grep -o 'put [0-9]* jobs' "$CKPT_HOME.serve.log" | awk '{n += $2} END {print n + 0}') running jobs lost and requeued; attempts: $("$ckpt" jobs --json | "$py" -c 'import json, sys; print(sorted(j["attempt"] for j in json.load(sys.stdin)))')"
+note "$kills daemons stopped at crash points in $((SECONDS - t0)) s; $(grep -o 'put [0-9]* jobs' "$CKPT_HOME.serve.log" | awk '{n += $2} END {print n + 0}') running jobs lost and requeued; attempts: $("$ckpt" jobs --json | "$py" -S -c 'import json, sys; print(sorted(j["attempt"] for j in json.load(sys.stdin)))')"
 wait_until 300 "every job of the kill test to end" no_active
 stop_dpid
 "$ckpt" jobs --json >"$work/jobs.json"
 "$ckpt" ls --json >"$work/ls.json"
-"$py" - "$work/jobs.json" "$work/ls.json" <<'EOF' || fail "kill test: bad end state"
+"$py" -S - "$work/jobs.json" "$work/ls.json" <<'EOF' || fail "kill test: bad end state"
 import collections, json, sys
 jobs, cks = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))["checkpoints"]
 bad = [(j["id"], j["state"], j.get("error")) for j in jobs if j["state"] != "succeeded"]
@@ -249,10 +249,10 @@ wait_until 300 "job $id to succeed after its worker was killed" state_is "$id" s
 grep -q " warn job\.retry id=$id kind=convert .*error=\"worker killed by signal 9\"" "$CKPT_HOME.serve.log" ||
     fail "no job.retry line of job $id: $(grep -E 'job\.' "$CKPT_HOME.serve.log" | tail -5)"
 [ "$(jf "$id" 'j["result"]["ref"]')" = "t/big@main:hf-f32" ] || fail "job $id: result $(jf "$id" 'j.get("result")')"
-[ "$("$ckpt" ls --json | "$py" -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)["checkpoints"]))')" = 1 ] ||
+[ "$("$ckpt" ls --json | "$py" -S -c 'import json, sys; print(sum(c["ref"] == "t/big@main:hf-f32" for c in json.load(sys.stdin)["checkpoints"]))')" = 1 ] ||
     fail "t/big@main:hf-f32 is not stored exactly once"
 # The convert job hashes the files the commit left pending: the Hub API needs them.
-"$ckpt" show t/big@main:hf-f32 --json | "$py" -c '
+"$ckpt" show t/big@main:hf-f32 --json | "$py" -S -c '
 import json, sys
 fs = json.load(sys.stdin)["files"]
 assert fs and all(f["sha256"] and len(f["sha256"]) == 64 for f in fs), fs' || fail "the convert job left file sha256 pending"
@@ -348,7 +348,7 @@ rm -f "$work"/sub.*
 curl -sf -X POST --data-binary '{"action":"cancel","state":"queued"}' "$url/v1/jobs/bulk" >"$work/bulk" ||
     fail "bulk cancel of the queued noop jobs failed"
 wait_until 300 "the running noop jobs to end" no_active
-"$ckpt" jobs --json | "$py" -c '
+"$ckpt" jobs --json | "$py" -S -c '
 import collections, json, sys
 ids = {int(l) for l in open(sys.argv[1])}
 states = collections.Counter(j["state"] for j in json.load(sys.stdin) if j["id"] in ids)
@@ -415,7 +415,7 @@ api 401 POST /v1/jobs "${J[@]}" -T "$work/big.body"
 note "two 100 MB bodies and a chunked 16 MB one refused in $(($(ms) - t)) ms"
 rm -f "$work/big.body" "$work/chunked.body"
 # A body just over the limit, as JSON.
-"$py" -c 'import json; print(json.dumps({"kind": "noop", "args": {"pad": "x" * (1 << 20)}}))' >"$work/over.json"
+"$py" -S -c 'import json; print(json.dumps({"kind": "noop", "args": {"pad": "x" * (1 << 20)}}))' >"$work/over.json"
 api 413 POST /v1/jobs "${A[@]}" "${J[@]}" --data-binary "@$work/over.json"
 rm -f "$work/over.json"
 kill -0 "$dpid" 2>/dev/null || fail "the daemon died after the big bodies"
@@ -424,9 +424,9 @@ api 200 GET /healthz
 # (The job runs until the test creates release-api: the same job submitted
 # again must still be queued or running, however slow the machine.)
 api 201 POST /v1/jobs "${A[@]}" "${J[@]}" -d "{\"kind\":\"noop\",\"args\":{\"until_file\":\"$CKPT_HOME/release-api\"}}"
-id=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
+id=$("$py" -S -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
 api 200 POST /v1/jobs "${A[@]}" "${J[@]}" -d "{\"args\":{\"until_file\":\"$CKPT_HOME/release-api\"},\"kind\":\"noop\"}"
-[ "$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")" = "$id" ] ||
+[ "$("$py" -S -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")" = "$id" ] ||
     fail "the same job through the API got another id: $(cat "$work/out")"
 api 200 GET "/v1/jobs/$id" "${R[@]}"
 api 403 DELETE "/v1/jobs/$id" "${R[@]}"
@@ -499,7 +499,7 @@ touch "$CKPT_HOME/release-slow"
 expect_status 0 timeout 60 "$ckpt" wait "$after"
 "$ckpt" show "$slow" >"$work/slow.json"
 "$ckpt" show "$after" >"$work/after.json"
-"$py" -c '
+"$py" -S -c '
 import json, sys
 s, a = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 if s["state"] != "succeeded" or a["started_at"] < s["finished_at"]:
