@@ -20,7 +20,7 @@ DEB_PACKAGES := build-essential pkg-config clang libclang-rt-14-dev \
 	libcmocka-dev libjansson-dev libpcre2-dev libmicrohttpd-dev libssl-dev \
 	libzstd-dev zlib1g-dev zstd python3 python3-numpy python3-zarr python3-numcodecs \
 	python3-torch curl ca-certificates chromium chromium-driver python3-selenium \
-	ceph-mon ceph-osd radosgw ceph-common libexpat1-dev postgresql libpq-dev man-db zsh
+	ceph-mon ceph-osd radosgw ceph-common libexpat1-dev postgresql libpq-dev man-db zsh jq
 
 # libcurl, libarchive, libmicrohttpd, OpenBLAS and libpq are headers only here: common/lazylib.h
 # loads them on first use, so a `ckpt worker` exec does not pay for them.
