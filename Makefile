@@ -111,10 +111,13 @@ BENCH_DEB_PACKAGES := awscli
 
 # deb_install(PACKAGES, EXTRA_CHECK): install only what is missing of
 # PACKAGES (EXTRA_CHECK: shell that adds to $$missing); as non-root, print the
-# command instead.
+# command instead. One dpkg-query for all of them (it reads dpkg's status
+# file at each start: ~50 ms a package, one after another, at every make test).
 define deb_install
-	@missing=""; for p in $(1); do \
-	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	@installed=" $$(dpkg-query -W -f='$${Package} $${Status}\n' $(1) 2>/dev/null | \
+	  sed -n 's/ install ok installed$$//p' | tr '\n' ' ')"; \
+	missing=""; for p in $(1); do \
+	  case "$$installed" in *" $$p "*) ;; *) missing="$$missing $$p" ;; esac; \
 	done; \
 	$(2) \
 	if [ -z "$$missing" ]; then echo "deps: all packages present"; \
