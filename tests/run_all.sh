@@ -15,11 +15,12 @@
 #           up (a program that dies before its summary counts as one failure)
 #   e2e     tests/e2e/run.sh: one count per script
 #   fuzz    each libFuzzer harness for FUZZ_SECONDS (default 6): one count
-#           each. They build in the background from the unit stage on, one
-#           compiler at a time, then run one after another at nice 19 while
-#           the unit and end-to-end tests run (on the CPU those leave idle:
-#           they wait on fsync, daemons and servers much of the time); the
-#           stage waits for the last one and prints the results
+#           each. They build in the background from the start, one compiler
+#           at a time at nice 19 (on the CPU the sanitizer build leaves idle,
+#           then the unit and end-to-end tests), then run one after another
+#           at nice 19 while the tests run (on the CPU those leave idle: they
+#           wait on fsync, daemons and servers much of the time); the stage
+#           waits for the last one and prints the results
 # The last line is "N passed, N failed" over all of them, and the exit status
 # is non-zero when anything failed (a build that fails counts as a failure).
 set -uo pipefail
@@ -38,6 +39,33 @@ add() { # add NAME PASSED FAILED
     failed=$((failed + $3))
     summary+=("$(printf '%-28s %4d passed, %d failed' "$1" "$2" "$3")")
 }
+
+# The fuzz harnesses build (clang, build/fuzz) from the start, one compiler
+# at a time at nice 19, beside the sanitizer build: they take the CPU the
+# build leaves idle (its links and the last long compiles leave a core free
+# much of the time), then what the unit programs and the end-to-end tests
+# leave, instead of competing at full priority with the end-to-end stage,
+# whose scripts are bound by the CPU on 2 cores. Then each harness runs for
+# FUZZ_SECONDS, one at a time at nice 19 (a harness runs its corpus first,
+# whatever the time; then it searches for what is left of FUZZ_SECONDS).
+# Each one's output goes to $log.fuzz.NAME and its exit status to
+# $log.fuzz.NAME.rc; the fuzz stage waits for this job.
+fuzz_names=()
+for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
+fuzz_all() {
+    local n rc
+    nice -n 19 $MAKE -j1 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log.fuzzbuild" 2>&1
+    for n in "${fuzz_names[@]}"; do
+        [ -x "build/fuzz/$n" ] || continue
+        mkdir -p "build/fuzz/corpus-$n"
+        rc=0
+        nice -n 19 "build/fuzz/$n" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$n" \
+            "tests/fuzz/corpus/$n" >"$log.fuzz.$n" 2>&1 || rc=$?
+        echo "$rc" >"$log.fuzz.$n.rc"
+    done
+}
+fuzz_all &
+fuzz_build_pid=$!
 
 # ---- build ----
 stage "build (ASan+UBSan, $SAN_BUILD)"
@@ -59,31 +87,6 @@ if [ $build_ok = 1 ]; then add build 1 0; else add build 0 1; fi
 # ---- layers ----
 stage "layers"
 if [ $build_ok = 1 ] && python3 tests/check_layers.py "$SAN_BUILD"; then add check-layers 1 0; else add check-layers 0 1; fi
-
-# The fuzz harnesses build (clang, build/fuzz) from now on, one compiler at a
-# time, while the unit programs (half of their time waiting on fsync) and the
-# end-to-end tests run; then each runs for FUZZ_SECONDS, one at a time at nice
-# 19: it takes the CPU the tests leave idle, and a test that wants a core
-# gets it (a harness runs its corpus first, whatever the time; then it
-# searches for what is left of FUZZ_SECONDS). Each one's output goes to
-# $log.fuzz.NAME and its exit status to $log.fuzz.NAME.rc; the fuzz stage
-# waits for this job.
-fuzz_names=()
-for src in tests/fuzz/fuzz_*.c; do fuzz_names+=("$(basename "$src" .c)"); done
-fuzz_all() {
-    local n rc
-    $MAKE -j1 -k --no-print-directory "${fuzz_names[@]/#/build/fuzz/}" >"$log.fuzzbuild" 2>&1
-    for n in "${fuzz_names[@]}"; do
-        [ -x "build/fuzz/$n" ] || continue
-        mkdir -p "build/fuzz/corpus-$n"
-        rc=0
-        nice -n 19 "build/fuzz/$n" -max_total_time="$FUZZ_SECONDS" -max_len=65536 "build/fuzz/corpus-$n" \
-            "tests/fuzz/corpus/$n" >"$log.fuzz.$n" 2>&1 || rc=$?
-        echo "$rc" >"$log.fuzz.$n.rc"
-    done
-}
-fuzz_all &
-fuzz_build_pid=$!
 
 # ---- unit ----
 stage "unit (cmocka, two at a time)"

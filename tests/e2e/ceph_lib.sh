@@ -37,7 +37,7 @@ ceph_objectstore_conf() {
 
 # ceph_free_ports N: N distinct free TCP ports on 127.0.0.1, one per line.
 ceph_free_ports() {
-    "$py" - "$1" <<'EOF'
+    "$py" -S - "$1" <<'EOF'
 import socket, sys
 socks = []
 for _ in range(int(sys.argv[1])):

@@ -9,7 +9,12 @@
 #                       (run.sh wants it left empty)
 #   $testhub            the local Hub (CKPT_TESTHUB, or beside CKPT_BIN)
 #   $py                 /usr/bin/python3 (else python3 resolved once: a pyenv shim
-#                       costs 0.3 s a call)
+#                       costs 0.3 s a call). The scripts run it as `"$py" -S`
+#                       (no site module: the .pth files of dist-packages are
+#                       not run at each start) for every helper of the
+#                       standard library only; what needs Debian's modules
+#                       (torch, zarr, numpy, selenium) runs /usr/bin/python3
+#                       or torch_python's without -S
 #   fail MSG            prints the tails of the logs in E2E_LOGS (globs, set
 #                       by the script), what the script's on_fail function
 #                       prints if it has one, then "FAIL: MSG"; exits 1
@@ -161,7 +166,7 @@ torch_python() {
 # shapes, bytes), in whatever files and shards (state_tensors.py); else says
 # how they differ and returns 1.
 same_tensors() {
-    diff <("$py" "$E2E_DIR/state_tensors.py" "$1") <("$py" "$E2E_DIR/state_tensors.py" "$2") >"$work/same.diff" || {
+    diff <("$py" -S "$E2E_DIR/state_tensors.py" "$1") <("$py" -S "$E2E_DIR/state_tensors.py" "$2") >"$work/same.diff" || {
         echo "$1 and $2 hold different tensors: $(head -n 5 "$work/same.diff")" >&2
         return 1
     }

@@ -46,7 +46,7 @@ pg_start() {
     local try
     for try in 1 2 3 4 5; do
         # A free port now; another process may take it before the server binds (then retry).
-        pg_port=$("$py" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+        pg_port=$("$py" -S -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
         if pg_server_start; then break; fi
         grep -q "could not bind\|already in use" "$pg_dir/server.log" 2>/dev/null || fail "PostgreSQL did not start: $(tail -n 5 "$pg_dir/server.log")"
         pg_port=

@@ -78,7 +78,7 @@ serve() {
     wait_file "$home/serve.url"
     url=$(cat "$home/serve.url")
 }
-jstate() { CKPT_HOME=$1 "$ckpt" show "$2" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["state"])'; }
+jstate() { CKPT_HOME=$1 "$ckpt" show "$2" | "$py" -S -c 'import json, sys; print(json.load(sys.stdin)["state"])'; }
 state_is() { [ "$(jstate "$1" "$2")" = "$3" ]; }
 
 # The Hub holds org/tiny; A fetches it from there.
@@ -151,10 +151,10 @@ grep -Eq " info job\.cancelled id=$noop kind=noop " "$work/a.serve.log" || fail 
 grep -Eq " error job\.failed id=$failed_b kind=convert " "$work/b.serve.log" && ! grep -q " info " "$work/b.serve.log" ||
     fail "B's log at --log-level warn: $(head -5 "$work/b.serve.log")"
 # A's /metrics (a strict parse): the bytes its fetch and converts moved, as /v1/stats recorded them.
-curl -sf "$A/metrics" >"$work/metrics" && "$py" "$E2E_DIR/prom_check.py" "$work/metrics" >"$work/metrics.json" ||
+curl -sf "$A/metrics" >"$work/metrics" && "$py" -S "$E2E_DIR/prom_check.py" "$work/metrics" >"$work/metrics.json" ||
     fail "A's /metrics is not a valid exposition"
 curl -sf "$A/v1/stats?hours=6" >"$work/stats.json" || fail "GET /v1/stats of A"
-"$py" - "$work/metrics.json" "$work/stats.json" <<'PY' || fail "A's /metrics and /v1/stats disagree"
+"$py" -S - "$work/metrics.json" "$work/stats.json" <<'PY' || fail "A's /metrics and /v1/stats disagree"
 import json, sys
 m, st = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 tot = lambda n: sum(r["value"] for r in st["rows"] if r["name"] == n)

@@ -37,7 +37,7 @@ gen=$work/gen
 
 # check_listing LISTING EXPECT: ckpt's --json listing against the generator's tensors.
 check_listing() {
-    "$py" - "$1" "$2" <<'EOF'
+    "$py" -S - "$1" "$2" <<'EOF'
 import json, sys
 got = json.load(open(sys.argv[1]))
 exp = json.load(open(sys.argv[2]))
@@ -80,7 +80,7 @@ EOF
 # check_consolidated DIR EXPECT PREFIX [SHARDED]: DIR's tensors are the
 # generator's byte for byte, named PREFIX + the HF name.
 check_consolidated() {
-    "$py" - "$@" <<'EOF'
+    "$py" -S - "$@" <<'EOF'
 import hashlib, json, os, struct, sys
 d, exp, prefix = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
 sharded = len(sys.argv) > 4
@@ -172,7 +172,7 @@ for save in fsdp tp2d; do
     check_consolidated "$work/$save-model" "$gen/$save.expect.json" "" || fail "$save --state: model tensors"
     expect_status 0 "$ckpt" state load "$work/$save-state"
     grep -q "step 1000" "$work/out" || fail "$save --state: step: $(cat "$work/out")"
-    "$py" - "$work/$save-state" "$gen/$save.expect.json" <<'EOF' || fail "$save --state: optimizer slots"
+    "$py" -S - "$work/$save-state" "$gen/$save.expect.json" <<'EOF' || fail "$save --state: optimizer slots"
 import hashlib, json, struct, sys
 d, exp = sys.argv[1], json.load(open(sys.argv[2]))
 with open(f"{d}/optimizer.safetensors", "rb") as f:

@@ -30,7 +30,7 @@ dir=${stop##*rm -rf }
 for p in "${left[@]}"; do kill -0 "$p" 2>/dev/null || fail "process $p of the demo is not running"; done
 [ "$(curl -s -o "$work/page" -w '%{http_code}' "$url/")" = 200 ] && grep -q '<script src="/assets/app.js"' "$work/page" ||
     fail "the printed URL does not answer the dashboard"
-curl -sf "$url/v1/jobs" | "$py" -c '
+curl -sf "$url/v1/jobs" | "$py" -S -c '
 import json, sys
 jobs = json.load(sys.stdin)["jobs"]
 sys.exit(sorted((j["kind"], j["state"]) for j in jobs) != [("convert", "succeeded"), ("fetch", "succeeded")] and "jobs: %s" % jobs)' ||

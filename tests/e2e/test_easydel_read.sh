@@ -76,37 +76,45 @@ done
 rm -rf state state0
 
 # ---- 2. hostile chunks on the streamed, banded and staged paths ----
-# broken NAME ARRAY PYTHON MESSAGE [BAND_MAX]: a copy of `one` whose ARRAY's
-# chunk PYTHON rewrites (C: the chunk's path, raw: its decoded bytes) must be
-# refused at limit 0 (and bands of BAND_MAX bytes) with MESSAGE on one line,
-# leaving no DST.
-broken() {
-    local name=$1 a=$2 code=$3 msg=$4 band=${5:-}
+# Each case NAME|ARRAY|PYTHON|MESSAGE[|BAND_MAX]: a copy of `one` whose
+# ARRAY's chunk PYTHON rewrites (C: the chunk's path, raw: its decoded bytes)
+# must be refused at limit 0 (and bands of BAND_MAX bytes) with MESSAGE on
+# one line, leaving no DST. The copies are made first and rewritten in one
+# python (numcodecs, and numpy under it, cost ~0.4 CPU-s an import), then
+# each is consolidated.
+note "hostile chunks"
+emb=model/model/embed_tokens/embedding  # copied whole: streamed
+ker=model/model/layers/0/mlp/up_proj/kernel # transposed: in bands; staged with bands of 1 byte
+short="open(C, 'wb').write(numcodecs.Zstd(1).encode(raw[:100]))"
+more="open(C, 'wb').write(numcodecs.Zstd(1).encode(raw) + numcodecs.Zstd(1).encode(b'x' * 10))"
+cases=("stream-short|$emb|$short|array '$emb': chunk '0.0' decompresses to 100 bytes"
+    "stream-more|$emb|$more|array '$emb': chunk '0.0' decompresses to more than")
+for band in "" 1; do
+    way=${band:+staged}
+    cases+=("${way:-band}-short|$ker|$short|array '$ker': chunk '0.0' decompresses to 100 bytes|$band"
+        "${way:-band}-more|$ker|$more|array '$ker': chunk '0.0' decompresses to more than|$band")
+done
+args=()
+for c in "${cases[@]}"; do
+    IFS='|' read -r name a code _ <<<"$c"
     rm -rf "b-$name"
     cp -a one "b-$name"
-    (cd "b-$name" && $zpy -c "import numcodecs
-C = '$a/0.0'
-raw = numcodecs.Zstd(1).decode(open(C, 'rb').read())
-$code") || fail "$name: setting up"
+    args+=("b-$name/$a/0.0" "$code")
+done
+$zpy - "${args[@]}" <<'EOF' || fail "setting up the hostile chunks"
+import sys
+import numcodecs
+for C, code in zip(sys.argv[1::2], sys.argv[2::2]):
+    raw = numcodecs.Zstd(1).decode(open(C, "rb").read())
+    exec(code)
+EOF
+for c in "${cases[@]}"; do
+    IFS='|' read -r name a code msg band <<<"$c"
     expect_status 1 env CKPT_EASYDEL_DECODE_MAX=0 ${band:+CKPT_EASYDEL_BAND_MAX=$band} "$ckpt" consolidate "b-$name" "out-$name"
     [ "$(wc -l <"$work/err")" -eq 1 ] || fail "$name: expected one line, got: $(cat "$work/err")"
     grep -qF "$msg" "$work/err" || fail "$name: '$msg' not in: $(cat "$work/err")"
     [ ! -e "out-$name" ] || fail "$name: DST appeared"
     ls -d out-"$name".tmp-* 2>/dev/null && fail "$name: temp folder left"
     rm -rf "b-$name"
-}
-note "hostile chunks"
-emb=model/model/embed_tokens/embedding  # copied whole: streamed
-ker=model/model/layers/0/mlp/up_proj/kernel # transposed: in bands; staged with bands of 1 byte
-broken stream-short $emb "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw[:100]))" \
-    "array '$emb': chunk '0.0' decompresses to 100 bytes"
-broken stream-more $emb "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw) + numcodecs.Zstd(1).encode(b'x' * 10))" \
-    "array '$emb': chunk '0.0' decompresses to more than"
-for band in "" 1; do
-    way=${band:+staged}
-    broken "${way:-band}-short" $ker "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw[:100]))" \
-        "array '$ker': chunk '0.0' decompresses to 100 bytes" "$band"
-    broken "${way:-band}-more" $ker "open(C, 'wb').write(numcodecs.Zstd(1).encode(raw) + numcodecs.Zstd(1).encode(b'x' * 10))" \
-        "array '$ker': chunk '0.0' decompresses to more than" "$band"
 done
 note "done"

@@ -73,7 +73,7 @@ fetch_fails() {
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
 start_testhub hubA
 start_testhub hubB
-commit1=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+commit1=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | "$py" -S -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 note "hub A $hubA_url, hub B $hubB_url, org/tiny@main = $commit1"
 
 # ---- success, and every transient fault ----
@@ -98,7 +98,7 @@ grep -q "is in the store with 1 of the .* files picked; fetching the other" "$wo
 "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/pull.err" || fail "pull after the top-up: $(cat "$work/pull.err")"
 diff -r "$work/m1" "$work/pulled" >/dev/null || fail "after the top-up the stored commit differs from the original"
 rm -rf "$work/pulled"
-[ "$("$ckpt" ls --json | "$py" -c 'import json,sys; print(len(json.load(sys.stdin)["checkpoints"]))')" = 1 ] || fail "the top-up made a second checkpoint: $("$ckpt" ls)"
+[ "$("$ckpt" ls --json | "$py" -S -c 'import json,sys; print(len(json.load(sys.stdin)["checkpoints"]))')" = 1 ] || fail "the top-up made a second checkpoint: $("$ckpt" ls)"
 "$ckpt" verify org/tiny@main >/dev/null 2>"$work/err" || fail "verify after the top-up: $(cat "$work/err")"
 HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >"$work/out" 2>"$work/err" || fail "third fetch: $(cat "$work/err")"
 grep -q "in the store already" "$work/err" || fail "a complete commit fetched again: $(cat "$work/err")"
@@ -109,7 +109,7 @@ faults "drop=300000@2"
 fetch_ok "connection dropped after 300000 bytes (twice)" --connections 1 --chunk-size 1MiB
 grep -q "fault=drop" "$work/hubA.log" || fail "the drop fault did not fire"
 # A dropped request for bytes S-E must be followed by one for (S + 300000)-E: resumed at the next byte.
-"$py" - "$work/hubA.log" <<'PY' || fail "no dropped request was resumed at its next byte: $(grep resolve "$work/hubA.log" | tail -8)"
+"$py" -S - "$work/hubA.log" <<'PY' || fail "no dropped request was resumed at its next byte: $(grep resolve "$work/hubA.log" | tail -8)"
 import re, sys
 lines = open(sys.argv[1]).read().splitlines()
 want = set()
@@ -241,7 +241,7 @@ done
 faults "push=$work/m2"
 fetch_ok "a new commit pushed right after the revision answer (still the resolved commit)"
 "$ckpt" ls --json | grep -q "$commit1" || fail "the fetch did not keep commit $commit1"
-commit2=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+commit2=$(curl -sf "$hubA_url/api/models/org/tiny/revision/main" | "$py" -S -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 [ "$commit2" != "$commit1" ] || fail "the push did not happen"
 HF_ENDPOINT=$hubA_url "$ckpt" fetch org/tiny >/dev/null 2>"$work/err" || fail "fetch of the new commit: $(cat "$work/err")"
 "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>&1

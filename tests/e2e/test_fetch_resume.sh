@@ -27,7 +27,7 @@ opts=(--connections 1 --chunk-size 128KiB) # one piece at a time: the crash poin
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
 start_testhub hub
 export HF_ENDPOINT=$hub_url
-commit=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+commit=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -S -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 
 # fetch_into HOME EXPECTED_STATUS [env...]: one fetch of org/tiny into HOME.
 fetch_into() {
@@ -52,7 +52,7 @@ resume() {
     # not a TTY: no progress line, a line per verified file
     [ "$(grep -c ', verified (./4 files)$' "$work/err")" -eq 4 ] || fail "not a TTY: expected a line per file: $(cat "$work/err")"
     ! grep -q $'\r' "$work/err" || fail "not a TTY: the progress line was drawn"
-    "$py" "$E2E_DIR/resume_check.py" "$work/kept" "$work/hub.log" "$first" >"$work/check" || fail "$what: $(cat "$work/check")"
+    "$py" -S "$E2E_DIR/resume_check.py" "$work/kept" "$work/hub.log" "$first" >"$work/check" || fail "$what: $(cat "$work/check")"
     CKPT_HOME=$home "$ckpt" pull org/tiny@main -o "$work/pulled" --quiet >/dev/null 2>"$work/err" || fail "$what: pull"
     diff -r "$work/m1" "$work/pulled" >/dev/null || fail "$what: the stored checkpoint differs from the repo"
     rm -rf "$work/pulled"
@@ -66,7 +66,7 @@ n90=$((pieces * 9 / 10))
 fetch_into "$work/c1" 137 CKPT_FAULT=fetch.piece_recorded:$n90
 keep "$work/c1"
 resume "$work/c1" "killed at piece $n90 of $pieces"
-"$py" - "$work/check" <<'PY' || fail "the 90% resume cost more than the missing bytes: $(cat "$work/check")"
+"$py" -S - "$work/check" <<'PY' || fail "the 90% resume cost more than the missing bytes: $(cat "$work/check")"
 import sys
 w = open(sys.argv[1]).read().split()
 kept, requested, missing, total = int(w[1]), int(w[3]), int(w[5]), int(w[7])
@@ -112,7 +112,7 @@ note "gc: a live fetch's folder and a recent one are kept; a stale one (CKPT_HUB
 # ---- the progress line ----
 # On a TTY (a pty here): one line for the whole fetch, rewritten with \r:
 # files verified, bytes done/total, rate, ETA. Its fields are checked, not its timing.
-CKPT_HOME=$work/c5 "$py" - "$ckpt" "${opts[@]}" <<'PY' || fail "the progress line on a TTY"
+CKPT_HOME=$work/c5 "$py" -S - "$ckpt" "${opts[@]}" <<'PY' || fail "the progress line on a TTY"
 import os, pty, re, sys
 pid, fd = pty.fork()
 if pid == 0:

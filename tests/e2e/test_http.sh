@@ -49,7 +49,7 @@ fi
 cp "$DIR/hub_client.mjs" "$NPMDIR/"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny main "$W/orig") || fail "hub client on the original"
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny neuron-tp2 "$W/tp2") || fail "hub client on the layout"
-commit=$("$B" ls --json | "$py" -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][0]["commit"])')
+commit=$("$B" ls --json | "$py" -S -c 'import json,sys; print(json.load(sys.stdin)["checkpoints"][0]["commit"])')
 (cd "$NPMDIR" && node hub_client.mjs "$URL" Qwen/tiny "$commit.neuron-tp2" "$W/tp2") || fail "layout by <commit>.<layout>"
 
 # --- Range edge cases (docs/hub.md) ---
@@ -95,13 +95,17 @@ echo "16 concurrent downloads identical; daemon peak RSS $((rss / 1024)) MiB"
 rm -rf "$W/l4"
 lf=tp_rank_01/model.safetensors
 [ "$(stat -c %s "$W/l4-r1/model.safetensors")" -gt 60000000 ] || fail "the quarter-width rank file is smaller than planned"
+# Each body goes straight into cmp against the pulled rank file (1.3 GB in
+# all: not written to disk and read back); cmp's status, or curl's when the
+# transfer failed, lands in q$i.rc.
 for i in $(seq 16); do
     rate=()
     [ $((i % 2)) = 0 ] && rate=(--limit-rate 30M)
-    curl -s "${rate[@]}" -o "$W/q$i" "$URL/Meta/quarter/resolve/neuron-tp2/$lf" &
+    { rc=0; curl -s "${rate[@]}" "$URL/Meta/quarter/resolve/neuron-tp2/$lf" | cmp -s - "$W/l4-r1/model.safetensors" || rc=$?
+        echo "$rc" >"$W/q$i.rc"; } &
 done
 wait $(jobs -p | grep -v "$DPID") 2>/dev/null || true
-for i in $(seq 16); do cmp -s "$W/q$i" "$W/l4-r1/model.safetensors" || fail "large concurrent download $i differs"; done
+for i in $(seq 16); do [ "$(cat "$W/q$i.rc" 2>/dev/null)" = 0 ] || fail "large concurrent download $i differs"; done
 rm -f "$W"/q*
 rss=$(awk '/VmHWM/ {print $2}' "/proc/$DPID/status")
 [ "$rss" -lt $((256 * 1024)) ] || fail "daemon peak RSS ${rss} KiB with 16 clients on 80 MB files"
@@ -125,8 +129,8 @@ diff -r "$W/tp2" "$W/r-tp2" >/dev/null || fail "remote pull of the layout differ
 CKPT_HOME=$W/rank-home "$B" pull Qwen/tiny@main:neuron-tp2 --rank 1 -o "$W/r-rank1" --server "$URL" 2>/dev/null || fail "remote rank pull"
 cmp -s "$W/r-rank1/model.safetensors" "$W/tp2/tp_rank_01/model.safetensors" || fail "remote rank 1 differs"
 # only that rank's files came over: the other rank is not in the pulling store
-CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -c 'import json, sys; c = json.load(sys.stdin)["checkpoints"]; sys.exit(len(c) != 1)' &&
-    ! CKPT_HOME=$W/rank-home "$B" show "$(CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -c 'import json, sys; print(json.load(sys.stdin)["checkpoints"][0]["ref"])')" | grep -q tp_rank_00 ||
+CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -S -c 'import json, sys; c = json.load(sys.stdin)["checkpoints"]; sys.exit(len(c) != 1)' &&
+    ! CKPT_HOME=$W/rank-home "$B" show "$(CKPT_HOME=$W/rank-home "$B" ls --json | "$py" -S -c 'import json, sys; print(json.load(sys.stdin)["checkpoints"][0]["ref"])')" | grep -q tp_rank_00 ||
     fail "a remote --rank 1 pull fetched more than rank 1: $(CKPT_HOME=$W/rank-home "$B" ls)"
 CKPT_HOME=$REMOTE "$B" pull Qwen/tiny@main:neuron-tp2 --consolidated -o "$W/r-cons" --server "$URL" 2>/dev/null || fail "remote consolidated pull"
 diff -r "$W/orig" "$W/r-cons" >/dev/null || fail "remote consolidated pull differs from the original"
@@ -139,7 +143,7 @@ echo "remote pulls identical (resume after cut connections: the same download co
 same_json() {
     local f=$1
     shift
-    "$@" | "$py" -c 'import json, sys; sys.exit(json.load(sys.stdin) != json.load(open(sys.argv[1])))' "$f"
+    "$@" | "$py" -S -c 'import json, sys; sys.exit(json.load(sys.stdin) != json.load(open(sys.argv[1])))' "$f"
 }
 start_daemon
 [ "$(status "$URL/v1/checkpoints")" = 200 ] || fail "/v1/checkpoints: $(cat "$W/body")"
@@ -148,7 +152,7 @@ same_json "$W/body" "$B" ls --json || fail "/v1/checkpoints differs from ckpt ls
 same_json "$W/body" "$B" ls Qwen/tiny --json || fail "/v1/checkpoints?repo= differs from ckpt ls REPO --json"
 [ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@main:neuron-tp2")" = 200 ] || fail "/v1/checkpoints/{ref}: $(cat "$W/body")"
 same_json "$W/body" "$B" show Qwen/tiny@main:neuron-tp2 --json || fail "/v1/checkpoints/{ref} differs from ckpt show --json"
-"$py" -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (j["source"] == "Qwen/tiny@main" and j["files"] and all(k in j["files"][0] for k in ("path", "size", "sha256", "safetensors", "tensors", "recipes"))))' "$W/body" ||
+"$py" -S -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (j["source"] == "Qwen/tiny@main" and j["files"] and all(k in j["files"][0] for k in ("path", "size", "sha256", "safetensors", "tensors", "recipes"))))' "$W/body" ||
     fail "/v1/checkpoints/{ref}: not the documented shape: $(head -c 500 "$W/body")"
 [ "$(status "$URL/v1/checkpoints?repo=Qwen/none")" = 200 ] && grep -q '"checkpoints":\[\]' "$W/body" || fail "an unknown repo lists nothing"
 [ "$(status "$URL/v1/checkpoints/Qwen%2Ftiny@nope")" = 404 ] || fail "an unknown ref: $(cat "$W/body")"
@@ -178,7 +182,7 @@ rc=0
 code=$(curl -s -o "$W/cut.tar" -w '%{http_code}' "$URL/v1/checkpoints/Qwen%2Ftiny@main/archive.tar") || rc=$?
 [ "$rc" != 0 ] || fail "an archive that failed mid-stream ended cleanly (HTTP $code)"
 [ -s "$W/cut.tar" ] || fail "the cut archive has not even its first file"
-"$py" -c 'import sys; d = open(sys.argv[1], "rb").read(); sys.exit(len(d) >= 1024 and d[-1024:] == bytes(1024))' "$W/cut.tar" ||
+"$py" -S -c 'import sys; d = open(sys.argv[1], "rb").read(); sys.exit(len(d) >= 1024 and d[-1024:] == bytes(1024))' "$W/cut.tar" ||
     fail "the cut archive ends with a tar end (two zero blocks)"
 grep -q 'aborted mid-stream' "$W/serve.log" || fail "the cut archive was not logged: $(tail -5 "$W/serve.log")"
 stop_dpid
@@ -222,7 +226,7 @@ CKPT_SERVER=$URL CKPT_TOKEN=readtoken-0123456789abcdef "$B" show Qwen/tiny@main:
 mkdir -p "$W/cfg/ckpt"
 printf '# the daemon\nserver = %s\ntoken_file = %s\n' "$URL" "$W/read.tok" >"$W/cfg/ckpt/config"
 XDG_CONFIG_HOME=$W/cfg "$B" du --json >"$W/r.json" || fail "du through the config file"
-"$B" du --json | "$py" -c 'import json, sys; a = json.load(sys.stdin); b = json.load(open(sys.argv[1])); sys.exit(any(a[k] != b[k] for k in ("checkpoints", "logical_bytes", "physical_bytes", "blobs")))' "$W/r.json" ||
+"$B" du --json | "$py" -S -c 'import json, sys; a = json.load(sys.stdin); b = json.load(open(sys.argv[1])); sys.exit(any(a[k] != b[k] for k in ("checkpoints", "logical_bytes", "physical_bytes", "blobs")))' "$W/r.json" ||
     fail "du --server differs from du: $(cat "$W/r.json")"
 XDG_CONFIG_HOME=$W/cfg "$B" --home "$W/home" ls >/dev/null || fail "--home before the command does not override the config's server"
 printf 'home = %s\n' "$W/home" >"$W/cfg/ckpt/config"
@@ -263,7 +267,7 @@ for cmd in "import $W/src --repo a/b" "fetch a/b" "state import $W/src --run r" 
 done
 # jobs: a header, times, --limit
 "$B" jobs | head -1 | grep -q '^ *ID  STATE .*CREATED (UTC).*FINISHED (UTC).*WAITED.*RAN' || fail "ckpt jobs has no header: $("$B" jobs | head -2)"
-"$B" jobs --json | "$py" -c 'import json, subprocess, sys
+"$B" jobs --json | "$py" -S -c 'import json, subprocess, sys
 all_ = json.load(sys.stdin)
 one = json.loads(subprocess.run(sys.argv[1:], capture_output=True, text=True, check=True).stdout)
 sys.exit(not (len(all_) >= 2 and [j["id"] for j in one] == [all_[0]["id"]]))' "${RD[@]}" jobs --limit 1 --json ||
@@ -272,9 +276,9 @@ rc=0; "$B" jobs --limit 0 2>/dev/null || rc=$?; [ "$rc" = 2 ] || fail "jobs --li
 rc=0; "$B" jobs --state done 2>/dev/null || rc=$?; [ "$rc" = 2 ] || fail "jobs --state done exited $rc"
 # /metrics: a strict parse, then the figures against what this daemon did
 curl -s -H 'Authorization: Bearer readtoken-0123456789abcdef' "$URL/metrics" >"$W/metrics"
-"$py" "$DIR/prom_check.py" "$W/metrics" >"$W/metrics.json" || fail "/metrics is not a valid exposition"
+"$py" -S "$DIR/prom_check.py" "$W/metrics" >"$W/metrics.json" || fail "/metrics is not a valid exposition"
 "$B" du --json >"$W/du.json"
-"$py" - "$W/metrics.json" "$W/du.json" <<'PY' || fail "/metrics figures: $(grep -v _bucket "$W/metrics" | head -60)"
+"$py" -S - "$W/metrics.json" "$W/du.json" <<'PY' || fail "/metrics figures: $(grep -v _bucket "$W/metrics" | head -60)"
 import json, sys
 m, du = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 def want(key, ok, what):
@@ -300,38 +304,38 @@ api() { # api TOKEN METHOD PATH [BODY]: the body to $W/api.json, the status on s
         ${4:+--data "$4"} "$URL$3"
 }
 RT=readtoken AT=admintoken
-vid=$("$B" jobs --json | "$py" -c 'import json, sys; print(next(j["id"] for j in json.load(sys.stdin) if j["kind"] == "verify"))')
-[ "$(api $RT GET /v1/jobs/counts)" = 200 ] && "$B" jobs --json | "$py" -c '
+vid=$("$B" jobs --json | "$py" -S -c 'import json, sys; print(next(j["id"] for j in json.load(sys.stdin) if j["kind"] == "verify"))')
+[ "$(api $RT GET /v1/jobs/counts)" = 200 ] && "$B" jobs --json | "$py" -S -c '
 import json, sys
 jobs, got = json.load(sys.stdin), json.load(open(sys.argv[1]))
 want = {s: sum(j["state"] == s for j in jobs) for s in ("queued", "running", "succeeded", "failed", "cancelled")}
 want.update(all=len(jobs), retrying=0)
 sys.exit(got != want and f"counts {got} != {want}")' "$W/api.json" || fail "GET /v1/jobs/counts: $(cat "$W/api.json")"
-[ "$(api $RT GET "/v1/jobs?state=succeeded&q=VERIFY&limit=1")" = 200 ] && "$py" -c '
+[ "$(api $RT GET "/v1/jobs?state=succeeded&q=VERIFY&limit=1")" = 200 ] && "$py" -S -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
 sys.exit(not (r["total"] == 1 and [j["id"] for j in r["jobs"]] == [int(sys.argv[2])]))' "$W/api.json" "$vid" ||
     fail "GET /v1/jobs?state=succeeded&q=VERIFY: $(cat "$W/api.json")"
-[ "$(api $RT GET "/v1/jobs?limit=1&offset=1")" = 200 ] && "$B" jobs --json | "$py" -c '
+[ "$(api $RT GET "/v1/jobs?limit=1&offset=1")" = 200 ] && "$B" jobs --json | "$py" -S -c '
 import json, sys
 jobs, r = json.load(sys.stdin), json.load(open(sys.argv[1]))
 sys.exit(not (r["total"] == len(jobs) and [j["id"] for j in r["jobs"]] == [jobs[1]["id"]]))' "$W/api.json" ||
     fail "GET /v1/jobs?limit=1&offset=1: $(cat "$W/api.json")"
 [ "$(api $RT GET "/v1/jobs?state=done")" = 400 ] && grep -q "state: 'done' is not one of" "$W/api.json" || fail "?state=done: $(cat "$W/api.json")"
-[ "$(api $RT GET "/v1/jobs/$vid")" = 200 ] && "$py" -c '
+[ "$(api $RT GET "/v1/jobs/$vid")" = 200 ] && "$py" -S -c '
 import json, sys
 a = json.load(open(sys.argv[1]))["attempts"]
 sys.exit(not (len(a) == 1 and a[0]["attempt"] == 1 and a[0]["outcome"] == "succeeded" and a[0]["finished_at"] >= a[0]["started_at"]))' "$W/api.json" ||
     fail "the attempts of verify job $vid: $(cat "$W/api.json")"
-[ "$(api $RT GET /v1/store)" = 200 ] && "$py" -c '
+[ "$(api $RT GET /v1/store)" = 200 ] && "$py" -S -c '
 import json, sys, time
 v = json.load(open(sys.argv[1]))["last_verify"]
 sys.exit(not (v["clean"] is True and v["ref"] is None and v["checkpoints_checked"] >= 2 and abs(v["at"] - time.time()) < 3600))' "$W/api.json" ||
     fail "GET /v1/store has no last verify: $(cat "$W/api.json")"
-[ "$(api $RT GET /v1/checkpoints/Qwen%2Ftiny@main)" = 200 ] && "$py" -c '
+[ "$(api $RT GET /v1/checkpoints/Qwen%2Ftiny@main)" = 200 ] && "$py" -S -c '
 import json, sys
 sys.exit(json.load(open(sys.argv[1]))["last_verify"]["ok"] is not True)' "$W/api.json" || fail "a checkpoint's last_verify: $(cat "$W/api.json")"
-[ "$(api $RT GET "/v1/stats?hours=1")" = 200 ] && "$py" -c '
+[ "$(api $RT GET "/v1/stats?hours=1")" = 200 ] && "$py" -S -c '
 import json, sys
 r = json.load(open(sys.argv[1]))
 got = {(x["name"], x["kind"]): x["value"] for x in r["rows"]}
@@ -344,7 +348,7 @@ sys.exit(not (r["bucket_seconds"] == 60 and tot("jobs.succeeded", "convert") == 
     fail "bulk with a read token: $(cat "$W/api.json")"
 [ "$(api $RT POST /v1/schedules '{"repo":"Qwen/tiny","cron":"0 0 1 1 *"}')" = 403 ] || fail "schedule add with a read token"
 [ "$(api $AT POST /v1/schedules '{"repo":"Qwen/tiny","cron":"0 0 1 1 *"}')" = 201 ] || fail "schedule add: $(cat "$W/api.json")"
-sid=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$W/api.json")
+sid=$("$py" -S -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$W/api.json")
 [ "$(api $RT POST "/v1/schedules/$sid/pause")" = 403 ] || fail "pause with a read token"
 [ "$(api $AT POST "/v1/schedules/$sid/pause")" = 200 ] && grep -q '"paused": *true' "$W/api.json" || fail "pause: $(cat "$W/api.json")"
 "$B" sync ls --json | grep -q '"paused": *true' || fail "the pause is not in the store's schedules"
@@ -353,13 +357,13 @@ sid=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$W
 [ "$(api $AT POST /v1/jobs/bulk '{"action":"delete"}')" = 400 ] && grep -q 'needs a filter' "$W/api.json" || fail "bulk without a filter"
 [ "$(api $AT POST /v1/jobs/bulk '{"action":"nuke","state":"failed"}')" = 400 ] || fail "bulk with an unknown action"
 [ "$(api $AT POST "/v1/jobs/$vid/delete")" = 200 ] && [ "$(api $AT GET "/v1/jobs/$vid")" = 404 ] || fail "delete job $vid"
-ngc=$("$B" jobs --json | "$py" -c 'import json, sys; print(sum(j["kind"] == "gc" for j in json.load(sys.stdin)))')
+ngc=$("$B" jobs --json | "$py" -S -c 'import json, sys; print(sum(j["kind"] == "gc" for j in json.load(sys.stdin)))')
 [ "$(api $AT POST /v1/jobs/bulk '{"action":"delete","q":"gc"}')" = 200 ] && grep -q "\"matched\": *$ngc, *\"done\": *$ngc" "$W/api.json" &&
     [ "$ngc" -ge 1 ] && ! "$B" jobs --json | grep -q '"kind": *"gc"' || fail "bulk delete of the gc jobs ($ngc): $(cat "$W/api.json")"
 stop_dpid
 # the log: JSON lines for jobs and requests, the route of each request; no token anywhere
 grep '^{' "$W/serve.log" >"$W/events" || fail "no JSON log lines: $(tail -5 "$W/serve.log")"
-"$py" - "$W/events" "$(stat -c %s "$W/metrics")" <<'PY' || fail "the JSON log: $(head -c 1500 "$W/events")"
+"$py" -S - "$W/events" "$(stat -c %s "$W/metrics")" <<'PY' || fail "the JSON log: $(head -c 1500 "$W/events")"
 import json, sys
 ev = [json.loads(l) for l in open(sys.argv[1])]
 def has(**kv):
@@ -384,7 +388,7 @@ for _ in $(seq 300); do
 done
 [ "$("${RD[@]}" jobs --json | tr -d ' \n')" = "[]" ] || fail "finished jobs were not pruned: $("$B" jobs)"
 stop_dpid
-grep '^{' "$W/serve.log" | "$py" -c 'import json, sys; sys.exit(not any(json.loads(l).get("event") == "jobs.pruned" for l in sys.stdin))' ||
+grep '^{' "$W/serve.log" | "$py" -S -c 'import json, sys; sys.exit(not any(json.loads(l).get("event") == "jobs.pruned" for l in sys.stdin))' ||
     fail "no prune logged: $(tail -5 "$W/serve.log")"
 ! grep -q 'token-0123456789abcdef' "$W/serve.log" || fail "a token in the daemon's log"
 echo "every store command over --server, CKPT_SERVER and the config; refusals exit 2; jobs pruned; JSON log; /metrics parsed"
@@ -419,7 +423,7 @@ echo "bash completion (commands, options, refs); the man page renders under dash
 # requests and judges answers as its hf_raise_for_status does; hub_client_api.mjs
 # drives the npm client. A page size of 2 makes every listing page.
 CKPT_HUB_PAGE_SIZE=2 start_daemon
-/usr/bin/python3 "$DIR/hf_replay.py" open "$URL" "$W/orig" "$W/tp2" "$commit" || fail "the Python client's requests"
+"$py" -S "$DIR/hf_replay.py" open "$URL" "$W/orig" "$W/tp2" "$commit" || fail "the Python client's requests"
 layout_sha=$(printf '%s' "$commit.neuron-tp2" | sha1sum | cut -c1-40)
 cp "$DIR/hub_client_api.mjs" "$NPMDIR/"
 (cd "$NPMDIR" && node hub_client_api.mjs "$URL" Qwen/tiny "$commit" "$layout_sha" "$(find "$W/tp2" -type f | wc -l)") ||
@@ -430,7 +434,7 @@ cp "$DIR/hub_client_api.mjs" "$NPMDIR/"
 hfc=$W/hfc
 "$B" pull Qwen/tiny@main --hf-cache "$hfc" 2>/dev/null && "$B" pull Qwen/tiny@main:neuron-tp2 --hf-cache="$hfc" 2>/dev/null ||
     fail "pull --hf-cache"
-/usr/bin/python3 "$DIR/hf_cache_scan.py" "$hfc" "$URL" symlinks >"$W/scan" || fail "the HF cache pull wrote"
+"$py" -S "$DIR/hf_cache_scan.py" "$hfc" "$URL" symlinks >"$W/scan" || fail "the HF cache pull wrote"
 grep -q "$commit refs=\['main'\] files=5" "$W/scan" && grep -q "$layout_sha refs=\['$commit.neuron-tp2', 'neuron-tp2'\] files=5" "$W/scan" ||
     fail "the HF cache lists other revisions: $(cat "$W/scan")"
 [ "$(stat -L -c %h "$hfc/models--Qwen--tiny/snapshots/$commit/config.json")" -ge 2 ] || fail "config.json's blob is not hardlinked from the store"
@@ -442,7 +446,7 @@ for ref in Qwen/tiny@main Qwen/tiny@main:neuron-tp2; do
 done
 cache_state | cmp -s - "$W/hfc.before" || fail "a second pull changed the cache"
 HF_HUB_DISABLE_SYMLINKS=1 "$B" pull Qwen/tiny@main:neuron-tp2 --hf-cache "$W/hfc2" 2>/dev/null || fail "pull --hf-cache, no symlinks"
-/usr/bin/python3 "$DIR/hf_cache_scan.py" "$W/hfc2" "$URL" copies >/dev/null || fail "the HF cache without symlinks"
+"$py" -S "$DIR/hf_cache_scan.py" "$W/hfc2" "$URL" copies >/dev/null || fail "the HF cache without symlinks"
 HF_HUB_CACHE=$W/hfc3 "$B" pull Qwen/tiny@main --hf-cache 2>/dev/null && [ -L "$W/hfc3/models--Qwen--tiny/snapshots/$commit/config.json" ] ||
     fail "pull --hf-cache into HF_HUB_CACHE"
 echo "pull --hf-cache: the cache huggingface_hub lists, a second pull adds nothing"
@@ -453,6 +457,6 @@ for u in "$URL/Qwen/tiny/resolve/main/model-00001-of-00002.safetensors" "$URL/ap
 done
 stop_dpid
 start_daemon --token-file "$W/tokens"
-/usr/bin/python3 "$DIR/hf_replay.py" token "$URL" readtoken-0123456789abcdef || fail "401 answers"
+"$py" -S "$DIR/hf_replay.py" token "$URL" readtoken-0123456789abcdef || fail "401 answers"
 stop_dpid
 echo "http: ok"

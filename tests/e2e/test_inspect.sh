@@ -15,7 +15,7 @@
 set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
-dump="$py $E2E_DIR/st_dump.py"
+dump="$py -S $E2E_DIR/st_dump.py"
 
 
 # ---- 1. generated checkpoints against the independent reader ----
@@ -24,7 +24,7 @@ dump="$py $E2E_DIR/st_dump.py"
 # config, widths divided by SCALE, and describes exactly the tensors listed in
 # DIR/dump.json; every file carries {"format": "pt"}; values look initialised.
 check_config() {
-    "$py" - "$@" <<'EOF'
+    "$py" -S - "$@" <<'EOF'
 import json, struct, sys
 d, scale, arch = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 cfg = json.load(open(f"{d}/config.json"))
@@ -131,8 +131,8 @@ check_checkpoint() {
         fail "$name: inspect --json and st_dump.py disagree: $(head -n 20 "$work/diff")"
     check_config "$d" "$scale" "$arch" || fail "$name: config.json and tensors disagree"
     local files ntensors
-    files=$("$py" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["files"]))' "$d.dump.json")
-    ntensors=$("$py" -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["tensors"]))' "$d.dump.json")
+    files=$("$py" -S -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["files"]))' "$d.dump.json")
+    ntensors=$("$py" -S -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["tensors"]))' "$d.dump.json")
     if [ "$want" = one ]; then
         [ "$files" -eq 1 ] && [ -f "$d/model.safetensors" ] &&
             [ ! -e "$d/model.safetensors.index.json" ] ||
@@ -181,7 +181,7 @@ rm -rf "${work:?}"/*
 # ---- 3. hostile files ----
 mkdir "$work/hostile"
 # Each case: a file (or a directory) and a line "NAME ERROR [TENSOR]" in cases.txt.
-"$py" - "$work/hostile" <<'EOF'
+"$py" -S - "$work/hostile" <<'EOF'
 import json, os, struct, sys
 d = sys.argv[1]
 cases = open(f"{d}/cases.txt", "w")
@@ -263,7 +263,7 @@ done <"$work/hostile/cases.txt"
 
 # Files of other formats are named for what they are (issue 14): a torch.save
 # zip, a legacy pickle torch file, GGUF; not "HeaderTooLarge" of 1.8e19.
-"$py" - "$work/hostile" <<'EOF'
+"$py" -S - "$work/hostile" <<'EOF'
 import pickle, struct, sys, zipfile
 d = sys.argv[1]
 with zipfile.ZipFile(f"{d}/pytorch_model.bin", "w") as z:
@@ -287,7 +287,7 @@ for case in "legacy.pt:PyTorch (torch.save, pickle)" "model.gguf:a GGUF file"; d
 done
 
 # Valid edge cases: an empty header, a scalar, a zero-size tensor.
-"$py" - "$work/hostile" <<'EOF'
+"$py" -S - "$work/hostile" <<'EOF'
 import json, struct, sys
 def write(path, hdr, data=b""):
     h = json.dumps(hdr).encode()

@@ -29,7 +29,7 @@ done
 note "ok install-lib"
 
 # ---- 2. exports ----
-expect_status 0 "$py" "$root/tests/header/check_exports.py" "$root/include/ckpt.h" \
+expect_status 0 "$py" -S "$root/tests/header/check_exports.py" "$root/include/ckpt.h" \
     "$root/include/libckpt.map" "$dest$prefix/lib/libckpt.so"
 # Listings go through files: grep -q closing a pipe early fails it under pipefail.
 nm -D --defined-only "$dest$prefix/lib/libckpt.so" >"$work/nm"

@@ -41,7 +41,7 @@ set -euo pipefail
 
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 here=$E2E_DIR
-gen="$py $here/../lora_gen.py"
+gen="$py -S $here/../lora_gen.py"
 ref="/usr/bin/python3 $here/../lora_ref.py"
 dpid=
 export CKPT_QUIET=1
@@ -73,7 +73,7 @@ blas_core() {
     *) fail "blas_core: unknown kernel $1" ;;
     esac
     for f in $flags; do grep -qw "$f" /proc/cpuinfo || return 1; done
-    [ "$(OPENBLAS_CORETYPE=$1 "$py" -c '
+    [ "$(OPENBLAS_CORETYPE=$1 "$py" -S -c '
 import ctypes
 lib = ctypes.CDLL("libopenblas.so.0")
 lib.openblas_get_corename.restype = ctypes.c_char_p
@@ -103,7 +103,7 @@ $ckpt gen-model qwen2 qwen16 --scale 8 --layers 1 --dtype f16
 # ---- 1. merge against the reference ----
 $gen llama ad --targets $ALL --rank 4 --alpha 8
 $ckpt merge-lora llama ad merged --json >"$work/stats.json"
-"$py" -c "
+"$py" -S -c "
 import json, sys
 s = json.load(open('$work/stats.json'))
 assert s['modules'] == 14 and s['copied'] == 7 and s['gflop'] > 0, s
@@ -178,7 +178,7 @@ $gen qwen32 adq --targets $ALL --rank 4 --alpha 8 --seed 5
 $gen llama32 adl --targets q_proj,v_proj,o_proj,down_proj --rank 3 --alpha 6 --rslora --seed 6
 $ckpt merge-lora qwen32 adq qwen32m
 $ckpt merge-lora llama32 adl llama32m
-sl=$("$py" -c 'import math; print(6 / math.sqrt(3))')
+sl=$("$py" -S -c 'import math; print(6 / math.sqrt(3))')
 for model in qwen llama; do
     if [ $model = qwen ]; then
         b=qwen32 m=qwen32m a=adq s=2 layouts=("fused 1" "neuron 2" "neuron 4" "neuron 8")
@@ -200,7 +200,7 @@ for model in qwen llama; do
 done
 [ -f qwen-neuron-8.lora/tp_rank_07/adapter_model.safetensors ] || fail "no per-rank adapter files"
 grep -q '"kind": "lora-adapter"' qwen-neuron-8.lora/ckpt-layout.json || fail "ckpt-layout.json lacks the adapter kind"
-"$py" - qwen-fused-1.lora/adapter_config.json <<'EOF' || fail "converted adapter_config.json"
+"$py" -S - qwen-fused-1.lora/adapter_config.json <<'EOF' || fail "converted adapter_config.json"
 import json, sys
 c = json.load(open(sys.argv[1]))
 assert sorted(c["target_modules"]) == ["down_proj", "gate_up_proj", "o_proj", "qkv_proj"], c["target_modules"]
@@ -254,7 +254,7 @@ $ckpt convert qs.merged qs.merged.conv "${LAYOUT[@]}"
 $ckpt plan qs "${LAYOUT[@]}" --print-rules >preset.json
 # rules.json: a lora_merge (relative adapter path) before the preset's rules;
 # rules_late.json: the same rule after them, where it must fail.
-"$py" -c '
+"$py" -S -c '
 import json, sys
 d = json.load(open("preset.json"))
 rule = {"op": "lora_merge", "adapter": "ads", "scale": 0.5, "comment": "merge first"}
@@ -282,7 +282,7 @@ for r in tp_rank_00 tp_rank_01; do
     done
 done
 ! ls -a qs.rule qs.opt | grep -q lora-merged || fail "the staging file was left in the output"
-"$py" -c '
+"$py" -S -c '
 import hashlib, json, os, sys
 layout, ad = json.load(open(sys.argv[1])), sys.argv[2]
 (m,) = layout["lora_merge"]
@@ -312,7 +312,7 @@ expect_error "rule 1 (lora_merge): the layout merges an adapter" $ckpt convert-l
 # ---- 7. the merge-lora job ----
 export CKPT_HOME=$work/home
 $ckpt import qs --repo org/qs@main >/dev/null
-phys() { $ckpt du --json | "$py" -c 'import json, sys; print(json.load(sys.stdin)["physical_bytes"])'; }
+phys() { $ckpt du --json | "$py" -S -c 'import json, sys; print(json.load(sys.stdin)["physical_bytes"])'; }
 before=$(phys)
 $ckpt serve --listen 127.0.0.1:0 >"$work/serve.log" 2>&1 &
 dpid=$!
@@ -324,7 +324,7 @@ job() {
     local field=${*: -1} id
     id=$($ckpt submit "${@:1:$#-1}") || fail "submit ${*:1:$#-1}"
     $ckpt wait "$id" >/dev/null 2>"$work/wait.err" || fail "job $id (${*:1:$#-1}): $(cat "$work/wait.err")"
-    $ckpt show "$id" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["result"][sys.argv[1]])' "$field"
+    $ckpt show "$id" | "$py" -S -c 'import json, sys; print(json.load(sys.stdin)["result"][sys.argv[1]])' "$field"
 }
 merged=$(job merge-lora org/qs@main ads --scale 0.5 ref)
 [[ "$merged" =~ ^org/qs-lora-[0-9a-f]{12}@main$ ]] || fail "merge-lora job made '$merged'"
@@ -333,7 +333,7 @@ $ckpt pull "$merged" -o qs.pulled
 for f in qs.merged/*; do cmp "$f" "qs.pulled/${f##*/}" || fail "pulled $merged: ${f##*/} differs from merge-lora"; done
 # Only the merged weights are new bytes.
 growth=$(($(phys) - before))
-weights=$("$py" -c '
+weights=$("$py" -S -c '
 import json, os, struct, sys
 base, ad = sys.argv[1:]
 def header(path):

@@ -95,7 +95,7 @@ while read -r f; do
     cmp -s "$work/served" "$work/src/$f" || fail "daemon B served other bytes for $f"
 done <"$work/files"
 curl -sf -o "$work/api.json" "$b_url/api/models/org/m/revision/main" || fail "daemon B: /api/models/org/m/revision/main"
-"$py" -c '
+"$py" -S -c '
 import json, sys
 names = sorted(s["rfilename"] for s in json.load(open(sys.argv[1]))["siblings"])
 want = open(sys.argv[2]).read().split()
@@ -103,7 +103,7 @@ sys.exit(names != want and f"siblings {names}, want {want}")' "$work/api.json" "
     fail "daemon B's Hub API lists other files: $(head -c 400 "$work/api.json")"
 curl -sf -o "$work/ck.json" "$b_url/v1/checkpoints/org%2Fm@main" || fail "daemon B: /v1/checkpoints/org%2Fm@main"
 home a "$ckpt" show org/m@main --json >"$work/show.json"
-"$py" -c '
+"$py" -S -c '
 import json, sys
 a, b = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 sys.exit(a != b and "differ")' "$work/ck.json" "$work/show.json" ||

@@ -157,7 +157,7 @@ cmp -s ref/config.json back/config.json || fail "consolidate of shards/: config.
 CKPT_HOME=$work/home expect_status 0 "$ckpt" import s3 --repo t/nxd
 CKPT_HOME=$work/home expect_status 0 "$ckpt" pull t/nxd -o pulled
 cmp -s ref/model.safetensors pulled/model.safetensors || fail "import of an NxD save: the stored model differs"
-"$py" - s3 pulled/ckpt-source.json <<'PYEOF' || fail "import of an NxD save: ckpt-source.json"
+"$py" -S - s3 pulled/ckpt-source.json <<'PYEOF' || fail "import of an NxD save: ckpt-source.json"
 import hashlib, json, os, sys
 save, doc = sys.argv[1], json.load(open(sys.argv[2]))
 want = []
@@ -173,7 +173,7 @@ PYEOF
 rm -rf pulled "$work/home"
 expect_status 0 "$ckpt" consolidate s5 sharded --max-shard-size 40KB
 [ -s sharded/model.safetensors.index.json ] && [ -s sharded/model-00001-of-00006.safetensors ] || fail "no shards: $(ls sharded)"
-"$py" "$E2E_DIR/st_dump.py" sharded >/dev/null || fail "the shards disagree with their index"
+"$py" -S "$E2E_DIR/st_dump.py" sharded >/dev/null || fail "the shards disagree with their index"
 same_tensors ref sharded || fail "sharded output differs from the original"
 expect_status 1 "$ckpt" consolidate s5 sharded
 grep -q "not empty" "$work/err" || fail "non-empty DST: $(cat "$work/err")"
@@ -249,21 +249,21 @@ rm -rf b && cp -a s4 b && rm b/shards/mp_metadata_pp_rank_0.json
 expect_status 1 "$ckpt" consolidate b bad # not recognised as a save any more
 # metadata that does not match the tensors
 rm -rf b && cp -a s4 b
-"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+"$py" -S - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1])); m["parameters"]["model.embed_tokens.weight"]["partition_stride"] = 3
 open(sys.argv[1], "w").write(json.dumps(m, indent=4))
 EOF
 refused b "mp_metadata_pp_rank_0.json: parameter 'model.embed_tokens.weight': 64 rows on partition_dim 0 do not divide by partition_stride 3"
 rm -rf b && cp -a s3 b
-"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+"$py" -S - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1])); m["model_weight_transformation_specs"][0]["specs"][0][1]["kv_size_multiplier"] = 4
 open(sys.argv[1], "w").write(json.dumps(m, indent=4))
 EOF
 refused b "spec of 'model.layers.0.self_attn': kv_output_size_per_partition 8 is not 2 KV heads x multiplier 4"
 rm -rf b && cp -a s4 b
-"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+"$py" -S - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1])); m["parameters"]["model.layers.0.mlp.extra.weight"] = {"tensor_model_parallel": False}
 open(sys.argv[1], "w").write(json.dumps(m, indent=4))
@@ -303,7 +303,7 @@ expect_status 1 "$ckpt" consolidate a3/adapter_default bad --max-shard-size 1MB
 grep -q "one adapter_model.safetensors" "$work/err" || fail "adapter --max-shard-size: $(cat "$work/err")"
 # a spec with peft_type in a save of the whole model
 rm -rf b && cp -a s4 b
-"$py" - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
+"$py" -S - b/shards/mp_metadata_pp_rank_0.json <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1])); m["model_weight_transformation_specs"][1]["specs"][0][1]["peft_type"] = "lora"
 open(sys.argv[1], "w").write(json.dumps(m, indent=4))

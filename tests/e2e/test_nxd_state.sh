@@ -42,8 +42,8 @@ for s in p1 z1 q3 x1; do
     expect_status 0 "$ckpt" consolidate "$s" "$s-state" --state
     [ "$(ls "$s-state" | tr '\n' ' ')" = "config.json metadata.json model.safetensors optimizer.json optimizer.safetensors " ] ||
         fail "$s --state wrote $(ls "$s-state")"
-    "$py" "$st" "$s-state" >"$s.got"
-    "$py" "$st" "$s-state-ref" >"$s.want"
+    "$py" -S "$st" "$s-state" >"$s.got"
+    "$py" -S "$st" "$s-state-ref" >"$s.want"
     diff "$s.got" "$s.want" >"$s.diff" || fail "$s --state: tensors differ from the writer's: $(head -5 "$s.diff")"
     grep -c "/exp_avg_sq " "$s.got" >/dev/null || fail "$s: no exp_avg_sq slots"
     expect_status 0 "$ckpt" state load "$s-state"
@@ -53,7 +53,7 @@ done
 # what is not a slot is listed, on stderr and in optimizer.json
 expect_status 0 "$ckpt" consolidate q3 q3-again --state
 grep -q "left out sharded_master_weights" "$work/err" || fail "q3: sharded_master_weights not said: $(cat "$work/err")"
-"$py" - q3-state/optimizer.json <<'PYEOF' || fail "q3: optimizer.json left_out"
+"$py" -S - q3-state/optimizer.json <<'PYEOF' || fail "q3: optimizer.json left_out"
 import json, sys
 left = {(e["name"], e["why"].split(" ")[0]) for e in json.load(open(sys.argv[1]))["left_out"]}
 want = {("sharded_master_weights", "the"), ("lm_head.weight", "its")}
@@ -62,7 +62,7 @@ PYEOF
 # sharded: the optimizer in shards with its index, the same tensors
 expect_status 0 "$ckpt" consolidate p1 p1-sharded --state --max-shard-size 200KB
 [ -f p1-sharded/optimizer.safetensors.index.json ] || fail "--max-shard-size: no optimizer index"
-"$py" "$st" p1-sharded | diff - p1.want >/dev/null || fail "--max-shard-size: the tensors differ"
+"$py" -S "$st" p1-sharded | diff - p1.want >/dev/null || fail "--max-shard-size: the tensors differ"
 expect_status 0 "$ckpt" state load p1-sharded
 # the slots follow their parameters through a layout and back
 expect_status 0 "$ckpt" convert z1-state z1-tp2 --layout neuron --tp 2

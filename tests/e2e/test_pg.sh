@@ -134,7 +134,7 @@ wpid=$(pg_psql "SELECT worker_pid FROM jobs WHERE id = $x")
 touch "$CKPT_HOME/go3"
 wait_until 60 "job $x to be finished by the other daemon" state_is "$x" succeeded
 expect_status 0 "$ckpt" show "$x"
-"$py" -c 'import json, sys; j = json.load(open(sys.argv[1])); assert j["attempt"] == 2 and j["state"] == "succeeded", j' "$work/out" ||
+"$py" -S -c 'import json, sys; j = json.load(open(sys.argv[1])); assert j["attempt"] == 2 and j["state"] == "succeeded", j' "$work/out" ||
     fail "job $x: $(cat "$work/out"), expected attempt 2 (one lost lease, one run)"
 [ "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'noop' AND args LIKE '%sleep_ms%'")" = 1 ] || fail "job $x was doubled"
 grep -Eq "info job.finished id=$x kind=noop" "$work/db.log" || fail "daemon db did not finish job $x"
@@ -164,20 +164,20 @@ note "5. schedule $sid fired once"
 # ---- 5b. the dashboard's queue endpoints on PostgreSQL ----
 url=$(grep -o 'ckpt serve: http://[0-9.:]*' "$work/db.log" | head -n 1 | cut -d' ' -f3)
 api() { curl -s -o "$work/api.json" -w '%{http_code}' -X "$1" "$url$2"; }
-[ "$(api GET "/v1/jobs/$x")" = 200 ] && "$py" -c '
+[ "$(api GET "/v1/jobs/$x")" = 200 ] && "$py" -S -c '
 import json, sys
 at = json.load(open(sys.argv[1]))["attempts"]
 sys.exit(not (len(at) == 2 and at[0]["attempt"] == 1 and at[0]["outcome"] != "succeeded"
               and at[1]["attempt"] == 2 and at[1]["outcome"] == "succeeded") and f"attempts {at}")' "$work/api.json" ||
     fail "attempts of job $x: $(cat "$work/api.json")"
-[ "$(api GET "/v1/jobs/counts?q=noop")" = 200 ] && "$py" -c '
+[ "$(api GET "/v1/jobs/counts?q=noop")" = 200 ] && "$py" -S -c '
 import json, sys
 c = json.load(open(sys.argv[1]))
 sys.exit(not (c["all"] == int(sys.argv[2]) and c["succeeded"] == int(sys.argv[3])) and f"counts {c}")' "$work/api.json" \
     "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'noop'")" \
     "$(pg_psql "SELECT count(*) FROM jobs WHERE kind = 'noop' AND state = 'succeeded'")" ||
     fail "GET /v1/jobs/counts: $(cat "$work/api.json")"
-[ "$(api GET "/v1/stats?hours=1")" = 200 ] && "$py" -c '
+[ "$(api GET "/v1/stats?hours=1")" = 200 ] && "$py" -S -c '
 import json, sys
 rows = json.load(open(sys.argv[1]))["rows"]
 tot = lambda n, k: sum(r["value"] for r in rows if r["name"] == n and r["kind"] == k)

@@ -32,7 +32,7 @@ E2E_LOGS=("$W/*.log")
 
 resumed() {
     local why
-    why=$("$py" - "$@" 2>&1 <<'PY'
+    why=$("$py" -S - "$@" 2>&1 <<'PY'
 import re, sys
 log, need = sys.argv[1], int(sys.argv[2])
 fixed = int(sys.argv[3]) if len(sys.argv) > 3 else None
@@ -59,7 +59,7 @@ PY
 
 # --- a converted layout with odd sizes, and the local pulls to compare with ---
 "$B" gen-model qwen2 "$W/src" --scale 8 --layers 2 --shard-mb 2 2>/dev/null
-"$py" - "$W/src/config.json" <<'PY' || fail "the model is not odd enough"
+"$py" -S - "$W/src/config.json" <<'PY' || fail "the model is not odd enough"
 import json, sys
 c = json.load(open(sys.argv[1]))
 h, kv = c["num_attention_heads"], c["num_key_value_heads"]
@@ -94,7 +94,7 @@ pull_cut() {
     for r in "$@"; do rules+=(--cut "$r"); done
     n=$((n + 1))
     rm -f "$W/proxy.url"
-    "$py" "$DIR/cutproxy.py" --target "${DURL#http://}" --url-file "$W/proxy.url" \
+    "$py" -S "$DIR/cutproxy.py" --target "${DURL#http://}" --url-file "$W/proxy.url" \
         --log "$W/proxy$n.log" "${rules[@]}" 2>>"$W/proxy-stderr.log" &
     local ppid=$!
     serve_bg "$ppid"
@@ -129,7 +129,7 @@ CKPT_HOME=$W/c-hub "$B" pull "$REF" -o "$W/out-hub" --server "$HURL" >"$W/pull.o
 resumed "$W/hub.log" 2 1000
 diff -r "$W/local" "$W/out-hub" >/dev/null || fail "pull through the test hub differs from a local pull"
 note "test hub: drop fired on the layout's pseudo-commit, resumed, identical"
-commit=$("$B" ls --json | "$py" -c 'import json,sys; print([c["commit"] for c in json.load(sys.stdin)["checkpoints"] if not c.get("layout")][0])')
+commit=$("$B" ls --json | "$py" -S -c 'import json,sys; print([c["commit"] for c in json.load(sys.stdin)["checkpoints"] if not c.get("layout")][0])')
 for rev in "$commit.neuron-tp4" neuron-tp4; do
     curl -s -X POST --data-binary "drop=100000@1" "$HURL/_testhub/faults" >/dev/null || fail "cannot set faults"
     rc=0

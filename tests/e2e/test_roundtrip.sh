@@ -171,7 +171,7 @@ run "$ckpt" convert "$src" "$work/conv" --layout neuron --tp 2 --dtype bf16
 grep -q '"lossy": true' "$work/conv/ckpt-layout.json" || fail "a narrowing cast should mark ckpt-layout.json lossy"
 CKPT_QUIET=0 run "$ckpt" consolidate "$work/conv" "$work/back"
 grep -qiE "lossy|narrowing cast" "$work/err" || fail "consolidating a lossy layout should say so: $(cat "$work/err")"
-/usr/bin/python3 - "$src" "$work/back" <<'EOF' || fail "the consolidated values are not the bf16-rounded source"
+/usr/bin/python3 -S - "$src" "$work/back" <<'EOF' || fail "the consolidated values are not the bf16-rounded source"
 # Every tensor comes back with its name, dtype and shape, and each value is the
 # source value rounded to bf16 (nearest, ties to even), computed here on the bits.
 import array, json, os, struct, sys

@@ -38,7 +38,7 @@ expect_status 0 s3 mb "$B"
 expect_status 0 s3 mb "$B" # ours already: success
 
 note "put, head, ranged get, delete"
-"$py" -c 'import os, sys; open(sys.argv[1], "wb").write(os.urandom(100000))' "$work/small"
+"$py" -S -c 'import os, sys; open(sys.argv[1], "wb").write(os.urandom(100000))' "$work/small"
 expect_status 0 s3 put "$B/t/small" "$work/small"
 [ "$(cat "$work/out")" = stored ] || fail "first put: $(cat "$work/out")"
 expect_status 0 s3 put "$B/t/small" "$work/small"
@@ -48,7 +48,7 @@ expect_status 0 s3 head "$B/t/small"
 for r in 0:1 12345:1000 99999:1 0:100000 4096:95904; do
     expect_status 0 s3 get "$B/t/small" -o "$work/part" --range "$r"
     off=${r%:*} len=${r#*:}
-    "$py" -c 'import sys; d = open(sys.argv[1], "rb").read(); o, n = int(sys.argv[2]), int(sys.argv[3]); sys.exit(open(sys.argv[4], "rb").read() != d[o:o + n])' \
+    "$py" -S -c 'import sys; d = open(sys.argv[1], "rb").read(); o, n = int(sys.argv[2]), int(sys.argv[3]); sys.exit(open(sys.argv[4], "rb").read() != d[o:o + n])' \
         "$work/small" "$off" "$len" "$work/part" || fail "range $r: bytes differ"
 done
 expect_status 1 s3 get "$B/t/small" -o "$work/part" --range 99990:100
@@ -76,7 +76,7 @@ expect_status 0 s3 ls "$B/many/" --max-keys 5 --stats
 awk '$2 != 3 || $3 < 1700000000 { exit 1 }' "$work/out" || fail "ls sizes or times: $(head -n 3 "$work/out")"
 
 note "four concurrent conditional PUTs of one key: exactly one stores"
-"$py" -c 'import os, sys; open(sys.argv[1], "wb").write(os.urandom(3 << 20))' "$work/race"
+"$py" -S -c 'import os, sys; open(sys.argv[1], "wb").write(os.urandom(3 << 20))' "$work/race"
 pids=()
 for i in 1 2 3 4; do
     "$ckpt" s3 put "$B/race/x" "$work/race" >"$work/race$i.out" 2>"$work/race$i.err" &
@@ -89,7 +89,7 @@ expect_status 0 s3 get "$B/race/x" -o "$work/race.back"
 [ "$(sha "$work/race.back")" = "$(sha "$work/race")" ] || fail "the raced object's bytes differ"
 
 note "multipart: 20 MiB in 8 MiB parts"
-"$py" -c 'import os, sys; open(sys.argv[1], "wb").write(os.urandom((20 << 20) + 12345))' "$work/big"
+"$py" -S -c 'import os, sys; open(sys.argv[1], "wb").write(os.urandom((20 << 20) + 12345))' "$work/big"
 expect_status 0 s3 put "$B/big/a" "$work/big" --stats
 [ "$(cat "$work/out")" = stored ] || fail "multipart put: $(cat "$work/out")"
 [ "$(stat_of 1)" = 6 ] || fail "multipart of 3 parts took $(stat_of 1) requests, expected 6 (head, initiate, 3 parts, complete)"
@@ -119,7 +119,7 @@ start_proxy() {
     proxy_n=$((proxy_n + 1))
     proxy_log=$work/proxy$proxy_n.log
     rm -f "$work/proxy.url"
-    "$py" "$E2E_DIR/cutproxy.py" --target "127.0.0.1:$ceph_port" --url-file "$work/proxy.url" --log "$proxy_log" \
+    "$py" -S "$E2E_DIR/cutproxy.py" --target "127.0.0.1:$ceph_port" --url-file "$work/proxy.url" --log "$proxy_log" \
         "$@" 2>>"$work/proxy-stderr.log" &
     proxy_pid=$!
     serve_bg "$proxy_pid"
@@ -195,7 +195,7 @@ note "a rank pull requests exactly the rank's bytes from the bucket"
 # so the bytes received are exactly the rank's tensor bytes (every output
 # byte comes from one source byte; the layout has no zero padding here) and
 # its whole plain files; CKPT_DEBUG=1 prints the store's totals as it closes.
-rank_bytes() { "$py" "$E2E_DIR/payload_bytes.py" "$1"; }
+rank_bytes() { "$py" -S "$E2E_DIR/payload_bytes.py" "$1"; }
 # received: bytes received from the bucket by the last command (its debug line).
 received() { sed -n 's/^debug: blobs s3:.*: [0-9]* requests, [0-9]* retries, \([0-9]*\) bytes received$/\1/p' "$work/err"; }
 rm -rf "$CKPT_HOME/blob-cache"

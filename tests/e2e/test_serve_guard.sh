@@ -53,7 +53,7 @@ api() {
     code=$(curl -sS -o "$work/out" -w '%{http_code}' -X "$method" "$@" "$url$path") || fail "curl $method $path failed"
     [ "$code" = "$want" ] || fail "$method $path $*: HTTP $code, expected $want: $(head -c 500 "$work/out")"
 }
-njobs() { "$ckpt" jobs --json | "$py" -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
+njobs() { "$ckpt" jobs --json | "$py" -S -c 'import json, sys; print(len(json.load(sys.stdin)))'; }
 J=(-H 'Content-Type: application/json')
 
 # =========================================================================
@@ -94,7 +94,7 @@ mkdir -p "$work/allowed" "$work/outside"
 ln -s "$work/outside/m" "$work/allowed/esc"
 imp() { printf '{"kind":"import","args":{"dir":"%s","repo":"%s"}}' "$1" "$2"; }
 # jf ID EXPR: a Python expression over job ID (from `ckpt show ID`), printed.
-jf() { "$ckpt" show "$1" | "$py" -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$2"; }
+jf() { "$ckpt" show "$1" | "$py" -S -c 'import json, sys; j = json.load(sys.stdin); print(eval(sys.argv[1]))' "$2"; }
 # wait_state ID STATE: polls (every 0.05 s, at most 60 s: far above what any
 # of these jobs takes on a loaded machine) until job ID is in STATE.
 wait_state() {
@@ -127,14 +127,14 @@ api 403 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"consolidate\",\"args\":{\"src\":
 api 403 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"consolidate\",\"args\":{\"src\":\"$work/allowed/m\",\"dst\":\"$work/allowed\"}}"
 api 400 POST /v1/jobs "${J[@]}" -d "{\"kind\":\"import\",\"args\":{\"dir\":\"$work/outside/m\",\"repo\":\"org/a\",\"origin\":\"local\"}}"
 api 201 POST /v1/jobs "${J[@]}" -d "$(imp "$work/allowed/m" org/a)"
-id=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
+id=$("$py" -S -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
 wait_state "$id" succeeded
 # A folder swapped for a symlink between submit and run: the worker checks
 # again. The one worker is held by a local noop until the swap is done.
 hold=$("$ckpt" submit noop --sleep-ms 600000)
 wait_state "$hold" running
 api 201 POST /v1/jobs "${J[@]}" -d "$(imp "$work/allowed/m" org/b)"
-id=$("$py" -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
+id=$("$py" -S -c 'import json, sys; print(json.load(open(sys.argv[1]))["id"])' "$work/out")
 mv "$work/allowed/m" "$work/allowed/m.orig"
 ln -s "$work/outside/m" "$work/allowed/m"
 "$ckpt" cancel "$hold" >/dev/null
@@ -154,7 +154,7 @@ ready_daemon # the defaults must protect: 32 connections per address
 port=${url##*:}
 # hold_sockets N: N idle connections from 127.0.0.2, kept until killed; the
 # file $work/held appears once all are connected.
-"$py" - "$port" 300 "$work/held" <<'PY' &
+"$py" -S - "$port" 300 "$work/held" <<'PY' &
 import signal, socket, sys
 port, n, ready = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 socks = []
@@ -179,7 +179,7 @@ stop_dpid
 # idle timeout to close them while we look), a fifth from there is closed
 # unanswered while 127.0.0.1 is served.
 ready_daemon --conns-per-ip 4 --idle-timeout 3600
-"$py" - "${url##*:}" <<'PY' || fail "a fifth connection from one address was answered (--conns-per-ip 4)"
+"$py" -S - "${url##*:}" <<'PY' || fail "a fifth connection from one address was answered (--conns-per-ip 4)"
 import socket, sys
 port = int(sys.argv[1])
 def conn():
@@ -203,7 +203,7 @@ ready_daemon --idle-timeout 2
 port=${url##*:}
 # Half a request line, then silence: closed by the server after 2 s (the
 # client gives up after 60 s; the old limit was 120 s).
-"$py" - "$port" <<'PY' || fail "a connection without headers was not closed by --idle-timeout"
+"$py" -S - "$port" <<'PY' || fail "a connection without headers was not closed by --idle-timeout"
 import socket, sys
 s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
 s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
@@ -219,7 +219,7 @@ note "4. a stuck tree request; the oid cache"
 ready_daemon
 blob_of() { local h; h=$(sha256sum <"$1" | cut -c1-64); echo "$CKPT_HOME/blobs/${h:0:2}/${h:2}"; }
 tree() { curl -sS --max-time 60 "$url/api/models/org/tiny/tree/main"; }
-oid_of() { "$py" -c 'import json, sys; print([e["oid"] for e in json.load(sys.stdin) if e["path"] == sys.argv[1]][0])' "$1"; }
+oid_of() { "$py" -S -c 'import json, sys; print([e["oid"] for e in json.load(sys.stdin) if e["path"] == sys.argv[1]][0])' "$1"; }
 cfg=$(blob_of "$work/m3/config.json")
 oid=$(tree | oid_of config.json)
 [ "$oid" = "$(git hash-object "$work/m3/config.json")" ] || fail "config.json oid $oid is not git's"
@@ -278,7 +278,7 @@ grep -q "rank 9 is out of range" "$work/out" || fail "rank 9: $(cat "$work/out")
 api 400 GET "/v1/checkpoints/org%2Fbig@main/archive.tar?rank=0"
 api 400 GET "/v1/checkpoints/org%2Fbig@main/archive.tar?rank=x"
 # A client that reads 1 KiB and stops: nothing may be staged in CKPT_HOME/tmp.
-"$py" - "${url##*:}" "$CKPT_HOME/tmp" <<'PY' || fail "archive.tar staged files in CKPT_HOME/tmp"
+"$py" -S - "${url##*:}" "$CKPT_HOME/tmp" <<'PY' || fail "archive.tar staged files in CKPT_HOME/tmp"
 import os, socket, sys
 s = socket.socket()
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -296,7 +296,7 @@ PY
 cfg=$CKPT_HOME/blobs/$(sha256sum <"$work/m5/config.json" | cut -c1-2)/$(sha256sum <"$work/m5/config.json" | cut -c3-64)
 cp "$cfg" "$work/cfg5.orig"
 chmod u+w "$cfg"
-"$py" -c 'import sys; p = sys.argv[1]; d = bytearray(open(p, "rb").read()); d[0] ^= 1; open(p, "wb").write(d)' "$cfg"
+"$py" -S -c 'import sys; p = sys.argv[1]; d = bytearray(open(p, "rb").read()); d[0] ^= 1; open(p, "wb").write(d)' "$cfg"
 rc=0
 curl -sS -o "$work/bad.tar" "$A5/archive.tar" 2>"$work/err" || rc=$?
 [ "$rc" -ne 0 ] || fail "archive.tar with a damaged blob ended cleanly"

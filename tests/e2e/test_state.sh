@@ -40,7 +40,7 @@ expect_status 0 "$ckpt" state save "$work/m" "$work/s" --optimizer adamw --fill 
     --set lr=3e-4 --set b1=0.9 --max-shard-size 256KB
 no_leftovers
 cmp -s "$work/m/config.json" "$work/s/config.json" || fail "config.json did not travel into the state"
-"$py" - "$work/s" <<'EOF'
+"$py" -S - "$work/s" <<'EOF'
 import glob, json, os, re, struct, sys
 d = sys.argv[1]
 def fail(m): sys.exit("state format: " + m)
@@ -136,7 +136,7 @@ bad
 sed -i 's/"version": 1/"version": 2/' "$work/bad/metadata.json"
 expect_one_line "future version" "version 2 is newer"
 bad
-"$py" - "$work/bad" <<'EOF'
+"$py" -S - "$work/bad" <<'EOF'
 import json, struct, sys
 d = sys.argv[1]
 body = json.dumps({"ghost.weight/adam_m": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}).encode()
@@ -175,7 +175,7 @@ steps_of() { "$ckpt" state ls "$1" | awk '{printf "%s%s", sep, $2; sep=" "}'; }
 [ "$(steps_of sft)" = "100 200 300" ] || fail "state ls: $(steps_of sft)"
 # The steps share the model's tensors: three steps cost the parameters once.
 expect_status 0 "$ckpt" du --json
-"$py" - "$work/out" "$work/m" <<'EOF'
+"$py" -S - "$work/out" "$work/m" <<'EOF'
 import json, os, sys
 du = json.load(open(sys.argv[1]))
 params = os.path.getsize(f"{sys.argv[2]}/model.safetensors")

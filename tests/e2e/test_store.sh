@@ -127,7 +127,7 @@ src=$M/llama-big
 gen llama "$src" --scale 16 --layers 2 --shard-mb 0
 [ "$(stat -c %s "$src/model.safetensors")" -gt $((8 << 20)) ] || fail "llama-big is not over one 8 MiB chunk"
 cp -r "$src" "$M/llama-big2"
-python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-1, 2); b = f.read(1); f.seek(-1, 2); f.write(bytes([b[0] ^ 1]))' \
+"$py" -S -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(-1, 2); b = f.read(1); f.seek(-1, 2); f.write(bytes([b[0] ^ 1]))' \
     "$M/llama-big2/model.safetensors"
 for v in llama-big llama-big2; do
     ref=$(run "$ckpt" import "$M/$v" --repo "t/$v")
@@ -246,7 +246,7 @@ for spec in "neuron --tp 8" "fused" "hf"; do
     before=$(du_field physical_bytes)
     expect_status 0 "$ckpt" convert t/big --layout $spec
     after=$(du_field physical_bytes)
-    "$py" -c '
+    "$py" -S -c '
 import sys
 b, a, what = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 g = (a - b) / b
@@ -270,7 +270,7 @@ expect_status 0 "$ckpt" import "$M/mixtral-one" --repo t/other
 expect_verify_clean "before damage"
 # The blob of a tensor: the sha256 of its bytes in the source file.
 tensor_blob() {
-    $dump "$1" | "$py" -c '
+    $dump "$1" | "$py" -S -c '
 import hashlib, json, sys
 d, name = sys.argv[1], sys.argv[2]
 t = next(t for t in json.load(sys.stdin)["tensors"] if t["name"] == name)
@@ -279,7 +279,7 @@ with open(f"{d}/{t['"'file'"']}", "rb") as f:
     print(hashlib.sha256(f.read(t["nbytes"])).hexdigest(), t["file"])' "$1" "$2"
 }
 blob_path() { echo "$CKPT_HOME/blobs/${1:0:2}/${1:2}"; }
-flip() { "$py" -c '
+flip() { "$py" -S -c '
 import sys
 p = sys.argv[1]
 with open(p, "r+b") as f:

@@ -251,7 +251,7 @@ rm -rf "$work/u7" "$o"/*
 # A damaged blob (the largest: a tensor's) fails the pull naming the file,
 # with no archive and no temp file left.
 bp=$(find "$CKPT_HOME/blobs" -type f -printf '%s %p\n' | sort -n | tail -1 | cut -d' ' -f2)
-"$py" -c '
+"$py" -S -c '
 import sys
 with open(sys.argv[1], "r+b") as f:
     f.seek(0, 2); n = f.tell(); f.seek(n // 2); b = f.read(1); f.seek(n // 2); f.write(bytes([b[0] ^ 0x40]))' "$bp"

@@ -32,12 +32,12 @@ import json, sys
 jobs = sorted(json.load(sys.stdin), key=lambda j: j["id"])
 def kind(k): return [j for j in jobs if j["kind"] == k]
 '
-jobs_py() { "$ckpt" jobs --json | "$py" -c "$jobs_prelude"'
+jobs_py() { "$ckpt" jobs --json | "$py" -S -c "$jobs_prelude"'
 print(eval(sys.argv[1]))' "$1"; }
-jobs_check() { "$ckpt" jobs --json | "$py" -c "$jobs_prelude$1"; }
+jobs_check() { "$ckpt" jobs --json | "$py" -S -c "$jobs_prelude$1"; }
 # stored COMMIT LAYOUT: the client store holds org/tiny at COMMIT in LAYOUT ("" the original).
 stored() {
-    "$ckpt" ls --json | "$py" -c 'import json, sys
+    "$ckpt" ls --json | "$py" -S -c 'import json, sys
 sys.exit(not any(c["commit"] == sys.argv[1] and c["layout"] == sys.argv[2] for c in json.load(sys.stdin)["checkpoints"]))' "$1" "$2"
 }
 # at_least N EXPR: EXPR (jobs_py) is at least N — re-evaluated by each wait_until try.
@@ -56,14 +56,14 @@ stop_dpid() {
     dpid=""
     stop_daemon "$p" "$work/serve.log"
 }
-now() { "$py" -c 'import time; print(time.time())'; }
+now() { "$py" -S -c 'import time; print(time.time())'; }
 
 # ---- the Hub ----
 "$ckpt" gen-model qwen2 "$work/m1" --scale 8 --layers 2 >/dev/null 2>&1
 "$ckpt" gen-model qwen2 "$work/m2" --scale 8 --layers 2 --seed 3 >/dev/null 2>&1
 CKPT_HOME=$work/hub "$ckpt" import "$work/m1" --repo org/tiny@main >/dev/null 2>&1
 start_testhub hub
-c1=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+c1=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -S -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 
 # ---- bad input ----
 rc=0; "$ckpt" sync add org/tiny >/dev/null 2>&1 || rc=$?; [ "$rc" -eq 2 ] || fail "sync add without --every/--cron exited $rc"
@@ -75,7 +75,7 @@ rc=0; "$ckpt" sync add org/tiny --every 1h --cron "* * * * *" >/dev/null 2>&1 ||
 
 # ---- cron in UTC; ls, rm ----
 cron_id=$("$ckpt" sync add org/other --cron "*/5 3 * * mon-fri")
-"$ckpt" sync ls --json | "$py" -c '
+"$ckpt" sync ls --json | "$py" -S -c '
 import json, sys, time
 s = [x for x in json.load(sys.stdin) if x["id"] == int(sys.argv[1])][0]
 t = time.gmtime(s["next_run_at"])
@@ -108,7 +108,7 @@ note "$(jobs_py 'len(kind("sync"))') sync runs, still 1 fetch and 1 convert; out
 # ---- 3. a new commit on the Hub ----
 CKPT_HOME=$work/hub "$ckpt" import "$work/m2" --repo org/tiny@main >/dev/null 2>&1
 pushed=$(now) # the Hub answers with the new commit from here on
-c2=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
+c2=$(curl -sf "$hub_url/api/models/org/tiny/revision/main" | "$py" -S -c 'import json,sys; print(json.load(sys.stdin)["sha"])')
 [ "$c2" != "$c1" ] || fail "the push did not make a new commit"
 wait_until 60 "the new commit fetched and converted" stored "$c2" neuron-tp8
 # The first sync run that started after the push saw the new commit (not a

@@ -34,7 +34,7 @@ gen=$work/gen
 # check_listing LISTING EXPECT [noalias]: ckpt's --json listing against
 # torch's tensors; the tied names in its metadata unless noalias.
 check_listing() {
-    "$py" - "$1" "$2" "${3:-}" <<'EOF'
+    "$py" -S - "$1" "$2" "${3:-}" <<'EOF'
 import json, sys
 got = json.load(open(sys.argv[1]))
 exp = json.load(open(sys.argv[2]))
@@ -51,7 +51,7 @@ EOF
 # check_converted DIR EXPECT: DIR holds model.safetensors (or shards + index)
 # whose tensors are torch's bytes, each file with {"format": "pt"}.
 check_converted() {
-    "$py" - "$1" "$2" <<'EOF'
+    "$py" -S - "$1" "$2" <<'EOF'
 import hashlib, json, os, struct, sys
 d, exp = sys.argv[1], json.load(open(sys.argv[2]))
 files = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
@@ -114,7 +114,7 @@ done
 # convert.py, convert_multi) does: each .bin becomes the file its rename()
 # names, holding the same tensors, and the index is the source's with the
 # file names renamed (total_size and key order kept)
-"$py" - "$gen/sharded" "$work/conv-sharded" <<'EOF' || fail "sharded: not the files Hugging Face's conversion writes"
+"$py" -S - "$gen/sharded" "$work/conv-sharded" <<'EOF' || fail "sharded: not the files Hugging Face's conversion writes"
 import json, os, struct, sys
 src, out = sys.argv[1], sys.argv[2]
 rename = lambda f: os.path.splitext(f)[0].replace("pytorch_model", "model") + ".safetensors"
@@ -143,7 +143,7 @@ echo "ok sharded .bin -> $(ls "$work/conv-sharded-small" | grep -c 'safetensors$
 expect_status 0 "$ckpt" inspect --json "$work/conv-llama"
 check_listing "$work/out" "$gen/llama/pytorch_model.bin.expect.json" noalias || fail "converted llama: inspect"
 # ckpt-layout.json records the source file, its sha256 and the tied name
-"$py" - "$work/conv-llama/ckpt-layout.json" "$gen/llama/pytorch_model.bin" <<'EOF' || fail "ckpt-layout.json source"
+"$py" -S - "$work/conv-llama/ckpt-layout.json" "$gen/llama/pytorch_model.bin" <<'EOF' || fail "ckpt-layout.json source"
 import hashlib, json, sys
 src = json.load(open(sys.argv[1]))["source"]["files"]
 assert [f["name"] for f in src] == ["pytorch_model.bin"], src
@@ -168,7 +168,7 @@ echo "ok strided and overlapping views refused"
 
 hostile=$work/hostile marker=$work/hostile/MARKER
 mkdir -p "$hostile"
-"$py" "$E2E_DIR/torch_hostile.py" "$hostile" "$marker"
+"$py" -S "$E2E_DIR/torch_hostile.py" "$hostile" "$marker"
 count=0
 while IFS=$'\t' read -r name want; do
     refuse "$hostile/$name" "$want"

@@ -36,7 +36,7 @@ check_ranks() {
         "$ckpt" inspect --json "$2/model-rank-$r-part-0.safetensors" >"$work/inspect-$r.json" ||
             fail "inspect of rank $r failed"
     done
-    "$py" - "$1/config.json" "$work" "$3" "$1" <<'EOF' || fail "$2: shapes differ (above)"
+    "$py" -S - "$1/config.json" "$work" "$3" "$1" <<'EOF' || fail "$2: shapes differ (above)"
 import json, sys, glob, os
 cfg = json.load(open(sys.argv[1]))
 tp, src = int(sys.argv[3]), sys.argv[4]
@@ -144,7 +144,7 @@ for r in 0 1; do
         [ -f "$work/conv/model-rank-$r-part-$p.safetensors" ] || fail "rank $r: part $p missing (parts count from 0)"
         sz=$(stat -c %s "$work/conv/model-rank-$r-part-$p.safetensors")
         nt=$("$ckpt" inspect --json "$work/conv/model-rank-$r-part-$p.safetensors" |
-            "$py" -c 'import json,sys; print(len(json.load(sys.stdin)["tensors"]))')
+            "$py" -S -c 'import json,sys; print(len(json.load(sys.stdin)["tensors"]))')
         # vLLM's rule: a part only passes the limit when it holds one tensor
         [ "$sz" -le 210000 ] || [ "$nt" -eq 1 ] || fail "rank $r part $p: $sz bytes in $nt tensors"
     done
