@@ -511,6 +511,20 @@ static int gather_rows(worker *wk, const walk *w, const plan_source *s, uint8_t 
     return 0;
 }
 
+/* A walk that needs few of the pages its span covers: its span at least
+ * EXEC_SPARSE_FACTOR times the elements it needs, and its longest stride two
+ * pages or more (rows shorter than that put needed elements on every page). */
+static bool walk_page_sparse(const walk *w, size_t ses)
+{
+    uint64_t span = 1, needed = 1, step = 0;
+    for (int k = 0; k < w->nd; k++) {
+        span += (w->ext[k] - 1) * w->ss[k];
+        needed *= w->ext[k];
+        if (w->ss[k] > step) step = w->ss[k];
+    }
+    return span >= EXEC_SPARSE_FACTOR * needed && step * ses >= 2 * EXEC_DIRECT_ALIGN;
+}
+
 /* Reads the source elements a walk needs (in bands of at most
  * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
  * them into dst. fd < 0: a source file p->vsource makes, read through views. */
@@ -565,11 +579,12 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
         if (!rc) walk_run(&w, v, w.src, s->dtype, dst, ddt);
         return rc;
     }
-    uint64_t needed = ses;
-    for (int k = 0; k < w.nd; k++) needed *= w.ext[k];
-    if (span * ses >= EXEC_SPARSE_FACTOR * needed && span * ses >= EXEC_SPARSE_MIN) {
-        /* Sparse (a column slice, a transposed tile): map the span and touch
-         * only the pages holding needed elements, instead of reading it all. */
+    if (span * ses >= EXEC_SPARSE_MIN && walk_page_sparse(&w, ses)) {
+        /* Sparse (a column slice of long rows, a transposed tile): map the
+         * span and touch only the pages holding needed elements, instead of
+         * reading it all. (When every page holds some, one read costs less
+         * than the page faults: a mapped page is a fault, and on a VM with
+         * shadow page tables an exit to the hypervisor.) */
         uint64_t start = s->offset + w.src * ses, page = (uint64_t)sysconf(_SC_PAGESIZE);
         uint64_t base = start / page * page, maplen = start - base + span * ses;
         void *m = mmap(NULL, (size_t)maplen, PROT_READ, MAP_PRIVATE, fd, (off_t)base);
@@ -1272,13 +1287,12 @@ static bool part_span(const exec_plan *ep, const plan_tensor *t, const plan_part
     walk w;
     part_walk(&w, p, s, t->ndim, p->lo, p->ext, p->lo, dstr);
     size_t ses = ckpt_dtype_size(s->dtype);
-    uint64_t span = 1, needed = 1, step = 0;
+    uint64_t span = 1;
     for (int k = 0; k < w.nd; k++) {
+        if (w.ext[k] == 0) return false;
         span += (w.ext[k] - 1) * w.ss[k];
-        needed *= w.ext[k];
-        if (w.ss[k] > step) step = w.ss[k];
     }
-    if (needed == 0 || (span >= EXEC_SPARSE_FACTOR * needed && step * ses >= 2 * EXEC_DIRECT_ALIGN)) return false;
+    if (walk_page_sparse(&w, ses)) return false;
     *lo = s->offset + w.src * ses;
     *hi = *lo + span * ses;
     return true;
@@ -1750,6 +1764,9 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
             if (p->files[f].layout.ntensors > 1 && !(c.wb_order[f] = exec_offset_order(&p->files[f].layout))) rc = CKPT_ENOMEM;
     }
     if (!rc && !o->buffered_reads && !(c.src_once = source_files_read_once(p))) rc = CKPT_ENOMEM;
+    /* Files the hashing threads read go through the page cache, where the workers find them. */
+    for (size_t i = 0; !rc && c.src_once && o->hash_sources && i < p->nsrc_paths && (!o->hash_count || i < o->hash_count); i++)
+        c.src_once[i] = false;
     if (!rc && !o->no_prefetch) {
         c.pf_size = ckpt_calloc(c.nitems + 1, sizeof *c.pf_size);
         for (size_t i = 0; c.pf_size && i < c.nitems; i++) c.pf_size[i] = prefetch_item(&c, &c.items[i], false);
