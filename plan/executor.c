@@ -513,7 +513,8 @@ static int gather_rows(worker *wk, const walk *w, const plan_source *s, uint8_t 
 
 /* A walk that needs few of the pages its span covers: its span at least
  * EXEC_SPARSE_FACTOR times the elements it needs, and its longest stride two
- * pages or more (rows shorter than that put needed elements on every page). */
+ * pages or more (rows shorter than that put needed elements on every page);
+ * such a part is not read ahead. */
 static bool walk_page_sparse(const walk *w, size_t ses)
 {
     uint64_t span = 1, needed = 1, step = 0;
@@ -579,12 +580,14 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
         if (!rc) walk_run(&w, v, w.src, s->dtype, dst, ddt);
         return rc;
     }
-    if (span * ses >= EXEC_SPARSE_MIN && walk_page_sparse(&w, ses)) {
-        /* Sparse (a column slice of long rows, a transposed tile): map the
-         * span and touch only the pages holding needed elements, instead of
-         * reading it all. (When every page holds some, one read costs less
-         * than the page faults: a mapped page is a fault, and on a VM with
-         * shadow page tables an exit to the hypervisor.) */
+    uint64_t needed = ses;
+    for (int k = 0; k < w.nd; k++) needed *= w.ext[k];
+    if (span * ses >= EXEC_SPARSE_FACTOR * needed && span * ses >= EXEC_SPARSE_MIN) {
+        /* Sparse (a column slice, a transposed tile): map the span and touch
+         * only the pages holding needed elements, instead of reading it all.
+         * (Even when every page holds some, as in a slice of short rows:
+         * reading the span copies it whole, once per rank that slices it,
+         * which measured slower than the faults; a MoE's experts, tp 8.) */
         uint64_t start = s->offset + w.src * ses, page = (uint64_t)sysconf(_SC_PAGESIZE);
         uint64_t base = start / page * page, maplen = start - base + span * ses;
         void *m = mmap(NULL, (size_t)maplen, PROT_READ, MAP_PRIVATE, fd, (off_t)base);
