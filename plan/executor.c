@@ -511,15 +511,22 @@ static int gather_rows(worker *wk, const walk *w, const plan_source *s, uint8_t 
     return 0;
 }
 
+/* Source elements from a walk's first to its last, both counted (no axis empty). */
+static uint64_t walk_span(const walk *w)
+{
+    uint64_t span = 1;
+    for (int k = 0; k < w->nd; k++) span += (w->ext[k] - 1) * w->ss[k];
+    return span;
+}
+
 /* A walk that needs few of the pages its span covers: its span at least
  * EXEC_SPARSE_FACTOR times the elements it needs, and its longest stride two
  * pages or more (rows shorter than that put needed elements on every page);
  * such a part is not read ahead. */
 static bool walk_page_sparse(const walk *w, size_t ses)
 {
-    uint64_t span = 1, needed = 1, step = 0;
+    uint64_t span = walk_span(w), needed = 1, step = 0;
     for (int k = 0; k < w->nd; k++) {
-        span += (w->ext[k] - 1) * w->ss[k];
         needed *= w->ext[k];
         if (w->ss[k] > step) step = w->ss[k];
     }
@@ -533,8 +540,7 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
                        ckpt_dtype ddt)
 {
     size_t ses = ckpt_dtype_size(s->dtype);
-    uint64_t span = 1;
-    for (int k = 0; k < w.nd; k++) span += (w.ext[k] - 1) * w.ss[k];
+    uint64_t span = walk_span(&w);
     /* Every byte read lies inside the source tensor (its parts were checked
      * against its shape, plan_part_in_source). */
     assert(ses > 0 && w.src <= s->nbytes / ses && span <= s->nbytes / ses - w.src);
@@ -1290,14 +1296,11 @@ static bool part_span(const exec_plan *ep, const plan_tensor *t, const plan_part
     walk w;
     part_walk(&w, p, s, t->ndim, p->lo, p->ext, p->lo, dstr);
     size_t ses = ckpt_dtype_size(s->dtype);
-    uint64_t span = 1;
-    for (int k = 0; k < w.nd; k++) {
+    for (int k = 0; k < w.nd; k++)
         if (w.ext[k] == 0) return false;
-        span += (w.ext[k] - 1) * w.ss[k];
-    }
     if (walk_page_sparse(&w, ses)) return false;
     *lo = s->offset + w.src * ses;
-    *hi = *lo + span * ses;
+    *hi = *lo + walk_span(&w) * ses;
     return true;
 }
 
