@@ -788,6 +788,7 @@ static void test_attempts(void **state)
     assert_string_equal(json_string_value(json_object_get(json_array_get(at, 0), "error")), "network down");
     assert_null(json_object_get(json_array_get(at, 2), "error"));
     json_decref(at);
+
     /* a released attempt (daemon shutdown) says so; at most 20 are kept, the newest */
     int64_t b = submit(f, "{\"n\": 2}");
     assert_int_equal(claim_one(f), b);
@@ -806,6 +807,20 @@ static void test_attempts(void **state)
     assert_int_equal(queue_delete(&f->cat, b), 0);
     assert_int_equal(queue_attempts(&f->cat, b, &at), 0);
     assert_int_equal(json_array_size(at), 0);
+    json_decref(at);
+    /* An attempt whose claimer's clock was ahead of the one that ended it
+     * (a clock stepped back; or claimed and retried within one millisecond,
+     * the database's clock's precision) still ends no earlier than it began. */
+    int64_t ahead = submit(f, "{\"n\": 2}");
+    sql(f, "UPDATE jobs SET run_after = 0");
+    assert_int_equal(claim_one(f), ahead);
+    sql(f, "UPDATE jobs SET started_at = started_at + 3600 WHERE state = 'running'");
+    assert_int_equal(queue_finish(&f->cat, ahead, NULL, false, true, "network down", NULL), 0);
+    assert_int_equal(queue_attempts(&f->cat, ahead, &at), 0);
+    assert_int_equal(json_array_size(at), 1);
+    json_t *first = json_array_get(at, 0);
+    assert_string_equal(json_string_value(json_object_get(first, "outcome")), "retrying");
+    assert_true(json_real_value(json_object_get(first, "finished_at")) >= json_real_value(json_object_get(first, "started_at")));
     json_decref(at);
 }
 
