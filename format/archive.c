@@ -106,13 +106,13 @@ static la_ssize_t sink_write(struct archive *a, void *cd, const void *buf, size_
     return (la_ssize_t)n;
 }
 
-/* Stops the writer thread: after the last block is written (ok), or at
- * once, dropping what is queued (after a failure). */
-static void sink_stop(tar_sink *k, bool ok)
+/* Stops the writer thread: after every byte handed over so far is written
+ * (drain), or at once, dropping what is queued (after the fd failed). */
+static void sink_stop(tar_sink *k, bool drain)
 {
     if (!k->threaded) return;
-    if (ok && k->cur && k->fill) bqueue_put(&k->q, k->fill);
-    if (ok) bqueue_close(&k->q, 0);
+    if (drain && k->cur && k->fill) bqueue_put(&k->q, k->fill);
+    if (drain) bqueue_close(&k->q, 0);
     else bqueue_cancel(&k->q);
     pthread_join(k->th, NULL);
     bqueue_free(&k->q);
@@ -136,7 +136,10 @@ static int sink_finish(struct archive *a, tar_sink *k, int rc)
         rc = k->err ? ckpt_error_set(CKPT_EIO, "writing the archive: %s", strerror(k->err))
                     : ckpt_error_set(CKPT_EIO, "closing the archive: %s", archive_error_string(a));
     archive_write_free(a);
-    sink_stop(k, !rc && !k->discard);
+    /* After a failure of the input the bytes written before it still go out
+     * (as they do without a writer thread), whatever the writer thread had
+     * reached: a cut stream is cut where the failure was, not earlier. */
+    sink_stop(k, !k->err);
     if (!rc && k->err) rc = ckpt_error_set(CKPT_EIO, "writing the archive: %s", strerror(k->err));
     return rc;
 }
