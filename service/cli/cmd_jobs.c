@@ -382,7 +382,7 @@ int cmd_serve(int argc, char **argv)
  * daemon's handle_line reads (RATE bytes a second, ETA seconds or -1). */
 static void worker_progress(const ckpt_progress *p, double rate, double eta)
 {
-    printf("@ckpt progress %llu %llu %llu %llu %.0f %.1f %s\n", (unsigned long long)p->done,
+    printf("@ckpt progress %llu %llu %llu %llu %.0f %.6g %s\n", (unsigned long long)p->done,
            (unsigned long long)p->total, (unsigned long long)p->tensors, (unsigned long long)p->tensors_total, rate,
            eta, p->label ? p->label : "");
     fflush(stdout);
