@@ -484,9 +484,12 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
             else db_bind_text(ins_tensor, 5, NULL);
             rc = catalog_step_done(c, ins_tensor, "insert tensor");
             if (!rc && t->blob) rc = add_blob_ref(c, ins_ref, id, t->blob);
-            if (!rc && t->recipe) rc = add_recipe_refs(c, ins_ref, id, t->recipe, seen);
+            if (!rc && t->recipe && !r->recipe_blobs)
+                rc = add_recipe_refs(c, ins_ref, id, t->recipe, seen);
         }
     }
+    for (size_t i = 0; !rc && r->recipe_blobs && i < r->nrecipe_blobs; i++)
+        rc = add_blob_ref(c, ins_ref, id, r->recipe_blobs[i]);
     if (!rc) rc = db_batch_end(d);
     db_finalize(ins_file);
     db_finalize(ins_tensor);
@@ -874,6 +877,84 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
         *n = 0;
     }
     return rc;
+}
+
+static int tensor_blob_cmp(const char *path_a, const char *name_a, const char *path_b,
+                           const char *name_b)
+{
+    int c = strcmp(path_a, path_b);
+    return c ? c : strcmp(name_a, name_b);
+}
+
+static int tensor_blob_order(const void *a, const void *b)
+{
+    const store_tensor_blob *x = a, *y = b;
+    return tensor_blob_cmp(x->path, x->name, y->path, y->name);
+}
+
+void store_tensor_blobs_free(store_tensor_blobs *t)
+{
+    for (size_t i = 0; i < t->n; i++)
+        free((char *)t->v[i].path);
+    free(t->v);
+    t->v = NULL;
+    t->n = 0;
+}
+
+int store_tensor_blobs_load(ckpt_store *s, int64_t id, store_tensor_blobs *out)
+{
+    out->v = NULL;
+    out->n = 0;
+    ckpt_stmt *st;
+    int rc = catalog_prepare(
+        &s->cat, &st,
+        "SELECT path, name, blob FROM tensors WHERE checkpoint_id = ? AND blob IS NOT NULL");
+    if (rc) return rc;
+    db_bind_int64(st, 1, id);
+    size_t cap = 0;
+    int step;
+    while (!rc && (step = db_step(st)) == DB_ROW) {
+        const char *path = db_col_text(st, 0), *name = db_col_text(st, 1),
+                   *blob = db_col_text(st, 2);
+        if (!path || !name || !blob) {
+            rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: checkpoint %lld has a damaged tensor row",
+                                (long long)id);
+            break;
+        }
+        if ((rc = ckpt_grow(&out->v, &cap, out->n + 1, sizeof *out->v))) break;
+        size_t lp = strlen(path) + 1, ln = strlen(name) + 1, lb = strlen(blob) + 1;
+        char *row = ckpt_malloc(lp + ln + lb); /* path, name and blob side by side */
+        if (!row) {
+            rc = CKPT_ENOMEM;
+            break;
+        }
+        memcpy(row, path, lp);
+        memcpy(row + lp, name, ln);
+        memcpy(row + lp + ln, blob, lb);
+        out->v[out->n++] = (store_tensor_blob){row, row + lp, row + lp + ln};
+    }
+    if (!rc && step != DB_DONE) rc = catalog_error(&s->cat, "read tensors");
+    db_finalize(st);
+    /* Sorted here rather than by ORDER BY: PostgreSQL would order by its
+     * collation, and the lookup compares bytes. */
+    if (!rc && out->n) qsort(out->v, out->n, sizeof *out->v, tensor_blob_order);
+    if (rc) store_tensor_blobs_free(out);
+    return rc;
+}
+
+const char *store_tensor_blobs_find(const store_tensor_blobs *t, const char *path, const char *name)
+{
+    size_t lo = 0, hi = t->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = tensor_blob_cmp(path, name, t->v[mid].path, t->v[mid].name);
+        if (!c) return t->v[mid].blob;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
 }
 
 int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any)

@@ -208,6 +208,12 @@ typedef struct {
     bool lossy;
     size_t nfiles, cap;
     store_file_rec *files;
+    /* Every blob the recipes name (repeats allowed), from a writer that made
+     * the recipes and knows them (store_convert): the commit records these
+     * rather than parse each recipe back. NULL: it reads them from the
+     * recipes. */
+    char *const *recipe_blobs;
+    size_t nrecipe_blobs;
 } store_ckpt_rec;
 
 void store_ckpt_rec_free(store_ckpt_rec *r);
@@ -278,6 +284,23 @@ void store_files_free(store_file_row *rows, size_t n);
 int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any);
 /* Records the sha256 of a pending file (no change when it is known). */
 int store_file_set_sha256(ckpt_store *s, int64_t id, const char *path, const char *sha256);
+
+/* The tensors of a checkpoint stored whole (tensors.blob), looked up by file
+ * path and tensor name: read in one query, where a lookup each would prepare
+ * and run one statement per tensor (a many-tensor checkpoint has tens of
+ * thousands). v is sorted by (path, name). */
+typedef struct {
+    const char *path, *name, *blob; /* one allocation each row, freed by path */
+} store_tensor_blob;
+typedef struct {
+    store_tensor_blob *v;
+    size_t n;
+} store_tensor_blobs;
+int store_tensor_blobs_load(ckpt_store *s, int64_t id, store_tensor_blobs *out);
+/* The blob of tensor name of file path, or NULL when it has none. */
+const char *store_tensor_blobs_find(const store_tensor_blobs *t, const char *path,
+                                    const char *name);
+void store_tensor_blobs_free(store_tensor_blobs *t);
 
 /* ---- maintenance (store_maint.c) ---- */
 

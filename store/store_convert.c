@@ -122,6 +122,11 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     return rc;
 }
 
+static int no_blob_error(const char *path, const char *name)
+{
+    return ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
+}
+
 int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
 {
     ckpt_stmt *st;
@@ -132,7 +137,7 @@ int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const
     db_bind_text(st, 3, name);
     const char *b = db_step(st) == DB_ROW ? db_col_text(st, 0) : NULL;
     *out = b ? ckpt_strdup(b) : NULL;
-    if (!b) rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
+    if (!b) rc = no_blob_error(path, name);
     db_finalize(st);
     return rc;
 }
@@ -257,9 +262,9 @@ bool store_convert_is_side_file(const char *name)
  * pending (""): they would take reading every source byte, which a convert
  * in the store otherwise never does; store_hash_pending fills them in on
  * first use. */
-static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,
-                        const uint64_t *at, char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
-                        size_t *nws)
+static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files,
+                        char **blobs, const uint64_t *at, char (*src_hashes)[65], store_ckpt_rec *r,
+                        store_blob_writer *ws, size_t *nws, bool *named)
 {
     int rc = 0;
     for (size_t f = 0; !rc && f < cp->exec.nfiles; f++) {
@@ -282,6 +287,8 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
                 tr->blob = ckpt_strdup(blobs[t->parts[0].src]);
             else
                 tr->recipe = recipe_json(t, &cp->exec, blobs, at);
+            for (size_t k = 0; tr->recipe && k < t->nparts; k++) /* the sources the recipe names */
+                if (t->parts[k].src != PLAN_ZERO) named[t->parts[k].src] = true;
             if (!tr->name || (!tr->blob && !tr->recipe)) rc = CKPT_ENOMEM;
         }
     }
@@ -366,14 +373,22 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         char **blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *blobs);
         uint64_t *at = ckpt_calloc(cp.exec.nsources + 1, sizeof *at);
         store_blob_writer *ws = ckpt_calloc(cp.nfolders + 2, sizeof *ws);
+        bool *named = ckpt_calloc(cp.exec.nsources + 1, sizeof *named);
+        char **recipe_blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *recipe_blobs);
         size_t nws = 0;
-        if (!blobs || !at || !ws) rc = CKPT_ENOMEM;
+        store_tensor_blobs stored = {0};
+        if (!blobs || !at || !ws || !named || !recipe_blobs) rc = CKPT_ENOMEM;
+        if (!rc) rc = store_tensor_blobs_load(s, src.id, &stored);
         for (size_t i = 0; !rc && i < cp.exec.nsources; i++) {
             const plan_source *ps = &cp.exec.sources[i];
             const st_file *sf = &cp.src.files[ps->file];
             const store_file_row *row = sf->from_torch ? find_file(&files, sf->path) : NULL;
             if (!sf->from_torch) {
-                rc = store_convert_tensor_blob(s, src.id, sf->path, ps->name, &blobs[i]);
+                const char *b = store_tensor_blobs_find(&stored, sf->path, ps->name);
+                if (!b)
+                    rc = no_blob_error(sf->path, ps->name);
+                else if (!(blobs[i] = ckpt_strdup(b)))
+                    rc = CKPT_ENOMEM;
             } else if (!row || !row->blob) {
                 rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s has no blob", sf->path);
             } else { /* the tensor's bytes inside the stored torch.save file */
@@ -382,11 +397,16 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
                 if (!blobs[i]) rc = CKPT_ENOMEM;
             }
         }
+        store_tensor_blobs_free(&stored);
         /* The recipes reference the source's blobs: lease them until the commit. */
         if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};
-        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, at, src_hashes, &r, ws, &nws);
+        if (!rc)
+            rc = build_record(s, &cp, &src, &files, blobs, at, src_hashes, &r, ws, &nws, named);
+        for (size_t i = 0; !rc && i < cp.exec.nsources; i++)
+            if (named[i]) recipe_blobs[r.nrecipe_blobs++] = blobs[i];
+        r.recipe_blobs = recipe_blobs;
         if (!rc) rc = store_blobs_publish(s, ws, nws);
         else
             for (size_t i = 0; i < nws; i++) store_blob_abort(&ws[i]);
@@ -398,6 +418,8 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         free(blobs);
         free(at);
         free(ws);
+        free(named);
+        free(recipe_blobs);
     }
     if (planned) convert_plan_free(&cp);
     else ckpt_checkpoint_close(&c);

@@ -13,6 +13,7 @@
 #include "format/archive.h"
 #include "fixtures/genmodel.h"
 #include "store/store_archive.h"
+#include "store/store_convert.h"
 #include "store/store_info.h"
 #include "store/store_verify.h"
 #include "store/rebuild.h"
@@ -846,17 +847,65 @@ static void test_info_and_verify(void **state)
     store_close(&s);
 }
 
+/* store_tensor_blobs: every tensor of the imported model, each found with
+ * the blob the catalog gives one query at a time; names that are not there
+ * (another file, another tensor, a prefix) are not found. */
+static void test_tensor_blobs(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(root, &s, &ck);
+    store_tensor_blobs t;
+    assert_int_equal(store_tensor_blobs_load(&s, ck.id, &t), 0);
+    int64_t rows = sqlite_int(s.cat.db, "SELECT count(*) FROM tensors WHERE blob IS NOT NULL");
+    assert_true(rows > 4);
+    assert_int_equal(t.n, (size_t)rows);
+    for (size_t i = 0; i < t.n; i++) {
+        if (i) /* sorted by (path, name), each once */
+            assert_true(strcmp(t.v[i - 1].path, t.v[i].path) < 0 ||
+                        (!strcmp(t.v[i - 1].path, t.v[i].path) &&
+                         strcmp(t.v[i - 1].name, t.v[i].name) < 0));
+        char *one = NULL;
+        assert_int_equal(store_convert_tensor_blob(&s, ck.id, t.v[i].path, t.v[i].name, &one), 0);
+        const char *found = store_tensor_blobs_find(&t, t.v[i].path, t.v[i].name);
+        assert_non_null(found);
+        assert_string_equal(found, one);
+        assert_int_equal(strlen(found), 64);
+        free(one);
+    }
+    char *path = ckpt_strdup(t.v[t.n / 2].path), *name = ckpt_strdup(t.v[t.n / 2].name);
+    assert_null(store_tensor_blobs_find(&t, "other.safetensors", name));
+    assert_null(store_tensor_blobs_find(&t, path, "no.such.tensor"));
+    char *prefix = ckpt_strndup(name, strlen(name) - 1);
+    assert_null(store_tensor_blobs_find(&t, path, prefix));
+    free(prefix);
+    store_tensor_blobs_free(&t);
+    assert_int_equal(t.n, 0);
+    /* A checkpoint with no tensor rows: empty, nothing found. */
+    assert_int_equal(store_tensor_blobs_load(&s, ck.id + 1000, &t), 0);
+    assert_int_equal(t.n, 0);
+    assert_null(store_tensor_blobs_find(&t, path, name));
+    store_tensor_blobs_free(&t);
+    free(path);
+    free(name);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup,
+                                        scratch_teardown),
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_stream, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
         cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_refuses_links, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup,
+                                        scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
         cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
@@ -864,6 +913,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_pipeline, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_info_and_verify, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_blobs, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
