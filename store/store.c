@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -240,16 +241,77 @@ static const char *array_sha(const void *v, size_t i)
     return ((char *const *)v)[i];
 }
 
+struct store_blobs_check {
+    ckpt_store *s;
+    char *const *shas;
+    size_t n, missing; /* missing: the first not stored, n when none */
+    int rc;
+    bool threaded;
+    pthread_t th;
+};
+
+static void blobs_check_run(store_blobs_check *c)
+{
+    c->missing = c->n;
+    for (size_t i = 0; !c->rc && i < c->n; i++) {
+        bool exists = false;
+        c->rc = store_blob_stat(c->s, c->shas[i], &exists, NULL);
+        if (!c->rc && !exists) {
+            c->missing = i;
+            break;
+        }
+    }
+}
+
+static void *blobs_check_main(void *arg)
+{
+    blobs_check_run(arg); /* local: fails only with CKPT_ENOMEM, which has no message to carry */
+    return NULL;
+}
+
+/* What the check found: its error, or the first blob not stored. */
+static int blobs_check_result(const store_blobs_check *c)
+{
+    if (c->rc || c->missing == c->n) return c->rc;
+    return ckpt_error_set(CKPT_ENOTFOUND,
+                          "blob %s is not in the store (removed meanwhile? run ckpt verify)",
+                          c->shas[c->missing]);
+}
+
+int store_blobs_lease_begin(ckpt_store *s, char *const *shas, size_t n, store_blobs_check **out)
+{
+    *out = NULL;
+    store_blobs_check *c = ckpt_calloc(1, sizeof *c);
+    if (!c) return CKPT_ENOMEM;
+    *c = (store_blobs_check){.s = s, .shas = shas, .n = n, .missing = n};
+    int rc = n ? lease_names(s, array_sha, shas, n) : 0;
+    if (rc) {
+        free(c);
+        return rc;
+    }
+    /* The check after the lease: a blob there now stays until the commit. */
+    c->threaded =
+        !store_blobs_remote(s) && n && pthread_create(&c->th, NULL, blobs_check_main, c) == 0;
+    if (!c->threaded) blobs_check_run(c); /* a bucket's client is not shared across threads */
+    *out = c;
+    return 0;
+}
+
+int store_blobs_lease_end(store_blobs_check *c)
+{
+    if (c->threaded) pthread_join(c->th, NULL);
+    int rc = blobs_check_result(c);
+    free(c);
+    return rc;
+}
+
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n)
 {
+    store_blobs_check c = {.s = s, .shas = shas, .n = n, .missing = n};
     int rc = n ? lease_names(s, array_sha, shas, n) : 0;
-    for (size_t i = 0; !rc && i < n; i++) {
-        bool exists = false;
-        rc = store_blob_stat(s, shas[i], &exists, NULL);
-        if (!rc && !exists)
-            rc = ckpt_error_set(CKPT_ENOTFOUND, "blob %s is not in the store (removed meanwhile? run ckpt verify)", shas[i]);
-    }
-    return rc;
+    if (rc) return rc;
+    blobs_check_run(&c);
+    return blobs_check_result(&c);
 }
 
 int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *have)

@@ -169,6 +169,15 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
  * (a layout's recipes over its source's blobs), then checks they exist: a
  * concurrent rm + gc can no longer take them away before the commit. */
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
+/* The same in two steps, for a caller with other work meanwhile: _begin
+ * leases and starts the check on a thread of its own (in a local store a stat
+ * each, tens of thousands of cold inodes for a many-tensor checkpoint; in a
+ * bucket the check runs before _begin returns); _end waits for it and says
+ * what it found. shas stays valid until _end; nothing may rely on the blobs
+ * before _end returned 0. After _begin returned 0, _end must be called. */
+typedef struct store_blobs_check store_blobs_check;
+int store_blobs_lease_begin(ckpt_store *s, char *const *shas, size_t n, store_blobs_check **out);
+int store_blobs_lease_end(store_blobs_check *c);
 /* How long a lease holds on PostgreSQL unless renewed (each lease a writer
  * takes renews all of its own). gc on another host keeps a blob until its
  * lease expires; on this host, until its writer is gone. */

@@ -420,12 +420,16 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
             }
         }
         store_tensor_blobs_free(&stored);
-        /* The recipes reference the source's blobs: lease them until the commit. */
-        if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
+        /* The recipes reference the source's blobs: lease them until the
+         * commit, checked present while the record is built. */
+        store_blobs_check *check = NULL;
+        if (!rc) rc = store_blobs_lease_begin(s, blobs, cp.exec.nsources, &check);
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};
         if (!rc)
             rc = build_record(s, &cp, &src, &files, blobs, at, src_hashes, &r, ws, &nws, named);
+        int checked = check ? store_blobs_lease_end(check) : 0;
+        if (!rc) rc = checked;
         for (size_t i = 0; !rc && i < cp.exec.nsources; i++)
             if (named[i]) recipe_blobs[r.nrecipe_blobs++] = blobs[i];
         r.recipe_blobs = recipe_blobs;

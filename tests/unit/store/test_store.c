@@ -137,6 +137,34 @@ static void test_lease_keeps_blobs_from_gc(void **state)
     store_close(&s);
 }
 
+/* store_blobs_lease in two steps: the leases are taken by _begin, and _end
+ * reports the first blob that is not stored, by name; with every blob there
+ * it returns 0. */
+static void test_lease_in_two_steps(void **state)
+{
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(*state, &s, &ck);
+    names b = list_blobs(s.home);
+    assert_true(b.n > 5);
+    store_blobs_check *c = NULL;
+    assert_int_equal(store_blobs_lease_begin(&s, b.v, b.n, &c), 0);
+    assert_int_equal(sqlite_int(s.cat.db, "SELECT count(*) FROM blob_leases"), (int64_t)b.n);
+    assert_int_equal(store_blobs_lease_end(c), 0);
+    char *gone = store_blob_path(&s, b.v[b.n - 2]);
+    assert_int_equal(unlink(gone), 0);
+    assert_int_equal(store_blobs_lease_begin(&s, b.v, b.n, &c), 0);
+    assert_int_equal(store_blobs_lease_end(c), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), b.v[b.n - 2]);
+    assert_int_equal(store_blobs_lease_begin(&s, b.v, 0, &c), 0); /* nothing to lease or check */
+    assert_int_equal(store_blobs_lease_end(c), 0);
+    free(gone);
+    store_leases_release(&s);
+    names_free(&b);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
 /* A claim says whether the blob is stored with that size, and leases it. */
 static void test_claim(void **state)
 {
@@ -900,6 +928,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup,
                                         scratch_teardown),
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_lease_in_two_steps, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_stream, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
         cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
