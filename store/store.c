@@ -429,6 +429,27 @@ static int add_blob_ref(catalog *c, ckpt_stmt *st, int64_t id, const char *blob)
     return catalog_step_done(c, st, "record blob reference");
 }
 
+static int str_order(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* blobs, each once, in sorted order: a layout's thousands of references then
+ * go into the b-trees of checkpoint_blobs and its index by blob page after
+ * page, where their hash order would touch a random page each. */
+static int add_blob_refs_sorted(catalog *c, ckpt_stmt *st, int64_t id, char *const *blobs, size_t n)
+{
+    const char **v = ckpt_calloc(n + 1, sizeof *v);
+    if (!v) return CKPT_ENOMEM;
+    memcpy(v, blobs, n * sizeof *v);
+    qsort(v, n, sizeof *v, str_order);
+    int rc = 0;
+    for (size_t i = 0; !rc && i < n; i++)
+        if (!i || strcmp(v[i - 1], v[i])) rc = add_blob_ref(c, st, id, v[i]);
+    free(v);
+    return rc;
+}
+
 /* Every blob a recipe names ("blob" of a part, "srcs" of a run), each once
  * per commit (seen: the names already recorded). */
 static int add_recipe_refs(catalog *c, ckpt_stmt *st, int64_t id, const char *recipe, json_t *seen)
@@ -550,8 +571,8 @@ static int insert_files(catalog *c, int64_t id, const store_ckpt_rec *r)
                 rc = add_recipe_refs(c, ins_ref, id, t->recipe, seen);
         }
     }
-    for (size_t i = 0; !rc && r->recipe_blobs && i < r->nrecipe_blobs; i++)
-        rc = add_blob_ref(c, ins_ref, id, r->recipe_blobs[i]);
+    if (!rc && r->recipe_blobs)
+        rc = add_blob_refs_sorted(c, ins_ref, id, r->recipe_blobs, r->nrecipe_blobs);
     if (!rc) rc = db_batch_end(d);
     db_finalize(ins_file);
     db_finalize(ins_tensor);
