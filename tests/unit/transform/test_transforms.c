@@ -2377,6 +2377,20 @@ static void test_error_experts(void **state)
     }
 }
 
+/* A pattern that backtracks without end on a name is stopped by the match
+ * limit, with or without JIT-compiled patterns, and named in the error. */
+static void test_error_rule_backtracking(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.weight", CKPT_DT_I32, 2, {3, 2}, 1, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    write_json_text(fx->rules, "{'rules': [{'op': 'drop', 'pattern': '^(a+)+$'}]}");
+    expect_convert_error(fx->src, fx->dst, (convert_opts){.rules_file = fx->rules}, true,
+                         NEEDLES("rule 1 (drop)", "too much backtracking", t[0].name));
+}
+
 /* Rules documents that are wrong, and rules that cannot apply to the source. */
 static void test_error_rules(void **state)
 {
@@ -2688,6 +2702,7 @@ int main(void)
         T(test_error_kv_multiplier),
         T(test_error_experts),
         T(test_error_rules),
+        T(test_error_rule_backtracking),
         T(test_error_truncated_shard),
         cmocka_unit_test_setup_teardown(test_full_disk, fx_setup, fx_teardown_unmount),
         T(test_executor_scalar_and_empty),
