@@ -107,15 +107,22 @@ static void import_model(const char *root, ckpt_store *s, store_ckpt *ck)
     free(home);
 }
 
+/* import_model, and the blobs it stored (more than a few). */
+static names import_blobs(const char *root, ckpt_store *s, store_ckpt *ck)
+{
+    import_model(root, s, ck);
+    names b = list_blobs(s->home);
+    assert_true(b.n > 5);
+    return b;
+}
+
 /* Leased blobs survive the removal of their only checkpoint and a gc; once
  * the leases are dropped the next gc removes them. */
 static void test_lease_keeps_blobs_from_gc(void **state)
 {
     ckpt_store s;
     store_ckpt ck;
-    import_model(*state, &s, &ck);
-    names b = list_blobs(s.home);
-    assert_true(b.n > 5);
+    names b = import_blobs(*state, &s, &ck);
     assert_int_equal(store_blobs_lease(&s, b.v, b.n), 0);
     assert_int_equal(store_rm(&s, &ck), 0);
     store_gc_result g;
@@ -144,9 +151,7 @@ static void test_lease_in_two_steps(void **state)
 {
     ckpt_store s;
     store_ckpt ck;
-    import_model(*state, &s, &ck);
-    names b = list_blobs(s.home);
-    assert_true(b.n > 5);
+    names b = import_blobs(*state, &s, &ck);
     store_blobs_check *c = NULL;
     assert_int_equal(store_blobs_lease_begin(&s, b.v, b.n, &c), 0);
     assert_int_equal(sqlite_int(s.cat.db, "SELECT count(*) FROM blob_leases"), (int64_t)b.n);
