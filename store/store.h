@@ -170,11 +170,12 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
  * concurrent rm + gc can no longer take them away before the commit. */
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
 /* The same in two steps, for a caller with other work meanwhile: _begin
- * leases and starts the check on a thread of its own (in a local store a stat
- * each, tens of thousands of cold inodes for a many-tensor checkpoint; in a
- * bucket the check runs before _begin returns); _end waits for it and says
- * what it found. shas stays valid until _end; nothing may rely on the blobs
- * before _end returned 0. After _begin returned 0, _end must be called. */
+ * leases and starts the check on threads of its own (in a local store a stat
+ * each, tens of thousands of cold inodes for a many-tensor checkpoint, up to
+ * 8 at once; in a bucket the check runs before _begin returns); _end waits
+ * for it and names the first blob of the list that is missing. shas stays
+ * valid until _end; nothing may rely on the blobs before _end returned 0.
+ * After _begin returned 0, _end must be called. */
 typedef struct store_blobs_check store_blobs_check;
 int store_blobs_lease_begin(ckpt_store *s, char *const *shas, size_t n, store_blobs_check **out);
 int store_blobs_lease_end(store_blobs_check *c);

@@ -145,8 +145,8 @@ static void test_lease_keeps_blobs_from_gc(void **state)
 }
 
 /* store_blobs_lease in two steps: the leases are taken by _begin, and _end
- * reports the first blob that is not stored, by name; with every blob there
- * it returns 0. */
+ * reports the first blob of the list that is not stored, by name, however
+ * the check is spread over threads; with every blob there it returns 0. */
 static void test_lease_in_two_steps(void **state)
 {
     ckpt_store s;
@@ -163,6 +163,31 @@ static void test_lease_in_two_steps(void **state)
     assert_contains(ckpt_error_last(), b.v[b.n - 2]);
     assert_int_equal(store_blobs_lease_begin(&s, b.v, 0, &c), 0); /* nothing to lease or check */
     assert_int_equal(store_blobs_lease_end(c), 0);
+    /* A list long enough to be checked by several threads (each blob many
+     * times over): the first missing of the list is named, wherever the
+     * threads' ranges fall. */
+    char *gone2 = store_blob_path(&s, b.v[b.n - 1]);
+    assert_int_equal(unlink(gone2), 0);
+    free(gone2);
+    size_t n = 4000;
+    char **many = calloc(n, sizeof *many);
+    assert_non_null(many);
+    for (size_t i = 0; i < n; i++)
+        many[i] = b.v[i % (b.n - 2)]; /* all present */
+    many[n - 1] = b.v[b.n - 1];
+    for (size_t at = 1; at < n - 1; at += 1333) {
+        char *present = many[at];
+        many[at] = b.v[b.n - 2];
+        assert_int_equal(store_blobs_lease_begin(&s, many, n, &c), 0);
+        assert_int_equal(store_blobs_lease_end(c), CKPT_ENOTFOUND);
+        assert_contains(ckpt_error_last(), b.v[b.n - 2]);
+        many[at] = present;
+    }
+    assert_int_equal(store_blobs_lease(&s, many, n), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), b.v[b.n - 1]);
+    many[n - 1] = b.v[0];
+    assert_int_equal(store_blobs_lease(&s, many, n), 0);
+    free(many);
     free(gone);
     store_leases_release(&s);
     names_free(&b);
