@@ -1055,6 +1055,16 @@ const char *store_tensor_blobs_find(const store_tensor_blobs *t, const char *pat
     return NULL;
 }
 
+int store_tensor_blobs_get(const store_tensor_blobs *t, const char *path, const char *name,
+                           char **out)
+{
+    const char *b = store_tensor_blobs_find(t, path, name);
+    *out = b ? ckpt_strdup(b) : NULL;
+    if (!b)
+        return ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
+    return *out ? 0 : CKPT_ENOMEM;
+}
+
 int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any)
 {
     *any = false;

@@ -310,6 +310,10 @@ int store_tensor_blobs_load(ckpt_store *s, int64_t id, store_tensor_blobs *out);
 /* The blob of tensor name of file path, or NULL when it has none. */
 const char *store_tensor_blobs_find(const store_tensor_blobs *t, const char *path,
                                     const char *name);
+/* The same, copied (malloc'd); CKPT_ECORRUPT naming the file and the tensor
+ * when it has none. */
+int store_tensor_blobs_get(const store_tensor_blobs *t, const char *path, const char *name,
+                           char **out);
 void store_tensor_blobs_free(store_tensor_blobs *t);
 
 /* ---- maintenance (store_maint.c) ---- */

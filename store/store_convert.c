@@ -122,26 +122,6 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     return rc;
 }
 
-static int no_blob_error(const char *path, const char *name)
-{
-    return ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
-}
-
-int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
-{
-    ckpt_stmt *st;
-    int rc = catalog_prepare(&s->cat, &st, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
-    if (rc) return rc;
-    db_bind_int64(st, 1, id);
-    db_bind_text(st, 2, path);
-    db_bind_text(st, 3, name);
-    const char *b = db_step(st) == DB_ROW ? db_col_text(st, 0) : NULL;
-    *out = b ? ckpt_strdup(b) : NULL;
-    if (!b) rc = no_blob_error(path, name);
-    db_finalize(st);
-    return rc;
-}
-
 static bool is_whole_source(const plan_tensor *t, const plan_source *src)
 {
     if (t->nparts != 1 || t->dtype != src->dtype || t->ndim != src->ndim) return false;
@@ -406,11 +386,7 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
             const st_file *sf = &cp.src.files[ps->file];
             const store_file_row *row = sf->from_torch ? find_file(&files, sf->path) : NULL;
             if (!sf->from_torch) {
-                const char *b = store_tensor_blobs_find(&stored, sf->path, ps->name);
-                if (!b)
-                    rc = no_blob_error(sf->path, ps->name);
-                else if (!(blobs[i] = ckpt_strdup(b)))
-                    rc = CKPT_ENOMEM;
+                rc = store_tensor_blobs_get(&stored, sf->path, ps->name, &blobs[i]);
             } else if (!row || !row->blob) {
                 rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s has no blob", sf->path);
             } else { /* the tensor's bytes inside the stored torch.save file */

@@ -13,7 +13,6 @@
 #include "format/archive.h"
 #include "fixtures/genmodel.h"
 #include "store/store_archive.h"
-#include "store/store_convert.h"
 #include "store/store_info.h"
 #include "store/store_verify.h"
 #include "store/rebuild.h"
@@ -907,7 +906,8 @@ static void test_info_and_verify(void **state)
 
 /* store_tensor_blobs: every tensor of the imported model, each found with
  * the blob the catalog gives one query at a time; names that are not there
- * (another file, another tensor, a prefix) are not found. */
+ * (another file, another tensor, a prefix) are not found, and _get names
+ * them in its error. */
 static void test_tensor_blobs(void **state)
 {
     const char *root = *state;
@@ -919,20 +919,38 @@ static void test_tensor_blobs(void **state)
     int64_t rows = sqlite_int(s.cat.db, "SELECT count(*) FROM tensors WHERE blob IS NOT NULL");
     assert_true(rows > 4);
     assert_int_equal(t.n, (size_t)rows);
+    sqlite3_stmt *one; /* the catalog's answer, a query per tensor */
+    assert_int_equal(
+        sqlite3_prepare_v2(
+            s.cat.db, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?",
+            -1, &one, NULL),
+        SQLITE_OK);
+    sqlite3_bind_int64(one, 1, ck.id);
     for (size_t i = 0; i < t.n; i++) {
         if (i) /* sorted by (path, name), each once */
             assert_true(strcmp(t.v[i - 1].path, t.v[i].path) < 0 ||
                         (!strcmp(t.v[i - 1].path, t.v[i].path) &&
                          strcmp(t.v[i - 1].name, t.v[i].name) < 0));
-        char *one = NULL;
-        assert_int_equal(store_convert_tensor_blob(&s, ck.id, t.v[i].path, t.v[i].name, &one), 0);
+        sqlite3_bind_text(one, 2, t.v[i].path, -1, SQLITE_STATIC);
+        sqlite3_bind_text(one, 3, t.v[i].name, -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(one), SQLITE_ROW);
         const char *found = store_tensor_blobs_find(&t, t.v[i].path, t.v[i].name);
         assert_non_null(found);
-        assert_string_equal(found, one);
+        assert_string_equal(found, (const char *)sqlite3_column_text(one, 0));
         assert_int_equal(strlen(found), 64);
-        free(one);
+        sqlite3_reset(one);
+        char *copy = NULL;
+        assert_int_equal(store_tensor_blobs_get(&t, t.v[i].path, t.v[i].name, &copy), 0);
+        assert_string_equal(copy, found);
+        free(copy);
     }
+    sqlite3_finalize(one);
     char *path = ckpt_strdup(t.v[t.n / 2].path), *name = ckpt_strdup(t.v[t.n / 2].name);
+    char *copy = NULL;
+    assert_int_equal(store_tensor_blobs_get(&t, path, "no.such.tensor", &copy), CKPT_ECORRUPT);
+    assert_null(copy);
+    assert_contains(ckpt_error_last(), path);
+    assert_contains(ckpt_error_last(), "'no.such.tensor' has no blob");
     assert_null(store_tensor_blobs_find(&t, "other.safetensors", name));
     assert_null(store_tensor_blobs_find(&t, path, "no.such.tensor"));
     char *prefix = ckpt_strndup(name, strlen(name) - 1);
