@@ -480,6 +480,45 @@ long plan_set_find(const plan_set *s, const char *name, int rank)
     return -1;
 }
 
+static int name_entry_order(const void *a, const void *b)
+{
+    const struct plan_name_entry *x = a, *y = b;
+    int c = strcmp(x->name, y->name);
+    return c ? c
+             : (x->i > y->i) - (x->i < y->i); /* equal names: the set's order, as plan_set_find */
+}
+
+int plan_name_index_build(plan_name_index *x, const plan_set *s, int rank)
+{
+    x->n = 0;
+    x->v = ckpt_calloc(s->n + 1, sizeof *x->v);
+    if (!x->v) return CKPT_ENOMEM;
+    for (size_t i = 0; i < s->n; i++)
+        if (s->t[i].rank == rank) x->v[x->n++] = (struct plan_name_entry){s->t[i].name, i};
+    qsort(x->v, x->n, sizeof *x->v, name_entry_order);
+    return 0;
+}
+
+long plan_name_index_find(const plan_name_index *x, const char *name)
+{
+    size_t lo = 0, hi = x->n; /* the first entry not below name */
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (strcmp(x->v[mid].name, name) < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < x->n && !strcmp(x->v[lo].name, name) ? (long)x->v[lo].i : -1;
+}
+
+void plan_name_index_free(plan_name_index *x)
+{
+    free(x->v);
+    x->v = NULL;
+    x->n = 0;
+}
+
 static json_t *u64_array(const uint64_t *v, int n)
 {
     json_t *a = json_array();

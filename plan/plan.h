@@ -145,6 +145,23 @@ void plan_set_free(plan_set *s);
 int plan_set_push(plan_set *s, plan_tensor *t);
 /* Index of the tensor named `name` with rank `rank`, or -1. */
 long plan_set_find(const plan_set *s, const char *name, int rank);
+/* The tensors of a set with one rank, sorted by name: plan_set_find in
+ * O(log n) for a rule that looks up a few members for each of thousands of
+ * tensors (plan_set_find scans the set). It holds the names and indexes of
+ * the set as it was when built: tensors pushed later are not in it, and
+ * those indexed must keep their names and places until it is freed. */
+typedef struct {
+    struct plan_name_entry {
+        const char *name;
+        size_t i;
+    } * v;
+    size_t n;
+} plan_name_index;
+int plan_name_index_build(plan_name_index *x, const plan_set *s, int rank);
+/* What plan_set_find(s, name, rank) gave when x was built: the first such
+ * index, or -1. */
+long plan_name_index_find(const plan_name_index *x, const char *name);
+void plan_name_index_free(plan_name_index *x);
 
 /* ---- parts as JSON (ckpt-layout.json, ckpt plan --json) ---- */
 json_t *plan_part_to_json(const plan_part *p, int ndim, int src_ndim, const char *src_name);

@@ -169,6 +169,16 @@ int store_blob_claim(ckpt_store *s, const char *sha256, uint64_t size, bool *hav
  * (a layout's recipes over its source's blobs), then checks they exist: a
  * concurrent rm + gc can no longer take them away before the commit. */
 int store_blobs_lease(ckpt_store *s, char *const *shas, size_t n);
+/* The same in two steps, for a caller with other work meanwhile: _begin
+ * leases and starts the check on threads of its own (in a local store a stat
+ * each, tens of thousands of cold inodes for a many-tensor checkpoint, up to
+ * 8 at once; in a bucket the check runs before _begin returns); _end waits
+ * for it and names the first blob of the list that is missing. shas stays
+ * valid until _end; nothing may rely on the blobs before _end returned 0.
+ * After _begin returned 0, _end must be called. */
+typedef struct store_blobs_check store_blobs_check;
+int store_blobs_lease_begin(ckpt_store *s, char *const *shas, size_t n, store_blobs_check **out);
+int store_blobs_lease_end(store_blobs_check *c);
 /* How long a lease holds on PostgreSQL unless renewed (each lease a writer
  * takes renews all of its own). gc on another host keeps a blob until its
  * lease expires; on this host, until its writer is gone. */
@@ -208,6 +218,12 @@ typedef struct {
     bool lossy;
     size_t nfiles, cap;
     store_file_rec *files;
+    /* Every blob the recipes name (repeats allowed), from a writer that made
+     * the recipes and knows them (store_convert): the commit records these
+     * rather than parse each recipe back. NULL: it reads them from the
+     * recipes. */
+    char *const *recipe_blobs;
+    size_t nrecipe_blobs;
 } store_ckpt_rec;
 
 void store_ckpt_rec_free(store_ckpt_rec *r);
@@ -278,6 +294,27 @@ void store_files_free(store_file_row *rows, size_t n);
 int store_files_pending(ckpt_store *s, int64_t id, const char *path, bool *any);
 /* Records the sha256 of a pending file (no change when it is known). */
 int store_file_set_sha256(ckpt_store *s, int64_t id, const char *path, const char *sha256);
+
+/* The tensors of a checkpoint stored whole (tensors.blob), looked up by file
+ * path and tensor name: read in one query, where a lookup each would prepare
+ * and run one statement per tensor (a many-tensor checkpoint has tens of
+ * thousands). v is sorted by (path, name). */
+typedef struct {
+    const char *path, *name, *blob; /* one allocation each row, freed by path */
+} store_tensor_blob;
+typedef struct {
+    store_tensor_blob *v;
+    size_t n;
+} store_tensor_blobs;
+int store_tensor_blobs_load(ckpt_store *s, int64_t id, store_tensor_blobs *out);
+/* The blob of tensor name of file path, or NULL when it has none. */
+const char *store_tensor_blobs_find(const store_tensor_blobs *t, const char *path,
+                                    const char *name);
+/* The same, copied (malloc'd); CKPT_ECORRUPT naming the file and the tensor
+ * when it has none. */
+int store_tensor_blobs_get(const store_tensor_blobs *t, const char *path, const char *name,
+                           char **out);
+void store_tensor_blobs_free(store_tensor_blobs *t);
 
 /* ---- maintenance (store_maint.c) ---- */
 

@@ -122,21 +122,6 @@ int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_
     return rc;
 }
 
-int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out)
-{
-    ckpt_stmt *st;
-    int rc = catalog_prepare(&s->cat, &st, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?");
-    if (rc) return rc;
-    db_bind_int64(st, 1, id);
-    db_bind_text(st, 2, path);
-    db_bind_text(st, 3, name);
-    const char *b = db_step(st) == DB_ROW ? db_col_text(st, 0) : NULL;
-    *out = b ? ckpt_strdup(b) : NULL;
-    if (!b) rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s: tensor '%s' has no blob", path, name);
-    db_finalize(st);
-    return rc;
-}
-
 static bool is_whole_source(const plan_tensor *t, const plan_source *src)
 {
     if (t->nparts != 1 || t->dtype != src->dtype || t->ndim != src->ndim) return false;
@@ -230,9 +215,29 @@ store_file_rec *store_convert_rec_add_file(store_ckpt_rec *r, const char *path)
     return f;
 }
 
+/* What a new small file holds: text, or a JSON tree rendered as cj_render
+ * renders it (streamed into the blob: a many-tensor model's ckpt-layout.json
+ * is tens of MB, not worth holding as one string). */
+typedef struct {
+    const char *text;
+    const json_t *json;
+} file_content;
+
+typedef struct {
+    store_blob_writer *w;
+    int rc;
+} blob_sink;
+
+static int blob_put(const char *piece, size_t n, void *ctx)
+{
+    blob_sink *b = ctx;
+    if (!b->rc) b->rc = store_blob_write(b->w, piece, n);
+    return b->rc ? -1 : 0;
+}
+
 /* A small new file (index, ckpt-layout.json) as a blob. */
-static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, const char *text, store_blob_writer *ws,
-                         size_t *nws)
+static int add_small_file(ckpt_store *s, store_ckpt_rec *r, const char *path, file_content content,
+                          store_blob_writer *ws, size_t *nws)
 {
     store_file_rec *f = store_convert_rec_add_file(r, path);
     if (!f) return CKPT_ENOMEM;
@@ -240,7 +245,10 @@ static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, con
     int rc = store_blob_begin(s, w);
     if (rc) return rc;
     (*nws)++;
-    rc = store_blob_write(w, text, strlen(text));
+    blob_sink sink = {.w = w};
+    if (content.json && cj_render_to(content.json, blob_put, &sink) && !sink.rc)
+        sink.rc = ckpt_error_set(CKPT_ENOMEM, "%s: cannot render JSON", path);
+    rc = content.json ? sink.rc : store_blob_write(w, content.text, strlen(content.text));
     if (!rc) rc = store_blob_end(w);
     if (rc) return rc;
     f->size = w->size;
@@ -257,9 +265,9 @@ bool store_convert_is_side_file(const char *name)
  * pending (""): they would take reading every source byte, which a convert
  * in the store otherwise never does; store_hash_pending fills them in on
  * first use. */
-static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files, char **blobs,
-                        const uint64_t *at, char (*src_hashes)[65], store_ckpt_rec *r, store_blob_writer *ws,
-                        size_t *nws)
+static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, src_files *files,
+                        char **blobs, const uint64_t *at, char (*src_hashes)[65], store_ckpt_rec *r,
+                        store_blob_writer *ws, size_t *nws, bool *named)
 {
     int rc = 0;
     for (size_t f = 0; !rc && f < cp->exec.nfiles; f++) {
@@ -282,6 +290,8 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
                 tr->blob = ckpt_strdup(blobs[t->parts[0].src]);
             else
                 tr->recipe = recipe_json(t, &cp->exec, blobs, at);
+            for (size_t k = 0; tr->recipe && k < t->nparts; k++) /* the sources the recipe names */
+                if (t->parts[k].src != PLAN_ZERO) named[t->parts[k].src] = true;
             if (!tr->name || (!tr->blob && !tr->recipe)) rc = CKPT_ENOMEM;
         }
     }
@@ -289,15 +299,14 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
         if (!cp->index_texts[r2]) continue;
         char *path = *cp->folder_dirs[r2] ? ckpt_sprintf("%s/model.safetensors.index.json", cp->folder_dirs[r2])
                                           : ckpt_strdup("model.safetensors.index.json");
-        rc = path ? add_text_file(s, r, path, cp->index_texts[r2], ws, nws) : CKPT_ENOMEM;
+        rc = path ? add_small_file(s, r, path, (file_content){.text = cp->index_texts[r2]}, ws, nws)
+                  : CKPT_ENOMEM;
         free(path);
     }
     json_t *meta = rc ? NULL : layout_meta_build(cp, src_hashes, true);
-    char *text = meta ? cj_render(meta) : NULL;
+    if (!rc && !meta) rc = CKPT_ENOMEM;
+    if (!rc) rc = add_small_file(s, r, CONVERT_LAYOUT_FILE, (file_content){.json = meta}, ws, nws);
     json_decref(meta);
-    if (!rc && !text) rc = CKPT_ENOMEM;
-    if (!rc) rc = add_text_file(s, r, CONVERT_LAYOUT_FILE, text, ws, nws);
-    free(text);
     for (size_t i = 0; !rc && i < files->n; i++) {
         const store_file_row *sf = &files->v[i];
         if (!sf->blob || !store_convert_is_side_file(sf->path)) continue;
@@ -366,14 +375,18 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         char **blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *blobs);
         uint64_t *at = ckpt_calloc(cp.exec.nsources + 1, sizeof *at);
         store_blob_writer *ws = ckpt_calloc(cp.nfolders + 2, sizeof *ws);
+        bool *named = ckpt_calloc(cp.exec.nsources + 1, sizeof *named);
+        char **recipe_blobs = ckpt_calloc(cp.exec.nsources + 1, sizeof *recipe_blobs);
         size_t nws = 0;
-        if (!blobs || !at || !ws) rc = CKPT_ENOMEM;
+        store_tensor_blobs stored = {0};
+        if (!blobs || !at || !ws || !named || !recipe_blobs) rc = CKPT_ENOMEM;
+        if (!rc) rc = store_tensor_blobs_load(s, src.id, &stored);
         for (size_t i = 0; !rc && i < cp.exec.nsources; i++) {
             const plan_source *ps = &cp.exec.sources[i];
             const st_file *sf = &cp.src.files[ps->file];
             const store_file_row *row = sf->from_torch ? find_file(&files, sf->path) : NULL;
             if (!sf->from_torch) {
-                rc = store_convert_tensor_blob(s, src.id, sf->path, ps->name, &blobs[i]);
+                rc = store_tensor_blobs_get(&stored, sf->path, ps->name, &blobs[i]);
             } else if (!row || !row->blob) {
                 rc = ckpt_error_set(CKPT_ECORRUPT, "catalog: %s has no blob", sf->path);
             } else { /* the tensor's bytes inside the stored torch.save file */
@@ -382,11 +395,20 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
                 if (!blobs[i]) rc = CKPT_ENOMEM;
             }
         }
-        /* The recipes reference the source's blobs: lease them until the commit. */
-        if (!rc) rc = store_blobs_lease(s, blobs, cp.exec.nsources);
+        store_tensor_blobs_free(&stored);
+        /* The recipes reference the source's blobs: lease them until the
+         * commit, checked present while the record is built. */
+        store_blobs_check *check = NULL;
+        if (!rc) rc = store_blobs_lease_begin(s, blobs, cp.exec.nsources, &check);
         store_ckpt_rec r = {.repo = src.repo, .revision = src.revision, .commit = src.commit, .layout = cp.layout_name,
                             .source_id = src.id, .lossy = cp.result.lossy};
-        if (!rc) rc = build_record(s, &cp, &src, &files, blobs, at, src_hashes, &r, ws, &nws);
+        if (!rc)
+            rc = build_record(s, &cp, &src, &files, blobs, at, src_hashes, &r, ws, &nws, named);
+        int checked = check ? store_blobs_lease_end(check) : 0;
+        if (!rc) rc = checked;
+        for (size_t i = 0; !rc && i < cp.exec.nsources; i++)
+            if (named[i]) recipe_blobs[r.nrecipe_blobs++] = blobs[i];
+        r.recipe_blobs = recipe_blobs;
         if (!rc) rc = store_blobs_publish(s, ws, nws);
         else
             for (size_t i = 0; i < nws; i++) store_blob_abort(&ws[i]);
@@ -398,6 +420,8 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
         free(blobs);
         free(at);
         free(ws);
+        free(named);
+        free(recipe_blobs);
     }
     if (planned) convert_plan_free(&cp);
     else ckpt_checkpoint_close(&c);

@@ -28,11 +28,9 @@ int store_convert(ckpt_store *s, const char *ref, const convert_opts *o, store_c
  * from its blobs, permuted views accepted (st_file.from_torch; a tensor's
  * bytes are the range [offset, offset + nbytes) of its file's blob); without
  * it, such a checkpoint is refused with a way out. */
-int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_file_row *rows, size_t nrows,
-                              bool torch_ok, ckpt_checkpoint *c, json_t **config, char **index_text,
-                              const char **index_name, char (**hashes)[65]);
-/* The blob of tensor `name` of file `path` of checkpoint id (malloc'd). */
-int store_convert_tensor_blob(ckpt_store *s, int64_t id, const char *path, const char *name, char **out);
+int store_convert_open_source(ckpt_store *s, const store_ckpt *src, const store_file_row *rows,
+                              size_t nrows, bool torch_ok, ckpt_checkpoint *c, json_t **config,
+                              char **index_text, const char **index_name, char (**hashes)[65]);
 /* A top-level file that is not weights, an index or ckpt-layout.json
  * (config.json, tokenizer files): what a layout copies as it is. */
 bool store_convert_is_side_file(const char *name);

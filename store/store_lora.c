@@ -25,6 +25,7 @@ typedef struct {
     store_ckpt base;
     store_file_row *rows;
     size_t nrows;
+    store_tensor_blobs stored; /* the base's tensor blobs */
     ckpt_checkpoint ck; /* the base, from its stored headers */
     json_t *config;
     char *index_text;
@@ -120,8 +121,7 @@ static int merge_batch(lora_job *j, size_t m0, size_t m1, uint64_t *bytes)
         const lora_module *m = &j->ad.mods[m0 + k];
         const ckpt_tensor_ref *ref = module_weight(j, m);
         char *blob = NULL;
-        rc = store_convert_tensor_blob(j->s, j->base.id, j->ck.files[ref->file].path, ref->t->name,
-                                       &blob);
+        rc = store_tensor_blobs_get(&j->stored, j->ck.files[ref->file].path, ref->t->name, &blob);
         if (!rc) rc = blob_fd(j->s, blob, &src[k]);
         free(blob);
         if (!rc && !(rc = store_blob_begin(j->s, &ws[k]))) nw++;
@@ -304,7 +304,7 @@ static int add_model_file(lora_job *j, store_ckpt_rec *r, size_t f, uint8_t *buf
             tr->blob = ckpt_strdup(j->merged[m - j->ad.mods]);
             changed = true;
         } else {
-            rc = store_convert_tensor_blob(j->s, j->base.id, sf->path, t->name, &tr->blob);
+            rc = store_tensor_blobs_get(&j->stored, sf->path, t->name, &tr->blob);
         }
         if (!rc && (!tr->name || !tr->blob)) rc = CKPT_ENOMEM;
     }
@@ -369,6 +369,7 @@ static void job_free(lora_job *j)
     free(j->index_text);
     free(j->hashes);
     store_files_free(j->rows, j->nrows);
+    store_tensor_blobs_free(&j->stored);
     store_ckpt_free(&j->base);
     free(j->repo);
 }
@@ -388,6 +389,7 @@ int store_lora_merge(ckpt_store *s, const char *base_ref, const char *adapter,
             "'%s' is a converted layout; merge into the original (%s@%s), then convert the result",
             base_ref, j.base.repo, j.base.revision);
     if (!rc) rc = store_files_load(s, j.base.id, &j.rows, &j.nrows);
+    if (!rc) rc = store_tensor_blobs_load(s, j.base.id, &j.stored);
     if (!rc)
         rc = store_convert_open_source(s, &j.base, j.rows, j.nrows, false, &j.ck, &j.config, &j.index_text,
                                        &j.index_name, &j.hashes);

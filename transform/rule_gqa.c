@@ -59,14 +59,17 @@ typedef struct {
     long q, k, v, o, qb, kb, vb; /* indexes into the set, -1 when absent */
 } attn_members;
 
-static long find_member(const plan_set *s, const char *prefix, const char *proj, const char *kind)
+static long find_member(const plan_name_index *s, const char *prefix, const char *proj,
+                        const char *kind)
 {
     char name[RULE_NAME_MAX + 64];
     snprintf(name, sizeof name, "%s.%s.%s", prefix, proj, kind);
-    return plan_set_find(s, name, PLAN_ALL_RANKS);
+    return plan_name_index_find(s, name);
 }
 
-static int find_members(const rule *r, const plan_set *s, const char *prefix, attn_members *a)
+/* s: the unsplit tensors of the set before this rule added any. */
+static int find_members(const rule *r, const plan_name_index *s, const char *prefix,
+                        attn_members *a)
 {
     a->q = find_member(s, prefix, r->q, "weight");
     a->k = find_member(s, prefix, r->k, "weight");
@@ -270,6 +273,8 @@ int rule_apply_fuse_qkv_gqa(const rule *r, plan_set *s, rules_result *res)
     size_t n0 = s->n;
     bool *gone = ckpt_calloc(n0 + 1, sizeof *gone);
     if (!gone) rc = CKPT_ENOMEM;
+    plan_name_index unsplit = {0}; /* the members looked up; build_rank only appends ranks */
+    if (!rc) rc = plan_name_index_build(&unsplit, s, PLAN_ALL_RANKS);
     for (size_t i = 0; !rc && i < n0; i++) {
         if (gone[i] || s->t[i].rank != PLAN_ALL_RANKS) continue;
         int hit = rule_match(r, &m, s->t[i].name);
@@ -283,7 +288,7 @@ int rule_apply_fuse_qkv_gqa(const rule *r, plan_set *s, rules_result *res)
             break;
         }
         attn_members a;
-        rc = find_members(r, s, prefix, &a);
+        rc = find_members(r, &unsplit, prefix, &a);
         uint64_t hd = (uint64_t)g.hd, H = (uint64_t)g.H, KV = (uint64_t)g.KV;
         uint64_t hidden = rc ? 0 : s->t[a.q].ndim == 2 ? s->t[a.q].shape[1] : 0;
         if (!rc) rc = check_shape(r, &s->t[a.q], 2, H * hd, hidden, "num_attention_heads x head_dim, hidden");
@@ -300,6 +305,7 @@ int rule_apply_fuse_qkv_gqa(const rule *r, plan_set *s, rules_result *res)
         for (size_t u = 0; u < CKPT_ARRAY_LEN(used); u++)
             if (used[u] >= 0) gone[used[u]] = true;
     }
+    plan_name_index_free(&unsplit);
     if (!rc) rc = rules_remove_consumed(s, gone, n0);
     free(gone);
     matcher_free(&m);

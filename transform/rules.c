@@ -72,6 +72,11 @@ static int compile_pattern(rule *r)
         return rule_err(r, CKPT_EINVAL, "bad regex '%s' at offset %zu: %s", r->pattern, (size_t)erroff,
                         (const char *)msg);
     }
+    /* Machine code for the pattern: a rule is matched against every tensor
+     * name (tens of thousands in a many-tensor model). Where JIT is not
+     * available this fails and matching interprets, as without it; the match
+     * limit holds either way. */
+    (void)pcre2_jit_compile(r->re, PCRE2_JIT_COMPLETE);
     return 0;
 }
 

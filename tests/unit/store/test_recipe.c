@@ -372,6 +372,60 @@ static void test_recipe_run(void **state)
     expect_fine(f);
 }
 
+/* The values of column 0 of sql (bound to id), each a key of set; with
+ * recipes, the blobs each recipe names ("blob" of a part, "srcs" of a run). */
+static void collect_blobs(sqlite3 *db, const char *sql, int64_t id, bool recipes, json_t *set)
+{
+    sqlite3_stmt *st;
+    assert_int_equal(sqlite3_prepare_v2(db, sql, -1, &st, NULL), SQLITE_OK);
+    sqlite3_bind_int64(st, 1, id);
+    while (sqlite3_step(st) == SQLITE_ROW) {
+        const char *v = (const char *)sqlite3_column_text(st, 0);
+        if (!v) continue;
+        if (!recipes) {
+            json_object_set_new(set, v, json_true());
+            continue;
+        }
+        json_error_t err;
+        json_t *parts = json_loads(v, 0, &err), *p;
+        assert_non_null(parts);
+        size_t i;
+        json_array_foreach(parts, i, p)
+        {
+            json_t *run = json_object_get(p, "srcs"), *b;
+            size_t k;
+            if (json_object_get(p, "blob"))
+                json_object_set_new(set, json_string_value(json_object_get(p, "blob")),
+                                    json_true());
+            json_array_foreach(run, k, b)
+                json_object_set_new(set, json_string_value(b), json_true());
+        }
+        json_decref(parts);
+    }
+    sqlite3_finalize(st);
+}
+
+/* The layout's blob references (what gc keeps for it) are exactly the blobs
+ * its files and tensors name, those in its recipes included: store_convert
+ * hands the commit the blobs of its recipes rather than have them parsed
+ * back, and they must be the same. */
+static void test_layout_blob_refs(void **state)
+{
+    fixture *f = *state;
+    sqlite3 *db = f->s.cat.db;
+    json_t *want = json_object(), *have = json_object();
+    collect_blobs(db, "SELECT blob FROM files WHERE checkpoint_id = ?", f->conv.id, false, want);
+    collect_blobs(db, "SELECT blob FROM tensors WHERE checkpoint_id = ?", f->conv.id, false, want);
+    size_t plain = json_object_size(want);
+    collect_blobs(db, "SELECT recipe FROM tensors WHERE checkpoint_id = ?", f->conv.id, true, want);
+    assert_true(json_object_size(want) > plain); /* the recipes name blobs of their own */
+    collect_blobs(db, "SELECT blob FROM checkpoint_blobs WHERE checkpoint_id = ?", f->conv.id,
+                  false, have);
+    assert_true(json_equal(want, have));
+    json_decref(want);
+    json_decref(have);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -380,6 +434,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_recipe_parts_missing_or_doubled, setup, teardown),
         cmocka_unit_test_setup_teardown(test_blob_cut_short, setup, teardown),
         cmocka_unit_test_setup_teardown(test_recipe_run, setup_moe, teardown),
+        cmocka_unit_test_setup_teardown(test_layout_blob_refs, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_layout_blob_refs, setup_moe, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

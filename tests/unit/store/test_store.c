@@ -106,15 +106,22 @@ static void import_model(const char *root, ckpt_store *s, store_ckpt *ck)
     free(home);
 }
 
+/* import_model, and the blobs it stored (more than a few). */
+static names import_blobs(const char *root, ckpt_store *s, store_ckpt *ck)
+{
+    import_model(root, s, ck);
+    names b = list_blobs(s->home);
+    assert_true(b.n > 5);
+    return b;
+}
+
 /* Leased blobs survive the removal of their only checkpoint and a gc; once
  * the leases are dropped the next gc removes them. */
 static void test_lease_keeps_blobs_from_gc(void **state)
 {
     ckpt_store s;
     store_ckpt ck;
-    import_model(*state, &s, &ck);
-    names b = list_blobs(s.home);
-    assert_true(b.n > 5);
+    names b = import_blobs(*state, &s, &ck);
     assert_int_equal(store_blobs_lease(&s, b.v, b.n), 0);
     assert_int_equal(store_rm(&s, &ck), 0);
     store_gc_result g;
@@ -130,6 +137,57 @@ static void test_lease_keeps_blobs_from_gc(void **state)
     /* Leasing a blob that is gone is an error naming it. */
     assert_int_equal(store_blobs_lease(&s, b.v, 1), CKPT_ENOTFOUND);
     assert_contains(ckpt_error_last(), b.v[0]);
+    store_leases_release(&s);
+    names_free(&b);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
+/* store_blobs_lease in two steps: the leases are taken by _begin, and _end
+ * reports the first blob of the list that is not stored, by name, however
+ * the check is spread over threads; with every blob there it returns 0. */
+static void test_lease_in_two_steps(void **state)
+{
+    ckpt_store s;
+    store_ckpt ck;
+    names b = import_blobs(*state, &s, &ck);
+    store_blobs_check *c = NULL;
+    assert_int_equal(store_blobs_lease_begin(&s, b.v, b.n, &c), 0);
+    assert_int_equal(sqlite_int(s.cat.db, "SELECT count(*) FROM blob_leases"), (int64_t)b.n);
+    assert_int_equal(store_blobs_lease_end(c), 0);
+    char *gone = store_blob_path(&s, b.v[b.n - 2]);
+    assert_int_equal(unlink(gone), 0);
+    assert_int_equal(store_blobs_lease_begin(&s, b.v, b.n, &c), 0);
+    assert_int_equal(store_blobs_lease_end(c), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), b.v[b.n - 2]);
+    assert_int_equal(store_blobs_lease_begin(&s, b.v, 0, &c), 0); /* nothing to lease or check */
+    assert_int_equal(store_blobs_lease_end(c), 0);
+    /* A list long enough to be checked by several threads (each blob many
+     * times over): the first missing of the list is named, wherever the
+     * threads' ranges fall. */
+    char *gone2 = store_blob_path(&s, b.v[b.n - 1]);
+    assert_int_equal(unlink(gone2), 0);
+    free(gone2);
+    size_t n = 4000;
+    char **many = calloc(n, sizeof *many);
+    assert_non_null(many);
+    for (size_t i = 0; i < n; i++)
+        many[i] = b.v[i % (b.n - 2)]; /* all present */
+    many[n - 1] = b.v[b.n - 1];
+    for (size_t at = 1; at < n - 1; at += 1333) {
+        char *present = many[at];
+        many[at] = b.v[b.n - 2];
+        assert_int_equal(store_blobs_lease_begin(&s, many, n, &c), 0);
+        assert_int_equal(store_blobs_lease_end(c), CKPT_ENOTFOUND);
+        assert_contains(ckpt_error_last(), b.v[b.n - 2]);
+        many[at] = present;
+    }
+    assert_int_equal(store_blobs_lease(&s, many, n), CKPT_ENOTFOUND);
+    assert_contains(ckpt_error_last(), b.v[b.n - 1]);
+    many[n - 1] = b.v[0];
+    assert_int_equal(store_blobs_lease(&s, many, n), 0);
+    free(many);
+    free(gone);
     store_leases_release(&s);
     names_free(&b);
     store_ckpt_free(&ck);
@@ -853,17 +911,85 @@ static void test_info_and_verify(void **state)
     store_close(&s);
 }
 
+/* store_tensor_blobs: every tensor of the imported model, each found with
+ * the blob the catalog gives one query at a time; names that are not there
+ * (another file, another tensor, a prefix) are not found, and _get names
+ * them in its error. */
+static void test_tensor_blobs(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    store_ckpt ck;
+    import_model(root, &s, &ck);
+    store_tensor_blobs t;
+    assert_int_equal(store_tensor_blobs_load(&s, ck.id, &t), 0);
+    int64_t rows = sqlite_int(s.cat.db, "SELECT count(*) FROM tensors WHERE blob IS NOT NULL");
+    assert_true(rows > 4);
+    assert_int_equal(t.n, (size_t)rows);
+    sqlite3_stmt *one; /* the catalog's answer, a query per tensor */
+    assert_int_equal(
+        sqlite3_prepare_v2(
+            s.cat.db, "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = ? AND name = ?",
+            -1, &one, NULL),
+        SQLITE_OK);
+    sqlite3_bind_int64(one, 1, ck.id);
+    for (size_t i = 0; i < t.n; i++) {
+        if (i) /* sorted by (path, name), each once */
+            assert_true(strcmp(t.v[i - 1].path, t.v[i].path) < 0 ||
+                        (!strcmp(t.v[i - 1].path, t.v[i].path) &&
+                         strcmp(t.v[i - 1].name, t.v[i].name) < 0));
+        sqlite3_bind_text(one, 2, t.v[i].path, -1, SQLITE_STATIC);
+        sqlite3_bind_text(one, 3, t.v[i].name, -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(one), SQLITE_ROW);
+        const char *found = store_tensor_blobs_find(&t, t.v[i].path, t.v[i].name);
+        assert_non_null(found);
+        assert_string_equal(found, (const char *)sqlite3_column_text(one, 0));
+        assert_int_equal(strlen(found), 64);
+        sqlite3_reset(one);
+        char *copy = NULL;
+        assert_int_equal(store_tensor_blobs_get(&t, t.v[i].path, t.v[i].name, &copy), 0);
+        assert_string_equal(copy, found);
+        free(copy);
+    }
+    sqlite3_finalize(one);
+    char *path = ckpt_strdup(t.v[t.n / 2].path), *name = ckpt_strdup(t.v[t.n / 2].name);
+    char *copy = NULL;
+    assert_int_equal(store_tensor_blobs_get(&t, path, "no.such.tensor", &copy), CKPT_ECORRUPT);
+    assert_null(copy);
+    assert_contains(ckpt_error_last(), path);
+    assert_contains(ckpt_error_last(), "'no.such.tensor' has no blob");
+    assert_null(store_tensor_blobs_find(&t, "other.safetensors", name));
+    assert_null(store_tensor_blobs_find(&t, path, "no.such.tensor"));
+    char *prefix = ckpt_strndup(name, strlen(name) - 1);
+    assert_null(store_tensor_blobs_find(&t, path, prefix));
+    free(prefix);
+    store_tensor_blobs_free(&t);
+    assert_int_equal(t.n, 0);
+    /* A checkpoint with no tensor rows: empty, nothing found. */
+    assert_int_equal(store_tensor_blobs_load(&s, ck.id + 1000, &t), 0);
+    assert_int_equal(t.n, 0);
+    assert_null(store_tensor_blobs_find(&t, path, name));
+    store_tensor_blobs_free(&t);
+    free(path);
+    free(name);
+    store_ckpt_free(&ck);
+    store_close(&s);
+}
+
 int main(void)
 {
     ckpt_log_set_level(CKPT_LOG_QUIET);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_lease_keeps_blobs_from_gc, scratch_setup,
+                                        scratch_teardown),
         cmocka_unit_test_setup_teardown(test_claim, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_lease_in_two_steps, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_stream, scratch_setup, scratch_teardown),
         cmocka_unit_test(test_zombie_is_not_alive),
         cmocka_unit_test_setup_teardown(test_rank_limit, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_refuses_links, scratch_setup, scratch_teardown),
-        cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_refuses_bad_names, scratch_setup,
+                                        scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_bounded_fds, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_import_full_disk, scratch_setup, teardown_unmount),
         cmocka_unit_test_setup_teardown(test_home_is_private, scratch_setup, scratch_teardown),
@@ -871,6 +997,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_archive_limits, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_archive_pipeline, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_info_and_verify, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_tensor_blobs, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

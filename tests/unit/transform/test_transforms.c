@@ -2377,6 +2377,64 @@ static void test_error_experts(void **state)
     }
 }
 
+/* plan_name_index gives what plan_set_find gives for every name of its rank
+ * (the first of equal names), -1 for names of other ranks and names not
+ * there, and ignores tensors pushed after it was built. */
+static void test_plan_name_index(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        int rank;
+    } in[] = {{"b.weight", PLAN_ALL_RANKS},
+              {"a.weight", PLAN_ALL_RANKS},
+              {"c.weight", 0},
+              {"a.weight", 1},
+              {"b.weight", PLAN_ALL_RANKS},
+              {"ab", PLAN_ALL_RANKS},
+              {"a", PLAN_ALL_RANKS},
+              {"d.weight", 3},
+              {"a.weightx", PLAN_ALL_RANKS}};
+    plan_set s = {0};
+    for (size_t i = 0; i < CKPT_ARRAY_LEN(in); i++) {
+        plan_tensor t = {.name = ckpt_strdup(in[i].name), .rank = in[i].rank};
+        assert_int_equal(plan_set_push(&s, &t), 0);
+    }
+    plan_name_index x;
+    assert_int_equal(plan_name_index_build(&x, &s, PLAN_ALL_RANKS), 0);
+    assert_int_equal(x.n, 6);
+    assert_int_equal(plan_name_index_find(&x, "b.weight"), 0); /* the first of two */
+    static const char *names[] = {"a.weight",  "b.weight", "c.weight", "d.weight", "ab", "a",
+                                  "a.weightx", "",         "a.",       "zzz",      "0"};
+    for (size_t k = 0; k < CKPT_ARRAY_LEN(names); k++)
+        assert_int_equal(plan_name_index_find(&x, names[k]),
+                         plan_set_find(&s, names[k], PLAN_ALL_RANKS));
+    plan_tensor late = {.name = ckpt_strdup("e.weight"), .rank = PLAN_ALL_RANKS};
+    assert_int_equal(plan_set_push(&s, &late), 0);
+    assert_int_equal(plan_name_index_find(&x, "e.weight"), -1);
+    plan_name_index_free(&x);
+    assert_int_equal(plan_name_index_build(&x, &s, 1), 0);
+    assert_int_equal(x.n, 1);
+    assert_int_equal(plan_name_index_find(&x, "a.weight"), 3);
+    assert_int_equal(plan_name_index_find(&x, "b.weight"), -1);
+    plan_name_index_free(&x);
+    plan_set_free(&s);
+}
+
+/* A pattern that backtracks without end on a name is stopped by the match
+ * limit, with or without JIT-compiled patterns, and named in the error. */
+static void test_error_rule_backtracking(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.weight", CKPT_DT_I32, 2, {3, 2}, 1, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    write_json_text(fx->rules, "{'rules': [{'op': 'drop', 'pattern': '^(a+)+$'}]}");
+    expect_convert_error(fx->src, fx->dst, (convert_opts){.rules_file = fx->rules}, true,
+                         NEEDLES("rule 1 (drop)", "too much backtracking", t[0].name));
+}
+
 /* Rules documents that are wrong, and rules that cannot apply to the source. */
 static void test_error_rules(void **state)
 {
@@ -2688,6 +2746,8 @@ int main(void)
         T(test_error_kv_multiplier),
         T(test_error_experts),
         T(test_error_rules),
+        T(test_error_rule_backtracking),
+        cmocka_unit_test(test_plan_name_index),
         T(test_error_truncated_shard),
         cmocka_unit_test_setup_teardown(test_full_disk, fx_setup, fx_teardown_unmount),
         T(test_executor_scalar_and_empty),
