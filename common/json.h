@@ -28,11 +28,5 @@ char *cj_render(const json_t *v);
 int cj_write_file(const char *path, const json_t *v);
 /* json_dumps with a reported error; caller frees. */
 char *cj_dumps(const json_t *v, size_t flags);
-/* json_dumps(v, flags)'s bytes (the same bytes) handed to put in pieces of up
- * to 1 MiB: -1 when put fails or v cannot be rendered. Not for trees with
- * cycles. */
-int cj_dump_to(const json_t *v, size_t flags, json_dump_callback_t put, void *ctx);
-/* cj_render(v)'s bytes, the same way. */
-int cj_render_to(const json_t *v, json_dump_callback_t put, void *ctx);
 
 #endif

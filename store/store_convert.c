@@ -215,29 +215,9 @@ store_file_rec *store_convert_rec_add_file(store_ckpt_rec *r, const char *path)
     return f;
 }
 
-/* What a new small file holds: text, or a JSON tree rendered as cj_render
- * renders it (streamed into the blob: a many-tensor model's ckpt-layout.json
- * is tens of MB, not worth holding as one string). */
-typedef struct {
-    const char *text;
-    const json_t *json;
-} file_content;
-
-typedef struct {
-    store_blob_writer *w;
-    int rc;
-} blob_sink;
-
-static int blob_put(const char *piece, size_t n, void *ctx)
-{
-    blob_sink *b = ctx;
-    if (!b->rc) b->rc = store_blob_write(b->w, piece, n);
-    return b->rc ? -1 : 0;
-}
-
 /* A small new file (index, ckpt-layout.json) as a blob. */
-static int add_small_file(ckpt_store *s, store_ckpt_rec *r, const char *path, file_content content,
-                          store_blob_writer *ws, size_t *nws)
+static int add_text_file(ckpt_store *s, store_ckpt_rec *r, const char *path, const char *text, store_blob_writer *ws,
+                         size_t *nws)
 {
     store_file_rec *f = store_convert_rec_add_file(r, path);
     if (!f) return CKPT_ENOMEM;
@@ -245,10 +225,7 @@ static int add_small_file(ckpt_store *s, store_ckpt_rec *r, const char *path, fi
     int rc = store_blob_begin(s, w);
     if (rc) return rc;
     (*nws)++;
-    blob_sink sink = {.w = w};
-    if (content.json && cj_render_to(content.json, blob_put, &sink) && !sink.rc)
-        sink.rc = ckpt_error_set(CKPT_ENOMEM, "%s: cannot render JSON", path);
-    rc = content.json ? sink.rc : store_blob_write(w, content.text, strlen(content.text));
+    rc = store_blob_write(w, text, strlen(text));
     if (!rc) rc = store_blob_end(w);
     if (rc) return rc;
     f->size = w->size;
@@ -299,14 +276,15 @@ static int build_record(ckpt_store *s, convert_plan *cp, const store_ckpt *src, 
         if (!cp->index_texts[r2]) continue;
         char *path = *cp->folder_dirs[r2] ? ckpt_sprintf("%s/model.safetensors.index.json", cp->folder_dirs[r2])
                                           : ckpt_strdup("model.safetensors.index.json");
-        rc = path ? add_small_file(s, r, path, (file_content){.text = cp->index_texts[r2]}, ws, nws)
-                  : CKPT_ENOMEM;
+        rc = path ? add_text_file(s, r, path, cp->index_texts[r2], ws, nws) : CKPT_ENOMEM;
         free(path);
     }
     json_t *meta = rc ? NULL : layout_meta_build(cp, src_hashes, true);
-    if (!rc && !meta) rc = CKPT_ENOMEM;
-    if (!rc) rc = add_small_file(s, r, CONVERT_LAYOUT_FILE, (file_content){.json = meta}, ws, nws);
+    char *text = meta ? cj_render(meta) : NULL;
     json_decref(meta);
+    if (!rc && !text) rc = CKPT_ENOMEM;
+    if (!rc) rc = add_text_file(s, r, CONVERT_LAYOUT_FILE, text, ws, nws);
+    free(text);
     for (size_t i = 0; !rc && i < files->n; i++) {
         const store_file_row *sf = &files->v[i];
         if (!sf->blob || !store_convert_is_side_file(sf->path)) continue;

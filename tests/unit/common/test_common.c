@@ -1,15 +1,13 @@
 /*
  * test_common.c — the pieces of common/ everyone relies on: size and integer
  * parsing, atomic files and directories (and their modes under the umask),
- * recursive removal, sha256, the error-message convention, and JSON text
- * rendered byte for byte as jansson renders it.
+ * recursive removal, sha256 and the error-message convention.
  *
  * File tests run in a fresh directory under $TMPDIR (or /tmp) that the
  * fixture removes, and check that no ".tmp-" leftovers remain.
  */
 #include "common/error.h"
 #include "common/fsutil.h"
-#include "common/json.h"
 #include "common/log.h"
 #include "common/sha256.h"
 #include "common/util.h"
@@ -757,92 +755,6 @@ static void test_pread_direct(void **state)
     free(path);
 }
 
-/* cj_dumps against json_dumps for each flag set: the renderer's own layout
- * (indents, compact, empty containers, printable strings, integers) and what
- * it leaves to jansson (escapes, UTF-8, reals, other flags). */
-static void expect_dumps_equal(const json_t *v)
-{
-    static const size_t flag_sets[] = {0,
-                                       JSON_COMPACT,
-                                       JSON_INDENT(2),
-                                       JSON_INDENT(2) | JSON_PRESERVE_ORDER,
-                                       JSON_INDENT(4) | JSON_COMPACT,
-                                       JSON_INDENT(31),
-                                       JSON_COMPACT | JSON_PRESERVE_ORDER,
-                                       JSON_SORT_KEYS | JSON_INDENT(2),
-                                       JSON_ENSURE_ASCII,
-                                       JSON_ESCAPE_SLASH | JSON_COMPACT};
-    for (size_t k = 0; k < sizeof flag_sets / sizeof *flag_sets; k++) {
-        char *want = json_dumps(v, flag_sets[k]), *got = cj_dumps(v, flag_sets[k]);
-        assert_non_null(want);
-        assert_non_null(got);
-        assert_string_equal(got, want);
-        free(want);
-        free(got);
-    }
-    char *want = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER), *got = cj_render(v);
-    char *want_nl = ckpt_sprintf("%s\n", want);
-    assert_string_equal(got, want_nl);
-    free(want);
-    free(want_nl);
-    free(got);
-}
-
-static int refuse_put(const char *piece, size_t n, void *ctx)
-{
-    (void)piece;
-    (void)n;
-    (*(int *)ctx)++;
-    return -1;
-}
-
-static void test_json_render(void **state)
-{
-    const char *dir = *state;
-    json_error_t err;
-    json_t *v = json_loads(
-        "{\"z\": 1, \"a\": [], \"m\": {}, \"nested\": [[[]], [{}], {\"k\": [1, -2, 0]}],"
-        " \"ints\": [9223372036854775807, -9223372036854775807, 0, -1, 10, 1000000],"
-        " \"reals\": [0.1, 1e300, -0.0, 3.0, 2.5e-8], \"lit\": [true, false, null],"
-        " \"strs\": [\"\", \"plain ascii ~!\", \"quote \\\" back \\\\ slash /\", \"tab\\tnl\\n\","
-        " \"ctl \\u0001 del \\u007f\", \"utf8 \\u00e9 \\u4e2d \\ud83d\\ude00\"],"
-        " \"key with \\\"quote\\\"\": 1, \"cl\\u00e9\": \"v\", \"\": \"empty key\"}",
-        0, &err);
-    assert_non_null(v);
-    json_array_append_new(json_object_get(v, "ints"), json_integer(INT64_MIN));
-    expect_dumps_equal(v);
-    expect_dumps_equal(json_object_get(v, "nested"));
-    /* Past the 1 MiB buffer: many small pieces, and one piece larger than it. */
-    json_t *big = json_array();
-    for (int i = 0; i < 200000; i++)
-        json_array_append_new(big, json_integer((json_int_t)i * 7919 - 500000));
-    char *long_text = malloc(3u << 19);
-    memset(long_text, 'x', 3u << 19);
-    json_array_append_new(big, json_stringn(long_text, 3u << 19));
-    free(long_text);
-    json_object_set_new(v, "big", big);
-    expect_dumps_equal(v);
-    /* Trees json_dumps refuses: a bare value (without JSON_ENCODE_ANY). */
-    json_t *one = json_integer(1);
-    assert_null(cj_dumps(one, 0));
-    json_decref(one);
-    /* A sink that fails: -1, and no more pieces after the refusal. */
-    int calls = 0;
-    assert_int_equal(cj_dump_to(v, JSON_INDENT(2), refuse_put, &calls), -1);
-    assert_int_equal(calls, 1);
-    /* cj_write_file: cj_render's bytes in the file. */
-    char *path = ckpt_path_join(dir, "out.json"), *text = NULL, *want = cj_render(v);
-    size_t len = 0;
-    assert_int_equal(cj_write_file(path, v), 0);
-    assert_int_equal(ckpt_read_file(path, 64u << 20, &text, &len), 0);
-    assert_int_equal(len, strlen(want));
-    assert_memory_equal(text, want, len);
-    free(text);
-    free(want);
-    free(path);
-    json_decref(v);
-}
-
 #define SCRATCH_TEST(fn) cmocka_unit_test_setup_teardown(fn, scratch_setup, scratch_teardown)
 
 int main(void)
@@ -859,7 +771,6 @@ int main(void)
         cmocka_unit_test(test_heap_reserve_huge),
         SCRATCH_TEST(test_modes_follow_umask),
         cmocka_unit_test(test_progress_rate),       cmocka_unit_test(test_progress_sink),
-        SCRATCH_TEST(test_json_render),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
