@@ -54,8 +54,6 @@ import struct
 import sys
 
 import numpy as np
-import zarr
-from numcodecs import Zstd
 
 NP = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "F64": "<f8", "I64": "<i8", "I32": "<i4",
       "U8": "|u1", "I8": "|i1", "BOOL": "|b1", "U16": "<u2", "I16": "<i2"}
@@ -93,6 +91,10 @@ def tensors_of(src):
 
 
 def write_array(out, rel, dtype, shape, raw, chunks, slash):
+    # zarr and numcodecs (~0.1 CPU-s to import) only for the TensorStore
+    # saves: the older save (--legacy) writes safetensors and a pickle.
+    import zarr
+    from numcodecs import Zstd
     arr = np.frombuffer(raw, dtype=NP[dtype]).reshape(shape) if shape else np.frombuffer(raw, dtype=NP[dtype]).reshape(())
     path = os.path.join(out, rel)
     z = zarr.open_array(zarr.DirectoryStore(path, dimension_separator="/" if slash else "."), mode="w",

@@ -26,6 +26,7 @@
 #                       LIMIT seconds (at least 60: a ceiling for a hang, not a
 #                       measure of speed)
 #   wait_file FILE      wait_until the file exists and is not empty
+#   has_modules PY MOD...  PY finds every module (looked up, not imported)
 #   stop_daemon PID LOG SIGTERM to a `ckpt serve` the script started; it must
 #                       exit cleanly (serve_exit_ok; LOG its stderr)
 #   serve_bg PID        a server of the script: at exit it gets SIGTERM and
@@ -145,6 +146,16 @@ stop_daemon() {
 
 wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }
 
+# has_modules PYTHON MODULE...: PYTHON finds every MODULE, looked up without
+# being imported (an import of numpy, zarr or selenium costs 0.1 to 0.3
+# CPU-s, torch ~1-3): the script's own python imports it anyway, and fails
+# clearly if the package is broken.
+has_modules() {
+    local p=$1
+    shift
+    "$p" -c 'import importlib.util as u, sys; sys.exit(not all(u.find_spec(m) for m in sys.argv[1:]))' "$@" 2>/dev/null
+}
+
 # torch_python: prints a python3 that has torch (Debian's python3-torch,
 # make deps) — $py, else /usr/bin/python3 — or returns 1:
 #   torch_py=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
@@ -154,7 +165,7 @@ wait_file() { wait_until 60 "$1 to appear" test -s "$1"; }
 torch_python() {
     local cand
     for cand in "$py" /usr/bin/python3; do
-        if "$cand" -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("torch") is None)' 2>/dev/null; then
+        if has_modules "$cand" torch; then
             echo "$cand"
             return 0
         fi

@@ -25,6 +25,13 @@ jobs_max=${E2E_JOBS:-3}
 # A sanitizer report must never pass for the exit status 1 a test expects.
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}exitcode=86:detect_leaks=1"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:+$UBSAN_OPTIONS:}exitcode=87:print_stacktrace=1:halt_on_error=1"
+# One BLAS / OpenMP thread: OpenBLAS starts a thread per core when it is
+# loaded (by numpy, torch, a ctypes probe, ckpt's first BLAS call), and
+# those threads' start and spinning cost ~35 ms of a ~120 ms numpy import
+# on the 2-core machine; the helpers' arrays are tiny. ckpt asks for one
+# BLAS thread itself before it multiplies (lora/lora_merge.c), and OpenBLAS
+# gives the same bytes whatever its thread count.
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-1} OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export CKPT_BIN E2E_DIR="$here"
 
 if [ $# -gt 0 ]; then

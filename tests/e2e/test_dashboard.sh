@@ -56,7 +56,7 @@ export HF_HOME=$work/hf-home
 E2E_LOGS=("$work/a.serve.log" "$work/b.serve.log" "$work/shots/chromedriver.log")
 
 [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] || fail "chromium and chromium-driver are not installed (make deps)"
-/usr/bin/python3 -c 'import selenium' 2>/dev/null || fail "python3-selenium is not installed (make deps)"
+has_modules /usr/bin/python3 selenium || fail "python3-selenium is not installed (make deps)"
 
 pids=()
 # The daemons first (their workers die with them); lib.sh then stops the test Hub.

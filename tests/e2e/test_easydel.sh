@@ -39,8 +39,22 @@ set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 gen="$E2E_DIR/../easydel_gen.py"
 zpy=/usr/bin/python3
-$zpy -c 'import zarr, numcodecs' 2>/dev/null || fail "$zpy lacks zarr/numcodecs: run make deps"
+has_modules $zpy zarr numcodecs || fail "$zpy lacks zarr/numcodecs: run make deps"
 cd "$work"
+
+# gen_many "SRC OUT [options]"...: easydel_gen.py once per save, all in one
+# python (one start and one import of numpy, zarr and numcodecs: ~0.15
+# CPU-s a save; the saves are byte for byte those of separate runs).
+gen_many() {
+    $zpy - "$gen" "$@" <<'EOF'
+import importlib.util, shlex, sys
+spec = importlib.util.spec_from_file_location("easydel_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
+for job in sys.argv[2:]:
+    sys.argv = ["easydel_gen.py"] + shlex.split(job)
+    if g.main():
+        sys.exit(f"easydel_gen.py {job}: failed")
+EOF
+}
 
 # check_listing SAVE: ckpt inspect --json against a walk of the folder.
 check_listing() {
@@ -178,7 +192,12 @@ rm -rf state-*
 # an older save from before April 2025 (the bare PyTreeDef: no step) whose
 # optimizer has a leaf that is no slot: listed on stderr and in optimizer.json
 note "older save: no step, a leaf left out"
-$zpy "$gen" ed-llama legacy-x --legacy --step-form none --extra || fail "easydel_gen --legacy --extra"
+# these, the hostile structures below and the hostile cases' base (a smaller
+# save: no optimizer, one chunk per array), written by one python
+hostile_structures=(global reduce count missing deep numnodes)
+saves=("ed-llama legacy-x --legacy --step-form none --extra" "ed-llama save-h --no-tx")
+for name in "${hostile_structures[@]}"; do saves+=("ed-llama lh-$name --legacy --hostile $name"); done
+gen_many "${saves[@]}" || fail "easydel_gen: the older saves and the hostile base"
 expect_status 0 "$ckpt" consolidate legacy-x lstate-x --state
 grep -q "holds no step (a save before April 2025): step 0" "$work/err" || fail "no step: $(cat "$work/err")"
 grep -q "left out optimizer leaf 'param_43' (3.inner_state.trace.lm_head.kernel): not a slot of its parameter" "$work/err" ||
@@ -202,7 +221,6 @@ for spec in "global|easydel-optstate.structure: pickle: global 'posix.system' is
     "deep|of the tree definition: nested deeper than the limit (64 levels)" \
     "numnodes|of the tree definition: num_leaves 43 and num_nodes 150 where its children make 43 and 149"; do
     name=${spec%%|*} msg=${spec#*|}
-    $zpy "$gen" ed-llama "lh-$name" --legacy --hostile "$name" || fail "easydel_gen --hostile $name"
     expect_status 1 "$ckpt" consolidate "lh-$name" "lhout-$name" --state
     [ "$(wc -l <"$work/err")" -eq 1 ] || fail "hostile $name: expected one line, got: $(cat "$work/err")"
     grep -qF "$msg" "$work/err" || fail "hostile $name: '$msg' not in: $(cat "$work/err")"
@@ -230,8 +248,6 @@ want = {k: v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items(
 got = {name: int(n) for n, name in (line.split() for line in open(sys.argv[2]))}
 sys.exit(0 if got == want and len(set(want.values())) > 1 else 1)
 PY
-# the hostile cases start from a smaller save: no optimizer, one chunk per array
-$zpy "$gen" ed-llama save-h --no-tx || fail "easydel_gen (hostile base)"
 rm -rf hf-* ed-* back-* save-qwen2 save-mixtral save-qwen3-moe save-llama
 
 # ---- killed mid-way: DST never half there, the next run cleans up ----

@@ -37,7 +37,7 @@ set -euo pipefail
 . "${E2E_DIR:?run me through tests/e2e/run.sh}/lib.sh"
 gen="$E2E_DIR/../easydel_gen.py"
 zpy=/usr/bin/python3
-$zpy -c 'import zarr, numcodecs' 2>/dev/null || fail "$zpy lacks zarr/numcodecs: run make deps"
+has_modules $zpy zarr numcodecs || fail "$zpy lacks zarr/numcodecs: run make deps"
 cd "$work"
 
 for arch in llama mixtral; do

@@ -47,7 +47,7 @@ dpid=
 export CKPT_QUIET=1
 
 have_numpy=0
-/usr/bin/python3 -c 'import numpy' 2>/dev/null && have_numpy=1
+has_modules /usr/bin/python3 numpy && have_numpy=1
 [ $have_numpy = 1 ] || echo "note: no numpy at /usr/bin/python3; reference checks skipped (make deps installs it)"
 # check ARGS...: queues a lora_ref.py check; run_checks runs the queue in one
 # process (numpy loads once) when numpy is there.

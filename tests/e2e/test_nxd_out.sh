@@ -45,8 +45,19 @@ gen="$tests/nxd_gen.py"
 tpy=$(torch_python) || fail "no python3 with torch (make deps installs python3-torch)"
 cd "$work"
 
+# cases: NAME REF TP FUSE(0/1) KV(0: auto) XSER(0/1)
+cases=("o1 ref 1 0 0 0" "o2 ref 2 0 0 0" "o2f ref 2 1 0 0" "o4 ref 4 0 0 0" "o4f ref 4 1 0 0" "o4m ref 4 0 4 0"
+    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0" "q4 qwen3 4 0 0 0" "q2x qwen3 2 1 0 1"
+    "gr4 granite 4 1 0 0" "t4 tied 4 0 0 0" "t2x tied 2 0 0 1"
+    "g8x gl 8 0 0 1" "mha2 mha 2 1 0 0")
 note "models"
-"$tpy" - "$gen" <<'PYEOF' || fail "nxd_gen.py saves"
+# One python writes the models and, once they are converted, checks the
+# rank files: one import of torch (~1 CPU-s here, ~3 on a slower machine)
+# instead of two. It waits between the two on a fifo (py.go) and says on
+# another (py.ready) that the models are written; if it fails first, the
+# read below sees the end of py.ready.
+mkfifo py.go py.ready
+"$tpy" - "$gen" "${cases[@]}" 3<py.go 4>py.ready <<'PYEOF' &
 import importlib.util, sys
 spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
 BASE = dict(g.CONFIG)
@@ -84,45 +95,14 @@ for out, change in (("extra", lambda t: t.update({"model.layers.0.self_attn.q_pr
     u = dict(t)
     change(u)
     g.write_safetensors(f"{out}/model.safetensors", u)
-PYEOF
-"$ckpt" gen-model llama gl --scale 16 --layers 2 2>/dev/null || fail "gen-model llama"
-"$ckpt" gen-model llama gl32 --scale 32 --layers 1 2>/dev/null || fail "gen-model llama"
-"$ckpt" gen-model qwen2 gq --scale 32 --layers 1 2>/dev/null || fail "gen-model qwen2"
-
-# cases: NAME REF TP FUSE(0/1) KV(0: auto) XSER(0/1)
-cases=("o1 ref 1 0 0 0" "o2 ref 2 0 0 0" "o2f ref 2 1 0 0" "o4 ref 4 0 0 0" "o4f ref 4 1 0 0" "o4m ref 4 0 4 0"
-    "o8f ref 8 1 0 0" "o4x ref 4 1 0 1" "g4 gl 4 1 0 0" "g16 gl 16 0 0 0" "q4 qwen3 4 0 0 0" "q2x qwen3 2 1 0 1"
-    "gr4 granite 4 1 0 0" "t4 tied 4 0 0 0" "t2x tied 2 0 0 1"
-    "g8x gl 8 0 0 1" "mha2 mha 2 1 0 0")
-note "convert --format nxd"
-for c in "${cases[@]}"; do
-    read -r name ref tp fuse kv xser <<<"$c"
-    opts=(--layout neuron --tp "$tp" --format nxd --quiet)
-    [ "$fuse" = 1 ] && opts+=(--fuse-qkv)
-    [ "$kv" != 0 ] && opts+=(--kv-size-multiplier "$kv")
-    [ "$xser" = 1 ] && opts+=(--xser)
-    "$ckpt" convert "$ref" "$name" "${opts[@]}" 2>/dev/null || fail "convert $c"
-    [ "$(cat "$name/shards/done")" = 1 ] && [ "$(cat "$name/shards/checkpoint")" = 1 ] || fail "$c: done/checkpoint markers"
-    [ "$xser" = 1 ] && continue # the file list: the python check below, which knows the tensor count
-    want=$(printf '%s\n' config.json trn_config.json shards/checkpoint shards/done shards/mp_metadata_pp_rank_0.json
-        for ((r = 0; r < tp; r++)); do printf 'shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt\n' "$r"; done)
-    got=$(cd "$name" && find . -type f | sed 's|^\./||' | LC_ALL=C sort)
-    [ "$got" = "$(LC_ALL=C sort <<<"$want")" ] || fail "$c: files differ:"$'\n'"$got"
-done
-
-note "pipeline stages (--pp)"
-# --pp 2: the rank files and mp_metadata_pp_rank_N.json of each stage as
-# nxd_gen.py's save writes them (create_partitions: one layer per stage here)
-"$ckpt" convert ref p2 --layout neuron --tp 2 --format nxd --pp 2 --xser --fuse-qkv --quiet 2>/dev/null || fail "convert --pp 2"
-for f in trn_config.json shards/mp_metadata_pp_rank_0.json shards/mp_metadata_pp_rank_1.json; do
-    cmp -s "s2p/$f" "p2/$f" || fail "--pp 2: $f differs from nxd_gen.py's"
-done
-# (checked with the rank files below: one python, one import of torch)
-note "rank files against nxd_gen.py (torch.load)"
-"$tpy" - "$gen" "${cases[@]}" <<'PYEOF' || fail "rank files differ from nxd_gen.py's"
-import collections, importlib.util, json, os, sys, torch, zipfile
-spec = importlib.util.spec_from_file_location("nxd_gen", sys.argv[1]); g = importlib.util.module_from_spec(spec); spec.loader.exec_module(g)
-BASE = dict(g.CONFIG)
+# the models are written: say so, then wait for the converts
+os.write(4, b"generated\n")
+os.close(4)
+if os.read(3, 64) != b"check\n":
+    sys.exit("the script stopped before the rank files were written")
+os.close(3)
+import collections, json, torch, zipfile
+g.CONFIG = dict(BASE)  # part 1 changed it
 TensorReference = g.xser_modules()
 
 def same(a, b):
@@ -243,6 +223,43 @@ for s in range(2):
             if ta.dtype != tb.dtype or not torch.equal(ta, tb):
                 sys.exit(f"--pp 2: {p}: '{k}' differs")
 PYEOF
+py_pid=$!
+exec 7>py.go 8<py.ready
+read -r ready <&8 && [ "$ready" = generated ] || fail "nxd_gen.py saves"
+exec 8<&-
+"$ckpt" gen-model llama gl --scale 16 --layers 2 2>/dev/null || fail "gen-model llama"
+"$ckpt" gen-model llama gl32 --scale 32 --layers 1 2>/dev/null || fail "gen-model llama"
+"$ckpt" gen-model qwen2 gq --scale 32 --layers 1 2>/dev/null || fail "gen-model qwen2"
+
+note "convert --format nxd"
+for c in "${cases[@]}"; do
+    read -r name ref tp fuse kv xser <<<"$c"
+    opts=(--layout neuron --tp "$tp" --format nxd --quiet)
+    [ "$fuse" = 1 ] && opts+=(--fuse-qkv)
+    [ "$kv" != 0 ] && opts+=(--kv-size-multiplier "$kv")
+    [ "$xser" = 1 ] && opts+=(--xser)
+    "$ckpt" convert "$ref" "$name" "${opts[@]}" 2>/dev/null || fail "convert $c"
+    [ "$(cat "$name/shards/done")" = 1 ] && [ "$(cat "$name/shards/checkpoint")" = 1 ] || fail "$c: done/checkpoint markers"
+    [ "$xser" = 1 ] && continue # the file list: the python check below, which knows the tensor count
+    want=$(printf '%s\n' config.json trn_config.json shards/checkpoint shards/done shards/mp_metadata_pp_rank_0.json
+        for ((r = 0; r < tp; r++)); do printf 'shards/model/dp_rank_00_tp_rank_%02d_pp_rank_00.pt\n' "$r"; done)
+    got=$(cd "$name" && find . -type f | sed 's|^\./||' | LC_ALL=C sort)
+    [ "$got" = "$(LC_ALL=C sort <<<"$want")" ] || fail "$c: files differ:"$'\n'"$got"
+done
+
+note "pipeline stages (--pp)"
+# --pp 2: the rank files and mp_metadata_pp_rank_N.json of each stage as
+# nxd_gen.py's save writes them (create_partitions: one layer per stage here)
+"$ckpt" convert ref p2 --layout neuron --tp 2 --format nxd --pp 2 --xser --fuse-qkv --quiet 2>/dev/null || fail "convert --pp 2"
+for f in trn_config.json shards/mp_metadata_pp_rank_0.json shards/mp_metadata_pp_rank_1.json; do
+    cmp -s "s2p/$f" "p2/$f" || fail "--pp 2: $f differs from nxd_gen.py's"
+done
+# (checked with the rank files by the python of the models)
+note "rank files against nxd_gen.py (torch.load)"
+echo check >&7
+exec 7>&-
+wait "$py_pid" || fail "rank files differ from nxd_gen.py's"
+rm -f py.go py.ready
 "$ckpt" consolidate p2 p2.back --quiet 2>/dev/null || fail "consolidate of --pp 2"
 cmp p2.back/model.safetensors ref/model.safetensors || fail "--pp 2: consolidate is not the source"
 
