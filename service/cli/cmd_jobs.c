@@ -382,9 +382,11 @@ int cmd_serve(int argc, char **argv)
  * daemon's handle_line reads (RATE bytes a second, ETA seconds or -1). */
 static void worker_progress(const ckpt_progress *p, double rate, double eta)
 {
-    printf("@ckpt progress %llu %llu %llu %llu %.0f %.6g %s\n", (unsigned long long)p->done,
-           (unsigned long long)p->total, (unsigned long long)p->tensors, (unsigned long long)p->tensors_total, rate,
-           eta, p->label ? p->label : "");
+    char line[512];
+    jobs_progress_format(line, sizeof line,
+                         &(queue_progress_info){(int64_t)p->done, (int64_t)p->total, (int64_t)p->tensors,
+                                                (int64_t)p->tensors_total, p->label, rate, eta});
+    printf("%s\n", line);
     fflush(stdout);
 }
 

@@ -31,7 +31,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <math.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -245,17 +244,11 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
 
 static void handle_line(daemon_state *d, worker_slot *w, char *line)
 {
-    if (!strncmp(line, "@ckpt progress ", 15)) {
-        /* BYTES TOTAL TENSORS TENSORS_TOTAL RATE ETA PHASE (cmd_jobs.c's worker_progress) */
-        long long v[4] = {0};
-        double rate = 0, eta = -1;
-        int used = 0;
-        if (sscanf(line + 15, "%lld %lld %lld %lld %lf %lf %n", &v[0], &v[1], &v[2], &v[3], &rate, &eta, &used) >= 6 &&
-            v[0] >= 0 && v[1] >= 0 && v[2] >= 0 && v[3] >= 0 && isfinite(rate) && rate >= 0 && isfinite(eta) &&
-            eta >= -1) {
-            w->done = (uint64_t)v[0];
-            queue_progress(&d->store.cat, w->id,
-                           &(queue_progress_info){v[0], v[1], v[2], v[3], used ? line + 15 + used : NULL, rate, eta});
+    queue_progress_info pr;
+    if (!strncmp(line, JOBS_PROGRESS_PREFIX, strlen(JOBS_PROGRESS_PREFIX))) {
+        if (jobs_progress_parse(line + strlen(JOBS_PROGRESS_PREFIX), &pr)) {
+            w->done = (uint64_t)pr.done;
+            queue_progress(&d->store.cat, w->id, &pr);
         }
     } else if (!strncmp(line, "@ckpt result ", 13)) {
         free(w->result);

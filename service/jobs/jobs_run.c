@@ -669,3 +669,21 @@ int jobs_run(ckpt_store *s, const char *kind, const json_t *args, bool *transien
     if (rc) *transient = is_transient(rc);
     return rc;
 }
+
+void jobs_progress_format(char *buf, size_t n, const queue_progress_info *p)
+{
+    snprintf(buf, n, JOBS_PROGRESS_PREFIX "%lld %lld %lld %lld %.0f %.6g %s", (long long)p->done, (long long)p->total,
+             (long long)p->tensors_done, (long long)p->tensors_total, p->rate, p->eta, p->phase ? p->phase : "");
+}
+
+bool jobs_progress_parse(const char *s, queue_progress_info *p)
+{
+    long long v[4] = {0};
+    double rate = 0, eta = -1;
+    int used = 0;
+    if (sscanf(s, "%lld %lld %lld %lld %lf %lf %n", &v[0], &v[1], &v[2], &v[3], &rate, &eta, &used) < 6 || !used ||
+        v[0] < 0 || v[1] < 0 || v[2] < 0 || v[3] < 0 || !isfinite(rate) || rate < 0 || !isfinite(eta) || eta < -1)
+        return false;
+    *p = (queue_progress_info){v[0], v[1], v[2], v[3], s + used, rate, eta};
+    return true;
+}

@@ -18,6 +18,7 @@
 #ifndef CKPT_SERVICE_JOBS_JOBS_RUN_H
 #define CKPT_SERVICE_JOBS_JOBS_RUN_H
 
+#include "service/jobs/queue.h"
 #include "store/store.h"
 
 #include <jansson.h>
@@ -60,6 +61,21 @@ int jobs_args_check(const char *kind, const json_t *args);
  * database have none and are the operator's own. */
 #define JOBS_ORIGIN_KEY "origin"
 bool jobs_from_remote(const json_t *args);
+
+/* A worker's progress, as it reports it to its daemon on standard output:
+ *   @ckpt progress BYTES TOTAL TENSORS TENSORS_TOTAL RATE ETA PHASE
+ * RATE in bytes a second, ETA in seconds (-1 unknown) with six significant
+ * digits: a fast job's last hundredths of a second are not rounded to 0,
+ * which reads as "done". */
+#define JOBS_PROGRESS_PREFIX "@ckpt progress "
+/* The line for p (phase NULL: none), prefix included, no newline, into buf
+ * (n bytes, cut to fit). */
+void jobs_progress_format(char *buf, size_t n, const queue_progress_info *p);
+/* Reads what follows JOBS_PROGRESS_PREFIX into p (p->phase points into s:
+ * the rest of the line, possibly empty). false when it is not such a line:
+ * fields missing, a count negative, the rate or the ETA not finite, the
+ * rate negative or the ETA below -1. */
+bool jobs_progress_parse(const char *s, queue_progress_info *p);
 /* The host paths of a job (import dir, consolidate src and dst, a merge-lora
  * adapter folder) must each resolve (symlinks followed, realpath) beneath one
  * of roots (canonical folders, NULL-terminated; NULL or empty: none allowed).

@@ -3,7 +3,8 @@
  * whole, `ckpt submit`'s words become each kind's arguments, wrong words
  * give the kind's usage, an unknown kind names the known ones, arguments
  * from the HTTP API are checked by shape and value, and host paths are held
- * to the --allow-path roots. No store and no daemon: nothing here runs a job.
+ * to the --allow-path roots, and a worker's progress line reads back as it
+ * was written. No store and no daemon: nothing here runs a job.
  *
  * Linked against libckpt-svc.a (the service objects), like every unit test.
  */
@@ -196,11 +197,42 @@ static void test_paths(void **state)
     free(dir);
 }
 
+/* A worker's progress line, as its daemon reads it: every field back, and
+ * a fast job's ETA of a few hundredths of a second still above 0 (printed
+ * with one decimal it read "0.0": done, with bytes left). Lines that are
+ * not one are refused. */
+static void test_progress_line(void **state)
+{
+    (void)state;
+    const queue_progress_info in = {531776, 1297920, 1, 32, "hashing", 42469400.0, 0.0180432};
+    char line[512];
+    jobs_progress_format(line, sizeof line, &in);
+    assert_int_equal(strncmp(line, JOBS_PROGRESS_PREFIX, strlen(JOBS_PROGRESS_PREFIX)), 0);
+    queue_progress_info out;
+    assert_true(jobs_progress_parse(line + strlen(JOBS_PROGRESS_PREFIX), &out));
+    assert_int_equal(out.done, in.done);
+    assert_int_equal(out.total, in.total);
+    assert_int_equal(out.tensors_done, in.tensors_done);
+    assert_int_equal(out.tensors_total, in.tensors_total);
+    assert_string_equal(out.phase, "hashing");
+    assert_true(out.rate == in.rate);
+    assert_true(out.eta > 0.018 && out.eta < 0.0181);
+    /* unknown ETA and no phase */
+    jobs_progress_format(line, sizeof line, &(queue_progress_info){5, 0, 0, 0, NULL, 0, -1});
+    assert_true(jobs_progress_parse(line + strlen(JOBS_PROGRESS_PREFIX), &out));
+    assert_true(out.eta == -1 && out.total == 0);
+    assert_string_equal(out.phase, "");
+    const char *bad[] = {"", "1 2 3 4 5", "1 -2 3 4 5 6 x", "1 2 3 4 -5 6 x", "1 2 3 4 5 -2 x", "1 2 3 4 nan 6 x",
+                         "1 2 3 4 5 inf x", "a 2 3 4 5 6 x"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        if (jobs_progress_parse(bad[i], &out)) fail_msg("'%s' read as a progress line", bad[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table_rows), cmocka_unit_test(test_words), cmocka_unit_test(test_wrong_words),
-        cmocka_unit_test(test_args_check), cmocka_unit_test(test_paths),
+        cmocka_unit_test(test_args_check), cmocka_unit_test(test_paths), cmocka_unit_test(test_progress_line),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
