@@ -25,6 +25,8 @@
 #                                 bytes (goal 0.3x the copy of the layout)
 #   pull REF, pull REF:neuron-tp8 --rank 3, pull ... --consolidated,
 #   pull REF --format tar.zst     (pulls compared with their sources, round 1)
+#   tar | zstd -1 of the model    the compressed pull's work the usual way
+#                                 (a reference, no goal)
 #   curl + sha256sum of the model's files from the local test Hub, and
 #   ckpt fetch of the same model  (the Hub serves the store just imported)
 # Before every step written data is synced and, when this runs as root, the
@@ -170,6 +172,11 @@ for round in $(seq 1 "$ROUNDS"); do
         rm -rf "$RW/pc"
         run pull_zst copy "pull --format tar.zst" "$CKPT_BIN" pull bench/large -o "$RW/m.tar.zst" --format tar.zst
         rm -f "$RW/m.tar.zst"
+        # the same work the usual way (no goal: a reference): compressing is
+        # CPU a copy does not spend, zstd -1 on both cores as the pull does
+        run zst_ref - "tar | zstd -1 -T$(nproc) + sync" sh -c 'tar -cf - -C "$1" . | zstd -q -1 -T"$3" -o "$2" && sync' sh \
+            "$MODEL" "$RW/ref.tar.zst" "$(nproc)"
+        rm -f "$RW/ref.tar.zst"
 
         # fetch: the test Hub serves the store just imported
         rm -f "$WORK/hub.url"
