@@ -252,6 +252,7 @@ typedef struct {
     char *const *shas;
     size_t from, to, missing; /* missing: the first of [from, to) not stored, else to */
     int rc;
+    char msg[512]; /* rc's message, set on the thread that failed */
 } check_range;
 
 struct store_blobs_check {
@@ -267,6 +268,7 @@ static void check_range_run(check_range *p)
     for (size_t i = p->from; !p->rc && i < p->to; i++) {
         bool exists = false;
         p->rc = store_blob_stat(p->s, p->shas[i], &exists, NULL);
+        if (p->rc) snprintf(p->msg, sizeof p->msg, "%s", ckpt_error_last());
         if (!p->rc && !exists) {
             p->missing = i;
             break;
@@ -276,7 +278,7 @@ static void check_range_run(check_range *p)
 
 static void *check_range_main(void *arg)
 {
-    check_range_run(arg); /* local: fails only with CKPT_ENOMEM, which has no message to carry */
+    check_range_run(arg);
     return NULL;
 }
 
@@ -312,7 +314,7 @@ int store_blobs_lease_end(store_blobs_check *c)
     for (size_t k = 0; k < c->nparts; k++) {
         const check_range *p = &c->part[k];
         if (c->threaded[k]) pthread_join(c->th[k], NULL);
-        if (!rc && p->rc) rc = p->rc;
+        if (!rc && p->rc) rc = ckpt_error_set(p->rc, "%s", p->msg);
         if (!rc && p->missing < p->to) /* the first missing of the list */
             rc = ckpt_error_set(CKPT_ENOTFOUND,
                                 "blob %s is not in the store (removed meanwhile? run ckpt verify)",
@@ -977,17 +979,11 @@ int store_files_load(ckpt_store *s, int64_t id, store_file_row **rows, size_t *n
     return rc;
 }
 
-static int tensor_blob_cmp(const char *path_a, const char *name_a, const char *path_b,
-                           const char *name_b)
-{
-    int c = strcmp(path_a, path_b);
-    return c ? c : strcmp(name_a, name_b);
-}
-
 static int tensor_blob_order(const void *a, const void *b)
 {
     const store_tensor_blob *x = a, *y = b;
-    return tensor_blob_cmp(x->path, x->name, y->path, y->name);
+    int c = strcmp(x->path, y->path);
+    return c ? c : strcmp(x->name, y->name);
 }
 
 void store_tensor_blobs_free(store_tensor_blobs *t)
@@ -1042,17 +1038,9 @@ int store_tensor_blobs_load(ckpt_store *s, int64_t id, store_tensor_blobs *out)
 
 const char *store_tensor_blobs_find(const store_tensor_blobs *t, const char *path, const char *name)
 {
-    size_t lo = 0, hi = t->n;
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        int c = tensor_blob_cmp(path, name, t->v[mid].path, t->v[mid].name);
-        if (!c) return t->v[mid].blob;
-        if (c < 0)
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    return NULL;
+    const store_tensor_blob key = {path, name, NULL},
+                            *hit = t->n ? bsearch(&key, t->v, t->n, sizeof *t->v, tensor_blob_order) : NULL;
+    return hit ? hit->blob : NULL;
 }
 
 int store_tensor_blobs_get(const store_tensor_blobs *t, const char *path, const char *name,

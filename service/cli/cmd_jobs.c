@@ -378,8 +378,7 @@ int cmd_serve(int argc, char **argv)
     return rc < 0 ? cli_fail() : CLI_OK;
 }
 
-/* "@ckpt progress BYTES TOTAL TENSORS TENSORS_TOTAL RATE ETA PHASE": what the
- * daemon's handle_line reads (RATE bytes a second, ETA seconds or -1). */
+/* The progress line the daemon reads (jobs_progress_format, jobs_run.h). */
 static void worker_progress(const ckpt_progress *p, double rate, double eta)
 {
     char line[512];

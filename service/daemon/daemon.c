@@ -244,8 +244,8 @@ static int spawn_worker(daemon_state *d, worker_slot *w)
 
 static void handle_line(daemon_state *d, worker_slot *w, char *line)
 {
-    queue_progress_info pr;
     if (!strncmp(line, JOBS_PROGRESS_PREFIX, strlen(JOBS_PROGRESS_PREFIX))) {
+        queue_progress_info pr;
         if (jobs_progress_parse(line + strlen(JOBS_PROGRESS_PREFIX), &pr)) {
             w->done = (uint64_t)pr.done;
             queue_progress(&d->store.cat, w->id, &pr);
