@@ -55,6 +55,9 @@
 #define EXEC_DIRECT_READ_PIECE (2u << 20)
 /* Source bytes asked of the kernel ahead of the workers (exec_prefetch). */
 #define EXEC_PREFETCH_BYTES (64u << 20)
+/* At most this many sibling tensors (tensors_siblings: one tensor's tp
+ * ranks) run together, each box of their sources read once for all. */
+#define EXEC_GROUP_MAX 16
 
 /* ---- CKPT_EXEC_TRACE (executor.h) ---- */
 
@@ -160,11 +163,14 @@ typedef struct {
     size_t nfree;
     size_t *pending; /* per output file: writes queued or under way */
     bool wstop;
-    /* Read-ahead of the sources (exec_prefetch), under mu: items [0, pf_next)
+    size_t *group; /* per item starting a group: the items from it that run together (item_groups) */
+    /* Read-ahead of the sources (prefetch_main), under mu: items [0, pf_next)
      * were advised; pf_ahead bytes of them are not taken yet. */
     uint64_t *pf_size; /* per item: the source bytes advised for it (0: nothing) */
     size_t pf_next;
     uint64_t pf_ahead;
+    bool pf_stop;
+    pthread_cond_t pfmoved; /* an item was taken, or the read-ahead is to stop */
 } exec_ctx;
 
 /* The zip CRC-32 of the tensor a worker writes (exec_opts.out_crc32),
@@ -390,23 +396,24 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
 #ifdef __SSE2__
         if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
             tiled = true;
-            uint64_t q = 8;
-#ifdef EXEC_HAVE_AVX2_PATH
-            if (exec_avx2()) q = 16;
-#endif
-            uint64_t i8 = w->ext[in] / q * q, j8 = w->ext[tj] / q * q; /* the part done in q x q tiles */
+            uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
             for (uint64_t jb = 0; jb < j8; jb += T)
                 for (uint64_t ib = 0; ib < i8; ib += T) {
                     uint64_t nj = j8 - jb < T ? j8 - jb : T, ni = i8 - ib < T ? i8 - ib : T;
                     const uint8_t *src = band + (so + ib * w->ss[in] + jb - band_first) * 2;
+                    uint64_t i16 = 0, j16 = 0; /* with AVX2: the part done in 16 x 16 tiles */
 #ifdef EXEC_HAVE_AVX2_PATH
-                    if (q == 16) transpose_tiles_avx2(src, w->ss[in] * 2, tile, T * 2, ni, nj);
-                    else
+                    if (exec_avx2()) {
+                        i16 = ni / 16 * 16, j16 = nj / 16 * 16;
+                        if (i16 && j16) transpose_tiles_avx2(src, w->ss[in] * 2, tile, T * 2, i16, j16);
+                    }
 #endif
-                        for (uint64_t i = 0; i < ni; i += 8)
-                            for (uint64_t j = 0; j < nj; j += 8)
-                                transpose8x8_2(src + (i * w->ss[in] + j) * 2, w->ss[in] * 2, tile + (j * T + i) * 2,
-                                               T * 2);
+                    /* the rest (all of it without AVX2) in 8 x 8 tiles: an
+                     * extent of 24 (a MoE expert's rank slice) is 16 + 8, not
+                     * 16 and eight elements at a time */
+                    for (uint64_t i = 0; i < ni; i += 8)
+                        for (uint64_t j = i < i16 ? j16 : 0; j < nj; j += 8)
+                            transpose8x8_2(src + (i * w->ss[in] + j) * 2, w->ss[in] * 2, tile + (j * T + i) * 2, T * 2);
                     for (uint64_t j = 0; j < nj; j++)
                         memcpy(dst + (d + (jb + j) * w->ds[tj] + ib) * 2, tile + j * T * 2, ni * 2);
                 }
@@ -533,6 +540,12 @@ static bool walk_page_sparse(const walk *w, size_t ses)
     return span >= EXEC_SPARSE_FACTOR * needed && step * ses >= 2 * EXEC_DIRECT_ALIGN;
 }
 
+/* A walk walk_gather reads straight into place: one contiguous run, no cast. */
+static bool walk_direct(const walk *w, ckpt_dtype sdt, ckpt_dtype ddt)
+{
+    return sdt == ddt && (w->nd == 0 || (w->nd == 1 && w->ss[0] == 1 && w->ds[0] == 1));
+}
+
 /* Reads the source elements a walk needs (in bands of at most
  * EXEC_BAND_BYTES, splitting the walk when its span is larger) and writes
  * them into dst. fd < 0: a source file p->vsource makes, read through views. */
@@ -544,7 +557,7 @@ static int walk_gather(worker *wk, walk w, const plan_source *s, int fd, const c
     /* Every byte read lies inside the source tensor (its parts were checked
      * against its shape, plan_part_in_source). */
     assert(ses > 0 && w.src <= s->nbytes / ses && span <= s->nbytes / ses - w.src);
-    if (fd >= 0 && s->dtype == ddt && (w.nd == 0 || (w.nd == 1 && w.ss[0] == 1 && w.ds[0] == 1))) {
+    if (fd >= 0 && walk_direct(&w, s->dtype, ddt)) {
         /* One contiguous run, no cast: read it straight into place, not through the band. */
         int rc = ckpt_pread_full(fd, dst + w.dst * ses, (size_t)(span * ses), s->offset + w.src * ses, path);
         return rc ? ckpt_error_prefix(rc, "tensor '%s'", s->name) : 0;
@@ -979,42 +992,74 @@ static int run_fast(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
     return 0;
 }
 
+/* Fills box [blo, blo+bext) of each of the n sibling tensors t[k]
+ * (tensors_siblings; n = 1: any tensor), laid out row-major in bufs[k]. A
+ * part's source bytes are read once for all of them when the siblings'
+ * walks lie within EXEC_BAND_BYTES of it (a column slice per rank: every
+ * rank's walk spans the source's rows, read once instead of once per rank). */
+static int fill_group(worker *wk, const plan_tensor *const *t, size_t n, const uint64_t *blo, const uint64_t *bext,
+                      uint8_t *const *bufs)
+{
+    exec_ctx *c = wk->c;
+    const plan_tensor *t0 = t[0];
+    uint64_t bstr[PLAN_MAX_DIM], nel = 1;
+    row_major_strides(t0->ndim, bext, bstr);
+    for (int k = 0; k < t0->ndim; k++) nel *= bext[k];
+    plan_part whole_box = {.src = PLAN_ZERO};
+    memcpy(whole_box.lo, blo, (size_t)t0->ndim * sizeof *blo);
+    memcpy(whole_box.ext, bext, (size_t)t0->ndim * sizeof *bext);
+    assert(plan_part_in_tensor(&whole_box, t0->ndim, t0->shape));
+    /* Zeros first, unless one source part covers the whole box (a transposed
+     * tile). Siblings have their parts at the same places. */
+    bool covered = false;
+    for (size_t i = 0; !covered && i < t0->nparts; i++) {
+        const plan_part *pt = &t0->parts[i];
+        covered = pt->src != PLAN_ZERO;
+        for (int k = 0; covered && k < t0->ndim; k++)
+            covered = pt->lo[k] <= blo[k] && blo[k] + bext[k] <= pt->lo[k] + pt->ext[k];
+    }
+    for (size_t j = 0; !covered && j < n; j++) memset(bufs[j], 0, nel * ckpt_dtype_size(t0->dtype));
+    for (size_t i = 0; i < t0->nparts; i++) {
+        const plan_part *pt = &t0->parts[i];
+        uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
+        if (pt->src == PLAN_ZERO || !part_intersect(pt, t0->ndim, blo, bext, lo, ext)) continue;
+        assert(pt->src >= 0 && (size_t)pt->src < c->p->nsources);
+        const plan_source *s = &c->p->sources[pt->src];
+        size_t ses = ckpt_dtype_size(s->dtype);
+        if (ses == 0)
+            return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype %s cannot be sliced or cast", t0->name,
+                                  ckpt_dtype_name(s->dtype));
+        int fd = c->src_fds[s->file];
+        const char *path = c->p->src_paths[s->file];
+        walk w[EXEC_GROUP_MAX];
+        uint64_t first = UINT64_MAX, end = 0; /* the siblings' walks: source elements [first, end) */
+        bool direct = true;
+        for (size_t j = 0; j < n; j++) {
+            assert(plan_part_in_tensor(&t[j]->parts[i], t0->ndim, t0->shape) &&
+                   plan_part_in_source(&t[j]->parts[i], t0->ndim, s));
+            part_walk(&w[j], &t[j]->parts[i], s, t0->ndim, lo, ext, blo, bstr);
+            if (w[j].src < first) first = w[j].src;
+            if (w[j].src + walk_span(&w[j]) > end) end = w[j].src + walk_span(&w[j]);
+            direct &= walk_direct(&w[j], s->dtype, t0->dtype);
+        }
+        if (n > 1 && fd >= 0 && !direct && (end - first) * ses <= EXEC_BAND_BYTES) {
+            int rc = ckpt_pread_full(fd, wk->band, (size_t)((end - first) * ses), s->offset + first * ses, path);
+            if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
+            for (size_t j = 0; j < n; j++) walk_run(&w[j], wk->band, first, s->dtype, bufs[j], t[j]->dtype);
+            continue;
+        }
+        for (size_t j = 0; j < n; j++) {
+            int rc = walk_gather(wk, w[j], s, fd, path, bufs[j], t[j]->dtype);
+            if (rc) return rc;
+        }
+    }
+    return 0;
+}
+
 /* Fills box [blo, blo+bext) of tensor t, laid out row-major in buf. */
 static int fill_box(worker *wk, const plan_tensor *t, const uint64_t *blo, const uint64_t *bext, uint8_t *buf)
 {
-    exec_ctx *c = wk->c;
-    uint64_t bstr[PLAN_MAX_DIM], n = 1;
-    row_major_strides(t->ndim, bext, bstr);
-    for (int k = 0; k < t->ndim; k++) n *= bext[k];
-    plan_part whole_box = {.src = PLAN_ZERO};
-    memcpy(whole_box.lo, blo, (size_t)t->ndim * sizeof *blo);
-    memcpy(whole_box.ext, bext, (size_t)t->ndim * sizeof *bext);
-    assert(plan_part_in_tensor(&whole_box, t->ndim, t->shape));
-    /* Zeros first, unless one source part covers the whole box (a transposed tile). */
-    bool covered = false;
-    for (size_t i = 0; !covered && i < t->nparts; i++) {
-        const plan_part *pt = &t->parts[i];
-        covered = pt->src != PLAN_ZERO;
-        for (int k = 0; covered && k < t->ndim; k++)
-            covered = pt->lo[k] <= blo[k] && blo[k] + bext[k] <= pt->lo[k] + pt->ext[k];
-    }
-    if (!covered) memset(buf, 0, n * ckpt_dtype_size(t->dtype));
-    for (size_t i = 0; i < t->nparts; i++) {
-        const plan_part *pt = &t->parts[i];
-        uint64_t lo[PLAN_MAX_DIM], ext[PLAN_MAX_DIM];
-        if (pt->src == PLAN_ZERO || !part_intersect(pt, t->ndim, blo, bext, lo, ext)) continue;
-        assert(pt->src >= 0 && (size_t)pt->src < c->p->nsources);
-        const plan_source *s = &c->p->sources[pt->src];
-        assert(plan_part_in_tensor(pt, t->ndim, t->shape) && plan_part_in_source(pt, t->ndim, s));
-        if (ckpt_dtype_size(s->dtype) == 0)
-            return ckpt_error_set(CKPT_EINVAL, "tensor '%s': sub-byte dtype %s cannot be sliced or cast", t->name,
-                                  ckpt_dtype_name(s->dtype));
-        walk w;
-        part_walk(&w, pt, s, t->ndim, lo, ext, blo, bstr);
-        int rc = walk_gather(wk, w, s, c->src_fds[s->file], c->p->src_paths[s->file], buf, t->dtype);
-        if (rc) return rc;
-    }
-    return 0;
+    return fill_group(wk, &t, 1, blo, bext, &buf);
 }
 
 /* True when box [blo, blo+bext) of t is one contiguous run of the tensor
@@ -1158,6 +1203,80 @@ static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
     return 0;
 }
 
+/* The tensor of work item it. */
+static const plan_tensor *item_tensor(const exec_plan *p, const work_item *it)
+{
+    const exec_file *f = &p->files[it->file];
+    return f->tensors[f->layout.tensors[it->slot].user];
+}
+
+/* Siblings: tensors of the same shape and dtype whose parts lie at the same
+ * places and come from the same sources, only from other places in them
+ * (the ranks of one tensor split for tensor parallelism, or replicated),
+ * with nothing to check; neither copied whole (run_fast's). */
+static bool tensors_siblings(const exec_plan *p, const plan_tensor *a, const plan_tensor *b)
+{
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->ndim == 0 || a->nparts != b->nparts || a->nchecks ||
+        b->nchecks || ckpt_dtype_size(a->dtype) == 0 || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof *a->shape))
+        return false;
+    for (size_t i = 0; i < a->nparts; i++) {
+        const plan_part *x = &a->parts[i], *y = &b->parts[i];
+        if (x->src != y->src || memcmp(x->axis_map, y->axis_map, sizeof x->axis_map) ||
+            memcmp(x->lo, y->lo, (size_t)a->ndim * sizeof *x->lo) || memcmp(x->ext, y->ext, (size_t)a->ndim * sizeof *x->ext))
+            return false;
+    }
+    return !exec_tensor_is_copy(p, a) && !exec_tensor_is_copy(p, b);
+}
+
+/* The work items that run in groups: per item starting one, how many from
+ * it are siblings of it (at most EXEC_GROUP_MAX; 1: it runs alone). Items
+ * go round-robin across the output files, so one tensor's ranks lie next to
+ * each other. None with O_DIRECT writers (a slab is handed over whole) or
+ * CRCs (kept per tensor). */
+static size_t *item_groups(const exec_ctx *c)
+{
+    size_t *g = ckpt_calloc(c->nitems + 1, sizeof *g);
+    for (size_t i = 0; g && i < c->nitems;) {
+        const plan_tensor *t = item_tensor(c->p, &c->items[i]);
+        size_t n = 1;
+        while (i + n < c->nitems && n < EXEC_GROUP_MAX && tensors_siblings(c->p, t, item_tensor(c->p, &c->items[i + n])))
+            n++;
+        g[i] = n;
+        i += n;
+    }
+    return g;
+}
+
+/* Runs n sibling items (item_groups) box by box: each box of every sibling
+ * in its share of the slab, its sources read once for all (fill_group). */
+static int run_group(worker *wk, const work_item *its, size_t n)
+{
+    exec_ctx *c = wk->c;
+    const plan_tensor *t[EXEC_GROUP_MAX] = {NULL};
+    uint8_t *bufs[EXEC_GROUP_MAX];
+    uint64_t off[EXEC_GROUP_MAX];
+    for (size_t j = 0; j < n; j++) {
+        t[j] = item_tensor(c->p, &its[j]);
+        off[j] = c->p->files[its[j].file].layout.tensors[its[j].slot].offset;
+    }
+    size_t es = ckpt_dtype_size(t[0]->dtype), share = wk->slab_bytes / n / es * es;
+    slab_iter it;
+    slab_iter_init(&it, t[0], tensor_is_transposed(c->p, t[0]), share);
+    for (size_t j = 0; j < n; j++) bufs[j] = wk->slab + j * share;
+    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0};
+    while (slab_next(&it, lo, ext)) {
+        uint64_t nel = 1;
+        for (int k = 0; k < t[0]->ndim; k++) nel *= ext[k];
+        assert(nel * es <= share); /* each share holds the box */
+        int rc = fill_group(wk, t, n, lo, ext, bufs);
+        for (size_t j = 0; !rc && j < n; j++) rc = write_box(wk, its[j].file, t[j], lo, ext, bufs[j], off[j]);
+        if (rc) return rc;
+        if (c->err) return CKPT_ECANCELLED;
+        add_progress(c, n * nel * es);
+    }
+    return 0;
+}
+
 /* A check: the bytes of `dup` must equal those of `primary` (same box size). */
 static int run_check(worker *wk, const plan_tensor *t, const struct plan_check *ck)
 {
@@ -1214,9 +1333,11 @@ static void exec_fail(exec_ctx *c, int rc)
     pthread_mutex_unlock(&c->mu);
 }
 
-static int run_item(worker *wk, const work_item *it)
+/* Runs work items its[0..n): one, or n siblings together (item_groups). */
+static int run_items(worker *wk, const work_item *its, size_t n)
 {
     exec_ctx *c = wk->c;
+    const work_item *it = &its[0];
     const exec_file *f = &c->p->files[it->file];
     const st_out_tensor *ot = &f->layout.tensors[it->slot];
     const plan_tensor *t = f->tensors[ot->user];
@@ -1224,15 +1345,26 @@ static int run_item(worker *wk, const work_item *it)
     assert(ckpt_dtype_nbytes(t->dtype, t->ndim, t->shape, &tbytes) == 0 && tbytes == ot->nbytes);
     assert(ot->offset >= f->layout.header_len && ot->nbytes <= UINT64_MAX - ot->offset);
     (void)tbytes;
+    if (n > 1 && wk->slab_bytes / n < ckpt_dtype_size(t->dtype)) {
+        /* A slab too small to share (a plan of tiny tensors): one at a time. */
+        for (size_t j = 0; j < n; j++) {
+            int rc = run_items(wk, &its[j], 1);
+            if (rc) return rc;
+        }
+        return 0;
+    }
     wk->crc.on = c->o->out_crc32 != NULL;
     wk->crc.n = 0;
+    assert(n == 1 || (!wk->crc.on && !t->nchecks));
     double t0 = exec_tracing() ? exec_trace_now() : 0, cpu0 = exec_tracing() ? exec_trace_cpu() : 0, w0 = wk->slab_wait;
-    int rc = exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset) : run_slabs(wk, t, it->file, ot->offset);
+    int rc = n > 1                          ? run_group(wk, its, n)
+             : exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset)
+                                            : run_slabs(wk, t, it->file, ot->offset);
     if (exec_tracing()) {
         double t1 = exec_trace_now();
         wk->busy += t1 - t0;
-        exec_trace("tensor %s bytes=%llu start=%.3f wall=%.3f cpu=%.3f slab_wait=%.3f", t->name,
-                   (unsigned long long)ot->nbytes, t0, t1 - t0, exec_trace_cpu() - cpu0, wk->slab_wait - w0);
+        exec_trace("tensor %s bytes=%llu group=%zu start=%.3f wall=%.3f cpu=%.3f slab_wait=%.3f", t->name,
+                   (unsigned long long)ot->nbytes, n, t0, t1 - t0, exec_trace_cpu() - cpu0, wk->slab_wait - w0);
     }
     for (size_t i = 0; !rc && i < t->nchecks; i++) rc = run_check(wk, t, &t->checks[i]);
     if (!rc && wk->crc.rc) rc = ckpt_error_set(wk->crc.rc, "out of memory for the CRC of tensor '%s'", t->name);
@@ -1327,54 +1459,139 @@ uint64_t exec_prefetch_runs(const exec_plan *p, const plan_tensor *t, exec_run_f
     return total;
 }
 
-/* The tensor of work item it. */
-static const plan_tensor *item_tensor(const exec_plan *p, const work_item *it)
-{
-    const exec_file *f = &p->files[it->file];
-    return f->tensors[f->layout.tensors[it->slot].user];
-}
+typedef struct {
+    size_t file;
+    uint64_t lo, hi;
+} prefetch_span;
 
 typedef struct {
     const exec_ctx *c;
-    bool advise, direct; /* direct: a whole-tensor copy, its runs from files read once go through copy_direct */
-    uint64_t bytes;
+    bool direct; /* a whole-tensor copy: its runs from files read once go through copy_direct */
+    prefetch_span *v;
+    size_t n, cap;
 } prefetch_walk;
 
 static void prefetch_run(void *ctx, size_t file, uint64_t lo, uint64_t hi)
 {
     prefetch_walk *w = ctx;
     if (w->direct && w->c->src_once[file] && hi - lo >= EXEC_DIRECT_READ_MIN) return; /* not through the page cache */
-    w->bytes += hi - lo;
-    if (w->advise) (void)posix_fadvise(w->c->src_fds[file], (off_t)lo, (off_t)(hi - lo), POSIX_FADV_WILLNEED);
+    if (w->n == w->cap && ckpt_grow(&w->v, &w->cap, w->n + 1, sizeof *w->v)) return; /* read less ahead */
+    w->v[w->n++] = (prefetch_span){file, lo, hi};
 }
 
-/* Reads ahead the sources of work item it (advise), or only counts their bytes. */
-static uint64_t prefetch_item(const exec_ctx *c, const work_item *it, bool advise)
+static int by_file_offset(const void *x, const void *y)
 {
-    const plan_tensor *t = item_tensor(c->p, it);
-    prefetch_walk w = {.c = c, .advise = advise,
-                       .direct = c->src_once && !c->o->out_crc32 && exec_tensor_is_copy(c->p, t)};
-    exec_prefetch_runs(c->p, t, prefetch_run, &w);
-    return w.bytes;
+    const prefetch_span *a = x, *b = y;
+    if (a->file != b->file) return a->file < b->file ? -1 : 1;
+    return a->lo < b->lo ? -1 : a->lo > b->lo;
 }
 
-/* Under c->mu, once item idx is taken: the items [*a, returned end) whose
- * sources are to be read ahead now (by the caller, after unlocking), so
- * that the kernel has the next EXEC_PREFETCH_BYTES of them on the way
- * while the workers gather: without it a cold source is read in the small
- * pieces the gathers ask for (an expert's row slices: one disk request
- * each, in turn), at a fraction of the disk's speed. */
-static size_t prefetch_range(exec_ctx *c, size_t idx, size_t *a)
+/* Reads ahead the sources of the n work items from its (advise), or only
+ * counts their bytes: their runs sorted and merged where they overlap or
+ * nearly touch, so that the ranks of a tensor (a group), each needing a
+ * slice of every expert, ask the disk for each expert's rows once, in one
+ * request, rather than once per rank in slices of a few KiB. */
+static uint64_t prefetch_items(const exec_ctx *c, const work_item *its, size_t n, bool advise)
 {
-    if (!c->pf_size) return *a = 0;
-    if (idx < c->pf_next) c->pf_ahead -= c->pf_size[idx];
-    else c->pf_next = idx, c->pf_ahead = 0; /* the workers got ahead: start at the item taken */
-    *a = c->pf_next;
-    while (c->pf_next < c->nitems && c->pf_ahead < EXEC_PREFETCH_BYTES) {
-        if (c->pf_next != idx) c->pf_ahead += c->pf_size[c->pf_next];
-        c->pf_next++;
+    prefetch_walk w = {.c = c};
+    for (size_t j = 0; j < n; j++) {
+        const plan_tensor *t = item_tensor(c->p, &its[j]);
+        w.direct = c->src_once && !c->o->out_crc32 && exec_tensor_is_copy(c->p, t);
+        exec_prefetch_runs(c->p, t, prefetch_run, &w);
     }
-    return c->pf_next;
+    if (n > 1 && w.n > 1) qsort(w.v, w.n, sizeof *w.v, by_file_offset);
+    uint64_t total = 0;
+    for (size_t i = 0; i < w.n;) {
+        prefetch_span r = w.v[i++];
+        while (i < w.n && w.v[i].file == r.file && w.v[i].lo <= r.hi + EXEC_DIRECT_ALIGN) {
+            if (w.v[i].hi > r.hi) r.hi = w.v[i].hi;
+            i++;
+        }
+        total += r.hi - r.lo;
+        if (advise) (void)posix_fadvise(c->src_fds[r.file], (off_t)r.lo, (off_t)(r.hi - r.lo), POSIX_FADV_WILLNEED);
+    }
+    free(w.v);
+    return total;
+}
+
+/* Under c->mu, as a worker takes the n items from idx (a group): their
+ * bytes no longer count as read ahead. True when the read-ahead has not
+ * reached them (the workers got ahead): the worker advises them itself, and
+ * the read-ahead goes on after them. */
+static bool prefetch_taken(exec_ctx *c, size_t idx, size_t n)
+{
+    if (!c->pf_size) return false;
+    pthread_cond_broadcast(&c->pfmoved);
+    if (idx < c->pf_next) {
+        c->pf_ahead -= c->pf_size[idx];
+        return false;
+    }
+    c->pf_next = idx + n;
+    c->pf_ahead = 0;
+    return c->pf_size[idx] != 0;
+}
+
+/* The read-ahead thread: asks the kernel for the source bytes of the items
+ * after the ones taken, up to EXEC_PREFETCH_BYTES ahead of the workers, so
+ * that the reads are on the way while the workers gather: without it a cold
+ * source is read in the small pieces the gathers ask for (an expert's row
+ * slices: one disk request each, in turn), at a fraction of the disk's
+ * speed. A thread of its own, because posix_fadvise waits while the
+ * device's queue is full: a worker advising 64 MiB ahead stops gathering. */
+static void *prefetch_main(void *arg)
+{
+    exec_ctx *c = arg;
+    trace_who = "reader";
+    double busy = 0;
+    pthread_mutex_lock(&c->mu);
+    while (!c->pf_stop && !c->err) {
+        if (c->pf_next >= c->nitems || c->pf_ahead >= EXEC_PREFETCH_BYTES) {
+            pthread_cond_wait(&c->pfmoved, &c->mu);
+            continue;
+        }
+        size_t i = c->pf_next, n = c->group ? c->group[i] : 1;
+        c->pf_next += n;
+        c->pf_ahead += c->pf_size[i];
+        pthread_mutex_unlock(&c->mu);
+        double t = exec_tracing() ? exec_trace_now() : 0;
+        if (c->pf_size[i]) prefetch_items(c, &c->items[i], n, true);
+        if (exec_tracing()) busy += exec_trace_now() - t;
+        pthread_mutex_lock(&c->mu);
+    }
+    pthread_mutex_unlock(&c->mu);
+    exec_trace("stop busy=%.3f", busy);
+    return NULL;
+}
+
+/* After work item it is written: its file's front written back, or, for
+ * the file's last tensor, the file made durable now, while others copy on. */
+static int item_done(worker *wk, const work_item *it)
+{
+    exec_ctx *c = wk->c;
+    pthread_mutex_lock(&c->mu);
+    bool last = --c->left[it->file] == 0;
+    if (!c->o->quiet) ckpt_progress_tensors(&c->prog, ++c->tensors_done, c->nitems);
+    if (c->slot_done) {
+        c->slot_done[it->file][it->slot] = true;
+        if (c->o->out_sha256) pthread_cond_broadcast(&c->moved);
+    }
+    uint64_t wb_lo = 0, wb_hi = last ? 0 : writeback_range(c, it->file, &wb_lo);
+    pthread_mutex_unlock(&c->mu);
+    if (last) {
+        double t = exec_tracing() ? exec_trace_now() : 0;
+        wait_writes(c, it->file);
+        exec_trace("file %s: its writes done after %.3f s", c->p->files[it->file].rel, exec_trace_now() - t);
+        if (!c->o->no_fsync && fsync(c->out_fds[it->file]) < 0) return ckpt_error_sys("%s: fsync", c->out_paths[it->file]);
+        exec_trace("file %s: fsync done", c->p->files[it->file].rel);
+        ckpt_fault("exec.file_done");
+    } else if (wb_hi > wb_lo) {
+        /* Start writing the file's finished front back now (asynchronously),
+         * so that its fsync finds little left to do instead of all of it. */
+        double s0 = exec_tracing() ? exec_trace_now() : 0;
+        sync_file_range(c->out_fds[it->file], (off_t)wb_lo, (off_t)(wb_hi - wb_lo), SYNC_FILE_RANGE_WRITE);
+        if (s0 > 0) wk->wb_time += exec_trace_now() - s0;
+    }
+    return 0;
 }
 
 static void *worker_main(void *arg)
@@ -1394,44 +1611,18 @@ static void *worker_main(void *arg)
             pthread_mutex_unlock(&c->mu);
             break;
         }
-        size_t idx = c->next++, pf_a, pf_b = prefetch_range(c, idx, &pf_a);
-        work_item it = c->items[idx];
+        size_t idx = c->next, n = c->group ? c->group[idx] : 1;
+        assert(n >= 1 && n <= EXEC_GROUP_MAX && idx + n <= c->nitems);
+        bool advise = prefetch_taken(c, idx, n);
+        c->next += n;
+        work_item its[EXEC_GROUP_MAX];
+        memcpy(its, &c->items[idx], n * sizeof *its);
         pthread_mutex_unlock(&c->mu);
-        double pf0 = exec_tracing() && pf_b > pf_a ? exec_trace_now() : 0;
-        for (size_t i = pf_a; i < pf_b; i++)
-            if (c->pf_size[i]) prefetch_item(c, &c->items[i], true);
-        if (pf0 > 0) wk->prefetching += exec_trace_now() - pf0;
-        int rc = run_item(wk, &it);
-        if (!rc) {
-            /* The last tensor of a file: make it durable now, while others copy on. */
-            pthread_mutex_lock(&c->mu);
-            bool last = --c->left[it.file] == 0;
-            if (!c->o->quiet) ckpt_progress_tensors(&c->prog, ++c->tensors_done, c->nitems);
-            if (c->slot_done) {
-                c->slot_done[it.file][it.slot] = true;
-                if (c->o->out_sha256) pthread_cond_broadcast(&c->moved);
-            }
-            uint64_t wb_lo = 0, wb_hi = last ? 0 : writeback_range(c, it.file, &wb_lo);
-            pthread_mutex_unlock(&c->mu);
-            if (last) {
-                double t = exec_tracing() ? exec_trace_now() : 0;
-                wait_writes(c, it.file);
-                exec_trace("file %s: its writes done after %.3f s", c->p->files[it.file].rel, exec_trace_now() - t);
-            }
-            if (last && !c->o->no_fsync && fsync(c->out_fds[it.file]) < 0) {
-                rc = ckpt_error_sys("%s: fsync", c->out_paths[it.file]);
-            } else if (last) {
-                exec_trace("file %s: fsync done", c->p->files[it.file].rel);
-                ckpt_fault("exec.file_done");
-            } else if (wb_hi > wb_lo) {
-                /* Start writing the file's finished front back now
-                 * (asynchronously), so that its fsync finds little left to do
-                 * instead of all of it. */
-                double s0 = exec_tracing() ? exec_trace_now() : 0;
-                sync_file_range(c->out_fds[it.file], (off_t)wb_lo, (off_t)(wb_hi - wb_lo), SYNC_FILE_RANGE_WRITE);
-                if (s0 > 0) wk->wb_time += exec_trace_now() - s0;
-            }
-        }
+        double pf0 = exec_tracing() ? exec_trace_now() : 0;
+        if (advise) prefetch_items(c, its, n, true);
+        if (exec_tracing()) wk->prefetching += exec_trace_now() - pf0;
+        int rc = run_items(wk, its, n);
+        for (size_t j = 0; !rc && j < n; j++) rc = item_done(wk, &its[j]);
         if (rc) {
             exec_fail(c, rc);
             break;
@@ -1716,6 +1907,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     pthread_mutex_init(&c.mu, NULL);
     pthread_cond_init(&c.moved, NULL);
     pthread_cond_init(&c.wmoved, NULL);
+    pthread_cond_init(&c.pfmoved, NULL);
     int threads = o->threads > 0 ? o->threads : 2;
     if (threads > EXEC_MAX_THREADS) threads = EXEC_MAX_THREADS;
     c.src_fds = ckpt_calloc(p->nsrc_paths + 1, sizeof *c.src_fds);
@@ -1773,9 +1965,11 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     /* Files the hashing threads read go through the page cache, where the workers find them. */
     for (size_t i = 0; !rc && c.src_once && o->hash_sources && i < p->nsrc_paths && (!o->hash_count || i < o->hash_count); i++)
         c.src_once[i] = false;
+    if (!rc && !c.dio_fds && !o->out_crc32 && !(c.group = item_groups(&c))) rc = CKPT_ENOMEM;
     if (!rc && !o->no_prefetch) {
         c.pf_size = ckpt_calloc(c.nitems + 1, sizeof *c.pf_size);
-        for (size_t i = 0; c.pf_size && i < c.nitems; i++) c.pf_size[i] = prefetch_item(&c, &c.items[i], false);
+        for (size_t i = 0; c.pf_size && i < c.nitems; i += c.group ? c.group[i] : 1)
+            c.pf_size[i] = prefetch_items(&c, &c.items[i], c.group ? c.group[i] : 1, false);
     }
     c.total = exec_plan_bytes(p);
     exec_trace("exec: %zu tensors, %.0f MB, %d threads", c.nitems, (double)c.total / 1e6, threads);
@@ -1829,6 +2023,8 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
         if (pthread_create(&writer_tids[i], NULL, writer_main, &c)) break; /* fewer: slower, not wrong */
         c.nwriters++;
     }
+    pthread_t pf_tid;
+    bool pf_started = !rc && c.pf_size && pthread_create(&pf_tid, NULL, prefetch_main, &c) == 0; /* else: none */
     for (int i = 0; !rc && i < threads; i++) {
         wks[i].c = &c;
         snprintf(wks[i].name, sizeof wks[i].name, "worker%d", i);
@@ -1854,6 +2050,11 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     if (rc && started) exec_fail(&c, rc); /* a worker failed to start: stop the others */
     for (int i = 0; i < started; i++) pthread_join(tids[i], NULL);
     exec_trace("exec: workers done");
+    pthread_mutex_lock(&c.mu);
+    c.pf_stop = true;
+    pthread_cond_broadcast(&c.pfmoved);
+    pthread_mutex_unlock(&c.mu);
+    if (pf_started) pthread_join(pf_tid, NULL);
     pthread_mutex_lock(&c.mu);
     c.wstop = true; /* the writers finish what is queued, then stop */
     pthread_cond_broadcast(&c.wmoved);
@@ -1888,6 +2089,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(wks);
     free(c.items);
     free(c.pf_size);
+    free(c.group);
     free(c.src_once);
     free(c.left);
     free(c.src_fds);
@@ -1902,6 +2104,7 @@ int exec_run(const exec_plan *p, const char *out_dir, const exec_opts *o)
     free(c.wb_from);
     pthread_cond_destroy(&c.moved);
     pthread_cond_destroy(&c.wmoved);
+    pthread_cond_destroy(&c.pfmoved);
     pthread_mutex_destroy(&c.mu);
     return rc;
 }

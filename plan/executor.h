@@ -15,6 +15,12 @@
  *   - Threads (default 2) take whole tensors from a shared queue; each holds
  *     one slab and one band buffer, so peak memory is about
  *     threads x (EXEC_SLAB_BYTES + EXEC_BAND_BYTES) whatever the checkpoint.
+ *   - Siblings — the tp ranks of one tensor, next to each other in the queue
+ *     (same shape and dtype, parts at the same places from the same
+ *     sources) — are taken together, up to 16, and built box by box in
+ *     shares of one slab: each piece of source a box needs is read once for
+ *     all of them (a column slice spans the source's rows for every rank:
+ *     read once, not once per rank). Not with O_DIRECT output or CRCs.
  *
  * Every source and output file is open for the whole run; the soft limit on
  * open files is raised towards the hard one when the plan needs more.
@@ -36,11 +42,12 @@
  * once the device has the bytes); a file is fsynced after its queued
  * writes, and its blocks are allocated up front (fallocate) so that
  * O_DIRECT writes need not take the inode's lock in turn. The sources are
- * read ahead (unless exec_opts.no_prefetch): as a worker takes a tensor it
- * asks the kernel (posix_fadvise WILLNEED, which starts the reads and does
- * not wait) for the source bytes of the tensors after it, up to
- * EXEC_PREFETCH_BYTES ahead of the workers, each tensor's parts merged
- * into runs per file; a part that needs few of the pages it spans (a column
+ * read ahead (unless exec_opts.no_prefetch): a thread of its own asks the
+ * kernel (posix_fadvise WILLNEED, which starts the reads, and waits only
+ * while the device's queue is full) for the source bytes of the tensors
+ * after the ones the workers took, up to EXEC_PREFETCH_BYTES ahead, the
+ * parts of a tensor (of a group of siblings) sorted and merged into runs
+ * per file, so that the ranks' slices of one expert are one request; a part that needs few of the pages it spans (a column
  * slice of rows two pages long or more, as one rank's share) is left to the
  * gather, which reads only its pages. Without it a cold source is read in
  * the pieces the gathers ask for, one request at a time (18,867 experts'

@@ -985,6 +985,51 @@ static void test_tp_split_padding(void **state)
     expect_round_trip(fx, fx->dst);
 }
 
+/* The ranks of one tensor run together (the executor's sibling groups, at
+ * most 16 at a time: here 16 + 4 of tp 20), each piece of their source read
+ * once for all: column slices (every rank's walk spans the source's rows),
+ * row slices (read straight into place), column slices of bf16 with a
+ * transpose (the tiles), a tensor whose last rank is padded (not a sibling
+ * of the others), a replicated one (copied whole, alone); boxes far smaller
+ * than the tensors (the slab shared 16 ways). Every element checked. */
+static void test_tp_groups(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"col.weight", CKPT_DT_I16, 2, {50, 60}, 1, 0},
+        {"row.weight", CKPT_DT_I32, 2, {60, 7}, 2, 0},
+        {"colt.weight", CKPT_DT_I16, 2, {40, 200}, 3, 0},
+        {"pad.weight", CKPT_DT_I32, 2, {5, 58}, 4, 0},
+        {"norm.weight", CKPT_DT_I16, 1, {9}, 5, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst,
+                       "{'tp': 20, 'rules': [{'op': 'tp_split', 'pattern': '^(col|pad)[.]weight$', 'axis': 1},"
+                       "{'op': 'tp_split', 'pattern': '^row[.]weight$', 'axis': 0},"
+                       "{'op': 'transpose', 'pattern': '^colt[.]weight$'},"
+                       "{'op': 'tp_split', 'pattern': '^colt[.]weight$', 'axis': 0}]}");
+    for (int r = 0; r < 20; r++) {
+        view c = load(fx->dst, r, "col.weight"), w = load(fx->dst, r, "row.weight"),
+             ct = load(fx->dst, r, "colt.weight"), pd = load(fx->dst, r, "pad.weight"),
+             n = load(fx->dst, r, "norm.weight");
+        expect_shape(&c, CKPT_DT_I16, 2, SHAPE(50, 3));
+        expect_split(&c, 1, 0, &t[0], 20, 1, 20, (uint64_t)r);
+        expect_shape(&w, CKPT_DT_I32, 2, SHAPE(3, 7));
+        expect_split(&w, 0, 0, &t[1], 20, 1, 20, (uint64_t)r);
+        expect_shape(&ct, CKPT_DT_I16, 2, SHAPE(10, 40)); /* rows 10r.. of the transpose: columns of the source */
+        expect_block(&ct, 0, 0, 10, 40, &t[2], 0, 10 * (uint64_t)r, true);
+        expect_shape(&pd, CKPT_DT_I32, 2, SHAPE(5, 3));
+        expect_split(&pd, 1, 0, &t[3], 20, 1, 20, (uint64_t)r);
+        expect_whole(&n, &t[4]);
+        view_free(&c);
+        view_free(&w);
+        view_free(&ct);
+        view_free(&pd);
+        view_free(&n);
+    }
+    expect_round_trip(fx, fx->dst);
+}
+
 /* stride s: tp*s equal pieces, rank r takes r, r+tp, ... (Megatron order). */
 static void test_tp_split_stride(void **state)
 {
@@ -1323,7 +1368,8 @@ static void test_transpose_tiles(void **state)
 /* The same with two-byte elements (bf16, f16: most models), which the
  * executor moves in 8 x 8 register tiles: edges that are no multiple of 8
  * on either axis, a tensor smaller than one tile, a wide one split into
- * bands; every element checked. */
+ * bands, extents that are 16 x k + 8 (AVX2's 16 x 16 tiles, then 8 x 8
+ * ones: a MoE expert's rank slice of 24); every element checked. */
 static void test_transpose_tiles_2byte(void **state)
 {
     fixture *fx = *state;
@@ -1333,6 +1379,8 @@ static void test_transpose_tiles_2byte(void **state)
         {"tiny.weight", CKPT_DT_I16, 2, {5, 3}, 3, 3},
         {"eight.weight", CKPT_DT_I16, 2, {16, 8}, 4, 8},
         {"sixteen.weight", CKPT_DT_I16, 2, {48, 272}, 5, 272},
+        {"expert.weight", CKPT_DT_I16, 2, {520, 24}, 6, 24}, /* 16 + 8 on one axis, 512 + 8 on the other */
+        {"expert_t.weight", CKPT_DT_I16, 2, {40, 152}, 7, 152},
     };
     make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
     /* 16 x 16 tiles where the CPU has AVX2, then 8 x 8 (SSE2) tiles */
@@ -2720,6 +2768,7 @@ int main(void)
         T(test_gqa_head_padding),
         T(test_tp_split_padding),
         T(test_tp_split_stride),
+        T(test_tp_groups),
         T(test_fuse),
         T(test_stack_experts_order),
         T(test_unstack_experts),
