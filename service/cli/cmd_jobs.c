@@ -469,12 +469,12 @@ int cmd_worker(int argc, char **argv)
     if (s.home) store_close(&s);
     free(allow);
     if (rc) {
-        printf("@ckpt error %s %s\n", transient ? "transient" : "permanent", ckpt_error_last());
+        printf(JOBS_ERROR_PREFIX "%s %s\n", transient ? "transient" : "permanent", ckpt_error_last());
         return transient ? EXIT_TRANSIENT : CLI_FAIL;
     }
     char *r = result ? json_dumps(result, JSON_COMPACT) : NULL;
     fprintf(stderr, "done: %s\n", r ? r : "{}");
-    printf("@ckpt result %s\n", r ? r : "{}");
+    printf(JOBS_RESULT_PREFIX "%s\n", r ? r : "{}");
     free(r);
     json_decref(result);
     return CLI_OK;

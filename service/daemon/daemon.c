@@ -250,11 +250,11 @@ static void handle_line(daemon_state *d, worker_slot *w, char *line)
             w->done = (uint64_t)pr.done;
             queue_progress(&d->store.cat, w->id, &pr);
         }
-    } else if (!strncmp(line, "@ckpt result ", 13)) {
+    } else if (!strncmp(line, JOBS_RESULT_PREFIX, strlen(JOBS_RESULT_PREFIX))) {
         free(w->result);
-        w->result = ckpt_strdup(line + 13);
-    } else if (!strncmp(line, "@ckpt error ", 12)) {
-        const char *msg = line + 12;
+        w->result = ckpt_strdup(line + strlen(JOBS_RESULT_PREFIX));
+    } else if (!strncmp(line, JOBS_ERROR_PREFIX, strlen(JOBS_ERROR_PREFIX))) {
+        const char *msg = line + strlen(JOBS_ERROR_PREFIX);
         w->transient = !strncmp(msg, "transient ", 10);
         msg = strchr(msg, ' ') ? strchr(msg, ' ') + 1 : msg;
         free(w->error);

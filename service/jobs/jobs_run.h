@@ -62,7 +62,14 @@ int jobs_args_check(const char *kind, const json_t *args);
 #define JOBS_ORIGIN_KEY "origin"
 bool jobs_from_remote(const json_t *args);
 
-/* A worker's progress, as it reports it to its daemon on standard output:
+/* What a worker (`ckpt run-job`) tells its daemon on standard output, one
+ * line each; any other line is the job's log:
+ *   @ckpt result JSON                       the job's result, once at the end
+ *   @ckpt error transient|permanent MESSAGE  its failure, once at the end
+ *   @ckpt progress ...                      see below */
+#define JOBS_RESULT_PREFIX "@ckpt result "
+#define JOBS_ERROR_PREFIX "@ckpt error "
+/* A worker's progress:
  *   @ckpt progress BYTES TOTAL TENSORS TENSORS_TOTAL RATE ETA PHASE
  * RATE in bytes a second, ETA in seconds (-1 unknown) with six significant
  * digits: a fast job's last hundredths of a second are not rounded to 0,
