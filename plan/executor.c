@@ -194,7 +194,7 @@ typedef struct {
 
 typedef struct {
     exec_ctx *c;
-    crc_acc crc;   /* o->out_crc32: the tensor run_item writes */
+    crc_acc crc;   /* o->out_crc32: the tensor run_items writes */
     void *vts;     /* the worker's state of p->vsource, or NULL */
     uint8_t *slab; /* EXEC_SLAB_BYTES, or the largest output tensor when smaller, and
                       EXEC_DIRECT_ALIGN more (a box is placed where its file offset lies in a block) */
@@ -397,13 +397,18 @@ static void walk_run_blocked(const walk *w, int in, int tj, const uint8_t *band,
         if (sdt == ddt && ses == 2 && w->ds[in] == 1) {
             tiled = true;
             uint64_t i8 = w->ext[in] / 8 * 8, j8 = w->ext[tj] / 8 * 8; /* the part done in 8 x 8 tiles */
+            bool avx2 = false; /* asked once a walk: CKPT_EXEC_NO_AVX2 is read from the environment */
+#ifdef EXEC_HAVE_AVX2_PATH
+            avx2 = exec_avx2();
+#endif
+            (void)avx2;
             for (uint64_t jb = 0; jb < j8; jb += T)
                 for (uint64_t ib = 0; ib < i8; ib += T) {
                     uint64_t nj = j8 - jb < T ? j8 - jb : T, ni = i8 - ib < T ? i8 - ib : T;
                     const uint8_t *src = band + (so + ib * w->ss[in] + jb - band_first) * 2;
                     uint64_t i16 = 0, j16 = 0; /* with AVX2: the part done in 16 x 16 tiles */
 #ifdef EXEC_HAVE_AVX2_PATH
-                    if (exec_avx2()) {
+                    if (avx2) {
                         i16 = ni / 16 * 16, j16 = nj / 16 * 16;
                         if (i16 && j16) transpose_tiles_avx2(src, w->ss[in] * 2, tile, T * 2, i16, j16);
                     }
@@ -1032,7 +1037,7 @@ static int fill_group(worker *wk, const plan_tensor *const *t, size_t n, const u
         int fd = c->src_fds[s->file];
         const char *path = c->p->src_paths[s->file];
         walk w[EXEC_GROUP_MAX];
-        uint64_t first = UINT64_MAX, end = 0; /* the siblings' walks: source elements [first, end) */
+        uint64_t first = UINT64_MAX, end = 0, spans = 0; /* the siblings' walks: source elements [first, end) */
         bool direct = true;
         for (size_t j = 0; j < n; j++) {
             assert(plan_part_in_tensor(&t[j]->parts[i], t0->ndim, t0->shape) &&
@@ -1040,9 +1045,13 @@ static int fill_group(worker *wk, const plan_tensor *const *t, size_t n, const u
             part_walk(&w[j], &t[j]->parts[i], s, t0->ndim, lo, ext, blo, bstr);
             if (w[j].src < first) first = w[j].src;
             if (w[j].src + walk_span(&w[j]) > end) end = w[j].src + walk_span(&w[j]);
+            spans += walk_span(&w[j]);
             direct &= walk_direct(&w[j], s->dtype, t0->dtype);
         }
-        if (n > 1 && fd >= 0 && !direct && (end - first) * ses <= EXEC_BAND_BYTES) {
+        /* Read once when that reads no more than the siblings would one by
+         * one (their spans overlap, as column slices do, or lie side by
+         * side), not a long union of pieces far apart. */
+        if (n > 1 && fd >= 0 && !direct && end - first <= spans && (end - first) * ses <= EXEC_BAND_BYTES) {
             int rc = ckpt_pread_full(fd, wk->band, (size_t)((end - first) * ses), s->offset + first * ses, path);
             if (rc) return ckpt_error_prefix(rc, "tensor '%s'", s->name);
             for (size_t j = 0; j < n; j++) walk_run(&w[j], wk->band, first, s->dtype, bufs[j], t[j]->dtype);
@@ -1499,7 +1508,7 @@ static uint64_t prefetch_items(const exec_ctx *c, const work_item *its, size_t n
         w.direct = c->src_once && !c->o->out_crc32 && exec_tensor_is_copy(c->p, t);
         exec_prefetch_runs(c->p, t, prefetch_run, &w);
     }
-    if (n > 1 && w.n > 1) qsort(w.v, w.n, sizeof *w.v, by_file_offset);
+    if (w.n > 1) qsort(w.v, w.n, sizeof *w.v, by_file_offset); /* one tensor's runs too: q before k, expert 10 before 2 */
     uint64_t total = 0;
     for (size_t i = 0; i < w.n;) {
         prefetch_span r = w.v[i++];

@@ -988,10 +988,10 @@ static void test_tp_split_padding(void **state)
 /* The ranks of one tensor run together (the executor's sibling groups, at
  * most 16 at a time: here 16 + 4 of tp 20), each piece of their source read
  * once for all: column slices (every rank's walk spans the source's rows),
- * row slices (read straight into place), column slices of bf16 with a
- * transpose (the tiles), a tensor whose last rank is padded (not a sibling
- * of the others), a replicated one (copied whole, alone); boxes far smaller
- * than the tensors (the slab shared 16 ways). Every element checked. */
+ * row slices (contiguous: copied whole, alone), column slices of bf16 with
+ * a transpose, a tensor whose last rank is padded (not a sibling of the
+ * others), a replicated one (copied whole, alone); boxes far smaller than
+ * the tensors (a slab of 800 bytes shared 16 ways). Every element checked. */
 static void test_tp_groups(void **state)
 {
     fixture *fx = *state;
@@ -1028,6 +1028,56 @@ static void test_tp_groups(void **state)
         view_free(&n);
     }
     expect_round_trip(fx, fx->dst);
+}
+
+/* Sibling groups where the slab is large enough to tile: a bf16 source
+ * transposed and split 16 ways (each rank's 24 rows: AVX2's 16 x 16 tiles
+ * and then 8 x 8 ones, read once for the group), and an f32 column slice
+ * widened to f64 (a cast on the shared read). Every element checked. */
+static void test_tp_groups_tiles(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {
+        {"colt.weight", CKPT_DT_I16, 2, {4096, 384}, 1, 384},
+        {"wide.weight", CKPT_DT_F32, 2, {64, 1024}, 2, 0},
+    };
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    for (int sse2 = 0; sse2 < 2; sse2++) {
+        if (sse2) setenv("CKPT_EXEC_NO_AVX2", "1", 1);
+        fx_clear_outputs(fx);
+        convert_with_rules(fx, fx->dst,
+                           "{'tp': 16, 'rules': [{'op': 'transpose', 'pattern': '^colt[.]weight$'},"
+                           "{'op': 'tp_split', 'pattern': '^colt[.]weight$', 'axis': 0},"
+                           "{'op': 'tp_split', 'pattern': '^wide[.]weight$', 'axis': 1},"
+                           "{'op': 'cast', 'pattern': '^wide[.]weight$', 'dtype': 'f64'}]}");
+        for (int r = 0; r < 16; r++) {
+            view ct = load(fx->dst, r, "colt.weight"), w = load(fx->dst, r, "wide.weight");
+            expect_shape(&ct, CKPT_DT_I16, 2, SHAPE(24, 4096));
+            expect_block(&ct, 0, 0, 24, 4096, &t[0], 0, 24 * (uint64_t)r, true);
+            expect_shape(&w, CKPT_DT_F64, 2, SHAPE(64, 64));
+            expect_split(&w, 1, 0, &t[1], 16, 1, 16, (uint64_t)r);
+            view_free(&ct);
+            view_free(&w);
+        }
+    }
+    unsetenv("CKPT_EXEC_NO_AVX2");
+}
+
+/* Siblings whose outputs are too small to share a slab (every output of the
+ * plan 8 bytes, a slab of 8 bytes: less than an element for each of 16) run
+ * one at a time, with the same bytes. */
+static void test_tp_groups_tiny(void **state)
+{
+    fixture *fx = *state;
+    const src_tensor t[] = {{"a.weight", CKPT_DT_I32, 2, {2, 16}, 1, 0}};
+    make_checkpoint(fx->src, t, CKPT_ARRAY_LEN(t), NULL);
+    convert_with_rules(fx, fx->dst, "{'tp': 16, 'rules': [{'op': 'tp_split', 'pattern': '^a[.]weight$', 'axis': 1}]}");
+    for (int r = 0; r < 16; r++) {
+        view a = load(fx->dst, r, "a.weight");
+        expect_shape(&a, CKPT_DT_I32, 2, SHAPE(2, 1));
+        expect_split(&a, 1, 0, &t[0], 16, 1, 16, (uint64_t)r);
+        view_free(&a);
+    }
 }
 
 /* stride s: tp*s equal pieces, rank r takes r, r+tp, ... (Megatron order). */
@@ -2769,6 +2819,8 @@ int main(void)
         T(test_tp_split_padding),
         T(test_tp_split_stride),
         T(test_tp_groups),
+        T(test_tp_groups_tiles),
+        T(test_tp_groups_tiny),
         T(test_fuse),
         T(test_stack_experts_order),
         T(test_unstack_experts),
