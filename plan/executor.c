@@ -1185,33 +1185,6 @@ static bool slab_next(slab_iter *it, uint64_t *lo, uint64_t *ext)
     return true;
 }
 
-static int run_slabs(worker *wk, const plan_tensor *t, size_t f, uint64_t t_off)
-{
-    slab_iter it;
-    slab_iter_init(&it, t, tensor_is_transposed(wk->c->p, t), EXEC_SLAB_BYTES);
-    uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0};
-    size_t es = ckpt_dtype_size(t->dtype);
-    if (t->ndim == 0) {
-        int rc = fill_box(wk, t, lo, ext, wk->slab);
-        if (!rc) rc = write_box(wk, f, t, lo, ext, wk->slab, t_off);
-        if (!rc) add_progress(wk->c, es);
-        return rc;
-    }
-    while (slab_next(&it, lo, ext)) {
-        uint64_t n = 1;
-        for (int k = 0; k < t->ndim; k++) n *= ext[k];
-        assert(n * es <= EXEC_SLAB_BYTES); /* the slab holds the box */
-        uint64_t start;
-        uint8_t *buf = box_run(t, lo, ext, &start) ? slab_for(wk, f, t_off + start * es, n * es) : wk->slab;
-        int rc = fill_box(wk, t, lo, ext, buf);
-        if (!rc) rc = write_box(wk, f, t, lo, ext, buf, t_off);
-        if (rc) return rc;
-        if (wk->c->err) return CKPT_ECANCELLED;
-        add_progress(wk->c, n * es);
-    }
-    return 0;
-}
-
 /* The tensor of work item it. */
 static const plan_tensor *item_tensor(const exec_plan *p, const work_item *it)
 {
@@ -1256,9 +1229,11 @@ static size_t *item_groups(const exec_ctx *c)
     return g;
 }
 
-/* Runs n sibling items (item_groups) box by box: each box of every sibling
- * in its share of the slab, its sources read once for all (fill_group). */
-static int run_group(worker *wk, const work_item *its, size_t n)
+/* Builds the n items (one, or siblings: item_groups) box by box: one
+ * tensor in the whole slab (a box that is a run of the file at its
+ * offset's place in a block, for O_DIRECT), siblings each in its share of
+ * it, their sources read once for all (fill_group); then writes the boxes. */
+static int run_boxes(worker *wk, const work_item *its, size_t n)
 {
     exec_ctx *c = wk->c;
     const plan_tensor *t[EXEC_GROUP_MAX] = {NULL};
@@ -1268,15 +1243,17 @@ static int run_group(worker *wk, const work_item *its, size_t n)
         t[j] = item_tensor(c->p, &its[j]);
         off[j] = c->p->files[its[j].file].layout.tensors[its[j].slot].offset;
     }
-    size_t es = ckpt_dtype_size(t[0]->dtype), share = wk->slab_bytes / n / es * es;
+    size_t es = ckpt_dtype_size(t[0]->dtype), share = n == 1 ? EXEC_SLAB_BYTES : wk->slab_bytes / n / es * es;
     slab_iter it;
     slab_iter_init(&it, t[0], tensor_is_transposed(c->p, t[0]), share);
-    for (size_t j = 0; j < n; j++) bufs[j] = wk->slab + j * share;
     uint64_t lo[PLAN_MAX_DIM] = {0}, ext[PLAN_MAX_DIM] = {0};
-    while (slab_next(&it, lo, ext)) {
-        uint64_t nel = 1;
+    while (slab_next(&it, lo, ext)) { /* (a scalar: one box of no axes) */
+        uint64_t nel = 1, start;
         for (int k = 0; k < t[0]->ndim; k++) nel *= ext[k];
-        assert(nel * es <= share); /* each share holds the box */
+        assert(nel * es <= share); /* the slab, or each share, holds the box */
+        if (n == 1) /* (wk->slab is another after a box went to an O_DIRECT writer) */
+            bufs[0] = box_run(t[0], lo, ext, &start) ? slab_for(wk, its[0].file, off[0] + start * es, nel * es) : wk->slab;
+        for (size_t j = 0; n > 1 && j < n; j++) bufs[j] = wk->slab + j * share;
         int rc = fill_group(wk, t, n, lo, ext, bufs);
         for (size_t j = 0; !rc && j < n; j++) rc = write_box(wk, its[j].file, t[j], lo, ext, bufs[j], off[j]);
         if (rc) return rc;
@@ -1366,9 +1343,7 @@ static int run_items(worker *wk, const work_item *its, size_t n)
     wk->crc.n = 0;
     assert(n == 1 || (!wk->crc.on && !t->nchecks));
     double t0 = exec_tracing() ? exec_trace_now() : 0, cpu0 = exec_tracing() ? exec_trace_cpu() : 0, w0 = wk->slab_wait;
-    int rc = n > 1                          ? run_group(wk, its, n)
-             : exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset)
-                                            : run_slabs(wk, t, it->file, ot->offset);
+    int rc = n == 1 && exec_tensor_is_copy(c->p, t) ? run_fast(wk, t, it->file, ot->offset) : run_boxes(wk, its, n);
     if (exec_tracing()) {
         double t1 = exec_trace_now();
         wk->busy += t1 - t0;
