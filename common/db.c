@@ -145,6 +145,25 @@ static void pg_quiet(void *arg, const char *msg)
     (void)msg; /* NOTICEs ("relation exists, skipping") are not the user's business */
 }
 
+/* What every session of ours sets, on connecting and again after a reconnect.
+ * idle_in_transaction_session_timeout: a process of ours stopped, frozen or
+ * cut off inside a transaction holds its row locks until the server ends its
+ * session, and every other daemon's reap of that job waits on them; the
+ * server ends such a session after CKPT_PG_IDLE_TX_TIMEOUT_S (default 60 s,
+ * far beyond the time between two statements of any transaction of ours). */
+static int pg_session(ckpt_db *d, const char *what)
+{
+    const char *v = getenv("CKPT_PG_IDLE_TX_TIMEOUT_S");
+    double sec = 60;
+    int rc = v && *v ? ckpt_parse_double("CKPT_PG_IDLE_TX_TIMEOUT_S", v, 0.1, 86400, &sec) : 0;
+    if (rc) return rc;
+    PQsetNoticeProcessor(d->pg, pg_quiet, NULL);
+    char sql[128];
+    snprintf(sql, sizeof sql, "SET client_min_messages = warning; SET idle_in_transaction_session_timeout = %d",
+             (int)(sec * 1000 + 0.5));
+    return db_exec(d, sql, what);
+}
+
 int db_open_pg(const char *url, ckpt_db **out)
 {
     *out = NULL;
@@ -160,8 +179,7 @@ int db_open_pg(const char *url, ckpt_db **out)
         db_close(d);
         return rc;
     }
-    PQsetNoticeProcessor(d->pg, pg_quiet, NULL);
-    int rc = db_exec(d, "SET client_min_messages = warning", "connect");
+    int rc = pg_session(d, "connect");
     if (rc) {
         db_close(d);
         return rc;
@@ -211,7 +229,8 @@ static int pg_ready(ckpt_db *d, const char *what)
     d->last_reset = now;
     PQreset(d->pg);
     if (PQstatus(d->pg) != CONNECTION_OK) return pg_result_error(d, NULL, what);
-    PQsetNoticeProcessor(d->pg, pg_quiet, NULL);
+    int rc = pg_session(d, what);
+    if (rc) return rc;
     if (d->listen[0]) {
         char sql[96];
         snprintf(sql, sizeof sql, "LISTEN %s", d->listen);

@@ -3,6 +3,7 @@
 #include "service/jobs/queue_rows.h"
 
 #include "common/error.h"
+#include "common/fault.h"
 #include "common/json.h"
 #include "common/sha256.h"
 #include "common/util.h"
@@ -379,8 +380,9 @@ int queue_claim(catalog *c, const char *owner, int n, const queue_kind_room *roo
 }
 
 /* One statement on one job (?1) in its own transaction; *changes (may be NULL) gets its rows. */
+/* fault: a crash point between the update and its commit (the row locked), or NULL */
 static int update_job_n(catalog *c, const char *sql, int64_t id, const char *what, void (*bind)(ckpt_stmt *, void *),
-                        void *ctx, int64_t *changes)
+                        void *ctx, int64_t *changes, const char *fault)
 {
     ckpt_db *d;
     ckpt_stmt *st;
@@ -399,13 +401,14 @@ static int update_job_n(catalog *c, const char *sql, int64_t id, const char *wha
         db_rollback(d);
         return rc;
     }
+    if (fault) ckpt_fault(fault);
     return db_commit(d);
 }
 
 static int update_job(catalog *c, const char *sql, int64_t id, const char *what, void (*bind)(ckpt_stmt *, void *),
                       void *ctx)
 {
-    return update_job_n(c, sql, id, what, bind, ctx, NULL);
+    return update_job_n(c, sql, id, what, bind, ctx, NULL, NULL);
 }
 
 static void bind_pid(ckpt_stmt *st, void *ctx)
@@ -433,8 +436,8 @@ static void bind_renew(ckpt_stmt *st, void *ctx)
 int queue_renew(catalog *c, const char *owner, int64_t id)
 {
     renew_ctx r = {owner, queue_now() + QUEUE_LEASE_SECONDS};
-    return update_job(c, "UPDATE jobs SET lease_expires = ?3 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
-                      id, "renew lease", bind_renew, &r);
+    return update_job_n(c, "UPDATE jobs SET lease_expires = ?3 WHERE id = ?1 AND lease_owner = ?2 AND state = 'running'",
+                        id, "renew lease", bind_renew, &r, NULL, "queue.renew.before_commit");
 }
 
 typedef struct {
@@ -575,7 +578,7 @@ static int update_owned_job(catalog *c, const char *sql, int64_t id, const char 
                             void (*bind)(ckpt_stmt *, void *), void *ctx)
 {
     int64_t changes = 0;
-    int rc = update_job_n(c, sql, id, what, bind, ctx, &changes);
+    int rc = update_job_n(c, sql, id, what, bind, ctx, &changes, NULL);
     return rc ? rc : changes ? 0 : QUEUE_NOT_OURS;
 }
 
@@ -730,7 +733,7 @@ int queue_prune(catalog *c, double before, int *removed)
                           "DELETE FROM jobs WHERE ?1 = ?1 AND state IN ('succeeded', 'failed', 'cancelled') AND "
                           "coalesce(finished_at, created_at) < ?2 AND id NOT IN (SELECT depends_on FROM jobs WHERE "
                           "depends_on IS NOT NULL AND state IN ('queued', 'running'))",
-                          0, "prune finished jobs", bind_before, &before, &n);
+                          0, "prune finished jobs", bind_before, &before, &n, NULL);
     if (removed) *removed = rc ? 0 : (int)n;
     return rc;
 }

@@ -23,9 +23,11 @@
 #    job of step 4 (the lost one, then the one that succeeded), counts per
 #    state, per-minute figures (the trigger's jobs.succeeded, the daemon's
 #    queue.depth), and a schedule paused through the API.
-#    5c. A lease that expires under a live worker (its daemon SIGSTOPped, the
-#    lease set in the past): the other daemon runs the job again; resumed, the
-#    first daemon logs job.not_ours for its worker's end and records nothing.
+#    5c. A daemon that stops (SIGSTOP, a crash point) inside the transaction
+#    renewing a job's lease: the server ends its idle session
+#    (CKPT_PG_IDLE_TX_TIMEOUT_S), which frees the job's row; the other daemon
+#    runs the job again; resumed, the first daemon logs job.not_ours for its
+#    worker's end and records nothing.
 # 6. PostgreSQL killed -9 (every process of the server) while a convert's
 #    worker is stopped right before committing its layout, and a job of the
 #    other daemon runs: the commit fails, the daemon lives, says once which
@@ -189,34 +191,43 @@ sys.exit(not (tot("jobs.succeeded", "noop") >= 3 and any(r["name"] == "queue.dep
 "$ckpt" sync ls --json | grep -q '"paused": *true' || fail "sync ls does not show the pause"
 note "5b. attempts, counts, per-minute figures and a paused schedule on PostgreSQL"
 
-# ---- 5c. a lease that ran out under a live worker ----
-# The daemon running a job is stopped (SIGSTOP: it cannot renew) and its lease
-# made to have expired; the other daemon reaps it and runs the job again.
-# Resumed, the first daemon's worker ends too: that end is not the job's.
+# ---- 5c. a daemon frozen inside a transaction, its lease running out ----
+# With db's only worker held and da stopped, daemon dd runs job y and stops
+# itself (SIGSTOP) at its first lease renewal, after the UPDATE and before
+# the COMMIT (the crash point queue.renew.before_commit): y's row is locked
+# and its lease runs out. The server ends dd's session after dd's
+# CKPT_PG_IDLE_TX_TIMEOUT_S, which releases the lock (else db's reap of y
+# would wait on it for ever); db, freed, runs y again. Resumed, dd connects
+# again, and its worker's end is not the job's: dd logs job.not_ours.
+stop_daemon "$da_pid" "$work/da.log"
+hold5=$("$ckpt" submit noop --until-file "$CKPT_HOME/go5h")
+wait_until 60 "job $hold5 to run on db" running_pid "$hold5"
+start dd CKPT_FAULT=queue.renew.before_commit:1:STOP CKPT_PG_IDLE_TX_TIMEOUT_S=2
 y=$("$ckpt" submit noop --until-file "$CKPT_HOME/go5")
 wait_until 60 "job $y to run" running_pid "$y"
 w1=$(col "$y" worker_pid)
-p=$(parent_of "$w1")
-q=$([ "$p" = "$da_pid" ] && echo "$db_pid" || echo "$da_pid")
-[[ " $da_pid $db_pid " == *" $p "* ]] || fail "job $y's worker $w1 is not a daemon's child (parent $p)"
-plog=$work/$([ "$p" = "$da_pid" ] && echo da || echo db).log
-qlog=$work/$([ "$p" = "$da_pid" ] && echo db || echo da).log
-kill -STOP "$p"
-pg_psql "UPDATE jobs SET lease_expires = extract(epoch FROM now()) - 1 WHERE id = $y"
+[ "$(parent_of "$w1")" = "$dd_pid" ] || fail "job $y's worker $w1 is not daemon dd's ($dd_pid)"
+stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null)" = T ]; }
+wait_until 60 "daemon dd to stop inside its renewal of job $y's lease" stopped "$dd_pid"
+idle_ended() { grep -q "terminating connection due to idle-in-transaction timeout" "$work/pg/server.log"; }
+wait_until 60 "the server to end dd's session, idle in its transaction" idle_ended
+touch "$CKPT_HOME/go5h"
+wait_until 60 "job $hold5 to succeed" state_is "$hold5" succeeded
 rerun() { [ "$(col "$y" "attempt = 2 AND state = 'running' AND worker_pid > 0 AND worker_pid <> $w1")" = t ]; }
-wait_until 60 "job $y to run again on daemon $q" rerun
-[ "$(parent_of "$(col "$y" worker_pid)")" = "$q" ] || fail "job $y's second run is not daemon $q's"
-kill -CONT "$p"
+wait_until 60 "job $y to run again on daemon db" rerun
+[ "$(parent_of "$(col "$y" worker_pid)")" = "$db_pid" ] || fail "job $y's second run is not daemon db's"
+kill -CONT "$dd_pid"
 touch "$CKPT_HOME/go5"
 wait_until 60 "job $y to succeed" state_is "$y" succeeded
 wait_until 60 "the first worker $w1 to end" gone "$w1"
-wait_until 60 "daemon $p to say job $y is no longer its own" grep -q "warn job.not_ours id=$y " "$plog"
-grep -q "job.finished id=$y " "$plog" && fail "daemon $p recorded the end of job $y, which daemon $q ran again"
+wait_until 60 "daemon dd to say job $y is no longer its own" grep -q "warn job.not_ours id=$y " "$work/dd.log"
+grep -q "job.finished id=$y " "$work/dd.log" && fail "daemon dd recorded the end of job $y, which daemon db ran again"
 # a daemon commits a job's end before it logs it: the line may come after the state
-wait_until 60 "daemon $q to log the end of job $y" grep -q "info job.finished id=$y kind=noop" "$qlog"
+wait_until 60 "daemon db to log the end of job $y" grep -q "info job.finished id=$y kind=noop" "$work/db.log"
 [ "$(pg_psql "SELECT count(*) FROM job_attempts WHERE job_id = $y AND outcome = 'succeeded'")" = 1 ] ||
     fail "job $y: $(pg_psql "SELECT attempt, outcome FROM job_attempts WHERE job_id = $y")"
-note "5c. daemon $p's lease of job $y expired under its worker: daemon $q ran it again; $p logged job.not_ours"
+stop_daemon "$dd_pid" "$work/dd.log"
+note "5c. daemon dd stopped inside a lease renewal of job $y: the server ended its session, daemon db ran the job again; dd logged job.not_ours"
 
 # ---- 6. kill -9 of PostgreSQL under a job about to commit ----
 # Daemon db's only worker is held by a job; daemon dc (its URL with a password,
@@ -227,7 +238,6 @@ note "5c. daemon $p's lease of job $y expired under its worker: daemon $q ran it
 # the layout once, and the held job of the other daemon ends once too.
 expect_status 0 "$ckpt" gen-model qwen2 "$work/src" --scale 32 --layers 2 --shard-mb 1
 expect_status 0 "$ckpt" import "$work/src" --repo org/m
-stop_daemon "$da_pid" "$work/da.log"
 hold4=$("$ckpt" submit noop --until-file "$CKPT_HOME/go4")
 wait_until 60 "job $hold4 to run on db" running_pid "$hold4"
 secret_url="postgresql://ckpt:Sekr1tPw@127.0.0.1:$pg_port/ckpt"
@@ -235,7 +245,6 @@ start dc CKPT_DB="$secret_url" CKPT_FAULT_WORKER=catalog.before_commit:3:STOP CK
 x=$("$ckpt" submit convert org/m --layout neuron --tp 2)
 wait_until 60 "job $x to run" running_pid "$x"
 wpid=$(col "$x" worker_pid)
-stopped() { [ "$(awk '/^State:/ {print $2}' "/proc/$1/status" 2>/dev/null)" = T ]; }
 wait_until 60 "job $x's worker to stop before its commit" stopped "$wpid"
 # the worker's third commit is the layout's: its blob's lease (the second) is in, the layout is not
 [ "$(pg_psql "SELECT count(*) FROM blob_leases WHERE pid = $wpid")" -ge 1 ] || fail "job $x's worker stopped before leasing its blob"
