@@ -1316,6 +1316,7 @@ static void exec_fail(exec_ctx *c, int rc)
         snprintf(c->errmsg, sizeof c->errmsg, "%s", ckpt_error_last());
     }
     pthread_cond_broadcast(&c->moved);
+    pthread_cond_broadcast(&c->pfmoved); /* the read-ahead stops too */
     pthread_mutex_unlock(&c->mu);
 }
 

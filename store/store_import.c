@@ -2,9 +2,10 @@
  * store_import.c — ingest a local Hugging Face directory into the store.
  *
  * Each safetensors file is validated (st_open), then read once, in order, in
- * chunks: a thread hashes the whole file (its sha256), another cuts the
- * chunks into the tensors and writes each to its own blob (hashed as it
- * goes), while the importing thread reads on. Other files become whole-file blobs. When every
+ * chunks: a thread hashes the whole file (its sha256), two others cut the
+ * chunks into the tensors, each its share, and write each to its own blob
+ * (hashed as it goes), while the importing thread reads on. Other files
+ * become whole-file blobs. When every
  * blob is published, one transaction adds the checkpoint. A directory without
  * a commit id gets a content id: the sha256 of its files' paths and hashes,
  * so importing the same directory twice finds the same checkpoint.
@@ -32,7 +33,8 @@
 #include <unistd.h>
 
 #define IMPORT_CHUNK (8u << 20)
-#define IMPORT_RING 3 /* chunks in flight between the reader and the two threads that take them */
+#define IMPORT_CUTTERS 2 /* tensor threads of a file (into a local blob folder) */
+#define IMPORT_RING 4    /* chunks in flight between the reader and the threads that take them */
 /* A chunk's buffer: the chunk, and the blocks around it ckpt_pread_direct reads. */
 #define IMPORT_BUF (IMPORT_CHUNK + 2 * CKPT_DIRECT_ALIGN)
 
@@ -163,14 +165,20 @@ static int import_plain(ckpt_store *s, const char *path, const found_file *ff, s
 
 /* A safetensors file is read once, front to back, in chunks of a ring (a
  * bqueue of IMPORT_RING chunks, common/bqueue.h), by the importing thread,
- * and two threads take every chunk: the file hasher (reader HASHER: the
- * file's sha256) and the tensor thread (reader CUTTER), which cuts the data
- * section into its tensors (they tile it in offset order: st_open checks)
- * and hashes and writes each to its blob. Reading, hashing the file and
- * writing the blobs are then on both cores at once, and the per-tensor work
- * (a temp file, a hash, a close) waits for no read. A chunk is refilled once
- * both are done with it. The first failure of any of the three is kept in
- * the queue (bqueue_fail) and stops the other two. */
+ * and every chunk is taken by the file hasher (reader HASHER: the file's
+ * sha256) and by IMPORT_CUTTERS tensor threads (readers CUTTER + k), which
+ * cut the data section into its tensors (they tile it in offset order:
+ * st_open checks): each tensor is one thread's, which hashes and writes it
+ * to its blob, and the others pass over its bytes. The tensors are shared
+ * out in offset order, each to the thread with the fewest bytes so far, so
+ * that the threads move through the file together. Reading, hashing the
+ * file, hashing the tensors and writing the blobs (the file's hash and the
+ * tensors' are as much work, and the writes as much again: a second tensor
+ * thread is what puts that on both cores) then run at once, and the
+ * per-tensor work (a temp file, a hash, a close) waits for no read. A chunk
+ * is refilled once every reader is done with it. The first failure of any
+ * thread is kept in the queue (bqueue_fail) and stops the others. Into a
+ * bucket one tensor thread: the uploads bound the import there. */
 enum { HASHER, CUTTER };
 
 typedef struct {
@@ -223,9 +231,12 @@ typedef struct {
     const char *path;
     st_file *f;
     store_file_rec *fr;
-    writer_list *wl;
-    uint8_t *spare; /* a chunk of its own, for a tensor read again */
-    bool *probe;
+    writer_list wl;       /* this thread's blobs, added to the import's at the end */
+    uint8_t *spare;       /* a chunk of its own, for a tensor read again */
+    bool probe;           /* hash the next tensor first: the last was stored already */
+    const uint8_t *owner; /* per tensor of f, the thread that cuts it */
+    int k;                /* this thread: reader CUTTER + k */
+    pthread_mutex_t *mu;  /* the store's calls, one thread at a time */
     bqueue *ring;
     const uint8_t *chunk; /* the chunk being cut (NULL: none taken), len bytes */
     size_t len;
@@ -233,12 +244,12 @@ typedef struct {
 } tensor_cutter;
 
 /* The next n bytes of the ring into a tensor hash th (unless NULL) and a
- * blob writer w (unless NULL). */
+ * blob writer w (unless NULL); neither: passed over. */
 static int cut_tensor(tensor_cutter *tc, uint64_t n, ckpt_sha256 *th, store_blob_writer *w)
 {
     for (uint64_t done = 0; done < n;) {
         if (!tc->chunk) {
-            if (!(tc->chunk = bqueue_get(tc->ring, CUTTER, &tc->len))) {
+            if (!(tc->chunk = bqueue_get(tc->ring, CUTTER + tc->k, &tc->len))) {
                 int err = bqueue_error(tc->ring);
                 return err ? err : ckpt_error_set(CKPT_EIO, "%s: the data ended early", tc->path);
             }
@@ -253,7 +264,7 @@ static int cut_tensor(tensor_cutter *tc, uint64_t n, ckpt_sha256 *th, store_blob
         tc->at += k;
         if (tc->at == tc->len) {
             tc->chunk = NULL;
-            bqueue_done(tc->ring, CUTTER);
+            bqueue_done(tc->ring, CUTTER + tc->k);
         }
     }
     return 0;
@@ -272,11 +283,11 @@ static int reread_tensor(int fd, const char *path, uint64_t off, uint64_t n, uin
     return 0;
 }
 
-/* Every tensor of the file, in offset order, to its blob. Tensors the store
- * holds already are not written again: after a tensor found stored (an
- * import of the same or an overlapping checkpoint), the next is hashed first
- * and written only when it turns out new (reading it twice); after a new
- * one, the next is hashed while written. */
+/* Every tensor of the file that is this thread's, in offset order, to its
+ * blob. Tensors the store holds already are not written again: after a
+ * tensor found stored (an import of the same or an overlapping checkpoint),
+ * the next is hashed first and written only when it turns out new (reading
+ * it twice); after a new one, the next is hashed while written. */
 static int cut_tensors(tensor_cutter *tc)
 {
     ckpt_store *s = tc->s;
@@ -284,9 +295,13 @@ static int cut_tensors(tensor_cutter *tc)
     int rc = 0;
     for (size_t i = 0; !rc && i < f->ntensors; i++) {
         const st_tensor *t = &f->tensors[i];
+        if (tc->owner[i] != tc->k) {
+            rc = cut_tensor(tc, t->nbytes, NULL, NULL);
+            continue;
+        }
         char sha[65] = "";
         bool have = false, fed = false;
-        if (*tc->probe) {
+        if (tc->probe) {
             ckpt_sha256 th;
             if (!(rc = ckpt_sha256_init(&th))) {
                 rc = cut_tensor(tc, t->nbytes, &th, NULL);
@@ -294,28 +309,34 @@ static int cut_tensors(tensor_cutter *tc)
                 else ckpt_sha256_free(&th);
             }
             fed = !rc;
-            if (!rc) rc = store_blob_claim(s, sha, t->nbytes, &have);
+            if (!rc) {
+                pthread_mutex_lock(tc->mu);
+                rc = store_blob_claim(s, sha, t->nbytes, &have);
+                pthread_mutex_unlock(tc->mu);
+            }
         }
         if (!rc && !have) {
-            store_blob_writer *w = new_writer(s, tc->wl, &rc);
+            store_blob_writer *w = new_writer(s, &tc->wl, &rc);
             if (!rc) rc = fed ? reread_tensor(f->fd, tc->path, t->offset, t->nbytes, tc->spare, w)
                               : cut_tensor(tc, t->nbytes, NULL, w);
             if (!rc) rc = store_blob_end(w);
             if (!rc && fed && strcmp(sha, w->sha256))
                 rc = ckpt_error_set(CKPT_EIO, "%s: tensor '%s' changed while it was being imported", tc->path, t->name);
-            if (!rc) rc = store_blob_submit(s, w); /* a bucket: uploaded while the next tensors are staged */
             if (!rc) memcpy(sha, w->sha256, sizeof sha);
+            pthread_mutex_lock(tc->mu);
+            if (!rc) rc = store_blob_submit(s, w); /* a bucket: uploaded while the next tensors are staged */
             /* Stored already: the next tensor may be too. In a bucket the
              * uploads tell, without a HEAD of each new blob here. */
             if (!rc && store_blobs_remote(s)) {
-                *tc->probe = store_blobs_upload_found_stored(s);
+                tc->probe = store_blobs_upload_found_stored(s);
             } else if (!rc) {
                 bool stored = false;
                 rc = store_blob_stat(s, sha, &stored, NULL);
-                *tc->probe = stored;
+                tc->probe = stored;
             }
+            pthread_mutex_unlock(tc->mu);
         } else if (!rc) {
-            *tc->probe = true;
+            tc->probe = true;
         }
         if (!rc) {
             tc->fr->tensors[i].name = ckpt_strdup(t->name);
@@ -331,8 +352,38 @@ static void *tensor_cutter_main(void *arg)
     tensor_cutter *tc = arg;
     int rc = cut_tensors(tc);
     if (rc) bqueue_fail(tc->ring, rc);
-    bqueue_leave(tc->ring, CUTTER); /* the reader waits no more for this thread */
+    bqueue_leave(tc->ring, CUTTER + tc->k); /* the reader waits no more for this thread */
     return NULL;
+}
+
+/* The tensors of f shared out among n threads in offset order, each to the
+ * one with the fewest bytes so far; NULL: out of memory. */
+static uint8_t *share_tensors(const st_file *f, int n)
+{
+    uint8_t *owner = ckpt_calloc(f->ntensors + 1, 1);
+    uint64_t load[IMPORT_CUTTERS] = {0};
+    for (size_t i = 0; owner && i < f->ntensors; i++) {
+        int k = 0;
+        for (int j = 1; j < n; j++)
+            if (load[j] < load[k]) k = j;
+        owner[i] = (uint8_t)k;
+        load[k] += f->tensors[i].nbytes;
+    }
+    return owner;
+}
+
+/* Adds a tensor thread's blobs to the import's (every one, also after a
+ * failure: the import's cleanup removes their temps). */
+static int take_writers(writer_list *wl, writer_list *from)
+{
+    int rc = ckpt_grow(&wl->w, &wl->cap, wl->n + from->n, sizeof *wl->w);
+    for (size_t i = 0; i < from->n; i++) {
+        if (!rc) wl->w[wl->n++] = from->w[i];
+        else store_blob_abort(&from->w[i]);
+    }
+    free(from->w);
+    *from = (writer_list){0};
+    return rc;
 }
 
 /* Safetensors file -> header bytes + one blob per tensor, file hashed
@@ -361,14 +412,23 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
     int dfd = ckpt_open_direct(path, f.fd);
     bqueue_skip(ring, (size_t)(f.data_start % CKPT_DIRECT_ALIGN));
     file_hasher fh;
-    tensor_cutter tc = {.s = s, .path = path, .f = &f, .fr = fr, .wl = wl, .spare = spare, .probe = probe, .ring = ring};
-    pthread_t cutter;
-    bool hashing = false, cutting = false;
-    if (!fr->header || !fr->tensors) rc = CKPT_ENOMEM;
+    int ncut = store_blobs_remote(s) ? 1 : IMPORT_CUTTERS, started = 0;
+    uint8_t *owner = share_tensors(&f, ncut);
+    pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    tensor_cutter tc[IMPORT_CUTTERS];
+    pthread_t cutters[IMPORT_CUTTERS];
+    for (int k = 0; k < IMPORT_CUTTERS; k++)
+        tc[k] = (tensor_cutter){.s = s, .path = path, .f = &f, .fr = fr, .spare = spare + (size_t)k * IMPORT_CHUNK,
+                                .probe = *probe, .owner = owner, .k = k, .mu = &mu, .ring = ring};
+    bool hashing = false;
+    if (!fr->header || !fr->tensors || !owner) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_pread_full(f.fd, fr->header, fr->header_len, 0, path);
     if (!rc && !(rc = file_hasher_start(&fh, ring, fr->header, fr->header_len))) hashing = true;
-    if (!rc && pthread_create(&cutter, NULL, tensor_cutter_main, &tc)) rc = ckpt_error_set(CKPT_EIO, "cannot start a thread");
-    if (!rc) cutting = true;
+    for (int k = 0; !rc && k < ncut; k++) {
+        if (pthread_create(&cutters[k], NULL, tensor_cutter_main, &tc[k])) rc = ckpt_error_set(CKPT_EIO, "cannot start a thread");
+        else started++;
+    }
+    for (int k = started; k < IMPORT_CUTTERS; k++) bqueue_leave(ring, CUTTER + k); /* readers that take nothing */
     posix_fadvise(f.fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     for (uint64_t off = f.data_start; !rc && off < f.file_size;) {
         size_t k = f.file_size - off < IMPORT_CHUNK ? (size_t)(f.file_size - off) : IMPORT_CHUNK;
@@ -380,11 +440,20 @@ static int import_safetensors(ckpt_store *s, const char *path, const found_file 
     }
     if (rc) bqueue_fail(ring, rc); /* the takers stop at once */
     else bqueue_close(ring, 0);    /* no more chunks: they end once they took every one */
-    if (cutting) pthread_join(cutter, NULL);
+    *probe = false;
+    for (int k = 0; k < started; k++) {
+        pthread_join(cutters[k], NULL);
+        *probe |= tc[k].probe;
+    }
+    for (int k = 0; k < IMPORT_CUTTERS; k++) {
+        int mrc = take_writers(wl, &tc[k].wl);
+        if (!rc) rc = mrc;
+    }
     if (hashing) {
         int hrc = file_hasher_finish(&fh, rc ? NULL : fr->sha256);
         if (!rc) rc = hrc;
     }
+    free(owner);
     if (dfd >= 0) close(dfd);
     st_close(&f);
     return rc;
@@ -493,9 +562,9 @@ static int import_dir(ckpt_store *s, const char *dir, const store_import_opts *o
     if (!rc) qsort(fl.v, fl.n, sizeof *fl.v, cmp_found);
     store_ckpt_rec rec = {.repo = o->repo, .revision = o->revision ? o->revision : "main", .layout = ""};
     writer_list wl = {0};
-    bqueue ring; /* the chunks between the reader, the file hasher and the tensor thread */
-    bool have_ring = !rc && !(rc = bqueue_init(&ring, IMPORT_RING, IMPORT_BUF, 2));
-    uint8_t *spare = rc ? NULL : ckpt_malloc(IMPORT_CHUNK); /* a chunk of its own */
+    bqueue ring; /* the chunks between the reader, the file hasher and the tensor threads */
+    bool have_ring = !rc && !(rc = bqueue_init(&ring, IMPORT_RING, IMPORT_BUF, 1 + IMPORT_CUTTERS));
+    uint8_t *spare = rc ? NULL : ckpt_malloc((size_t)IMPORT_CUTTERS * IMPORT_CHUNK); /* a chunk per tensor thread */
     if (!rc && !spare) rc = CKPT_ENOMEM;
     if (!rc) rc = ckpt_grow(&rec.files, &rec.cap, fl.n, sizeof *rec.files);
     /* Progress in bytes, as every job reports it (the dashboard, the bytes.import figure). */

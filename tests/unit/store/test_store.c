@@ -5,6 +5,7 @@
 #include "common/error.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/sha256.h"
 #include "common/util.h"
 #include "format/archive.h"
 #include "store/catalog.h"
@@ -12,6 +13,7 @@
 #include "tests/support/scratch.h"
 #include "format/archive.h"
 #include "fixtures/genmodel.h"
+#include "format/safetensors.h"
 #include "store/store_archive.h"
 #include "store/store_info.h"
 #include "store/store_verify.h"
@@ -915,6 +917,92 @@ static void test_info_and_verify(void **state)
  * the blob the catalog gives one query at a time; names that are not there
  * (another file, another tensor, a prefix) are not found, and _get names
  * them in its error. */
+/* The tensors of a file are cut by two threads, each its share; a copy of
+ * the model with one byte changed in each of its first six tensors: each
+ * thread finds stored tensors, hashes its changed ones first and reads them
+ * again into their blobs. Every tensor's blob holds its bytes, and only the
+ * changed ones are new. */
+static void test_import_changed_tensors(void **state)
+{
+    const char *root = *state;
+    ckpt_store s;
+    store_ckpt ck, ck2;
+    import_model(root, &s, &ck);
+    names before = list_blobs(s.home);
+    char *src = ckpt_path_join(root, "src2");
+    genmodel_opts o;
+    genmodel_opts_init(&o, "qwen2");
+    o.scale = 32;
+    o.layers = 1;
+    o.max_shard_size = 0; /* one file: its tensors shared out between the threads */
+    if (genmodel_write(&o, src) < 0) fail_msg("gen-model: %s", ckpt_error_last());
+    char *file = ckpt_path_join(src, "model.safetensors");
+    st_file f;
+    assert_int_equal(st_open(&f, file), 0);
+    assert_true(f.ntensors > 8);
+    int fd = open(file, O_RDWR | O_CLOEXEC);
+    assert_true(fd >= 0);
+    size_t changed = 0;
+    for (size_t i = 0; i < f.ntensors && changed < 6; i++) {
+        const st_tensor *t = &f.tensors[i];
+        if (t->nbytes == 0) continue;
+        uint8_t b;
+        assert_int_equal(pread(fd, &b, 1, (off_t)(t->offset + t->nbytes / 2)), 1);
+        b ^= 0x5a;
+        assert_int_equal(pwrite(fd, &b, 1, (off_t)(t->offset + t->nbytes / 2)), 1);
+        changed++;
+    }
+    close(fd);
+    st_close(&f);
+    bool existed = true;
+    store_import_opts io = {.repo = "t/changed", .quiet = true};
+    if (store_import_dir(&s, src, &io, &ck2, &existed) < 0) fail_msg("import: %s", ckpt_error_last());
+    assert_false(existed);
+    names after = list_blobs(s.home);
+    assert_int_equal(after.n, before.n + changed);
+    /* every tensor's blob: its bytes, under their sha256 */
+    assert_int_equal(st_open(&f, file), 0);
+    sqlite3_stmt *q;
+    assert_int_equal(sqlite3_prepare_v2(s.cat.db,
+                                        "SELECT blob FROM tensors WHERE checkpoint_id = ? AND path = "
+                                        "'model.safetensors' AND name = ?",
+                                        -1, &q, NULL),
+                     SQLITE_OK);
+    sqlite3_bind_int64(q, 1, ck2.id);
+    for (size_t i = 0; i < f.ntensors; i++) {
+        const st_tensor *t = &f.tensors[i];
+        uint8_t *want = malloc(t->nbytes + 1);
+        assert_non_null(want);
+        assert_int_equal(ckpt_pread_full(f.fd, want, t->nbytes, t->offset, file), 0);
+        ckpt_sha256 h;
+        char hex[65];
+        assert_int_equal(ckpt_sha256_init(&h), 0);
+        assert_int_equal(ckpt_sha256_update(&h, want, t->nbytes), 0);
+        assert_int_equal(ckpt_sha256_final_hex(&h, hex), 0);
+        sqlite3_bind_text(q, 2, t->name, -1, SQLITE_STATIC);
+        assert_int_equal(sqlite3_step(q), SQLITE_ROW);
+        assert_string_equal((const char *)sqlite3_column_text(q, 0), hex);
+        sqlite3_reset(q);
+        char *bp = store_blob_path(&s, hex), *got = NULL;
+        size_t n = 0;
+        assert_int_equal(ckpt_read_file(bp, t->nbytes + 1, &got, &n), 0);
+        assert_int_equal(n, t->nbytes);
+        assert_memory_equal(got, want, t->nbytes);
+        free(got);
+        free(bp);
+        free(want);
+    }
+    sqlite3_finalize(q);
+    st_close(&f);
+    names_free(&before);
+    names_free(&after);
+    free(file);
+    free(src);
+    store_ckpt_free(&ck);
+    store_ckpt_free(&ck2);
+    store_close(&s);
+}
+
 static void test_tensor_blobs(void **state)
 {
     const char *root = *state;
@@ -998,6 +1086,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_archive_pipeline, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_info_and_verify, scratch_setup, scratch_teardown),
         cmocka_unit_test_setup_teardown(test_tensor_blobs, scratch_setup, scratch_teardown),
+        cmocka_unit_test_setup_teardown(test_import_changed_tensors, scratch_setup, scratch_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
