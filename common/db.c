@@ -150,7 +150,9 @@ static void pg_quiet(void *arg, const char *msg)
  * cut off inside a transaction holds its row locks until the server ends its
  * session, and every other daemon's reap of that job waits on them; the
  * server ends such a session after CKPT_PG_IDLE_TX_TIMEOUT_S (default 60 s,
- * far beyond the time between two statements of any transaction of ours). */
+ * far beyond the time between two statements of any transaction of ours).
+ * gc's transaction turns it off for itself (store_maint.c: its lock must
+ * last until its deletes are done). */
 static int pg_session(ckpt_db *d, const char *what)
 {
     const char *v = getenv("CKPT_PG_IDLE_TX_TIMEOUT_S");

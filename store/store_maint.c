@@ -232,6 +232,11 @@ static int gc_begin(ckpt_store *s)
         char sql[64];
         snprintf(sql, sizeof sql, "SET LOCAL lock_timeout = %d", ms);
         rc = catalog_exec(&s->cat, sql);
+        /* Not ended by the server while it idles (CKPT_PG_IDLE_TX_TIMEOUT_S):
+         * between deciding a blob is unreferenced and deleting it, the lock
+         * is what keeps a writer from leasing and reusing it; a gc frozen
+         * there holds the writers' new leases, not their data. */
+        if (!rc) rc = catalog_exec(&s->cat, "SET LOCAL idle_in_transaction_session_timeout = 0");
         if (!rc) rc = catalog_exec(&s->cat, "LOCK TABLE blob_leases IN SHARE ROW EXCLUSIVE MODE");
         if (rc) catalog_rollback(&s->cat);
     }

@@ -41,7 +41,9 @@
 #    (a psql session of the test, left open: a writer stopped mid-lease):
 #    gc waits CKPT_GC_LOCK_TIMEOUT_S, not for ever, and fails saying another
 #    process holds blob leases, with nothing deleted; once the session ends,
-#    gc deletes the unreferenced blob.
+#    gc deletes the unreferenced blob; a gc stopped inside its transaction
+#    (gc.blob_removed) keeps its session past CKPT_PG_IDLE_TX_TIMEOUT_S and
+#    commits when resumed.
 # The daemons here share one CKPT_HOME (its blobs/ folder); test_multi.sh runs
 # daemons with homes of their own over a bucket.
 set -euo pipefail
@@ -310,3 +312,26 @@ psql_pid=
 expect_status 0 "$ckpt" gc
 [ ! -e "$junk" ] || fail "gc after the lease transaction ended kept an unreferenced blob: $(cat "$work/out")"
 note "8. gc beside an open lease transaction failed after CKPT_GC_LOCK_TIMEOUT_S, deleting nothing; then it ran"
+
+# ---- 8b. a gc frozen inside its transaction keeps its lock ----
+# gc stops itself (SIGSTOP) right after deleting a blob, its transaction
+# open, with CKPT_PG_IDLE_TX_TIMEOUT_S=1: its session stays (gc's own
+# transaction is exempt, since its lock on blob_leases is what keeps a
+# writer from reusing a blob it is deleting), idle in its transaction well
+# past the timeout; resumed, gc commits.
+echo junk >"$junk"
+CKPT_FAULT=gc.blob_removed:1:STOP CKPT_PG_IDLE_TX_TIMEOUT_S=1 "$ckpt" gc >"$work/gc.out" 2>&1 &
+gpid=$!
+daemons+=("$gpid") # killed on the way out
+wait_until 60 "gc to stop after deleting a blob" stopped "$gpid"
+[ ! -e "$junk" ] || fail "gc stopped at gc.blob_removed, but the blob is there"
+idle_past() {
+    [ "$(pg_psql "SELECT count(*) FROM pg_stat_activity WHERE usename = 'ckpt' AND state = 'idle in transaction'
+                  AND now() - state_change > interval '3 seconds'")" = 1 ]
+}
+wait_until 60 "gc's session to stay idle in its transaction past CKPT_PG_IDLE_TX_TIMEOUT_S" idle_past
+kill -CONT "$gpid"
+rc=0
+wait "$gpid" || rc=$?
+[ "$rc" = 0 ] || fail "gc resumed after its session idled past the timeout exited $rc: $(cat "$work/gc.out")"
+note "8b. gc stopped inside its transaction past CKPT_PG_IDLE_TX_TIMEOUT_S kept its session and committed"
