@@ -218,6 +218,17 @@ for k in "${ORDER[@]}"; do
     printf '%-27s %6.2f/%6.2f/%6.2f %8.2f %8.0f %8.2f %9s  %s\n' "${LABEL[$k]}" "$wmin" "$wmed" "$wmax" "$cmed" "${R[$k]}" \
         "$(awk -v m="$rdmed" 'BEGIN {print m / 1000}')" "$ratio" "$goal"
 done
+# the compressed pull against the same work done the usual way (its goal stays the copy's)
+if [ -n "${W[pull_zst]:-}" ] && [ -n "${W[zst_ref]:-}" ]; then
+    read -r _ zmed _ <<<"$(stat3 "${W[pull_zst]}")"
+    read -r _ rmed _ <<<"$(stat3 "${W[zst_ref]}")"
+    awk -v a="$zmed" -v b="$rmed" 'BEGIN {printf "== pull --format tar.zst: %.2fx of tar | zstd (the same compression, the usual way)\n", a / b}'
+fi
+# how much the baseline itself moved: every copy of the model in this run
+if [ -n "${W[copy]:-}" ]; then
+    read -r cmin _ cmax <<<"$(stat3 "${W[copy]} ${W[copy_end]:-}")"
+    echo "== the copies of the model in this run: $cmin s to $cmax s"
+fi
 
 [ "$MOE_SCALE" = 0 ] || [ "$PART" = offline ] || [ "$PART" = store ] && exit 0
 # ---- the many-tensor case ----
@@ -268,3 +279,5 @@ for k in "${ORDER[@]}"; do
     printf '%-27s %6.2f/%6.2f/%6.2f %8.2f %9.0f %9s %14.3f\n' "${LABEL[$k]}" "$wmin" "$w" "$wmax" "$(stat3 "${C[$k]}" | cut -d' ' -f2)" "${R[$k]}" "$ratio" \
         "$(awk -v w="$w" -v n="$NT" 'BEGIN {print w * 1000 / n}')"
 done
+read -r cmin _ cmax <<<"$(stat3 "${W[mcopy]} ${W[mcopy_end]}")"
+echo "== the copies of the model in this run: $cmin s to $cmax s"
