@@ -155,14 +155,12 @@ static void pg_quiet(void *arg, const char *msg)
  * last until its deletes are done). */
 static int pg_session(ckpt_db *d, const char *what)
 {
-    const char *v = getenv("CKPT_PG_IDLE_TX_TIMEOUT_S");
-    double sec = 60;
-    int rc = v && *v ? ckpt_parse_double("CKPT_PG_IDLE_TX_TIMEOUT_S", v, 0.1, 86400, &sec) : 0;
+    int ms;
+    int rc = ckpt_env_ms("CKPT_PG_IDLE_TX_TIMEOUT_S", 60, 0.1, 86400, &ms);
     if (rc) return rc;
     PQsetNoticeProcessor(d->pg, pg_quiet, NULL);
     char sql[128];
-    snprintf(sql, sizeof sql, "SET client_min_messages = warning; SET idle_in_transaction_session_timeout = %d",
-             (int)(sec * 1000 + 0.5));
+    snprintf(sql, sizeof sql, "SET client_min_messages = warning; SET idle_in_transaction_session_timeout = %d", ms);
     return db_exec(d, sql, what);
 }
 

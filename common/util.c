@@ -250,6 +250,15 @@ int ckpt_parse_i64_field(const char *field, const char *s, int64_t min, int64_t 
     return 0;
 }
 
+int ckpt_env_ms(const char *name, double def, double min, double max, int *ms)
+{
+    const char *v = getenv(name);
+    double sec = def;
+    int rc = v && *v ? ckpt_parse_double(name, v, min, max, &sec) : 0;
+    *ms = (int)(sec * 1000 + 0.5);
+    return rc;
+}
+
 int ckpt_parse_double(const char *field, const char *s, double min, double max, double *out)
 {
     char *end = NULL;

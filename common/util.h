@@ -73,6 +73,9 @@ int ckpt_parse_u64_field(const char *field, const char *s, uint64_t min, uint64_
 int ckpt_parse_i64_field(const char *field, const char *s, int64_t min, int64_t max, int64_t *out);
 /* A finite decimal number (strtod syntax, no leading space) in [min, max]. */
 int ckpt_parse_double(const char *field, const char *s, double min, double max, double *out);
+/* Environment variable name as a number of seconds in [min, max], in whole
+ * milliseconds into *ms; def when it is unset or empty. */
+int ckpt_env_ms(const char *name, double def, double min, double max, int *ms);
 
 /* Monotonic seconds. */
 double ckpt_now(void);

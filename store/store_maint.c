@@ -201,16 +201,6 @@ static int gc_temps(ckpt_store *s, bool dry_run, store_gc_result *res)
     return rc;
 }
 
-/* How long gc waits for its lock (CKPT_GC_LOCK_TIMEOUT_S, default 30 s), in ms. */
-static int gc_lock_timeout_ms(int *ms)
-{
-    const char *v = getenv("CKPT_GC_LOCK_TIMEOUT_S");
-    double sec = 30;
-    int rc = v && *v ? ckpt_parse_double("CKPT_GC_LOCK_TIMEOUT_S", v, 0.001, 86400, &sec) : 0;
-    *ms = (int)(sec * 1000 + 0.5);
-    return rc;
-}
-
 /* Begins gc's transaction holding what keeps writers out, waiting at most
  * the lock timeout for it. SQLite: the write lock (BEGIN IMMEDIATE), its
  * attempts' busy timeouts adding up to the timeout. PostgreSQL: SQLite's write
@@ -222,7 +212,7 @@ static int gc_lock_timeout_ms(int *ms)
 static int gc_begin(ckpt_store *s)
 {
     int ms;
-    int rc = gc_lock_timeout_ms(&ms);
+    int rc = ckpt_env_ms("CKPT_GC_LOCK_TIMEOUT_S", 30, 0.001, 86400, &ms);
     if (rc) return rc;
     bool pg = catalog_on_pg(&s->cat);
     if (!pg) sqlite3_busy_timeout(s->cat.db, ms / DB_BEGIN_ATTEMPTS + 1);
