@@ -247,7 +247,12 @@ int store_partial_gc(ckpt_store *s, double keep_s, bool dry_run, uint64_t *remov
         return 0; /* nothing was ever kept */
     }
     int rc = 0;
-    time_t now = time(NULL);
+    /* The fine clock, not time(): a file's mtime may be a fine-grained stamp
+     * (multigrain timestamps) ahead of the coarse second time() reads, and a
+     * folder written this instant would look newer than now. */
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    time_t now = ts.tv_sec;
     struct dirent *e;
     while (!rc && (e = readdir(d))) {
         if (e->d_name[0] == '.') continue;
